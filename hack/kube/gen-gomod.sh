@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Regenerates go.mod for the Kubernetes version given (default: the one in
+# go.mod). k8s.io/kubernetes requires its staging modules at v0.0.0 and
+# resolves them with local replaces that consumers never see; we read its own
+# go.mod from the module proxy and pin every such requirement to the matching
+# published v0.MINOR.PATCH tag, so the block is generated, never hand-edited.
+set -euo pipefail
+cd "$(dirname "$0")"
+export GOTOOLCHAIN=local GOFLAGS=-modcacherw
+version=${1:-$(go mod edit -json | python3 -c 'import json,sys; print(next(r["Version"] for r in json.load(sys.stdin)["Require"] if r["Path"]=="k8s.io/kubernetes"))')}
+staging=v0.${version#v1.}
+echo "hack/kube: generating go.mod for k8s.io/kubernetes ${version} (staging modules ${staging})" >&2
+upstream=$(go mod download -json "k8s.io/kubernetes@${version}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+goline=$(go mod edit -json "$upstream" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Go"])')
+[ -f go.mod ] || go mod init gpuslice.dev/hack/kube >/dev/null 2>&1
+go mod edit -dropreplace=k8s.io/kubernetes -go="$goline" -require="k8s.io/kubernetes@${version}"
+# The main module's godebug line sets runtime defaults; match upstream's build.
+go mod edit -godebug="default=go${goline%.*}"
+for path in $(go mod edit -json "$upstream" | python3 -c '
+import json, sys
+for r in json.load(sys.stdin)["Require"]:
+    if r["Path"].startswith("k8s.io/") and r["Version"] == "v0.0.0":
+        print(r["Path"])'); do
+  go mod edit -replace="${path}=${path}@${staging}"
+done
+go mod tidy
+echo "hack/kube: go.mod now pins $(go mod edit -json | python3 -c 'import json,sys; print(len(json.load(sys.stdin).get("Replace") or []))') staging replaces" >&2

@@ -1,0 +1,275 @@
+"""Finding, and when needed building, the control-plane binaries.
+
+Resolution follows envtest's convention so a user with downloaded binaries
+needs no Go: ``TEST_ASSET_<NAME>`` for one binary, then ``KUBEBUILDER_ASSETS/<name>``,
+then our own build of ``hack/kube`` in a cache keyed by the hash of everything
+that goes into it (go.mod, go.sum, Go sources, Go version, target, ldflags),
+so a warm run skips even the link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuslice.devcluster.errors import DevClusterError
+
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+MULTICALL = "kubebins"
+
+Reporter = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Paths of the four control-plane binaries, and where each came from."""
+
+    paths: dict[str, Path]
+    origin: str
+
+    def __getitem__(self, component: str) -> Path:
+        return self.paths[component]
+
+
+def asset_env_name(component: str) -> str:
+    """``kube-apiserver`` -> ``TEST_ASSET_KUBE_APISERVER`` (controller-runtime's rule)."""
+    return "TEST_ASSET_" + re.sub(r"[^A-Za-z0-9]", "_", component).upper()
+
+
+def kube_source_dir() -> Path | None:
+    """The ``hack/kube`` Go module of a source checkout, if this is one."""
+    override = os.environ.get("GPUSLICE_KUBE_SOURCE")
+    if override:
+        return Path(override)
+    for parent in Path(__file__).resolve().parents:
+        candidate = parent / "hack" / "kube"
+        if (candidate / "go.mod").is_file():
+            return candidate
+    return None
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get("GPUSLICE_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "gpuslice"
+
+
+@dataclass(frozen=True)
+class KubeBuild:
+    """Everything that determines the multi-call binary, and its cache slot."""
+
+    source: Path
+    kubernetes_version: str
+    go_version: str
+    target: str
+    ldflags: str
+    key: str
+
+    @property
+    def directory(self) -> Path:
+        return cache_root() / "kube" / f"{self.kubernetes_version}-{self.key[:16]}"
+
+    @property
+    def is_built(self) -> bool:
+        return all((self.directory / name).exists() for name in (MULTICALL, *COMPONENTS))
+
+    def binaries(self) -> Binaries:
+        paths = {name: self.directory / name for name in COMPONENTS}
+        return Binaries(paths, f"gpuslice build cache {self.directory}")
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(GOTOOLCHAIN="local", CGO_ENABLED="0", GOFLAGS="-modcacherw")
+    return env
+
+
+async def _run_go(args: list[str], cwd: Path) -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise DevClusterError(
+            "Go is not installed, and no control-plane binaries were given. Install Go 1.26+"
+            " (the build uses the Go module proxy only), or point KUBEBUILDER_ASSETS at a"
+            " directory holding etcd, kube-apiserver, kube-scheduler and kube-controller-manager"
+            " (or set TEST_ASSET_ETCD, TEST_ASSET_KUBE_APISERVER, TEST_ASSET_KUBE_SCHEDULER,"
+            " TEST_ASSET_KUBE_CONTROLLER_MANAGER)."
+        )
+    process = await asyncio.create_subprocess_exec(
+        go, *args, cwd=cwd, env=_go_env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    if process.returncode != 0:
+        raise DevClusterError(
+            f"`go {' '.join(args)}` failed in {cwd}.", log_tail=err.decode(errors="replace")[-3000:]
+        )
+    return out.decode()
+
+
+async def describe_build(source: Path | None = None) -> KubeBuild:
+    """Compute the cache key of ``hack/kube`` without building anything."""
+    source = source or kube_source_dir()
+    if source is None or not (source / "go.mod").is_file():
+        raise DevClusterError(
+            "No control-plane binaries found: KUBEBUILDER_ASSETS and TEST_ASSET_* are unset, and"
+            " this installation has no hack/kube source to build them from. Run from a gpuslice"
+            " checkout (`make kube-bin`), or set KUBEBUILDER_ASSETS."
+        )
+    modfile = json.loads(await _run_go(["mod", "edit", "-json"], source))
+    version = next(
+        (r["Version"] for r in modfile.get("Require", []) if r["Path"] == "k8s.io/kubernetes"),
+        None,
+    )
+    if version is None:
+        raise DevClusterError(f"{source / 'go.mod'} does not require k8s.io/kubernetes.")
+    go_env = json.loads(await _run_go(["env", "-json", "GOVERSION", "GOOS", "GOARCH"], source))
+    match = re.fullmatch(r"v(\d+)\.(\d+)\.\d+.*", version)
+    if match is None:
+        raise DevClusterError(f"Unexpected k8s.io/kubernetes version {version!r} in go.mod.")
+    pkg = "k8s.io/component-base/version"
+    ldflags = " ".join([
+        "-s", "-w",
+        f"-X {pkg}.gitVersion={version}",
+        f"-X {pkg}.gitMajor={match.group(1)}",
+        f"-X {pkg}.gitMinor={match.group(2)}",
+        f"-X {pkg}.gitTreeState=clean",
+    ])
+    digest = hashlib.sha256()
+    inputs = sorted(p for p in source.iterdir() if p.name in ("go.mod", "go.sum") or p.suffix == ".go")
+    for path in inputs:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    target = f"{go_env['GOOS']}/{go_env['GOARCH']}"
+    for part in (go_env["GOVERSION"], target, ldflags, "CGO_ENABLED=0 -trimpath"):
+        digest.update(part.encode() + b"\0")
+    return KubeBuild(source, version, go_env["GOVERSION"], target, ldflags, digest.hexdigest())
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f".{directory.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+async def build(kube: KubeBuild, report: Reporter = _stderr) -> Binaries:
+    """Build the multi-call binary into its cache slot unless it is already there."""
+    if kube.is_built:
+        report(f"kube-bin: Kubernetes {kube.kubernetes_version} binaries are cached in {kube.directory}")
+        return kube.binaries()
+    with _build_lock(kube.directory):
+        if kube.is_built:  # another process built it while we waited for the lock
+            return kube.binaries()
+        report(
+            f"kube-bin: building Kubernetes {kube.kubernetes_version} (kube-apiserver,"
+            f" kube-scheduler, kube-controller-manager, etcd) from Go modules with"
+            f" {kube.go_version}.\nkube-bin: the first build downloads ~1 GB of modules and"
+            " compiles for about 7-10 minutes on 2 cores; later runs reuse"
+            f" {kube.directory} and take seconds."
+        )
+        await _compile(kube, report)
+    report(f"kube-bin: done; binaries in {kube.directory}")
+    return kube.binaries()
+
+
+async def _compile(kube: KubeBuild, report: Reporter) -> None:
+    go = shutil.which("go")
+    assert go is not None  # describe_build ran go already
+    kube.directory.mkdir(parents=True, exist_ok=True)
+    partial = kube.directory / f"{MULTICALL}.partial"
+    process = await asyncio.create_subprocess_exec(
+        go, "build", "-v", "-trimpath", "-ldflags", kube.ldflags, "-o", str(partial), ".",
+        cwd=kube.source, env=_go_env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    assert process.stdout is not None
+    started = last_report = time.monotonic()
+    packages, tail = 0, list[str]()
+    async for raw in process.stdout:
+        line = raw.decode(errors="replace").rstrip()
+        packages += 1
+        tail = [*tail[-40:], line]
+        if time.monotonic() - last_report > 30:
+            last_report = time.monotonic()
+            report(
+                f"kube-bin: still building ({int(last_report - started)} s, {packages} packages"
+                f" compiled, last {line})"
+            )
+    if await process.wait() != 0:
+        partial.unlink(missing_ok=True)
+        raise DevClusterError(
+            f"Building the control plane from {kube.source} failed.", log_tail="\n".join(tail)
+        )
+    partial.rename(kube.directory / MULTICALL)
+    for name in COMPONENTS:
+        link = kube.directory / name
+        link.unlink(missing_ok=True)
+        link.symlink_to(MULTICALL)
+
+
+def _explicit_binaries() -> Binaries | None:
+    """Binaries the user named through envtest's variables, if all four are named."""
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    paths: dict[str, Path] = {}
+    for name in COMPONENTS:
+        if value := os.environ.get(asset_env_name(name)):
+            paths[name] = Path(value)
+        elif assets:
+            paths[name] = Path(assets) / name
+    if not paths:
+        return None
+    missing = [name for name in COMPONENTS if name not in paths]
+    if missing:
+        raise DevClusterError(
+            f"Only some control-plane binaries were given ({', '.join(sorted(paths))}); also set"
+            f" {', '.join(asset_env_name(n) for n in missing)} or KUBEBUILDER_ASSETS."
+        )
+    origin = f"KUBEBUILDER_ASSETS={assets}" if assets else "TEST_ASSET_* variables"
+    return Binaries(paths, origin)
+
+
+def check_executable(binaries: Binaries) -> None:
+    for name, path in binaries.paths.items():
+        if not path.is_file() or not os.access(path, os.X_OK):
+            raise DevClusterError(
+                f"{name} binary {path} (from {binaries.origin}) does not exist or is not"
+                f" executable. Fix the path, unset the variable to use gpuslice's own build"
+                f" (`make kube-bin`), or run `make kube-bin` again."
+            )
+
+
+async def resolve(*, build_if_missing: bool = True, report: Reporter = _stderr) -> Binaries:
+    """The binaries to run: the user's, else our cached build (built now if allowed)."""
+    explicit = _explicit_binaries()
+    if explicit is not None:
+        check_executable(explicit)
+        return explicit
+    kube = await describe_build()
+    if kube.is_built:
+        return kube.binaries()
+    if not build_if_missing:
+        raise DevClusterError(
+            f"The control plane for Kubernetes {kube.kubernetes_version} is not built yet."
+            " Run `make kube-bin` (about 7-10 minutes the first time), or set KUBEBUILDER_ASSETS."
+        )
+    return await build(kube, report)

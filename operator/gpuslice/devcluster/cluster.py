@@ -1,0 +1,301 @@
+"""A real Kubernetes control plane on loopback, with fake GPU nodes.
+
+etcd, kube-apiserver, kube-scheduler and kube-controller-manager run as child
+processes on free ports. Each component authenticates with a certificate for
+the identity a real cluster gives it, so RBAC, the Node authorizer and the
+admission plugins we rely on behave as they do in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import ssl
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuslice.devcluster import binaries as binaries_module
+from gpuslice.devcluster import features as features_module
+from gpuslice.devcluster.errors import DevClusterError
+from gpuslice.devcluster.nodes import FAKE_GPU_MODELS, fake_gpu_node, node_name
+from gpuslice.devcluster.pki import CertificateAuthority, kubeconfig, service_account_key
+from gpuslice.devcluster.process import Component, http_health
+from gpuslice.devcluster.state import ClusterRecord, StateDir
+from gpuslice.kube.client import KubeClient, KubeError
+
+Reporter = Callable[[str], None]
+
+# Controllers a GPU-slicing cluster needs. node-lifecycle is left out on
+# purpose: nothing heartbeats the fake nodes yet, and it would taint them.
+CONTROLLERS = (
+    "resourceclaim-controller",
+    "device-taint-eviction-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "resourcequota-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+)
+ADMIN_USER = "gpuslice-admin"
+SERVICE_CIDR = "10.0.0.0/24"
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ensure_port_free(port: int, what: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as error:
+            raise DevClusterError(
+                f"Port {port} on 127.0.0.1, asked for {what}, is already in use ({error.strerror})."
+                " Stop whatever listens there, or choose another port (or none, to get a free one)."
+            ) from error
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    state_dir: Path
+    nodes: int = 1
+    gpus_per_node: int = 8
+    gpu_model: str = "h100-80gb"
+    apiserver_port: int | None = None
+
+    def validate(self) -> None:
+        if not 0 <= self.nodes <= 1000:
+            raise DevClusterError(f"--nodes must be between 0 and 1000, not {self.nodes}.")
+        if not 1 <= self.gpus_per_node <= 16:
+            raise DevClusterError(
+                f"--gpus-per-node must be between 1 and 16, not {self.gpus_per_node}."
+            )
+        if self.gpu_model not in FAKE_GPU_MODELS:
+            raise DevClusterError(
+                f"--gpu-model {self.gpu_model!r} is not a fake GPU model gpuslice knows; use one"
+                f" of: {', '.join(FAKE_GPU_MODELS)}."
+            )
+
+
+class DevCluster:
+    """Start with :meth:`start` (or ``async with``); :meth:`stop` leaves nothing running."""
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        *,
+        binaries: binaries_module.Binaries | None = None,
+        report: Reporter = _quiet,
+    ) -> None:
+        self.spec = spec
+        self.state = StateDir(spec.state_dir)
+        self._binaries = binaries
+        self._report = report
+        self.components: list[Component] = []
+        self.server = ""
+        self.kubernetes_version = ""
+        self.features: features_module.Features | None = None
+        self.node_names = [node_name(i) for i in range(1, spec.nodes + 1)]
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state.kubeconfig
+
+    async def __aenter__(self) -> DevCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self.spec.validate()
+        if self.spec.apiserver_port is not None:
+            ensure_port_free(self.spec.apiserver_port, "the API server")
+        note = self.state.prepare_fresh()
+        if note:
+            self._report(note)
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        bins = self._binaries or await binaries_module.resolve(report=self._report)
+        binaries_module.check_executable(bins)
+        version = await _version(bins["kube-apiserver"])
+        self.kubernetes_version = "v{}.{}.{}".format(*version)
+        self.features = features_module.features_for(version)
+        self._report(f"dev-cluster: Kubernetes {self.kubernetes_version} from {bins.origin}")
+
+        ca = CertificateAuthority.create()
+        ca_cert, _ = ca.pair.write(self.state.pki, "ca")
+        sa_pub, sa_key = service_account_key().write(self.state.pki, "service-account")
+        serving_cert, serving_key = ca.issue_server(
+            "kube-apiserver",
+            ["127.0.0.1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
+        ).write(self.state.pki, "apiserver")
+
+        etcd_port, etcd_peer = free_port(), free_port()
+        api_port = self.spec.apiserver_port or free_port()
+        self.server = f"https://127.0.0.1:{api_port}"
+        etcd_url = f"http://127.0.0.1:{etcd_port}"
+
+        def client_kubeconfig(user: str, groups: tuple[str, ...], path: Path) -> Path:
+            pair = ca.issue_client(user, groups)
+            path.write_text(kubeconfig(self.server, ca.pair, pair, user, "gpuslice-dev"))
+            path.chmod(0o600)
+            return path
+
+        admin = client_kubeconfig(ADMIN_USER, ("system:masters",), self.state.kubeconfig)
+        scheduler_kc = client_kubeconfig(
+            "system:kube-scheduler", (), self.state.pki / "kube-scheduler.kubeconfig"
+        )
+        kcm_kc = client_kubeconfig(
+            "system:kube-controller-manager", (), self.state.pki / "kube-controller-manager.kubeconfig"
+        )
+
+        logs = self.state.logs
+        etcd = Component(
+            "etcd",
+            [str(bins["etcd"]), "--name=gpuslice", f"--data-dir={self.state.etcd_data}",
+             f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+             f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+             f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+             f"--initial-cluster=gpuslice=http://127.0.0.1:{etcd_peer}",
+             "--unsafe-no-fsync=true", "--log-level=warn"],
+            logs / "etcd.log", http_health(f"{etcd_url}/health"), startup_timeout=30,
+        )
+        await self._launch(etcd)
+
+        ca_context = ssl.create_default_context(cafile=str(ca_cert))
+        apiserver = Component(
+            "kube-apiserver",
+            [str(bins["kube-apiserver"]), f"--etcd-servers={etcd_url}",
+             "--bind-address=127.0.0.1", f"--secure-port={api_port}",
+             f"--tls-cert-file={serving_cert}", f"--tls-private-key-file={serving_key}",
+             f"--client-ca-file={ca_cert}",
+             f"--service-account-issuer={self.server}",
+             f"--service-account-key-file={sa_pub}",
+             f"--service-account-signing-key-file={sa_key}",
+             f"--service-cluster-ip-range={SERVICE_CIDR}",
+             "--authorization-mode=Node,RBAC",
+             "--enable-admission-plugins=NodeRestriction,ValidatingAdmissionPolicy,ResourceQuota",
+             "--disable-admission-plugins=TaintNodesByCondition",
+             "--endpoint-reconciler-type=none",
+             "--allow-privileged=true",
+             "--enable-priority-and-fairness=false",
+             *self.features.flags(apiserver=True)],
+            logs / "kube-apiserver.log", http_health(f"{self.server}/readyz", ca_context),
+            startup_timeout=90,
+        )
+        await self._launch(apiserver)
+
+        scheduler_port, kcm_port = free_port(), free_port()
+        insecure = ssl.create_default_context()
+        insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE
+        scheduler = Component(
+            "kube-scheduler",
+            [str(bins["kube-scheduler"]), f"--kubeconfig={scheduler_kc}",
+             f"--authentication-kubeconfig={scheduler_kc}",
+             f"--authorization-kubeconfig={scheduler_kc}",
+             "--leader-elect=false", "--bind-address=127.0.0.1",
+             f"--secure-port={scheduler_port}", f"--cert-dir={self.state.pki / 'kube-scheduler'}",
+             *self.features.flags()],
+            logs / "kube-scheduler.log",
+            http_health(f"https://127.0.0.1:{scheduler_port}/healthz", insecure),
+        )
+        controller_manager = Component(
+            "kube-controller-manager",
+            [str(bins["kube-controller-manager"]), f"--kubeconfig={kcm_kc}",
+             f"--authentication-kubeconfig={kcm_kc}", f"--authorization-kubeconfig={kcm_kc}",
+             "--leader-elect=false", "--bind-address=127.0.0.1",
+             f"--secure-port={kcm_port}", f"--cert-dir={self.state.pki / 'kube-controller-manager'}",
+             f"--controllers={','.join(CONTROLLERS)}",
+             "--use-service-account-credentials=true",
+             f"--service-account-private-key-file={sa_key}", f"--root-ca-file={ca_cert}",
+             *self.features.flags()],
+            logs / "kube-controller-manager.log",
+            http_health(f"https://127.0.0.1:{kcm_port}/healthz", insecure),
+        )
+        await asyncio.gather(*(c.start() for c in (scheduler, controller_manager)))
+        self.components += [scheduler, controller_manager]
+        await asyncio.gather(*(c.wait_healthy() for c in (scheduler, controller_manager)))
+
+        await self._create_nodes(admin)
+        self.state.write_record(ClusterRecord(
+            supervisor_pid=os.getpid(), server=self.server, kubeconfig=str(admin),
+            kubernetes_version=self.kubernetes_version,
+            components={c.name: c.pid for c in self.components if c.pid},
+            nodes=self.node_names,
+        ))
+
+    async def _launch(self, component: Component) -> None:
+        self._report(f"dev-cluster: starting {component.name}")
+        await component.start()
+        self.components.append(component)
+        await component.wait_healthy()
+
+    async def _create_nodes(self, admin_kubeconfig: Path) -> None:
+        async with await KubeClient.from_kubeconfig(admin_kubeconfig) as kube:
+            for name in self.node_names:
+                body = fake_gpu_node(name, self.spec.gpu_model, self.spec.gpus_per_node)
+                try:
+                    await kube.create("/api/v1/nodes", body)
+                except KubeError as error:
+                    raise DevClusterError(f"Creating fake GPU node {name} failed: {error}") from error
+        if self.node_names:
+            self._report(
+                f"dev-cluster: {len(self.node_names)} fake GPU node(s), each with"
+                f" {self.spec.gpus_per_node} x {self.spec.gpu_model}"
+            )
+
+    def dead_component(self) -> Component | None:
+        """The first component that has exited, if any (for supervisors)."""
+        return next((c for c in self.components if not c.running), None)
+
+    async def stop(self) -> None:
+        """Stop every component, newest first, and forget the cluster."""
+        for component in reversed(self.components):
+            await component.stop()
+        self.components.clear()
+        record = self.state.read_record() if self.state.record_path.exists() else None
+        if record is None or record.supervisor_pid == os.getpid():
+            self.state.remove_record()
+
+
+async def _version(apiserver: Path) -> tuple[int, int, int]:
+    try:
+        process = await asyncio.create_subprocess_exec(
+            str(apiserver), "--version",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )
+    except OSError as error:
+        raise DevClusterError(
+            f"Could not run {apiserver} --version: {error.strerror}. Point TEST_ASSET_KUBE_APISERVER"
+            " or KUBEBUILDER_ASSETS at a working binary, or unset them and run `make kube-bin`."
+        ) from error
+    with contextlib.suppress(TimeoutError):
+        out, _ = await asyncio.wait_for(process.communicate(), 30)
+        if process.returncode == 0:
+            return features_module.parse_version(out.decode(errors="replace"))
+    raise DevClusterError(
+        f"{apiserver} --version failed (exit {process.returncode}); it is not a working"
+        " kube-apiserver. Fix TEST_ASSET_KUBE_APISERVER / KUBEBUILDER_ASSETS or run `make kube-bin`."
+    )
+
+
+def stderr_reporter(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,111 @@
+"""``gpuslice dev-cluster``: the local real control plane as a command."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import click
+
+from gpuslice.devcluster import binaries
+from gpuslice.devcluster.cluster import ClusterSpec
+from gpuslice.devcluster.errors import DevClusterError
+from gpuslice.devcluster.nodes import FAKE_GPU_MODELS
+from gpuslice.devcluster.state import StateDir, default_state_dir
+from gpuslice.devcluster.supervisor import run_foreground, start_detached, stop_detached
+
+state_dir_option = click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=default_state_dir,
+    show_default="~/.local/state/gpuslice/dev-cluster",
+    help="Where certificates, etcd data, logs and the kubeconfig live.",
+)
+
+
+def fail(error: DevClusterError) -> None:
+    click.echo(f"dev-cluster: {error}", err=True)
+    sys.exit(1)
+
+
+@click.group("dev-cluster")
+def dev_cluster() -> None:
+    """A real local control plane (etcd, kube-apiserver, kube-scheduler,
+    kube-controller-manager) with fake GPU nodes."""
+
+
+@dev_cluster.command("up")
+@click.option("--nodes", default=1, show_default=True, help="Fake GPU nodes to create.")
+@click.option("--gpus-per-node", default=8, show_default=True, help="Fake GPUs on each node.")
+@click.option(
+    "--gpu-model", type=click.Choice(FAKE_GPU_MODELS), default="h100-80gb", show_default=True,
+    help="Model of the fake GPUs.",
+)
+@click.option("--apiserver-port", type=int, default=None, help="Fixed API server port (default: a free one).")
+@click.option("--detach", is_flag=True, help="Start in the background and return once it is up.")
+@state_dir_option
+def up(
+    nodes: int, gpus_per_node: int, gpu_model: str, apiserver_port: int | None,
+    detach: bool, state_dir: Path,
+) -> None:
+    """Start the cluster; print the admin kubeconfig's path when it is up.
+
+    In the foreground it runs until Ctrl-C; with --detach it returns and
+    `gpuslice dev-cluster down` stops it.
+    """
+    spec = ClusterSpec(state_dir, nodes, gpus_per_node, gpu_model, apiserver_port)
+    try:
+        spec.validate()
+    except DevClusterError as error:
+        fail(error)
+    if detach:
+        argv = ["dev-cluster", "up", f"--nodes={nodes}", f"--gpus-per-node={gpus_per_node}",
+                f"--gpu-model={gpu_model}", f"--state-dir={state_dir}"]
+        if apiserver_port is not None:
+            argv.append(f"--apiserver-port={apiserver_port}")
+        sys.exit(start_detached(spec, argv))
+    sys.exit(asyncio.run(run_foreground(spec)))
+
+
+@dev_cluster.command("down")
+@state_dir_option
+def down(state_dir: Path) -> None:
+    """Stop the cluster running from the state directory."""
+    try:
+        click.echo(stop_detached(StateDir(state_dir)), err=True)
+    except DevClusterError as error:
+        fail(error)
+
+
+@dev_cluster.command("kubeconfig")
+@state_dir_option
+def kubeconfig(state_dir: Path) -> None:
+    """Print the path of the running cluster's admin kubeconfig."""
+    state = StateDir(state_dir)
+    try:
+        record = state.running_record()
+    except DevClusterError as error:
+        fail(error)
+    if record is None:
+        fail(DevClusterError(
+            f"No dev cluster is running from {state.root}. Start one with:"
+            f" gpuslice dev-cluster up --detach --state-dir {state.root}"
+        ))
+    else:
+        click.echo(record.kubeconfig)
+
+
+@dev_cluster.command("build")
+def build() -> None:
+    """Build the control-plane binaries from Go modules (cached by content hash)."""
+
+    async def run() -> binaries.Binaries:
+        return await binaries.build(await binaries.describe_build())
+
+    try:
+        built = asyncio.run(run())
+    except DevClusterError as error:
+        fail(error)
+    else:
+        click.echo(built["kube-apiserver"].parent)

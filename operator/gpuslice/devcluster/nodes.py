@@ -1,0 +1,53 @@
+"""Fake GPU Node objects: what the scheduler needs to place pods, nothing more.
+
+No kubelet runs behind them (the pod runner of a later stage will), so they
+are created Ready with their status set on create, which the apiserver allows
+for Nodes, and nothing ever marks them NotReady: the dev cluster does not run
+the node-lifecycle controller.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Models the fake GPU backend knows; the node agent reads the labels below to
+# pretend to have these GPUs.
+FAKE_GPU_MODELS = ("h100-80gb", "h200-141gb", "a100-40gb", "a100-80gb", "l4", "l40s")
+
+LABEL_BACKEND = "gpuslice.dev/gpu-backend"
+LABEL_MODEL = "gpuslice.dev/fake-gpu-model"
+LABEL_COUNT = "gpuslice.dev/fake-gpu-count"
+
+
+def node_name(index: int) -> str:
+    return f"gpu-node-{index}"
+
+
+def fake_gpu_node(name: str, gpu_model: str, gpu_count: int) -> dict[str, Any]:
+    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                LABEL_BACKEND: "fake",
+                LABEL_MODEL: gpu_model,
+                LABEL_COUNT: str(gpu_count),
+            },
+        },
+        "status": {
+            "capacity": capacity,
+            "allocatable": capacity,
+            "conditions": [{
+                "type": "Ready",
+                "status": "True",
+                "reason": "FakeGPUNode",
+                "message": "gpuslice dev cluster: fake GPU node, no containers run here",
+            }],
+            "addresses": [{"type": "Hostname", "address": name}],
+        },
+    }

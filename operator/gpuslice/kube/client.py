@@ -1,0 +1,124 @@
+"""The one place that talks to the API server.
+
+We speak plain JSON (dicts) rather than kubernetes_asyncio's generated models:
+the models lag the server (resource.k8s.io gains fields every minor) and
+silently drop what they do not know, which for ResourceSlices would mean
+rewriting a driver's devices without fields the scheduler relies on.
+kubernetes_asyncio still does what it is good at: kubeconfig and in-cluster
+auth, TLS, and the HTTP session.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, cast
+
+from kubernetes_asyncio import config as kube_config
+from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client.exceptions import ApiException
+
+Object = dict[str, Any]
+
+_TYPES = {status: "object" for status in (200, 201, 202)}
+
+
+class KubeError(Exception):
+    """An API error, with the server's own message (what kubectl would print)."""
+
+    def __init__(self, status: int, reason: str, message: str, body: Object | None) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.body = body or {}
+
+    @classmethod
+    def from_api(cls, error: ApiException) -> KubeError:
+        try:
+            body = json.loads(error.body) if error.body else {}
+        except (TypeError, ValueError):
+            body = {"message": str(error.body)}
+        return cls(error.status, str(body.get("reason") or error.reason),
+                   str(body.get("message", error.reason)), body)
+
+
+class KubeClient:
+    """A small async JSON client; create with :meth:`from_kubeconfig` and close when done."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self._api = api
+
+    @classmethod
+    async def from_kubeconfig(cls, path: Path | str | None = None) -> KubeClient:
+        configuration = Configuration()
+        if path is None:
+            try:
+                kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            except kube_config.ConfigException:
+                await kube_config.load_kube_config(client_configuration=configuration)
+        else:
+            await kube_config.load_kube_config(
+                config_file=str(path), client_configuration=configuration
+            )
+        return cls(ApiClient(configuration))
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: Mapping[str, str | int | bool] | None = None,
+        content_type: str = "application/json",
+    ) -> Object:
+        params = [(k, str(v).lower() if isinstance(v, bool) else v) for k, v in (query or {}).items()]
+        try:
+            result = await self._api.call_api(
+                path, method,
+                query_params=params,
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body,
+                response_types_map=_TYPES,
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+            )
+        except ApiException as error:
+            raise KubeError.from_api(error) from None
+        return cast(Object, result or {})
+
+    async def get(self, path: str, **query: str | int | bool) -> Object:
+        return await self.request("GET", path, query=query)
+
+    async def list(self, path: str, **query: str | int | bool) -> list[Object]:
+        return cast(list[Object], (await self.get(path, **query)).get("items", []))
+
+    async def create(self, path: str, body: Object) -> Object:
+        return await self.request("POST", path, body)
+
+    async def replace(self, path: str, body: Object) -> Object:
+        return await self.request("PUT", path, body)
+
+    async def merge_patch(self, path: str, patch: Object) -> Object:
+        return await self.request("PATCH", path, patch, content_type="application/merge-patch+json")
+
+    async def apply(self, path: str, body: Object, *, field_manager: str, force: bool = True) -> Object:
+        """Server-side apply: ``body`` is the whole intent of ``field_manager``."""
+        return await self.request(
+            "PATCH", path, body,
+            query={"fieldManager": field_manager, "force": force},
+            content_type="application/apply-patch+yaml",
+        )
+
+    async def delete(self, path: str, **query: str | int | bool) -> Object:
+        return await self.request("DELETE", path, query=query)

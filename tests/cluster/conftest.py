@@ -1,0 +1,93 @@
+"""One real control plane per test session; tests isolate by namespace, driver and name.
+
+The binaries must already be there (``make test-cluster`` builds them first):
+a missing control plane is an error that fails the run, never a skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslice.devcluster import binaries
+from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
+from gpuslice.kube.client import KubeClient, KubeError
+from tests.cluster.kubeutil import delete_namespace, wait_for
+
+NODES = 2
+GPUS_PER_NODE = 8
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DevCluster]:
+    found = await binaries.resolve(build_if_missing=False)
+    spec = ClusterSpec(tmp_path_factory.mktemp("dev-cluster"), nodes=NODES, gpus_per_node=GPUS_PER_NODE)
+    async with DevCluster(spec, binaries=found) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+async def kube(cluster: DevCluster) -> AsyncIterator[KubeClient]:
+    async with await KubeClient.from_kubeconfig(cluster.kubeconfig) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(cluster: DevCluster) -> Path:
+    return cluster.kubeconfig
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short random suffix so cluster-scoped names never collide between tests."""
+    return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture
+async def namespace(kube: KubeClient, unique: str) -> AsyncIterator[str]:
+    """A fresh namespace whose default ServiceAccount exists (pods need it to be admitted)."""
+    name = f"t-{unique}"
+    await kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
+
+    async def has_default_sa() -> bool:
+        items = await kube.list(f"/api/v1/namespaces/{name}/serviceaccounts")
+        return any(sa["metadata"]["name"] == "default" for sa in items)
+
+    await wait_for(has_default_sa, within=30, what=f"default ServiceAccount in {name}")
+    yield name
+    await delete_namespace(kube, name)
+
+
+class ClusterObjects:
+    """Creates cluster-scoped objects and deletes them after the test."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+        self._paths: list[str] = []
+
+    async def create(self, collection: str, body: dict[str, Any]) -> dict[str, Any]:
+        created = await self._kube.create(collection, body)
+        self._paths.append(f"{collection}/{created['metadata']['name']}")
+        return created
+
+    async def delete_all(self) -> None:
+        for path in reversed(self._paths):
+            with contextlib.suppress(KubeError):
+                await self._kube.delete(path)
+
+
+@pytest.fixture
+async def cluster_objects(kube: KubeClient) -> AsyncIterator[ClusterObjects]:
+    objects = ClusterObjects(kube)
+    yield objects
+    await objects.delete_all()

@@ -1,0 +1,118 @@
+"""Small helpers for cluster tests: polling, clean-up, and hand-written DRA objects."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gpuslice.kube.client import KubeClient, KubeError
+
+RESOURCE = "/apis/resource.k8s.io/v1"
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+
+
+async def wait_for(
+    check: Callable[[], Awaitable[Any]], *, within: float = 30, what: str = "condition", every: float = 0.2
+) -> Any:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    try:
+        async with asyncio.timeout(within):
+            while not (result := await check()):
+                await asyncio.sleep(every)
+            return result
+    except TimeoutError:
+        raise AssertionError(f"timed out after {within} s waiting for {what}") from None
+
+
+async def delete_namespace(kube: KubeClient, name: str) -> None:
+    # No kubelet confirms container shutdown, so pods are removed at once (grace 0),
+    # as a kubelet would after its containers stopped.
+    with contextlib.suppress(KubeError):
+        for pod in await kube.list(f"/api/v1/namespaces/{name}/pods"):
+            await kube.delete(f"/api/v1/namespaces/{name}/pods/{pod['metadata']['name']}", gracePeriodSeconds=0)
+        await kube.delete(f"/api/v1/namespaces/{name}")
+
+
+def counter_slice(name: str, driver: str, node: str, counters: dict[str, str], slices: int = 2) -> dict[str, Any]:
+    """The counter half of a 1.35+ partitionable pool: one shared counter set per GPU."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": slices},
+            "sharedCounters": [
+                {"name": "gpu-0", "counters": {k: {"value": v} for k, v in counters.items()}}
+            ],
+        },
+    }
+
+
+def partition(name: str, memory: str) -> dict[str, Any]:
+    """A device that takes ``memory`` from GPU 0's counter set."""
+    return {
+        "name": name,
+        "attributes": {"size": {"string": memory}},
+        "capacity": {"memory": {"value": memory}},
+        "consumesCounters": [{"counterSet": "gpu-0", "counters": {"memory": {"value": memory}}}],
+    }
+
+
+def device_slice(name: str, driver: str, node: str, devices: list[dict[str, Any]], slices: int = 2) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": slices},
+            "devices": devices,
+        },
+    }
+
+
+def device_class(name: str, driver: str, selector: str = "") -> dict[str, Any]:
+    expression = f'device.driver == "{driver}"' + (f" && {selector}" if selector else "")
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
+def claim_template(name: str, device_class_name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": device_class_name}}
+        ]}}},
+    }
+
+
+def pod_with_claim(name: str, template: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{"name": "work", "image": PAUSE_IMAGE, "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+        },
+    }
+
+
+async def pod_claim(kube: KubeClient, namespace: str, pod: str) -> dict[str, Any] | None:
+    """The claim the resourceclaim controller generated for the pod, once it exists."""
+    status = (await kube.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")).get("status", {})
+    for entry in status.get("resourceClaimStatuses", []):
+        if entry.get("resourceClaimName"):
+            return await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{entry['resourceClaimName']}")
+    return None

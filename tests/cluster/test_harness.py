@@ -1,0 +1,124 @@
+"""Test 5: the harness itself, as a user drives it: up, down, nothing left; clear failures."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuslice.devcluster import binaries
+from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
+from gpuslice.devcluster.errors import DevClusterError
+from gpuslice.kube.client import KubeClient
+
+
+def processes_using(state_dir: Path) -> list[str]:
+    """Command lines of live processes that mention ``state_dir`` (all our components do)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(state_dir) in cmdline and state != "Z":
+            found.append(f"{entry.name}: {cmdline.strip()}")
+    return found
+
+
+def gpuslice(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuslice", *args],
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+    )
+
+
+async def test_detached_up_and_down_leave_nothing_running(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    started = await asyncio.to_thread(gpuslice, "dev-cluster", "up", "--detach", "--nodes", "1", "--state-dir", str(state))
+    try:
+        assert started.returncode == 0, started.stderr
+        kubeconfig = Path(started.stdout.strip())
+        assert kubeconfig == state / "kubeconfig"
+        assert "dev-cluster: up." in started.stderr
+
+        printed = await asyncio.to_thread(gpuslice, "dev-cluster", "kubeconfig", "--state-dir", str(state))
+        assert printed.stdout.strip() == str(kubeconfig)
+
+        async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
+            assert [n["metadata"]["name"] for n in await kube.list("/api/v1/nodes")] == ["gpu-node-1"]
+        assert len(processes_using(state)) >= 4  # etcd, apiserver, scheduler, controller-manager
+
+        again = await asyncio.to_thread(gpuslice, "dev-cluster", "up", "--detach", "--state-dir", str(state))
+        assert again.returncode == 1
+        assert "already running" in again.stderr
+    finally:
+        stopped = await asyncio.to_thread(gpuslice, "dev-cluster", "down", "--state-dir", str(state))
+    assert stopped.returncode == 0, stopped.stderr
+    assert "nothing left running" in stopped.stderr
+    assert processes_using(state) == []
+    gone = await asyncio.to_thread(gpuslice, "dev-cluster", "kubeconfig", "--state-dir", str(state))
+    assert gone.returncode == 1
+    assert "No dev cluster is running" in gone.stderr
+
+
+async def test_bad_binary_path_fails_with_a_clear_message(tmp_path: Path) -> None:
+    result = await asyncio.to_thread(
+        gpuslice, "dev-cluster", "up", "--state-dir", str(tmp_path / "state"),
+        env={"TEST_ASSET_KUBE_APISERVER": str(tmp_path / "no-such-apiserver")},
+    )
+    assert result.returncode == 1
+    assert "kube-apiserver binary" in result.stderr
+    assert str(tmp_path / "no-such-apiserver") in result.stderr
+    assert "Traceback" not in result.stderr
+    assert processes_using(tmp_path) == []
+
+
+async def test_component_that_exits_early_is_reported_and_the_rest_stopped(tmp_path: Path) -> None:
+    found = await binaries.resolve(build_if_missing=False)
+    # A real failure: the scheduler binary refuses the controller-manager's flags.
+    wrong = binaries.Binaries({**found.paths, "kube-controller-manager": found["kube-scheduler"]}, "test")
+    cluster = DevCluster(ClusterSpec(tmp_path / "state", nodes=1), binaries=wrong)
+    with pytest.raises(DevClusterError) as failed:
+        await cluster.start()
+    message = str(failed.value)
+    assert "kube-controller-manager exited with code 1 while starting" in message
+    assert "unknown flag" in message  # the tail of the component's own log
+    assert processes_using(tmp_path) == []
+
+
+async def test_port_in_use_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cluster = DevCluster(ClusterSpec(tmp_path / "state", apiserver_port=port))
+        with pytest.raises(DevClusterError, match=f"Port {port} on 127.0.0.1.*already in use"):
+            await cluster.start()
+    assert processes_using(tmp_path) == []
+
+
+async def test_stale_state_directory_is_cleared_and_reused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    dead = await asyncio.create_subprocess_exec("true")
+    await dead.wait()
+    (state / "cluster.json").write_text(
+        f'{{"supervisor_pid": {dead.pid}, "server": "https://127.0.0.1:1", "kubeconfig": "x",'
+        ' "kubernetes_version": "v1.37.2", "components": {}, "nodes": []}'
+    )
+    notes: list[str] = []
+    found = await binaries.resolve(build_if_missing=False)
+    async with DevCluster(ClusterSpec(state, nodes=0), binaries=found, report=notes.append) as cluster:
+        kube = await KubeClient.from_kubeconfig(cluster.kubeconfig)
+        async with kube:
+            assert (await kube.get("/version"))["gitVersion"] == cluster.kubernetes_version
+    assert any("stale state" in note for note in notes)
+    assert processes_using(tmp_path) == []
