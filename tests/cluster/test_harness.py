@@ -84,7 +84,7 @@ async def test_bad_binary_path_fails_with_a_clear_message(tmp_path: Path) -> Non
 async def test_component_that_exits_early_is_reported_and_the_rest_stopped(tmp_path: Path) -> None:
     found = await binaries.resolve(build_if_missing=False)
     # A real failure: the scheduler binary refuses the controller-manager's flags.
-    wrong = binaries.Binaries({**found.paths, "kube-controller-manager": found["kube-scheduler"]}, "test")
+    wrong = binaries.Binaries({**found.paths, "kube-controller-manager": found["kube-scheduler"]}, found.origins)
     cluster = DevCluster(ClusterSpec(tmp_path / "state", nodes=1), binaries=wrong)
     with pytest.raises(DevClusterError) as failed:
         await cluster.start()

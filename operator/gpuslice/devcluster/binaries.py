@@ -40,10 +40,18 @@ class Binaries:
     """Paths of the four control-plane binaries, and where each came from."""
 
     paths: dict[str, Path]
-    origin: str
+    origins: dict[str, str]
 
     def __getitem__(self, component: str) -> Path:
         return self.paths[component]
+
+    @property
+    def origin(self) -> str:
+        """One line for the user: where the binaries came from."""
+        distinct = sorted(set(self.origins.values()))
+        if len(distinct) == 1:
+            return distinct[0]
+        return "; ".join(f"{name} from {self.origins[name]}" for name in COMPONENTS)
 
 
 def asset_env_name(component: str) -> str:
@@ -92,7 +100,7 @@ class KubeBuild:
 
     def binaries(self) -> Binaries:
         paths = {name: self.directory / name for name in COMPONENTS}
-        return Binaries(paths, f"gpuslice build cache {self.directory}")
+        return Binaries(paths, dict.fromkeys(COMPONENTS, f"gpuslice build cache {self.directory}"))
 
 
 def _go_env() -> dict[str, str]:
@@ -227,49 +235,43 @@ async def _compile(kube: KubeBuild, report: Reporter) -> None:
         link.symlink_to(MULTICALL)
 
 
-def _explicit_binaries() -> Binaries | None:
-    """Binaries the user named through envtest's variables, if all four are named."""
+def _user_binaries() -> Binaries:
+    """The binaries the user named through envtest's variables (possibly none)."""
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     paths: dict[str, Path] = {}
+    origins: dict[str, str] = {}
     for name in COMPONENTS:
-        if value := os.environ.get(asset_env_name(name)):
-            paths[name] = Path(value)
+        variable = asset_env_name(name)
+        if value := os.environ.get(variable):
+            paths[name], origins[name] = Path(value), variable
         elif assets:
-            paths[name] = Path(assets) / name
-    if not paths:
-        return None
-    missing = [name for name in COMPONENTS if name not in paths]
-    if missing:
-        raise DevClusterError(
-            f"Only some control-plane binaries were given ({', '.join(sorted(paths))}); also set"
-            f" {', '.join(asset_env_name(n) for n in missing)} or KUBEBUILDER_ASSETS."
-        )
-    origin = f"KUBEBUILDER_ASSETS={assets}" if assets else "TEST_ASSET_* variables"
-    return Binaries(paths, origin)
+            paths[name], origins[name] = Path(assets) / name, "KUBEBUILDER_ASSETS"
+    return Binaries(paths, origins)
 
 
 def check_executable(binaries: Binaries) -> None:
     for name, path in binaries.paths.items():
         if not path.is_file() or not os.access(path, os.X_OK):
             raise DevClusterError(
-                f"{name} binary {path} (from {binaries.origin}) does not exist or is not"
+                f"{name} binary {path} (from {binaries.origins[name]}) does not exist or is not"
                 f" executable. Fix the path, unset the variable to use gpuslice's own build"
                 f" (`make kube-bin`), or run `make kube-bin` again."
             )
 
 
 async def resolve(*, build_if_missing: bool = True, report: Reporter = _stderr) -> Binaries:
-    """The binaries to run: the user's, else our cached build (built now if allowed)."""
-    explicit = _explicit_binaries()
-    if explicit is not None:
-        check_executable(explicit)
-        return explicit
-    kube = await describe_build()
-    if kube.is_built:
-        return kube.binaries()
-    if not build_if_missing:
-        raise DevClusterError(
-            f"The control plane for Kubernetes {kube.kubernetes_version} is not built yet."
-            " Run `make kube-bin` (about 7-10 minutes the first time), or set KUBEBUILDER_ASSETS."
-        )
-    return await build(kube, report)
+    """The binaries to run, each resolved on its own as envtest does: its
+    ``TEST_ASSET_*`` variable, else ``KUBEBUILDER_ASSETS``, else our cached build
+    (built now if allowed)."""
+    chosen = _user_binaries()
+    if len(chosen.paths) < len(COMPONENTS):
+        kube = await describe_build()
+        if not kube.is_built and not build_if_missing:
+            raise DevClusterError(
+                f"The control plane for Kubernetes {kube.kubernetes_version} is not built yet."
+                " Run `make kube-bin` (about 7-10 minutes the first time), or set KUBEBUILDER_ASSETS."
+            )
+        built = await build(kube, report) if not kube.is_built else kube.binaries()
+        chosen = Binaries({**built.paths, **chosen.paths}, {**built.origins, **chosen.origins})
+    check_executable(chosen)
+    return chosen

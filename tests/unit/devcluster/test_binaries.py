@@ -39,7 +39,7 @@ async def test_kubebuilder_assets_directory_is_used(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets))
     found = await binaries.resolve(build_if_missing=False)
     assert found["kube-scheduler"] == assets / "kube-scheduler"
-    assert "KUBEBUILDER_ASSETS" in found.origin
+    assert found.origin == "KUBEBUILDER_ASSETS"
 
 
 async def test_single_asset_variable_overrides_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -52,11 +52,19 @@ async def test_single_asset_variable_overrides_directory(monkeypatch: pytest.Mon
     assert found["kube-apiserver"] == assets / "kube-apiserver"
 
 
-async def test_partial_variables_name_the_missing_ones(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    assets = _fake_assets(tmp_path / "assets")
-    monkeypatch.setenv("TEST_ASSET_KUBE_APISERVER", str(assets / "kube-apiserver"))
-    with pytest.raises(DevClusterError, match=r"TEST_ASSET_ETCD.*KUBEBUILDER_ASSETS"):
-        await binaries.resolve(build_if_missing=False)
+async def test_unnamed_binaries_come_from_our_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    source = _copy_source(tmp_path)
+    monkeypatch.setenv("GPUSLICE_KUBE_SOURCE", str(source))
+    kube = await binaries.describe_build(source)
+    _fake_assets(kube.directory)
+    (kube.directory / binaries.MULTICALL).write_text("")
+    own = _fake_assets(tmp_path / "own")
+    monkeypatch.setenv("TEST_ASSET_KUBE_APISERVER", str(own / "kube-apiserver"))
+    found = await binaries.resolve(build_if_missing=False)
+    assert found["kube-apiserver"] == own / "kube-apiserver"
+    assert found["etcd"] == kube.directory / "etcd"
+    assert found.origins["kube-apiserver"] == "TEST_ASSET_KUBE_APISERVER"
+    assert "kube-apiserver from TEST_ASSET_KUBE_APISERVER" in found.origin
 
 
 async def test_missing_binary_is_named_with_its_origin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
