@@ -58,7 +58,8 @@ async def run_demo(spec: ClusterSpec, console: Console) -> bool:
         else:
             console.print(
                 f"[green]Ready:[/green] {len(nodes)} fake GPU node(s); the DRA API gpuslice"
-                f" builds on is served. Kubeconfig while it runs: {cluster.kubeconfig}"
+                " builds on is served. Stopping the demo cluster; for one that stays up run"
+                " `gpuslice dev-cluster up`."
             )
         return not missing and len(nodes) == spec.nodes
 
