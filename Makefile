@@ -9,6 +9,7 @@ PYTEST ?= $(BIN)/pytest
 .PHONY: help venv kube-bin lint test test-unit test-cluster demo crds clean
 
 help:
+	@echo "make crds          regenerate crds/ from the pydantic models in operator/gpuslice/api"
 	@echo "make demo          bring up a real local control plane with fake GPU nodes and show it"
 	@echo "make test          lint + unit tests + cluster tests against the real control plane"
 	@echo "make kube-bin      build kube-apiserver/scheduler/controller-manager/etcd from Go modules (cached)"
@@ -50,6 +51,10 @@ test: lint test-unit test-cluster
 demo: kube-bin
 	@echo ">> demo: local control plane with fake GPU nodes"
 	@$(BIN)/gpuslice demo
+
+crds: $(STAMP)
+	@echo ">> generating crds/ from operator/gpuslice/api"
+	@$(BIN)/python -m gpuslice.api.crd > crds/gpuslicepolicies.gpuslice.dev.yaml
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

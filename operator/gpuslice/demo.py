@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
-from gpuslice.devcluster.nodes import LABEL_COUNT, LABEL_MODEL
+from gpuslice.inventory.nodes import FAKE_COUNT as LABEL_COUNT
+from gpuslice.inventory.nodes import FAKE_MODEL as LABEL_MODEL
 from gpuslice.kube.client import KubeClient
 from gpuslice.kube.discovery import served_resources
 

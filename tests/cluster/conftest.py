@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuslice.devcluster import binaries
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
@@ -91,3 +92,24 @@ async def cluster_objects(kube: KubeClient) -> AsyncIterator[ClusterObjects]:
     objects = ClusterObjects(kube)
     yield objects
     await objects.delete_all()
+
+
+CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "gpuslicepolicies.gpuslice.dev.yaml"
+POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+
+
+@pytest.fixture(scope="session")
+async def policy_crd(kube: KubeClient) -> str:
+    """The committed CRD, installed as a user would install it; returns the policies' path."""
+    body = yaml.safe_load(CRD_FILE.read_text())
+    await kube.apply(
+        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{body['metadata']['name']}",
+        body, field_manager="gpuslice-tests",
+    )
+
+    async def established() -> bool:
+        crd = await kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{body['metadata']['name']}")
+        return any(c["type"] == "Established" and c["status"] == "True" for c in (crd.get("status") or {}).get("conditions") or [])
+
+    await wait_for(established, within=30, what="the GpuSlicePolicy CRD to be established")
+    return POLICIES

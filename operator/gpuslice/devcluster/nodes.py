@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-# Models the fake GPU backend knows; the node agent reads the labels below to
-# pretend to have these GPUs.
-FAKE_GPU_MODELS = ("h100-80gb", "h200-141gb", "a100-40gb", "a100-80gb", "l4", "l40s")
+from gpuslice.inventory.catalog import MODELS
+from gpuslice.inventory.nodes import FAKE_BACKEND as LABEL_BACKEND
+from gpuslice.inventory.nodes import FAKE_COUNT as LABEL_COUNT
+from gpuslice.inventory.nodes import FAKE_MODEL as LABEL_MODEL
 
-LABEL_BACKEND = "gpuslice.dev/gpu-backend"
-LABEL_MODEL = "gpuslice.dev/fake-gpu-model"
-LABEL_COUNT = "gpuslice.dev/fake-gpu-count"
+# Models the fake GPU backend knows; the node agent and the controller read
+# the labels to know what GPUs the node pretends to have.
+FAKE_GPU_MODELS = tuple(MODELS)
 
 
 def node_name(index: int) -> str:

@@ -1,0 +1,1 @@
+"""The GpuSlicePolicy API: pydantic models, CRD generation, semantic validation."""

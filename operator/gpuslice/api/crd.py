@@ -1,0 +1,153 @@
+"""Generate the GpuSlicePolicy CRD from the pydantic models.
+
+pydantic's JSON Schema is close to a structural OpenAPI v3 schema; what
+differs is fixed here: references are inlined, ``Optional`` unions become
+plain optional properties, titles go, and each model's rules become
+``x-kubernetes-validations``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from gpuslice.api.policy import GROUP, KIND, MAX_NAME, PLURAL, VERSION, GpuSlicePolicySpec
+from gpuslice.api.rules import DNS_LABEL, ApiModel
+from gpuslice.api.status import GpuSlicePolicyStatus
+
+Schema = dict[str, Any]
+
+
+def _models(root: type[ApiModel]) -> dict[str, type[ApiModel]]:
+    """Every ApiModel reachable from ``root``, by the name pydantic gives its schema."""
+    found: dict[str, type[ApiModel]] = {}
+
+    def visit(model: type[ApiModel]) -> None:
+        if model.__name__ in found:
+            return
+        found[model.__name__] = model
+        for field in model.model_fields.values():
+            for candidate in _types_in(field.annotation):
+                if isinstance(candidate, type) and issubclass(candidate, ApiModel):
+                    visit(candidate)
+
+    visit(root)
+    return found
+
+
+def _types_in(annotation: Any) -> list[Any]:
+    args = getattr(annotation, "__args__", None)
+    if not args:
+        return [annotation]
+    return [t for arg in args for t in _types_in(arg)]
+
+
+def structural(root: type[ApiModel]) -> Schema:
+    schema = root.model_json_schema(by_alias=True)
+    definitions: dict[str, Schema] = schema.pop("$defs", {})
+    models = _models(root)
+
+    def convert(node: Schema, model_name: str | None = None) -> Schema:
+        node = copy.deepcopy(node)
+        if "$ref" in node:
+            name = node.pop("$ref").rsplit("/", 1)[1]
+            extra = {k: v for k, v in node.items() if k in ("description", "default")}
+            return {**convert(definitions[name], name), **extra}
+        if "anyOf" in node:
+            options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+            if len(options) != 1:
+                raise ValueError(f"cannot express union {options} in a structural schema")
+            rest = {k: v for k, v in node.items() if k not in ("title",)}
+            if rest.get("default", ...) is None:
+                rest.pop("default")
+            return {**convert(options[0]), **rest}
+        node.pop("title", None)
+        node.pop("propertyNames", None)  # not in structural schemas; key rules are CEL
+        if "const" in node:
+            node["enum"] = [node.pop("const")]
+        if node.get("type") == "object" or "properties" in node:
+            node["type"] = "object"
+            node.pop("additionalProperties", None) if "properties" in node else None
+            props = node.get("properties", {})
+            node["properties"] = {key: convert(value) for key, value in props.items()}
+            if not node["properties"]:
+                node.pop("properties")
+            if isinstance(node.get("additionalProperties"), dict):
+                node["additionalProperties"] = convert(node["additionalProperties"])
+        if node.get("type") == "array" and "items" in node:
+            node["items"] = convert(node["items"])
+        if "default" in node and node["default"] in ({}, []):
+            node.pop("default")  # empty defaults only add noise to stored objects
+        if model_name and model_name in models and (rules := models[model_name].cel_rules()):
+            node["x-kubernetes-validations"] = rules
+        return node
+
+    return convert(schema, root.__name__)
+
+
+def crd() -> dict[str, Any]:
+    spec_schema = structural(GpuSlicePolicySpec)
+    status_schema = structural(GpuSlicePolicyStatus)
+    root: Schema = {
+        "type": "object",
+        "description": "GpuSlicePolicy turns a set of GPUs into slices that tenant namespaces claim"
+                       " through Dynamic Resource Allocation.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+        "x-kubernetes-validations": [{
+            "rule": f"self.metadata.name.matches('{DNS_LABEL}') && size(self.metadata.name) <= {MAX_NAME}",
+            "message": f"GpuSlicePolicy names must be lowercase letters, digits and '-', at most"
+                       f" {MAX_NAME} characters: they name the DeviceClass <name>.{GROUP}",
+        }],
+    }
+    columns = [
+        ("Mode", "string", ".spec.slicing.mode", 0),
+        ("Slice", "string", ".spec.slicing.sliceSize", 0),
+        ("Tenants", "string", ".spec.tenants[*].namespace", 0),
+        ("Published", "integer", ".status.slices.published", 0),
+        ("Allocated", "integer", ".status.slices.allocated", 0),
+        ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status', 0),
+        ("Reason", "string", '.status.conditions[?(@.type=="Ready")].reason', 1),
+        ("Age", "date", ".metadata.creationTimestamp", 0),
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Cluster",
+            "names": {
+                "kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL,
+                "singular": KIND.lower(), "shortNames": ["gsp"], "categories": ["gpuslice"],
+            },
+            "versions": [{
+                "name": VERSION,
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": root},
+                "additionalPrinterColumns": [
+                    {"name": n, "type": t, "jsonPath": p, **({"priority": pr} if pr else {})}
+                    for n, t, p, pr in columns
+                ],
+            }],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    header = "# Generated from operator/gpuslice/api by `make crds`; do not edit.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=100)
+
+
+if __name__ == "__main__":
+    print(crd_yaml(), end="")

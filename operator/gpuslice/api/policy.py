@@ -1,0 +1,258 @@
+"""The GpuSlicePolicy API (``gpuslice.dev/v1alpha1``), as pydantic models.
+
+These models are the single source of truth: the CRD in ``crds/`` is generated
+from them (``make crds``), their docstrings and field descriptions become the
+CRD's documentation, and their rules are both CEL at admission and Python
+checks here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints
+
+from gpuslice.api.rules import DNS_LABEL, DNS_SUBDOMAIN, ApiModel, Rule, cel_regex
+from gpuslice.dra.quantity import parse_quantity, quantity_bytes
+
+GROUP = "gpuslice.dev"
+VERSION = "v1alpha1"
+KIND = "GpuSlicePolicy"
+PLURAL = "gpuslicepolicies"
+MAX_NAME = 50
+MIG_PROFILE = r"^[1-7]g\.[0-9]+gb(\+me)?$"
+TENANT_NAMESPACE_MESSAGE = "tenants[].namespace must be a namespace name: lowercase letters, digits and '-'"
+EXTENDED = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+
+# Bounded strings: the apiserver estimates CEL cost from maxLength.
+Name = Annotated[str, StringConstraints(max_length=63)]
+Text = Annotated[str, StringConstraints(max_length=317)]
+
+
+def _positive_quantity(value: str | None) -> bool:
+    if value is None:
+        return True
+    try:
+        return parse_quantity(value) > 0
+    except ValueError:
+        return False
+
+
+def _positive_quantity_cel(field: str) -> str:
+    return (f"!has(self.{field}) || (isQuantity(self.{field}) &&"
+            f" quantity(self.{field}).isGreaterThan(quantity('0')))")
+
+
+class LabelSelectorRequirement(ApiModel):
+    """One requirement of a label selector, as in Kubernetes' LabelSelector."""
+
+    key: str = Field(max_length=317, description="The label key the requirement applies to.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(
+        description="How the key relates to the values.")
+    values: list[Text] = Field(default_factory=list, max_length=64, description=(
+        "Values for In and NotIn; empty for Exists and DoesNotExist."))
+
+    rules = (
+        Rule("(self.operator in ['In', 'NotIn']) == (has(self.values) && size(self.values) > 0)",
+             "In and NotIn need values; Exists and DoesNotExist take none",
+             lambda s: bool(s.values) == (s.operator in ("In", "NotIn"))),
+    )
+
+
+class LabelSelector(ApiModel):
+    """Selects nodes by their labels; empty selects every node."""
+
+    match_labels: dict[Text, Text] = Field(default_factory=dict, description=(
+        "Labels a node must carry with exactly these values."))
+    match_expressions: list[LabelSelectorRequirement] = Field(
+        default_factory=list, max_length=32, description="Requirements a node's labels must all meet.")
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        if any(labels.get(k) != v for k, v in self.match_labels.items()):
+            return False
+        for requirement in self.match_expressions:
+            present, value = requirement.key in labels, labels.get(requirement.key)
+            ok = {
+                "In": present and value in requirement.values,
+                "NotIn": not present or value not in requirement.values,
+                "Exists": present,
+                "DoesNotExist": not present,
+            }[requirement.operator]
+            if not ok:
+                return False
+        return True
+
+
+class GpuSelector(ApiModel):
+    """Which GPUs on the selected nodes this policy slices; empty selects all of them."""
+
+    products: list[Text] = Field(default_factory=list, max_length=32, description=(
+        "GPU product names as NVML reports them, e.g. \"NVIDIA H100 80GB HBM3\"; empty means any."))
+    min_memory: str | None = Field(default=None, max_length=32, description=(
+        "Only GPUs with at least this much memory, e.g. 40Gi."))
+
+    rules = (
+        Rule(_positive_quantity_cel("minMemory"),
+             "gpuSelector.minMemory must be a positive quantity such as 40Gi",
+             lambda s: _positive_quantity(s.min_memory), ".minMemory"),
+    )
+
+    @property
+    def min_memory_bytes(self) -> int:
+        return quantity_bytes(self.min_memory) if self.min_memory else 0
+
+
+class MigSlicing(ApiModel):
+    """MIG partitions, created on demand (profiles) or laid out ahead (layout)."""
+
+    profiles: list[Name] | None = Field(default=None, max_length=16, description=(
+        "Dynamic MIG: every placement of each of these profiles (e.g. 1g.10gb, 3g.40gb) is offered"
+        " as a device, and the MIG instance is created when a claim is prepared."))
+    layout: dict[Name, int] | None = Field(default=None, max_length=16, description=(
+        "Static MIG: each selected GPU is reconfigured, one at a time and only when idle, to hold"
+        " this many instances of each profile, e.g. {\"3g.40gb\": 1, \"1g.10gb\": 4}."))
+
+    rules = (
+        Rule("!(has(self.profiles) && has(self.layout))",
+             "slicing.mig: set either profiles (dynamic MIG) or layout (static MIG), not both",
+             lambda s: not (s.profiles is not None and s.layout is not None)),
+        Rule("has(self.profiles) || has(self.layout)",
+             "slicing.mig needs profiles (dynamic MIG) or layout (static MIG)",
+             lambda s: s.profiles is not None or s.layout is not None),
+        Rule(f"!has(self.profiles) || (size(self.profiles) > 0 &&"
+             f" self.profiles.all(p, p.matches({cel_regex(MIG_PROFILE)})))",
+             "slicing.mig.profiles must list MIG profile names such as 1g.10gb or 3g.40gb",
+             lambda s: s.profiles is None or (bool(s.profiles) and all(re.match(MIG_PROFILE, p)
+                                                                         for p in s.profiles))),
+        Rule(f"!has(self.layout) || (size(self.layout) > 0 &&"
+             f" self.layout.all(p, p.matches({cel_regex(MIG_PROFILE)}) && self.layout[p] >= 1))",
+             "slicing.mig.layout maps MIG profile names such as 1g.10gb to a count of at least 1",
+             lambda s: s.layout is None or (bool(s.layout) and all(
+                 re.match(MIG_PROFILE, p) and n >= 1 for p, n in s.layout.items()))),
+    )
+
+
+class Slicing(ApiModel):
+    """How each selected GPU is cut into devices that tenants claim."""
+
+    mode: Literal["memory", "shared", "mig"] = Field(description=(
+        "memory: fixed slices of sliceSize that draw on the GPU's memory counter (KEP-4815);"
+        " shared: one device per GPU that many claims share, each taking capacity in steps of"
+        " sliceSize (KEP-5075); mig: hardware MIG partitions."))
+    slice_size: str | None = Field(default=None, max_length=32, description=(
+        "memory mode: the size of each slice; shared mode: the default request and the step of"
+        " requests. A quantity such as 10Gi. Not used in mig mode."))
+    allow_full_gpu: bool = Field(default=False, description=(
+        "memory mode: also offer each whole GPU as one device (it is free only while none of its"
+        " slices is allocated)."))
+    mig: MigSlicing | None = Field(default=None, description="MIG settings; mig mode only.")
+
+    rules = (
+        Rule("self.mode == 'mig' || has(self.sliceSize)",
+             "slicing.sliceSize is required in memory and shared mode, e.g. sliceSize: 10Gi",
+             lambda s: s.mode == "mig" or s.slice_size is not None),
+        Rule("self.mode != 'mig' || !has(self.sliceSize)",
+             "slicing.sliceSize does not apply in mig mode (the MIG profiles set the sizes); remove it",
+             lambda s: s.mode != "mig" or s.slice_size is None),
+        Rule("self.mode != 'mig' || has(self.mig)",
+             "slicing.mig is required in mig mode: set mig.profiles or mig.layout",
+             lambda s: s.mode != "mig" or s.mig is not None),
+        Rule("self.mode == 'mig' || !has(self.mig)",
+             "slicing.mig is only allowed with mode: mig",
+             lambda s: s.mode == "mig" or s.mig is None),
+        Rule("!self.allowFullGpu || self.mode == 'memory'",
+             "slicing.allowFullGpu applies to memory mode only (in mig mode list the full profile,"
+             " e.g. 7g.80gb; in shared mode a claim can request the whole memory)",
+             lambda s: not s.allow_full_gpu or s.mode == "memory"),
+        Rule(_positive_quantity_cel("sliceSize"),
+             "slicing.sliceSize must be a positive quantity such as 10Gi or 512Mi",
+             lambda s: _positive_quantity(s.slice_size), ".sliceSize"),
+    )
+
+    @property
+    def slice_bytes(self) -> int:
+        return quantity_bytes(self.slice_size) if self.slice_size else 0
+
+
+class Tenant(ApiModel):
+    """A namespace whose workloads may claim this policy's slices."""
+
+    namespace: str = Field(max_length=63, description="The tenant's namespace; it may not exist yet.",
+                           json_schema_extra={"x-kubernetes-validations": [{
+                               "rule": f"self.matches({cel_regex(DNS_LABEL)})",
+                               "message": TENANT_NAMESPACE_MESSAGE}]})
+    max_slices: int | None = Field(default=None, ge=0, description=(
+        "Most devices of this policy the namespace may hold at once, enforced by a ResourceQuota;"
+        " unset means no limit."))
+
+    rules = (
+        Rule(None,  # a rule on the string itself (above): on the object, the estimated cost is too high
+             TENANT_NAMESPACE_MESSAGE, lambda s: re.match(DNS_LABEL, s.namespace) is not None),
+    )
+
+
+class AdminAccess(ApiModel):
+    """Namespaces allowed to claim this policy's devices with adminAccess: true (monitoring,
+    debugging): such claims see devices that are in use by others."""
+
+    namespaces: list[Name] = Field(default_factory=list, max_length=16, description=(
+        "gpuslice labels these namespaces resource.kubernetes.io/admin-access=true and allows"
+        " adminAccess requests for this policy's devices only from them."),
+        json_schema_extra={"x-kubernetes-list-type": "set"})
+
+    rules = (
+        Rule(f"!has(self.namespaces) || self.namespaces.all(n, n.matches({cel_regex(DNS_LABEL)}))",
+             "adminAccess.namespaces must be namespace names: lowercase letters, digits and '-'",
+             lambda s: all(re.match(DNS_LABEL, n) and len(n) <= 63 for n in s.namespaces)),
+        Rule(None,  # the schema's list-type "set" rejects duplicates ("Duplicate value")
+             "adminAccess.namespaces lists a namespace twice; list each once",
+             lambda s: len(set(s.namespaces)) == len(s.namespaces)),
+    )
+
+
+class Taint(ApiModel):
+    """A device taint put on every device of this policy (via DeviceTaintRules)."""
+
+    key: str = Field(max_length=253, description="Taint key, e.g. gpuslice.dev/maintenance.")
+    value: str = Field(default="", max_length=63, description="Taint value; may be empty.")
+    effect: Literal["NoSchedule", "NoExecute", "None"] = Field(description=(
+        "NoSchedule: no new allocations; NoExecute: also evicts pods using the devices unless"
+        " they tolerate it; None: only informs."))
+
+
+class GpuSlicePolicySpec(ApiModel):
+    """What a platform team decides for a set of GPUs: how they are sliced and who may use them."""
+
+    node_selector: LabelSelector = Field(default_factory=LabelSelector, description=(
+        "Which nodes' GPUs this policy slices; empty selects every GPU node."))
+    gpu_selector: GpuSelector = Field(default_factory=GpuSelector, description=(
+        "Which GPUs on those nodes; empty selects all."))
+    slicing: Slicing
+    tenants: list[Tenant] = Field(default_factory=list, max_length=64, description=(
+        "Namespaces that may claim these slices. Claims in other namespaces are denied at admission."),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["namespace"]})
+    claim_template_name: str = Field(default="gpu-slice", max_length=253, description=(
+        "Name of the ResourceClaimTemplate created in every tenant namespace; pods reference it"
+        " in spec.resourceClaims[].resourceClaimTemplateName."))
+    admin_access: AdminAccess = Field(default_factory=AdminAccess, description=(
+        "Who may claim these devices with adminAccess."))
+    taints: list[Taint] = Field(default_factory=list, max_length=16, description=(
+        "Device taints on all of this policy's devices, e.g. for maintenance."),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["key", "effect"]})
+    extended_resource_name: str | None = Field(default=None, max_length=253, description=(
+        "Serve pods that request this extended resource (e.g. example.com/gpu-slice) with this"
+        " policy's devices: the migration path from device plugins."))
+
+    rules = (
+        Rule(None,  # the schema's list-map key rejects duplicates ("Duplicate value")
+             "tenants lists a namespace twice; list each tenant namespace once",
+             lambda s: len({t.namespace for t in s.tenants}) == len(s.tenants), ".tenants"),
+        Rule(f"self.claimTemplateName.matches({cel_regex(DNS_SUBDOMAIN)})",
+             "claimTemplateName must be a valid object name: lowercase letters, digits, '-' and '.'",
+             lambda s: re.match(DNS_SUBDOMAIN, s.claim_template_name) is not None, ".claimTemplateName"),
+        Rule(f"!has(self.extendedResourceName) || self.extendedResourceName.matches({cel_regex(EXTENDED)})",
+             "extendedResourceName must look like example.com/gpu-slice (a domain, '/', a name)",
+             lambda s: s.extended_resource_name is None
+             or re.match(EXTENDED, s.extended_resource_name) is not None, ".extendedResourceName"),
+    )

@@ -1,0 +1,1 @@
+"""The policy controller: GpuSlicePolicy -> DeviceClasses, claim templates, quota, admission, status."""

@@ -1,0 +1,109 @@
+"""Each admission-time rule of the committed CRD rejects a bad policy with its message,
+and the same rule in the pydantic models rejects it offline with the same words."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pydantic
+import pytest
+
+from gpuslice.api.policy import GpuSlicePolicySpec
+from gpuslice.kube.client import KubeClient, KubeError
+
+GOOD: dict[str, Any] = {
+    "slicing": {"mode": "memory", "sliceSize": "10Gi"},
+    "tenants": [{"namespace": "team-a", "maxSlices": 4}],
+}
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(GOOD)
+    *parents, leaf = path.split(".")
+    node = spec
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return spec
+
+
+BAD: dict[str, tuple[Any, ...]] = {
+    "zero slice size": (_with("slicing.sliceSize", "0"), "slicing.sliceSize must be a positive quantity"),
+    "slice size not a quantity": (_with("slicing.sliceSize", "ten gigs"), "slicing.sliceSize must be a positive quantity"),
+    "negative min memory": (_with("gpuSelector.minMemory", "-1Gi"), "gpuSelector.minMemory must be a positive quantity"),
+    "profiles and layout": (
+        _with("slicing", {"mode": "mig", "mig": {"profiles": ["1g.10gb"], "layout": {"1g.10gb": 7}}}),
+        "set either profiles (dynamic MIG) or layout (static MIG), not both",
+    ),
+    "mig without mig settings": (_with("slicing", {"mode": "mig"}), "slicing.mig is required in mig mode"),
+    "memory without slice size": (_with("slicing", {"mode": "memory"}), "slicing.sliceSize is required"),
+    "mig settings in memory mode": (
+        _with("slicing", {"mode": "memory", "sliceSize": "10Gi", "mig": {"profiles": ["1g.10gb"]}}),
+        "slicing.mig is only allowed with mode: mig",
+    ),
+    "slice size in mig mode": (
+        _with("slicing", {"mode": "mig", "sliceSize": "10Gi", "mig": {"profiles": ["1g.10gb"]}}),
+        "slicing.sliceSize does not apply in mig mode",
+    ),
+    "full gpu in shared mode": (
+        _with("slicing", {"mode": "shared", "sliceSize": "10Gi", "allowFullGpu": True}),
+        "slicing.allowFullGpu applies to memory mode only",
+    ),
+    "bad mig profile name": (
+        _with("slicing", {"mode": "mig", "mig": {"profiles": ["big-slice"]}}),
+        "must list MIG profile names such as 1g.10gb",
+    ),
+    # The schema's list-map and set types reject duplicates before any CEL runs.
+    "duplicate tenant": (
+        _with("tenants", [{"namespace": "team-a"}, {"namespace": "team-a", "maxSlices": 1}]),
+        "tenants lists a namespace twice", 'spec.tenants[1]: Duplicate value: {"namespace":"team-a"}',
+    ),
+    "invalid tenant namespace": (_with("tenants", [{"namespace": "Team_A"}]), "must be a namespace name"),
+    "invalid admin namespace": (_with("adminAccess", {"namespaces": ["Ops!"]}), "adminAccess.namespaces must be namespace names"),
+    "duplicate admin namespace": (
+        _with("adminAccess", {"namespaces": ["ops", "ops"]}), "lists a namespace twice",
+        'spec.adminAccess.namespaces[1]: Duplicate value: "ops"',
+    ),
+    "bad extended resource name": (_with("extendedResourceName", "gpu slice"), "extendedResourceName must look like"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+async def test_bad_policy_is_rejected_with_its_message(kube: KubeClient, policy_crd: str, unique: str, case: str) -> None:
+    spec, message, *admission = BAD[case]
+    body = {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy", "metadata": {"name": f"bad-{unique}"}, "spec": spec}
+    with pytest.raises(KubeError) as rejected:
+        await kube.create(policy_crd, body)
+    assert rejected.value.status == 422, rejected.value
+    assert (admission[0] if admission else message) in rejected.value.message
+
+    with pytest.raises(pydantic.ValidationError) as offline:
+        GpuSlicePolicySpec.model_validate(spec)
+    assert message in str(offline.value)
+
+
+async def test_unknown_taint_effect_is_rejected(kube: KubeClient, policy_crd: str, unique: str) -> None:
+    spec = _with("taints", [{"key": "gpuslice.dev/maintenance", "effect": "PreferNoSchedule"}])
+    body = {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy", "metadata": {"name": f"bad-{unique}"}, "spec": spec}
+    with pytest.raises(KubeError) as rejected:
+        await kube.create(policy_crd, body)
+    assert 'Unsupported value: "PreferNoSchedule"' in rejected.value.message
+    assert '"NoSchedule", "NoExecute", "None"' in rejected.value.message
+
+
+async def test_long_policy_name_is_rejected(kube: KubeClient, policy_crd: str) -> None:
+    body = {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy", "metadata": {"name": "x" * 60}, "spec": GOOD}
+    with pytest.raises(KubeError, match="at most 50 characters"):
+        await kube.create(policy_crd, body)
+
+
+async def test_good_policy_is_accepted_with_defaults(kube: KubeClient, policy_crd: str, unique: str) -> None:
+    body = {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy", "metadata": {"name": f"good-{unique}"}, "spec": GOOD}
+    created = await kube.create(policy_crd, body)
+    try:
+        assert created["spec"]["claimTemplateName"] == "gpu-slice"
+        assert created["spec"]["slicing"]["allowFullGpu"] is False
+        assert GpuSlicePolicySpec.model_validate(created["spec"]).slicing.slice_bytes == 10 * 1024**3
+    finally:
+        await kube.delete(f"{policy_crd}/good-{unique}")

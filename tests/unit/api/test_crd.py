@@ -1,0 +1,71 @@
+"""The committed CRD is what the models generate, and the models parse what users write."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pydantic
+import pytest
+
+from gpuslice.api.crd import crd, crd_yaml
+from gpuslice.api.policy import GpuSlicePolicySpec
+
+COMMITTED = Path(__file__).resolve().parents[3] / "crds" / "gpuslicepolicies.gpuslice.dev.yaml"
+
+
+def test_committed_crd_is_not_stale() -> None:
+    assert COMMITTED.read_text() == crd_yaml(), "crds/ is stale: run `make crds` and commit the result"
+
+
+def test_every_field_is_documented() -> None:
+    def walk(schema: dict[str, object], path: str) -> list[str]:
+        missing = []
+        for name, sub in schema.get("properties", {}).items():  # type: ignore[attr-defined]
+            where = f"{path}.{name}"
+            if "description" not in sub:
+                missing.append(where)
+            missing += walk(sub, where)
+            if isinstance(sub.get("items"), dict):
+                missing += walk(sub["items"], where + "[]")
+        return missing
+
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert walk(spec, "spec") == []
+
+
+def test_example_policy_parses_with_camel_case_and_defaults() -> None:
+    spec = GpuSlicePolicySpec.model_validate({
+        "nodeSelector": {"matchLabels": {"gpuslice.dev/pool": "inference"}},
+        "gpuSelector": {"products": ["NVIDIA H100 80GB HBM3"], "minMemory": "40Gi"},
+        "slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
+        "tenants": [{"namespace": "team-a", "maxSlices": 8}],
+        "adminAccess": {"namespaces": ["gpu-monitoring"]},
+        "taints": [{"key": "gpuslice.dev/maintenance", "effect": "NoSchedule"}],
+    })
+    assert spec.claim_template_name == "gpu-slice"
+    assert spec.slicing.slice_bytes == 10 * 1024**3
+    assert spec.gpu_selector.min_memory_bytes == 40 * 1024**3
+    assert spec.node_selector.matches({"gpuslice.dev/pool": "inference"})
+    assert not spec.node_selector.matches({"gpuslice.dev/pool": "training"})
+
+
+def test_label_selector_expressions() -> None:
+    spec = GpuSlicePolicySpec.model_validate({
+        "slicing": {"mode": "shared", "sliceSize": "5Gi"},
+        "nodeSelector": {"matchExpressions": [
+            {"key": "zone", "operator": "In", "values": ["a", "b"]},
+            {"key": "spot", "operator": "DoesNotExist"},
+        ]},
+    })
+    assert spec.node_selector.matches({"zone": "a"})
+    assert not spec.node_selector.matches({"zone": "c"})
+    assert not spec.node_selector.matches({"zone": "a", "spot": "true"})
+
+
+def test_messages_of_several_broken_rules_are_all_reported() -> None:
+    with pytest.raises(pydantic.ValidationError) as failed:
+        GpuSlicePolicySpec.model_validate({"slicing": {"mode": "mig", "sliceSize": "10Gi", "allowFullGpu": True}})
+    text = str(failed.value)
+    assert "sliceSize does not apply in mig mode" in text
+    assert "slicing.mig is required in mig mode" in text
+    assert "allowFullGpu applies to memory mode only" in text
