@@ -25,6 +25,18 @@ main.add_command(dev_cluster)
 
 
 @main.command()
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None,
+              help="Kubeconfig to use (default: in-cluster service account, then $KUBECONFIG).")
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
+@click.option("--liveness-port", type=int, default=None, help="Serve Kopf's /healthz on this port.")
+def controller(kubeconfig: str | None, metrics_port: int | None, liveness_port: int | None) -> None:
+    """Run the policy controller: GpuSlicePolicy -> DeviceClass, claim templates, quota, admission."""
+    from gpuslice.controller.run import run_controller
+
+    asyncio.run(run_controller(kubeconfig, metrics_port, liveness_port))
+
+
+@main.command()
 @click.option("--nodes", default=2, show_default=True, help="Fake GPU nodes to create.")
 @click.option("--gpus-per-node", default=8, show_default=True)
 @click.option("--gpu-model", default="h100-80gb", show_default=True)

@@ -1,0 +1,103 @@
+"""Make the cluster hold exactly a policy's desired objects, writing only what differs.
+
+Each kind is listed once by the policy's label; an object whose live state
+already contains everything we want is left alone (no request at all), others
+are server-side applied with one field manager, and labelled objects we no
+longer want are deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from gpuslice.dra.names import LABEL_POLICY
+from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.paths import collection, object_path
+
+FIELD_MANAGER = "gpuslice-controller"
+log = structlog.get_logger(__name__)
+
+# Kinds a policy owns, in the order they are applied (a class before the templates that use it).
+OWNED_KINDS = (
+    ("resource.k8s.io/v1", "DeviceClass"),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"),
+    ("v1", "ResourceQuota"),
+)
+
+
+def contains(want: Any, have: Any) -> bool:
+    """Whether ``have`` already holds all of ``want`` (the server may add defaults)."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(k in have and contains(v, have[k]) for k, v in want.items())
+    if isinstance(want, list):
+        return (isinstance(have, list) and len(want) == len(have)
+                and all(contains(a, b) for a, b in zip(want, have, strict=True)))
+    return bool(want == have)
+
+
+@dataclass
+class ApplyResult:
+    written: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+async def apply_object(kube: KubeClient, manifest: dict[str, Any], live: dict[str, Any] | None) -> bool:
+    """Apply ``manifest`` unless ``live`` already matches; True when something was written."""
+    if live is not None and contains(manifest, live):
+        return False
+    path = object_path(manifest)
+    try:
+        await kube.apply(path, manifest, field_manager=FIELD_MANAGER)
+    except KubeError as error:
+        immutable = error.status == 422 and "immutable" in error.message
+        if not (immutable and live is not None):
+            raise
+        # A ResourceClaimTemplate's spec cannot change: replace the template. Claims
+        # already made from it keep their own copy of the spec.
+        await kube.delete(path)
+        await kube.apply(path, manifest, field_manager=FIELD_MANAGER)
+    return True
+
+
+async def converge(
+    kube: KubeClient, policy: str, desired: Sequence[dict[str, Any]], kinds: Sequence[tuple[str, str]]
+) -> ApplyResult:
+    """Apply ``desired`` and delete the policy's other objects of ``kinds``."""
+    result = ApplyResult()
+    wanted = {object_path(m): m for m in desired}
+    for api_version, kind in kinds:
+        try:
+            items = await kube.list(collection(api_version, kind), labelSelector=f"{LABEL_POLICY}={policy}")
+        except KubeError as error:
+            result.errors.append(f"listing {kind}: {error.message}")
+            continue
+        live = {}
+        for item in items:
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+            live[object_path(item)] = item
+        for path, manifest in wanted.items():
+            if (manifest["apiVersion"], manifest["kind"]) != (api_version, kind):
+                continue
+            try:
+                if await apply_object(kube, manifest, live.get(path)):
+                    result.written.append(path)
+            except KubeError as error:
+                result.errors.append(f"applying {kind} {manifest['metadata']['name']}: {error.message}")
+        for path in sorted(set(live) - set(wanted)):
+            try:
+                await kube.delete(path)
+                result.deleted.append(path)
+            except KubeError as error:
+                if error.status != 404:
+                    result.errors.append(f"deleting {path}: {error.message}")
+    if result.written or result.deleted or result.errors:
+        log.info("converged", policy=policy, written=result.written, deleted=result.deleted, errors=result.errors)
+    return result

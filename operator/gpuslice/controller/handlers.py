@@ -1,0 +1,135 @@
+"""The controller's Kopf handlers, registered on a registry of their own.
+
+Kopf watches policies, namespaces, nodes, our ResourceSlices and the
+ResourceClaims, and keeps in-memory indexes of what it saw, so a reconcile
+reads the cluster from memory and only writes. Foreign objects are only
+indexed or observed: no timer, daemon or finalizer ever touches them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from gpuslice.api.policy import GROUP, PLURAL, VERSION
+from gpuslice.controller.admin_access import NamespaceView, sync_admin_labels
+from gpuslice.controller.reconcile import Context, World, reconcile, report_deleting
+from gpuslice.controller.startup import start_context
+from gpuslice.dra.names import DRIVER
+from gpuslice.planning.usage import ClaimView, SliceView
+
+POLICY = (GROUP, VERSION, PLURAL)
+STATUS_INTERVAL = 10.0  # seconds between status refreshes (memory only, writes only on change)
+DRIFT_INTERVAL = 120.0  # seconds between full re-applies that repair edits made by others
+
+
+def _values(index: Any) -> list[Any]:
+    return [value for store in index.values() for value in store]
+
+
+def _one_per_key(index: Any) -> dict[Any, Any]:
+    return {key: value for key, store in index.items() for value in store}
+
+
+def world(kwargs: dict[str, Any]) -> World:
+    return World(
+        policies=_one_per_key(kwargs["policy_index"]),
+        namespaces=_one_per_key(kwargs["namespace_index"]),
+        nodes=_one_per_key(kwargs["node_index"]),
+        slices=_values(kwargs["slice_index"]),
+        claims=[c for c in _values(kwargs["claim_index"]) if c is not None],
+    )
+
+
+def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+        settings.persistence.finalizer = f"{GROUP}/policy-cleanup"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=GROUP, key="last-handled-configuration")
+        settings.scanning.disabled = True  # no CRD/namespace scanning: no RBAC for it needed
+        settings.posting.level = 30  # warnings and errors only; our own Events say the rest
+        settings.watching.server_timeout = 600
+        settings.networking.request_timeout = 60
+        settings.execution.default_backoff = 5
+        memo.ctx = await start_context(kubeconfig)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        if "ctx" in memo:
+            await memo.ctx.kube.close()
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        if kubeconfig is None:
+            in_cluster = kopf.login_with_service_account(**kwargs)
+            if in_cluster is not None:
+                return in_cluster
+        return kopf.login_with_kubeconfig(**kwargs)
+
+    @kopf.index(*POLICY, registry=registry, id="policy_index")
+    def policy_index(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
+        return {name: dict(body)}
+
+    @kopf.index("v1", "namespaces", registry=registry, id="namespace_index")
+    def namespace_index(name: str, labels: kopf.Labels, annotations: kopf.Annotations, status: kopf.Status,
+                        **_: Any) -> dict[str, NamespaceView]:
+        return {name: NamespaceView(dict(labels), dict(annotations), status.get("phase") != "Terminating")}
+
+    @kopf.index("v1", "nodes", registry=registry, id="node_index")
+    def node_index(name: str, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, str]]:
+        return {name: dict(labels)}
+
+    @kopf.index("resource.k8s.io", "v1", "resourceslices", registry=registry, id="slice_index",
+                when=lambda spec, **_: spec.get("driver") == DRIVER)
+    def slice_index(name: str, spec: kopf.Spec, **_: Any) -> dict[str, SliceView]:
+        return {name: SliceView.from_slice(spec)}
+
+    @kopf.index("resource.k8s.io", "v1", "resourceclaims", registry=registry, id="claim_index")
+    def claim_index(namespace: str | None, name: str, status: kopf.Status, **_: Any) -> dict[tuple[str, str], Any]:
+        return {(namespace or "", name): ClaimView.from_claim(namespace or "", name, status)}
+
+    @kopf.on.resume(*POLICY, registry=registry)
+    @kopf.on.create(*POLICY, registry=registry)
+    @kopf.on.update(*POLICY, registry=registry)
+    async def policy_changed(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+        await reconcile(memo.ctx, body, world(kwargs))
+
+    @kopf.timer(*POLICY, registry=registry, interval=STATUS_INTERVAL, initial_delay=STATUS_INTERVAL)
+    async def refresh_status(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+        await reconcile(memo.ctx, body, world(kwargs), converge_objects=False)
+
+    @kopf.timer(*POLICY, registry=registry, interval=DRIFT_INTERVAL, initial_delay=DRIFT_INTERVAL)
+    async def repair_drift(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+        await reconcile(memo.ctx, body, world(kwargs))
+
+    @kopf.on.event("v1", "namespaces", registry=registry)
+    async def namespace_event(name: str, type: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
+        if type != "ADDED" or "ctx" not in memo:
+            return
+        current = world(kwargs)
+        for body in current.policies.values():
+            spec = body.get("spec") or {}
+            named = {t.get("namespace") for t in spec.get("tenants") or []}
+            named |= set((spec.get("adminAccess") or {}).get("namespaces") or [])
+            if name in named:
+                await reconcile(memo.ctx, body, current)
+
+    @kopf.on.delete(*POLICY, registry=registry)
+    async def policy_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+        ctx: Context = memo.ctx
+        current = world(kwargs)
+        holding = await report_deleting(ctx, body, current)
+        if holding:
+            raise kopf.TemporaryError(
+                f"waiting for {len(holding)} claims to release devices of {name}: {', '.join(holding[:10])}",
+                delay=5,
+            )
+        await sync_admin_labels(ctx.kube, name, set(), current.namespaces)
+        # Owner references take everything else away with the policy.
+
+    return registry

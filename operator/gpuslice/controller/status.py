@@ -1,0 +1,91 @@
+"""Build a policy's status from what reconciling found; keep transition times stable."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.api.status import Condition, GpuSlicePolicyStatus, SliceCounts, TenantStatus
+from gpuslice.dra.names import device_class_name
+from gpuslice.planning.usage import Usage
+from gpuslice.planning.validation import Problem, Selection
+
+
+@dataclass(frozen=True)
+class Findings:
+    """Everything one reconcile learned about a policy."""
+
+    problems: Sequence[Problem]
+    selection: Selection
+    published: int
+    usage: Usage
+    apply_errors: Sequence[str] = ()
+    deleting: bool = False
+
+
+def _condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
+    return Condition(type=type_, status="True" if ok else "False", reason=reason, message=message)
+
+
+def conditions(f: Findings) -> list[Condition]:
+    valid = _condition("Valid", True, "SpecValid", "The spec fits the selected GPUs and other policies.")
+    if f.problems:
+        valid = _condition("Valid", False, f.problems[0].reason, " ".join(p.message for p in f.problems))
+    if f.published:
+        published = _condition("Published", True, "DevicesPublished",
+                               f"{f.published} devices published on {f.selection.node_count} nodes.")
+    elif not f.selection.node_count:
+        published = _condition("Published", False, "NoMatchingNodes",
+                               "No node with GPUs matches spec.nodeSelector and spec.gpuSelector.")
+    else:
+        published = _condition("Published", False, "AwaitingNodeAgents",
+                               f"{f.selection.node_count} nodes selected, but no gpuslice node agent has published"
+                               " devices for this policy yet; check that the agent runs on them.")
+    if f.deleting:
+        ready = _condition("Ready", False, "Deleting",
+                           f"Waiting for {len(f.usage.holding_claims)} claims to release this policy's devices:"
+                           f" {', '.join(f.usage.holding_claims[:10])}.")
+    elif f.problems:
+        ready = _condition("Ready", False, "InvalidSpec", "The spec is not valid; see the Valid condition."
+                           " Objects created for an earlier valid spec are left as they were.")
+    elif f.apply_errors:
+        ready = _condition("Ready", False, "ApplyFailed", "; ".join(f.apply_errors))
+    elif not f.published:
+        ready = _condition("Ready", False, published.reason, published.message)
+    else:
+        ready = _condition("Ready", True, "Ready", "Tenants can claim slices with the claim template.")
+    degraded = _condition("Degraded", False, "AsExpected", "")
+    if f.apply_errors:
+        degraded = _condition("Degraded", True, "ApplyFailed", "; ".join(f.apply_errors))
+    return [valid, published, ready, degraded]
+
+
+def build_status(policy: GpuSlicePolicy, f: Findings, now: str) -> GpuSlicePolicyStatus:
+    previous = {c.type: c for c in policy.status.conditions}
+    stamped = []
+    for condition in conditions(f):
+        old = previous.get(condition.type)
+        since = old.last_transition_time if old and old.status == condition.status else now
+        stamped.append(condition.model_copy(update={
+            "last_transition_time": since, "observed_generation": policy.metadata.generation,
+        }))
+    tenants = [
+        TenantStatus(namespace=t.namespace, allocated=f.usage.by_namespace.get(t.namespace, 0), limit=t.max_slices)
+        for t in policy.spec.tenants
+    ]
+    return GpuSlicePolicyStatus(
+        observed_generation=policy.metadata.generation,
+        conditions=stamped,
+        device_class_name=device_class_name(policy.name),
+        nodes=f.selection.node_count,
+        gpus=f.selection.gpu_count,
+        slices=SliceCounts(published=f.published, allocated=f.usage.allocated),
+        tenants=tenants,
+        holding_claims=f.usage.holding_claims if f.deleting else [],
+    )
+
+
+def status_body(status: GpuSlicePolicyStatus) -> dict[str, Any]:
+    return status.model_dump(by_alias=True, exclude_none=True, mode="json")

@@ -1,0 +1,1 @@
+"""Logs and metrics shared by the controller and the node agent."""

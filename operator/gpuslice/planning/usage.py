@@ -1,0 +1,86 @@
+"""Which devices belong to which policy, and who holds them: the numbers in status.
+
+Pure: the controller feeds it what its watches saw of ResourceSlices and
+ResourceClaims.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER
+from gpuslice.planning.cluster_objects import DeviceRef
+
+
+@dataclass(frozen=True)
+class SliceView:
+    """What the controller keeps of one of our ResourceSlices."""
+
+    pool: str
+    generation: int
+    devices: tuple[tuple[str, str], ...]  # (device name, policy attribute)
+
+    @classmethod
+    def from_slice(cls, spec: Mapping[str, Any]) -> SliceView:
+        devices = []
+        for device in spec.get("devices") or []:
+            # Fully qualified: a bare name would belong to the driver's domain, not ours.
+            attribute = (device.get("attributes") or {}).get(f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}") or {}
+            devices.append((device["name"], str(attribute.get("string", ""))))
+        pool = spec.get("pool") or {}
+        return cls(str(pool.get("name", "")), int(pool.get("generation", 0)), tuple(devices))
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    """What the controller keeps of one allocated ResourceClaim: our devices in it."""
+
+    namespace: str
+    name: str
+    devices: tuple[DeviceRef, ...]
+
+    @classmethod
+    def from_claim(cls, namespace: str, name: str, status: Mapping[str, Any]) -> ClaimView | None:
+        results = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or []
+        ours = tuple(DeviceRef(r["pool"], r["device"]) for r in results if r.get("driver") == DRIVER)
+        return cls(namespace, name, ours) if ours else None
+
+
+def devices_by_policy(slices: Iterable[SliceView]) -> dict[str, set[DeviceRef]]:
+    """Devices of the newest generation of each pool, grouped by the policy that made them."""
+    slices = list(slices)
+    newest: dict[str, int] = {}
+    for view in slices:
+        newest[view.pool] = max(newest.get(view.pool, view.generation), view.generation)
+    grouped: dict[str, set[DeviceRef]] = defaultdict(set)
+    for view in slices:
+        if view.generation != newest[view.pool]:
+            continue
+        for device, policy in view.devices:
+            if policy:
+                grouped[policy].add(DeviceRef(view.pool, device))
+    return grouped
+
+
+@dataclass
+class Usage:
+    allocated: int = 0
+    by_namespace: dict[str, int] = field(default_factory=dict)
+    holding_claims: list[str] = field(default_factory=list)
+
+
+def usage(devices: set[DeviceRef], claims: Iterable[ClaimView]) -> Usage:
+    """How many of ``devices`` are allocated, per namespace, and by which claims."""
+    result = Usage()
+    for claim in claims:
+        held = sum(1 for ref in claim.devices if ref in devices)
+        if not held:
+            continue
+        result.allocated += held
+        result.by_namespace[claim.namespace] = result.by_namespace.get(claim.namespace, 0) + held
+        result.holding_claims.append(f"{claim.namespace}/{claim.name}")
+    result.holding_claims.sort()
+    return result

@@ -1,0 +1,161 @@
+"""The controller as it runs for real: its own process, its own ServiceAccount and the
+RBAC of manifests/, against the session's control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuslice.devcluster.cluster import DevCluster
+from gpuslice.kube.client import KubeClient, KubeError
+from tests.cluster.kubeutil import delete_namespace, wait_for
+
+RBAC = Path(__file__).resolve().parents[3] / "manifests" / "controller-rbac.yaml"
+CONTROLLER_USER = "system:serviceaccount:gpuslice-system:gpuslice-controller"
+
+
+async def apply_manifests(kube: KubeClient, text: str) -> None:
+    from gpuslice.kube.paths import object_path
+
+    for doc in yaml.safe_load_all(text):
+        if doc:
+            await kube.apply(object_path(doc), doc, field_manager="gpuslice-tests")
+
+
+@pytest.fixture(scope="session")
+async def controller_kubeconfig(cluster: DevCluster, kube: KubeClient, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A kubeconfig with a token of the controller's ServiceAccount (manifests/controller-rbac.yaml)."""
+    await apply_manifests(kube, RBAC.read_text())
+    token = await kube.create(
+        "/api/v1/namespaces/gpuslice-system/serviceaccounts/gpuslice-controller/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 86400}},
+    )
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    config = {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": "gpuslice-controller", "user": {"token": token["status"]["token"]}}],
+        "contexts": [{"name": "controller", "context": {"cluster": admin["clusters"][0]["name"], "user": "gpuslice-controller"}}],
+        "current-context": "controller",
+    }
+    path = tmp_path_factory.mktemp("controller") / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class ControllerProcess:
+    """`gpuslice controller` in a subprocess, so tests can kill and restart it."""
+
+    def __init__(self, kubeconfig: Path, log: Path) -> None:
+        self.kubeconfig, self.log = kubeconfig, log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gpuslice", "controller", "--kubeconfig", str(self.kubeconfig)],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+
+    async def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+        for _ in range(200):
+            if self.process.poll() is not None:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.process = None
+
+    async def restart(self, sig: int = signal.SIGTERM) -> None:
+        await self.stop(sig)
+        self.start()
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+async def controller(
+    policy_crd: str, controller_kubeconfig: Path, kube: KubeClient, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[ControllerProcess]:
+    process = ControllerProcess(controller_kubeconfig, tmp_path_factory.mktemp("controller-log") / "controller.log")
+    process.start()
+
+    async def guard_installed() -> bool:
+        try:
+            await kube.get("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/gpuslice-admin-access-label")
+        except KubeError:
+            assert process.process is not None and process.process.poll() is None, process.log_text()[-3000:]
+            return False
+        return True
+
+    await wait_for(guard_installed, within=60, what="the controller to start")
+    yield process
+    await process.stop()
+
+
+PolicyFactory = Callable[..., Awaitable[dict[str, Any]]]
+
+
+@pytest.fixture
+async def make_policy(kube: KubeClient, policy_crd: str, unique: str) -> AsyncIterator[PolicyFactory]:
+    """Create policies named after the test; delete them (and wait until gone) afterwards."""
+    names: list[str] = []
+
+    async def create(spec: dict[str, Any], suffix: str = "") -> dict[str, Any]:
+        name = f"p-{unique}{suffix}"
+        names.append(name)
+        return await kube.create(policy_crd, {
+            "apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy", "metadata": {"name": name}, "spec": spec,
+        })
+
+    yield create
+    for name in reversed(names):
+        with contextlib.suppress(KubeError):
+            await kube.delete(f"{policy_crd}/{name}")
+    for name in names:
+        async def gone(name: str = name) -> bool:
+            try:
+                await kube.get(f"{policy_crd}/{name}")
+            except KubeError as error:
+                return error.status == 404
+            return False
+
+        await wait_for(gone, within=60, what=f"policy {name} to be deleted")
+
+
+@pytest.fixture
+async def namespaces(kube: KubeClient, unique: str) -> AsyncIterator[Callable[..., Awaitable[str]]]:
+    """Create extra namespaces for a test; delete them afterwards."""
+    created: list[str] = []
+
+    async def create(suffix: str, labels: dict[str, str] | None = None) -> str:
+        name = f"{suffix}-{unique}"
+        await kube.create("/api/v1/namespaces", {"metadata": {"name": name, "labels": labels or {}}})
+        created.append(name)
+
+        async def has_default_sa() -> bool:
+            items = await kube.list(f"/api/v1/namespaces/{name}/serviceaccounts")
+            return any(sa["metadata"]["name"] == "default" for sa in items)
+
+        await wait_for(has_default_sa, within=30, what=f"default ServiceAccount in {name}")
+        return name
+
+    yield create
+    for name in created:
+        await delete_namespace(kube, name)

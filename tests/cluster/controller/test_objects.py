@@ -1,0 +1,83 @@
+"""A policy becomes every cluster object a tenant needs; edits add and remove them."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gpuslice.kube.client import KubeClient, KubeError
+from tests.cluster.controller.conftest import ControllerProcess, PolicyFactory
+from tests.cluster.kubeutil import RESOURCE, wait_for
+
+POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+NO_NODES = {"matchLabels": {"gpuslice.dev/test-selects": "nothing"}}
+
+
+async def get_or_none(kube: KubeClient, path: str) -> dict[str, Any] | None:
+    try:
+        return await kube.get(path)
+    except KubeError as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def condition(policy: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in (policy.get("status") or {}).get("conditions", []) if c["type"] == kind), {})
+
+
+async def test_policy_creates_class_templates_quota_admission_and_labels(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    team_a, team_b, ops = await namespaces("team-a"), await namespaces("team-b"), await namespaces("ops")
+    policy = await make_policy({
+        "nodeSelector": NO_NODES,
+        "slicing": {"mode": "memory", "sliceSize": "10Gi"},
+        "tenants": [{"namespace": team_a, "maxSlices": 2}, {"namespace": team_b}],
+        "adminAccess": {"namespaces": [ops]},
+        "extendedResourceName": f"example.com/{policy_name_placeholder()}",
+    })
+    name = policy["metadata"]["name"]
+    klass = f"{name}.gpuslice.dev"
+
+    device_class = await wait_for(lambda: get_or_none(kube, f"{RESOURCE}/deviceclasses/{klass}"), what="the DeviceClass")
+    expression = device_class["spec"]["selectors"][0]["cel"]["expression"]
+    assert 'device.driver == "gpu.gpuslice.dev"' in expression
+    assert f'.?policy.orValue("") == "{name}"' in expression
+    assert device_class["spec"]["extendedResourceName"] == f"example.com/{policy_name_placeholder()}"
+    assert device_class["metadata"]["ownerReferences"][0]["uid"] == policy["metadata"]["uid"]
+
+    for ns in (team_a, team_b):
+        template = await wait_for(lambda ns=ns: get_or_none(kube, f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates/gpu-slice"),
+                                  what=f"the claim template in {ns}")
+        [request] = template["spec"]["spec"]["devices"]["requests"]
+        assert request["exactly"]["deviceClassName"] == klass
+    quota = await wait_for(lambda: get_or_none(kube, f"/api/v1/namespaces/{team_a}/resourcequotas/gpuslice-{name}"), what="the quota")
+    assert quota["spec"]["hard"] == {f"{klass}.deviceclass.resource.k8s.io/devices": "2"}
+    assert await get_or_none(kube, f"/api/v1/namespaces/{team_b}/resourcequotas/gpuslice-{name}") is None
+
+    vap = "/apis/admissionregistration.k8s.io/v1"
+    assert await wait_for(lambda: get_or_none(kube, f"{vap}/validatingadmissionpolicies/gpuslice-tenancy-{name}"), what="the VAP")
+    assert await wait_for(lambda: get_or_none(kube, f"{vap}/validatingadmissionpolicybindings/gpuslice-tenancy-{name}"), what="binding")
+
+    async def labelled() -> bool:
+        ns = await kube.get(f"/api/v1/namespaces/{ops}")
+        return ns["metadata"].get("labels", {}).get("resource.kubernetes.io/admin-access") == "true"
+
+    await wait_for(labelled, what="the admin-access label on the admin namespace")
+
+    async def status() -> dict[str, Any] | None:
+        body = await kube.get(f"{POLICIES}/{name}")
+        return body if condition(body, "Valid").get("status") == "True" else None
+
+    body = await wait_for(status, what="status with Valid=True")
+    assert body["status"]["deviceClassName"] == klass
+    assert condition(body, "Published")["reason"] == "NoMatchingNodes"
+    assert condition(body, "Ready")["status"] == "False"
+    assert body["status"]["observedGeneration"] == body["metadata"]["generation"]
+    assert [t["namespace"] for t in body["status"]["tenants"]] == [team_a, team_b]
+
+
+def policy_name_placeholder() -> str:
+    return "gpu-slice-test"

@@ -1,0 +1,195 @@
+"""Tenant isolation, admin access and quota, enforced by the real apiserver."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.planning.cluster_objects import admin_access_guard_binding
+from tests.cluster.controller.conftest import ControllerProcess, PolicyFactory
+from tests.cluster.controller.test_objects import NO_NODES, get_or_none
+from tests.cluster.kubeutil import RESOURCE, wait_for
+
+VAP = "/apis/admissionregistration.k8s.io/v1"
+ADMIN_LABEL = "resource.kubernetes.io/admin-access"
+
+
+def claim(name: str, device_class: str, admin: bool = False) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if admin:
+        exactly["adminAccess"] = True
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+
+
+async def ready_policy(kube: KubeClient, make_policy: PolicyFactory, spec: dict[str, Any], suffix: str = "") -> str:
+    """Create a policy and wait until its admission rules are in force."""
+    name = (await make_policy({"nodeSelector": NO_NODES, "slicing": {"mode": "memory", "sliceSize": "10Gi"}, **spec},
+                              suffix))["metadata"]["name"]
+    await wait_for(lambda: get_or_none(kube, f"{VAP}/validatingadmissionpolicybindings/gpuslice-tenancy-{name}"),
+                   what="the tenancy binding")
+    return name
+
+
+async def create_eventually(kube: KubeClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Admission policies take effect a moment after they are created (the apiserver's
+    informer): retry a create that the policy under test must allow."""
+    last: KubeError | None = None
+
+    async def attempt() -> dict[str, Any] | None:
+        nonlocal last
+        try:
+            return await kube.create(path, body)
+        except KubeError as error:
+            last = error
+            return None
+
+    try:
+        result: dict[str, Any] = await wait_for(attempt, within=15, what=f"create {path}")
+    except AssertionError:
+        raise AssertionError(f"create of {path} kept failing: {last}") from None
+    return result
+
+
+async def denied(kube: KubeClient, path: str, body: dict[str, Any]) -> KubeError:
+    """Wait until the apiserver denies ``body`` (policies load asynchronously), then return the denial."""
+    async def attempt() -> KubeError | None:
+        try:
+            created = await kube.create(path, body)
+        except KubeError as error:
+            return error
+        await kube.delete(f"{path}/{created['metadata']['name']}")
+        return None
+
+    result: KubeError = await wait_for(attempt, within=15, what=f"a denial of {path}")
+    return result
+
+
+async def test_tenant_claims_admitted_others_denied_with_policy_message(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    tenant, stranger = await namespaces("tenant"), await namespaces("stranger")
+    name = await ready_policy(kube, make_policy, {"tenants": [{"namespace": tenant}]})
+    klass = f"{name}.gpuslice.dev"
+
+    # The template the controller made is usable by the tenant.
+    template = await wait_for(lambda: get_or_none(kube, f"{RESOURCE}/namespaces/{tenant}/resourceclaimtemplates/gpu-slice"),
+                              what="template")
+    made = await create_eventually(kube, f"{RESOURCE}/namespaces/{tenant}/resourceclaims",
+                                   {"metadata": {"name": "from-template"}, "spec": template["spec"]["spec"]})
+    assert made["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == klass
+
+    error = await denied(kube, f"{RESOURCE}/namespaces/{stranger}/resourceclaims", claim("sneaky", klass))
+    assert error.status in (403, 422)
+    assert f"namespace {stranger} is not a tenant of GpuSlicePolicy {name}" in error.message
+    assert f"add it to spec.tenants of GpuSlicePolicy {name}" in error.message
+
+    # Templates are checked too, and so are prioritized-list requests.
+    error = await denied(kube, f"{RESOURCE}/namespaces/{stranger}/resourceclaimtemplates", {
+        "metadata": {"name": "sneaky"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+            {"name": "other", "deviceClassName": "does-not-exist"}, {"name": "ours", "deviceClassName": klass},
+        ]}]}}},
+    })
+    assert f"ResourceClaimTemplate sneaky: namespace {stranger} is not a tenant" in error.message
+
+
+async def test_admin_access_only_from_the_policys_admin_namespaces(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    tenant, ops, other_ops = await namespaces("tenant"), await namespaces("ops"), await namespaces("other-ops")
+    # other-ops is a tenant of the first policy, and an admin namespace only of a second one (so it has the label).
+    name = await ready_policy(kube, make_policy, {"tenants": [{"namespace": tenant}, {"namespace": other_ops}],
+                                                  "adminAccess": {"namespaces": [ops]}})
+    await ready_policy(kube, make_policy, {"tenants": [], "adminAccess": {"namespaces": [other_ops]}}, suffix="-b")
+    klass = f"{name}.gpuslice.dev"
+
+    async def labelled(ns: str) -> bool:
+        return (await kube.get(f"/api/v1/namespaces/{ns}"))["metadata"].get("labels", {}).get(ADMIN_LABEL) == "true"
+
+    await wait_for(lambda: labelled(ops), what="admin label on ops")
+    await wait_for(lambda: labelled(other_ops), what="admin label on other-ops")
+
+    allowed = await create_eventually(kube, f"{RESOURCE}/namespaces/{ops}/resourceclaims", claim("monitor", klass, admin=True))
+    assert allowed["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] is True
+
+    error = await denied(kube, f"{RESOURCE}/namespaces/{other_ops}/resourceclaims", claim("monitor", klass, admin=True))
+    assert f"namespace {other_ops} may not request adminAccess to devices of GpuSlicePolicy {name}" in error.message
+
+    # In a tenant namespace without the label, the apiserver itself refuses adminAccess.
+    with pytest.raises(KubeError) as refused:
+        await kube.create(f"{RESOURCE}/namespaces/{tenant}/resourceclaims", claim("monitor", klass, admin=True))
+    assert refused.value.status == 422
+
+
+async def test_only_the_controller_may_set_the_admin_access_label(
+    kube: KubeClient, controller: ControllerProcess, namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    ns = await namespaces("self-granted")
+    with pytest.raises(KubeError) as refused:
+        await kube.merge_patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {ADMIN_LABEL: "true"}}})
+    assert refused.value.status in (403, 422)
+    assert f"namespace {ns}: only the gpuslice controller may set {ADMIN_LABEL}=true" in refused.value.message
+    with pytest.raises(KubeError, match="only the gpuslice controller"):
+        await kube.create("/api/v1/namespaces", {"metadata": {"name": f"{ns}-new", "labels": {ADMIN_LABEL: "true"}}})
+    # Other labels stay free to set.
+    await kube.merge_patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"team": "a"}}})
+
+
+async def test_quota_rejects_the_claim_beyond_max_slices(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    tenant = await namespaces("quota")
+    name = await ready_policy(kube, make_policy, {"tenants": [{"namespace": tenant, "maxSlices": 2}]})
+    klass = f"{name}.gpuslice.dev"
+    await wait_for(lambda: get_or_none(kube, f"/api/v1/namespaces/{tenant}/resourcequotas/gpuslice-{name}"), what="quota")
+
+    async def quota_counted() -> bool:
+        quota = await kube.get(f"/api/v1/namespaces/{tenant}/resourcequotas/gpuslice-{name}")
+        return "used" in (quota.get("status") or {})
+
+    await wait_for(quota_counted, what="the quota controller to count usage")
+    for i in range(2):
+        await create_eventually(kube, f"{RESOURCE}/namespaces/{tenant}/resourceclaims", claim(f"c{i}", klass))
+    with pytest.raises(KubeError) as refused:
+        await kube.create(f"{RESOURCE}/namespaces/{tenant}/resourceclaims", claim("c2", klass))
+    assert refused.value.status == 403
+    assert "exceeded quota" in refused.value.message
+    assert f"{klass}.deviceclass.resource.k8s.io/devices" in refused.value.message
+
+
+async def test_label_set_before_gpuslice_is_left_alone(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    """A namespace that had the label before (set while the guard was not installed)."""
+    binding = f"{VAP}/validatingadmissionpolicybindings/gpuslice-admin-access-label"
+    await kube.delete(binding)
+    try:
+        async def labelled_namespace() -> str | None:
+            try:
+                return await namespaces("preexisting", labels={ADMIN_LABEL: "true"})
+            except KubeError:
+                return None  # the deleted binding may take a moment to stop applying
+
+        ns = await wait_for(labelled_namespace, what="a namespace created with the label")
+    finally:
+        await kube.apply(binding, admin_access_guard_binding(), field_manager="gpuslice-tests")
+
+    name = await ready_policy(kube, make_policy, {"adminAccess": {"namespaces": [ns]}})
+    policy_path = f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}"
+    await kube.merge_patch(policy_path, {"spec": {"adminAccess": {"namespaces": []}}})
+
+    async def reconciled() -> bool:
+        body = await kube.get(policy_path)
+        return (body.get("status") or {}).get("observedGeneration") == body["metadata"]["generation"]
+
+    await wait_for(reconciled, what="the edit to be reconciled")
+    labels = (await kube.get(f"/api/v1/namespaces/{ns}"))["metadata"]["labels"]
+    assert labels.get(ADMIN_LABEL) == "true", "a label gpuslice did not set is never removed"
