@@ -100,7 +100,8 @@ async def controller(
         try:
             await kube.get("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/gpuslice-admin-access-label")
         except KubeError:
-            assert process.process is not None and process.process.poll() is None, process.log_text()[-3000:]
+            assert process.process is not None
+            assert process.process.poll() is None, process.log_text()[-3000:]
             return False
         return True
 
