@@ -116,3 +116,17 @@ async def pod_claim(kube: KubeClient, namespace: str, pod: str) -> dict[str, Any
         if entry.get("resourceClaimName"):
             return await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{entry['resourceClaimName']}")
     return None
+
+
+def policy_devices(pool: str, node: str, policy: str, count: int, memory: str = "10Gi") -> list[dict[str, Any]]:
+    """A pool as gpuslice's node agent publishes it: a counter slice and devices labelled with their policy."""
+    devices = []
+    for i in range(count):
+        device = partition(f"gpu-0-{memory.lower()}-{i}", memory)
+        device["attributes"] = {"gpuslice.dev/policy": {"string": policy}, "gpuslice.dev/sliceSize": {"string": memory}}
+        devices.append(device)
+    counters = counter_slice(f"{pool}-counters", "gpu.gpuslice.dev", node, {"memory": "80Gi"})
+    slices = [counters, device_slice(f"{pool}-devices", "gpu.gpuslice.dev", node, devices)]
+    for item in slices:
+        item["spec"]["pool"]["name"] = pool
+    return slices

@@ -119,6 +119,17 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
             if name in named:
                 await reconcile(memo.ctx, body, current)
 
+    @kopf.on.event("resource.k8s.io", "v1", "resourceslices", registry=registry,
+                   when=lambda spec, **_: spec.get("driver") == DRIVER)
+    async def slice_event(spec: kopf.Spec, type: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
+        """Devices came or went: their policies' taint rules and counts follow at once."""
+        if type is None or "ctx" not in memo:
+            return  # the initial listing: resume handlers cover it
+        current = world(kwargs)
+        for policy in sorted({policy for _, policy in SliceView.from_slice(spec).devices if policy}):
+            if policy in current.policies:
+                await reconcile(memo.ctx, current.policies[policy], current)
+
     @kopf.on.delete(*POLICY, registry=registry)
     async def policy_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
         ctx: Context = memo.ctx

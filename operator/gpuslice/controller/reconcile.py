@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import kopf
 import pydantic
 import structlog
 
@@ -117,6 +118,10 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
             errors.append(f"labelling admin-access namespaces: {error.message}")
     findings = Findings(problems, selection, len(devices), usage(devices, world.claims), errors)
     await write_status(ctx, policy, findings)
+    if errors:
+        # Often transient: e.g. the apiserver has not loaded our updated tenancy policy yet
+        # and denies the template for a tenant we just added. Status says it; retry soon.
+        raise kopf.TemporaryError(f"{len(errors)} objects could not be applied: {errors[0]}", delay=2)
 
 
 async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings) -> None:

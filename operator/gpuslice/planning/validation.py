@@ -111,8 +111,15 @@ def _fit_problems(policy: GpuSlicePolicy, selection: Selection) -> list[Problem]
     return list(unique.values())
 
 
+def _seniority(policy: GpuSlicePolicy) -> tuple[str, int, str]:
+    """Older first. Creation times have one-second resolution; within the same second a
+    policy that is already valid (serving tenants) stays ahead of one that is not yet."""
+    valid = any(c.type == "Valid" and c.status == "True" for c in policy.status.conditions)
+    return (policy.metadata.creation_timestamp, 0 if valid else 1, policy.name)
+
+
 def _older(a: GpuSlicePolicy, b: GpuSlicePolicy) -> bool:
-    return (a.metadata.creation_timestamp, a.name) < (b.metadata.creation_timestamp, b.name)
+    return _seniority(a) < _seniority(b)
 
 
 def _conflicts(

@@ -1,0 +1,207 @@
+"""Edits, late namespaces, deletion that waits for claims, taint rules, and restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gpuslice.kube.client import KubeClient, KubeError
+from tests.cluster.conftest import ClusterObjects
+from tests.cluster.controller.conftest import ControllerProcess, PolicyFactory
+from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
+from tests.cluster.kubeutil import RESOURCE, pod_claim, pod_with_claim, policy_devices, wait_for
+
+POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+ADMIN_LABEL = "resource.kubernetes.io/admin-access"
+MEMORY = {"mode": "memory", "sliceSize": "10Gi"}
+
+
+def template_path(ns: str, name: str = "gpu-slice") -> str:
+    return f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates/{name}"
+
+
+async def reconciled(kube: KubeClient, name: str) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        body = await kube.get(f"{POLICIES}/{name}")
+        return body if (body.get("status") or {}).get("observedGeneration") == body["metadata"]["generation"] else None
+
+    result: dict[str, Any] = await wait_for(check, what=f"policy {name} to be reconciled")
+    return result
+
+
+async def absent(kube: KubeClient, path: str) -> bool:
+    return await get_or_none(kube, path) is None
+
+
+async def test_editing_tenants_and_admins_adds_and_removes(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    a, b, c = await namespaces("a"), await namespaces("b"), await namespaces("c")
+    ops1, ops2 = await namespaces("ops1"), await namespaces("ops2")
+    name = (await make_policy({
+        "nodeSelector": NO_NODES, "slicing": MEMORY,
+        "tenants": [{"namespace": a, "maxSlices": 1}, {"namespace": b}], "adminAccess": {"namespaces": [ops1]},
+    }))["metadata"]["name"]
+    await wait_for(lambda: get_or_none(kube, f"/api/v1/namespaces/{a}/resourcequotas/gpuslice-{name}"), what="quota in a")
+    await wait_for(lambda: get_or_none(kube, template_path(b)), what="template in b")
+
+    async def label(ns: str) -> str | None:
+        return (await kube.get(f"/api/v1/namespaces/{ns}"))["metadata"].get("labels", {}).get(ADMIN_LABEL)
+
+    await wait_for(lambda: label(ops1), what="label on ops1")
+
+    await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {
+        "tenants": [{"namespace": b, "maxSlices": 3}, {"namespace": c}], "adminAccess": {"namespaces": [ops2]},
+    }})
+    await wait_for(lambda: absent(kube, template_path(a)), what="template in a to go")
+    await wait_for(lambda: absent(kube, f"/api/v1/namespaces/{a}/resourcequotas/gpuslice-{name}"), what="quota in a to go")
+    await wait_for(lambda: get_or_none(kube, template_path(c)), what="template in c")
+    quota = await wait_for(lambda: get_or_none(kube, f"/api/v1/namespaces/{b}/resourcequotas/gpuslice-{name}"),
+                           what="quota in b")
+    assert list(quota["spec"]["hard"].values()) == ["3"]
+    await wait_for(lambda: label(ops2), what="label on ops2")
+
+    async def unlabelled() -> bool:
+        ns = await kube.get(f"/api/v1/namespaces/{ops1}")
+        return ADMIN_LABEL not in ns["metadata"].get("labels", {}) and "gpuslice.dev/admin-access-for" not in (
+            ns["metadata"].get("annotations") or {})
+
+    await wait_for(unlabelled, what="gpuslice's label and annotation to leave ops1")
+
+
+async def test_namespace_created_later_gets_its_objects(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    namespaces: Callable[..., Awaitable[str]], unique: str,
+) -> None:
+    late = f"late-{unique}"
+    name = (await make_policy({"nodeSelector": NO_NODES, "slicing": MEMORY,
+                               "tenants": [{"namespace": late, "maxSlices": 4}]}))["metadata"]["name"]
+    await reconciled(kube, name)
+    assert await absent(kube, template_path(late))
+    assert await namespaces("late") == late
+    await wait_for(lambda: get_or_none(kube, template_path(late)), within=15, what="the template once the namespace exists")
+    await wait_for(lambda: get_or_none(kube, f"/api/v1/namespaces/{late}/resourcequotas/gpuslice-{name}"), what="quota")
+
+
+async def test_deletion_waits_for_claims_then_cleans_up(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, cluster_objects: ClusterObjects,
+    namespaces: Callable[..., Awaitable[str]], unique: str,
+) -> None:
+    tenant, ops = await namespaces("tenant"), await namespaces("ops")
+    policy = await make_policy({"nodeSelector": NO_NODES, "slicing": MEMORY, "tenants": [{"namespace": tenant}],
+                                "adminAccess": {"namespaces": [ops]}})
+    name = policy["metadata"]["name"]
+    for item in policy_devices(f"pool-{unique}", "gpu-node-1", name, 2):
+        await cluster_objects.create(f"{RESOURCE}/resourceslices", item)
+    await wait_for(lambda: get_or_none(kube, template_path(tenant)), what="template")
+
+    async def pod_allocated() -> bool:
+        with contextlib.suppress(KubeError):  # the tenancy policy may still be loading, or the pod exists
+            await kube.create(f"/api/v1/namespaces/{tenant}/pods", pod_with_claim("worker", "gpu-slice"))
+        found = await pod_claim(kube, tenant, "worker")
+        return bool(found and (found.get("status") or {}).get("allocation"))
+
+    await wait_for(pod_allocated, within=60, what="the tenant pod's claim to be allocated")
+    body = await wait_for(lambda: _with_allocated(kube, name), what="status to count the allocation")
+    assert body["status"]["tenants"] == [{"namespace": tenant, "allocated": 1}]
+
+    await kube.delete(f"{POLICIES}/{name}")
+
+    async def waiting() -> dict[str, Any] | None:
+        body = await kube.get(f"{POLICIES}/{name}")
+        return body if condition(body, "Ready").get("reason") == "Deleting" else None
+
+    body = await wait_for(waiting, what="the policy to report what it waits for")
+    claim = await pod_claim(kube, tenant, "worker")
+    assert claim is not None
+    assert body["status"]["holdingClaims"] == [f"{tenant}/{claim['metadata']['name']}"]
+    assert await get_or_none(kube, f"{RESOURCE}/deviceclasses/{name}.gpuslice.dev") is not None
+    await asyncio.sleep(3)
+    assert await get_or_none(kube, f"{POLICIES}/{name}") is not None, "deletion must wait while a claim holds a device"
+
+    await kube.delete(f"/api/v1/namespaces/{tenant}/pods/worker", gracePeriodSeconds=0)
+    await wait_for(lambda: absent(kube, f"{POLICIES}/{name}"), within=60, what="the policy to go once the claim is gone")
+    await wait_for(lambda: absent(kube, f"{RESOURCE}/deviceclasses/{name}.gpuslice.dev"), within=60,
+                   what="garbage collection of the DeviceClass")
+    await wait_for(lambda: absent(kube, template_path(tenant)), within=60, what="garbage collection of the template")
+    await wait_for(lambda: absent(kube, f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/gpuslice-tenancy-{name}"),
+                   within=60, what="garbage collection of the tenancy policy")
+    ns = await kube.get(f"/api/v1/namespaces/{ops}")
+    assert ADMIN_LABEL not in ns["metadata"].get("labels", {})
+
+
+async def _with_allocated(kube: KubeClient, name: str) -> dict[str, Any] | None:
+    body = await kube.get(f"{POLICIES}/{name}")
+    slices = (body.get("status") or {}).get("slices") or {}
+    return body if slices.get("allocated") == 1 and slices.get("published") == 2 else None
+
+
+async def test_taints_become_device_taint_rules_and_go_when_removed(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, cluster_objects: ClusterObjects,
+    unique: str,
+) -> None:
+    name = f"p-{unique}"
+    for item in policy_devices(f"pool-{unique}", "gpu-node-2", name, 2):
+        await cluster_objects.create(f"{RESOURCE}/resourceslices", item)
+    await make_policy({"nodeSelector": NO_NODES, "slicing": MEMORY,
+                       "taints": [{"key": "gpuslice.dev/maintenance", "value": "planned", "effect": "NoSchedule"}]})
+    selector = f"gpuslice.dev/policy={name}"
+
+    async def rules(count: int) -> tuple[dict[str, Any], ...] | None:
+        items = await kube.list(f"{RESOURCE}/devicetaintrules", labelSelector=selector)
+        return (*items, {}) if len(items) == count else None  # truthy even when empty
+
+    *found, _ = await wait_for(lambda: rules(2), what="one DeviceTaintRule per device")
+    assert sorted(r["spec"]["deviceSelector"]["device"] for r in found) == ["gpu-0-10gi-0", "gpu-0-10gi-1"]
+    for rule in found:
+        assert rule["spec"]["deviceSelector"] | {} == {"driver": "gpu.gpuslice.dev", "pool": f"pool-{unique}",
+                                                      "device": rule["spec"]["deviceSelector"]["device"]}
+        assert rule["spec"]["taint"]["key"] == "gpuslice.dev/maintenance"
+        assert rule["spec"]["taint"]["effect"] == "NoSchedule"
+    await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"taints": []}})
+    await wait_for(lambda: rules(0), what="the taint rules to be removed with the taint")
+
+
+async def test_restart_mid_reconcile_converges_without_duplicates_or_writes(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    tenants = [await namespaces(f"r{i}") for i in range(12)]
+    name = (await make_policy({"nodeSelector": NO_NODES, "slicing": MEMORY,
+                               "tenants": [{"namespace": ns, "maxSlices": 2} for ns in tenants]}))["metadata"]["name"]
+    await wait_for(lambda: get_or_none(kube, template_path(tenants[0])), what="the first template")
+    await controller.restart(signal.SIGKILL)  # mid-reconcile: some templates exist, some do not yet
+
+    selector = f"gpuslice.dev/policy={name}"
+
+    async def complete() -> bool:
+        templates = await kube.list(f"{RESOURCE}/resourceclaimtemplates", labelSelector=selector)
+        quotas = await kube.list("/api/v1/resourcequotas", labelSelector=selector)
+        return len(templates) == 12 and len(quotas) == 12
+
+    await wait_for(complete, within=60, what="all 12 templates and quotas after the restart")
+    await reconciled(kube, name)
+
+    async def versions() -> dict[str, str]:
+        found = {}
+        for path in (f"{RESOURCE}/resourceclaimtemplates", "/api/v1/resourcequotas", f"{RESOURCE}/deviceclasses",
+                     "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+                     "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"):
+            for item in await kube.list(path, labelSelector=selector):
+                meta = item["metadata"]
+                found[f"{path}/{meta.get('namespace', '')}/{meta['name']}"] = meta["resourceVersion"]
+        return found
+
+    before = await versions()
+    assert len(before) == 12 + 12 + 3
+    await controller.restart()
+    # The restarted controller resumes the policy from its initial listing; a policy created
+    # after it is up proves that listing has been handled.
+    probe = (await make_policy({"nodeSelector": NO_NODES, "slicing": MEMORY}, suffix="-probe"))["metadata"]["name"]
+    await reconciled(kube, probe)
+    await asyncio.sleep(2)
+    assert await versions() == before, "a restarted controller must not rewrite objects that are already right"

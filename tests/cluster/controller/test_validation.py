@@ -1,0 +1,103 @@
+"""Semantic validation against the fake GPU nodes (H100 80GB): Valid=False with a reason,
+an Event, and nothing already created changes."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gpuslice.kube.client import KubeClient
+from tests.cluster.controller.conftest import ControllerProcess, PolicyFactory
+from tests.cluster.controller.test_lifecycle import POLICIES, template_path
+from tests.cluster.controller.test_objects import condition, get_or_none
+from tests.cluster.kubeutil import wait_for
+
+NODE_1 = {"matchLabels": {"kubernetes.io/hostname": "gpu-node-1"}}
+NODE_2 = {"matchLabels": {"kubernetes.io/hostname": "gpu-node-2"}}
+
+
+async def valid_condition(kube: KubeClient, name: str, status: str) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        body = await kube.get(f"{POLICIES}/{name}")
+        found = condition(body, "Valid")
+        generation_seen = (body.get("status") or {}).get("observedGeneration") == body["metadata"]["generation"]
+        return found if found.get("status") == status and generation_seen else None
+
+    result: dict[str, Any] = await wait_for(check, what=f"Valid={status} on {name}")
+    return result
+
+
+async def events_for(kube: KubeClient, name: str) -> list[dict[str, Any]]:
+    return [e for e in await kube.list("/api/v1/namespaces/default/events") if e["involvedObject"]["name"] == name]
+
+
+async def test_invalid_edit_is_reported_and_changes_nothing(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    a, b = await namespaces("a"), await namespaces("b")
+    name = (await make_policy({"nodeSelector": NODE_1, "slicing": {"mode": "memory", "sliceSize": "10Gi"},
+                               "tenants": [{"namespace": a}]}))["metadata"]["name"]
+    await valid_condition(kube, name, "True")
+    body = await kube.get(f"{POLICIES}/{name}")
+    assert (body["status"]["nodes"], body["status"]["gpus"]) == (1, 8)
+    template = await wait_for(lambda: get_or_none(kube, template_path(a)), what="template in a")
+
+    await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"slicing": {"sliceSize": "100Gi"},
+                                                          "tenants": [{"namespace": b}]}})
+    invalid = await valid_condition(kube, name, "False")
+    assert invalid["reason"] == "SliceLargerThanGpu"
+    assert "sliceSize 100Gi is larger than every selected GPU" in invalid["message"]
+    assert "NVIDIA H100 80GB HBM3 with 80Gi" in invalid["message"]
+    assert "at most 80Gi" in invalid["message"]
+    body = await kube.get(f"{POLICIES}/{name}")
+    assert condition(body, "Ready")["reason"] == "InvalidSpec"
+
+    still = await get_or_none(kube, template_path(a))
+    assert still is not None
+    assert still["metadata"]["resourceVersion"] == template["metadata"]["resourceVersion"]
+    assert await get_or_none(kube, template_path(b)) is None, "an invalid spec creates nothing"
+    warnings = [e for e in await events_for(kube, name) if e["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == ["SliceLargerThanGpu"]
+
+    await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"slicing": {"sliceSize": "20Gi"}}})
+    await valid_condition(kube, name, "True")
+    await wait_for(lambda: get_or_none(kube, template_path(b)), what="template in b once valid again")
+
+
+async def test_mig_profile_the_gpu_does_not_have(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+) -> None:
+    name = (await make_policy({"nodeSelector": NODE_1,
+                               "slicing": {"mode": "mig", "mig": {"profiles": ["1g.10gb", "1g.5gb"]}}}))["metadata"]["name"]
+    invalid = await valid_condition(kube, name, "False")
+    assert invalid["reason"] == "UnknownMigProfile"
+    assert "MIG profile 1g.5gb does not exist on NVIDIA H100 80GB HBM3" in invalid["message"]
+    assert "1g.10gb" in invalid["message"].split("offers", 1)[1]
+    assert await get_or_none(kube, f"/apis/resource.k8s.io/v1/deviceclasses/{name}.gpuslice.dev") is None
+
+
+async def test_newer_policy_conflicting_on_the_same_gpus_yields(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+) -> None:
+    older = (await make_policy({"nodeSelector": NODE_2, "slicing": {"mode": "memory", "sliceSize": "10Gi"}},
+                               suffix="-old"))["metadata"]["name"]
+    await valid_condition(kube, older, "True")
+    newer = (await make_policy({"nodeSelector": NODE_2, "slicing": {"mode": "shared", "sliceSize": "10Gi"}},
+                               suffix="-new"))["metadata"]["name"]
+    invalid = await valid_condition(kube, newer, "False")
+    assert invalid["reason"] == "ConflictingPolicy"
+    assert f"older GpuSlicePolicy {older} (memory mode) select the same GPUs (e.g. on gpu-node-2)" in invalid["message"]
+    assert (await valid_condition(kube, older, "True"))["reason"] == "SpecValid"
+    assert [e["reason"] for e in await events_for(kube, newer)] == ["ConflictingPolicy"]
+
+
+async def test_two_memory_policies_share_gpus(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+) -> None:
+    first = (await make_policy({"nodeSelector": NODE_2, "slicing": {"mode": "memory", "sliceSize": "10Gi"}},
+                               suffix="-10"))["metadata"]["name"]
+    second = (await make_policy({"nodeSelector": NODE_2, "slicing": {"mode": "memory", "sliceSize": "20Gi"}},
+                                suffix="-20"))["metadata"]["name"]
+    await valid_condition(kube, first, "True")
+    await valid_condition(kube, second, "True")
