@@ -36,7 +36,7 @@ lint: $(STAMP)
 	@echo ">> mypy --strict"
 	@$(BIN)/mypy
 	@echo ">> import-linter (layer contracts)"
-	@cd operator && ../$(BIN)/lint-imports --config ../pyproject.toml
+	@cd operator && ../$(BIN)/lint-imports ../pyproject.toml
 
 test-unit: $(STAMP)
 	@echo ">> unit tests"

@@ -43,12 +43,15 @@ def controller(kubeconfig: str | None, metrics_port: int | None, liveness_port: 
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="State directory (default: ~/.local/state/gpuslice/demo).")
 def demo(nodes: int, gpus_per_node: int, gpu_model: str, state_dir: Path | None) -> None:
-    """Bring up the local control plane with fake GPU nodes, show it, and stop it."""
+    """A real control plane with fake GPU nodes and gpuslice: apply an example policy, show what it made."""
     from gpuslice.demo import demo_state_dir, run_demo
 
-    spec = ClusterSpec(state_dir or demo_state_dir(), nodes, gpus_per_node, gpu_model)
+    spec = ClusterSpec(state_dir or demo_state_dir(), nodes, gpus_per_node, gpu_model, operator=True)
     try:
-        ok = asyncio.run(run_demo(spec, Console()))
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=120)  # logs and CI: wide enough for the tables
+        ok = asyncio.run(run_demo(spec, console))
     except DevClusterError as error:
         fail(error)
     sys.exit(0 if ok else 1)

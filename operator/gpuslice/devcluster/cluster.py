@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gpuslice.devcluster import binaries as binaries_module
 from gpuslice.devcluster import features as features_module
+from gpuslice.devcluster import operator
 from gpuslice.devcluster.errors import DevClusterError
 from gpuslice.devcluster.nodes import FAKE_GPU_MODELS, fake_gpu_node, node_name
 from gpuslice.devcluster.pki import CertificateAuthority, kubeconfig, service_account_key
@@ -73,6 +74,7 @@ class ClusterSpec:
     gpus_per_node: int = 8
     gpu_model: str = "h100-80gb"
     apiserver_port: int | None = None
+    operator: bool = False  # also install gpuslice and run its controller
 
     def validate(self) -> None:
         if not 0 <= self.nodes <= 1000:
@@ -235,6 +237,8 @@ class DevCluster:
         await asyncio.gather(*(c.wait_healthy() for c in (scheduler, controller_manager)))
 
         await self._create_nodes(admin)
+        if self.spec.operator:
+            await self._start_operator(admin, ca.pair.cert_pem)
         self.state.write_record(ClusterRecord(
             supervisor_pid=os.getpid(), server=self.server, kubeconfig=str(admin),
             kubernetes_version=self.kubernetes_version,
@@ -261,6 +265,12 @@ class DevCluster:
                 f"dev-cluster: {len(self.node_names)} fake GPU node(s), each with"
                 f" {self.spec.gpus_per_node} x {self.spec.gpu_model}"
             )
+
+    async def _start_operator(self, admin_kubeconfig: Path, ca_pem: bytes) -> None:
+        async with await KubeClient.from_kubeconfig(admin_kubeconfig) as kube:
+            kubeconfig = await operator.install(kube, self.state.root, self.server, ca_pem)
+        await self._launch(operator.controller_component(kubeconfig, self.state.logs / "gpuslice-controller.log",
+                                                         free_port()))
 
     def dead_component(self) -> Component | None:
         """The first component that has exited, if any (for supervisors)."""

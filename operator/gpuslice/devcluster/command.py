@@ -43,25 +43,28 @@ def dev_cluster() -> None:
     help="Model of the fake GPUs.",
 )
 @click.option("--apiserver-port", type=int, default=None, help="Fixed API server port (default: a free one).")
+@click.option("--operator/--no-operator", default=True, show_default=True,
+              help="Install gpuslice (CRD, RBAC) and run its controller as part of the cluster.")
 @click.option("--detach", is_flag=True, help="Start in the background and return once it is up.")
 @state_dir_option
 def up(
     nodes: int, gpus_per_node: int, gpu_model: str, apiserver_port: int | None,
-    detach: bool, state_dir: Path,
+    operator: bool, detach: bool, state_dir: Path,
 ) -> None:
     """Start the cluster; print the admin kubeconfig's path when it is up.
 
     In the foreground it runs until Ctrl-C; with --detach it returns and
     `gpuslice dev-cluster down` stops it.
     """
-    spec = ClusterSpec(state_dir, nodes, gpus_per_node, gpu_model, apiserver_port)
+    spec = ClusterSpec(state_dir, nodes, gpus_per_node, gpu_model, apiserver_port, operator)
     try:
         spec.validate()
     except DevClusterError as error:
         fail(error)
     if detach:
         argv = ["dev-cluster", "up", f"--nodes={nodes}", f"--gpus-per-node={gpus_per_node}",
-                f"--gpu-model={gpu_model}", f"--state-dir={state_dir}"]
+                f"--gpu-model={gpu_model}", f"--state-dir={state_dir}",
+                "--operator" if operator else "--no-operator"]
         if apiserver_port is not None:
             argv.append(f"--apiserver-port={apiserver_port}")
         sys.exit(start_detached(spec, argv))

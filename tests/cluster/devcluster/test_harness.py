@@ -15,6 +15,7 @@ from gpuslice.devcluster import binaries
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.devcluster.errors import DevClusterError
 from gpuslice.kube.client import KubeClient
+from tests.cluster.kubeutil import wait_for
 
 
 def processes_using(state_dir: Path) -> list[str]:
@@ -54,7 +55,19 @@ async def test_detached_up_and_down_leave_nothing_running(tmp_path: Path) -> Non
 
         async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
             assert [n["metadata"]["name"] for n in await kube.list("/api/v1/nodes")] == ["gpu-node-1"]
-        assert len(processes_using(state)) >= 4  # etcd, apiserver, scheduler, controller-manager
+            # gpuslice is installed and its controller runs: a policy gets its DeviceClass.
+            await kube.create("/apis/gpuslice.dev/v1alpha1/gpuslicepolicies", {
+                "apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy", "metadata": {"name": "smoke"},
+                "spec": {"slicing": {"mode": "memory", "sliceSize": "10Gi"}},
+            })
+
+            async def device_class() -> bool:
+                classes = await kube.list("/apis/resource.k8s.io/v1/deviceclasses")
+                return any(c["metadata"]["name"] == "smoke.gpuslice.dev" for c in classes)
+
+            await wait_for(device_class, what="the dev cluster's controller to reconcile a policy")
+        # etcd, apiserver, scheduler, controller-manager, gpuslice controller
+        assert len(processes_using(state)) >= 5, processes_using(state)
 
         again = await asyncio.to_thread(gpuslice, "dev-cluster", "up", "--detach", "--state-dir", str(state))
         assert again.returncode == 1

@@ -69,3 +69,19 @@ def test_messages_of_several_broken_rules_are_all_reported() -> None:
     assert "sliceSize does not apply in mig mode" in text
     assert "slicing.mig is required in mig mode" in text
     assert "allowFullGpu applies to memory mode only" in text
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples" / "policies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_valid_policies(path: Path) -> None:
+    import yaml
+
+    body = yaml.safe_load(path.read_text())
+    assert body["kind"] == "GpuSlicePolicy"
+    GpuSlicePolicySpec.model_validate(body["spec"])
+
+
+def test_there_are_examples() -> None:
+    assert len(EXAMPLES) >= 3

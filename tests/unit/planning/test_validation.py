@@ -1,0 +1,90 @@
+"""Semantic validation of policies against node inventories."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.inventory.nodes import node_gpus
+from gpuslice.planning.validation import select, validate
+
+
+def policy(name: str, spec: dict[str, Any], created: str = "2026-11-29T10:00:00Z", valid: bool = False) -> GpuSlicePolicy:
+    status = {"conditions": [{"type": "Valid", "status": "True", "reason": "SpecValid"}]} if valid else {}
+    return GpuSlicePolicy.model_validate({"metadata": {"name": name, "creationTimestamp": created},
+                                          "spec": spec, "status": status})
+
+
+def fake(node: str, model: str, count: int = 8, **labels: str) -> tuple[dict[str, str], Any]:
+    node_labels = {"gpuslice.dev/gpu-backend": "fake", "gpuslice.dev/fake-gpu-model": model,
+                   "gpuslice.dev/fake-gpu-count": str(count), "kubernetes.io/hostname": node, **labels}
+    gpus = node_gpus(node, node_labels)
+    assert gpus is not None
+    return node_labels, gpus
+
+
+INVENTORY = [fake("h100", "h100-80gb"), fake("l4", "l4", 4), fake("a100", "a100-40gb", 2)]
+
+
+def reasons(p: GpuSlicePolicy, others: list[GpuSlicePolicy] = ()) -> list[str]:  # type: ignore[assignment]
+    return [problem.reason for problem in validate(p, select(p, INVENTORY), [(o, select(o, INVENTORY)) for o in others])]
+
+
+def test_selection_by_node_and_product_and_memory() -> None:
+    p = policy("p", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "gpuSelector": {"minMemory": "40Gi"}})
+    selection = select(p, INVENTORY)
+    assert sorted(selection.nodes) == ["a100", "h100"]
+    assert selection.gpu_count == 10
+    p = policy("p", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "gpuSelector": {"products": ["NVIDIA L4"]}})
+    assert select(p, INVENTORY).nodes == {"l4"}
+
+
+def test_slice_larger_than_every_gpu() -> None:
+    assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "90Gi"}})) == ["SliceLargerThanGpu"]
+    assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "80Gi"}})) == []
+    nothing = {"matchLabels": {"absent": "x"}}
+    assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "900Gi"}, "nodeSelector": nothing})) == []
+
+
+def test_mig_profiles_are_checked_per_model() -> None:
+    h100 = {"matchLabels": {"kubernetes.io/hostname": "h100"}}
+    assert reasons(policy("p", {"nodeSelector": h100, "slicing": {"mode": "mig", "mig": {"profiles": ["3g.40gb"]}}})) == []
+    assert reasons(policy("p", {"nodeSelector": h100, "slicing": {"mode": "mig", "mig": {"profiles": ["3g.20gb"]}}})) == [
+        "UnknownMigProfile"]
+    l4 = {"matchLabels": {"kubernetes.io/hostname": "l4"}}
+    assert reasons(policy("p", {"nodeSelector": l4, "slicing": {"mode": "mig", "mig": {"profiles": ["1g.10gb"]}}})) == [
+        "GpuNotMigCapable"]
+
+
+def test_static_layout_must_fit_the_gpu() -> None:
+    a100 = {"matchLabels": {"kubernetes.io/hostname": "a100"}}
+    fits = {"nodeSelector": a100, "slicing": {"mode": "mig", "mig": {"layout": {"3g.20gb": 1, "1g.5gb": 4}}}}
+    assert reasons(policy("p", fits)) == []
+    too_big = {"nodeSelector": a100, "slicing": {"mode": "mig", "mig": {"layout": {"4g.20gb": 1, "3g.20gb": 2}}}}
+    assert reasons(policy("p", too_big)) == ["MigLayoutDoesNotFit"]
+
+
+def test_newer_exclusive_policy_yields_and_memory_policies_share() -> None:
+    old = policy("old", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}}, created="2026-11-29T09:00:00Z")
+    shared = policy("shared", {"slicing": {"mode": "shared", "sliceSize": "10Gi"}})
+    memory = policy("memory", {"slicing": {"mode": "memory", "sliceSize": "20Gi"}})
+    assert reasons(shared, [old]) == ["ConflictingPolicy"]
+    assert reasons(old, [shared]) == []
+    assert reasons(memory, [old]) == []
+
+
+def test_same_second_tie_goes_to_the_policy_already_valid() -> None:
+    serving = policy("zzz", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}}, valid=True)
+    newcomer = policy("aaa", {"slicing": {"mode": "shared", "sliceSize": "10Gi"}})
+    assert reasons(newcomer, [serving]) == ["ConflictingPolicy"]
+    assert reasons(serving, [newcomer]) == []
+
+
+def test_claim_template_and_extended_resource_collisions() -> None:
+    nothing = {"matchLabels": {"absent": "x"}}
+    old = policy("old", {"nodeSelector": nothing, "slicing": {"mode": "memory", "sliceSize": "10Gi"},
+                         "tenants": [{"namespace": "a"}], "extendedResourceName": "example.com/gpu"},
+                 created="2026-11-29T09:00:00Z")
+    new = policy("new", {"nodeSelector": nothing, "slicing": {"mode": "memory", "sliceSize": "10Gi"},
+                         "tenants": [{"namespace": "a"}], "extendedResourceName": "example.com/gpu"})
+    assert reasons(new, [old]) == ["ClaimTemplateConflict", "ExtendedResourceConflict"]
