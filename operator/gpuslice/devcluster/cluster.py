@@ -232,6 +232,7 @@ class DevCluster:
             logs / "kube-controller-manager.log",
             http_health(f"https://127.0.0.1:{kcm_port}/healthz", insecure),
         )
+        self._report("dev-cluster: starting kube-scheduler and kube-controller-manager")
         await asyncio.gather(*(c.start() for c in (scheduler, controller_manager)))
         self.components += [scheduler, controller_manager]
         await asyncio.gather(*(c.wait_healthy() for c in (scheduler, controller_manager)))
