@@ -37,6 +37,57 @@ def controller(kubeconfig: str | None, metrics_port: int | None, liveness_port: 
 
 
 @main.command()
+@click.option("--node", required=True, envvar="NODE_NAME", help="This node's name (env NODE_NAME in a DaemonSet).")
+@click.option("--backend", type=click.Choice(["nvml", "fake"]), default="nvml", show_default=True)
+@click.option("--fake-gpus", default=None, help="Fake backend: MODEL:COUNT[,MODEL:COUNT]; default: the node's labels.")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
+@click.option("--resync", default=60.0, show_default=True, help="Seconds between full checks of the pool.")
+def agent(node: str, backend: str, fake_gpus: str | None, kubeconfig: str | None, resync: float) -> None:
+    """Run the node agent: discover GPUs, publish this node's pool of slices."""
+    from gpuslice.agent.gpus import GpuBackend, GpuBackendError
+    from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
+    from gpuslice.agent.gpus.nvml import NvmlBackend
+    from gpuslice.agent.run import discover_fake_from_node, run_agent
+    from gpuslice.kube.client import KubeClient
+
+    async def main_() -> None:
+        chosen: GpuBackend
+        if backend == "fake":
+            spec = fake_gpus
+            if spec is None:
+                async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
+                    spec = await discover_fake_from_node(kube, node)
+            chosen = FakeBackend(node, parse_fake_gpus(spec))
+        else:
+            chosen = NvmlBackend()
+        await run_agent(node, chosen, kubeconfig, resync)
+
+    try:
+        asyncio.run(main_())
+    except GpuBackendError as error:
+        click.echo(f"agent: {error}", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@click.option("-f", "--filename", "files", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
+              help="A GpuSlicePolicy YAML file (repeat for several).")
+@click.option("--gpus", default="h100-80gb:1", show_default=True, help="The node's GPUs, MODEL:COUNT[,MODEL:COUNT].")
+@click.option("--node", default="node-1", show_default=True, help="Node name for the slices.")
+@click.option("--node-label", "node_labels", multiple=True, help="A node label KEY=VALUE the policies may select on.")
+def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, ...]) -> None:
+    """Print the ResourceSlices a node agent would publish for these policies, no cluster needed."""
+    from gpuslice.preview import PlanError, preview
+
+    try:
+        text = preview([Path(f) for f in files], gpus, node, dict(label.split("=", 1) for label in node_labels))
+    except PlanError as error:
+        click.echo(f"plan: {error}", err=True)
+        sys.exit(1)
+    click.echo(text, nl=False)
+
+
+@main.command()
 @click.option("--nodes", default=2, show_default=True, help="Fake GPU nodes to create.")
 @click.option("--gpus-per-node", default=8, show_default=True)
 @click.option("--gpu-model", default="h100-80gb", show_default=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.inventory.nodes import NodeGpus
+from gpuslice.planning.mig import static_layout
 
 EXCLUSIVE_MODES = ("shared", "mig")  # a GPU in these modes cannot also be sliced by another policy
 
@@ -93,17 +94,14 @@ def _fit_problems(policy: GpuSlicePolicy, selection: Selection) -> list[Problem]
                     f"MIG profile {profile} does not exist on {gpus.product_name} ({gpus.node});"
                     f" it offers {offered}.",
                 ))
-        profiles = {p: gpus.model.mig_profile(p) for p in slicing.mig.layout or {}}
-        if slicing.mig.layout and all(profiles.values()):
-            slices = sum(int(p.split("g.", 1)[0]) * n for p, n in slicing.mig.layout.items())
-            memory = sum(profile.memory * slicing.mig.layout[p] for p, profile in profiles.items() if profile)
-            if slices > 7 or memory > gpus.model.memory:
-                problems.append(Problem(
-                    "MigLayoutDoesNotFit",
-                    f"slicing.mig.layout needs {slices} compute slices and {format_bytes(memory)} on"
-                    f" {gpus.product_name} ({gpus.node}), which has 7 slices and"
-                    f" {format_bytes(gpus.model.memory)}; use fewer or smaller instances.",
-                ))
+        layout = slicing.mig.layout
+        if layout and all(gpus.model.mig_profile(p) for p in layout) and static_layout(gpus.model, layout) is None:
+            problems.append(Problem(
+                "MigLayoutDoesNotFit",
+                f"slicing.mig.layout {dict(layout)} does not fit {gpus.product_name} ({gpus.node}): its"
+                f" instances need more memory slices than the GPU's 8, or overlap in every placement;"
+                " use fewer or smaller instances.",
+            ))
     # One problem per reason and profile is enough to act on; keep the first of each.
     unique: dict[tuple[str, str], Problem] = {}
     for problem in problems:
@@ -111,7 +109,7 @@ def _fit_problems(policy: GpuSlicePolicy, selection: Selection) -> list[Problem]
     return list(unique.values())
 
 
-def _seniority(policy: GpuSlicePolicy) -> tuple[str, int, str]:
+def seniority(policy: GpuSlicePolicy) -> tuple[str, int, str]:
     """Older first. Creation times have one-second resolution; within the same second a
     policy that is already valid (serving tenants) stays ahead of one that is not yet."""
     valid = any(c.type == "Valid" and c.status == "True" for c in policy.status.conditions)
@@ -119,7 +117,7 @@ def _seniority(policy: GpuSlicePolicy) -> tuple[str, int, str]:
 
 
 def _older(a: GpuSlicePolicy, b: GpuSlicePolicy) -> bool:
-    return _seniority(a) < _seniority(b)
+    return seniority(a) < seniority(b)
 
 
 def _conflicts(

@@ -1,0 +1,1 @@
+"""The node agent: GPU inventory, the node's pool of devices, and publishing it safely."""

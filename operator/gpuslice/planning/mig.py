@@ -1,0 +1,55 @@
+"""MIG placement arithmetic shared by the planner and the controller's validation (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from gpuslice.inventory.catalog import MigProfile
+
+
+def mig_device_name(gpu: int, profile: str, start: int) -> str:
+    """``gpu-0-mig-1g10gb-me-at-3``: GPU, profile and placement, readable back from the name."""
+    tag = profile.replace(".", "").replace("+", "-")
+    return f"gpu-{gpu}-mig-{tag}-at-{start}"
+
+
+def parse_mig_device_name(name: str) -> tuple[int, str, int] | None:
+    """The inverse of :func:`mig_device_name` (profile without dots: ``1g10gb-me``)."""
+    parts = name.split("-")
+    if len(parts) < 6 or parts[0] != "gpu" or parts[2] != "mig" or parts[-2] != "at":
+        return None
+    return int(parts[1]), "-".join(parts[3:-2]), int(parts[-1])
+
+
+class HasMigProfiles(Protocol):
+    def mig_profile(self, name: str) -> MigProfile | None: ...
+
+
+def static_layout(gpu: HasMigProfiles, layout: Mapping[str, int]) -> list[tuple[MigProfile, int]] | None:
+    """Placements for a static layout (large instances first, backtracking over NVML's
+    placement table); None if the GPU cannot hold it."""
+    wanted: list[MigProfile] = []
+    for name, count in layout.items():
+        profile = gpu.mig_profile(name)
+        if profile is None:
+            return None
+        wanted += [profile] * count
+    wanted.sort(key=lambda p: (-p.size, p.name))
+
+    def place(i: int, used: frozenset[int], media: bool) -> list[tuple[MigProfile, int]] | None:
+        if i == len(wanted):
+            return []
+        profile = wanted[i]
+        if profile.media and media:
+            return None
+        for start in profile.starts:
+            cells = frozenset(range(start, start + profile.size))
+            if used & cells:
+                continue
+            rest = place(i + 1, used | cells, media or profile.media)
+            if rest is not None:
+                return [(profile, start), *rest]
+        return None
+
+    return place(0, frozenset(), False)

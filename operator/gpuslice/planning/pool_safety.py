@@ -1,0 +1,108 @@
+"""Never remove or change a device a claim has allocated.
+
+The scheduler recomputes counter use from the slices as they are now: drop an
+allocated device, or change what it consumes, and the GPU memory it holds
+looks free and gets handed out twice. So a plan that would do that is held
+back for those devices: the published device stays exactly as it was, gains a
+``NoSchedule`` taint ``gpuslice.dev/pending-change`` so nothing new lands on
+it, and the change applies once the claim is gone. A GPU whose held devices
+use another counter set than the new plan (a change of mode) gets none of the
+new devices until then: counters of different sets cannot guard each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Set
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from gpuslice.dra.names import ATTRIBUTE_DOMAIN
+from gpuslice.dra.quantity import parse_quantity
+from gpuslice.planning.node_pool import Device, NodePlan, PlannedSlice, layout
+
+PENDING_TAINT_KEY = "gpuslice.dev/pending-change"
+_QUANTITY_KEYS = {"value", "default", "min", "max", "step"}
+
+
+def normalized(obj: Any, key: str = "") -> Any:
+    """Content as the apiserver means it: quantities compared by value, taint times ignored."""
+    if isinstance(obj, dict):
+        return {k: normalized(v, k) for k, v in obj.items() if k != "timeAdded"}
+    if isinstance(obj, list):
+        return [normalized(v) for v in obj]
+    if key in _QUANTITY_KEYS and isinstance(obj, str):
+        try:
+            return parse_quantity(obj)
+        except ValueError:
+            return obj
+    if key in _QUANTITY_KEYS and isinstance(obj, int):
+        return Fraction(obj)
+    return obj
+
+
+def _without_pending(device: Device) -> Device:
+    taints = [t for t in device.get("taints", []) if t.get("key") != PENDING_TAINT_KEY]
+    clean = {k: v for k, v in device.items() if k != "taints"}
+    return {**clean, "taints": taints} if taints else clean
+
+
+def _with_pending(device: Device) -> Device:
+    taints = [t for t in device.get("taints", []) if t.get("key") != PENDING_TAINT_KEY]
+    taints.append({"key": PENDING_TAINT_KEY, "value": "", "effect": "NoSchedule"})
+    return {**device, "taints": taints}
+
+
+def _gpu(device: Device) -> int | None:
+    value = (device.get("attributes") or {}).get(f"{ATTRIBUTE_DOMAIN}/index", {}).get("int")
+    return int(value) if value is not None else None
+
+
+def _signature(device: Device) -> frozenset[str]:
+    """What guards the device's share of the GPU: its counter sets, or being shared."""
+    sets = frozenset(str(c["counterSet"]) for c in device.get("consumesCounters") or [])
+    return sets or frozenset({"shared"})
+
+
+@dataclass(frozen=True)
+class SafePlan:
+    slices: tuple[PlannedSlice, ...]
+    held: tuple[str, ...]  # allocated devices kept as they were, change pending
+    blocked_gpus: tuple[int, ...]  # GPUs whose new layout waits for their claims
+
+
+def make_safe(
+    plan: NodePlan, published: Iterable[Device], counter_sets: Iterable[Mapping[str, Any]], allocated: Set[str]
+) -> SafePlan:
+    """``plan``, except that allocated devices stay as published (see module doc)."""
+    live = {d["name"]: d for d in published}
+    live_sets = {str(c["name"]): dict(c) for c in counter_sets}
+    wanted = {d["name"]: d for d in plan.devices}
+    held: dict[str, Device] = {}
+    for name in sorted(allocated & set(live)):
+        old = _without_pending(live[name])
+        new = wanted.get(name)
+        if new is not None and normalized(new) == normalized(old):
+            continue
+        held[name] = _with_pending(old)
+
+    held_by_gpu: dict[int | None, set[frozenset[str]]] = {}
+    for device in held.values():
+        held_by_gpu.setdefault(_gpu(device), set()).add(_signature(device))
+    blocked = set()
+    for gpu, signatures in held_by_gpu.items():
+        new_signatures = {_signature(d) for d in wanted.values() if _gpu(d) == gpu and d["name"] not in held}
+        combined = signatures | new_signatures
+        # Mixing is safe only under one counter set; a shared device is never mixed.
+        if gpu is None or (new_signatures and (len(combined) > 1 or frozenset({"shared"}) in combined)):
+            blocked.add(gpu)
+
+    devices = [d for name, d in wanted.items() if name not in held and _gpu(d) not in blocked] + list(held.values())
+    needed_sets = {str(c["counterSet"]) for d in devices for c in d.get("consumesCounters") or []}
+    sets = {str(c["name"]): c for c in plan.counter_sets}
+    for name in needed_sets - set(sets):
+        if name in live_sets:
+            sets[name] = live_sets[name]
+    final_sets = [c for name, c in sets.items() if name in needed_sets]
+    blocked_gpus = tuple(sorted(g for g in blocked if g is not None))
+    return SafePlan(layout(final_sets, devices), tuple(sorted(held)), blocked_gpus)

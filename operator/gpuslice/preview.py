@@ -1,0 +1,67 @@
+"""``gpuslice plan``: what a node agent would publish for some policies, without a cluster.
+
+The same planning code as the agent (``planning.node_pool``) on fake GPUs of
+the models asked for, so a platform team sees the exact slices before applying
+a policy.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pydantic
+import yaml
+
+from gpuslice.agent.gpus import GpuBackendError
+from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
+from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.dra.names import ATTRIBUTE_DOMAIN
+from gpuslice.dra.resourceslice import resource_slice
+from gpuslice.planning.node_pool import plan_node_pool
+
+
+class PlanError(Exception):
+    pass
+
+
+def load_policies(paths: list[Path]) -> list[GpuSlicePolicy]:
+    policies: list[GpuSlicePolicy] = []
+    for path in paths:
+        for document in yaml.safe_load_all(path.read_text()):
+            if not document:
+                continue
+            if document.get("kind") != "GpuSlicePolicy":
+                raise PlanError(f"{path}: expected kind GpuSlicePolicy, found {document.get('kind')!r}")
+            document["metadata"].setdefault("creationTimestamp", f"2000-01-01T00:00:{len(policies):02d}Z")
+            try:
+                policies.append(GpuSlicePolicy.from_body(document))
+            except pydantic.ValidationError as error:
+                name = document.get("metadata", {}).get("name", "?")
+                problems = "; ".join(f"spec.{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in error.errors())
+                raise PlanError(f"{path}: GpuSlicePolicy {name} is invalid: {problems}") from None
+    return policies
+
+
+def preview(paths: list[Path], gpus: str, node: str, labels: dict[str, str]) -> str:
+    policies = load_policies(paths)
+    try:
+        inventory = FakeBackend(node, parse_fake_gpus(gpus)).discover()
+    except GpuBackendError as error:
+        raise PlanError(str(error)) from None
+    plan = plan_node_pool({"kubernetes.io/hostname": node, **labels}, inventory, policies)
+    manifests = [
+        resource_slice(node, "<node-uid>", s.suffix, 1, len(plan.slices),
+                       shared_counters=list(s.shared_counters), devices=list(s.devices))
+        for s in plan.slices
+    ]
+    per_policy = Counter(d["attributes"][f"{ATTRIBUTE_DOMAIN}/policy"]["string"] for d in plan.devices)
+    per_gpu = Counter(d["attributes"][f"{ATTRIBUTE_DOMAIN}/index"]["int"] for d in plan.devices)
+    lines = [f"# gpuslice plan for node {node}: {len(inventory)} GPU(s) ({gpus}), {len(policies)} policies",
+             f"# {len(plan.slices)} slices: {len(plan.counter_sets)} counter sets, {len(plan.devices)} devices"]
+    lines += [f"#   policy {name}: {count} devices" for name, count in sorted(per_policy.items())]
+    lines += [f"#   GPU {index}: {count} devices" for index, count in sorted(per_gpu.items())]
+    lines += [f"#   note: {note}" for note in plan.notes]
+    if not plan.devices:
+        lines.append("#   no devices: no policy selects these GPUs (check nodeSelector, gpuSelector, --node-label)")
+    return "\n".join(lines) + "\n" + "".join("---\n" + yaml.safe_dump(m, sort_keys=False) for m in manifests)

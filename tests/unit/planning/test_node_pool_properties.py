@@ -1,0 +1,106 @@
+"""Property tests: for random inventories and policy sets, the plan keeps every rule."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuslice.agent.gpus.fake import FakeBackend
+from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.inventory.catalog import MODELS
+from gpuslice.planning.node_pool import MAX_COUNTER_SETS, MAX_DEVICES, plan_node_pool
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+LABELS = {"kubernetes.io/hostname": "n1", "zone": "a"}
+
+inventories = st.lists(st.tuples(st.sampled_from(sorted(MODELS)), st.integers(1, 8)), min_size=1, max_size=3)
+names = st.from_regex(r"[a-z][a-z0-9-]{0,48}[a-z0-9]", fullmatch=True)
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> list[GpuSlicePolicy]:
+    result = []
+    for i, name in enumerate(draw(st.lists(names, min_size=1, max_size=4, unique=True))):
+        mode = draw(st.sampled_from(["memory", "memory", "shared", "mig"]))
+        slicing: dict[str, Any] = {"mode": mode}
+        if mode == "mig":
+            slicing["mig"] = {"profiles": draw(st.lists(st.sampled_from(["1g.5gb", "1g.10gb", "2g.20gb", "3g.40gb",
+                                                                         "1g.10gb+me", "7g.80gb", "3g.20gb"]),
+                                                        min_size=1, max_size=3, unique=True))}
+        else:
+            slicing["sliceSize"] = draw(st.sampled_from(["5Gi", "10Gi", "12Gi", "20Gi", "40Gi", "100Gi"]))
+            slicing["allowFullGpu"] = mode == "memory" and draw(st.booleans())
+        selector = draw(st.sampled_from([{}, {"matchLabels": {"zone": "a"}}, {"matchLabels": {"zone": "b"}}]))
+        result.append(GpuSlicePolicy.model_validate({
+            "metadata": {"name": name, "creationTimestamp": f"2026-11-29T10:00:{i:02d}Z"},
+            "spec": {"slicing": slicing, "nodeSelector": selector},
+        }))
+    return result
+
+
+@settings(max_examples=150, deadline=None)
+@given(inventories, policies())
+def test_plan_keeps_api_limits_and_never_oversubscribes(inventory: list[tuple[str, int]], pols: list[GpuSlicePolicy]) -> None:
+    gpus = FakeBackend("n1", inventory).discover()
+    plan = plan_node_pool(LABELS, gpus, pols)
+
+    for planned in plan.slices:
+        assert not (planned.shared_counters and planned.devices), "1.35+: counters and devices in separate slices"
+        assert len(planned.shared_counters) <= MAX_COUNTER_SETS
+        assert len(planned.devices) <= MAX_DEVICES
+    device_names = [d["name"] for d in plan.devices]
+    assert len(device_names) == len(set(device_names))
+    assert all(DNS_LABEL.match(n) and len(n) <= 63 for n in device_names)
+    set_names = [c["name"] for c in plan.counter_sets]
+    assert len(set_names) == len(set(set_names))
+    assert all(DNS_LABEL.match(n) for n in set_names)
+
+    # Whatever combination of devices the scheduler picks within the counters, no GPU goes over.
+    sets = {c["name"]: {k: quantity_bytes(v["value"]) for k, v in c["counters"].items()} for c in plan.counter_sets}
+    for device in plan.devices:
+        for use in device.get("consumesCounters", []):
+            assert use["counterSet"] in sets
+            for counter, value in use["counters"].items():
+                assert quantity_bytes(value["value"]) <= sets[use["counterSet"]][counter]
+    by_gpu: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for device in plan.devices:
+        by_gpu[device["attributes"]["gpuslice.dev/index"]["int"]].append(device)
+    for index, devices in by_gpu.items():
+        gpu = gpus[index]
+        counter_sets = {u["counterSet"] for d in devices for u in d.get("consumesCounters", [])}
+        shared = [d for d in devices if d.get("allowMultipleAllocations")]
+        assert len(counter_sets) <= 1, "one counter set guards each GPU"
+        if shared:
+            assert len(devices) == 1, "a shared device has its GPU to itself"
+            assert quantity_bytes(shared[0]["capacity"]["memory"]["value"]) <= gpu.memory
+        elif counter_sets and f"gpu-{index}" in counter_sets:
+            # memory counter == GPU memory: any set of devices the counters admit fits the GPU
+            assert sets[f"gpu-{index}"]["memory"] == gpu.memory
+        elif counter_sets:
+            assert sets[f"gpu-{index}-mig"] == {**{f"memory-slice-{i}": 1 for i in range(8)}, "media-engines": 1}
+
+    # Small partitions first: the scheduler is first-fit.
+    sizes = [quantity_bytes(d["capacity"]["memory"]["value"]) for d in plan.devices]
+    assert sizes == sorted(sizes)
+
+
+@settings(max_examples=50, deadline=None)
+@given(inventories, policies())
+def test_plan_is_deterministic(inventory: list[tuple[str, int]], pols: list[GpuSlicePolicy]) -> None:
+    gpus = FakeBackend("n1", inventory).discover()
+    assert plan_node_pool(LABELS, gpus, pols) == plan_node_pool(LABELS, gpus, list(reversed(pols)))
+
+
+@settings(max_examples=50, deadline=None)
+@given(inventories, policies())
+def test_policy_that_does_not_select_the_node_contributes_nothing(inventory: list[tuple[str, int]],
+                                                                  pols: list[GpuSlicePolicy]) -> None:
+    gpus = FakeBackend("n1", inventory).discover()
+    elsewhere = [p for p in pols if p.spec.node_selector.match_labels.get("zone") == "b"]
+    plan = plan_node_pool(LABELS, gpus, pols)
+    assert not {d["attributes"]["gpuslice.dev/policy"]["string"] for d in plan.devices} & {p.name for p in elsewhere}

@@ -1,0 +1,68 @@
+"""Allocated devices are never removed or changed; the change waits, tainted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuslice.agent.gpus.fake import FakeBackend
+from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.planning.node_pool import plan_node_pool
+from gpuslice.planning.pool_safety import PENDING_TAINT_KEY, make_safe
+
+LABELS = {"kubernetes.io/hostname": "n1"}
+GPUS = FakeBackend("n1", [("h100-80gb", 1)]).discover()
+
+
+def plan(slicing: dict[str, Any]) -> Any:
+    return plan_node_pool(LABELS, GPUS, [GpuSlicePolicy.model_validate(
+        {"metadata": {"name": "p", "creationTimestamp": "2026-11-29T10:00:00Z"}, "spec": {"slicing": slicing}})])
+
+
+def published(p: Any) -> list[dict[str, Any]]:
+    """As the apiserver returns them: quantities canonical, taints with timeAdded."""
+    return [dict(d) for d in p.devices]
+
+
+def test_unchanged_allocated_device_is_not_held() -> None:
+    old = plan({"mode": "memory", "sliceSize": "10Gi"})
+    safe = make_safe(old, published(old), old.counter_sets, {"gpu-0-p-10gi-0"})
+    assert safe.held == ()
+    assert [d["name"] for s in safe.slices for d in s.devices] == [d["name"] for d in old.devices]
+
+
+def test_resized_policy_keeps_allocated_slice_tainted_and_adds_the_new_ones() -> None:
+    old, new = plan({"mode": "memory", "sliceSize": "10Gi"}), plan({"mode": "memory", "sliceSize": "20Gi"})
+    safe = make_safe(new, published(old), old.counter_sets, {"gpu-0-p-10gi-3"})
+    devices = {d["name"]: d for s in safe.slices for d in s.devices}
+    assert safe.held == ("gpu-0-p-10gi-3",)
+    kept = devices["gpu-0-p-10gi-3"]
+    assert kept["consumesCounters"] == old.devices[3]["consumesCounters"], "consumption never changes"
+    assert kept["taints"] == [{"key": PENDING_TAINT_KEY, "value": "", "effect": "NoSchedule"}]
+    assert sorted(n for n in devices if "20gi" in n) == [f"gpu-0-p-20gi-{k}" for k in range(4)]
+    assert "gpu-0-p-10gi-0" not in devices, "unallocated old slices go at once"
+    # Same counter set: the scheduler can only hand out 20Gi slices that fit next to the held 10Gi.
+    assert [c["name"] for s in safe.slices for c in s.shared_counters] == ["gpu-0"]
+
+
+def test_mode_change_waits_for_the_gpu_to_be_free() -> None:
+    old, new = plan({"mode": "memory", "sliceSize": "10Gi"}), plan({"mode": "shared", "sliceSize": "10Gi"})
+    safe = make_safe(new, published(old), old.counter_sets, {"gpu-0-p-10gi-0"})
+    names = [d["name"] for s in safe.slices for d in s.devices]
+    assert names == ["gpu-0-p-10gi-0"]
+    assert safe.blocked_gpus == (0,)
+    assert [c["name"] for s in safe.slices for c in s.shared_counters] == ["gpu-0"], "the held device's counters stay"
+
+
+def test_removed_policy_keeps_only_allocated_devices() -> None:
+    old = plan({"mode": "memory", "sliceSize": "10Gi"})
+    nothing = plan_node_pool(LABELS, GPUS, [])
+    safe = make_safe(nothing, published(old), old.counter_sets, {"gpu-0-p-10gi-5"})
+    assert [d["name"] for s in safe.slices for d in s.devices] == ["gpu-0-p-10gi-5"]
+    assert safe.held == ("gpu-0-p-10gi-5",)
+
+
+def test_held_device_with_server_defaults_is_still_unchanged() -> None:
+    old = plan({"mode": "memory", "sliceSize": "10Gi"})
+    server = published(old)
+    server[0] = {**server[0], "capacity": {"memory": {"value": "10737418240"}}}  # same quantity, other spelling
+    assert make_safe(old, server, old.counter_sets, {server[0]["name"]}).held == ()
