@@ -113,3 +113,15 @@ async def policy_crd(kube: KubeClient) -> str:
 
     await wait_for(established, within=30, what="the GpuSlicePolicy CRD to be established")
     return POLICIES
+
+
+# The controller as its own process, and the helpers to make policies and namespaces:
+# shared by the controller and agent tests, one controller per session.
+from tests.cluster.operator_fixtures import (  # noqa: E402
+    controller,
+    controller_kubeconfig,
+    make_policy,
+    namespaces,
+)
+
+__all__ = ["controller", "controller_kubeconfig", "make_policy", "namespaces"]

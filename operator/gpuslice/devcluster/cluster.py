@@ -270,8 +270,13 @@ class DevCluster:
     async def _start_operator(self, admin_kubeconfig: Path, ca_pem: bytes) -> None:
         async with await KubeClient.from_kubeconfig(admin_kubeconfig) as kube:
             kubeconfig = await operator.install(kube, self.state.root, self.server, ca_pem)
+            agents = {node: await operator.agent_kubeconfig(kube, node, self.state.root, self.server, ca_pem)
+                      for node in self.node_names}
         await self._launch(operator.controller_component(kubeconfig, self.state.logs / "gpuslice-controller.log",
                                                          free_port()))
+        for node, agent_kubeconfig in agents.items():
+            await self._launch(operator.agent_component(node, agent_kubeconfig,
+                                                        self.state.logs / f"gpuslice-agent-{node}.log"))
 
     def dead_component(self) -> Component | None:
         """The first component that has exited, if any (for supervisors)."""

@@ -1,5 +1,5 @@
-"""gpuslice itself on the dev cluster: the CRD, the controller's RBAC and identity,
-and the controller as one more supervised process.
+"""gpuslice itself on the dev cluster: the CRD, the controller's and agents' RBAC and
+identities, and the controller and one agent per fake node as supervised processes.
 
 The controller runs as its ServiceAccount with the RBAC of
 ``manifests/controller-rbac.yaml``, exactly as it would in a real cluster, so
@@ -23,6 +23,7 @@ from gpuslice.kube.paths import object_path
 
 FIELD_MANAGER = "gpuslice-dev-cluster"
 CONTROLLER_SA = ("gpuslice-system", "gpuslice-controller")
+AGENT_SA = ("gpuslice-system", "gpuslice-agent")
 TOKEN_SECONDS = 7 * 24 * 3600
 
 
@@ -41,19 +42,21 @@ async def apply_all(kube: KubeClient, documents: list[dict[str, Any]]) -> None:
         await kube.apply(object_path(document), document, field_manager=FIELD_MANAGER)
 
 
-async def install(kube: KubeClient, state_dir: Path, server: str, ca_pem: bytes) -> Path:
-    """Install the CRD and RBAC; return a kubeconfig for the controller's ServiceAccount."""
-    rbac = [d for d in yaml.safe_load_all((manifests_dir() / "controller-rbac.yaml").read_text()) if d]
-    try:
-        await apply_all(kube, [crd(), *rbac])
-        namespace, name = CONTROLLER_SA
-        token = await kube.create(
-            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-             "spec": {"expirationSeconds": TOKEN_SECONDS}},
-        )
-    except KubeError as error:
-        raise DevClusterError(f"Installing gpuslice into the dev cluster failed: {error}") from error
+async def token_kubeconfig(
+    kube: KubeClient, account: tuple[str, str], server: str, ca_pem: bytes, path: Path,
+    bound_node: dict[str, Any] | None = None,
+) -> Path:
+    """A kubeconfig with a fresh token of ``account``; bound to a Node, the token carries
+    the node's name, which the agent's admission policy checks."""
+    namespace, name = account
+    spec: dict[str, Any] = {"expirationSeconds": TOKEN_SECONDS}
+    if bound_node is not None:
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Node", "name": bound_node["metadata"]["name"],
+                                  "uid": bound_node["metadata"]["uid"]}
+    token = await kube.create(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+    )
     cluster = {"name": "gpuslice-dev", "cluster": {"server": server,
                                                    "certificate-authority-data": base64.b64encode(ca_pem).decode()}}
     config = {
@@ -63,10 +66,35 @@ async def install(kube: KubeClient, state_dir: Path, server: str, ca_pem: bytes)
         "contexts": [{"name": name, "context": {"cluster": cluster["name"], "user": name}}],
         "current-context": name,
     }
-    path = state_dir / "controller.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
+    return _write_private(path, yaml.safe_dump(config))
+
+
+def _write_private(path: Path, text: str) -> Path:
+    path.write_text(text)
     path.chmod(0o600)
     return path
+
+
+def manifest_documents(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((manifests_dir() / name).read_text()) if d]
+
+
+async def install(kube: KubeClient, state_dir: Path, server: str, ca_pem: bytes) -> Path:
+    """Install the CRD and both components' RBAC; return the controller's kubeconfig."""
+    try:
+        await apply_all(kube, [crd(), *manifest_documents("controller-rbac.yaml"),
+                               *manifest_documents("agent-rbac.yaml")])
+        return await token_kubeconfig(kube, CONTROLLER_SA, server, ca_pem, state_dir / "controller.kubeconfig")
+    except KubeError as error:
+        raise DevClusterError(f"Installing gpuslice into the dev cluster failed: {error}") from error
+
+
+async def agent_kubeconfig(kube: KubeClient, node: str, state_dir: Path, server: str, ca_pem: bytes) -> Path:
+    try:
+        body = await kube.get(f"/api/v1/nodes/{node}")
+        return await token_kubeconfig(kube, AGENT_SA, server, ca_pem, state_dir / f"agent-{node}.kubeconfig", body)
+    except KubeError as error:
+        raise DevClusterError(f"Creating the node agent's identity for {node} failed: {error}") from error
 
 
 def controller_component(kubeconfig: Path, log: Path, liveness_port: int) -> Component:
@@ -75,4 +103,14 @@ def controller_component(kubeconfig: Path, log: Path, liveness_port: int) -> Com
         [sys.executable, "-m", "gpuslice", "controller", f"--kubeconfig={kubeconfig}",
          f"--liveness-port={liveness_port}"],
         log, http_health(f"http://127.0.0.1:{liveness_port}/healthz"), startup_timeout=60,
+    )
+
+
+def agent_component(node: str, kubeconfig: Path, log: Path) -> Component:
+    """The node agent with the fake backend; it reads the GPUs from its Node's labels."""
+    return Component(
+        f"gpuslice-agent-{node}",
+        [sys.executable, "-m", "gpuslice", "agent", f"--node={node}", "--backend=fake",
+         f"--kubeconfig={kubeconfig}"],
+        log, None, startup_timeout=30,
     )

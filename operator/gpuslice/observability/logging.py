@@ -31,3 +31,5 @@ def configure_logging(level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # Kopf logs every handler success at INFO; keep its per-object chatter to what matters.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)

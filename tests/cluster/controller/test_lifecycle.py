@@ -10,9 +10,9 @@ from typing import Any
 
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.conftest import ClusterObjects
-from tests.cluster.controller.conftest import ControllerProcess, PolicyFactory
 from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
 from tests.cluster.kubeutil import RESOURCE, pod_claim, pod_with_claim, policy_devices, wait_for
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 ADMIN_LABEL = "resource.kubernetes.io/admin-access"

@@ -6,8 +6,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.controller.conftest import ControllerProcess, PolicyFactory
 from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 NO_NODES = {"matchLabels": {"gpuslice.dev/test-selects": "nothing"}}

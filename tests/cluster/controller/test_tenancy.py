@@ -9,9 +9,9 @@ import pytest
 
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.cluster_objects import admin_access_guard_binding
-from tests.cluster.controller.conftest import ControllerProcess, PolicyFactory
 from tests.cluster.controller.test_objects import NO_NODES, get_or_none
 from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
 VAP = "/apis/admissionregistration.k8s.io/v1"
 ADMIN_LABEL = "resource.kubernetes.io/admin-access"

@@ -7,10 +7,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuslice.kube.client import KubeClient
-from tests.cluster.controller.conftest import ControllerProcess, PolicyFactory
 from tests.cluster.controller.test_lifecycle import POLICIES, template_path
 from tests.cluster.controller.test_objects import condition, get_or_none
 from tests.cluster.kubeutil import wait_for
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
 NODE_1 = {"matchLabels": {"kubernetes.io/hostname": "gpu-node-1"}}
 NODE_2 = {"matchLabels": {"kubernetes.io/hostname": "gpu-node-2"}}

@@ -20,7 +20,7 @@ from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.kubeutil import delete_namespace, wait_for
 
-RBAC = Path(__file__).resolve().parents[3] / "manifests" / "controller-rbac.yaml"
+RBAC = Path(__file__).resolve().parents[2] / "manifests" / "controller-rbac.yaml"
 CONTROLLER_USER = "system:serviceaccount:gpuslice-system:gpuslice-controller"
 
 

@@ -1,0 +1,63 @@
+"""Fake GPU nodes of the shape each test needs, each with its own node agent process
+(fake backend, a token bound to its Node, the RBAC and admission policy of manifests/)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuslice.devcluster import operator
+from gpuslice.devcluster.cluster import DevCluster
+from gpuslice.devcluster.nodes import fake_gpu_node
+from gpuslice.devcluster.process import Component
+from gpuslice.kube.client import KubeClient, KubeError
+from tests.cluster.operator_fixtures import apply_manifests
+
+AGENT_RBAC = Path(__file__).resolve().parents[3] / "manifests" / "agent-rbac.yaml"
+
+
+@pytest.fixture(scope="session")
+async def agent_rbac(kube: KubeClient, policy_crd: str) -> None:
+    await apply_manifests(kube, AGENT_RBAC.read_text())
+
+
+class GpuNode:
+    def __init__(self, name: str, agent: Component, kubeconfig: Path) -> None:
+        self.name, self.agent, self.kubeconfig = name, agent, kubeconfig
+
+    async def restart_agent(self) -> None:
+        await self.agent.stop()
+        await self.agent.start()
+
+
+GpuNodeFactory = Callable[[str, int], Awaitable[GpuNode]]
+
+
+@pytest.fixture
+async def gpu_node(
+    cluster: DevCluster, kube: KubeClient, agent_rbac: None, unique: str, tmp_path: Path,
+) -> AsyncIterator[GpuNodeFactory]:
+    made: list[GpuNode] = []
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    ca_pem = base64.b64decode(admin["clusters"][0]["cluster"]["certificate-authority-data"])
+
+    async def create(model: str, count: int) -> GpuNode:
+        name = f"t-{unique}-{len(made)}"
+        await kube.create("/api/v1/nodes", fake_gpu_node(name, model, count))
+        kubeconfig = await operator.agent_kubeconfig(kube, name, tmp_path, cluster.server, ca_pem)
+        agent = operator.agent_component(name, kubeconfig, tmp_path / f"agent-{name}.log")
+        await agent.start()
+        node = GpuNode(name, agent, kubeconfig)
+        made.append(node)
+        return node
+
+    yield create
+    for node in made:
+        await node.agent.stop()
+        with contextlib.suppress(KubeError):
+            await kube.delete(f"/api/v1/nodes/{node.name}")

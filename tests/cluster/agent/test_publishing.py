@@ -1,0 +1,267 @@
+"""The node agent publishes policies as devices and the real scheduler allocates them:
+no GPU is ever over-allocated, whatever the mode."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.planning.mig import parse_mig_device_name
+from tests.cluster.agent.conftest import GpuNodeFactory
+from tests.cluster.controller.test_objects import get_or_none
+from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_claim, wait_for
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+
+GI = 1024**3
+SLICES = f"{RESOURCE}/resourceslices"
+
+
+async def pool(kube: KubeClient, node: str) -> list[dict[str, Any]]:
+    return [s for s in await kube.list(SLICES, fieldSelector=f"spec.nodeName={node}")
+            if s["spec"]["driver"] == "gpu.gpuslice.dev"]
+
+
+async def pool_devices(kube: KubeClient, node: str) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in await pool(kube, node) for d in s["spec"].get("devices") or []}
+
+
+async def published(kube: KubeClient, node: str, count: int) -> dict[str, dict[str, Any]]:
+    async def check() -> dict[str, dict[str, Any]] | None:
+        devices = await pool_devices(kube, node)
+        return devices if len(devices) == count else None
+
+    result: dict[str, dict[str, Any]] = await wait_for(check, within=30, what=f"{count} devices published on {node}")
+    return result
+
+
+async def tenant_policy(make_policy: PolicyFactory, namespace: str, node: str, slicing: dict[str, Any],
+                        suffix: str = "", template: str = "gpu-slice") -> str:
+    body = await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}}, "slicing": slicing,
+                              "tenants": [{"namespace": namespace}], "claimTemplateName": template}, suffix)
+    return str(body["metadata"]["name"])
+
+
+async def create_pods(kube: KubeClient, namespace: str, template: str, names: list[str]) -> None:
+    """Create pods from a template once the tenancy policy admits its claims."""
+    await wait_for(lambda: get_or_none(kube, f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates/{template}"),
+                   what=f"template {template}")
+    for name in names:
+        await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_with_claim(name, template))
+
+
+async def settle(kube: KubeClient, namespace: str, pods: list[str], allocated: int) -> list[dict[str, Any]]:
+    """Wait until exactly ``allocated`` pods are bound and the rest unschedulable; their results."""
+    async def check() -> list[dict[str, Any]] | None:
+        results, bound, unschedulable = [], 0, 0
+        for name in pods:
+            pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+            if pod["spec"].get("nodeName"):
+                bound += 1
+            elif any(c["type"] == "PodScheduled" and c["status"] == "False"
+                     for c in (pod.get("status") or {}).get("conditions", [])):
+                unschedulable += 1
+            claim = await pod_claim(kube, namespace, name)
+            results += ((claim or {}).get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        return results if bound == allocated and unschedulable == len(pods) - allocated else None
+
+    result: list[dict[str, Any]] = await wait_for(check, within=90, what=f"{allocated} of {len(pods)} pods allocated")
+    await asyncio.sleep(3)  # the scheduler retries the rest; nothing more may fit
+    assert await check() is not None, "allocation changed after it settled"
+    return result
+
+
+def memory_of(devices: dict[str, dict[str, Any]], results: list[dict[str, Any]]) -> int:
+    return sum(quantity_bytes(devices[r["device"]]["capacity"]["memory"]["value"]) for r in results)
+
+
+async def test_nine_pods_on_an_h100_sliced_in_10gi_eight_fit(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str,
+) -> None:
+    node = await gpu_node("h100-80gb", 1)
+    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10Gi"})
+    devices = await published(kube, node.name, 8)
+    assert all(d["attributes"]["gpuslice.dev/policy"]["string"] == name for d in devices.values())
+
+    pods = [f"w{i}" for i in range(9)]
+    await create_pods(kube, namespace, "gpu-slice", pods)
+    results = await settle(kube, namespace, pods, 8)
+    assert memory_of(devices, results) == 80 * GI
+    assert len({r["device"] for r in results}) == 8
+
+    async def counted() -> bool:
+        status = (await kube.get(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}")).get("status") or {}
+        return status.get("slices") == {"published": 8, "allocated": 8}
+
+    await wait_for(counted, within=30, what="the policy status to count 8 published and 8 allocated")
+
+
+async def test_two_policies_on_one_gpu_stay_within_its_memory(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str,
+) -> None:
+    node = await gpu_node("h100-80gb", 1)
+    await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "20Gi"}, "-20", "twenty")
+    await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10Gi"}, "-10", "ten")
+    devices = await published(kube, node.name, 8 + 4)
+    big, small = [f"b{i}" for i in range(3)], [f"s{i}" for i in range(5)]
+    await create_pods(kube, namespace, "twenty", big)
+    await create_pods(kube, namespace, "ten", small)
+    # 3 x 20Gi + 5 x 10Gi = 110Gi asked of an 80Gi GPU: whatever the scheduler picks stays within 80Gi.
+    async def settled() -> list[dict[str, Any]] | None:
+        results = []
+        for pod in big + small:
+            claim = await pod_claim(kube, namespace, pod)
+            results += ((claim or {}).get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        total = memory_of(devices, results)
+        return results if total > 70 * GI else None
+
+    results = await wait_for(settled, within=90, what="the GPU to fill up")
+    await asyncio.sleep(3)
+    final = []
+    for pod in big + small:
+        claim = await pod_claim(kube, namespace, pod)
+        final += ((claim or {}).get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
+    assert len(final) >= len(results)
+    assert memory_of(devices, final) <= 80 * GI
+
+
+async def test_shared_capacity_is_rounded_and_never_exceeded(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str,
+) -> None:
+    node = await gpu_node("h100-80gb", 1)
+    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "shared", "sliceSize": "10Gi"})
+    [device] = (await published(kube, node.name, 1)).values()
+    assert device["allowMultipleAllocations"] is True
+    klass = f"{name}.gpuslice.dev"
+    asks = {"a": "10Gi", "b": "30Gi", "c": "15Gi", "d": "20Gi", "e": "10Gi"}  # c rounds up to 20Gi; e no longer fits
+    await wait_for(lambda: get_or_none(kube, f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates/gpu-slice"),
+                   what="template")
+    for pod, memory in asks.items():
+        claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": f"claim-{pod}"},
+                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                     "deviceClassName": klass, "capacity": {"requests": {"memory": memory}}}}]}}}
+        await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaims", claim)
+        await kube.create(f"/api/v1/namespaces/{namespace}/pods", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},
+            "spec": {"containers": [{"name": "c", "image": PAUSE_IMAGE, "resources": {"claims": [{"name": "gpu"}]}}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": f"claim-{pod}"}]},
+        })
+        if pod != "e":  # one at a time, so the last one is the one that does not fit
+            async def allocated(pod: str = pod) -> bool:
+                claim = await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/claim-{pod}")
+                return bool((claim.get("status") or {}).get("allocation"))
+
+            await wait_for(allocated, within=60, what=f"claim-{pod} to be allocated")
+
+    consumed = {}
+    for pod in "abcd":
+        claim = await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/claim-{pod}")
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == device["name"]
+        assert result["shareID"]
+        consumed[pod] = quantity_bytes(result["consumedCapacity"]["memory"])
+    assert consumed == {"a": 10 * GI, "b": 30 * GI, "c": 20 * GI, "d": 20 * GI}
+    await asyncio.sleep(5)
+    last = await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/claim-e")
+    assert not (last.get("status") or {}).get("allocation"), "the GPU's 80Gi are taken; the next claim must wait"
+
+
+async def test_dynamic_mig_placements_never_overlap(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str,
+) -> None:
+    node = await gpu_node("a100-40gb", 1)
+    await tenant_policy(make_policy, namespace, node.name, {"mode": "mig", "mig": {"profiles": ["1g.5gb", "3g.20gb"]}})
+    devices = await published(kube, node.name, 7 + 2)
+    pods = [f"m{i}" for i in range(8)]
+    await create_pods(kube, namespace, "gpu-slice", pods)
+    results = await settle(kube, namespace, pods, 7)
+    used: set[int] = set()
+    for result in results:
+        parsed = parse_mig_device_name(result["device"])
+        assert parsed is not None
+        cells = {int(k.rsplit("-", 1)[1]) for k in
+                 devices[result["device"]]["consumesCounters"][0]["counters"] if k.startswith("memory-slice-")}
+        assert not used & cells, f"{result['device']} overlaps another allocated placement"
+        used |= cells
+
+
+async def test_resize_while_claims_hold_slices_waits_for_them(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str,
+) -> None:
+    node = await gpu_node("h100-80gb", 1)
+    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10Gi"})
+    before = await published(kube, node.name, 8)
+    pods = ["h0", "h1"]
+    await create_pods(kube, namespace, "gpu-slice", pods)
+    results = await settle(kube, namespace, pods, 2)
+    held = {r["device"] for r in results}
+
+    await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}",
+                           {"spec": {"slicing": {"sliceSize": "20Gi"}}})
+
+    async def resized() -> dict[str, dict[str, Any]] | None:
+        devices = await pool_devices(kube, node.name)
+        return devices if sum("20gi" in n for n in devices) == 4 and held <= set(devices) else None
+
+    during = await wait_for(resized, within=30, what="20Gi slices next to the held 10Gi ones")
+    assert set(during) == held | {n for n in during if "20gi" in n}, "unallocated 10Gi slices go at once"
+    for device in held:
+        kept = during[device]
+        assert kept["consumesCounters"] == before[device]["consumesCounters"], "an allocated device never changes"
+        assert [(t["key"], t["effect"]) for t in kept["taints"]] == [("gpuslice.dev/pending-change", "NoSchedule")]
+
+    for pod in pods:
+        await kube.delete(f"/api/v1/namespaces/{namespace}/pods/{pod}", gracePeriodSeconds=0)
+
+    async def applied() -> bool:
+        devices = await pool_devices(kube, node.name)
+        return sorted(devices) == [f"gpu-0-{name}-20gi-{k}" for k in range(4)] and not any(
+            d.get("taints") for d in devices.values())
+
+    await wait_for(applied, within=60, what="the held change to apply once the claims are gone")
+
+
+async def test_agent_restart_rewrites_nothing_and_node_deletion_removes_the_pool(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str,
+) -> None:
+    node = await gpu_node("l40s", 2)
+    await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "12Gi",
+                                                            "allowFullGpu": True})
+    await published(kube, node.name, 2 * (4 + 1))
+    versions = {s["metadata"]["name"]: (s["metadata"]["resourceVersion"], s["spec"]["pool"]["generation"])
+                for s in await pool(kube, node.name)}
+    await node.restart_agent()
+    await asyncio.sleep(6)  # the restarted agent has listed everything and run its first cycle
+    assert node.agent.running
+    after = {s["metadata"]["name"]: (s["metadata"]["resourceVersion"], s["spec"]["pool"]["generation"])
+             for s in await pool(kube, node.name)}
+    assert after == versions, "a restarted agent publishes the same slices without a write"
+
+    await node.agent.stop()
+    await kube.delete(f"/api/v1/nodes/{node.name}")
+
+    async def collected() -> bool:
+        return await pool(kube, node.name) == []
+
+    await wait_for(collected, within=60, what="garbage collection of a deleted node's slices")
+
+
+async def test_agent_may_write_only_its_own_nodes_slices(gpu_node: GpuNodeFactory, kube: KubeClient) -> None:
+    mine, other = await gpu_node("l4", 1), await gpu_node("l4", 1)
+    async with await KubeClient.from_kubeconfig(mine.kubeconfig) as as_agent:
+        foreign = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{other.name}-x"},
+                   "spec": {"driver": "gpu.gpuslice.dev", "nodeName": other.name,
+                            "pool": {"name": other.name, "generation": 1, "resourceSliceCount": 1}, "devices": []}}
+        with pytest.raises(KubeError) as denied:
+            await as_agent.create(SLICES, foreign)
+    assert denied.value.status == 403
+    assert f"gpuslice agent on node {mine.name} may write only its own node's ResourceSlices" in denied.value.message
