@@ -26,7 +26,7 @@ from gpuslice.controller.status import Findings, build_status, status_body
 from gpuslice.inventory.nodes import node_gpus
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.cluster_objects import desired_objects
-from gpuslice.planning.usage import ClaimView, SliceView, devices_by_policy, usage
+from gpuslice.planning.usage import ClaimView, SliceView, devices_by_policy, pending_devices, usage
 from gpuslice.planning.validation import Problem, Selection, select, validate
 
 log = structlog.get_logger(__name__)
@@ -116,7 +116,8 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
             await sync_admin_labels(ctx.kube, policy.name, set(policy.spec.admin_access.namespaces), world.namespaces)
         except KubeError as error:
             errors.append(f"labelling admin-access namespaces: {error.message}")
-    findings = Findings(problems, selection, len(devices), usage(devices, world.claims), errors)
+    pending = len(devices & pending_devices(world.slices))
+    findings = Findings(problems, selection, len(devices), usage(devices, world.claims), errors, pending=pending)
     await write_status(ctx, policy, findings)
     if errors:
         # Often transient: e.g. the apiserver has not loaded our updated tenancy policy yet

@@ -23,6 +23,7 @@ class Findings:
     usage: Usage
     apply_errors: Sequence[str] = ()
     deleting: bool = False
+    pending: int = 0  # devices held back by agents until their claims are released
 
 
 def _condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
@@ -57,6 +58,10 @@ def conditions(f: Findings) -> list[Condition]:
     else:
         ready = _condition("Ready", True, "Ready", "Tenants can claim slices with the claim template.")
     degraded = _condition("Degraded", False, "AsExpected", "")
+    if f.pending:
+        degraded = _condition("Degraded", True, "ChangePending",
+                              f"{f.pending} allocated devices keep their old shape until their claims are released;"
+                              " they are tainted gpuslice.dev/pending-change so nothing new lands on them.")
     if f.apply_errors:
         degraded = _condition("Degraded", True, "ApplyFailed", "; ".join(f.apply_errors))
     return [valid, published, ready, degraded]

@@ -20,8 +20,8 @@ from typing import Any
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN
 from gpuslice.dra.quantity import parse_quantity
 from gpuslice.planning.node_pool import Device, NodePlan, PlannedSlice, layout
+from gpuslice.planning.usage import PENDING_TAINT_KEY
 
-PENDING_TAINT_KEY = "gpuslice.dev/pending-change"
 _QUANTITY_KEYS = {"value", "default", "min", "max", "step"}
 
 

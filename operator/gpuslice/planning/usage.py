@@ -14,6 +14,8 @@ from typing import Any
 from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.planning.cluster_objects import DeviceRef
 
+PENDING_TAINT_KEY = "gpuslice.dev/pending-change"  # set by the node agent (planning.pool_safety)
+
 
 @dataclass(frozen=True)
 class SliceView:
@@ -22,16 +24,19 @@ class SliceView:
     pool: str
     generation: int
     devices: tuple[tuple[str, str], ...]  # (device name, policy attribute)
+    pending: frozenset[str] = frozenset()  # devices the agent holds back (allocated, change waiting)
 
     @classmethod
     def from_slice(cls, spec: Mapping[str, Any]) -> SliceView:
-        devices = []
+        devices, pending = [], set()
         for device in spec.get("devices") or []:
+            if any(t.get("key") == PENDING_TAINT_KEY for t in device.get("taints") or []):
+                pending.add(str(device["name"]))
             # Fully qualified: a bare name would belong to the driver's domain, not ours.
             attribute = (device.get("attributes") or {}).get(f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}") or {}
             devices.append((device["name"], str(attribute.get("string", ""))))
         pool = spec.get("pool") or {}
-        return cls(str(pool.get("name", "")), int(pool.get("generation", 0)), tuple(devices))
+        return cls(str(pool.get("name", "")), int(pool.get("generation", 0)), tuple(devices), frozenset(pending))
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,10 @@ class ClaimView:
         results = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or []
         ours = tuple(DeviceRef(r["pool"], r["device"]) for r in results if r.get("driver") == DRIVER)
         return cls(namespace, name, ours) if ours else None
+
+
+def pending_devices(slices: Iterable[SliceView]) -> set[DeviceRef]:
+    return {DeviceRef(view.pool, name) for view in slices for name in view.pending}
 
 
 def devices_by_policy(slices: Iterable[SliceView]) -> dict[str, set[DeviceRef]]:

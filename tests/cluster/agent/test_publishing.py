@@ -12,7 +12,7 @@ from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.mig import parse_mig_device_name
 from tests.cluster.agent.conftest import GpuNodeFactory
-from tests.cluster.controller.test_objects import get_or_none
+from tests.cluster.controller.test_objects import condition, get_or_none
 from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
@@ -217,6 +217,15 @@ async def test_resize_while_claims_hold_slices_waits_for_them(
         kept = during[device]
         assert kept["consumesCounters"] == before[device]["consumesCounters"], "an allocated device never changes"
         assert [(t["key"], t["effect"]) for t in kept["taints"]] == [("gpuslice.dev/pending-change", "NoSchedule")]
+
+    async def pending_reported() -> dict[str, Any] | None:
+        body = await kube.get(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}")
+        found = condition(body, "Degraded")
+        return found if found.get("reason") == "ChangePending" else None
+
+    degraded = await wait_for(pending_reported, within=30, what="the policy status to say a change is pending")
+    assert degraded["status"] == "True"
+    assert degraded["message"].startswith("2 allocated devices keep their old shape")
 
     for pod in pods:
         await kube.delete(f"/api/v1/namespaces/{namespace}/pods/{pod}", gracePeriodSeconds=0)
