@@ -97,13 +97,21 @@ async def show_policy(kube: KubeClient, console: Console) -> str:
     name = policy["metadata"]["name"]
     console.print(f"\nApplied examples/policies/{EXAMPLE} (GpuSlicePolicy [bold]{name}[/bold]); the controller made:")
 
-    async def reconciled() -> dict[str, Any] | None:
+    async def ready() -> dict[str, Any] | None:
         body = await kube.get(f"{POLICIES}/{name}")
-        status = body.get("status") or {}
-        done = status.get("observedGeneration") == body["metadata"]["generation"] and status.get("conditions")
-        return body if done else None
+        ready = [c for c in (body.get("status") or {}).get("conditions", []) if c["type"] == "Ready"]
+        return body if ready and ready[0]["status"] == "True" else None
 
-    body = await _until(reconciled, "the controller to reconcile the policy")
+    await _until(ready, "the policy to become Ready (node agents publish its slices)", within=90)
+
+    async def settled() -> dict[str, Any] | None:
+        # every agent has published once the count stops moving
+        first = await kube.get(f"{POLICIES}/{name}")
+        await asyncio.sleep(3)
+        second = await kube.get(f"{POLICIES}/{name}")
+        return second if first["status"]["slices"] == second["status"]["slices"] else None
+
+    body = await _until(settled, "the published slices to settle", within=90)
     klass = body["status"]["deviceClassName"]
     made = _table("", "kind", "name", "where", "what")
     device_class = await kube.get(f"/apis/resource.k8s.io/v1/deviceclasses/{klass}")
@@ -141,6 +149,42 @@ async def show_policy(kube: KubeClient, console: Console) -> str:
     return str(klass)
 
 
+async def show_tenant_pods(kube: KubeClient, console: Console, count: int = 3) -> None:
+    """Tenant pods that ask for a slice through the claim template, and what the scheduler gave them."""
+    spec = example_policy()["spec"]
+    ns, template = spec["tenants"][0]["namespace"], spec["claimTemplateName"]
+    for i in range(count):
+        await kube.create(f"/api/v1/namespaces/{ns}/pods", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"inference-{i}"},
+            "spec": {"containers": [{"name": "model", "image": "registry.k8s.io/pause:3.10",
+                                     "resources": {"claims": [{"name": "gpu"}]}}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]},
+        })
+
+    async def allocated() -> list[tuple[str, str, str]] | None:
+        rows = []
+        for i in range(count):
+            pod = await kube.get(f"/api/v1/namespaces/{ns}/pods/inference-{i}")
+            claims = (pod.get("status") or {}).get("resourceClaimStatuses") or []
+            if not claims or not pod["spec"].get("nodeName"):
+                return None
+            claim = await kube.get(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/"
+                                   f"{claims[0]['resourceClaimName']}")
+            results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results")
+            if not results:
+                return None
+            rows.append((pod["metadata"]["name"], pod["spec"]["nodeName"], results[0]["device"]))
+        return rows
+
+    rows = await _until(allocated, "the scheduler to allocate slices to the tenant pods")
+    table = _table(f"Tenant pods in {ns}: the real kube-scheduler allocated a slice to each", "pod", "node", "device")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    console.print("[dim]No kubelet runs on the fake nodes yet: the pods are bound and hold their slices,"
+                  " but stay Pending.[/dim]")
+
+
 async def show_denial(kube: KubeClient, klass: str, console: Console) -> None:
     await kube.create("/api/v1/namespaces", {"metadata": {"name": "intruder"}})
     claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "borrowed-gpu"},
@@ -176,12 +220,12 @@ async def run_demo(spec: ClusterSpec, console: Console) -> bool:
             try:
                 await show_cluster(kube, cluster, console)
                 klass = await show_policy(kube, console)
+                await show_tenant_pods(kube, console)
                 await show_denial(kube, klass, console)
             except (DemoFailed, KubeError) as error:
                 console.print(f"[red]Demo failed:[/red] {error}")
                 return False
         console.print(
-            "\n[green]Done.[/green] Node agents that publish the slices come next. Stopping the demo cluster;"
-            " for one that stays up: `gpuslice dev-cluster up`."
+            "\n[green]Done.[/green] Stopping the demo cluster; for one that stays up: `gpuslice dev-cluster up`."
         )
     return True

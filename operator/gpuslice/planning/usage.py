@@ -25,6 +25,7 @@ class SliceView:
     generation: int
     devices: tuple[tuple[str, str], ...]  # (device name, policy attribute)
     pending: frozenset[str] = frozenset()  # devices the agent holds back (allocated, change waiting)
+    slice_count: int = 1  # the pool's resourceSliceCount at this generation
 
     @classmethod
     def from_slice(cls, spec: Mapping[str, Any]) -> SliceView:
@@ -36,7 +37,8 @@ class SliceView:
             attribute = (device.get("attributes") or {}).get(f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}") or {}
             devices.append((device["name"], str(attribute.get("string", ""))))
         pool = spec.get("pool") or {}
-        return cls(str(pool.get("name", "")), int(pool.get("generation", 0)), tuple(devices), frozenset(pending))
+        return cls(str(pool.get("name", "")), int(pool.get("generation", 0)), tuple(devices), frozenset(pending),
+                   int(pool.get("resourceSliceCount", 1)))
 
 
 @dataclass(frozen=True)
@@ -59,14 +61,20 @@ def pending_devices(slices: Iterable[SliceView]) -> set[DeviceRef]:
 
 
 def devices_by_policy(slices: Iterable[SliceView]) -> dict[str, set[DeviceRef]]:
-    """Devices of the newest generation of each pool, grouped by the policy that made them."""
+    """Devices the scheduler can see, grouped by the policy that made them: those of the
+    newest generation of each pool, and only of complete pools (all its slices present),
+    as the scheduler ignores the others."""
     slices = list(slices)
     newest: dict[str, int] = {}
     for view in slices:
         newest[view.pool] = max(newest.get(view.pool, view.generation), view.generation)
+    current = [v for v in slices if v.generation == newest[v.pool]]
+    present: dict[str, int] = defaultdict(int)
+    for view in current:
+        present[view.pool] += 1
     grouped: dict[str, set[DeviceRef]] = defaultdict(set)
-    for view in slices:
-        if view.generation != newest[view.pool]:
+    for view in current:
+        if present[view.pool] < view.slice_count:
             continue
         for device, policy in view.devices:
             if policy:

@@ -11,6 +11,12 @@ def slice_spec(pool: str, generation: int, devices: dict[str, str]) -> dict[str,
             "devices": [{"name": d, "attributes": {"gpuslice.dev/policy": {"string": p}}} for d, p in devices.items()]}
 
 
+def test_an_incomplete_pool_counts_nothing() -> None:
+    spec = slice_spec("n1", 3, {"d0": "a"})
+    spec["pool"]["resourceSliceCount"] = 2  # the other slice of generation 3 is not written yet
+    assert devices_by_policy([SliceView.from_slice(spec)]) == {}
+
+
 def test_only_the_newest_generation_counts() -> None:
     views = [SliceView.from_slice(slice_spec("n1", 1, {"old": "a"})),
              SliceView.from_slice(slice_spec("n1", 2, {"d0": "a", "d1": "b"})),
