@@ -35,8 +35,7 @@ async def delete_namespace(kube: KubeClient, name: str) -> None:
         await kube.delete(f"/api/v1/namespaces/{name}")
 
 
-def counter_slice(name: str, driver: str, node: str, counters: dict[str, str], slices: int = 2) -> dict[str, Any]:
-    """The counter half of a 1.35+ partitionable pool: one shared counter set per GPU."""
+def _slice(name: str, driver: str, node: str, slices: int, **content: Any) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -45,11 +44,15 @@ def counter_slice(name: str, driver: str, node: str, counters: dict[str, str], s
             "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": 1, "resourceSliceCount": slices},
-            "sharedCounters": [
-                {"name": "gpu-0", "counters": {k: {"value": v} for k, v in counters.items()}}
-            ],
+            **content,
         },
     }
+
+
+def counter_slice(name: str, driver: str, node: str, counters: dict[str, str], slices: int = 2) -> dict[str, Any]:
+    """The counter half of a 1.35+ partitionable pool: one shared counter set per GPU."""
+    counter_set = {"name": "gpu-0", "counters": {k: {"value": v} for k, v in counters.items()}}
+    return _slice(name, driver, node, slices, sharedCounters=[counter_set])
 
 
 def partition(name: str, memory: str) -> dict[str, Any]:
@@ -63,17 +66,7 @@ def partition(name: str, memory: str) -> dict[str, Any]:
 
 
 def device_slice(name: str, driver: str, node: str, devices: list[dict[str, Any]], slices: int = 2) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {
-            "driver": driver,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": slices},
-            "devices": devices,
-        },
-    }
+    return _slice(name, driver, node, slices, devices=devices)
 
 
 def device_class(name: str, driver: str, selector: str = "") -> dict[str, Any]:

@@ -53,10 +53,19 @@ async def create_pods(kube: KubeClient, namespace: str, template: str, names: li
         await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_with_claim(name, template))
 
 
+async def allocated_results(kube: KubeClient, namespace: str, pods: list[str]) -> list[dict[str, Any]]:
+    """The allocation results of the claims the pods got from their template."""
+    results: list[dict[str, Any]] = []
+    for pod in pods:
+        claim = await pod_claim(kube, namespace, pod)
+        results += ((claim or {}).get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
+    return results
+
+
 async def settle(kube: KubeClient, namespace: str, pods: list[str], allocated: int) -> list[dict[str, Any]]:
     """Wait until exactly ``allocated`` pods are bound and the rest unschedulable; their results."""
     async def check() -> list[dict[str, Any]] | None:
-        results, bound, unschedulable = [], 0, 0
+        bound, unschedulable = 0, 0
         for name in pods:
             pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
             if pod["spec"].get("nodeName"):
@@ -64,8 +73,7 @@ async def settle(kube: KubeClient, namespace: str, pods: list[str], allocated: i
             elif any(c["type"] == "PodScheduled" and c["status"] == "False"
                      for c in (pod.get("status") or {}).get("conditions", [])):
                 unschedulable += 1
-            claim = await pod_claim(kube, namespace, name)
-            results += ((claim or {}).get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        results = await allocated_results(kube, namespace, pods)
         return results if bound == allocated and unschedulable == len(pods) - allocated else None
 
     result: list[dict[str, Any]] = await wait_for(check, within=90, what=f"{allocated} of {len(pods)} pods allocated")
@@ -113,19 +121,12 @@ async def test_two_policies_on_one_gpu_stay_within_its_memory(
     await create_pods(kube, namespace, "ten", small)
     # 3 x 20Gi + 5 x 10Gi = 110Gi asked of an 80Gi GPU: whatever the scheduler picks stays within 80Gi.
     async def settled() -> list[dict[str, Any]] | None:
-        results = []
-        for pod in big + small:
-            claim = await pod_claim(kube, namespace, pod)
-            results += ((claim or {}).get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
-        total = memory_of(devices, results)
-        return results if total > 70 * GI else None
+        results = await allocated_results(kube, namespace, big + small)
+        return results if memory_of(devices, results) > 70 * GI else None
 
     results = await wait_for(settled, within=90, what="the GPU to fill up")
     await asyncio.sleep(3)
-    final = []
-    for pod in big + small:
-        claim = await pod_claim(kube, namespace, pod)
-        final += ((claim or {}).get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
+    final = await allocated_results(kube, namespace, big + small)
     assert len(final) >= len(results)
     assert memory_of(devices, final) <= 80 * GI
 
