@@ -81,13 +81,14 @@ class KubeClient:
         *,
         query: Mapping[str, str | int | bool] | None = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
     ) -> Object:
         params = [(k, str(v).lower() if isinstance(v, bool) else v) for k, v in (query or {}).items()]
         try:
             result = await self._api.call_api(
                 path, method,
                 query_params=params,
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                header_params={"Content-Type": content_type, "Accept": accept},
                 body=body,
                 response_types_map=_TYPES,
                 auth_settings=["BearerToken"],

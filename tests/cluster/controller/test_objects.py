@@ -81,3 +81,23 @@ async def test_policy_creates_class_templates_quota_admission_and_labels(
 
 def policy_name_placeholder() -> str:
     return "gpu-slice-test"
+
+
+async def test_printer_columns_show_mode_tenants_and_readiness(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    """What `kubectl get gsp` prints: the apiserver's Table rendering of the CRD's columns."""
+    tenant = await namespaces("cols")
+    name = (await make_policy({"nodeSelector": NO_NODES, "slicing": {"mode": "memory", "sliceSize": "10Gi"},
+                               "tenants": [{"namespace": tenant}]}))["metadata"]["name"]
+
+    async def table() -> dict[str, Any] | None:
+        body = await kube.request("GET", f"{POLICIES}/{name}", query={},
+                                  accept="application/json;as=Table;v=v1;g=meta.k8s.io")
+        row = dict(zip([c["name"] for c in body["columnDefinitions"]], body["rows"][0]["cells"], strict=True))
+        return row if row.get("Ready") else None
+
+    row = await wait_for(table, what="the policy's Ready column")
+    assert (row["Name"], row["Mode"], row["Slice"], row["Tenants"]) == (name, "memory", "10Gi", tenant)
+    assert (row["Published"], row["Allocated"], row["Ready"]) == (0, 0, "False")

@@ -135,3 +135,31 @@ async def test_stale_state_directory_is_cleared_and_reused(tmp_path: Path) -> No
             assert (await kube.get("/version"))["gitVersion"] == cluster.kubernetes_version
     assert any("stale state" in note for note in notes)
     assert processes_using(tmp_path) == []
+
+
+async def test_supervisor_killed_hard_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Components die with their supervisor (PR_SET_PDEATHSIG), even on SIGKILL."""
+    state = tmp_path / "state"
+    supervisor = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpuslice", "dev-cluster", "up", "--nodes", "1", "--state-dir", str(state),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )
+    assert supervisor.stdout is not None
+    kubeconfig = (await asyncio.wait_for(supervisor.stdout.readline(), 120)).decode().strip()
+    assert kubeconfig == str(state / "kubeconfig")
+    assert len(processes_using(state)) >= 5
+    supervisor.kill()
+    await supervisor.wait()
+
+    async def all_gone() -> bool:
+        return processes_using(state) == []
+
+    await wait_for(all_gone, within=30, what="every component to exit with its supervisor")
+
+
+def test_agent_without_a_gpu_driver_says_so(tmp_path: Path) -> None:
+    result = gpuslice("agent", "--node", "n1", "--backend", "nvml", "--kubeconfig", str(tmp_path / "none"))
+    assert result.returncode == 1
+    assert "agent: NVML could not start" in result.stderr
+    assert "--backend fake" in result.stderr
+    assert "Traceback" not in result.stderr
