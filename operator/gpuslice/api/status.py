@@ -8,8 +8,6 @@ from pydantic import Field
 
 from gpuslice.api.rules import ApiModel
 
-CONDITION_TYPES = ("Valid", "Published", "Ready", "Degraded")
-
 
 class Condition(ApiModel):
     """A condition in the Kubernetes style: True/False with a reason a human can act on."""

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 GI = 1024**3
 
 
-MEMORY_SLICES = 8  # every MIG-capable GPU here has 8 memory slices and 7 compute slices
-COMPUTE_SLICES = 7
+MEMORY_SLICES = 8  # every MIG-capable GPU here has 8 memory slices (and 7 compute slices)
 
 
 @dataclass(frozen=True)
@@ -84,7 +83,3 @@ MODELS: dict[str, GpuModel] = {
         GpuModel("l40s", "NVIDIA L40S", 48 * GI, "Ada Lovelace", "8.9"),
     )
 }
-
-
-def by_product_name(product_name: str) -> GpuModel | None:
-    return next((m for m in MODELS.values() if m.product_name == product_name), None)

@@ -10,7 +10,7 @@ takes the first device that fits.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
@@ -223,18 +223,3 @@ def layout(counter_sets: Sequence[dict[str, Any]], devices: Sequence[Device]) ->
     slices += [PlannedSlice(f"devices-{i:02d}", devices=tuple(chunk))
                for i, chunk in enumerate(_chunks(ordered, MAX_DEVICES))]
     return tuple(slices)
-
-
-@dataclass
-class PlanSummary:
-    """A few numbers for humans: per policy, devices and their sizes."""
-
-    devices: dict[str, int] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, plan: NodePlan) -> PlanSummary:
-        summary = cls()
-        for device in plan.devices:
-            policy = device["attributes"][f"{ATTRIBUTE_DOMAIN}/policy"]["string"]
-            summary.devices[policy] = summary.devices.get(policy, 0) + 1
-        return summary
