@@ -192,7 +192,7 @@ async def build(kube: KubeBuild, report: Reporter = _stderr) -> Binaries:
             f"kube-bin: building Kubernetes {kube.kubernetes_version} (kube-apiserver,"
             f" kube-scheduler, kube-controller-manager, etcd) from Go modules with"
             f" {kube.go_version}.\nkube-bin: the first build downloads ~1 GB of modules and"
-            " compiles for about 7-10 minutes on 2 cores; later runs reuse"
+            " compiles for about 10 minutes on 2 cores; later runs reuse"
             f" {kube.directory} and take seconds."
         )
         await _compile(kube, report)
@@ -269,7 +269,7 @@ async def resolve(*, build_if_missing: bool = True, report: Reporter = _stderr) 
         if not kube.is_built and not build_if_missing:
             raise DevClusterError(
                 f"The control plane for Kubernetes {kube.kubernetes_version} is not built yet."
-                " Run `make kube-bin` (about 7-10 minutes the first time), or set KUBEBUILDER_ASSETS."
+                " Run `make kube-bin` (about 10 minutes the first time), or set KUBEBUILDER_ASSETS."
             )
         built = await build(kube, report) if not kube.is_built else kube.binaries()
         chosen = Binaries({**built.paths, **chosen.paths}, {**built.origins, **chosen.origins})
