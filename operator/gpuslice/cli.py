@@ -42,7 +42,9 @@ def controller(kubeconfig: str | None, metrics_port: int | None, liveness_port: 
 @click.option("--fake-gpus", default=None, help="Fake backend: MODEL:COUNT[,MODEL:COUNT]; default: the node's labels.")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
 @click.option("--resync", default=60.0, show_default=True, help="Seconds between full checks of the pool.")
-def agent(node: str, backend: str, fake_gpus: str | None, kubeconfig: str | None, resync: float) -> None:
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
+def agent(node: str, backend: str, fake_gpus: str | None, kubeconfig: str | None, resync: float,
+          metrics_port: int | None) -> None:
     """Run the node agent: discover GPUs, publish this node's pool of slices."""
     from gpuslice.agent.gpus import GpuBackend, GpuBackendError
     from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
@@ -60,7 +62,7 @@ def agent(node: str, backend: str, fake_gpus: str | None, kubeconfig: str | None
             chosen = FakeBackend(node, parse_fake_gpus(spec))
         else:
             chosen = NvmlBackend()
-        await run_agent(node, chosen, kubeconfig, resync)
+        await run_agent(node, chosen, kubeconfig, resync, metrics_port)
 
     try:
         asyncio.run(main_())

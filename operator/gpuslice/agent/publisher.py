@@ -13,6 +13,7 @@ from typing import Any
 
 import pydantic
 import structlog
+from prometheus_client import Counter, Gauge
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import DRIVER
@@ -23,6 +24,9 @@ from gpuslice.planning.node_pool import plan_node_pool
 from gpuslice.planning.pool_safety import SafePlan, make_safe, normalized
 
 FIELD_MANAGER = "gpuslice-agent"
+CYCLES = Counter("gpuslice_agent_publish_cycles", "Publish cycles, by outcome.", ["outcome"])
+DEVICES = Gauge("gpuslice_agent_devices", "Devices this agent publishes.")
+HELD = Gauge("gpuslice_agent_held_devices", "Allocated devices kept as they were while a change waits.")
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 log = structlog.get_logger(__name__)
 
@@ -86,7 +90,10 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu]) -> PublishResult
                 for name, s in wanted.items())
     )
     generation = max(generations, default=0)
+    DEVICES.set(sum(len(s.devices) for s in safe.slices))
+    HELD.set(len(safe.held))
     if unchanged:
+        CYCLES.labels(outcome="unchanged").inc()
         return PublishResult(generation, (), (), safe.held, plan.notes)
 
     generation += 1
@@ -106,6 +113,7 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu]) -> PublishResult
         )
         await kube.apply(f"{SLICES}/{name}", manifest, field_manager=FIELD_MANAGER)
         written.append(name)
+    CYCLES.labels(outcome="written").inc()
     result = PublishResult(generation, tuple(written), tuple(deleted), safe.held, plan.notes)
     log.info("published pool", node=node, generation=generation, devices=sum(len(s.devices) for s in safe.slices),
              written=len(written), deleted=deleted, held=list(safe.held), blocked_gpus=list(safe.blocked_gpus))

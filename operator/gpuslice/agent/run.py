@@ -23,6 +23,7 @@ from gpuslice.dra.names import DRIVER
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.observability.logging import configure_logging
+from gpuslice.observability.metrics import serve_metrics
 
 log = structlog.get_logger(__name__)
 DEBOUNCE = 0.3
@@ -105,7 +106,8 @@ async def discover_fake_from_node(kube: KubeClient, node: str) -> str:
     return f"{labels[FAKE_MODEL]}:{labels.get(FAKE_COUNT, '1')}"
 
 
-async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resync: float) -> None:
+async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resync: float,
+                    metrics_port: int | None = None) -> None:
     configure_logging()
     if kubeconfig:
         os.environ["KUBECONFIG"] = kubeconfig
@@ -116,6 +118,7 @@ async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resy
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    metrics = await serve_metrics(metrics_port) if metrics_port else None
     async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
         publisher = asyncio.create_task(publish_loop(kube, node, gpus, wake, stop, resync))
         try:
@@ -125,3 +128,5 @@ async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resy
             stop.set()
             wake.set()
             await publisher
+            if metrics is not None:
+                await metrics.cleanup()

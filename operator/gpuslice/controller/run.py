@@ -8,23 +8,10 @@ import os
 import signal
 
 import kopf
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpuslice.controller.handlers import build_registry
 from gpuslice.observability.logging import configure_logging
-
-
-async def _serve_metrics(port: int) -> web.AppRunner:
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "0.0.0.0", port).start()
-    return runner
+from gpuslice.observability.metrics import serve_metrics
 
 
 async def run_controller(kubeconfig: str | None, metrics_port: int | None, liveness_port: int | None) -> None:
@@ -35,7 +22,7 @@ async def run_controller(kubeconfig: str | None, metrics_port: int | None, liven
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    runner = await _serve_metrics(metrics_port) if metrics_port else None
+    runner = await serve_metrics(metrics_port) if metrics_port else None
     try:
         await kopf.operator(
             registry=build_registry(kubeconfig),

@@ -276,7 +276,7 @@ class DevCluster:
                                                          free_port()))
         for node, agent_kubeconfig in agents.items():
             await self._launch(operator.agent_component(node, agent_kubeconfig,
-                                                        self.state.logs / f"gpuslice-agent-{node}.log"))
+                                                        self.state.logs / f"gpuslice-agent-{node}.log", free_port()))
 
     def dead_component(self) -> Component | None:
         """The first component that has exited, if any (for supervisors)."""

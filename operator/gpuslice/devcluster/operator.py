@@ -106,11 +106,11 @@ def controller_component(kubeconfig: Path, log: Path, liveness_port: int) -> Com
     )
 
 
-def agent_component(node: str, kubeconfig: Path, log: Path) -> Component:
+def agent_component(node: str, kubeconfig: Path, log: Path, metrics_port: int) -> Component:
     """The node agent with the fake backend; it reads the GPUs from its Node's labels."""
     return Component(
         f"gpuslice-agent-{node}",
         [sys.executable, "-m", "gpuslice", "agent", f"--node={node}", "--backend=fake",
-         f"--kubeconfig={kubeconfig}"],
-        log, None, startup_timeout=30,
+         f"--kubeconfig={kubeconfig}", f"--metrics-port={metrics_port}"],
+        log, http_health(f"http://127.0.0.1:{metrics_port}/metrics"), startup_timeout=30,
     )

@@ -8,11 +8,12 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import pytest
 import yaml
 
 from gpuslice.devcluster import operator
-from gpuslice.devcluster.cluster import DevCluster
+from gpuslice.devcluster.cluster import DevCluster, free_port
 from gpuslice.devcluster.nodes import fake_gpu_node
 from gpuslice.devcluster.process import Component
 from gpuslice.kube.client import KubeClient, KubeError
@@ -27,12 +28,25 @@ async def agent_rbac(kube: KubeClient, policy_crd: str) -> None:
 
 
 class GpuNode:
-    def __init__(self, name: str, agent: Component, kubeconfig: Path) -> None:
-        self.name, self.agent, self.kubeconfig = name, agent, kubeconfig
+    def __init__(self, name: str, agent: Component, kubeconfig: Path, metrics_port: int) -> None:
+        self.name, self.agent, self.kubeconfig, self.metrics_port = name, agent, kubeconfig, metrics_port
 
     async def restart_agent(self) -> None:
         await self.agent.stop()
         await self.agent.start()
+        await self.agent.wait_healthy()
+
+    async def metrics(self) -> dict[str, float]:
+        """The agent's Prometheus samples, by name with labels."""
+        async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{self.metrics_port}/metrics") as response:
+            text = await response.text()
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                samples[name] = float(value)
+        return samples
 
 
 GpuNodeFactory = Callable[[str, int], Awaitable[GpuNode]]
@@ -50,9 +64,11 @@ async def gpu_node(
         name = f"t-{unique}-{len(made)}"
         await kube.create("/api/v1/nodes", fake_gpu_node(name, model, count))
         kubeconfig = await operator.agent_kubeconfig(kube, name, tmp_path, cluster.server, ca_pem)
-        agent = operator.agent_component(name, kubeconfig, tmp_path / f"agent-{name}.log")
+        port = free_port()
+        agent = operator.agent_component(name, kubeconfig, tmp_path / f"agent-{name}.log", port)
         await agent.start()
-        node = GpuNode(name, agent, kubeconfig)
+        await agent.wait_healthy()
+        node = GpuNode(name, agent, kubeconfig, port)
         made.append(node)
         return node
 

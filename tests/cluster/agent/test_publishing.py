@@ -250,7 +250,14 @@ async def test_agent_restart_rewrites_nothing_and_node_deletion_removes_the_pool
     versions = {s["metadata"]["name"]: (s["metadata"]["resourceVersion"], s["spec"]["pool"]["generation"])
                 for s in await pool(kube, node.name)}
     await node.restart_agent()
-    await asyncio.sleep(6)  # the restarted agent has listed everything and run its first cycle
+
+    async def first_cycle() -> dict[str, float] | None:
+        samples = await node.metrics()
+        return samples if samples.get('gpuslice_agent_publish_cycles_total{outcome="unchanged"}') else None
+
+    samples = await wait_for(first_cycle, within=30, what="the restarted agent's first publish cycle")
+    assert 'gpuslice_agent_publish_cycles_total{outcome="written"}' not in samples
+    assert samples["gpuslice_agent_devices"] == 10
     assert node.agent.running
     after = {s["metadata"]["name"]: (s["metadata"]["resourceVersion"], s["spec"]["pool"]["generation"])
              for s in await pool(kube, node.name)}
