@@ -1,7 +1,7 @@
 // Command kubebins is one multi-call binary holding the Kubernetes control
 // plane that gpuslice tests run against: kube-apiserver, kube-scheduler,
 // kube-controller-manager and etcd, built from Go modules (no Docker, no
-// release downloads). It dispatches on the name it was called by, so
+// release downloads), and pod-runner, the kubelet stand-in of the fake GPU nodes. It dispatches on the name it was called by, so
 // symlinks named after each component behave like the upstream binaries
 // (envtest probes them with --help), or on its first argument:
 //
@@ -32,16 +32,19 @@ var components = map[string]func() *cobra.Command{
 
 func main() {
 	name, args := filepath.Base(os.Args[0]), os.Args
-	if _, known := components[name]; !known && name != "etcd" && len(os.Args) > 1 {
+	if _, known := components[name]; !known && name != "etcd" && name != "pod-runner" && len(os.Args) > 1 {
 		name, args = os.Args[1], os.Args[1:]
 	}
 	if name == "etcd" {
 		etcdmain.Main(args)
 		return
 	}
+	if name == "pod-runner" {
+		os.Exit(runPodRunner(args[1:]))
+	}
 	newCommand, known := components[name]
 	if !known {
-		fmt.Fprintf(os.Stderr, "kubebins: unknown component %q; call it as one of: etcd, kube-apiserver, kube-controller-manager, kube-scheduler\n", name)
+		fmt.Fprintf(os.Stderr, "kubebins: unknown component %q; call it as one of: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, pod-runner\n", name)
 		os.Exit(2)
 	}
 	command := newCommand()

@@ -26,6 +26,7 @@ from pathlib import Path
 from gpuslice.devcluster.errors import DevClusterError
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+POD_RUNNER = "pod-runner"  # ours, not upstream's: only from our build or TEST_ASSET_POD_RUNNER
 MULTICALL = "kubebins"
 
 Reporter = Callable[[str], None]
@@ -44,6 +45,10 @@ class Binaries:
 
     def __getitem__(self, component: str) -> Path:
         return self.paths[component]
+
+    @property
+    def pod_runner(self) -> Path | None:
+        return self.paths.get(POD_RUNNER)
 
     @property
     def origin(self) -> str:
@@ -96,11 +101,12 @@ class KubeBuild:
 
     @property
     def is_built(self) -> bool:
-        return all((self.directory / name).exists() for name in (MULTICALL, *COMPONENTS))
+        return all((self.directory / name).exists() for name in (MULTICALL, *COMPONENTS, POD_RUNNER))
 
     def binaries(self) -> Binaries:
-        paths = {name: self.directory / name for name in COMPONENTS}
-        return Binaries(paths, dict.fromkeys(COMPONENTS, f"gpuslice build cache {self.directory}"))
+        names = (*COMPONENTS, POD_RUNNER)
+        paths = {name: self.directory / name for name in names}
+        return Binaries(paths, dict.fromkeys(names, f"gpuslice build cache {self.directory}"))
 
 
 def _go_env() -> dict[str, str]:
@@ -229,7 +235,7 @@ async def _compile(kube: KubeBuild, report: Reporter) -> None:
             f"Building the control plane from {kube.source} failed.", log_tail="\n".join(tail)
         )
     partial.rename(kube.directory / MULTICALL)
-    for name in COMPONENTS:
+    for name in (*COMPONENTS, POD_RUNNER):
         link = kube.directory / name
         link.unlink(missing_ok=True)
         link.symlink_to(MULTICALL)
@@ -240,11 +246,11 @@ def _user_binaries() -> Binaries:
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     paths: dict[str, Path] = {}
     origins: dict[str, str] = {}
-    for name in COMPONENTS:
+    for name in (*COMPONENTS, POD_RUNNER):
         variable = asset_env_name(name)
         if value := os.environ.get(variable):
             paths[name], origins[name] = Path(value), variable
-        elif assets:
+        elif assets and (name != POD_RUNNER or (Path(assets) / name).exists()):
             paths[name], origins[name] = Path(assets) / name, "KUBEBUILDER_ASSETS"
     return Binaries(paths, origins)
 
@@ -264,7 +270,7 @@ async def resolve(*, build_if_missing: bool = True, report: Reporter = _stderr) 
     ``TEST_ASSET_*`` variable, else ``KUBEBUILDER_ASSETS``, else our cached build
     (built now if allowed)."""
     chosen = _user_binaries()
-    if len(chosen.paths) < len(COMPONENTS):
+    if any(name not in chosen.paths for name in COMPONENTS):
         kube = await describe_build()
         if not kube.is_built and not build_if_missing:
             raise DevClusterError(

@@ -14,7 +14,7 @@ import os
 import socket
 import ssl
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +30,9 @@ from gpuslice.kube.client import KubeClient, KubeError
 
 Reporter = Callable[[str], None]
 
-# Controllers a GPU-slicing cluster needs. node-lifecycle is left out on
-# purpose: nothing heartbeats the fake nodes yet, and it would taint them.
+# Controllers a GPU-slicing cluster needs. node-lifecycle and taint-eviction
+# join only when pod runners heartbeat the fake nodes (otherwise they would
+# mark every node unreachable).
 CONTROLLERS = (
     "resourceclaim-controller",
     "device-taint-eviction-controller",
@@ -42,6 +43,9 @@ CONTROLLERS = (
     "serviceaccount-token-controller",
     "root-ca-certificate-publisher-controller",
 )
+NODE_CONTROLLERS = ("node-lifecycle-controller", "taint-eviction-controller")
+# A short grace, so a stopped runner shows as NotReady in seconds, not minutes.
+NODE_MONITOR_FLAGS = ("--node-monitor-grace-period=20s", "--node-monitor-period=2s")
 ADMIN_USER = "gpuslice-admin"
 SERVICE_CIDR = "10.0.0.0/24"
 
@@ -74,7 +78,8 @@ class ClusterSpec:
     gpus_per_node: int = 8
     gpu_model: str = "h100-80gb"
     apiserver_port: int | None = None
-    operator: bool = False  # also install gpuslice and run its controller
+    operator: bool = False  # also install gpuslice and run its controller and node agents
+    pod_runner: bool = False  # run a pod runner (the kubelet's DRA code) behind each fake node
 
     def validate(self) -> None:
         if not 0 <= self.nodes <= 1000:
@@ -225,7 +230,8 @@ class DevCluster:
              f"--authentication-kubeconfig={kcm_kc}", f"--authorization-kubeconfig={kcm_kc}",
              "--leader-elect=false", "--bind-address=127.0.0.1",
              f"--secure-port={kcm_port}", f"--cert-dir={self.state.pki / 'kube-controller-manager'}",
-             f"--controllers={','.join(CONTROLLERS)}",
+             f"--controllers={','.join(self._controllers())}",
+             *(NODE_MONITOR_FLAGS if self.spec.pod_runner else ()),
              "--use-service-account-credentials=true",
              f"--service-account-private-key-file={sa_key}", f"--root-ca-file={ca_cert}",
              *self.features.flags()],
@@ -238,6 +244,8 @@ class DevCluster:
         await asyncio.gather(*(c.wait_healthy() for c in (scheduler, controller_manager)))
 
         await self._create_nodes(admin)
+        if self.spec.pod_runner:
+            await self._start_pod_runners(bins, ca)
         if self.spec.operator:
             await self._start_operator(admin, ca.pair.cert_pem)
         self.state.write_record(ClusterRecord(
@@ -246,6 +254,51 @@ class DevCluster:
             components={c.name: c.pid for c in self.components if c.pid},
             nodes=self.node_names,
         ))
+
+    def _controllers(self) -> tuple[str, ...]:
+        return (*CONTROLLERS, *NODE_CONTROLLERS) if self.spec.pod_runner else CONTROLLERS
+
+    def node_dir(self, node: str) -> Path:
+        """A fake node's own directory: plugins_registry/, plugins/, cdi/, dra-state/, containers/."""
+        return self.state.root / "nodes" / node
+
+    async def _start_pod_runners(self, bins: binaries_module.Binaries, ca: CertificateAuthority) -> None:
+        if bins.pod_runner is None:
+            raise DevClusterError(
+                "No pod-runner binary: it is built with the control plane by `make kube-bin` (or set"
+                " TEST_ASSET_POD_RUNNER). Use --no-pod-runner to run fake nodes without one."
+            )
+        for node in self.node_names:
+            root, node_kubeconfig = self._node_layout(node, ca)
+            runner = Component(
+                f"pod-runner-{node}",
+                [str(bins.pod_runner), f"--kubeconfig={node_kubeconfig}", f"--node={node}", f"--root={root}"],
+                self.state.logs / f"pod-runner-{node}.log", self._lease_exists(node), startup_timeout=30,
+            )
+            await self._launch(runner)
+
+    def _node_layout(self, node: str, ca: CertificateAuthority) -> tuple[Path, Path]:
+        """The node's directories, and a kubeconfig for its identity (Node authorizer, NodeRestriction)."""
+        root = self.node_dir(node)
+        for sub in ("plugins_registry", "plugins", "cdi"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        user = f"system:node:{node}"
+        path = root / "kubeconfig"
+        identity = ca.issue_client(user, ("system:nodes",))
+        path.write_text(kubeconfig(self.server, ca.pair, identity, user, "gpuslice-dev"))
+        path.chmod(0o600)
+        return root, path
+
+    def _lease_exists(self, node: str) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            async with await KubeClient.from_kubeconfig(self.state.kubeconfig) as kube:
+                try:
+                    await kube.get(f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}")
+                except KubeError:
+                    return False
+            return True
+
+        return check
 
     async def _launch(self, component: Component) -> None:
         self._report(f"dev-cluster: starting {component.name}")

@@ -45,18 +45,20 @@ def dev_cluster() -> None:
 @click.option("--apiserver-port", type=int, default=None, help="Fixed API server port (default: a free one).")
 @click.option("--operator/--no-operator", default=True, show_default=True,
               help="Install gpuslice (CRD, RBAC) and run its controller as part of the cluster.")
+@click.option("--pod-runner/--no-pod-runner", default=True, show_default=True,
+              help="Run a pod runner (the kubelet's plugin and DRA managers) behind each fake node.")
 @click.option("--detach", is_flag=True, help="Start in the background and return once it is up.")
 @state_dir_option
 def up(
     nodes: int, gpus_per_node: int, gpu_model: str, apiserver_port: int | None,
-    operator: bool, detach: bool, state_dir: Path,
+    operator: bool, pod_runner: bool, detach: bool, state_dir: Path,
 ) -> None:
     """Start the cluster; print the admin kubeconfig's path when it is up.
 
     In the foreground it runs until Ctrl-C; with --detach it returns and
     `gpuslice dev-cluster down` stops it.
     """
-    spec = ClusterSpec(state_dir, nodes, gpus_per_node, gpu_model, apiserver_port, operator)
+    spec = ClusterSpec(state_dir, nodes, gpus_per_node, gpu_model, apiserver_port, operator, pod_runner)
     try:
         spec.validate()
     except DevClusterError as error:
@@ -64,7 +66,8 @@ def up(
     if detach:
         argv = ["dev-cluster", "up", f"--nodes={nodes}", f"--gpus-per-node={gpus_per_node}",
                 f"--gpu-model={gpu_model}", f"--state-dir={state_dir}",
-                "--operator" if operator else "--no-operator"]
+                "--operator" if operator else "--no-operator",
+                "--pod-runner" if pod_runner else "--no-pod-runner"]
         if apiserver_port is not None:
             argv.append(f"--apiserver-port={apiserver_port}")
         sys.exit(start_detached(spec, argv))
@@ -97,6 +100,24 @@ def kubeconfig(state_dir: Path) -> None:
         ))
     else:
         click.echo(record.kubeconfig)
+
+
+@dev_cluster.command("exec-env")
+@click.argument("pod")
+@click.argument("container", required=False)
+@state_dir_option
+def exec_env(pod: str, container: str | None, state_dir: Path) -> None:
+    """Print the environment a container of NAMESPACE/POD received on a fake node, as
+    `kubectl exec POD -- env` would show it on a real one (nothing is executed here)."""
+    from gpuslice.devcluster.recorded import RecordedContainer, find_recorded
+
+    try:
+        found: RecordedContainer = find_recorded(StateDir(state_dir), pod, container)
+    except DevClusterError as error:
+        fail(error)
+    else:
+        for line in found.env:
+            click.echo(line)
 
 
 @dev_cluster.command("build")

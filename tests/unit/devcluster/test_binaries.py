@@ -57,12 +57,15 @@ async def test_unnamed_binaries_come_from_our_build(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("GPUSLICE_KUBE_SOURCE", str(source))
     kube = await binaries.describe_build(source)
     _fake_assets(kube.directory)
-    (kube.directory / binaries.MULTICALL).write_text("")
+    for extra in (binaries.MULTICALL, binaries.POD_RUNNER):
+        (kube.directory / extra).write_text("#!/bin/sh\n")
+        (kube.directory / extra).chmod(0o755)
     own = _fake_assets(tmp_path / "own")
     monkeypatch.setenv("TEST_ASSET_KUBE_APISERVER", str(own / "kube-apiserver"))
     found = await binaries.resolve(build_if_missing=False)
     assert found["kube-apiserver"] == own / "kube-apiserver"
     assert found["etcd"] == kube.directory / "etcd"
+    assert found.pod_runner == kube.directory / binaries.POD_RUNNER
     assert found.origins["kube-apiserver"] == "TEST_ASSET_KUBE_APISERVER"
     assert "kube-apiserver from TEST_ASSET_KUBE_APISERVER" in found.origin
 
