@@ -246,3 +246,34 @@ async def test_runner_identity_is_a_node_identity(rkube: KubeClient, runner_clus
             assert "no relationship found between node" in secret_denied.value.message
     finally:
         await rkube.delete(f"/api/v1/nodes/{rns}-other")
+
+
+async def test_runner_for_a_node_that_does_not_exist_waits_for_it(
+    rkube: KubeClient, runner_cluster: DevCluster, unique: str, tmp_path: Path,
+) -> None:
+    from gpuslice.devcluster.pki import CertificateAuthority, kubeconfig
+
+    name = f"ghost-{unique}"
+    ca = CertificateAuthority.load(runner_cluster.state.pki)
+    identity = ca.issue_client(f"system:node:{name}", ("system:nodes",))
+    config = tmp_path / "kubeconfig"
+    config.write_text(kubeconfig(runner_cluster.server, ca.pair, identity, f"system:node:{name}", "dev"))
+    found = await binaries.resolve(build_if_missing=False)
+    assert found.pod_runner is not None
+    runner = Component("ghost-runner", [str(found.pod_runner), f"--kubeconfig={config}", f"--node={name}",
+                                        f"--root={tmp_path / 'root'}"], tmp_path / "runner.log")
+    await runner.start()
+    try:
+        await asyncio.sleep(3)
+        assert runner.running, "a missing Node never crashes the runner"
+        assert "waiting for the Node object" in (tmp_path / "runner.log").read_text()
+        await rkube.create("/api/v1/nodes", fake_gpu_node(name, "l4", 1))
+        lease = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}"
+        await wait_for(lambda: _exists(rkube, lease), within=30, what="the runner to take the node once it exists")
+    finally:
+        await runner.stop()
+        await rkube.delete(f"/api/v1/nodes/{name}")
+
+
+async def _exists(kube: KubeClient, path: str) -> bool:
+    return not await gone(kube, path)
