@@ -18,7 +18,7 @@ import yaml
 from gpuslice.devcluster import binaries
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.kubeutil import delete_namespace, wait_for
+from tests.cluster.kubeutil import create_namespace, delete_namespace, wait_for
 
 NODES = 2
 GPUS_PER_NODE = 8
@@ -57,14 +57,7 @@ def unique() -> str:
 @pytest.fixture
 async def namespace(kube: KubeClient, unique: str) -> AsyncIterator[str]:
     """A fresh namespace whose default ServiceAccount exists (pods need it to be admitted)."""
-    name = f"t-{unique}"
-    await kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
-
-    async def has_default_sa() -> bool:
-        items = await kube.list(f"/api/v1/namespaces/{name}/serviceaccounts")
-        return any(sa["metadata"]["name"] == "default" for sa in items)
-
-    await wait_for(has_default_sa, within=30, what=f"default ServiceAccount in {name}")
+    name = await create_namespace(kube, f"t-{unique}")
     yield name
     await delete_namespace(kube, name)
 

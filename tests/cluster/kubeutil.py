@@ -26,6 +26,18 @@ async def wait_for(
         raise AssertionError(f"timed out after {within} s waiting for {what}") from None
 
 
+async def create_namespace(kube: KubeClient, name: str, labels: dict[str, str] | None = None) -> str:
+    """A namespace whose default ServiceAccount exists (pods are admitted only then)."""
+    await kube.create("/api/v1/namespaces", {"metadata": {"name": name, "labels": labels or {}}})
+
+    async def has_default_sa() -> bool:
+        items = await kube.list(f"/api/v1/namespaces/{name}/serviceaccounts")
+        return any(sa["metadata"]["name"] == "default" for sa in items)
+
+    await wait_for(has_default_sa, within=30, what=f"default ServiceAccount in {name}")
+    return name
+
+
 async def delete_namespace(kube: KubeClient, name: str) -> None:
     # No kubelet confirms container shutdown, so pods are removed at once (grace 0),
     # as a kubelet would after its containers stopped.

@@ -18,7 +18,7 @@ import yaml
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.kubeutil import delete_namespace, wait_for
+from tests.cluster.kubeutil import create_namespace, delete_namespace, wait_for
 
 RBAC = Path(__file__).resolve().parents[2] / "manifests" / "controller-rbac.yaml"
 CONTROLLER_USER = "system:serviceaccount:gpuslice-system:gpuslice-controller"
@@ -146,15 +146,8 @@ async def namespaces(kube: KubeClient, unique: str) -> AsyncIterator[Callable[..
     created: list[str] = []
 
     async def create(suffix: str, labels: dict[str, str] | None = None) -> str:
-        name = f"{suffix}-{unique}"
-        await kube.create("/api/v1/namespaces", {"metadata": {"name": name, "labels": labels or {}}})
+        name = await create_namespace(kube, f"{suffix}-{unique}", labels)
         created.append(name)
-
-        async def has_default_sa() -> bool:
-            items = await kube.list(f"/api/v1/namespaces/{name}/serviceaccounts")
-            return any(sa["metadata"]["name"] == "default" for sa in items)
-
-        await wait_for(has_default_sa, within=30, what=f"default ServiceAccount in {name}")
         return name
 
     yield create

@@ -24,6 +24,7 @@ from tests.cluster.kubeutil import (
     PAUSE_IMAGE,
     RESOURCE,
     claim_template,
+    create_namespace,
     device_class,
     device_slice,
     pod_with_claim,
@@ -50,14 +51,7 @@ async def rkube(runner_cluster: DevCluster) -> AsyncIterator[KubeClient]:
 
 @pytest.fixture
 async def rns(rkube: KubeClient, unique: str) -> AsyncIterator[str]:
-    name = f"r-{unique}"
-    await rkube.create("/api/v1/namespaces", {"metadata": {"name": name}})
-
-    async def has_default_sa() -> bool:
-        return any(sa["metadata"]["name"] == "default"
-                   for sa in await rkube.list(f"/api/v1/namespaces/{name}/serviceaccounts"))
-
-    await wait_for(has_default_sa, what="the default ServiceAccount")
+    name = await create_namespace(rkube, f"r-{unique}")
     yield name
     await rkube.delete(f"/api/v1/namespaces/{name}")
 
