@@ -188,6 +188,32 @@ async def test_cdi_spec_that_does_not_parse_keeps_the_pod_pending_with_the_reaso
         await plugin.stop()
 
 
+async def test_plugin_that_registered_and_died_leaves_the_pod_pending_with_the_reason(
+    rkube: KubeClient, runner_cluster: DevCluster, rns: str, unique: str,
+) -> None:
+    driver = f"{unique}.dies.gpuslice.dev"
+    klass = await _pool(rkube, driver, unique)
+    plugin = DraTestPlugin(driver, runner_cluster.node_dir(NODE), rkube)
+    await plugin.start()
+    await wait_for(lambda: _registered(plugin), within=30, what="registration")
+    await plugin.stop()  # the plugin process goes away without unregistering
+    await rkube.create(f"{RESOURCE}/namespaces/{rns}/resourceclaimtemplates", claim_template("t", klass))
+    await rkube.create(f"/api/v1/namespaces/{rns}/pods", pod_with_claim("orphan", "t"))
+
+    async def reported() -> list[dict[str, Any]]:
+        return [e for e in await events(rkube, rns, "orphan") if e["reason"] == "FailedPrepareDynamicResources"]
+
+    [event, *_] = await wait_for(reported, within=60, what="the kubelet's event for the vanished plugin")
+    # The kubelet still holds the registration (it wipes a vanished plugin only after 30 s) and says why
+    # the call failed: the plugin's socket is gone.
+    assert "NodePrepareResources" in event["message"]
+    assert "code = Unavailable" in event["message"]
+    assert await phase(rkube, rns, "orphan") == "Pending"
+    assert plugin.prepared == []
+    assert _runner(runner_cluster).running
+    await rkube.delete(f"/api/v1/namespaces/{rns}/pods/orphan", gracePeriodSeconds=0)
+
+
 async def _registered(plugin: DraTestPlugin) -> bool:
     return plugin.registration == [True]
 
