@@ -118,18 +118,40 @@ async def _pool(kube: KubeClient, driver: str, unique: str) -> str:
     return klass
 
 
+async def _plugin(kube: KubeClient, cluster: DevCluster, driver: str, unique: str,
+                  **options: Any) -> tuple[DraTestPlugin, str]:
+    """A pool of ``driver`` and its class, and a test plugin the kubelet code has registered."""
+    klass = await _pool(kube, driver, unique)
+    plugin = DraTestPlugin(driver, cluster.node_dir(NODE), kube, **options)
+    await plugin.start()
+    try:
+        await wait_for(lambda: _registered(plugin), within=30, what="the kubelet plugin manager to register the plugin")
+    except BaseException:
+        await plugin.stop()
+        raise
+    return plugin, klass
+
+
+async def _pod_claiming(kube: KubeClient, ns: str, klass: str, pod: str) -> None:
+    await kube.create(f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", claim_template("t", klass))
+    await kube.create(f"/api/v1/namespaces/{ns}/pods", pod_with_claim(pod, "t"))
+
+
+async def _event(kube: KubeClient, ns: str, pod: str, text: str, what: str) -> dict[str, Any]:
+    """The first Event on ``pod`` whose reason or message contains ``text``."""
+    async def found() -> list[dict[str, Any]]:
+        return [e for e in await events(kube, ns, pod) if text in e["reason"] or text in e["message"]]
+
+    matching: list[dict[str, Any]] = await wait_for(found, within=60, what=what)
+    return matching[0]
+
+
 async def test_claim_of_unregistered_driver_stays_pending_with_the_kubelets_message(
     rkube: KubeClient, rns: str, unique: str,
 ) -> None:
     driver = f"{unique}.absent.gpuslice.dev"
-    klass = await _pool(rkube, driver, unique)
-    await rkube.create(f"{RESOURCE}/namespaces/{rns}/resourceclaimtemplates", claim_template("t", klass))
-    await rkube.create(f"/api/v1/namespaces/{rns}/pods", pod_with_claim("waits", "t"))
-
-    async def failed() -> list[dict[str, Any]]:
-        return [e for e in await events(rkube, rns, "waits") if e["reason"] == "FailedPrepareDynamicResources"]
-
-    [event, *_] = await wait_for(failed, within=60, what="the kubelet's FailedPrepareDynamicResources event")
+    await _pod_claiming(rkube, rns, await _pool(rkube, driver, unique), "waits")
+    event = await _event(rkube, rns, "waits", "FailedPrepareDynamicResources", "the kubelet's event")
     assert f"DRA driver {driver} is not registered" in event["message"]
     assert await phase(rkube, rns, "waits") == "Pending"
     await rkube.delete(f"/api/v1/namespaces/{rns}/pods/waits", gracePeriodSeconds=0)
@@ -138,14 +160,9 @@ async def test_claim_of_unregistered_driver_stays_pending_with_the_kubelets_mess
 async def test_registered_plugin_is_called_and_cdi_env_reaches_the_container(
     rkube: KubeClient, runner_cluster: DevCluster, rns: str, unique: str,
 ) -> None:
-    driver = f"{unique}.plugin.gpuslice.dev"
-    klass = await _pool(rkube, driver, unique)
-    plugin = DraTestPlugin(driver, runner_cluster.node_dir(NODE), rkube)
-    await plugin.start()
+    plugin, klass = await _plugin(rkube, runner_cluster, f"{unique}.plugin.gpuslice.dev", unique)
     try:
-        await wait_for(lambda: _registered(plugin), within=30, what="the kubelet plugin manager to register the plugin")
-        await rkube.create(f"{RESOURCE}/namespaces/{rns}/resourceclaimtemplates", claim_template("t", klass))
-        await rkube.create(f"/api/v1/namespaces/{rns}/pods", pod_with_claim("worker", "t"))
+        await _pod_claiming(rkube, rns, klass, "worker")
         await wait_for(lambda: _is(phase(rkube, rns, "worker"), "Running"), within=60, what="the pod to run")
         assert len(plugin.prepared) == 1
 
@@ -167,19 +184,10 @@ async def test_registered_plugin_is_called_and_cdi_env_reaches_the_container(
 async def test_cdi_spec_that_does_not_parse_keeps_the_pod_pending_with_the_reason(
     rkube: KubeClient, runner_cluster: DevCluster, rns: str, unique: str,
 ) -> None:
-    driver = f"{unique}.broken.gpuslice.dev"
-    klass = await _pool(rkube, driver, unique)
-    plugin = DraTestPlugin(driver, runner_cluster.node_dir(NODE), rkube, broken_cdi=True)
-    await plugin.start()
+    plugin, klass = await _plugin(rkube, runner_cluster, f"{unique}.broken.gpuslice.dev", unique, broken_cdi=True)
     try:
-        await wait_for(lambda: _registered(plugin), within=30, what="registration")
-        await rkube.create(f"{RESOURCE}/namespaces/{rns}/resourceclaimtemplates", claim_template("t", klass))
-        await rkube.create(f"/api/v1/namespaces/{rns}/pods", pod_with_claim("broken", "t"))
-
-        async def reported() -> list[dict[str, Any]]:
-            return [e for e in await events(rkube, rns, "broken") if "does not parse" in e["message"]]
-
-        [event, *_] = await wait_for(reported, within=60, what="an Event saying the CDI spec does not parse")
+        await _pod_claiming(rkube, rns, klass, "broken")
+        event = await _event(rkube, rns, "broken", "does not parse", "an Event saying the CDI spec does not parse")
         assert event["type"] == "Warning"
         assert await phase(rkube, rns, "broken") == "Pending"
         assert _runner(runner_cluster).running, "a bad CDI spec never crashes the runner"
@@ -191,19 +199,10 @@ async def test_cdi_spec_that_does_not_parse_keeps_the_pod_pending_with_the_reaso
 async def test_plugin_that_registered_and_died_leaves_the_pod_pending_with_the_reason(
     rkube: KubeClient, runner_cluster: DevCluster, rns: str, unique: str,
 ) -> None:
-    driver = f"{unique}.dies.gpuslice.dev"
-    klass = await _pool(rkube, driver, unique)
-    plugin = DraTestPlugin(driver, runner_cluster.node_dir(NODE), rkube)
-    await plugin.start()
-    await wait_for(lambda: _registered(plugin), within=30, what="registration")
+    plugin, klass = await _plugin(rkube, runner_cluster, f"{unique}.dies.gpuslice.dev", unique)
     await plugin.stop()  # the plugin process goes away without unregistering
-    await rkube.create(f"{RESOURCE}/namespaces/{rns}/resourceclaimtemplates", claim_template("t", klass))
-    await rkube.create(f"/api/v1/namespaces/{rns}/pods", pod_with_claim("orphan", "t"))
-
-    async def reported() -> list[dict[str, Any]]:
-        return [e for e in await events(rkube, rns, "orphan") if e["reason"] == "FailedPrepareDynamicResources"]
-
-    [event, *_] = await wait_for(reported, within=60, what="the kubelet's event for the vanished plugin")
+    await _pod_claiming(rkube, rns, klass, "orphan")
+    event = await _event(rkube, rns, "orphan", "FailedPrepareDynamicResources", "the kubelet's event for the plugin")
     # The kubelet still holds the registration (it wipes a vanished plugin only after 30 s) and says why
     # the call failed: the plugin's socket is gone.
     assert "NodePrepareResources" in event["message"]
