@@ -16,6 +16,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -232,13 +234,21 @@ func (r *podRunner) record(pod *v1.Pod, container *v1.Container) error {
 		if err != nil {
 			return fmt.Errorf("CDI spec directory: %w", err)
 		}
-		if errs := registry.GetErrors(); len(errs) > 0 {
-			for path, specErrs := range errs {
-				return fmt.Errorf("CDI spec %s does not parse: %v", path, specErrs)
-			}
+		// As containerd does: a spec that does not parse is reported, and fails only the
+		// containers whose devices then cannot be resolved, not every pod on the node.
+		var broken []string
+		for path, specErrs := range registry.GetErrors() {
+			broken = append(broken, fmt.Sprintf("CDI spec %s does not parse: %v", path, specErrs))
 		}
+		sort.Strings(broken)
 		if unresolved, err := registry.InjectDevices(spec, ids...); err != nil {
+			if len(broken) > 0 {
+				err = fmt.Errorf("%w; %s", err, strings.Join(broken, "; "))
+			}
 			return fmt.Errorf("CDI devices %v could not be resolved: %w", unresolved, err)
+		}
+		for _, problem := range broken {
+			klog.Background().Info("ignoring a CDI spec that does not parse", "problem", problem)
 		}
 	}
 	out := map[string]any{

@@ -133,16 +133,21 @@ async def _plugin(kube: KubeClient, cluster: DevCluster, driver: str, unique: st
 
 
 async def _pod_claiming(kube: KubeClient, ns: str, klass: str, pod: str) -> None:
-    await kube.create(f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", claim_template("t", klass))
-    await kube.create(f"/api/v1/namespaces/{ns}/pods", pod_with_claim(pod, "t"))
+    await kube.create(f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", claim_template(pod, klass))
+    await kube.create(f"/api/v1/namespaces/{ns}/pods", pod_with_claim(pod, pod))
 
 
-async def _event(kube: KubeClient, ns: str, pod: str, text: str, what: str) -> dict[str, Any]:
-    """The first Event on ``pod`` whose reason or message contains ``text``."""
+async def _event(kube: KubeClient, ns: str, pod: str, text: str, what: str, within: float = 60) -> dict[str, Any]:
+    """The first Event on ``pod`` whose reason or message contains ``text``.
+
+    Match on the message that matters, not on the reason alone: the first attempt can fail for a
+    passing reason (the Node authorizer has not yet linked the freshly bound pod's claim to the
+    node: "no relationship found"), and the runner retries as the kubelet does.
+    """
     async def found() -> list[dict[str, Any]]:
         return [e for e in await events(kube, ns, pod) if text in e["reason"] or text in e["message"]]
 
-    matching: list[dict[str, Any]] = await wait_for(found, within=60, what=what)
+    matching: list[dict[str, Any]] = await wait_for(found, within=within, what=what)
     return matching[0]
 
 
@@ -151,8 +156,8 @@ async def test_claim_of_unregistered_driver_stays_pending_with_the_kubelets_mess
 ) -> None:
     driver = f"{unique}.absent.gpuslice.dev"
     await _pod_claiming(rkube, rns, await _pool(rkube, driver, unique), "waits")
-    event = await _event(rkube, rns, "waits", "FailedPrepareDynamicResources", "the kubelet's event")
-    assert f"DRA driver {driver} is not registered" in event["message"]
+    event = await _event(rkube, rns, "waits", f"DRA driver {driver} is not registered", "the kubelet's event")
+    assert event["reason"] == "FailedPrepareDynamicResources"
     assert await phase(rkube, rns, "waits") == "Pending"
     await rkube.delete(f"/api/v1/namespaces/{rns}/pods/waits", gracePeriodSeconds=0)
 
@@ -191,6 +196,18 @@ async def test_cdi_spec_that_does_not_parse_keeps_the_pod_pending_with_the_reaso
         assert event["type"] == "Warning"
         assert await phase(rkube, rns, "broken") == "Pending"
         assert _runner(runner_cluster).running, "a bad CDI spec never crashes the runner"
+
+        # As with containerd, one driver's broken spec fails only the containers that need it.
+        good, good_class = await _plugin(rkube, runner_cluster, f"{unique}.good.gpuslice.dev", f"{unique}-good")
+        try:
+            await _pod_claiming(rkube, rns, good_class, "healthy")
+            await wait_for(lambda: _is(phase(rkube, rns, "healthy"), "Running"), within=60,
+                           what="a pod of another driver to run next to the broken spec")
+            await rkube.delete(f"/api/v1/namespaces/{rns}/pods/healthy")
+            await wait_for(lambda: gone(rkube, f"/api/v1/namespaces/{rns}/pods/healthy"), within=30,
+                           what="the healthy pod to be unprepared and removed")
+        finally:
+            await good.stop()
         await rkube.delete(f"/api/v1/namespaces/{rns}/pods/broken", gracePeriodSeconds=0)
     finally:
         await plugin.stop()
@@ -199,22 +216,53 @@ async def test_cdi_spec_that_does_not_parse_keeps_the_pod_pending_with_the_reaso
 async def test_plugin_that_registered_and_died_leaves_the_pod_pending_with_the_reason(
     rkube: KubeClient, runner_cluster: DevCluster, rns: str, unique: str,
 ) -> None:
-    plugin, klass = await _plugin(rkube, runner_cluster, f"{unique}.dies.gpuslice.dev", unique)
+    driver = f"{unique}.dies.gpuslice.dev"
+    plugin, klass = await _plugin(rkube, runner_cluster, driver, unique)
     await plugin.stop()  # the plugin process goes away without unregistering
     await _pod_claiming(rkube, rns, klass, "orphan")
-    event = await _event(rkube, rns, "orphan", "FailedPrepareDynamicResources", "the kubelet's event for the plugin")
-    # The kubelet still holds the registration (it wipes a vanished plugin only after 30 s) and says why
-    # the call failed: the plugin's socket is gone.
-    assert "NodePrepareResources" in event["message"]
-    assert "code = Unavailable" in event["message"]
+    # Two reasons are the kubelet's, depending on when the first attempt lands: the call failed on the
+    # vanished socket, or the plugin manager has already seen its registration socket go.
+    reasons = ("code = Unavailable", f"DRA driver {driver} is not registered")
+
+    async def explained() -> list[dict[str, Any]]:
+        return [e for e in await events(rkube, rns, "orphan") if any(r in e["message"] for r in reasons)]
+
+    event = (await wait_for(explained, within=60, what="the kubelet's event naming the dead plugin"))[0]
+    assert event["reason"] == "FailedPrepareDynamicResources"
     assert await phase(rkube, rns, "orphan") == "Pending"
     assert plugin.prepared == []
     assert _runner(runner_cluster).running
     await rkube.delete(f"/api/v1/namespaces/{rns}/pods/orphan", gracePeriodSeconds=0)
 
 
+async def test_plugin_that_accepts_and_hangs_times_out_and_does_not_stall_the_node(
+    rkube: KubeClient, runner_cluster: DevCluster, rns: str, unique: str,
+) -> None:
+    plugin, klass = await _plugin(rkube, runner_cluster, f"{unique}.hangs.gpuslice.dev", unique, hang=True)
+    try:
+        await _pod_claiming(rkube, rns, klass, "stuck")
+
+        async def called() -> bool:
+            return bool(plugin.hung)
+
+        await wait_for(called, within=60, what="the runner to call the hanging plugin")
+        # While that call hangs, the node keeps running other pods.
+        await rkube.create(f"/api/v1/namespaces/{rns}/pods", plain_pod("bystander"))
+        await wait_for(lambda: _is(phase(rkube, rns, "bystander"), "Running"), within=30,
+                       what="a pod without claims to run while the plugin hangs")
+        # The kubelet's DRA client gives each call 45 s; then the pod gets the reason.
+        event = await _event(rkube, rns, "stuck", "DeadlineExceeded", "the kubelet's timeout event", within=90)
+        assert event["reason"] == "FailedPrepareDynamicResources"
+        assert await phase(rkube, rns, "stuck") == "Pending"
+        assert _runner(runner_cluster).running
+        for pod in ("stuck", "bystander"):
+            await rkube.delete(f"/api/v1/namespaces/{rns}/pods/{pod}", gracePeriodSeconds=0)
+    finally:
+        await plugin.stop()
+
+
 async def _registered(plugin: DraTestPlugin) -> bool:
-    return plugin.registration == [True]
+    return True in plugin.registration
 
 
 def _runner(cluster: DevCluster) -> Component:
@@ -283,9 +331,11 @@ async def test_runner_for_a_node_that_does_not_exist_waits_for_it(
                                         f"--root={tmp_path / 'root'}"], tmp_path / "runner.log")
     await runner.start()
     try:
-        await asyncio.sleep(3)
+        async def says_it_waits() -> bool:
+            return "waiting for the Node object" in (tmp_path / "runner.log").read_text()
+
+        await wait_for(says_it_waits, within=30, what="the runner to log that it waits for its Node")
         assert runner.running, "a missing Node never crashes the runner"
-        assert "waiting for the Node object" in (tmp_path / "runner.log").read_text()
         await rkube.create("/api/v1/nodes", fake_gpu_node(name, "l4", 1))
         lease = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}"
         await wait_for(lambda: _exists(rkube, lease), within=30, what="the runner to take the node once it exists")

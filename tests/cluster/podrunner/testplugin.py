@@ -7,6 +7,7 @@ The protos are the kubelet's own (k8s.io/kubelet v0.37.2), compiled at test time
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import tempfile
@@ -47,9 +48,11 @@ class DraTestPlugin:
     """Serve the Registration and DRAPlugin services for ``driver`` on a fake node."""
 
     def __init__(self, driver: str, node_root: Path, kube: KubeClient, cdi_kind: str = "test.gpuslice.dev/gpu",
-                 broken_cdi: bool = False) -> None:
+                 broken_cdi: bool = False, hang: bool = False) -> None:
         self.driver, self.root, self.kube, self.cdi_kind = driver, node_root, kube, cdi_kind
         self.broken_cdi = broken_cdi  # write a CDI spec that does not parse, as a buggy driver might
+        self.hang = hang  # accept NodePrepareResources and never answer, as a wedged driver might
+        self.hung: list[str] = []
         self.prepared: list[str] = []
         self.unprepared: list[str] = []
         self.registration: list[bool] = []
@@ -81,6 +84,10 @@ class DraTestPlugin:
             await server.stop(grace=0)
         self.registration_socket.unlink(missing_ok=True)
         self.endpoint.unlink(missing_ok=True)
+        # A spec left behind (the broken one, or one whose pod was force-deleted unprepared) would make
+        # the runner's CDI registry fail every later pod on this node.
+        for spec in (self.root / "cdi").glob(f"{self.driver}-*.json"):
+            spec.unlink(missing_ok=True)
 
     async def prepare(self, claim: Any) -> Any:
         body = await self.kube.get(f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}")
@@ -104,6 +111,9 @@ class _DRA(dra_pb2_grpc.DRAPluginServicer):  # type: ignore[misc]
         self.plugin = plugin
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        if self.plugin.hang:
+            self.plugin.hung.extend(claim.uid for claim in request.claims)
+            await asyncio.Event().wait()  # until the caller gives up or the server stops
         claims = {claim.uid: await self.plugin.prepare(claim) for claim in request.claims}
         return dra_pb2.NodePrepareResourcesResponse(claims=claims)
 
