@@ -3,6 +3,7 @@ an Event, and nothing already created changes."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,6 +32,15 @@ async def events_for(kube: KubeClient, name: str) -> list[dict[str, Any]]:
     return [e for e in await kube.list("/api/v1/namespaces/default/events") if e["involvedObject"]["name"] == name]
 
 
+async def warnings_once_posted(kube: KubeClient, name: str) -> list[dict[str, Any]]:
+    """The policy's Warning events, once there is one (the controller posts after the status patch)."""
+    async def posted() -> list[dict[str, Any]]:
+        return [e for e in await events_for(kube, name) if e["type"] == "Warning"]
+
+    found: list[dict[str, Any]] = await wait_for(posted, what=f"a Warning event on {name}")
+    return found
+
+
 async def test_invalid_edit_is_reported_and_changes_nothing(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
     namespaces: Callable[..., Awaitable[str]],
@@ -57,8 +67,8 @@ async def test_invalid_edit_is_reported_and_changes_nothing(
     assert still is not None
     assert still["metadata"]["resourceVersion"] == template["metadata"]["resourceVersion"]
     assert await get_or_none(kube, template_path(b)) is None, "an invalid spec creates nothing"
-    warnings = [e for e in await events_for(kube, name) if e["type"] == "Warning"]
-    assert [e["reason"] for e in warnings] == ["SliceLargerThanGpu"]
+    warnings = await warnings_once_posted(kube, name)
+    assert [(e["reason"], e["count"]) for e in warnings] == [("SliceLargerThanGpu", 1)]
 
     await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"slicing": {"sliceSize": "20Gi"}}})
     await valid_condition(kube, name, "True")
@@ -83,13 +93,14 @@ async def test_newer_policy_conflicting_on_the_same_gpus_yields(
     older = (await make_policy({"nodeSelector": NODE_2, "slicing": {"mode": "memory", "sliceSize": "10Gi"}},
                                suffix="-old"))["metadata"]["name"]
     await valid_condition(kube, older, "True")
+    await asyncio.sleep(1.1)  # creation times have one-second resolution: make "older" older by the clock
     newer = (await make_policy({"nodeSelector": NODE_2, "slicing": {"mode": "shared", "sliceSize": "10Gi"}},
                                suffix="-new"))["metadata"]["name"]
     invalid = await valid_condition(kube, newer, "False")
     assert invalid["reason"] == "ConflictingPolicy"
     assert f"older GpuSlicePolicy {older} (memory mode) select the same GPUs (e.g. on gpu-node-2)" in invalid["message"]
     assert (await valid_condition(kube, older, "True"))["reason"] == "SpecValid"
-    assert [e["reason"] for e in await events_for(kube, newer)] == ["ConflictingPolicy"]
+    assert [e["reason"] for e in await warnings_once_posted(kube, newer)] == ["ConflictingPolicy"]
 
 
 async def test_two_memory_policies_share_gpus(
