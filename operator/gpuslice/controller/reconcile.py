@@ -41,6 +41,9 @@ class Context:
     username: str
     taint_rule_api: str = "resource.k8s.io/v1"
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # Policies whose last converge failed. Event handlers (a namespace appeared, a slice changed)
+    # are not retried by Kopf, so the status timer converges these again instead of only reporting.
+    unconverged: set[str] = field(default_factory=set)
 
     def lock(self, policy: str) -> asyncio.Lock:
         return self.locks.setdefault(policy, asyncio.Lock())
@@ -82,14 +85,19 @@ def _now() -> str:
 
 async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, converge_objects: bool = True) -> None:
     name = body["metadata"]["name"]
+    converge_objects = converge_objects or name in ctx.unconverged
     async with ctx.lock(name):
         try:
             await _reconcile(ctx, body, world, converge_objects)
             RECONCILES.labels(result="ok").inc()
-        except KubeError as error:
+        except (KubeError, kopf.TemporaryError) as error:
             RECONCILES.labels(result="error").inc()
+            if converge_objects:
+                ctx.unconverged.add(name)
             log.warning("reconcile failed; will retry", policy=name, error=str(error))
             raise
+        if converge_objects:
+            ctx.unconverged.discard(name)
 
 
 async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, converge_objects: bool) -> None:
