@@ -127,5 +127,19 @@ def stop_detached(state: StateDir, timeout: float = 60.0) -> str:
     for pid in record.components.values():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
+    # SIGKILL is delivered, not finished: say "nothing left" only once the groups are gone.
+    deadline = time.monotonic() + 10
+    while any(_group_alive(pid) for pid in record.components.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
     state.remove_record()
     return f"Stopped the dev cluster in {state.root}; nothing left running."
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
