@@ -7,23 +7,42 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
+
 from gpuslice.kube.client import KubeClient, KubeError
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 
 
+# Answers that say "not now" rather than "no": a poll tries again instead of failing on them.
+TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
 async def wait_for(
     check: Callable[[], Awaitable[Any]], *, within: float = 30, what: str = "condition", every: float = 0.2
 ) -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    """Poll ``check`` until it returns something truthy; fail naming ``what`` (and the last transient error)."""
+    last_error: BaseException | None = None
+    deadline = asyncio.timeout(within)
     try:
-        async with asyncio.timeout(within):
-            while not (result := await check()):
+        async with deadline:
+            while True:
+                try:
+                    if result := await check():
+                        return result
+                except KubeError as error:
+                    if error.status not in TRANSIENT_STATUS:
+                        raise
+                    last_error = error
+                except (aiohttp.ClientError, ConnectionError) as error:  # e.g. a keep-alive the server closed
+                    last_error = error
                 await asyncio.sleep(every)
-            return result
     except TimeoutError:
-        raise AssertionError(f"timed out after {within} s waiting for {what}") from None
+        if not deadline.expired():
+            raise  # a timeout inside ``check`` itself, not ours
+        also = f" (last error: {last_error})" if last_error else ""
+        raise AssertionError(f"timed out after {within} s waiting for {what}{also}") from None
 
 
 async def create_namespace(kube: KubeClient, name: str, labels: dict[str, str] | None = None) -> str:

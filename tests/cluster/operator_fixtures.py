@@ -106,8 +106,29 @@ async def controller(
         return True
 
     await wait_for(guard_installed, within=60, what="the controller to start")
+    await admin_label_guarded(kube)
     yield process
     await process.stop()
+
+
+async def admin_label_guarded(kube: KubeClient) -> None:
+    """Wait until the guard binding is enforced, not just stored (the apiserver loads it a moment later)."""
+    probe = "gpuslice-guard-probe"
+
+    async def refused() -> bool:
+        labels = {"resource.kubernetes.io/admin-access": "true"}
+        try:
+            await kube.create("/api/v1/namespaces", {"metadata": {"name": probe, "labels": labels}})
+        except KubeError as error:
+            if "only the gpuslice controller" in error.message:
+                return True
+            if error.status != 409:  # 409: the last probe is still being deleted
+                raise
+            return False
+        await kube.delete(f"/api/v1/namespaces/{probe}")
+        return False
+
+    await wait_for(refused, within=30, what="the admin-access label guard to be enforced")
 
 
 PolicyFactory = Callable[..., Awaitable[dict[str, Any]]]

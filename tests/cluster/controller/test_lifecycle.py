@@ -106,7 +106,7 @@ async def test_deletion_waits_for_claims_then_cleans_up(
         return bool(found and (found.get("status") or {}).get("allocation"))
 
     await wait_for(pod_allocated, within=60, what="the tenant pod's claim to be allocated")
-    body = await wait_for(lambda: _with_allocated(kube, name), what="status to count the allocation")
+    body = await wait_for(lambda: _with_allocated(kube, name), within=45, what="status to count the allocation")
     assert body["status"]["tenants"] == [{"namespace": tenant, "allocated": 1}]
 
     await kube.delete(f"{POLICIES}/{name}")
@@ -196,6 +196,12 @@ async def test_restart_mid_reconcile_converges_without_duplicates_or_writes(
                 found[f"{path}/{meta.get('namespace', '')}/{meta['name']}"] = meta["resourceVersion"]
         return found
 
+    async def quotas_counted() -> bool:
+        # The quota controller's first status write bumps each quota's resourceVersion; wait it out.
+        quotas = await kube.list("/api/v1/resourcequotas", labelSelector=selector)
+        return all(q.get("status", {}).get("hard") == q["spec"]["hard"] for q in quotas)
+
+    await wait_for(quotas_counted, within=60, what="the quota controller to count every quota")
     before = await versions()
     assert len(before) == 12 + 12 + 3
     await controller.restart()
