@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster, stderr_reporter
 from gpuslice.devcluster.errors import DevClusterError
 from gpuslice.devcluster.process import log_tail
-from gpuslice.devcluster.state import ClusterRecord, StateDir, pid_alive
+from gpuslice.devcluster.state import ClusterRecord, StateDir, group_alive, pid_alive
 
 DETACH_TIMEOUT = 20 * 60.0  # a cold build of the binaries can happen first
 
@@ -129,17 +129,8 @@ def stop_detached(state: StateDir, timeout: float = 60.0) -> str:
             os.killpg(pid, signal.SIGKILL)
     # SIGKILL is delivered, not finished: say "nothing left" only once the groups are gone.
     deadline = time.monotonic() + 10
-    while any(_group_alive(pid) for pid in record.components.values()) and time.monotonic() < deadline:
+    while any(group_alive(pid) for pid in record.components.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
     state.remove_record()
     return f"Stopped the dev cluster in {state.root}; nothing left running."
 
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

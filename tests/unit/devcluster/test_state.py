@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice.devcluster.errors import DevClusterError
-from gpuslice.devcluster.state import ClusterRecord, StateDir, pid_alive
+from gpuslice.devcluster.state import ClusterRecord, StateDir, group_alive, pid_alive
 
 
 def _record(pid: int, components: dict[str, int] | None = None) -> ClusterRecord:
@@ -58,3 +58,17 @@ def test_zombie_is_not_alive() -> None:
         time.sleep(0.05)
     assert not pid_alive(child.pid)
     child.wait()
+
+
+def test_group_is_alive_while_any_member_runs_and_not_as_zombies() -> None:
+    leader = subprocess.Popen(["sh", "-c", "sleep 300 & wait"], start_new_session=True)
+    try:
+        assert group_alive(leader.pid)
+        os.killpg(leader.pid, 9)
+        for _ in range(100):  # the leader is our unreaped child: a zombie, which does not count
+            if not group_alive(leader.pid):
+                break
+            time.sleep(0.05)
+        assert not group_alive(leader.pid)
+    finally:
+        leader.wait()
