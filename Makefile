@@ -12,7 +12,7 @@ help:
 	@echo "make crds          regenerate crds/ from the pydantic models in operator/gpuslice/api"
 	@echo "make demo          bring up a real local control plane with fake GPU nodes and show it"
 	@echo "make test          lint + unit tests + cluster tests against the real control plane"
-	@echo "make kube-bin      build kube-apiserver/scheduler/controller-manager/etcd from Go modules (cached)"
+	@echo "make kube-bin      build kube-apiserver/scheduler/controller-manager/etcd and pod-runner from Go modules (cached)"
 	@echo "make lint          ruff, mypy --strict, import-linter layer contracts"
 	@echo "make test-unit     fast tests, no cluster"
 	@echo "make test-cluster  tests against the real control plane"

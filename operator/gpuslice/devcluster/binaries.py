@@ -241,7 +241,7 @@ async def _compile(kube: KubeBuild, report: Reporter) -> None:
         link.symlink_to(MULTICALL)
 
 
-def _user_binaries() -> Binaries:
+def user_binaries() -> Binaries:
     """The binaries the user named through envtest's variables (possibly none)."""
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     paths: dict[str, Path] = {}
@@ -269,7 +269,7 @@ async def resolve(*, build_if_missing: bool = True, report: Reporter = _stderr) 
     """The binaries to run, each resolved on its own as envtest does: its
     ``TEST_ASSET_*`` variable, else ``KUBEBUILDER_ASSETS``, else our cached build
     (built now if allowed)."""
-    chosen = _user_binaries()
+    chosen = user_binaries()
     if any(name not in chosen.paths for name in COMPONENTS):
         kube = await describe_build()
         if not kube.is_built and not build_if_missing:

@@ -44,7 +44,7 @@ def dev_cluster() -> None:
 )
 @click.option("--apiserver-port", type=int, default=None, help="Fixed API server port (default: a free one).")
 @click.option("--operator/--no-operator", default=True, show_default=True,
-              help="Install gpuslice (CRD, RBAC) and run its controller as part of the cluster.")
+              help="Install gpuslice (CRD, RBAC) and run its controller and one node agent per fake node.")
 @click.option("--pod-runner/--no-pod-runner", default=True, show_default=True,
               help="Run a pod runner (the kubelet's plugin and DRA managers) behind each fake node.")
 @click.option("--detach", is_flag=True, help="Start in the background and return once it is up.")
@@ -127,6 +127,11 @@ def build() -> None:
     async def run() -> binaries.Binaries:
         return await binaries.build(await binaries.describe_build())
 
+    given = binaries.user_binaries()
+    if all(name in given.paths for name in (*binaries.COMPONENTS, binaries.POD_RUNNER)):
+        click.echo(f"Nothing to build: every binary comes from your variables ({given.origin}).", err=True)
+        click.echo(given["kube-apiserver"].parent)
+        return
     try:
         built = asyncio.run(run())
     except DevClusterError as error:

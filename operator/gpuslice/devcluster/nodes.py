@@ -1,9 +1,9 @@
 """Fake GPU Node objects: what the scheduler needs to place pods, nothing more.
 
-No kubelet runs behind them (the pod runner of a later stage will), so they
-are created Ready with their status set on create, which the apiserver allows
-for Nodes, and nothing ever marks them NotReady: the dev cluster does not run
-the node-lifecycle controller.
+They are created Ready with their status set on create, which the apiserver allows
+for Nodes, so they can take pods at once. With pod runners (the default) each runner
+then heartbeats its node and the node-lifecycle controller marks a node whose runner
+stopped NotReady; without them nothing ever does.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ import pytest
 from gpuslice.devcluster import binaries
 from gpuslice.devcluster.errors import DevClusterError
 
-_ALL_ASSET_VARS = ["KUBEBUILDER_ASSETS", *(binaries.asset_env_name(c) for c in binaries.COMPONENTS)]
+_ALL_ASSET_VARS = ["KUBEBUILDER_ASSETS",
+                   *(binaries.asset_env_name(c) for c in (*binaries.COMPONENTS, binaries.POD_RUNNER))]
 
 
 @pytest.fixture(autouse=True)
@@ -80,6 +81,21 @@ async def test_no_go_and_no_binaries_says_what_to_install(monkeypatch: pytest.Mo
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(DevClusterError, match=r"Go is not installed.*KUBEBUILDER_ASSETS"):
         await binaries.resolve(build_if_missing=False)
+
+
+def test_build_with_every_binary_given_needs_no_go(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from gpuslice.cli import main
+
+    assets = _fake_assets(tmp_path / "assets")
+    (assets / binaries.POD_RUNNER).write_text("#!/bin/sh\n")
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    result = CliRunner().invoke(main, ["dev-cluster", "build"])
+    assert result.exit_code == 0, result.output
+    assert "Nothing to build" in result.output
+    assert str(assets) in result.output
 
 
 def _copy_source(tmp_path: Path) -> Path:
