@@ -30,6 +30,9 @@ Name = Annotated[str, StringConstraints(max_length=63)]
 Text = Annotated[str, StringConstraints(max_length=317)]
 
 
+MIN_SLICE = "256Mi"
+
+
 def _positive_quantity(value: str | None) -> bool:
     if value is None:
         return True
@@ -126,10 +129,11 @@ class MigSlicing(ApiModel):
              lambda s: s.profiles is None or (bool(s.profiles) and all(re.match(MIG_PROFILE, p)
                                                                          for p in s.profiles))),
         Rule(f"!has(self.layout) || (size(self.layout) > 0 &&"
-             f" self.layout.all(p, p.matches({cel_regex(MIG_PROFILE)}) && self.layout[p] >= 1))",
-             "slicing.mig.layout maps MIG profile names such as 1g.10gb to a count of at least 1",
+             f" self.layout.all(p, p.matches({cel_regex(MIG_PROFILE)}) && self.layout[p] >= 1 && self.layout[p] <= 7))",
+             "slicing.mig.layout maps MIG profile names such as 1g.10gb to a count from 1 to 7"
+             " (a GPU holds at most 7 MIG instances)",
              lambda s: s.layout is None or (bool(s.layout) and all(
-                 re.match(MIG_PROFILE, p) and n >= 1 for p, n in s.layout.items()))),
+                 re.match(MIG_PROFILE, p) and 1 <= n <= 7 for p, n in s.layout.items()))),
     )
 
 
@@ -168,6 +172,12 @@ class Slicing(ApiModel):
         Rule(_positive_quantity_cel("sliceSize"),
              "slicing.sliceSize must be a positive quantity such as 10Gi or 512Mi",
              lambda s: _positive_quantity(s.slice_size), ".sliceSize"),
+        Rule(f"!has(self.sliceSize) || !isQuantity(self.sliceSize) ||"
+             f" !quantity(self.sliceSize).isLessThan(quantity('{MIN_SLICE}'))",
+             f"slicing.sliceSize must be at least {MIN_SLICE}: smaller slices would flood the scheduler"
+             " with devices; use e.g. 1Gi",
+             lambda s: not _positive_quantity(s.slice_size) or s.slice_size is None
+             or parse_quantity(s.slice_size) >= parse_quantity(MIN_SLICE), ".sliceSize"),
     )
 
     @property

@@ -19,7 +19,7 @@ from gpuslice.dra.quantity import format_bytes, quantity_bytes
 from gpuslice.inventory.catalog import MEMORY_SLICES, MigProfile
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.mig import mig_device_name, static_layout
-from gpuslice.planning.validation import seniority
+from gpuslice.planning.validation import MAX_SLICES_PER_GPU, seniority
 
 MAX_COUNTER_SETS = 8
 MAX_DEVICES = 64
@@ -97,6 +97,10 @@ def _memory_devices(gpu: Gpu, policies: Sequence[GpuSlicePolicy], notes: list[st
         size = policy.spec.slicing.slice_bytes
         if size > gpu.memory:
             notes.append(f"{policy.name}: sliceSize {policy.spec.slicing.slice_size} is larger than GPU {gpu.index}")
+            continue
+        if gpu.memory // size > MAX_SLICES_PER_GPU:
+            notes.append(f"{policy.name}: sliceSize {policy.spec.slicing.slice_size} makes more than"
+                         f" {MAX_SLICES_PER_GPU} slices of GPU {gpu.index}")
             continue
         tag = format_bytes(size).lower()
         for k in range(gpu.memory // size):

@@ -59,6 +59,12 @@ def select(policy: GpuSlicePolicy, inventory: Iterable[tuple[dict[str, str], Nod
     return Selection(tuple(sorted(chosen, key=lambda g: g.node)))
 
 
+# Slices of one GPU in memory mode: enough for any real sharing (MIG has 7, MPS 48 clients), and
+# a bound on what a tiny sliceSize would make the agent publish and the scheduler consider.
+MAX_SLICES_PER_GPU = 64
+MI = 1024**2
+
+
 def _fit_problems(policy: GpuSlicePolicy, selection: Selection) -> list[Problem]:
     slicing = policy.spec.slicing
     if not selection.gpus:
@@ -71,6 +77,15 @@ def _fit_problems(policy: GpuSlicePolicy, selection: Selection) -> list[Problem]
                 f"slicing.sliceSize {slicing.slice_size} is larger than every selected GPU (the largest is"
                 f" {largest.product_name} with {format_bytes(largest.memory)} on {largest.node}); choose"
                 f" a sliceSize of at most {format_bytes(largest.memory)}.",
+            )]
+        if slicing.mode == "memory" and largest.memory // slicing.slice_bytes > MAX_SLICES_PER_GPU:
+            least = -(-largest.memory // MAX_SLICES_PER_GPU)
+            least = -(-least // MI) * MI
+            return [Problem(
+                "TooManySlices",
+                f"slicing.sliceSize {slicing.slice_size} cuts {largest.product_name} ({format_bytes(largest.memory)}"
+                f" on {largest.node}) into {largest.memory // slicing.slice_bytes} slices; at most"
+                f" {MAX_SLICES_PER_GPU} per GPU are published; choose a sliceSize of at least {format_bytes(least)}.",
             )]
         return []
     assert slicing.mig is not None

@@ -31,6 +31,10 @@ def _with(path: str, value: Any) -> dict[str, Any]:
 BAD: dict[str, tuple[Any, ...]] = {
     "zero slice size": (_with("slicing.sliceSize", "0"), "slicing.sliceSize must be a positive quantity"),
     "slice size not a quantity": (_with("slicing.sliceSize", "ten gigs"), "slicing.sliceSize must be a positive quantity"),
+    "slice size too small": (_with("slicing.sliceSize", "1"), "slicing.sliceSize must be at least 256Mi"),
+    "more MIG instances than a GPU holds": (
+        _with("slicing", {"mode": "mig", "mig": {"layout": {"1g.10gb": 8}}}), "a count from 1 to 7",
+    ),
     "negative min memory": (_with("gpuSelector.minMemory", "-1Gi"), "gpuSelector.minMemory must be a positive quantity"),
     "profiles and layout": (
         _with("slicing", {"mode": "mig", "mig": {"profiles": ["1g.10gb"], "layout": {"1g.10gb": 7}}}),

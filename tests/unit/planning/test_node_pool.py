@@ -94,3 +94,9 @@ def test_many_gpus_chunk_counter_sets_and_devices() -> None:
     assert [s.suffix for s in plan.slices] == ["counters-00", "counters-01", "devices-00", "devices-01"]
     assert [len(s.shared_counters) for s in plan.slices[:2]] == [8, 8]
     assert [len(s.devices) for s in plan.slices[2:]] == [64, 64]
+
+
+def test_too_many_slices_per_gpu_are_not_planned() -> None:
+    plan = plan_node_pool(LABELS, gpus("h100-80gb"), [policy("a", {"mode": "memory", "sliceSize": "512Mi"})])
+    assert list(plan.devices) == []
+    assert list(plan.notes) == ["a: sliceSize 512Mi makes more than 64 slices of GPU 0"]

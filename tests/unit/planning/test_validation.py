@@ -46,6 +46,16 @@ def test_slice_larger_than_every_gpu() -> None:
     assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "900Gi"}, "nodeSelector": nothing})) == []
 
 
+def test_too_many_slices_per_gpu_names_the_smallest_size_that_fits() -> None:
+    tiny = policy("p", {"slicing": {"mode": "memory", "sliceSize": "512Mi"}})
+    [problem] = validate(tiny, select(tiny, INVENTORY), [])
+    assert problem.reason == "TooManySlices"
+    assert "into 160 slices; at most 64 per GPU" in problem.message
+    assert "choose a sliceSize of at least 1280Mi" in problem.message
+    assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "1280Mi"}})) == []
+    assert reasons(policy("p", {"slicing": {"mode": "shared", "sliceSize": "512Mi"}})) == [], "one device per GPU"
+
+
 def test_mig_profiles_are_checked_per_model() -> None:
     h100 = {"matchLabels": {"kubernetes.io/hostname": "h100"}}
     assert reasons(policy("p", {"nodeSelector": h100, "slicing": {"mode": "mig", "mig": {"profiles": ["3g.40gb"]}}})) == []
