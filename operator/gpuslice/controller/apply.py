@@ -8,17 +8,19 @@ longer want are deleted.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
-from gpuslice.dra.names import LABEL_POLICY
+from gpuslice.dra.names import LABEL_POLICY, short_hash
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.paths import collection, object_path
 
 FIELD_MANAGER = "gpuslice-controller"
+APPLIED = "gpuslice.dev/applied"  # annotation: hash of the manifest last applied
 log = structlog.get_logger(__name__)
 
 # Kinds a policy owns, in the order they are applied (a class before the templates that use it).
@@ -48,8 +50,17 @@ class ApplyResult:
     errors: list[str] = field(default_factory=list)
 
 
+def stamped(manifest: dict[str, Any]) -> dict[str, Any]:
+    """``manifest`` with a hash of itself: ``contains`` alone cannot see a field we stopped
+    wanting (the live object still has it), but the hash differs, and applying then removes it."""
+    digest = short_hash(json.dumps(manifest, sort_keys=True), length=16)
+    meta = manifest["metadata"]
+    return {**manifest, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), APPLIED: digest}}}
+
+
 async def apply_object(kube: KubeClient, manifest: dict[str, Any], live: dict[str, Any] | None) -> bool:
     """Apply ``manifest`` unless ``live`` already matches; True when something was written."""
+    manifest = stamped(manifest)
     if live is not None and contains(manifest, live):
         return False
     path = object_path(manifest)

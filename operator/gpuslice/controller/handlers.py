@@ -17,6 +17,7 @@ from gpuslice.controller.admin_access import NamespaceView, sync_admin_labels
 from gpuslice.controller.reconcile import Context, World, reconcile, report_deleting
 from gpuslice.controller.startup import start_context
 from gpuslice.dra.names import DRIVER
+from gpuslice.kube.client import KubeError
 from gpuslice.planning.usage import ClaimView, SliceView
 
 POLICY = (GROUP, VERSION, PLURAL)
@@ -40,6 +41,16 @@ def world(kwargs: dict[str, Any]) -> World:
         slices=_values(kwargs["slice_index"]),
         claims=[c for c in _values(kwargs["claim_index"]) if c is not None],
     )
+
+
+async def _reconcile_each(ctx: Context, bodies: list[Any], current: World) -> None:
+    """Reconcile every policy an event touches; one failing does not keep the others waiting
+    (it is logged, and the status timer converges it again)."""
+    for body in bodies:
+        try:
+            await reconcile(ctx, body, current)
+        except (KubeError, kopf.TemporaryError):
+            continue
 
 
 def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
@@ -112,12 +123,14 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         if type != "ADDED" or "ctx" not in memo:
             return
         current = world(kwargs)
+        affected = []
         for body in current.policies.values():
             spec = body.get("spec") or {}
             named = {t.get("namespace") for t in spec.get("tenants") or []}
             named |= set((spec.get("adminAccess") or {}).get("namespaces") or [])
             if name in named:
-                await reconcile(memo.ctx, body, current)
+                affected.append(body)
+        await _reconcile_each(memo.ctx, affected, current)
 
     @kopf.on.event("resource.k8s.io", "v1", "resourceslices", registry=registry,
                    when=lambda spec, **_: spec.get("driver") == DRIVER)
@@ -126,21 +139,24 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         if type is None or "ctx" not in memo:
             return  # the initial listing: resume handlers cover it
         current = world(kwargs)
-        for policy in sorted({policy for _, policy in SliceView.from_slice(spec).devices if policy}):
-            if policy in current.policies:
-                await reconcile(memo.ctx, current.policies[policy], current)
+        names = sorted({policy for _, policy in SliceView.from_slice(spec).devices if policy})
+        await _reconcile_each(memo.ctx, [current.policies[n] for n in names if n in current.policies], current)
 
     @kopf.on.delete(*POLICY, registry=registry)
     async def policy_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
         ctx: Context = memo.ctx
-        current = world(kwargs)
-        holding = await report_deleting(ctx, body, current)
-        if holding:
-            raise kopf.TemporaryError(
-                f"waiting for {len(holding)} claims to release devices of {name}: {', '.join(holding[:10])}",
-                delay=5,
-            )
-        await sync_admin_labels(ctx.kube, name, set(), current.namespaces)
+        # Under the policy's lock: a reconcile already running on the old body must not put the
+        # admin-access label back after it is removed here.
+        async with ctx.lock(name):
+            current = world(kwargs)
+            holding = await report_deleting(ctx, body, current)
+            if holding:
+                raise kopf.TemporaryError(
+                    f"waiting for {len(holding)} claims to release devices of {name}: {', '.join(holding[:10])}",
+                    delay=5,
+                )
+            await sync_admin_labels(ctx.kube, name, set(), current.namespaces)
+        ctx.forget(name)
         # Owner references take everything else away with the policy.
 
     return registry

@@ -26,7 +26,14 @@ from gpuslice.controller.status import Findings, build_status, status_body
 from gpuslice.inventory.nodes import node_gpus
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.cluster_objects import desired_objects
-from gpuslice.planning.usage import ClaimView, SliceView, devices_by_policy, pending_devices, usage
+from gpuslice.planning.usage import (
+    ClaimView,
+    SliceView,
+    devices_by_policy,
+    devices_in_flux,
+    pending_devices,
+    usage,
+)
 from gpuslice.planning.validation import Problem, Selection, select, validate
 
 log = structlog.get_logger(__name__)
@@ -47,6 +54,11 @@ class Context:
 
     def lock(self, policy: str) -> asyncio.Lock:
         return self.locks.setdefault(policy, asyncio.Lock())
+
+    def forget(self, policy: str) -> None:
+        """A deleted policy's bookkeeping goes with it."""
+        self.locks.pop(policy, None)
+        self.unconverged.discard(policy)
 
 
 @dataclass(frozen=True)
@@ -104,7 +116,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     try:
         policy = GpuSlicePolicy.from_body(body)
     except pydantic.ValidationError as error:
-        await _write_invalid_shape(ctx, body, str(error))
+        await _write_invalid_shape(ctx, body, parse_problem(body["metadata"]["name"], error))
         return
     if policy.metadata.deletion_timestamp:
         return
@@ -116,7 +128,9 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     errors: list[str] = []
     if not problems and converge_objects:
         active = {n for n, view in world.namespaces.items() if view.active}
-        desired = desired_objects(policy, active, devices, taint_rule_api=ctx.taint_rule_api)
+        # A pool being rewritten keeps its devices' taint rules until the rewrite is complete.
+        ruled = devices | devices_in_flux(world.slices).get(policy.name, set())
+        desired = desired_objects(policy, active, ruled, taint_rule_api=ctx.taint_rule_api)
         kinds = [*OWNED_KINDS, (ctx.taint_rule_api, "DeviceTaintRule")]
         result = await converge(ctx.kube, policy.name, desired.all(), kinds)
         errors = result.errors
@@ -124,7 +138,9 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
             await sync_admin_labels(ctx.kube, policy.name, set(policy.spec.admin_access.namespaces), world.namespaces)
         except KubeError as error:
             errors.append(f"labelling admin-access namespaces: {error.message}")
-    pending = len(devices & pending_devices(world.slices))
+    # Held back for a claim, not merely draining for a few seconds before a change (no news).
+    allocated = {ref for claim in world.claims for ref in claim.devices}
+    pending = len(devices & pending_devices(world.slices) & allocated)
     findings = Findings(problems, selection, len(devices), usage(devices, world.claims), errors, pending=pending)
     await write_status(ctx, policy, findings)
     if errors:
@@ -154,19 +170,40 @@ async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings)
                          "The spec is valid again; its objects are being brought up to date.")
 
 
+def parse_problem(name: str, error: pydantic.ValidationError) -> str:
+    """What a human needs from a spec that does not parse: the fields, what is wrong, the fix."""
+    fields = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()[:5])
+    return (f"GpuSlicePolicy {name} does not parse: {fields}. Fix these fields (kubectl edit gsp {name});"
+            " if the apiserver accepted them, the installed CRD is older than the controller: apply crds/.")
+
+
 async def _write_invalid_shape(ctx: Context, body: Mapping[str, Any], message: str) -> None:
+    """Valid=False for a spec that does not parse; written once, not on every status refresh."""
     name = body["metadata"]["name"]
+    status = body.get("status") or {}
+    old: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Valid"), {})
+    generation = body["metadata"].get("generation")
+    if (old.get("reason"), old.get("message"), status.get("observedGeneration")) == (
+            "InvalidSpec", message[:2000], generation):
+        return
     log.warning("policy does not parse", policy=name, error=message)
+    since = old.get("lastTransitionTime") if old.get("status") == "False" else None
     condition = {"type": "Valid", "status": "False", "reason": "InvalidSpec", "message": message[:2000],
-                 "lastTransitionTime": _now()}
-    await ctx.kube.merge_patch(f"{POLICIES}/{name}/status", {"status": {"conditions": [condition]}})
+                 "lastTransitionTime": since or _now()}
+    others = [c for c in status.get("conditions") or [] if c.get("type") != "Valid"]
+    await ctx.kube.merge_patch(f"{POLICIES}/{name}/status", {"status": {
+        "observedGeneration": generation, "conditions": [condition, *others]}})
 
 
 async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -> list[str]:
     """Status while deletion waits for claims; returns the claims still holding devices."""
-    policy = GpuSlicePolicy.from_body(body)
-    devices = devices_by_policy(world.slices).get(policy.name, set())
+    name = body["metadata"]["name"]
+    devices = devices_by_policy(world.slices).get(name, set())
     held = usage(devices, world.claims)
+    try:
+        policy = GpuSlicePolicy.from_body(body)
+    except pydantic.ValidationError:
+        return held.holding_claims  # a spec that never parsed: nothing to report on, deletion still waits
     if held.holding_claims:
         inventory = world.inventory()
         findings = Findings(list[Problem](), select(policy, inventory) if inventory else Selection(()),

@@ -60,26 +60,45 @@ def pending_devices(slices: Iterable[SliceView]) -> set[DeviceRef]:
     return {DeviceRef(view.pool, name) for view in slices for name in view.pending}
 
 
+def _complete_pools(slices: list[SliceView]) -> tuple[dict[str, int], set[str]]:
+    """Each pool's newest generation, and the pools whose newest generation has all its slices."""
+    newest: dict[str, int] = {}
+    for view in slices:
+        newest[view.pool] = max(newest.get(view.pool, view.generation), view.generation)
+    present: dict[str, int] = defaultdict(int)
+    expected: dict[str, int] = {}
+    for view in slices:
+        if view.generation == newest[view.pool]:
+            present[view.pool] += 1
+            expected[view.pool] = view.slice_count
+    return newest, {pool for pool, count in present.items() if count >= expected[pool]}
+
+
+def _by_policy(views: Iterable[SliceView]) -> dict[str, set[DeviceRef]]:
+    grouped: dict[str, set[DeviceRef]] = defaultdict(set)
+    for view in views:
+        for device, policy in view.devices:
+            if policy:
+                grouped[policy].add(DeviceRef(view.pool, device))
+    return grouped
+
+
 def devices_by_policy(slices: Iterable[SliceView]) -> dict[str, set[DeviceRef]]:
     """Devices the scheduler can see, grouped by the policy that made them: those of the
     newest generation of each pool, and only of complete pools (all its slices present),
     as the scheduler ignores the others."""
     slices = list(slices)
-    newest: dict[str, int] = {}
-    for view in slices:
-        newest[view.pool] = max(newest.get(view.pool, view.generation), view.generation)
-    current = [v for v in slices if v.generation == newest[v.pool]]
-    present: dict[str, int] = defaultdict(int)
-    for view in current:
-        present[view.pool] += 1
-    grouped: dict[str, set[DeviceRef]] = defaultdict(set)
-    for view in current:
-        if present[view.pool] < view.slice_count:
-            continue
-        for device, policy in view.devices:
-            if policy:
-                grouped[policy].add(DeviceRef(view.pool, device))
-    return grouped
+    newest, complete = _complete_pools(slices)
+    return _by_policy(v for v in slices if v.pool in complete and v.generation == newest[v.pool])
+
+
+def devices_in_flux(slices: Iterable[SliceView]) -> dict[str, set[DeviceRef]]:
+    """Devices of pools an agent is rewriting (the newest generation is not complete yet), of
+    every generation present, by policy. Not for counting: for not dropping a taint rule of a
+    device that is only between two generations."""
+    slices = list(slices)
+    _, complete = _complete_pools(slices)
+    return _by_policy(v for v in slices if v.pool not in complete)
 
 
 @dataclass

@@ -78,6 +78,14 @@ async def test_policy_creates_class_templates_quota_admission_and_labels(
     assert body["status"]["observedGeneration"] == body["metadata"]["generation"]
     assert [t["namespace"] for t in body["status"]["tenants"]] == [team_a, team_b]
 
+    # A field the policy stops asking for goes from the object too (apply removes what we owned).
+    await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"extendedResourceName": None}})
+
+    async def dropped() -> bool:
+        return "extendedResourceName" not in (await kube.get(f"{RESOURCE}/deviceclasses/{klass}"))["spec"]
+
+    await wait_for(dropped, what="extendedResourceName to leave the DeviceClass with the policy's field")
+
 
 def policy_name_placeholder() -> str:
     return "gpu-slice-test"
