@@ -8,7 +8,9 @@ yet" for "not allocated".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
@@ -16,7 +18,7 @@ import structlog
 from prometheus_client import Counter, Gauge
 
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.dra.names import DRIVER
+from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.dra.resourceslice import resource_slice, slice_name
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
@@ -28,7 +30,28 @@ CYCLES = Counter("gpuslice_agent_publish_cycles", "Publish cycles, by outcome.",
 DEVICES = Gauge("gpuslice_agent_devices", "Devices this agent publishes.")
 HELD = Gauge("gpuslice_agent_held_devices", "Allocated devices kept as they were while a change waits.")
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+ATTR_POLICY_KEY = f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}"
+# Longer than the scheduler takes from reserving a device to writing the claim's allocation.
+DRAIN_SECONDS = 5.0
 log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Drains:
+    """Since when each free device has been published tainted, waiting to change (this process only:
+    a restarted agent drains again, which is only slower)."""
+
+    started: dict[str, float] = field(default_factory=dict)
+
+    def drained(self, now: float) -> set[str]:
+        return {name for name, since in self.started.items() if now - since >= DRAIN_SECONDS}
+
+    def record(self, draining: Iterable[str], now: float) -> None:
+        self.started = {name: self.started.get(name, now) for name in draining}
+
+    def due_in(self, now: float) -> float | None:
+        """Seconds until the next device has drained; None when none drains."""
+        return max(0.0, min(since + DRAIN_SECONDS - now for since in self.started.values())) if self.started else None
 
 
 @dataclass(frozen=True)
@@ -38,6 +61,7 @@ class PublishResult:
     deleted: tuple[str, ...]
     held: tuple[str, ...]
     notes: tuple[str, ...]
+    draining: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -55,29 +79,69 @@ async def allocated_devices(kube: KubeClient, node: str) -> set[str]:
     return found
 
 
-async def read_policies(kube: KubeClient) -> list[GpuSlicePolicy]:
-    policies = []
+@dataclass(frozen=True)
+class Policies:
+    """The policies to plan from, and those whose published devices stay as they are (and why)."""
+
+    plannable: list[GpuSlicePolicy]
+    frozen: dict[str, str]
+
+
+def _not_yet_valid(policy: GpuSlicePolicy) -> str | None:
+    """Why the controller's verdict does not cover this spec; None when it is valid."""
+    status = policy.status
+    if status.observed_generation != policy.metadata.generation:
+        return f"generation {policy.metadata.generation} is not validated by the controller yet"
+    valid = next((c for c in status.conditions if c.type == "Valid"), None)
+    if valid is None or valid.status != "True":
+        return f"the controller found it invalid ({valid.reason if valid else 'no Valid condition'})"
+    return None
+
+
+async def read_policies(kube: KubeClient) -> Policies:
+    plannable, frozen = [], {}
     for body in await kube.list("/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"):
+        name = body["metadata"]["name"]
+        if body["metadata"].get("deletionTimestamp"):
+            continue  # going away: its free devices go, allocated ones wait for their claims
         try:
-            policies.append(GpuSlicePolicy.from_body(body))
+            policy = GpuSlicePolicy.from_body(body)
         except pydantic.ValidationError as error:
-            log.warning("skipping a policy that does not parse", policy=body["metadata"]["name"], error=str(error))
-    return policies
+            frozen[name] = f"it does not parse: {error.errors()[0]['msg'] if error.errors() else error}"
+            continue
+        reason = _not_yet_valid(policy)
+        if reason is None:
+            plannable.append(policy)
+        else:
+            frozen[name] = reason
+    return Policies(plannable, frozen)
+
+
+def _policy_of(device: dict[str, Any]) -> str | None:
+    value = (device.get("attributes") or {}).get(ATTR_POLICY_KEY, {}).get("string")
+    return str(value) if value is not None else None
 
 
 def _content(spec: dict[str, Any]) -> Any:
     return normalized({"sharedCounters": spec.get("sharedCounters") or [], "devices": spec.get("devices") or []})
 
 
-async def publish(kube: KubeClient, node: str, gpus: list[Gpu]) -> PublishResult:
+async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains | None = None) -> PublishResult:
+    """One cycle. With ``drains``, free devices drain before they change (see pool_safety)."""
+    drains = drains if drains is not None else Drains()
     node_body = await kube.get(f"/api/v1/nodes/{node}")
     labels = node_body["metadata"].get("labels") or {}
-    plan = plan_node_pool(labels, gpus, await read_policies(kube))
+    policies = await read_policies(kube)
+    plan = plan_node_pool(labels, gpus, policies.plannable)
     existing = [s for s in await kube.list(SLICES, fieldSelector=f"spec.nodeName={node},spec.driver={DRIVER}")
                 if s["spec"]["pool"]["name"] == node]
     published = [d for s in existing for d in s["spec"].get("devices") or []]
     counter_sets = [c for s in existing for c in s["spec"].get("sharedCounters") or []]
-    safe: SafePlan = make_safe(plan, published, counter_sets, await allocated_devices(kube, node))
+    # Claims are read after the slices: a device that has drained is judged on claims read since.
+    started = time.monotonic()
+    frozen = {d["name"] for d in published if _policy_of(d) in policies.frozen}
+    safe: SafePlan = make_safe(plan, published, counter_sets, await allocated_devices(kube, node),
+                               drained=drains.drained(started), frozen=frozen)
 
     wanted = {slice_name(node, s.suffix): s for s in safe.slices}
     current = {s["metadata"]["name"]: s for s in existing}
@@ -92,9 +156,10 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu]) -> PublishResult
     generation = max(generations, default=0)
     DEVICES.set(sum(len(s.devices) for s in safe.slices))
     HELD.set(len(safe.held))
-    if unchanged:
+    if unchanged or (not wanted and not current):
+        drains.record(safe.draining, started)
         CYCLES.labels(outcome="unchanged").inc()
-        return PublishResult(generation, (), (), safe.held, plan.notes)
+        return PublishResult(generation, (), (), safe.held, plan.notes, safe.draining)
 
     generation += 1
     deleted = []
@@ -113,10 +178,16 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu]) -> PublishResult
         )
         await kube.apply(f"{SLICES}/{name}", manifest, field_manager=FIELD_MANAGER)
         written.append(name)
+    drains.record(safe.draining, started)  # the taints are out: their drain runs from here
     CYCLES.labels(outcome="written").inc()
-    result = PublishResult(generation, tuple(written), tuple(deleted), safe.held, plan.notes)
+    result = PublishResult(generation, tuple(written), tuple(deleted), safe.held, plan.notes, safe.draining)
     log.info("published pool", node=node, generation=generation, devices=sum(len(s.devices) for s in safe.slices),
-             written=len(written), deleted=deleted, held=list(safe.held), blocked_gpus=list(safe.blocked_gpus))
+             written=len(written), deleted=deleted, held=list(safe.held), draining=len(safe.draining),
+             blocked_gpus=list(safe.blocked_gpus))
     if safe.held:
         log.warning("changes held back while claims hold devices", node=node, devices=list(safe.held))
+    for note in plan.notes:
+        log.warning("planner note", node=node, note=note)
+    for name, reason in sorted(policies.frozen.items()):
+        log.warning("policy's devices kept as published", node=node, policy=name, reason=reason)
     return result

@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from typing import Any
 
 import kopf
 import structlog
 
 from gpuslice.agent.gpus import GpuBackend
-from gpuslice.agent.publisher import publish
+from gpuslice.agent.publisher import Drains, publish
 from gpuslice.dra.names import DRIVER
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
@@ -76,21 +77,25 @@ def build_agent_registry(node: str, wake: asyncio.Event, kubeconfig: str | None)
 async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: asyncio.Event, stop: asyncio.Event,
                        resync: float) -> None:
     backoff = 1.0
+    drains = Drains()
     while not stop.is_set():
+        due = drains.due_in(time.monotonic())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), resync)
+            await asyncio.wait_for(wake.wait(), resync if due is None else min(resync, due))
         if stop.is_set():
             return
         await asyncio.sleep(DEBOUNCE)  # one cycle for a burst of events
         wake.clear()
         try:
-            await publish(kube, node, gpus)
+            await publish(kube, node, gpus, drains)
             backoff = 1.0
-        except KubeError as error:
-            if error.status == 404 and "nodes" in error.message:
+        except Exception as error:  # the loop is the agent's purpose: it outlives any failed cycle
+            if isinstance(error, KubeError) and error.status == 404 and "nodes" in error.message:
                 log.warning("this agent's Node does not exist (yet); will retry", node=node)
-            else:
+            elif isinstance(error, KubeError):
                 log.warning("publishing failed; will retry", node=node, error=str(error), retry_in=backoff)
+            else:
+                log.exception("publishing failed unexpectedly; will retry", node=node, retry_in=backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
             wake.set()

@@ -8,6 +8,14 @@ back for those devices: the published device stays exactly as it was, gains a
 it, and the change applies once the claim is gone. A GPU whose held devices
 use another counter set than the new plan (a change of mode) gets none of the
 new devices until then: counters of different sets cannot guard each other.
+
+Devices no claim holds are not changed at once either. The scheduler may have
+picked one already and write the claim a moment later (it reserves in memory and
+records the allocation at PreBind), and a claim may be allocated between the
+agent's read of the claims and its write. So a device the plan removes or
+changes first *drains*: it is published tainted, as a held one, and only once it
+has been so for a while (the caller says which devices have: ``drained``) and
+the claims read again after that still show it free does the change apply.
 """
 
 from __future__ import annotations
@@ -49,7 +57,8 @@ def _without_pending(device: Device) -> Device:
 
 def _with_pending(device: Device) -> Device:
     taints = [t for t in device.get("taints", []) if t.get("key") != PENDING_TAINT_KEY]
-    taints.append({"key": PENDING_TAINT_KEY, "value": "", "effect": "NoSchedule"})
+    # No empty value: the apiserver omits it, and the published device must read back equal.
+    taints.append({"key": PENDING_TAINT_KEY, "effect": "NoSchedule"})
     return {**device, "taints": taints}
 
 
@@ -69,22 +78,35 @@ class SafePlan:
     slices: tuple[PlannedSlice, ...]
     held: tuple[str, ...]  # allocated devices kept as they were, change pending
     blocked_gpus: tuple[int, ...]  # GPUs whose new layout waits for their claims
+    draining: tuple[str, ...] = ()  # free devices kept, tainted, until they have drained
 
 
 def make_safe(
-    plan: NodePlan, published: Iterable[Device], counter_sets: Iterable[Mapping[str, Any]], allocated: Set[str]
+    plan: NodePlan, published: Iterable[Device], counter_sets: Iterable[Mapping[str, Any]], allocated: Set[str],
+    drained: Set[str] | None = None, frozen: Set[str] = frozenset(),
 ) -> SafePlan:
-    """``plan``, except that allocated devices stay as published (see module doc)."""
+    """``plan``, except that allocated devices stay as published and free ones drain first
+    (see module doc). ``drained=None`` means every free device may change at once.
+
+    ``frozen`` devices stay exactly as published, untainted: their policy's current spec is not
+    one to act on (it does not parse, or the controller has not found it valid), and bad input
+    never changes what was already published.
+    """
     live = {d["name"]: d for d in published}
     live_sets = {str(c["name"]): dict(c) for c in counter_sets}
-    wanted = {d["name"]: d for d in plan.devices}
-    held: dict[str, Device] = {}
-    for name in sorted(allocated & set(live)):
+    wanted = {d["name"]: d for d in plan.devices if d["name"] not in frozen}
+    held: dict[str, Device] = {name: _without_pending(live[name]) for name in sorted(frozen & set(live))}
+    draining: list[str] = []
+    for name in sorted(set(live) - frozen):
         old = _without_pending(live[name])
         new = wanted.get(name)
         if new is not None and normalized(new) == normalized(old):
             continue
-        held[name] = _with_pending(old)
+        if name in allocated:
+            held[name] = _with_pending(old)
+        elif drained is not None and name not in drained:
+            held[name] = _with_pending(old)
+            draining.append(name)
 
     held_by_gpu: dict[int | None, set[frozenset[str]]] = {}
     for device in held.values():
@@ -105,4 +127,5 @@ def make_safe(
             sets[name] = live_sets[name]
     final_sets = [c for name, c in sets.items() if name in needed_sets]
     blocked_gpus = tuple(sorted(g for g in blocked if g is not None))
-    return SafePlan(layout(final_sets, devices), tuple(sorted(held)), blocked_gpus)
+    allocated_held = tuple(sorted(set(held) - set(draining) - frozen))
+    return SafePlan(layout(final_sets, devices), allocated_held, blocked_gpus, tuple(draining))

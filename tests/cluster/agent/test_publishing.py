@@ -212,12 +212,23 @@ async def test_resize_while_claims_hold_slices_waits_for_them(
     await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}",
                            {"spec": {"slicing": {"sliceSize": "20Gi"}}})
 
+    def twenty(devices: dict[str, Any]) -> set[str]:
+        return {n for n in devices if "20gi" in n}
+
+    async def draining() -> dict[str, dict[str, Any]] | None:
+        devices = await pool_devices(kube, node.name)
+        return devices if len(twenty(devices)) == 4 and set(before) <= set(devices) else None
+
+    # First every 10Gi slice drains, tainted, next to the new 20Gi ones under the same counters: the
+    # scheduler may have picked a free one already and not yet written the claim.
+    first = await wait_for(draining, within=30, what="20Gi slices next to all the 10Gi ones, draining")
+    assert all(first[n].get("taints") for n in before), "every changing device is tainted while it drains"
+
     async def resized() -> dict[str, dict[str, Any]] | None:
         devices = await pool_devices(kube, node.name)
-        return devices if sum("20gi" in n for n in devices) == 4 and held <= set(devices) else None
+        return devices if set(devices) == held | twenty(devices) and len(twenty(devices)) == 4 else None
 
-    during = await wait_for(resized, within=30, what="20Gi slices next to the held 10Gi ones")
-    assert set(during) == held | {n for n in during if "20gi" in n}, "unallocated 10Gi slices go at once"
+    during = await wait_for(resized, within=30, what="the free 10Gi slices to go once drained, the held ones to stay")
     for device in held:
         kept = during[device]
         assert kept["consumesCounters"] == before[device]["consumesCounters"], "an allocated device never changes"
@@ -232,6 +243,11 @@ async def test_resize_while_claims_hold_slices_waits_for_them(
     assert degraded["status"] == "True"
     assert degraded["message"].startswith("2 allocated devices keep their old shape")
 
+    versions = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in await pool(kube, node.name)}
+    await asyncio.sleep(3)
+    assert {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in await pool(kube, node.name)} == versions, \
+        "a held change writes nothing while it waits"
+
     for pod in pods:
         await kube.delete(f"/api/v1/namespaces/{namespace}/pods/{pod}", gracePeriodSeconds=0)
 
@@ -241,6 +257,36 @@ async def test_resize_while_claims_hold_slices_waits_for_them(
             d.get("taints") for d in devices.values())
 
     await wait_for(applied, within=60, what="the held change to apply once the claims are gone")
+
+
+async def test_invalid_edit_keeps_what_was_published(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str,
+) -> None:
+    node = await gpu_node("h100-80gb", 1)
+    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10Gi"})
+    await published(kube, node.name, 8)
+    versions = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in await pool(kube, node.name)}
+    path = f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}"
+
+    await kube.merge_patch(path, {"spec": {"slicing": {"sliceSize": "100Gi"}}})  # larger than the GPU
+
+    async def invalid() -> bool:
+        body = await kube.get(path)
+        return bool(condition(body, "Valid").get("status") == "False"
+                    and body["status"].get("observedGeneration") == body["metadata"]["generation"])
+
+    await wait_for(invalid, what="the controller to find the edit invalid")
+    await asyncio.sleep(3)
+    assert {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in await pool(kube, node.name)} == versions, \
+        "an invalid spec changes nothing that was published"
+
+    await kube.merge_patch(path, {"spec": {"slicing": {"sliceSize": "40Gi"}}})
+
+    async def applied() -> bool:
+        return sorted(await pool_devices(kube, node.name)) == [f"gpu-0-{name}-40gi-{k}" for k in range(2)]
+
+    await wait_for(applied, within=30, what="the valid edit to apply")
 
 
 async def test_agent_restart_rewrites_nothing_and_node_deletion_removes_the_pool(
@@ -284,5 +330,14 @@ async def test_agent_may_write_only_its_own_nodes_slices(gpu_node: GpuNodeFactor
                             "pool": {"name": other.name, "generation": 1, "resourceSliceCount": 1}, "devices": []}}
         with pytest.raises(KubeError) as denied:
             await as_agent.create(SLICES, foreign)
+        # On its own node, still only our driver, in the pool named after the node.
+        other_driver = {**foreign, "metadata": {"name": f"{mine.name}-d"},
+                        "spec": {**foreign["spec"], "nodeName": mine.name, "driver": "other.example.com",
+                                 "pool": {"name": mine.name, "generation": 1, "resourceSliceCount": 1}}}
+        other_pool = {**foreign, "metadata": {"name": f"{mine.name}-p"},
+                      "spec": {**foreign["spec"], "nodeName": mine.name}}  # the other node's pool name
+        for body in (other_driver, other_pool):
+            with pytest.raises(KubeError, match="may write only its own node's ResourceSlices"):
+                await as_agent.create(SLICES, body)
     assert denied.value.status == 403
     assert f"gpuslice agent on node {mine.name} may write only its own node's ResourceSlices" in denied.value.message

@@ -37,7 +37,7 @@ def test_resized_policy_keeps_allocated_slice_tainted_and_adds_the_new_ones() ->
     assert safe.held == ("gpu-0-p-10gi-3",)
     kept = devices["gpu-0-p-10gi-3"]
     assert kept["consumesCounters"] == old.devices[3]["consumesCounters"], "consumption never changes"
-    assert kept["taints"] == [{"key": PENDING_TAINT_KEY, "value": "", "effect": "NoSchedule"}]
+    assert kept["taints"] == [{"key": PENDING_TAINT_KEY, "effect": "NoSchedule"}]
     assert sorted(n for n in devices if "20gi" in n) == [f"gpu-0-p-20gi-{k}" for k in range(4)]
     assert "gpu-0-p-10gi-0" not in devices, "unallocated old slices go at once"
     # Same counter set: the scheduler can only hand out 20Gi slices that fit next to the held 10Gi.
@@ -66,3 +66,45 @@ def test_held_device_with_server_defaults_is_still_unchanged() -> None:
     server = published(old)
     server[0] = {**server[0], "capacity": {"memory": {"value": "10737418240"}}}  # same quantity, other spelling
     assert make_safe(old, server, old.counter_sets, {server[0]["name"]}).held == ()
+
+
+def test_free_devices_drain_tainted_before_they_change() -> None:
+    old, new = plan({"mode": "memory", "sliceSize": "10Gi"}), plan({"mode": "memory", "sliceSize": "20Gi"})
+    old_names = {d["name"] for d in old.devices}
+
+    first = make_safe(new, published(old), old.counter_sets, set(), drained=set())
+    devices = {d["name"]: d for s in first.slices for d in s.devices}
+    assert set(first.draining) == old_names
+    assert first.held == ()
+    assert all(devices[n]["taints"] == [{"key": PENDING_TAINT_KEY, "effect": "NoSchedule"}] for n in old_names)
+    assert sorted(n for n in devices if "20gi" in n) == [f"gpu-0-p-20gi-{k}" for k in range(4)], \
+        "the new slices come at once, under the same counters"
+
+    # Drained, and the claims read again: one was allocated meanwhile; it is held, the rest go.
+    late = "gpu-0-p-10gi-2"
+    second = make_safe(new, [d for s in first.slices for d in s.devices], old.counter_sets, {late},
+                       drained=old_names)
+    names = {d["name"] for s in second.slices for d in s.devices}
+    assert second.held == (late,)
+    assert second.draining == ()
+    assert names & old_names == {late}
+
+
+def test_drain_of_a_mode_change_keeps_the_new_devices_off_the_gpu() -> None:
+    old, new = plan({"mode": "memory", "sliceSize": "10Gi"}), plan({"mode": "shared", "sliceSize": "10Gi"})
+    safe = make_safe(new, published(old), old.counter_sets, set(), drained=set())
+    assert safe.blocked_gpus == (0,)
+    assert {d["name"] for s in safe.slices for d in s.devices} == {d["name"] for d in old.devices}
+
+
+def test_frozen_policy_keeps_its_devices_untainted_and_its_gpu() -> None:
+    old = plan({"mode": "memory", "sliceSize": "10Gi"})
+    names = {d["name"] for d in old.devices}
+    other = plan_node_pool(LABELS, GPUS, [GpuSlicePolicy.model_validate(
+        {"metadata": {"name": "q", "creationTimestamp": "2026-11-29T11:00:00Z"},
+         "spec": {"slicing": {"mode": "shared", "sliceSize": "10Gi"}}})])
+    safe = make_safe(other, published(old), old.counter_sets, set(), drained=set(), frozen=names)
+    devices = {d["name"]: d for s in safe.slices for d in s.devices}
+    assert set(devices) == names, "another policy's devices never land on a GPU a frozen one holds"
+    assert not any(d.get("taints") for d in devices.values())
+    assert (safe.held, safe.draining, safe.blocked_gpus) == ((), (), (0,))
