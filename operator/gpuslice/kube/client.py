@@ -22,6 +22,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 Object = dict[str, Any]
 
 _TYPES = {status: "object" for status in (200, 201, 202)}
+# Seconds for one request, connection included: a half-open connection must not hang a
+# reconcile (holding its policy's lock) or the agent's publish cycle for good.
+REQUEST_TIMEOUT = 60
 
 
 class KubeError(Exception):
@@ -93,6 +96,7 @@ class KubeClient:
                 response_types_map=_TYPES,
                 auth_settings=["BearerToken"],
                 _return_http_data_only=True,
+                _request_timeout=REQUEST_TIMEOUT,
             )
         except ApiException as error:
             raise KubeError.from_api(error) from None

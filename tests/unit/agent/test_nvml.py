@@ -96,3 +96,17 @@ def test_gpu_without_mig() -> None:
 def test_no_driver_gives_a_clear_message() -> None:
     with pytest.raises(GpuBackendError, match=r"NVML could not start \(Driver Not Loaded\).*--backend fake"):
         NvmlBackend(stand_in(fail_init=True)).discover()
+
+
+def test_gpu_lost_while_reading_gives_a_clear_message() -> None:
+    nvml = stand_in()
+
+    class GpuIsLost(nvml.NVMLError):  # type: ignore[name-defined,misc]
+        pass
+
+    def lost(handle: Any) -> Any:
+        raise GpuIsLost("GPU is lost")
+
+    nvml.nvmlDeviceGetMemoryInfo = lost  # type: ignore[attr-defined]
+    with pytest.raises(GpuBackendError, match=r"NVML failed while reading the GPUs \(GPU is lost\).*nvidia-smi"):
+        NvmlBackend(nvml).discover()

@@ -42,6 +42,11 @@ class NvmlBackend:
         try:
             driver = _text(nvml.nvmlSystemGetDriverVersion())
             return [self._gpu(index, driver) for index in range(nvml.nvmlDeviceGetCount())]
+        except nvml.NVMLError as error:
+            raise GpuBackendError(
+                f"NVML failed while reading the GPUs ({error}). Check `nvidia-smi -q` on the node: a GPU"
+                " that fell off the bus or needs a reset shows there; the agent publishes once NVML reads cleanly."
+            ) from error
         finally:
             nvml.nvmlShutdown()
 
