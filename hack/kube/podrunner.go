@@ -151,8 +151,17 @@ func runPodRunner(args []string) int {
 	logger.Info("pod runner started", "root", *root)
 	<-ctx.Done()
 	logger.Info("pod runner stopping")
+	// The deferred clean-up talks to an apiserver that may be going down with us (events are
+	// retried for minutes): a stopped node must not linger, so it gets a bounded time.
+	time.AfterFunc(shutdownGrace, func() {
+		logger.Info("clean-up did not finish in time; exiting", "grace", shutdownGrace)
+		klog.Flush()
+		os.Exit(0)
+	})
 	return 0
 }
+
+const shutdownGrace = 5 * time.Second
 
 func (r *podRunner) enqueue(obj any) {
 	if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {

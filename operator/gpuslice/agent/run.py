@@ -28,6 +28,7 @@ from gpuslice.observability.metrics import serve_metrics
 
 log = structlog.get_logger(__name__)
 DEBOUNCE = 0.3
+SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM to a forced exit (Kopf's ultimate exiting timeout)
 
 
 def build_agent_registry(node: str, wake: asyncio.Event, kubeconfig: str | None) -> kopf.OperatorRegistry:
@@ -38,6 +39,7 @@ def build_agent_registry(node: str, wake: asyncio.Event, kubeconfig: str | None)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.scanning.disabled = True
         settings.posting.enabled = False
+        settings.process.ultimate_exiting_timeout = SHUTDOWN_GRACE  # see the controller's handlers
         settings.watching.server_timeout = 600
 
     @kopf.on.login(registry=registry)

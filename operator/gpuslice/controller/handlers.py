@@ -23,6 +23,7 @@ from gpuslice.planning.usage import ClaimView, SliceView
 POLICY = (GROUP, VERSION, PLURAL)
 STATUS_INTERVAL = 10.0  # seconds between status refreshes (memory only, writes only on change)
 DRIFT_INTERVAL = 120.0  # seconds between full re-applies that repair edits made by others
+SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM to a forced exit
 
 
 def _values(index: Any) -> list[Any]:
@@ -67,6 +68,9 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         settings.watching.server_timeout = 600
         settings.networking.request_timeout = 60
         settings.execution.default_backoff = 5
+        # Kopf handles SIGTERM itself; without a stop flag it waits up to this long for a graceful
+        # exit. A request to an apiserver going down with us must not keep us alive for minutes.
+        settings.process.ultimate_exiting_timeout = SHUTDOWN_GRACE
         memo.ctx = await start_context(kubeconfig)
 
     @kopf.on.cleanup(registry=registry)

@@ -25,6 +25,11 @@ async def pool(kube: KubeClient, node: str) -> list[dict[str, Any]]:
             if s["spec"]["driver"] == "gpu.gpuslice.dev"]
 
 
+async def pool_versions(kube: KubeClient, node: str) -> dict[str, str]:
+    """Each of the pool's slices and its resourceVersion: equal snapshots mean nothing was written."""
+    return {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in await pool(kube, node)}
+
+
 async def pool_devices(kube: KubeClient, node: str) -> dict[str, dict[str, Any]]:
     return {d["name"]: d for s in await pool(kube, node) for d in s["spec"].get("devices") or []}
 
@@ -243,10 +248,9 @@ async def test_resize_while_claims_hold_slices_waits_for_them(
     assert degraded["status"] == "True"
     assert degraded["message"].startswith("2 allocated devices keep their old shape")
 
-    versions = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in await pool(kube, node.name)}
+    versions = await pool_versions(kube, node.name)
     await asyncio.sleep(3)
-    assert {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in await pool(kube, node.name)} == versions, \
-        "a held change writes nothing while it waits"
+    assert await pool_versions(kube, node.name) == versions, "a held change writes nothing while it waits"
 
     for pod in pods:
         await kube.delete(f"/api/v1/namespaces/{namespace}/pods/{pod}", gracePeriodSeconds=0)
@@ -266,7 +270,7 @@ async def test_invalid_edit_keeps_what_was_published(
     node = await gpu_node("h100-80gb", 1)
     name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10Gi"})
     await published(kube, node.name, 8)
-    versions = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in await pool(kube, node.name)}
+    versions = await pool_versions(kube, node.name)
     path = f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}"
 
     await kube.merge_patch(path, {"spec": {"slicing": {"sliceSize": "100Gi"}}})  # larger than the GPU
@@ -278,8 +282,7 @@ async def test_invalid_edit_keeps_what_was_published(
 
     await wait_for(invalid, what="the controller to find the edit invalid")
     await asyncio.sleep(3)
-    assert {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in await pool(kube, node.name)} == versions, \
-        "an invalid spec changes nothing that was published"
+    assert await pool_versions(kube, node.name) == versions, "an invalid spec changes nothing that was published"
 
     await kube.merge_patch(path, {"spec": {"slicing": {"sliceSize": "40Gi"}}})
 

@@ -154,7 +154,10 @@ async def test_supervisor_killed_hard_leaves_nothing_behind(tmp_path: Path) -> N
     async def all_gone() -> bool:
         return processes_using(state) == []
 
-    await wait_for(all_gone, within=30, what="every component to exit with its supervisor")
+    try:
+        await wait_for(all_gone, within=30, what="every component to exit with its supervisor")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; still running: {processes_using(state)}") from None
 
 
 def test_agent_without_a_gpu_driver_says_so(tmp_path: Path) -> None:
