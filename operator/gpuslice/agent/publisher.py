@@ -178,7 +178,7 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         )
         await kube.apply(f"{SLICES}/{name}", manifest, field_manager=FIELD_MANAGER)
         written.append(name)
-    drains.record(safe.draining, started)  # the taints are out: their drain runs from here
+    drains.record(safe.draining, time.monotonic())  # the taints are out: their drain runs from now
     CYCLES.labels(outcome="written").inc()
     result = PublishResult(generation, tuple(written), tuple(deleted), safe.held, plan.notes, safe.draining)
     log.info("published pool", node=node, generation=generation, devices=sum(len(s.devices) for s in safe.slices),
