@@ -34,10 +34,11 @@ def quantity_bytes(text: str) -> int:
 
 
 def format_bytes(value: int) -> str:
-    """The shortest exact binary form: 10737418240 -> ``10Gi``."""
-    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+    """The shortest exact form, binary before decimal: 10737418240 -> ``10Gi``, 10**10 -> ``10G``."""
+    forms = [str(value)]
+    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki", "E", "P", "T", "G", "M", "k"):
         unit = _SUFFIXES[suffix]
         assert isinstance(unit, int)
         if value and value % unit == 0:
-            return f"{value // unit}{suffix}"
-    return str(value)
+            forms.append(f"{value // unit}{suffix}")
+    return min(forms, key=len)

@@ -1,9 +1,13 @@
 """Known GPU models, with the figures that slicing decisions depend on.
 
 The fake backend pretends to be these GPUs, and the controller uses the same
-figures to judge a policy against the nodes it selects. Memory is the nominal
-size (80Gi for an H100 80GB), which is what the fake backend reports; a real
-GPU reports its usable memory through NVML, slightly less.
+figures to judge a policy against the nodes it selects. Memory is what NVML
+reports on a current driver, not the nominal size: an "H100 80GB" has 81,559 MiB
+(79.6 GiB), so a 10Gi policy gives it 7 slices, and a 10G (10^9 bytes) one 8.
+MIG profile sizes are ``nvidia-smi mig -lgip``'s on R535+ drivers; they move a
+little between drivers, which is why the NVML backend reads them from the GPU.
+Sources: nvidia-smi output pasted in NVIDIA's MIG user guide, NVIDIA/mig-parted
+issues #31 and #120, go-nvml's A100 mock (see docs/agent.md).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GI = 1024**3
+MI = 1024**2
 
 
 MEMORY_SLICES = 8  # every MIG-capable GPU here has 8 memory slices (and 7 compute slices)
@@ -58,28 +63,35 @@ class GpuModel:
         return next((p for p in self.mig_profiles if p.name == name), None)
 
 
-def _mig(unit: int, double: int, big: int, full: int) -> tuple[MigProfile, ...]:
-    """The seven-slice MIG family of A100/H100/H200 by their memory figures in GB, with
-    NVML's placement table (start memory slice, size in memory slices)."""
+def _mig(sizes_mib: tuple[int, int, int, int], names: tuple[int, int, int, int]) -> tuple[MigProfile, ...]:
+    """The seven-slice MIG family of A100/H100/H200: profile names by their GB figures (1g, 2g,
+    3g, 7g) and NVML's memory per profile in MiB, with NVML's placement table (start memory
+    slice, size in memory slices)."""
+    one, two, four, full = (m * MI for m in sizes_mib)
+    unit, double, big, whole = names
     return (
-        MigProfile(f"1g.{unit}gb", unit * GI, 7, 1, (0, 1, 2, 3, 4, 5, 6)),
-        MigProfile(f"1g.{unit}gb+me", unit * GI, 1, 1, (0, 1, 2, 3, 4, 5, 6), media=True),
-        MigProfile(f"1g.{double}gb", double * GI, 4, 2, (0, 2, 4, 6)),
-        MigProfile(f"2g.{double}gb", double * GI, 3, 2, (0, 2, 4)),
-        MigProfile(f"3g.{big}gb", big * GI, 2, 4, (0, 4)),
-        MigProfile(f"4g.{big}gb", big * GI, 1, 4, (0,)),
-        MigProfile(f"7g.{full}gb", full * GI, 1, 8, (0,)),
+        MigProfile(f"1g.{unit}gb", one, 7, 1, (0, 1, 2, 3, 4, 5, 6)),
+        MigProfile(f"1g.{unit}gb+me", one, 1, 1, (0, 1, 2, 3, 4, 5, 6), media=True),
+        MigProfile(f"1g.{double}gb", two, 4, 2, (0, 2, 4, 6)),
+        MigProfile(f"2g.{double}gb", two, 3, 2, (0, 2, 4)),
+        MigProfile(f"3g.{big}gb", four, 2, 4, (0, 4)),
+        MigProfile(f"4g.{big}gb", four, 1, 4, (0,)),
+        MigProfile(f"7g.{whole}gb", full, 1, 8, (0,)),
     )
 
 
 MODELS: dict[str, GpuModel] = {
     model.key: model
     for model in (
-        GpuModel("h100-80gb", "NVIDIA H100 80GB HBM3", 80 * GI, "Hopper", "9.0", _mig(10, 20, 40, 80)),
-        GpuModel("h200-141gb", "NVIDIA H200", 141 * GI, "Hopper", "9.0", _mig(18, 35, 71, 141)),
-        GpuModel("a100-40gb", "NVIDIA A100-SXM4-40GB", 40 * GI, "Ampere", "8.0", _mig(5, 10, 20, 40)),
-        GpuModel("a100-80gb", "NVIDIA A100-SXM4-80GB", 80 * GI, "Ampere", "8.0", _mig(10, 20, 40, 80)),
-        GpuModel("l4", "NVIDIA L4", 24 * GI, "Ada Lovelace", "8.9"),
-        GpuModel("l40s", "NVIDIA L40S", 48 * GI, "Ada Lovelace", "8.9"),
+        GpuModel("h100-80gb", "NVIDIA H100 80GB HBM3", 81559 * MI, "Hopper", "9.0",
+                 _mig((9984, 20096, 40448, 81152), (10, 20, 40, 80))),
+        GpuModel("h200-141gb", "NVIDIA H200", 143771 * MI, "Hopper", "9.0",
+                 _mig((16384, 33024, 71168, 143104), (18, 35, 71, 141))),
+        GpuModel("a100-40gb", "NVIDIA A100-SXM4-40GB", 40960 * MI, "Ampere", "8.0",
+                 _mig((4864, 9856, 19968, 40192), (5, 10, 20, 40))),
+        GpuModel("a100-80gb", "NVIDIA A100-SXM4-80GB", 81920 * MI, "Ampere", "8.0",
+                 _mig((9728, 19968, 40192, 80896), (10, 20, 40, 80))),
+        GpuModel("l4", "NVIDIA L4", 23034 * MI, "Ada Lovelace", "8.9"),
+        GpuModel("l40s", "NVIDIA L40S", 46068 * MI, "Ada Lovelace", "8.9"),
     )
 }

@@ -8,18 +8,18 @@ from typing import Protocol
 from gpuslice.inventory.catalog import MigProfile
 
 
-def mig_device_name(gpu: int, profile: str, start: int) -> str:
-    """``gpu-0-mig-1g10gb-me-at-3``: GPU, profile and placement, readable back from the name."""
-    tag = profile.replace(".", "").replace("+", "-")
-    return f"gpu-{gpu}-mig-{tag}-at-{start}"
+def mig_device_name(gpu_tag: str, profile: str, start: int) -> str:
+    """``gpu-2d3e5f1a-mig-1g10gb-me-at-3``: GPU, profile and placement, readable back from the name."""
+    return f"{gpu_tag}-mig-{profile.replace('.', '').replace('+', '-')}-at-{start}"
 
 
-def parse_mig_device_name(name: str) -> tuple[int, str, int] | None:
-    """The inverse of :func:`mig_device_name` (profile without dots: ``1g10gb-me``)."""
-    parts = name.split("-")
-    if len(parts) < 6 or parts[0] != "gpu" or parts[2] != "mig" or parts[-2] != "at":
+def parse_mig_device_name(name: str) -> tuple[str, str, int] | None:
+    """The inverse of :func:`mig_device_name`: (GPU tag, profile without dots such as ``1g10gb-me``, start)."""
+    head, sep, tail = name.partition("-mig-")
+    profile, at, start = tail.rpartition("-at-")
+    if not (sep and at and head.startswith("gpu-") and start.isdigit()):
         return None
-    return int(parts[1]), "-".join(parts[3:-2]), int(parts[-1])
+    return head, profile, int(start)
 
 
 class HasMigProfiles(Protocol):

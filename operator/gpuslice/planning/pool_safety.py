@@ -62,9 +62,12 @@ def _with_pending(device: Device) -> Device:
     return {**device, "taints": taints}
 
 
-def _gpu(device: Device) -> int | None:
-    value = (device.get("attributes") or {}).get(f"{ATTRIBUTE_DOMAIN}/index", {}).get("int")
-    return int(value) if value is not None else None
+def _gpu(device: Device) -> str | None:
+    """The physical GPU, by UUID (an index can name another GPU after a restart)."""
+    attributes = device.get("attributes") or {}
+    value = (attributes.get(f"{ATTRIBUTE_DOMAIN}/uuid") or attributes.get(f"{ATTRIBUTE_DOMAIN}/parentUUID") or {})
+    found = value.get("string")
+    return str(found) if found is not None else None
 
 
 def _signature(device: Device) -> frozenset[str]:
@@ -77,7 +80,7 @@ def _signature(device: Device) -> frozenset[str]:
 class SafePlan:
     slices: tuple[PlannedSlice, ...]
     held: tuple[str, ...]  # allocated devices kept as they were, change pending
-    blocked_gpus: tuple[int, ...]  # GPUs whose new layout waits for their claims
+    blocked_gpus: tuple[str, ...]  # GPUs (UUIDs) whose new layout waits for their claims
     draining: tuple[str, ...] = ()  # free devices kept, tainted, until they have drained
 
 
@@ -108,7 +111,7 @@ def make_safe(
             held[name] = _with_pending(old)
             draining.append(name)
 
-    held_by_gpu: dict[int | None, set[frozenset[str]]] = {}
+    held_by_gpu: dict[str | None, set[frozenset[str]]] = {}
     for device in held.values():
         held_by_gpu.setdefault(_gpu(device), set()).add(_signature(device))
     blocked = set()

@@ -8,8 +8,11 @@ from typing import Any
 
 import pytest
 
+from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.inventory.catalog import MODELS
 from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.planning.devices import gpu_tag
 from gpuslice.planning.mig import parse_mig_device_name
 from tests.cluster.agent.conftest import GpuNodeFactory
 from tests.cluster.controller.test_objects import condition, get_or_none
@@ -17,7 +20,14 @@ from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_cl
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
 GI = 1024**3
+G = 10**9
+H100 = MODELS["h100-80gb"].memory  # 81,559 MiB, as NVML reports an H100 80GB HBM3
 SLICES = f"{RESOURCE}/resourceslices"
+
+
+def tag(node: str, model: str = "h100-80gb", index: int = 0) -> str:
+    """The name a fake GPU of ``node`` goes by in device and counter set names."""
+    return gpu_tag(FakeBackend(node, [(model, index + 1)]).discover()[index].uuid)
 
 
 async def pool(kube: KubeClient, node: str) -> list[dict[str, Any]]:
@@ -91,19 +101,19 @@ def memory_of(devices: dict[str, dict[str, Any]], results: list[dict[str, Any]])
     return sum(quantity_bytes(devices[r["device"]]["capacity"]["memory"]["value"]) for r in results)
 
 
-async def test_nine_pods_on_an_h100_sliced_in_10gi_eight_fit(
+async def test_nine_pods_on_an_h100_sliced_in_10g_eight_fit(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
     namespace: str,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
-    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10Gi"})
+    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
     devices = await published(kube, node.name, 8)
     assert all(d["attributes"]["gpuslice.dev/policy"]["string"] == name for d in devices.values())
 
     pods = [f"w{i}" for i in range(9)]
     await create_pods(kube, namespace, "gpu-slice", pods)
     results = await settle(kube, namespace, pods, 8)
-    assert memory_of(devices, results) == 80 * GI
+    assert memory_of(devices, results) == 80 * G
     assert len({r["device"] for r in results}) == 8
 
     async def counted() -> bool:
@@ -118,26 +128,26 @@ async def test_two_policies_on_one_gpu_stay_within_its_memory(
     namespace: str,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
-    await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "20Gi"}, "-20", "twenty")
-    await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10Gi"}, "-10", "ten")
+    await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "20G"}, "-20", "twenty")
+    await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"}, "-10", "ten")
     devices = await published(kube, node.name, 8 + 4)
     big, small = [f"b{i}" for i in range(3)], [f"s{i}" for i in range(5)]
     await create_pods(kube, namespace, "twenty", big)
     await create_pods(kube, namespace, "ten", small)
-    # 3 x 20Gi + 5 x 10Gi = 110Gi asked of an 80Gi GPU: whatever the scheduler picks stays within 80Gi,
-    # and it stops only when no waiting pod fits what is left (5 x 10 + 1 x 20 = 70Gi is such an end).
+    # 3 x 20G + 5 x 10G = 110G asked of an 85.5G GPU: whatever the scheduler picks stays within the GPU,
+    # and it stops only when no waiting pod fits what is left (5 x 10 + 1 x 20 = 70G is such an end).
     async def full() -> list[dict[str, Any]] | None:
         results = await allocated_results(kube, namespace, big + small)
-        free = 80 * GI - memory_of(devices, results)
+        free = H100 - memory_of(devices, results)
         sizes = [quantity_bytes(devices[r["device"]]["capacity"]["memory"]["value"]) for r in results]
-        waiting = [20 * GI] * (len(big) - sizes.count(20 * GI)) + [10 * GI] * (len(small) - sizes.count(10 * GI))
+        waiting = [20 * G] * (len(big) - sizes.count(20 * G)) + [10 * G] * (len(small) - sizes.count(10 * G))
         return results if not any(size <= free for size in waiting) else None
 
     results = await wait_for(full, within=90, what="the GPU to fill up until no waiting pod fits")
     await asyncio.sleep(3)
     final = await allocated_results(kube, namespace, big + small)
     assert len(final) >= len(results)
-    assert memory_of(devices, final) <= 80 * GI
+    assert memory_of(devices, final) <= H100
 
 
 async def test_shared_capacity_is_rounded_and_never_exceeded(
@@ -145,11 +155,11 @@ async def test_shared_capacity_is_rounded_and_never_exceeded(
     namespace: str,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
-    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "shared", "sliceSize": "10Gi"})
+    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "shared", "sliceSize": "10G"})
     [device] = (await published(kube, node.name, 1)).values()
     assert device["allowMultipleAllocations"] is True
     klass = f"{name}.gpuslice.dev"
-    asks = {"a": "10Gi", "b": "30Gi", "c": "15Gi", "d": "20Gi", "e": "10Gi"}  # c rounds up to 20Gi; e no longer fits
+    asks = {"a": "10G", "b": "30G", "c": "15G", "d": "20G", "e": "10G"}  # c rounds up to 20G; e no longer fits
     await wait_for(lambda: get_or_none(kube, f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates/gpu-slice"),
                    what="template")
     for pod, memory in asks.items():
@@ -176,10 +186,10 @@ async def test_shared_capacity_is_rounded_and_never_exceeded(
         assert result["device"] == device["name"]
         assert result["shareID"]
         consumed[pod] = quantity_bytes(result["consumedCapacity"]["memory"])
-    assert consumed == {"a": 10 * GI, "b": 30 * GI, "c": 20 * GI, "d": 20 * GI}
+    assert consumed == {"a": 10 * G, "b": 30 * G, "c": 20 * G, "d": 20 * G}
     await asyncio.sleep(5)
     last = await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/claim-e")
-    assert not (last.get("status") or {}).get("allocation"), "the GPU's 80Gi are taken; the next claim must wait"
+    assert not (last.get("status") or {}).get("allocation"), "80G of the GPU's 85.5G are taken; the next claim must wait"
 
 
 async def test_dynamic_mig_placements_never_overlap(
@@ -207,7 +217,7 @@ async def test_resize_while_claims_hold_slices_waits_for_them(
     namespace: str,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
-    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10Gi"})
+    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
     before = await published(kube, node.name, 8)
     pods = ["h0", "h1"]
     await create_pods(kube, namespace, "gpu-slice", pods)
@@ -215,10 +225,10 @@ async def test_resize_while_claims_hold_slices_waits_for_them(
     held = {r["device"] for r in results}
 
     await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}",
-                           {"spec": {"slicing": {"sliceSize": "20Gi"}}})
+                           {"spec": {"slicing": {"sliceSize": "20G"}}})
 
     def twenty(devices: dict[str, Any]) -> set[str]:
-        return {n for n in devices if "20gi" in n}
+        return {n for n in devices if "-20g-" in n}
 
     async def draining() -> dict[str, dict[str, Any]] | None:
         devices = await pool_devices(kube, node.name)
@@ -257,7 +267,7 @@ async def test_resize_while_claims_hold_slices_waits_for_them(
 
     async def applied() -> bool:
         devices = await pool_devices(kube, node.name)
-        return sorted(devices) == [f"gpu-0-{name}-20gi-{k}" for k in range(4)] and not any(
+        return sorted(devices) == [f"{tag(node.name)}-{name}-20g-{k}" for k in range(4)] and not any(
             d.get("taints") for d in devices.values())
 
     await wait_for(applied, within=60, what="the held change to apply once the claims are gone")
@@ -268,7 +278,7 @@ async def test_invalid_edit_keeps_what_was_published(
     namespace: str,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
-    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10Gi"})
+    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
     await published(kube, node.name, 8)
     versions = await pool_versions(kube, node.name)
     path = f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}"
@@ -284,10 +294,10 @@ async def test_invalid_edit_keeps_what_was_published(
     await asyncio.sleep(3)
     assert await pool_versions(kube, node.name) == versions, "an invalid spec changes nothing that was published"
 
-    await kube.merge_patch(path, {"spec": {"slicing": {"sliceSize": "40Gi"}}})
+    await kube.merge_patch(path, {"spec": {"slicing": {"sliceSize": "40G"}}})
 
     async def applied() -> bool:
-        return sorted(await pool_devices(kube, node.name)) == [f"gpu-0-{name}-40gi-{k}" for k in range(2)]
+        return sorted(await pool_devices(kube, node.name)) == [f"{tag(node.name)}-{name}-40g-{k}" for k in range(2)]
 
     await wait_for(applied, within=30, what="the valid edit to apply")
 
@@ -299,7 +309,7 @@ async def test_agent_restart_rewrites_nothing_and_node_deletion_removes_the_pool
     node = await gpu_node("l40s", 2)
     await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "12Gi",
                                                             "allowFullGpu": True})
-    await published(kube, node.name, 2 * (4 + 1))
+    await published(kube, node.name, 2 * (3 + 1))  # an L40S has 46,068 MiB: three 12Gi slices
     versions = {s["metadata"]["name"]: (s["metadata"]["resourceVersion"], s["spec"]["pool"]["generation"])
                 for s in await pool(kube, node.name)}
     await node.restart_agent()
@@ -310,7 +320,7 @@ async def test_agent_restart_rewrites_nothing_and_node_deletion_removes_the_pool
 
     samples = await wait_for(first_cycle, within=30, what="the restarted agent's first publish cycle")
     assert 'gpuslice_agent_publish_cycles_total{outcome="written"}' not in samples
-    assert samples["gpuslice_agent_devices"] == 10
+    assert samples["gpuslice_agent_devices"] == 8
     assert node.agent.running
     after = {s["metadata"]["name"]: (s["metadata"]["resourceVersion"], s["spec"]["pool"]["generation"])
              for s in await pool(kube, node.name)}

@@ -57,9 +57,9 @@ async def test_invalid_edit_is_reported_and_changes_nothing(
                                                           "tenants": [{"namespace": b}]}})
     invalid = await valid_condition(kube, name, "False")
     assert invalid["reason"] == "SliceLargerThanGpu"
-    assert "sliceSize 100Gi is larger than every selected GPU" in invalid["message"]
-    assert "NVIDIA H100 80GB HBM3 with 80Gi" in invalid["message"]
-    assert "at most 80Gi" in invalid["message"]
+    assert "sliceSize 100Gi is larger than NVIDIA H100 80GB HBM3 on" in invalid["message"]
+    assert "(81559Mi), which the policy selects" in invalid["message"]
+    assert "at most 81559Mi" in invalid["message"]
     body = await kube.get(f"{POLICIES}/{name}")
     assert condition(body, "Ready")["reason"] == "InvalidSpec"
 

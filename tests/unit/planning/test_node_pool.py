@@ -6,6 +6,7 @@ from typing import Any
 
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.planning.devices import Device, gpu_tag
 from gpuslice.planning.mig import mig_device_name, parse_mig_device_name
 from gpuslice.planning.node_pool import plan_node_pool
 
@@ -22,15 +23,20 @@ def policy(name: str, slicing: dict[str, Any], created: str = "2026-11-29T10:00:
 
 
 def test_memory_mode_slices_and_full_gpu() -> None:
-    plan = plan_node_pool(LABELS, gpus("h100-80gb"), [policy("a", {"mode": "memory", "sliceSize": "10Gi",
+    plan = plan_node_pool(LABELS, gpus("h100-80gb"), [policy("a", {"mode": "memory", "sliceSize": "10G",
                                                                    "allowFullGpu": True})])
+    [gpu] = gpus("h100-80gb")
+    tag = gpu_tag(gpu.uuid)
     [counters] = plan.counter_sets
-    assert counters == {"name": "gpu-0", "counters": {"memory": {"value": "80Gi"}, "compute": {"value": "1000"}}}
+    # What NVML reports for an H100 80GB HBM3: 81,559 MiB, so eight slices of 10G (not of 10Gi).
+    assert counters == {"name": tag, "counters": {"memory": {"value": "81559Mi"}, "compute": {"value": "1000"}}}
     names = [d["name"] for d in plan.devices]
-    assert names == [f"gpu-0-a-10gi-{k}" for k in range(8)] + ["gpu-0-a-full"]
+    assert names == [f"{tag}-a-10g-{k}" for k in range(8)] + [f"{tag}-a-full"]
     first = plan.devices[0]
-    assert first["consumesCounters"] == [{"counterSet": "gpu-0", "counters": {"memory": {"value": "10Gi"},
-                                                                             "compute": {"value": "125"}}}]
+    assert first["consumesCounters"] == [{"counterSet": tag, "counters": {"memory": {"value": "10G"},
+                                                                         "compute": {"value": "116"}}}]
+    assert first["attributes"]["gpuslice.dev/parentUUID"] == {"string": gpu.uuid}
+    assert plan.devices[-1]["attributes"]["gpuslice.dev/uuid"] == {"string": gpu.uuid}
     assert first["attributes"]["gpuslice.dev/policy"] == {"string": "a"}
     assert first["attributes"]["resource.kubernetes.io/pciBusID"]["string"].startswith("0000:")
     assert [s.suffix for s in plan.slices] == ["counters-00", "devices-00"]
@@ -40,34 +46,36 @@ def test_two_memory_policies_share_a_gpu_small_first() -> None:
     plan = plan_node_pool(LABELS, gpus("h100-80gb"), [policy("big", {"mode": "memory", "sliceSize": "20Gi"}),
                                                       policy("small", {"mode": "memory", "sliceSize": "10Gi"})])
     sizes = [d["capacity"]["memory"]["value"] for d in plan.devices]
-    assert sizes == ["10Gi"] * 8 + ["20Gi"] * 4
+    assert sizes == ["10Gi"] * 7 + ["20Gi"] * 3, "79.6 GiB hold seven 10Gi and three 20Gi slices"
     assert len(plan.counter_sets) == 1
 
 
 def test_shared_mode_is_one_multi_allocatable_device_per_gpu() -> None:
     plan = plan_node_pool(LABELS, gpus("h100-80gb", 2), [policy("s", {"mode": "shared", "sliceSize": "10Gi"})])
     assert plan.counter_sets == []
-    assert [d["name"] for d in plan.devices] == ["gpu-0-s-shared", "gpu-1-s-shared"]
+    assert [d["name"] for d in plan.devices] == sorted(f"{gpu_tag(g.uuid)}-s-shared" for g in gpus("h100-80gb", 2))
     device = plan.devices[0]
     assert device["allowMultipleAllocations"] is True
-    assert device["capacity"]["memory"] == {"value": "80Gi", "requestPolicy": {
+    assert device["capacity"]["memory"] == {"value": "81559Mi", "requestPolicy": {
         "default": "10Gi", "validRange": {"min": "10Gi", "step": "10Gi"}}}
 
 
 def test_dynamic_mig_offers_every_placement() -> None:
     plan = plan_node_pool(LABELS, gpus("a100-40gb"), [policy("m", {"mode": "mig", "mig": {"profiles": ["1g.5gb", "3g.20gb"]}})])
+    tag = gpu_tag(gpus("a100-40gb")[0].uuid)
     names = [d["name"] for d in plan.devices]
-    assert names == [mig_device_name(0, "1g.5gb", s) for s in range(7)] + [mig_device_name(0, "3g.20gb", s) for s in (0, 4)]
+    assert names == [mig_device_name(tag, "1g.5gb", s) for s in range(7)] + [mig_device_name(tag, "3g.20gb", s) for s in (0, 4)]
     three_at_four = plan.devices[-1]
     assert three_at_four["consumesCounters"][0]["counters"] == {f"memory-slice-{i}": {"value": "1"} for i in (4, 5, 6, 7)}
-    assert parse_mig_device_name(three_at_four["name"]) == (0, "3g20gb", 4)
+    assert parse_mig_device_name(three_at_four["name"]) == (tag, "3g20gb", 4)
 
 
 def test_static_mig_layout_is_placed_first_fit() -> None:
     plan = plan_node_pool(LABELS, gpus("a100-40gb"), [policy("m", {"mode": "mig", "mig": {"layout": {"3g.20gb": 1, "1g.5gb": 4}}})])
     # 3g.20gb at 0 would leave only three 1g.5gb placements: the planner backtracks to 4.
+    tag = gpu_tag(gpus("a100-40gb")[0].uuid)
     assert sorted(d["name"] for d in plan.devices) == sorted(
-        [mig_device_name(0, "3g.20gb", 4)] + [mig_device_name(0, "1g.5gb", s) for s in (0, 1, 2, 3)])
+        [mig_device_name(tag, "3g.20gb", 4)] + [mig_device_name(tag, "1g.5gb", s) for s in (0, 1, 2, 3)])
     too_much = policy("m", {"mode": "mig", "mig": {"layout": {"4g.20gb": 1, "3g.20gb": 2}}})
     plan = plan_node_pool(LABELS, gpus("a100-40gb"), [too_much])
     assert plan.devices == []
@@ -90,7 +98,7 @@ def test_unselected_node_or_gpu_publishes_nothing() -> None:
 
 
 def test_many_gpus_chunk_counter_sets_and_devices() -> None:
-    plan = plan_node_pool(LABELS, gpus("h100-80gb", 16), [policy("a", {"mode": "memory", "sliceSize": "10Gi"})])
+    plan = plan_node_pool(LABELS, gpus("h100-80gb", 16), [policy("a", {"mode": "memory", "sliceSize": "10G"})])
     assert [s.suffix for s in plan.slices] == ["counters-00", "counters-01", "devices-00", "devices-01"]
     assert [len(s.shared_counters) for s in plan.slices[:2]] == [8, 8]
     assert [len(s.devices) for s in plan.slices[2:]] == [64, 64]
@@ -100,3 +108,22 @@ def test_too_many_slices_per_gpu_are_not_planned() -> None:
     plan = plan_node_pool(LABELS, gpus("h100-80gb"), [policy("a", {"mode": "memory", "sliceSize": "512Mi"})])
     assert list(plan.devices) == []
     assert list(plan.notes) == ["a: sliceSize 512Mi makes more than 64 slices of GPU 0"]
+
+
+def test_shared_slice_larger_than_a_gpu_is_left_out_not_published_broken() -> None:
+    """A request policy above the device's capacity would make the apiserver reject the slice."""
+    plan = plan_node_pool(LABELS, gpus("l4"), [policy("s", {"mode": "shared", "sliceSize": "40Gi"})])
+    assert plan.devices == []
+    assert plan.notes == ("s: sliceSize 40Gi is larger than GPU 0 (23034Mi)",)
+
+
+def test_typed_devices_read_back_from_what_is_published() -> None:
+    """The kubelet plugin and the controller read devices back from slices: nothing is lost."""
+    pols = [policy("a", {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True}),
+            policy("b", {"mode": "memory", "sliceSize": "20Gi"})]
+    for plan in (plan_node_pool(LABELS, gpus("h100-80gb", 2), pols),
+                 plan_node_pool(LABELS, gpus("h100-80gb"), [policy("s", {"mode": "shared", "sliceSize": "10Gi"})]),
+                 plan_node_pool(LABELS, gpus("a100-40gb"), [policy("m", {"mode": "mig", "mig": {"profiles": ["1g.5gb+me", "3g.20gb"]}})])):
+        assert plan.typed
+        assert [Device.from_manifest(d) for d in plan.devices] == list(plan.typed)
+    assert Device.from_manifest({"name": "x", "attributes": {}}) is None

@@ -6,11 +6,13 @@ from typing import Any
 
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.planning.devices import gpu_tag
 from gpuslice.planning.node_pool import plan_node_pool
 from gpuslice.planning.pool_safety import PENDING_TAINT_KEY, make_safe
 
 LABELS = {"kubernetes.io/hostname": "n1"}
 GPUS = FakeBackend("n1", [("h100-80gb", 1)]).discover()
+T = gpu_tag(GPUS[0].uuid)  # the GPU's name in counter sets and devices
 
 
 def plan(slicing: dict[str, Any]) -> Any:
@@ -24,52 +26,52 @@ def published(p: Any) -> list[dict[str, Any]]:
 
 
 def test_unchanged_allocated_device_is_not_held() -> None:
-    old = plan({"mode": "memory", "sliceSize": "10Gi"})
-    safe = make_safe(old, published(old), old.counter_sets, {"gpu-0-p-10gi-0"})
+    old = plan({"mode": "memory", "sliceSize": "10G"})
+    safe = make_safe(old, published(old), old.counter_sets, {f"{T}-p-10g-0"})
     assert safe.held == ()
     assert [d["name"] for s in safe.slices for d in s.devices] == [d["name"] for d in old.devices]
 
 
 def test_resized_policy_keeps_allocated_slice_tainted_and_adds_the_new_ones() -> None:
-    old, new = plan({"mode": "memory", "sliceSize": "10Gi"}), plan({"mode": "memory", "sliceSize": "20Gi"})
-    safe = make_safe(new, published(old), old.counter_sets, {"gpu-0-p-10gi-3"})
+    old, new = plan({"mode": "memory", "sliceSize": "10G"}), plan({"mode": "memory", "sliceSize": "20G"})
+    safe = make_safe(new, published(old), old.counter_sets, {f"{T}-p-10g-3"})
     devices = {d["name"]: d for s in safe.slices for d in s.devices}
-    assert safe.held == ("gpu-0-p-10gi-3",)
-    kept = devices["gpu-0-p-10gi-3"]
+    assert safe.held == (f"{T}-p-10g-3",)
+    kept = devices[f"{T}-p-10g-3"]
     assert kept["consumesCounters"] == old.devices[3]["consumesCounters"], "consumption never changes"
     assert kept["taints"] == [{"key": PENDING_TAINT_KEY, "effect": "NoSchedule"}]
-    assert sorted(n for n in devices if "20gi" in n) == [f"gpu-0-p-20gi-{k}" for k in range(4)]
-    assert "gpu-0-p-10gi-0" not in devices, "unallocated old slices go at once"
-    # Same counter set: the scheduler can only hand out 20Gi slices that fit next to the held 10Gi.
-    assert [c["name"] for s in safe.slices for c in s.shared_counters] == ["gpu-0"]
+    assert sorted(n for n in devices if "20g" in n) == [f"{T}-p-20g-{k}" for k in range(4)]
+    assert f"{T}-p-10g-0" not in devices, "unallocated old slices go at once"
+    # Same counter set: the scheduler can only hand out 20G slices that fit next to the held 10G.
+    assert [c["name"] for s in safe.slices for c in s.shared_counters] == [T]
 
 
 def test_mode_change_waits_for_the_gpu_to_be_free() -> None:
-    old, new = plan({"mode": "memory", "sliceSize": "10Gi"}), plan({"mode": "shared", "sliceSize": "10Gi"})
-    safe = make_safe(new, published(old), old.counter_sets, {"gpu-0-p-10gi-0"})
+    old, new = plan({"mode": "memory", "sliceSize": "10G"}), plan({"mode": "shared", "sliceSize": "10G"})
+    safe = make_safe(new, published(old), old.counter_sets, {f"{T}-p-10g-0"})
     names = [d["name"] for s in safe.slices for d in s.devices]
-    assert names == ["gpu-0-p-10gi-0"]
-    assert safe.blocked_gpus == (0,)
-    assert [c["name"] for s in safe.slices for c in s.shared_counters] == ["gpu-0"], "the held device's counters stay"
+    assert names == [f"{T}-p-10g-0"]
+    assert safe.blocked_gpus == (GPUS[0].uuid,)
+    assert [c["name"] for s in safe.slices for c in s.shared_counters] == [T], "the held device's counters stay"
 
 
 def test_removed_policy_keeps_only_allocated_devices() -> None:
-    old = plan({"mode": "memory", "sliceSize": "10Gi"})
+    old = plan({"mode": "memory", "sliceSize": "10G"})
     nothing = plan_node_pool(LABELS, GPUS, [])
-    safe = make_safe(nothing, published(old), old.counter_sets, {"gpu-0-p-10gi-5"})
-    assert [d["name"] for s in safe.slices for d in s.devices] == ["gpu-0-p-10gi-5"]
-    assert safe.held == ("gpu-0-p-10gi-5",)
+    safe = make_safe(nothing, published(old), old.counter_sets, {f"{T}-p-10g-5"})
+    assert [d["name"] for s in safe.slices for d in s.devices] == [f"{T}-p-10g-5"]
+    assert safe.held == (f"{T}-p-10g-5",)
 
 
 def test_held_device_with_server_defaults_is_still_unchanged() -> None:
-    old = plan({"mode": "memory", "sliceSize": "10Gi"})
+    old = plan({"mode": "memory", "sliceSize": "10G"})
     server = published(old)
-    server[0] = {**server[0], "capacity": {"memory": {"value": "10737418240"}}}  # same quantity, other spelling
+    server[0] = {**server[0], "capacity": {"memory": {"value": "10000000000"}}}  # same quantity, other spelling
     assert make_safe(old, server, old.counter_sets, {server[0]["name"]}).held == ()
 
 
 def test_free_devices_drain_tainted_before_they_change() -> None:
-    old, new = plan({"mode": "memory", "sliceSize": "10Gi"}), plan({"mode": "memory", "sliceSize": "20Gi"})
+    old, new = plan({"mode": "memory", "sliceSize": "10G"}), plan({"mode": "memory", "sliceSize": "20G"})
     old_names = {d["name"] for d in old.devices}
 
     first = make_safe(new, published(old), old.counter_sets, set(), drained=set())
@@ -77,11 +79,11 @@ def test_free_devices_drain_tainted_before_they_change() -> None:
     assert set(first.draining) == old_names
     assert first.held == ()
     assert all(devices[n]["taints"] == [{"key": PENDING_TAINT_KEY, "effect": "NoSchedule"}] for n in old_names)
-    assert sorted(n for n in devices if "20gi" in n) == [f"gpu-0-p-20gi-{k}" for k in range(4)], \
+    assert sorted(n for n in devices if "20g" in n) == [f"{T}-p-20g-{k}" for k in range(4)], \
         "the new slices come at once, under the same counters"
 
     # Drained, and the claims read again: one was allocated meanwhile; it is held, the rest go.
-    late = "gpu-0-p-10gi-2"
+    late = f"{T}-p-10g-2"
     second = make_safe(new, [d for s in first.slices for d in s.devices], old.counter_sets, {late},
                        drained=old_names)
     names = {d["name"] for s in second.slices for d in s.devices}
@@ -91,20 +93,20 @@ def test_free_devices_drain_tainted_before_they_change() -> None:
 
 
 def test_drain_of_a_mode_change_keeps_the_new_devices_off_the_gpu() -> None:
-    old, new = plan({"mode": "memory", "sliceSize": "10Gi"}), plan({"mode": "shared", "sliceSize": "10Gi"})
+    old, new = plan({"mode": "memory", "sliceSize": "10G"}), plan({"mode": "shared", "sliceSize": "10G"})
     safe = make_safe(new, published(old), old.counter_sets, set(), drained=set())
-    assert safe.blocked_gpus == (0,)
+    assert safe.blocked_gpus == (GPUS[0].uuid,)
     assert {d["name"] for s in safe.slices for d in s.devices} == {d["name"] for d in old.devices}
 
 
 def test_frozen_policy_keeps_its_devices_untainted_and_its_gpu() -> None:
-    old = plan({"mode": "memory", "sliceSize": "10Gi"})
+    old = plan({"mode": "memory", "sliceSize": "10G"})
     names = {d["name"] for d in old.devices}
     other = plan_node_pool(LABELS, GPUS, [GpuSlicePolicy.model_validate(
         {"metadata": {"name": "q", "creationTimestamp": "2026-11-29T11:00:00Z"},
-         "spec": {"slicing": {"mode": "shared", "sliceSize": "10Gi"}}})])
+         "spec": {"slicing": {"mode": "shared", "sliceSize": "10G"}}})])
     safe = make_safe(other, published(old), old.counter_sets, set(), drained=set(), frozen=names)
     devices = {d["name"]: d for s in safe.slices for d in s.devices}
     assert set(devices) == names, "another policy's devices never land on a GPU a frozen one holds"
     assert not any(d.get("taints") for d in devices.values())
-    assert (safe.held, safe.draining, safe.blocked_gpus) == ((), (), (0,))
+    assert (safe.held, safe.draining, safe.blocked_gpus) == ((), (), (GPUS[0].uuid,))

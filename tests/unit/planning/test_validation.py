@@ -39,9 +39,15 @@ def test_selection_by_node_and_product_and_memory() -> None:
     assert select(p, INVENTORY).nodes == {"l4"}
 
 
-def test_slice_larger_than_every_gpu() -> None:
+def test_slice_larger_than_any_selected_gpu() -> None:
     assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "90Gi"}})) == ["SliceLargerThanGpu"]
-    assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "80Gi"}})) == []
+    h100s = {"products": ["NVIDIA H100 80GB HBM3"]}
+    assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "79Gi"}, "gpuSelector": h100s})) == []
+    # Every selected GPU counts, not only the largest: the L4s (22.5 GiB) cannot hold a 30Gi slice.
+    [problem] = validate(p := policy("p", {"slicing": {"mode": "shared", "sliceSize": "30Gi"}}), select(p, INVENTORY), [])
+    assert problem.reason == "SliceLargerThanGpu"
+    assert "NVIDIA L4 on l4" in problem.message
+    assert "minMemory: 30Gi" in problem.message
     nothing = {"matchLabels": {"absent": "x"}}
     assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "900Gi"}, "nodeSelector": nothing})) == []
 
@@ -50,9 +56,9 @@ def test_too_many_slices_per_gpu_names_the_smallest_size_that_fits() -> None:
     tiny = policy("p", {"slicing": {"mode": "memory", "sliceSize": "512Mi"}})
     [problem] = validate(tiny, select(tiny, INVENTORY), [])
     assert problem.reason == "TooManySlices"
-    assert "into 160 slices; at most 64 per GPU" in problem.message
-    assert "choose a sliceSize of at least 1280Mi" in problem.message
-    assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "1280Mi"}})) == []
+    assert "into 159 slices; at most 64 per GPU" in problem.message
+    assert "choose a sliceSize of at least 1275Mi" in problem.message
+    assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "1275Mi"}})) == []
     assert reasons(policy("p", {"slicing": {"mode": "shared", "sliceSize": "512Mi"}})) == [], "one device per GPU"
 
 

@@ -1,0 +1,48 @@
+"""One module per slicing mode, behind one interface.
+
+A mode knows how to cut one GPU into devices for the policies that chose it,
+which counter set guards that GPU, and what would make a policy of its kind
+impossible on the GPUs it selects. The node planner and the controller's
+validation only dispatch here; nothing else branches on the mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.inventory.gpus import Gpu
+from gpuslice.planning.devices import CounterSet, Device, Mode
+from gpuslice.planning.modes import memory, mig, shared
+from gpuslice.planning.selection import Problem, Selection
+
+
+class SlicingMode(Protocol):
+    @property
+    def name(self) -> Mode: ...
+
+    @property
+    def exclusive(self) -> bool:
+        """A GPU in this mode belongs to one policy; memory-mode policies share theirs."""
+        ...
+
+    def devices(self, gpu: Gpu, policies: Sequence[GpuSlicePolicy], notes: list[str]) -> list[Device]:
+        """``gpu``'s devices for ``policies`` (several only for a sharing mode), noting what is left out."""
+        ...
+
+    def counter_set(self, gpu: Gpu) -> CounterSet | None:
+        """The counter set that guards ``gpu`` in this mode, or None when the scheduler's own
+        accounting does (consumable capacity)."""
+        ...
+
+    def fit_problems(self, policy: GpuSlicePolicy, selection: Selection) -> list[Problem]:
+        """What makes ``policy`` impossible on the GPUs it selects."""
+        ...
+
+
+MODES: dict[str, SlicingMode] = {m.name: m for m in (memory.MODE, shared.MODE, mig.MODE)}
+
+
+def mode_of(policy: GpuSlicePolicy) -> SlicingMode:
+    return MODES[policy.spec.slicing.mode]

@@ -1,0 +1,110 @@
+"""``mig`` mode: hardware MIG partitions, guarded by one counter per memory slice.
+
+Dynamic MIG (``profiles``) offers every placement of each profile as a device;
+the instance is created when a claim is prepared. Overlapping placements
+consume the same ``memory-slice-<i>`` counters, so the scheduler never
+allocates two that overlap. Static MIG (``layout``) publishes the instances
+of a layout placed by backtracking over NVML's placement table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.inventory.catalog import MEMORY_SLICES, MigProfile
+from gpuslice.inventory.gpus import Gpu
+from gpuslice.planning.devices import CounterSet, Device, gpu_ref, gpu_tag
+from gpuslice.planning.mig import mig_device_name, static_layout
+from gpuslice.planning.selection import Problem, Selection
+
+MEDIA = "media-engines"
+
+
+def counter_set_name(gpu: Gpu) -> str:
+    return f"{gpu_tag(gpu.uuid)}-mig"
+
+
+def mig_device(gpu: Gpu, policy: GpuSlicePolicy, profile: MigProfile, start: int) -> Device:
+    counters = [(f"memory-slice-{i}", "1") for i in range(start, start + profile.size)]
+    if profile.media:
+        counters.append((MEDIA, "1"))
+    return Device(
+        name=mig_device_name(gpu_tag(gpu.uuid), profile.name, start), policy=policy.name, mode="mig",
+        kind=profile.name, memory=profile.memory, profile=profile.name, placement=(start, profile.size),
+        counter_set=counter_set_name(gpu), counters=tuple(sorted(counters)), **gpu_ref(gpu),
+    )
+
+
+@dataclass(frozen=True)
+class MigMode:
+    name: Literal["mig"] = "mig"
+    exclusive: bool = True
+
+    def devices(self, gpu: Gpu, policies: Sequence[GpuSlicePolicy], notes: list[str]) -> list[Device]:
+        policy = policies[0]
+        mig = policy.spec.slicing.mig
+        assert mig is not None
+        if not gpu.mig_capable:
+            notes.append(f"{policy.name}: GPU {gpu.index} ({gpu.product_name}) has no MIG")
+            return []
+        if mig.layout:
+            placed = static_layout(gpu, mig.layout)
+            if placed is None:
+                notes.append(f"{policy.name}: MIG layout does not fit GPU {gpu.index} ({gpu.product_name})")
+                return []
+            return [mig_device(gpu, policy, profile, start) for profile, start in placed]
+        found: list[Device] = []
+        for name in mig.profiles or []:
+            profile = gpu.mig_profile(name)
+            if profile is None:
+                notes.append(f"{policy.name}: GPU {gpu.index} ({gpu.product_name}) has no MIG profile {name}")
+                continue
+            found.extend(mig_device(gpu, policy, profile, start) for start in profile.starts)
+        return found
+
+    def counter_set(self, gpu: Gpu) -> CounterSet | None:
+        counters = [(f"memory-slice-{i}", "1") for i in range(MEMORY_SLICES)] + [(MEDIA, "1")]
+        return CounterSet(counter_set_name(gpu), tuple(sorted(counters)))
+
+    def fit_problems(self, policy: GpuSlicePolicy, selection: Selection) -> list[Problem]:
+        slicing = policy.spec.slicing
+        assert slicing.mig is not None
+        problems = []
+        wanted = list(slicing.mig.profiles or []) + list(slicing.mig.layout or {})
+        for gpus in selection.gpus:
+            if gpus.model is None:
+                continue  # a product the catalog does not know: the node agent will judge it
+            if not gpus.model.mig_capable:
+                problems.append(Problem(
+                    "GpuNotMigCapable",
+                    f"mode mig selects {gpus.product_name} on {gpus.node}, which has no MIG; narrow"
+                    " spec.gpuSelector.products or spec.nodeSelector to MIG-capable GPUs.",
+                ))
+                continue
+            for profile in wanted:
+                if gpus.model.mig_profile(profile) is None:
+                    offered = ", ".join(dict.fromkeys(p.name for p in gpus.model.mig_profiles))
+                    problems.append(Problem(
+                        "UnknownMigProfile",
+                        f"MIG profile {profile} does not exist on {gpus.product_name} ({gpus.node});"
+                        f" it offers {offered}.",
+                    ))
+            layout = slicing.mig.layout
+            if layout and all(gpus.model.mig_profile(p) for p in layout) and static_layout(gpus.model, layout) is None:
+                problems.append(Problem(
+                    "MigLayoutDoesNotFit",
+                    f"slicing.mig.layout {dict(layout)} does not fit {gpus.product_name} ({gpus.node}): its"
+                    f" instances need more memory slices than the GPU's {MEMORY_SLICES}, or overlap in every"
+                    " placement; use fewer or smaller instances.",
+                ))
+        # One problem per reason and profile is enough to act on; keep the first of each.
+        unique: dict[tuple[str, str], Problem] = {}
+        for problem in problems:
+            unique.setdefault((problem.reason, problem.message.split(" (")[0]), problem)
+        return list(unique.values())
+
+
+MODE = MigMode()

@@ -1,0 +1,46 @@
+"""``shared`` mode: one device per GPU that many claims share (KEP-5075 consumable capacity).
+
+The device has ``allowMultipleAllocations`` and a ``memory`` capacity whose
+request policy takes steps of ``sliceSize``; the scheduler's capacity
+accounting keeps the sum of requests within the GPU. The GPU belongs to the
+one policy: capacity accounting and counter sets cannot guard each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.dra.quantity import format_bytes
+from gpuslice.inventory.gpus import Gpu
+from gpuslice.planning.devices import CounterSet, Device, device_name, gpu_ref
+from gpuslice.planning.modes.memory import slice_fit_problems
+from gpuslice.planning.selection import Problem, Selection
+
+
+@dataclass(frozen=True)
+class SharedMode:
+    name: Literal["shared"] = "shared"
+    exclusive: bool = True
+
+    def devices(self, gpu: Gpu, policies: Sequence[GpuSlicePolicy], notes: list[str]) -> list[Device]:
+        policy = policies[0]
+        slicing = policy.spec.slicing
+        if slicing.slice_bytes > gpu.memory:
+            # The apiserver would reject the whole slice (a request policy above the capacity).
+            notes.append(f"{policy.name}: sliceSize {slicing.slice_size} is larger than GPU {gpu.index}"
+                         f" ({format_bytes(gpu.memory)})")
+            return []
+        return [Device(name=device_name(gpu, policy.name, "shared"), policy=policy.name, mode="shared",
+                       kind="shared", memory=gpu.memory, slice_size=slicing.slice_size, **gpu_ref(gpu))]
+
+    def counter_set(self, gpu: Gpu) -> CounterSet | None:
+        return None
+
+    def fit_problems(self, policy: GpuSlicePolicy, selection: Selection) -> list[Problem]:
+        return slice_fit_problems(policy, selection, max_slices=None)
+
+
+MODE = SharedMode()
