@@ -74,6 +74,7 @@ def claim_body(namespace: str, name: str, choices: Sequence[Choice]) -> Manifest
             request["capacity"] = {"requests": {"memory": str(choice.memory)}}
         return request
 
+    request: dict[str, Any]
     if len(choices) == 1:
         request = {"name": "gpu", "exactly": exactly(choices[0])}
     else:

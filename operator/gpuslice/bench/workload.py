@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.bench.harness import CLAIMS, POLICIES, SLICES, BenchCluster, BenchError, gather_limited, wait_until
-from gpuslice.bench.layouts import WHOLE_CLASS, WHOLE_DRIVER, Layout, whole_gpu_class, whole_gpu_slice
-from gpuslice.dra.names import DRIVER
+from gpuslice.bench.harness import (
+    POLICIES,
+    SLICES,
+    BenchCluster,
+    BenchError,
+    cpu_seconds,
+    gather_limited,
+    wait_until,
+)
+from gpuslice.bench.layouts import WHOLE_CLASS, Layout, whole_gpu_class, whole_gpu_slice
+from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeError
 from gpuslice.kube.paths import object_path
 from gpuslice.planning.node_pool import plan_node_pool
@@ -82,8 +90,10 @@ async def apply_layout(cluster: BenchCluster, layout: Layout, nodes: Mapping[str
     return time.monotonic() - started
 
 
-async def clear_layout(cluster: BenchCluster, layout: Layout, namespace: str, nodes: Sequence[str]) -> None:
-    """Pods, claims, policies and their devices go; the nodes stay."""
+async def clear_layout(cluster: BenchCluster, layout: Layout, namespace: str, nodes: Sequence[str],
+                       devices_gone: Callable[[BenchCluster], Awaitable[None]] | None = None) -> None:
+    """Pods, claims, policies and their devices go; the nodes stay. Without agents running,
+    ``devices_gone`` removes the devices the agents would have removed."""
     api = cluster.api
     with contextlib.suppress(KubeError):
         await api.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)
@@ -106,6 +116,8 @@ async def clear_layout(cluster: BenchCluster, layout: Layout, namespace: str, no
             await api.delete(f"{POLICIES}/{body['metadata']['name']}")
 
     async def gone() -> bool:
+        if devices_gone is not None and not await api.list(POLICIES, limit=1):
+            await devices_gone(cluster)
         if await api.list(POLICIES, limit=1):
             return False
         return not [s for s in await cluster.our_slices() if s["spec"].get("devices")]
@@ -166,18 +178,14 @@ async def place_pods(cluster: BenchCluster, namespace: str, claims: Sequence[str
         results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
         if results:
             consumed = ((results[0].get("consumedCapacity") or {}).get("memory")) or "0"
-            from gpuslice.dra.quantity import quantity_bytes
             allocations[claim["metadata"]["name"]] = (str(results[0]["request"]), quantity_bytes(str(consumed)))
     return Placement(len(claims), counts["bound"], counts["unschedulable"], cpu, created, bind_seconds, allocations)
 
 
 def _cpu(pid: int) -> float:
-    from gpuslice.bench.harness import cpu_seconds
     try:
         return cpu_seconds(pid)
     except OSError as error:
         raise BenchError(f"cannot read kube-scheduler's CPU time (pid {pid}): {error}") from error
 
 
-__all__ = ["DRIVER", "WHOLE_DRIVER", "Placement", "apply_layout", "clear_layout", "create_claims",
-           "ensure_namespace", "place_pods"]
