@@ -34,12 +34,16 @@ def test_a_worse_figure_is_a_regression_and_a_better_one_is_not() -> None:
 def test_history_keeps_the_last_runs() -> None:
     history = [{"n": i} for i in range(HISTORY_KEEP)]
     kept = trim_history(history, {"n": "new"})
-    assert len(kept) == HISTORY_KEEP and kept[-1] == {"n": "new"} and kept[0] == {"n": 1}
+    assert len(kept) == HISTORY_KEEP
+    assert kept[-1] == {"n": "new"}
+    assert kept[0] == {"n": 1}
 
 
 def test_the_table_says_met_and_not_met_in_words() -> None:
     figures = _figures(0.981, 3)
     text = render_text({"meta": {"when": "now", "machine": "m", "versions": "v"}, "figures": figures,
                         "verdicts": verdicts(figures), "regressions": []})
-    assert "MET" in text and "NOT MET" in text and "not measured" in text
+    assert "MET" in text
+    assert "NOT MET" in text
+    assert "not measured" in text
     assert "98.1%" in text
