@@ -1,10 +1,11 @@
 """Many node agents in one process: the harness mode that stands in for a fleet.
 
 A thousand ``gpuslice agent`` processes do not fit on a 2-core machine, so each simulated
-agent here is an agent's own loop (``publish_loop``, with its own drains and backoff)
-with its own API client, its own node-bound token, and its own watches, exactly the
-requests a real agent makes; the only thing the agents share is this process (its
-event loop and interpreter). One real agent process is measured separately.
+agent here runs the agent's own code (``AgentWatches`` and ``publish_loop``, with its own
+drains, backoff and watch state) with its own API client, its own node-bound token and
+its own connections: the requests a real agent makes. The only things the agents share
+are this process's event loop and interpreter (and its metrics registry). One real agent
+process is measured separately.
 """
 
 from __future__ import annotations
@@ -14,49 +15,11 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.agent.run import publish_loop
-from gpuslice.dra.names import DRIVER
+from gpuslice.agent.watches import AgentWatches
 from gpuslice.kube.client import KubeClient
-from gpuslice.kube.watch import watch
-
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
-
-
-def agent_watches(kube: KubeClient, node: str, wake: asyncio.Event, stop: asyncio.Event) -> list[asyncio.Task[None]]:
-    """The watches of ``gpuslice agent`` (agent/run.py's Kopf handlers): policies, Nodes,
-    ResourceSlices and ResourceClaims, each cluster-wide, filtered here."""
-    in_pool: set[tuple[str, str]] = set()
-
-    def any_event(_: str | None, __: dict[str, Any]) -> None:
-        wake.set()
-
-    def node_event(_: str | None, body: dict[str, Any]) -> None:
-        if body["metadata"]["name"] == node:
-            wake.set()
-
-    def slice_event(_: str | None, body: dict[str, Any]) -> None:
-        spec = body.get("spec") or {}
-        if spec.get("nodeName") == node and spec.get("driver") == DRIVER:
-            wake.set()
-
-    def claim_event(kind: str | None, body: dict[str, Any]) -> None:
-        key = (body["metadata"].get("namespace") or "", body["metadata"]["name"])
-        results = (((body.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-        ours = kind != "DELETED" and any(r.get("driver") == DRIVER and r.get("pool") == node for r in results)
-        if ours or key in in_pool:
-            wake.set()
-        if ours:
-            in_pool.add(key)
-        else:
-            in_pool.discard(key)
-
-    return [asyncio.create_task(watch(kube, path, handler, stop)) for path, handler in (
-        (POLICIES, any_event), ("/api/v1/nodes", node_event),
-        ("/apis/resource.k8s.io/v1/resourceslices", slice_event),
-        ("/apis/resource.k8s.io/v1/resourceclaims", claim_event))]
 
 
 @dataclass
@@ -68,6 +31,7 @@ class Fleet:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     clients: list[KubeClient] = field(default_factory=list)
+    watches: list[AgentWatches] = field(default_factory=list)
 
     async def start(self) -> None:
         for node, kubeconfig in self.kubeconfigs.items():
@@ -76,8 +40,11 @@ class Fleet:
             wake = asyncio.Event()
             wake.set()
             gpus = FakeBackend(node, [("h100-80gb", 8)]).discover()
-            self.tasks += agent_watches(kube, node, wake, self.stop)
-            self.tasks.append(asyncio.create_task(publish_loop(kube, node, gpus, wake, self.stop, self.resync)))
+            watches = AgentWatches(kube, node, wake, self.stop)
+            watches.start()
+            self.watches.append(watches)
+            self.tasks.append(asyncio.create_task(
+                publish_loop(kube, node, gpus, wake, self.stop, self.resync, watches)))
 
     async def close(self) -> None:
         self.stop.set()
@@ -86,6 +53,9 @@ class Fleet:
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        for watches in self.watches:
+            await watches.close()
+        self.watches.clear()
         for kube in self.clients:
             await kube.close()
         self.tasks.clear()
@@ -98,4 +68,4 @@ async def start_fleet(kubeconfigs: dict[str, Path], resync: float = 60.0) -> Fle
     return fleet
 
 
-__all__: Sequence[str] = ("Fleet", "agent_watches", "start_fleet")
+__all__: Sequence[str] = ("Fleet", "start_fleet")

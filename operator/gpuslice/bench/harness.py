@@ -201,3 +201,47 @@ async def gather_limited(coroutines: Iterable[Awaitable[Any]], limit: int) -> li
             return await aw
 
     return await asyncio.gather(*(guarded(c) for c in coroutines))
+
+
+async def scheduler_profile(cluster: BenchCluster, seconds: int, out: Path) -> Path:
+    """A CPU profile of kube-scheduler from its pprof endpoint (``--profiling``, on by default),
+    fetched with the admin's client certificate (the scheduler delegates authorization to the
+    apiserver)."""
+    import base64
+    import ssl
+
+    import aiohttp
+    import yaml
+
+    scheduler = next(c for c in cluster.dev.components if c.name == "kube-scheduler")
+    port = next(a.split("=", 1)[1] for a in scheduler.argv if a.startswith("--secure-port="))
+    user = yaml.safe_load(cluster.dev.kubeconfig.read_text())["users"][0]["user"]
+    pki = cluster.dev.state.pki
+    cert, key = pki / "bench-admin.crt", pki / "bench-admin.key"
+    cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
+    key.write_bytes(base64.b64decode(user["client-key-data"]))
+    key.chmod(0o600)
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context.load_cert_chain(cert, key)
+    url = f"https://127.0.0.1:{port}/debug/pprof/profile?seconds={seconds}"
+    async with aiohttp.ClientSession() as session, session.get(
+            url, ssl=context, timeout=aiohttp.ClientTimeout(total=seconds + 60)) as response:
+        if response.status != 200:
+            raise BenchError(f"kube-scheduler's pprof answered {response.status}: {(await response.text())[:300]}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(await response.read())  # noqa: ASYNC240 (a local file, written once)
+    return out
+
+
+def pprof_top(profile: Path, lines: int = 25) -> list[str]:
+    """``go tool pprof -top`` of a profile (needs Go; an empty list without it)."""
+    import shutil
+    import subprocess
+
+    go = shutil.which("go")
+    if go is None:
+        return []
+    done = subprocess.run([go, "tool", "pprof", "-top", "-cum", f"-nodecount={lines}", str(profile)],
+                          capture_output=True, text=True, check=False)
+    return [line.rstrip() for line in done.stdout.splitlines() if line.strip()]

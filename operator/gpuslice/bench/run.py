@@ -87,7 +87,11 @@ async def measure(size: Size, only: tuple[str, ...], state_dir: Path) -> tuple[d
         if "scheduler" in only:
             from gpuslice.bench.scheduler_figure import scheduler_figure
 
-            figures["scheduler"] = await scheduler_figure(cluster, size.fleet_sizes, size.same_pods, say)
+            fleets = tuple(int(n) for n in os.environ.get("BENCH_FLEETS", "").split(",") if n) or size.fleet_sizes
+            layouts = tuple(x for x in os.environ.get("BENCH_LAYOUTS", "").split(",") if x)
+            profile = Path(os.environ["BENCH_PROFILE"]) if os.environ.get("BENCH_PROFILE") else None
+            figures["scheduler"] = await scheduler_figure(
+                cluster, fleets, int(os.environ.get("BENCH_SAME_PODS", size.same_pods)), say, layouts, profile)
         if "scale" in only:
             from gpuslice.bench.scale_figure import scale_figure
 

@@ -9,6 +9,7 @@ pods come, so the two cores measure the scheduler, not a fleet of agents reactin
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.bench.fleet import start_fleet
-from gpuslice.bench.harness import SLICES, BenchCluster
+from gpuslice.bench.harness import SLICES, BenchCluster, pprof_top, scheduler_profile
 from gpuslice.bench.layouts import Layout, cost_layouts
 from gpuslice.bench.workload import apply_layout, clear_layout, create_claims, ensure_namespace, place_pods
 from gpuslice.dra.names import DRIVER
@@ -41,7 +42,7 @@ def scenarios(fleet_sizes: Sequence[int], same_pods: int) -> list[Scenario]:
     for n in fleet_sizes:
         for layout in layouts:
             wanted[(n, layout.name)] = Scenario(n, layout, layout.capacity_per_gpu * 8 * n, ("same_fleet",))
-    for layout in layouts:
+    for layout in layouts if same_pods > 0 else []:
         n = math.ceil(same_pods / (layout.capacity_per_gpu * 8))
         key = (n, layout.name)
         if key in wanted and wanted[key].pods == same_pods:
@@ -74,13 +75,18 @@ async def _drop_devices(cluster: BenchCluster) -> None:
 
 
 async def scheduler_figure(cluster: BenchCluster, fleet_sizes: Sequence[int], same_pods: int,
-                           say: Callable[[str], None]) -> dict[str, Any]:
+                           say: Callable[[str], None], layouts: Sequence[str] = (),
+                           profile_dir: Path | None = None) -> dict[str, Any]:
+    """With ``profile_dir``, the scheduler is profiled while it places the pods of the largest
+    fleet's runs (profiles and ``go tool pprof -top`` summaries land there)."""
     await ensure_namespace(cluster, NAMESPACE)
     nodes: dict[str, str] = {}
     kubeconfigs: dict[str, Path] = {}
     measured: list[dict[str, Any]] = []
     try:
         for scenario in scenarios(fleet_sizes, same_pods):
+            if layouts and scenario.layout.name not in layouts:
+                continue
             await _resize(cluster, nodes, scenario.nodes, kubeconfigs)
             layout = scenario.layout
             fleet = None if layout.whole_gpu else await start_fleet(dict(kubeconfigs))
@@ -93,8 +99,17 @@ async def scheduler_figure(cluster: BenchCluster, fleet_sizes: Sequence[int], sa
             devices = sum(len(s["spec"].get("devices") or []) for s in slices) // max(1, len(nodes))
             claims = [layout.claim(NAMESPACE, f"c-{i:05d}", 10) for i in range(scenario.pods)]
             await create_claims(cluster, [c for c in claims if c is not None], concurrency=8)
+            profiling = None
+            if profile_dir is not None and scenario.nodes == max(fleet_sizes) and "same_fleet" in scenario.views:
+                seconds = 20 if scenario.pods > 500 else 5
+                path = profile_dir / f"scheduler-{scenario.nodes}x8-{layout.name}.pprof"
+                profiling = asyncio.create_task(scheduler_profile(cluster, seconds, path))
             placement = await place_pods(cluster, NAMESPACE, [f"c-{i:05d}" for i in range(scenario.pods)],
                                          concurrency=8, within=3600)
+            if profiling is not None and profile_dir is not None:
+                with contextlib.suppress(Exception):
+                    top = pprof_top(await profiling)
+                    (profile_dir / f"scheduler-{scenario.nodes}x8-{layout.name}.top.txt").write_text("\n".join(top))
             row = {"nodes": scenario.nodes, "fleet": f"{scenario.nodes} nodes x 8", "layout": layout.name,
                    "title": layout.title, "pods": scenario.pods, "bound": placement.bound,
                    "devices": devices, "views": list(scenario.views),

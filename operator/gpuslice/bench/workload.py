@@ -100,8 +100,19 @@ async def clear_layout(cluster: BenchCluster, layout: Layout, namespace: str, no
     with contextlib.suppress(KubeError):
         await api.delete(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims")
 
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+
+    async def release(name: str) -> None:
+        with contextlib.suppress(KubeError):
+            await api.merge_patch(f"{claims}/{name}", {"metadata": {"finalizers": None}})
+
+    # The claims' delete-protection finalizer is the resourceclaim controller's to remove once
+    # no pod uses a claim; at its client's default 20 requests/s that takes minutes for thousands
+    # of claims. The pods are gone, so the bench removes it itself (cleaning up, not measuring).
+    await gather_limited((release(c["metadata"]["name"]) for c in await api.list(claims)), 16)
+
     async def claims_gone() -> bool:
-        return not await api.list(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", limit=1)
+        return not await api.list(claims, limit=1)
 
     await wait_until(claims_gone, 600, f"the claims in {namespace} to be deleted")
     if layout.whole_gpu:

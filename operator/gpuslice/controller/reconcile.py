@@ -30,7 +30,6 @@ from gpuslice.planning.usage import (
     ClaimView,
     SliceView,
     devices_by_policy,
-    devices_in_flux,
     pending_devices,
     usage,
 )
@@ -128,9 +127,9 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     errors: list[str] = []
     if not problems and converge_objects:
         active = {n for n, view in world.namespaces.items() if view.active}
-        # A pool being rewritten keeps its devices' taint rules until the rewrite is complete.
-        ruled = devices | devices_in_flux(world.slices).get(policy.name, set())
-        desired = desired_objects(policy, active, ruled, taint_rule_api=ctx.taint_rule_api)
+        desired = desired_objects(policy, active)
+        # DeviceTaintRules are no longer made (taints travel on the devices); listing the kind
+        # prunes those an earlier version made.
         kinds = [*OWNED_KINDS, (ctx.taint_rule_api, "DeviceTaintRule")]
         result = await converge(ctx.kube, policy.name, desired.all(), kinds)
         errors = result.errors

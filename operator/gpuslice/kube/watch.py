@@ -81,11 +81,13 @@ async def _stream(kube: KubeClient, path: str, query: Mapping[str, str | int | b
 
 async def watch(kube: KubeClient, path: str, handler: Handler, stop: asyncio.Event, *,
                 query: Mapping[str, str | int | bool] | None = None, server_timeout: int = 600,
-                on_error: Callable[[BaseException], None] | None = None) -> None:
+                on_error: Callable[[BaseException], None] | None = None,
+                on_listed: Callable[[], None] | None = None) -> None:
     """Call ``handler`` for every object listed and every change, until ``stop`` is set.
 
-    Errors are reported to ``on_error`` and retried with backoff (1 s doubling to 30 s, with
-    jitter); the loop never ends on its own.
+    ``on_listed`` is called after each (re)list has been handed to ``handler``. Errors are
+    reported to ``on_error`` and retried with backoff (1 s doubling to 30 s, with jitter); the
+    loop never ends on its own.
     """
     version = ""
     backoff = 1.0
@@ -98,6 +100,8 @@ async def watch(kube: KubeClient, path: str, handler: Handler, stop: asyncio.Eve
                     result = handler(None, item)
                     if result is not None:
                         await result
+                if on_listed is not None:
+                    on_listed()
             # Each watch ends after a spread of ``server_timeout``, so a fleet does not reconnect in step.
             version = await _stream(kube, path, query, version, int(server_timeout * random.uniform(0.8, 1.0)), handler)
             backoff = 1.0

@@ -23,7 +23,6 @@ from gpuslice.dra.names import (
     MANAGED_BY,
     device_class_name,
     quota_resource,
-    short_hash,
 )
 
 Manifest = dict[str, Any]
@@ -184,42 +183,18 @@ def tenancy_admission(policy: GpuSlicePolicy) -> list[Manifest]:
     return [vap, binding]
 
 
-def taint_rules(
-    policy: GpuSlicePolicy, devices: Iterable[DeviceRef], api_version: str = RESOURCE_V1
-) -> list[Manifest]:
-    """One DeviceTaintRule per taint and device: the v1 selector can name a driver,
-    pool and device, not an attribute, so the policy's devices are listed one by one."""
-    rules = []
-    for taint in policy.spec.taints:
-        for ref in sorted(devices, key=lambda d: (d.pool, d.device)):
-            name = f"gpuslice-{policy.name}-{short_hash(taint.key, taint.effect, ref.pool, ref.device)}"
-            spec_taint = {"key": taint.key, "effect": taint.effect}
-            if taint.value:
-                spec_taint["value"] = taint.value
-            rules.append({
-                "apiVersion": api_version, "kind": "DeviceTaintRule",
-                "metadata": _meta(policy, name),
-                "spec": {
-                    "deviceSelector": {"driver": DRIVER, "pool": ref.pool, "device": ref.device},
-                    "taint": spec_taint,
-                },
-            })
-    return rules
+def desired_objects(policy: GpuSlicePolicy, namespaces: Set[str]) -> DesiredObjects:
+    """What should exist for ``policy``, given the namespaces that exist now.
 
-
-def desired_objects(
-    policy: GpuSlicePolicy,
-    namespaces: Set[str],
-    devices: Iterable[DeviceRef] = (),
-    *,
-    taint_rule_api: str = RESOURCE_V1,
-) -> DesiredObjects:
-    """What should exist for ``policy``, given the namespaces that exist now and the
-    devices published for it (DeviceTaintRules name devices one by one)."""
+    No DeviceTaintRules: a policy's ``spec.taints`` travel on the devices the node agents
+    publish (``planning.node_pool``). In ``resource.k8s.io/v1`` a rule selects one device by
+    driver, pool and name, so rules would cost one object per taint and device (72,000 for
+    one tainted policy on 1,000 nodes of 8 GPUs in 9 devices each), each written, watched by
+    the scheduler and the eviction controller, and rewritten whenever the pool changes.
+    """
     desired = DesiredObjects()
     desired.cluster.append(device_class(policy))
     desired.cluster.extend(tenancy_admission(policy))
-    desired.cluster.extend(taint_rules(policy, list(devices), taint_rule_api))
     for tenant in policy.spec.tenants:
         if tenant.namespace not in namespaces:
             continue

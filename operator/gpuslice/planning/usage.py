@@ -92,15 +92,6 @@ def devices_by_policy(slices: Iterable[SliceView]) -> dict[str, set[DeviceRef]]:
     return _by_policy(v for v in slices if v.pool in complete and v.generation == newest[v.pool])
 
 
-def devices_in_flux(slices: Iterable[SliceView]) -> dict[str, set[DeviceRef]]:
-    """Devices of pools an agent is rewriting (the newest generation is not complete yet), of
-    every generation present, by policy. Not for counting: for not dropping a taint rule of a
-    device that is only between two generations."""
-    slices = list(slices)
-    _, complete = _complete_pools(slices)
-    return _by_policy(v for v in slices if v.pool not in complete)
-
-
 @dataclass
 class Usage:
     allocated: int = 0
