@@ -151,6 +151,10 @@ def render_text(results: Mapping[str, Any]) -> str:
                            ("steady_seconds", "steady state observed (s)"),
                            ("steady_requests", "API requests in steady state"),
                            ("steady_writes", "API writes in steady state"),
+                           ("controller_cpu_converge_s", "controller CPU during convergence (s)"),
+                           ("controller_cpu_steady_s", "controller CPU in steady state (s)"),
+                           ("agents_cpu_converge_s", "all agents' CPU during convergence (s, harness process)"),
+                           ("agents_cpu_steady_s", "all agents' CPU in steady state (s, harness process)"),
                            ("controller_peak_rss_mib", "controller peak RSS (MiB)"),
                            ("agent_peak_rss_mib", "one real agent process, peak RSS (MiB)")):
             lines.append(f"   {label:<66} {_fmt(scale.get(key))}")

@@ -98,8 +98,10 @@ async def measure(size: Size, only: tuple[str, ...], state_dir: Path) -> tuple[d
             # A controller started now has seen nothing of the figures before: its peak RSS is this figure's.
             await cluster.stop_controller()
             await cluster.start_controller()
-            figures["scale"] = await scale_figure(cluster, size.scale_nodes, size.scale_policies,
-                                                  size.scale_namespaces, size.steady_seconds, say)
+            nodes, policies, namespaces, steady = (
+                (int(x) for x in os.environ["BENCH_SCALE"].split(",")) if os.environ.get("BENCH_SCALE")
+                else (size.scale_nodes, size.scale_policies, size.scale_namespaces, int(size.steady_seconds)))
+            figures["scale"] = await scale_figure(cluster, nodes, policies, namespaces, float(steady), say)
     finally:
         await cluster.stop()
     return figures, kubernetes

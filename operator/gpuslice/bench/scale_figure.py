@@ -17,6 +17,7 @@ from gpuslice.bench.harness import (
     WRITE_VERBS,
     BenchCluster,
     BenchError,
+    cpu_seconds,
     gather_limited,
     peak_rss_mib,
     wait_until,
@@ -85,7 +86,11 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
         per_policy = max(1, namespaces // policies)
         bodies = [scale_policy(i, tenants[(i * per_policy) % namespaces:][:per_policy] or tenants[:1])
                   for i in range(policies)]
+        controller = cluster.controller.pid if cluster.controller else None
+        if controller is None:
+            raise BenchError("the controller is not running")
         before = await cluster.request_totals()
+        controller_cpu0, harness_cpu1 = cpu_seconds(controller), _own_cpu()
         started = time.monotonic()
         await gather_limited((cluster.api.create(POLICIES, b) for b in bodies), 8)
         want = {}
@@ -112,16 +117,18 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
         await wait_until(converged, 3600, "every pool published and every policy Ready", every=2.0)
         converge_seconds = time.monotonic() - started
         after = await cluster.request_totals()
+        controller_cpu1, harness_cpu2 = cpu_seconds(controller), _own_cpu()
         converge = _delta(after, before)
         say(f"scale: converged in {converge_seconds:.1f} s with {sum(converge.values())} API requests")
         await asyncio.sleep(15)  # past debounce, drains and the controller's first status refresh
         steady0 = await cluster.request_totals()
+        controller_cpu2, harness_cpu3 = cpu_seconds(controller), _own_cpu()
         await asyncio.sleep(steady_seconds)
         steady = _delta(await cluster.request_totals(), steady0)
+        controller_cpu3, harness_cpu4 = cpu_seconds(controller), _own_cpu()
         say(f"scale: {steady_seconds:.0f} s of steady state, {_writes(steady, True)} writes by gpuslice")
-        controller_pid, agent_pid = cluster.controller.pid if cluster.controller else None, real.pid
-        if controller_pid is None or agent_pid is None:
-            raise BenchError("the controller or the real agent is not running")
+        if real.pid is None:
+            raise BenchError("the real agent is not running")
         result = {
             "nodes": nodes, "gpus_per_node": 8, "policies": policies, "namespaces": namespaces,
             "harness": f"{nodes} agents' loops in one process (own clients, tokens and watches), plus one real"
@@ -136,8 +143,12 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
             "steady_writes": _writes(steady, True),
             "steady_writes_all": _writes(steady, False),
             "steady_by_resource": _by_resource(steady),
-            "controller_peak_rss_mib": round(peak_rss_mib(controller_pid), 1),
-            "agent_peak_rss_mib": round(peak_rss_mib(agent_pid), 1),
+            "controller_peak_rss_mib": round(peak_rss_mib(controller), 1),
+            "agent_peak_rss_mib": round(peak_rss_mib(real.pid), 1),
+            "controller_cpu_converge_s": round(controller_cpu1 - controller_cpu0, 2),
+            "controller_cpu_steady_s": round(controller_cpu3 - controller_cpu2, 2),
+            "agents_cpu_converge_s": round(harness_cpu2 - harness_cpu1, 2),
+            "agents_cpu_steady_s": round(harness_cpu4 - harness_cpu3, 2),
             "harness_cpu_s": round(_own_cpu() - harness_cpu0, 1),
         }
     finally:
