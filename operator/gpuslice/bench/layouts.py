@@ -95,10 +95,16 @@ def whole_gpu_class() -> Manifest:
 
 
 def whole_gpu_slice(node: str, node_uid: str, gpus: int) -> Manifest:
-    """One device per GPU, as a device plugin advertises them (no counters, no sharing)."""
+    """One device per GPU (no counters, no sharing): what a device plugin's ``nvidia.com/gpu``
+    is, with the attributes NVIDIA's DRA driver publishes for a whole GPU, so the scheduler
+    reads as much per device as it would for the real thing."""
     devices = [{"name": f"gpu-{i}", "attributes": {
-        "productName": {"string": H100.product_name}, "index": {"int": i},
-        "uuid": {"string": f"GPU-bench-{node}-{i}"}},
+        "type": {"string": "gpu"}, "uuid": {"string": f"GPU-bench-{node}-{i}"},
+        "productName": {"string": H100.product_name}, "brand": {"string": "Nvidia"},
+        "architecture": {"string": "Hopper"}, "cudaComputeCapability": {"version": "9.0.0"},
+        "driverVersion": {"version": "580.95.5"}, "cudaDriverVersion": {"version": "13.0.0"},
+        "resource.kubernetes.io/pciBusID": {"string": f"0000:{0x18 + 0x10 * i:02x}:00.0"},
+        "resource.kubernetes.io/pcieRoot": {"string": f"pci0000:{0x17 + 0x10 * i:02x}"}},
         "capacity": {"memory": {"value": str(H100.memory)}}} for i in range(gpus)]
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": f"bench-whole-{node}",
