@@ -111,7 +111,9 @@ def main() -> None:
     size = SIZES[os.environ.get("BENCH_SIZE", "full")]
     only = tuple(f for f in os.environ.get("BENCH_ONLY", ",".join(FIGURES)).split(",") if f)
     out = Path(os.environ.get("BENCH_DIR", "bench"))
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    # The fleet harness runs hundreds of agents in this process: their warnings (a policy not judged
+    # yet, a retried request) would drown the report.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     load_before = os.getloadavg()
     if size.name == "full" and load_before[0] > 1.5:
         say(f"warning: load average {load_before[0]:.1f} before the run: the machine is busy, figures will be off")

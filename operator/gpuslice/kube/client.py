@@ -3,9 +3,8 @@
 We speak plain JSON (dicts) rather than kubernetes_asyncio's generated models:
 the models lag the server (resource.k8s.io gains fields every minor) and
 silently drop what they do not know, which for ResourceSlices would mean
-rewriting a driver's devices without fields the scheduler relies on.
-kubernetes_asyncio still does what it is good at: kubeconfig and in-cluster
-auth, TLS, and the HTTP session.
+rewriting a driver's devices without fields the scheduler relies on. The HTTP
+session and the credentials are ``transport``'s.
 """
 
 from __future__ import annotations
@@ -15,13 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
-from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio.client import ApiClient, Configuration
-from kubernetes_asyncio.client.exceptions import ApiException
+from gpuslice.kube.transport import ApiError, Transport, connect
 
 Object = dict[str, Any]
 
-_TYPES = {status: "object" for status in (200, 201, 202)}
 # Seconds for one request, connection included: a half-open connection must not hang a
 # reconcile (holding its policy's lock) or the agent's publish cycle for good.
 REQUEST_TIMEOUT = 60
@@ -38,11 +34,13 @@ class KubeError(Exception):
         self.body = body or {}
 
     @classmethod
-    def from_api(cls, error: ApiException) -> KubeError:
+    def from_api(cls, error: ApiError) -> KubeError:
         try:
             body = json.loads(error.body) if error.body else {}
         except (TypeError, ValueError):
-            body = {"message": str(error.body)}
+            body = {"message": error.body.decode(errors="replace")}
+        if not isinstance(body, dict):
+            body = {"message": str(body)}
         return cls(error.status, str(body.get("reason") or error.reason),
                    str(body.get("message", error.reason)), body)
 
@@ -50,25 +48,16 @@ class KubeError(Exception):
 class KubeClient:
     """A small async JSON client; create with :meth:`from_kubeconfig` and close when done."""
 
-    def __init__(self, api: ApiClient) -> None:
-        self._api = api
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
 
     @classmethod
     async def from_kubeconfig(cls, path: Path | str | None = None) -> KubeClient:
-        configuration = Configuration()
-        if path is None:
-            try:
-                kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            except kube_config.ConfigException:
-                await kube_config.load_kube_config(client_configuration=configuration)
-        else:
-            await kube_config.load_kube_config(
-                config_file=str(path), client_configuration=configuration
-            )
-        return cls(ApiClient(configuration))
+        """From ``path``; without one, the pod's ServiceAccount, then $KUBECONFIG or ~/.kube/config."""
+        return cls(await connect(path))
 
     async def close(self) -> None:
-        await self._api.close()
+        await self.transport.close()
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -86,19 +75,10 @@ class KubeClient:
         content_type: str = "application/json",
         accept: str = "application/json",
     ) -> Object:
-        params = [(k, str(v).lower() if isinstance(v, bool) else v) for k, v in (query or {}).items()]
         try:
-            result = await self._api.call_api(
-                path, method,
-                query_params=params,
-                header_params={"Content-Type": content_type, "Accept": accept},
-                body=body,
-                response_types_map=_TYPES,
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-                _request_timeout=REQUEST_TIMEOUT,
-            )
-        except ApiException as error:
+            result = await self.transport.request(method, path, body, query or {}, content_type, accept,
+                                                  REQUEST_TIMEOUT)
+        except ApiError as error:
             raise KubeError.from_api(error) from None
         return cast(Object, result or {})
 

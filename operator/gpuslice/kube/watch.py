@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.transport import ApiError
 
 # type is None for objects of the (re)list, as Kopf reports its initial listing; else ADDED,
 # MODIFIED or DELETED.
@@ -49,33 +50,27 @@ class Gone(Exception):
 
 async def _stream(kube: KubeClient, path: str, query: Mapping[str, str | int | bool], version: str,
                   server_timeout: int, handler: Handler) -> str:
-    params = [(k, str(v).lower() if isinstance(v, bool) else v) for k, v in query.items()]
-    params += [("watch", "true"), ("resourceVersion", version), ("allowWatchBookmarks", "true"),
-               ("timeoutSeconds", server_timeout)]
-    response = await kube._api.call_api(
-        path, "GET", query_params=params, header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"], _preload_content=False,
-        _request_timeout=aiohttp.ClientTimeout(connect=CONNECT_TIMEOUT, sock_connect=CONNECT_TIMEOUT,
-                                               sock_read=server_timeout + 30),
-    )
+    params = {**query, "watch": True, "resourceVersion": version, "allowWatchBookmarks": True,
+              "timeoutSeconds": server_timeout}
     try:
-        async for line in response.content:
-            if not line.strip():
-                continue
-            event = json.loads(line)
-            kind, obj = event.get("type"), event.get("object") or {}
-            if kind == "ERROR":
-                if obj.get("code") == 410:
-                    raise Gone()
-                raise KubeError(int(obj.get("code") or 500), str(obj.get("reason") or "WatchError"),
-                                str(obj.get("message") or obj), obj)
-            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-            if kind != "BOOKMARK":
-                result = handler(kind, obj)
-                if result is not None:
-                    await result
-    finally:
-        response.release()
+        async with kube.transport.stream(path, params, CONNECT_TIMEOUT, server_timeout + 30) as lines:
+            async for line in lines:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Gone()
+                    raise KubeError(int(obj.get("code") or 500), str(obj.get("reason") or "WatchError"),
+                                    str(obj.get("message") or obj), obj)
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if kind != "BOOKMARK":
+                    result = handler(kind, obj)
+                    if result is not None:
+                        await result
+    except ApiError as error:
+        raise KubeError.from_api(error) from None
     return version
 
 
