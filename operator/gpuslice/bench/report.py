@@ -155,6 +155,12 @@ def render_text(results: Mapping[str, Any]) -> str:
                            ("controller_cpu_steady_s", "controller CPU in steady state (s)"),
                            ("agents_cpu_converge_s", "all agents' CPU during convergence (s, harness process)"),
                            ("agents_cpu_steady_s", "all agents' CPU in steady state (s, harness process)"),
+                           ("edit_requests", "editing every policy (a tenant added): API requests"),
+                           ("edit_agent_reads", "  of which the agents' reads"),
+                           ("taint_devices", "tainting one policy: its devices"),
+                           ("taint_seconds", "  seconds until every one is tainted"),
+                           ("taint_rules", "  DeviceTaintRules made"),
+                           ("taint_writes", "  API writes"),
                            ("controller_peak_rss_mib", "controller peak RSS (MiB)"),
                            ("agent_peak_rss_mib", "one real agent process, peak RSS (MiB)")):
             lines.append(f"   {label:<66} {_fmt(scale.get(key))}")

@@ -129,6 +129,8 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
         say(f"scale: {steady_seconds:.0f} s of steady state, {_writes(steady, True)} writes by gpuslice")
         if real.pid is None:
             raise BenchError("the real agent is not running")
+        edit = await _edit_every_policy(cluster, bodies, say)
+        taint = await _taint_one_policy(cluster, bodies, want, say)
         result = {
             "nodes": nodes, "gpus_per_node": 8, "policies": policies, "namespaces": namespaces,
             "harness": f"{nodes} agents' loops in one process (own clients, tokens and watches), plus one real"
@@ -150,11 +152,66 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
             "agents_cpu_converge_s": round(harness_cpu2 - harness_cpu1, 2),
             "agents_cpu_steady_s": round(harness_cpu4 - harness_cpu3, 2),
             "harness_cpu_s": round(_own_cpu() - harness_cpu0, 1),
+            **edit, **taint,
         }
     finally:
         await fleet.close()
         await cluster.stop_agents()
     return result
+
+
+async def _edit_every_policy(cluster: BenchCluster, bodies: list[dict[str, Any]],
+                             say: Callable[[str], None]) -> dict[str, Any]:
+    """Every policy gains a tenant (no device changes): what a policy edit costs the fleet's reads."""
+    extra = "bench-t-extra"
+    await cluster.api.create("/api/v1/namespaces", {"metadata": {"name": extra}})
+    before = await cluster.request_totals()
+    started = time.monotonic()
+    for body in bodies:
+        tenants = [*body["spec"]["tenants"], {"namespace": extra}]
+        await cluster.api.merge_patch(f"{POLICIES}/{body['metadata']['name']}", {"spec": {"tenants": tenants}})
+
+    async def judged() -> bool:
+        live = await cluster.api.list(POLICIES)
+        return all((p.get("status") or {}).get("observedGeneration") == p["metadata"]["generation"] for p in live)
+
+    await wait_until(judged, 600, "every edited policy to be judged")
+    await asyncio.sleep(10)  # the agents' jittered wake-ups and their cycles
+    counts = _delta(await cluster.request_totals(), before)
+    agent_reads = {k: n for k, n in counts.items() if k[0] in ("GET", "LIST")
+                   and k[1] in ("nodes", "gpuslicepolicies", "resourceslices", "resourceclaims")}
+    say(f"scale: editing {len(bodies)} policies: {sum(counts.values())} requests,"
+        f" {sum(agent_reads.values())} agent reads")
+    return {"edit_policies": len(bodies), "edit_seconds": round(time.monotonic() - started, 1),
+            "edit_requests": sum(counts.values()), "edit_agent_reads": sum(agent_reads.values()),
+            "edit_by_resource": dict(list(_by_resource(counts).items())[:10])}
+
+
+async def _taint_one_policy(cluster: BenchCluster, bodies: list[dict[str, Any]], want: dict[str, int],
+                            say: Callable[[str], None]) -> dict[str, Any]:
+    """A maintenance taint on one memory policy: how many objects and requests until every one of
+    its devices is tainted (on the device, or by a DeviceTaintRule)."""
+    name = next(b["metadata"]["name"] for b in bodies if b["spec"]["slicing"]["mode"] == "memory")
+    before = await cluster.request_totals()
+    started = time.monotonic()
+    taint = {"key": "gpuslice.dev/maintenance", "value": "planned", "effect": "NoSchedule"}
+    await cluster.api.merge_patch(f"{POLICIES}/{name}", {"spec": {"taints": [taint]}})
+
+    async def tainted() -> int | None:
+        rules = await cluster.api.list("/apis/resource.k8s.io/v1/devicetaintrules",
+                                       labelSelector=f"gpuslice.dev/policy={name}")
+        on_devices = sum(1 for s in await cluster.our_slices() for d in s["spec"].get("devices") or []
+                         if d["attributes"]["gpuslice.dev/policy"]["string"] == name
+                         and any(t.get("key") == taint["key"] for t in d.get("taints") or []))
+        return len(rules) + 1 if max(len(rules), on_devices) >= want[name] else None
+
+    rules = (await wait_until(tainted, 900, f"every device of {name} to be tainted", every=2.0)) - 1
+    seconds = time.monotonic() - started
+    counts = _delta(await cluster.request_totals(), before)
+    say(f"scale: tainting {name} ({want[name]} devices): {seconds:.1f} s, {rules} DeviceTaintRules,"
+        f" {_writes(counts, True)} writes")
+    return {"taint_devices": want[name], "taint_seconds": round(seconds, 1), "taint_rules": rules,
+            "taint_writes": _writes(counts, True), "taint_requests": sum(counts.values())}
 
 
 def _own_cpu() -> float:
