@@ -1,9 +1,9 @@
 """What the node agent watches, and only that.
 
 - Policies, cluster-wide (a node may be selected by any of them). An edit wakes every agent,
-  so each wakes after a random delay of up to ``policy_jitter`` seconds: a thousand agents
-  then read their own slices over a second or two instead of in the same instant, and read
-  nothing else (the policy and the Node come from these watches).
+  so each wakes once, at a random moment within ``policy_jitter`` seconds of the first event of
+  a burst: a thousand agents then read their own slices over a second or two instead of in
+  the same instant, and read nothing else (the policy and the Node come from these watches).
 - Its own Node (``metadata.name``) and its own ResourceSlices (``spec.nodeName``, an indexed
   field): the API server sends nothing about other nodes.
 - ResourceClaims only while the agent holds back a change for a claim (``want_claims``):
@@ -58,6 +58,7 @@ class AgentWatches:
         self._claims: asyncio.Task[None] | None = None
         self._in_pool: set[tuple[str, str]] = set()
         self._listed_policies: set[str] = set()
+        self._policy_wake: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         self._tasks = [
@@ -69,6 +70,9 @@ class AgentWatches:
         ]
 
     async def close(self) -> None:
+        if self._policy_wake is not None:
+            self._policy_wake.cancel()
+            self._policy_wake = None
         tasks = [*self._tasks, *([self._claims] if self._claims else [])]
         for task in tasks:
             task.cancel()
@@ -116,8 +120,13 @@ class AgentWatches:
         if kind is None:
             self._listed_policies.add(name)
             return  # the (re)list: its end wakes the publisher
-        delay = random.uniform(0, self.policy_jitter)
-        asyncio.get_running_loop().call_later(delay, self.wake.set)
+        if self._policy_wake is None:  # a burst of edits is one wake-up, at one random moment
+            self._policy_wake = asyncio.get_running_loop().call_later(
+                random.uniform(0, self.policy_jitter), self._wake_for_policies)
+
+    def _wake_for_policies(self) -> None:
+        self._policy_wake = None
+        self.wake.set()
 
     def _node_event(self, kind: str | None, body: dict[str, Any]) -> None:
         self.view.node = None if kind == "DELETED" else body

@@ -385,3 +385,35 @@ async def test_policy_taints_travel_on_its_devices_and_reach_allocated_ones_at_o
 
     await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}", {"spec": {"taints": []}})
     await settle(kube, namespace, ["before", "after"], 2)
+
+
+async def test_claims_are_read_only_when_a_published_device_would_change(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str,
+) -> None:
+    """At 1,000 nodes every agent listing every claim on every cycle is a thousand cluster-wide
+    lists per burst. Cycles that change no published device read no claim; a resize does."""
+    node = await gpu_node("h100-80gb", 1)
+    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
+    await published(kube, node.name, 8)
+    await create_pods(kube, namespace, "gpu-slice", ["p0", "p1"])
+    await settle(kube, namespace, ["p0", "p1"], 2)
+    reads = 'gpuslice_agent_claim_reads_total{outcome="read"}'
+    skipped = 'gpuslice_agent_claim_reads_total{outcome="skipped"}'
+    before = await node.metrics()
+    for value in ("a", "b", "c"):  # each label change is a Node event: a publish cycle that changes nothing
+        await kube.merge_patch(f"/api/v1/nodes/{node.name}", {"metadata": {"labels": {"bench-probe": value}}})
+
+    async def cycled() -> dict[str, float] | None:
+        samples = await node.metrics()
+        return samples if samples.get(skipped, 0) >= before.get(skipped, 0) + 3 else None
+
+    after = await wait_for(cycled, within=30, what="three publish cycles")
+    assert after.get(reads, 0) == before.get(reads, 0), "cycles that change no device must not read claims"
+    await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}",
+                           {"spec": {"slicing": {"sliceSize": "20G"}}})
+
+    async def read() -> bool:
+        return (await node.metrics()).get(reads, 0) > before.get(reads, 0)
+
+    await wait_for(read, within=30, what="a resize to read the claims")
