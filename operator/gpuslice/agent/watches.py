@@ -33,6 +33,15 @@ CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 POLICY_JITTER = 2.0  # seconds: the spread of a fleet's wake-ups after a policy edit
 
 
+def planned_from(policy: dict[str, Any]) -> tuple[Any, ...]:
+    """What the planner reads of a policy (``publisher.sort_policies``, ``planning.selection``):
+    a change of anything else (status counts, annotations) wakes no agent."""
+    meta, status = policy.get("metadata") or {}, policy.get("status") or {}
+    valid: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Valid"), {})
+    return (policy.get("spec"), meta.get("generation"), meta.get("creationTimestamp"), meta.get("deletionTimestamp"),
+            status.get("observedGeneration"), valid.get("status"), valid.get("reason"))
+
+
 @dataclass
 class AgentView:
     """The policies and the agent's Node as its watches last saw them."""
@@ -113,6 +122,7 @@ class AgentWatches:
 
     def _policy_event(self, kind: str | None, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]
+        old = self.view.policies.get(name)
         if kind == "DELETED":
             self.view.policies.pop(name, None)
         else:
@@ -120,6 +130,8 @@ class AgentWatches:
         if kind is None:
             self._listed_policies.add(name)
             return  # the (re)list: its end wakes the publisher
+        if kind == "MODIFIED" and old is not None and planned_from(old) == planned_from(body):
+            return  # e.g. the controller counting allocations in status: nothing the planner reads
         if self._policy_wake is None:  # a burst of edits is one wake-up, at one random moment
             self._policy_wake = asyncio.get_running_loop().call_later(
                 random.uniform(0, self.policy_jitter), self._wake_for_policies)
