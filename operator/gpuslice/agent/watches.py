@@ -1,8 +1,9 @@
 """What the node agent watches, and only that.
 
-- Policies, cluster-wide (a node may be selected by any of them). An edit wakes every agent,
-  so each wakes once, at a random moment within ``policy_jitter`` seconds of the first event of
-  a burst: a thousand agents then read their own slices over a second or two instead of in
+- Policies, cluster-wide (a node may be selected by any of them). A change wakes the agent only
+  if it touches what the planner reads (not status counts) and the policy's node selector, old
+  or new, matches this node; then once per burst, at a random moment within ``policy_jitter``
+  seconds: agents a policy concerns read their own slices over a second or two instead of in
   the same instant, and read nothing else (the policy and the Node come from these watches).
 - Its own Node (``metadata.name``) and its own ResourceSlices (``spec.nodeName``, an indexed
   field): the API server sends nothing about other nodes.
@@ -21,8 +22,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic
 import structlog
 
+from gpuslice.api.policy import LabelSelector
 from gpuslice.dra.names import DRIVER
 from gpuslice.kube.client import KubeClient
 from gpuslice.kube.watch import watch
@@ -132,9 +135,22 @@ class AgentWatches:
             return  # the (re)list: its end wakes the publisher
         if kind == "MODIFIED" and old is not None and planned_from(old) == planned_from(body):
             return  # e.g. the controller counting allocations in status: nothing the planner reads
+        if not any(self._may_select(p) for p in (old, body) if p is not None):
+            return  # neither the old nor the new spec selects this node: its pool does not change
         if self._policy_wake is None:  # a burst of edits is one wake-up, at one random moment
             self._policy_wake = asyncio.get_running_loop().call_later(
                 random.uniform(0, self.policy_jitter), self._wake_for_policies)
+
+    def _may_select(self, policy: dict[str, Any]) -> bool:
+        """Whether the policy's node selector matches this node (True when that cannot be told)."""
+        if self.view.node is None:
+            return True
+        labels = self.view.node["metadata"].get("labels") or {}
+        try:
+            selector = LabelSelector.model_validate((policy.get("spec") or {}).get("nodeSelector") or {})
+        except pydantic.ValidationError:
+            return True
+        return selector.matches(dict(labels))
 
     def _wake_for_policies(self) -> None:
         self._policy_wake = None

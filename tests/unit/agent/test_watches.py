@@ -25,3 +25,32 @@ def test_status_counts_wake_no_agent_but_a_verdict_or_a_spec_does() -> None:
     edited = copy.deepcopy(before)
     edited["spec"]["slicing"]["sliceSize"] = "20G"
     assert planned_from(edited) != planned_from(before)
+
+
+async def test_only_policies_that_select_the_node_wake_its_agent() -> None:
+    import asyncio
+
+    from gpuslice.agent.watches import AgentWatches
+
+    wake, stop = asyncio.Event(), asyncio.Event()
+    watches = AgentWatches(None, "n1", wake, stop, policy_jitter=0.0)  # type: ignore[arg-type]
+    watches.view.node = {"metadata": {"name": "n1", "labels": {"pool": "a"}}}
+    elsewhere = _policy()
+    elsewhere["spec"]["nodeSelector"] = {"matchLabels": {"pool": "b"}}
+    watches._policy_event("ADDED", elsewhere)
+    await asyncio.sleep(0.01)
+    assert not wake.is_set()
+    moved = copy.deepcopy(elsewhere)
+    moved["metadata"]["generation"] = 3
+    moved["spec"]["nodeSelector"] = {"matchLabels": {"pool": "a"}}  # now it selects n1
+    watches._policy_event("MODIFIED", moved)
+    await asyncio.sleep(0.01)
+    assert wake.is_set()
+    wake.clear()
+    away = copy.deepcopy(moved)
+    away["metadata"]["generation"] = 4
+    away["spec"]["nodeSelector"] = {"matchLabels": {"pool": "b"}}  # leaving n1 changes its pool too
+    watches._policy_event("MODIFIED", away)
+    await asyncio.sleep(0.01)
+    assert wake.is_set()
+    await watches.close()
