@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import aiohttp
 
 from gpuslice.devcluster import binaries as binaries_module
 from gpuslice.devcluster import operator as gpuslice_install
@@ -140,8 +143,8 @@ class BenchCluster:
             self.controller = None
 
     async def agent_kubeconfig(self, node: str) -> Path:
-        return await gpuslice_install.agent_kubeconfig(self.api, node, self.dev.state.root, self.dev.server,
-                                                       self.ca_pem)
+        return await retry(lambda: gpuslice_install.agent_kubeconfig(self.api, node, self.dev.state.root,
+                                                                     self.dev.server, self.ca_pem))
 
     async def start_agent(self, node: str) -> Component:
         """One real `gpuslice agent` process for ``node``, with its node-bound identity."""
@@ -173,7 +176,7 @@ class BenchCluster:
         async def one(name: str) -> None:
             body = fake_gpu_node(name, "h100-80gb", gpus)
             body["metadata"]["labels"].update((labels or {}).get(name, {}))
-            uids[name] = (await self.api.create("/api/v1/nodes", body))["metadata"]["uid"]
+            uids[name] = (await create(self.api, "/api/v1/nodes", body))["metadata"]["uid"]
 
         await gather_limited((one(n) for n in names), concurrency)
         return uids
@@ -190,6 +193,44 @@ class BenchCluster:
 
     async def our_slices(self) -> list[dict[str, Any]]:
         return await self.api.list(SLICES, fieldSelector=f"spec.driver={DRIVER}")
+
+
+T = TypeVar("T")
+TRANSIENT = frozenset({429, 500, 502, 503, 504})
+
+
+async def retry(call: Callable[[], Awaitable[T]], attempts: int = 8) -> T:
+    """The bench's own set-up requests, retried when the apiserver says "not now" (429 once a
+    thousand agents start at once, 5xx, timeouts), with jittered backoff."""
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except KubeError as error:
+            if error.status not in TRANSIENT or attempt == attempts - 1:
+                raise
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            if attempt == attempts - 1:
+                raise
+        await asyncio.sleep(min(2.0**attempt, 15.0) * random.uniform(0.5, 1.0))
+    raise AssertionError("unreachable")
+
+
+async def create(api: KubeClient, collection: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Create, retried (see ``retry``); an earlier attempt that the server did carry out is fine."""
+    tried = False
+
+    async def once() -> dict[str, Any]:
+        nonlocal tried
+        try:
+            return await api.create(collection, body)
+        except KubeError as error:
+            if error.status == 409 and tried:
+                return await api.get(f"{collection}/{body['metadata']['name']}")
+            raise
+        finally:
+            tried = True
+
+    return await retry(once)
 
 
 async def gather_limited(coroutines: Iterable[Awaitable[Any]], limit: int) -> list[Any]:

@@ -41,6 +41,7 @@ class Size:
 
 SIZES = {
     "full": Size("full", (8, 100), 512, 1000, 50, 200, 300.0),
+    "medium": Size("medium", (8, 24), 512, 300, 50, 200, 120.0),
     "small": Size("small", (2,), 64, 40, 10, 20, 30.0),
 }
 

@@ -18,8 +18,10 @@ from gpuslice.bench.harness import (
     BenchCluster,
     BenchError,
     cpu_seconds,
+    create,
     gather_limited,
     peak_rss_mib,
+    retry,
     wait_until,
 )
 from gpuslice.bench.layouts import policy
@@ -72,7 +74,7 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
     tenants = [f"bench-t-{i:03d}" for i in range(namespaces)]
 
     async def make_ns(name: str) -> None:
-        await cluster.api.create("/api/v1/namespaces", {"metadata": {"name": name}})
+        await create(cluster.api, "/api/v1/namespaces", {"metadata": {"name": name}})
 
     await gather_limited((make_ns(n) for n in tenants), 16)
     kubeconfigs = {}
@@ -92,7 +94,7 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
         before = await cluster.request_totals()
         controller_cpu0, harness_cpu1 = cpu_seconds(controller), _own_cpu()
         started = time.monotonic()
-        await gather_limited((cluster.api.create(POLICIES, b) for b in bodies), 8)
+        await gather_limited((create(cluster.api, POLICIES, b) for b in bodies), 8)
         want = {}
         for i, body in enumerate(bodies):
             pool = f"pool-{i:03d}"
@@ -169,7 +171,12 @@ async def _edit_every_policy(cluster: BenchCluster, bodies: list[dict[str, Any]]
     started = time.monotonic()
     for body in bodies:
         tenants = [*body["spec"]["tenants"], {"namespace": extra}]
-        await cluster.api.merge_patch(f"{POLICIES}/{body['metadata']['name']}", {"spec": {"tenants": tenants}})
+        path, patch = f"{POLICIES}/{body['metadata']['name']}", {"spec": {"tenants": tenants}}
+
+        async def edit(path: str = path, patch: dict[str, Any] = patch) -> dict[str, Any]:
+            return await cluster.api.merge_patch(path, patch)
+
+        await retry(edit)
 
     async def judged() -> bool:
         live = await cluster.api.list(POLICIES)

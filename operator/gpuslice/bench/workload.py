@@ -16,6 +16,7 @@ from gpuslice.bench.harness import (
     BenchCluster,
     BenchError,
     cpu_seconds,
+    create,
     gather_limited,
     wait_until,
 )
@@ -149,8 +150,8 @@ class Placement:
 
 async def create_claims(cluster: BenchCluster, claims: Sequence[dict[str, Any]], concurrency: int = 8) -> None:
     async def one(body: dict[str, Any]) -> None:
-        await cluster.api.create(f"/apis/resource.k8s.io/v1/namespaces/{body['metadata']['namespace']}/resourceclaims",
-                                 body)
+        await create(cluster.api, f"/apis/resource.k8s.io/v1/namespaces/{body['metadata']['namespace']}/resourceclaims",
+                     body)
     await gather_limited((one(c) for c in claims), concurrency)
 
 
@@ -164,7 +165,7 @@ async def place_pods(cluster: BenchCluster, namespace: str, claims: Sequence[str
     started = time.monotonic()
 
     async def one(index: int, claim: str) -> None:
-        await api.create(f"/api/v1/namespaces/{namespace}/pods", pod_body(namespace, f"pod-{index:05d}", claim))
+        await create(api, f"/api/v1/namespaces/{namespace}/pods", pod_body(namespace, f"pod-{index:05d}", claim))
 
     await gather_limited((one(i, c) for i, c in enumerate(claims)), concurrency)
     created = time.monotonic() - started
