@@ -15,6 +15,7 @@ import os
 import signal
 import time
 
+import aiohttp
 import structlog
 
 from gpuslice.agent.gpus import GpuBackend
@@ -53,8 +54,10 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
         except Exception as error:  # the loop is the agent's purpose: it outlives any failed cycle
             if isinstance(error, KubeError) and error.status == 404 and "nodes" in error.message:
                 log.warning("this agent's Node does not exist (yet); will retry", node=node)
-            elif isinstance(error, KubeError):
-                log.warning("publishing failed; will retry", node=node, error=str(error), retry_in=backoff)
+            elif isinstance(error, KubeError | aiohttp.ClientError | TimeoutError | ConnectionError):
+                # The apiserver busy (429), restarting or slow: expected at scale, not a bug.
+                log.warning("publishing failed; will retry", node=node, error=str(error) or type(error).__name__,
+                            retry_in=backoff)
             else:
                 log.exception("publishing failed unexpectedly; will retry", node=node, retry_in=backoff)
             await asyncio.sleep(backoff)
