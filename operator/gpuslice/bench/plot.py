@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,8 @@ def packing_plot(packing: dict[str, Any], path: Path) -> Path | None:
     except ImportError:
         return None
     modes = list(packing["modes"].values())
-    labels = [m["title"].replace(" (", "\n(") for m in modes]
-    figure, (pods_axis, memory_axis) = plt.subplots(1, 2, figsize=(11, 4.2))
+    labels = [textwrap.fill(m["title"], 16) for m in modes]
+    figure, (pods_axis, memory_axis) = plt.subplots(1, 2, figsize=(11, 4.6))
     colors = ["#9e9e9e", "#6a8caf", "#d08c3c", "#3c9d5d"][: len(modes)]
     pods_axis.bar(range(len(modes)), [m["pods_placed"] for m in modes], color=colors)
     pods_axis.set_title(f"pods placed (of {packing['trace']['pods']})")
@@ -30,7 +31,7 @@ def packing_plot(packing: dict[str, Any], path: Path) -> Path | None:
     memory_axis.set_title("GPU memory (GiB)")
     memory_axis.legend(loc="lower right", fontsize=8)
     for axis, key in ((pods_axis, "pods_placed"), (memory_axis, "ratio_to_optimum")):
-        axis.set_xticks(range(len(modes)), labels, fontsize=8)
+        axis.set_xticks(range(len(modes)), labels, fontsize=7)
         for i, m in enumerate(modes):
             text = f"{m[key]}" if key == "pods_placed" else f"{m[key]:.0%}"
             axis.annotate(text, (i, m["pods_placed"] if key == "pods_placed" else m["memory_used_gib"]),
