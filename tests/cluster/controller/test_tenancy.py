@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from gpuslice.kube.client import KubeClient, KubeError
-from gpuslice.planning.cluster_objects import admin_access_guard_binding
-from tests.cluster.controller.test_objects import NO_NODES, get_or_none
+from gpuslice.planning.admission import ADMIN_LABEL_GUARD, binding
+from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
 from tests.cluster.kubeutil import RESOURCE, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, admin_label_guarded
 
@@ -26,12 +26,21 @@ def claim(name: str, device_class: str, admin: bool = False) -> dict[str, Any]:
 
 
 async def ready_policy(kube: KubeClient, make_policy: PolicyFactory, spec: dict[str, Any], suffix: str = "") -> str:
-    """Create a policy and wait until its admission rules are in force."""
+    """Create a policy and wait until the controller has proved its tenancy is enforced (Valid)."""
     name = (await make_policy({"nodeSelector": NO_NODES, "slicing": {"mode": "memory", "sliceSize": "10Gi"}, **spec},
                               suffix))["metadata"]["name"]
-    await wait_for(lambda: get_or_none(kube, f"{VAP}/validatingadmissionpolicybindings/gpuslice-tenancy-{name}"),
-                   what="the tenancy binding")
+    await valid(kube, name)
     return name
+
+
+async def valid(kube: KubeClient, name: str) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        body = await kube.get(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}")
+        fresh = (body.get("status") or {}).get("observedGeneration") == body["metadata"]["generation"]
+        return body if fresh and condition(body, "Valid").get("status") == "True" else None
+
+    found: dict[str, Any] = await wait_for(check, within=30, what=f"{name} to be Valid")
+    return found
 
 
 async def create_eventually(kube: KubeClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -169,8 +178,8 @@ async def test_label_set_before_gpuslice_is_left_alone(
     namespaces: Callable[..., Awaitable[str]],
 ) -> None:
     """A namespace that had the label before (set while the guard was not installed)."""
-    binding = f"{VAP}/validatingadmissionpolicybindings/gpuslice-admin-access-label"
-    await kube.delete(binding)
+    path = f"{VAP}/validatingadmissionpolicybindings/{ADMIN_LABEL_GUARD}"
+    await kube.delete(path)
     try:
         async def labelled_namespace() -> str | None:
             try:
@@ -180,7 +189,7 @@ async def test_label_set_before_gpuslice_is_left_alone(
 
         ns = await wait_for(labelled_namespace, what="a namespace created with the label")
     finally:
-        await kube.apply(binding, admin_access_guard_binding(), field_manager="gpuslice-tests")
+        await kube.apply(path, binding(ADMIN_LABEL_GUARD), field_manager="gpuslice-tests")
         await admin_label_guarded(kube)
 
     name = await ready_policy(kube, make_policy, {"adminAccess": {"namespaces": [ns]}})
