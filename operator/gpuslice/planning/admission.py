@@ -253,9 +253,9 @@ def controller_writes(controller_user: str = CONTROLLER_USER) -> Manifest:
                                        f" {LABEL_POLICY} and {next(iter(MANAGED_BY))}=gpuslice, not '"
                                        " + request.resource.resource + ' ' + variables.name"),
                  "reason": "Forbidden"},
-                {"expression": (f"request.resource.resource != 'deviceclasses' || variables.name.endsWith('.{GROUP}')")
-                               + " && (!(request.resource.resource in ['devicetaintrules', 'resourcequotas'])"
-                               " || variables.name.startsWith('gpuslice-'))",
+                {"expression": (f"(request.resource.resource != 'deviceclasses' || variables.name.endsWith('.{GROUP}'))"
+                                " && (!(request.resource.resource in ['devicetaintrules', 'resourcequotas'])"
+                                " || variables.name.startsWith('gpuslice-'))"),
                  "messageExpression": ("'the gpuslice controller may write only its own names (DeviceClasses"
                                        f" *.{GROUP}, quotas and taint rules gpuslice-*), not ' + variables.name"),
                  "reason": "Forbidden"},
