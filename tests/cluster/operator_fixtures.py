@@ -83,6 +83,15 @@ class ControllerProcess:
             self.process.wait()
         self.process = None
 
+    def pause(self) -> None:
+        """Freeze the controller (SIGSTOP): what a slow or starved controller looks like."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGCONT)
+
     async def restart(self, sig: int = signal.SIGTERM) -> None:
         await self.stop(sig)
         self.start()

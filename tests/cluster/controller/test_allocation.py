@@ -33,14 +33,16 @@ async def allocation(kube: KubeClient, ns: str, name: str) -> dict[str, Any] | N
     return found
 
 
-async def pod_event(kube: KubeClient, ns: str, pod: str, text: str) -> str:
-    async def found() -> str | None:
-        for event in await kube.list(f"/api/v1/namespaces/{ns}/events"):
-            if event["involvedObject"]["name"] == pod and text in (event.get("message") or ""):
-                return str(event["message"])
-        return None
+async def _event(kube: KubeClient, ns: str, pod: str, text: str) -> str | None:
+    for event in await kube.list(f"/api/v1/namespaces/{ns}/events"):
+        if event["involvedObject"]["name"] == pod and text in (event.get("message") or ""):
+            return str(event["message"])
+    return None
 
-    message: str = await wait_for(found, within=60, what=f"an Event on pod {ns}/{pod} saying {text!r}")
+
+async def pod_event(kube: KubeClient, ns: str, pod: str, text: str) -> str:
+    message: str = await wait_for(lambda: _event(kube, ns, pod, text), within=60,
+                                  what=f"an Event on pod {ns}/{pod} saying {text!r}")
     return message
 
 
@@ -74,6 +76,12 @@ async def test_claims_made_before_the_policy_get_nothing_outside_its_rules(
         return bool(found and (found.get("status") or {}).get("allocation"))
 
     await wait_for(worker_allocated, within=60, what="the tenant's ordinary claim to be allocated")
+    for ns, name, text in ((stranger, "early", "is not a tenant"), (tenant, "tolerant", "tolerates a taint")):
+        async def settled(ns: str = ns, name: str = name, text: str = text) -> bool:
+            return bool(await allocation(kube, ns, name) or await _event(kube, ns, name, text))
+
+        await wait_for(settled, within=60, what=f"the scheduler to try {ns}/{name}")
+        assert await allocation(kube, ns, name) is None, f"{ns}/{name} was allocated"
     message = await pod_event(kube, stranger, "early", "is not a tenant of GpuSlicePolicy")
     assert f"allocation of ResourceClaim early: namespace {stranger} is not a tenant of GpuSlicePolicy p-{unique}" in message
     message = await pod_event(kube, tenant, "tolerant", "tolerates a taint that tenants may not tolerate")

@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 
 from gpuslice.kube.client import KubeClient, KubeError
+from tests.cluster.agent.conftest import agent_rbac
 from tests.cluster.conftest import ClusterObjects
 from tests.cluster.kubeutil import RESOURCE, device_class
 from tests.cluster.operator_fixtures import ControllerProcess
 
+__all__ = ["agent_rbac"]
 VAP = "/apis/admissionregistration.k8s.io/v1"
 OURS = {"app.kubernetes.io/managed-by": "gpuslice", "gpuslice.dev/policy": "p"}
 
@@ -33,7 +35,7 @@ async def refused(call: Awaitable[Any], *words: str) -> KubeError:
     return error.value
 
 
-async def test_no_admission_policy_can_be_touched(as_controller: KubeClient) -> None:
+async def test_no_admission_policy_can_be_touched(as_controller: KubeClient, agent_rbac: None) -> None:
     for name in ("gpuslice-agent-own-node", "gpuslice-tenancy", "gpuslice-admin-access-label"):
         await refused(as_controller.delete(f"{VAP}/validatingadmissionpolicies/{name}"), "forbidden")
         await refused(as_controller.delete(f"{VAP}/validatingadmissionpolicybindings/{name}"), "forbidden")

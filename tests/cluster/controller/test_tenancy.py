@@ -305,8 +305,16 @@ async def test_a_new_tenants_claims_wait_for_its_quota(
         quota = await get_or_none(kube, f"/api/v1/namespaces/{late}/resourcequotas/gpuslice-{name}")
         return bool(made) and quota is not None and "used" in (quota.get("status") or {})
 
-    # Made here, not by the fixture (which waits for the default ServiceAccount): claims start at once.
-    await kube.create("/api/v1/namespaces", {"metadata": {"name": late}})
+    # The controller is frozen while the namespace appears (as a slow controller would be): claims
+    # rushed in then must wait for the quota. Made here, not by the fixture (which waits for the
+    # default ServiceAccount), so the claims start at once.
+    controller.pause()
+    try:
+        await kube.create("/api/v1/namespaces", {"metadata": {"name": late}})
+        for _ in range(100):
+            await rush()
+    finally:
+        controller.resume()
     try:
         await wait_for(rush, within=30, every=0.01, what="a claim and the quota to count it")
         for _ in range(20):  # the namespace is admitted and counted now: more claims are refused by quota
