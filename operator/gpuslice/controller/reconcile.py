@@ -154,14 +154,18 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, conv
     """Judge, converge (when asked, or when a failed converge's backoff is up) and report a policy.
     A failure raises kopf.TemporaryError with the backoff's delay."""
     name = body["metadata"]["name"]
-    converge_objects = converge_objects or (name in ctx.unconverged and ctx.due(name))
+    generation = int(body["metadata"].get("generation") or 0)
+    # A generation whose tenancy was never probed (a restart, or a timer that saw the edit before the
+    # update handler did) is converged and probed now, rather than reported as unverified.
+    unprobed = ctx.tenancy.get(name, (None, None))[0] != generation
+    converge_objects = converge_objects or unprobed or (name in ctx.unconverged and ctx.due(name))
     async with ctx.lock(name):
         try:
             await _reconcile(ctx, body, world, converge_objects)
             RECONCILES.labels(result="ok").inc()
         except (KubeError, ConvergeFailed) as error:
             RECONCILES.labels(result="error").inc()
-            delay = ctx.failed(name, int(body["metadata"].get("generation") or 0)) if converge_objects else FIRST_RETRY
+            delay = ctx.failed(name, generation) if converge_objects else FIRST_RETRY
             log.warning("reconcile failed; will retry", policy=name, error=str(error), retry_in=delay)
             raise kopf.TemporaryError(str(error), delay=delay) from error
         if converge_objects:

@@ -302,4 +302,9 @@ def admission_yaml(controller_user: str = CONTROLLER_USER) -> str:
 
 
 if __name__ == "__main__":
-    print(admission_yaml(), end="")
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Print gpuslice's admission policies (manifests/admission.yaml).")
+    parser.add_argument("--controller-user", default=CONTROLLER_USER,
+                        help=f"the username the controller runs as (default {CONTROLLER_USER})")
+    print(admission_yaml(parser.parse_args().controller_user), end="")

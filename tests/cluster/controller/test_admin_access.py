@@ -4,6 +4,7 @@ record (in the policy's status, where tenants cannot write) decides where it rem
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +60,23 @@ async def test_the_label_leaves_with_its_grant_whatever_the_namespace_editors_do
 
     await wait_for(removed, what="the label to leave with the grant")
     assert (await valid(kube, name))["status"].get("adminAccessLabels", []) == []
+
+
+async def test_a_controller_the_guard_does_not_name_refuses_to_start(
+    controller: ControllerProcess, kubeconfig: Path, tmp_path: Path,
+) -> None:
+    """Run as another identity (here the cluster admin), every label it set would be refused:
+    it says so and exits instead of failing policy by policy."""
+    other = ControllerProcess(kubeconfig, tmp_path / "other.log")
+    other.start()
+    try:
+        async def exited() -> bool:
+            assert other.process is not None
+            return other.process.poll() is not None
+
+        await wait_for(exited, within=60, what="the misconfigured controller to exit")
+    finally:
+        await other.stop()
+    text = other.log_text()
+    assert "the ValidatingAdmissionPolicy gpuslice-admin-access-label does not name this controller's identity" in text
+    assert "replace the controller's username in manifests/admission.yaml" in text
