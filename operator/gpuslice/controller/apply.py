@@ -96,6 +96,7 @@ async def converge(
             items = await kube.list(collection(api_version, kind), labelSelector=f"{LABEL_POLICY}={policy}")
         except KubeError as error:
             result.errors.append(f"listing {kind}: {error.message}")
+            result.failed |= {p for p, m in wanted.items() if (m["apiVersion"], m["kind"]) == (api_version, kind)}
             continue
         live = {}
         for item in items:

@@ -217,14 +217,15 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     taken: list[str] = []
     # Removals take effect at once (the admission policy also reads spec.tenants); additions wait
     # for a converge that puts the tenant's quota in place.
-    admitted = admitted_tenants(policy, world.namespaces)
+    admitted = admitted_tenants(policy, world.namespaces, _records(ctx, policy)[1])
     if not problems and converge_objects:
         active = {n for n, view in world.namespaces.items() if view.active}
         # A pool being rewritten keeps its devices' taint rules until the rewrite is complete.
         ruled = devices | devices_in_flux(world.slices).get(policy.name, set())
         desired = desired_objects(policy, active, ruled, taint_rule_api=ctx.taint_rule_api)
         limits = await converge(ctx.kube, policy.name, desired.limits(), LIMIT_KINDS)
-        admitted = admitted_tenants(policy, world.namespaces, converged=True, failed=limits.failed)
+        admitted = admitted_tenants(policy, world.namespaces, _records(ctx, policy)[1], converged=True,
+                                    failed=limits.failed)
         await _write_records(ctx, policy, admitted=admitted)
         rest = await converge(ctx.kube, policy.name, desired.rest(),
                               [*REST_KINDS, (ctx.taint_rule_api, "DeviceTaintRule")])

@@ -13,7 +13,7 @@ built in planning.admission). Two things here feed and check it:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
@@ -25,13 +25,13 @@ from gpuslice.planning.cluster_objects import quota_name
 
 
 def admitted_tenants(
-    policy: GpuSlicePolicy, namespaces: Mapping[str, NamespaceView], *, converged: bool = False,
-    failed: Set[str] = frozenset(),
+    policy: GpuSlicePolicy, namespaces: Mapping[str, NamespaceView], previously: Sequence[AdmittedTenant], *,
+    converged: bool = False, failed: Set[str] = frozenset(),
 ) -> list[AdmittedTenant]:
     """The tenants the admission policy may admit. Without a converge, only those already admitted
     that are still tenants, in the same namespace incarnation; after one, also every tenant whose
-    quota (if it has limits) was put in place by it."""
-    previous = {a.namespace: a.uid for a in policy.status.admitted_tenants}
+    quota (if it has limits) was put in place by it (``failed``: paths that could not be applied)."""
+    previous = {a.namespace: a.uid for a in previously}
     found: dict[str, str] = {}
     for tenant in policy.spec.tenants:
         view = namespaces.get(tenant.namespace)
