@@ -8,8 +8,11 @@ a policy only when something did (or its last reconcile failed):
 - a slice: the policies of the devices in it;
 - a claim: the policies of the devices it holds or held (a released claim's event no longer
   names its devices, so the last ones seen are remembered);
-- a node's labels (what the inventory reads), a node added or removed, or any policy
-  created, changed or deleted (validation judges policies against each other): every policy.
+- a node's labels (what the inventory reads), a node added or removed, a namespace's labels or
+  phase, a DeviceClass of someone else's, or any policy created, changed or deleted (validation
+  judges policies against each other): every policy.
+
+The drift timer still reconciles every policy fully every 120 s, whatever changed.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class Changes:
     device_policy: dict[DeviceRef, str] = field(default_factory=dict)
     claim_devices: dict[tuple[str, str], tuple[DeviceRef, ...]] = field(default_factory=dict)
     node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    shared: dict[str, object] = field(default_factory=dict)
 
     def everything(self) -> None:
         self.epoch += 1
@@ -66,4 +70,14 @@ class Changes:
                 self.everything()
         elif self.node_labels.get(name) != labels:
             self.node_labels[name] = dict(labels)
+            self.everything()
+
+    def shared_seen(self, key: str, view: object | None) -> None:
+        """Something every policy's status may read (a namespace, a foreign DeviceClass) as
+        ``view`` (comparable); None: it is gone."""
+        if view is None:
+            if self.shared.pop(key, None) is not None:
+                self.everything()
+        elif self.shared.get(key) != view:
+            self.shared[key] = view
             self.everything()
