@@ -25,6 +25,7 @@ from typing import Any
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, device_class_name
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.inventory.catalog import MODELS
+from gpuslice.planning.kinds import profile_tag
 
 GIB = 1024**3
 WHOLE_DRIVER = "whole-gpu.bench.gpuslice.dev"
@@ -55,6 +56,11 @@ class Layout:
 
     def claim(self, namespace: str, name: str, need_gib: int) -> Manifest | None:
         return claim_body(namespace, name, self.choices(need_gib))
+
+
+def mig_class(policy_name: str, profile: str) -> str:
+    """The DeviceClass of one MIG profile of a policy (``planning.kinds``: a class per kind)."""
+    return f"{profile_tag(profile)}.{device_class_name(policy_name)}"
 
 
 def _attr(name: str) -> str:
@@ -133,7 +139,7 @@ def mig_static_layout(tenants: Sequence[str]) -> Layout:
     profiles = sorted((H100.mig_profile(p) for p in MIG_LAYOUT), key=lambda p: p.memory if p else 0)
 
     def choices(need: int) -> tuple[Choice, ...]:
-        return tuple(Choice(device_class_name(name), f'{_attr("profile")} == "{p.name}"', gives=p.memory)
+        return tuple(Choice(mig_class(name, p.name), gives=p.memory)
                      for p in profiles if p is not None and p.memory >= need * GIB)
 
     return Layout("mig-static", "static MIG (2x1g.10gb+2g.20gb+3g.40gb)",
@@ -193,6 +199,6 @@ def cost_layouts(tenants: Sequence[str]) -> list[Layout]:
         Layout("mig-dynamic", "dynamic MIG (1g.10gb, 2g.20gb, 3g.40gb, 7g.80gb: 13 placements per GPU)",
                (policy(mig_name, {"mode": "mig", "mig": {"profiles": ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"]}},
                        tenants),),
-               choices=lambda _: (Choice(device_class_name(mig_name), f'{_attr("profile")} == "1g.10gb"',
-                                         gives=9984 * 1024**2),), capacity_per_gpu=7),
+               choices=lambda _: (Choice(mig_class(mig_name, "1g.10gb"), gives=9984 * 1024**2),),
+               capacity_per_gpu=7),
     ]

@@ -149,6 +149,18 @@ class Placement:
 
 
 async def create_claims(cluster: BenchCluster, claims: Sequence[dict[str, Any]], concurrency: int = 8) -> None:
+    """Create the claims once the tenancy admission policy admits them (it reads the policies'
+    status, which the apiserver's admission sees a moment after the controller wrote it)."""
+    if not claims:
+        return
+    first = claims[0]
+    collection = f"/apis/resource.k8s.io/v1/namespaces/{first['metadata']['namespace']}/resourceclaims"
+
+    async def admitted() -> bool:
+        await cluster.api.request("POST", collection, first, query={"dryRun": "All"})
+        return True
+
+    await wait_until(admitted, 120, f"the tenancy admission policy to admit claims in {collection}")
     async def one(body: dict[str, Any]) -> None:
         await create(cluster.api, f"/apis/resource.k8s.io/v1/namespaces/{body['metadata']['namespace']}/resourceclaims",
                      body)
