@@ -46,8 +46,11 @@ def scale_policy(index: int, namespaces: list[str]) -> dict[str, Any]:
         slicing = {"mode": "mig", "mig": {"profiles": ["1g.10gb", "3g.40gb"]}}
     body = policy(f"scale-{index:03d}", slicing, namespaces)
     body["spec"]["nodeSelector"] = {"matchLabels": {POOL_LABEL: f"pool-{index:03d}"}}
-    for tenant in body["spec"]["tenants"]:
-        tenant["maxSlices"] = 16
+    for tenant in body["spec"]["tenants"]:  # each tenant limited, so each gets its quotas
+        if slicing["mode"] == "mig":
+            tenant["maxMigDevices"] = {"1g.10gb": 16, "3g.40gb": 4}
+        else:
+            tenant["maxSlices"] = 16
     return body
 
 
