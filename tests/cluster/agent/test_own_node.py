@@ -1,0 +1,105 @@
+"""An agent's token writes only its own node's slices, under its own node's names: the
+admission policy of manifests/agent-rbac.yaml, tried as a compromised agent would try it.
+Node "a" must not take "gpuslice-a-b-devices-00", the name of node "a-b"'s slice."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuslice.devcluster import operator
+from gpuslice.devcluster.cluster import DevCluster
+from gpuslice.devcluster.nodes import fake_gpu_node
+from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotFound
+from tests.cluster.kubeutil import wait_for
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+def slice_body(name: str, node: str, generation: int = 1) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": "gpu.gpuslice.dev", "nodeName": node,
+                     "pool": {"name": node, "generation": generation, "resourceSliceCount": 1}, "devices": []}}
+
+
+@pytest.fixture
+async def agents(cluster: DevCluster, kube: KubeClient, agent_rbac: None, unique: str,
+                 tmp_path: Path) -> AsyncIterator[dict[str, KubeClient]]:
+    """Clients with the agent tokens of node ``a`` and node ``a-b`` (no agent process runs)."""
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    ca_pem = base64.b64decode(admin["clusters"][0]["cluster"]["certificate-authority-data"])
+    names = {"a": f"t-{unique}-a", "a-b": f"t-{unique}-a-b"}
+    clients = {}
+    for key, node in names.items():
+        await kube.create("/api/v1/nodes", fake_gpu_node(node, "l4", 1))
+        path = await operator.agent_kubeconfig(kube, node, tmp_path, cluster.server, ca_pem)
+        clients[key] = await KubeClient.from_kubeconfig(path)
+    yield clients
+    for key, node in names.items():
+        await clients[key].close()
+        for suffix in ("devices-00", "counters-00"):
+            with contextlib.suppress(NotFound):
+                await kube.delete(f"{SLICES}/gpuslice-{node}-{suffix}")
+        await kube.delete(f"/api/v1/nodes/{node}")
+
+
+async def test_an_agent_cannot_take_or_touch_another_nodes_slices(agents: dict[str, KubeClient],
+                                                                   kube: KubeClient) -> None:
+    a, ab = agents["a"], agents["a-b"]
+    a_node, ab_node = await _node_of(a), await _node_of(ab)
+    assert ab_node == f"{a_node}-b"
+    squat = slice_body(f"gpuslice-{ab_node}-devices-00", a_node)  # a's own pool, a-b's name
+
+    async def squatting_refused() -> KubeError | None:
+        try:
+            await a.create(SLICES, squat)
+        except Forbidden as error:
+            return error
+        await kube.delete(f"{SLICES}/{squat['metadata']['name']}")  # the updated rule is not enforced yet
+        return None
+
+    refused = await wait_for(squatting_refused, within=30, what="the own-node rule to refuse another node's name")
+    assert f"gpuslice agent on node {a_node} may name its ResourceSlices only gpuslice-{a_node}-counters-NN" \
+        in refused.message
+    assert squat["metadata"]["name"] in refused.message
+
+    # a-b publishes under its name; a may neither change nor delete it, nor move it to its own node.
+    theirs = await ab.create(SLICES, slice_body(f"gpuslice-{ab_node}-devices-00", ab_node))
+    changed = {**theirs, "spec": {**theirs["spec"], "pool": {**theirs["spec"]["pool"], "generation": 2}}}
+    with pytest.raises(Forbidden, match="may write only its own node's ResourceSlices"):
+        await a.replace(f"{SLICES}/{theirs['metadata']['name']}", changed)
+    with pytest.raises(Forbidden, match="may write only its own node's ResourceSlices"):
+        await a.apply(f"{SLICES}/{theirs['metadata']['name']}", slice_body(theirs["metadata"]["name"], ab_node, 3),
+                      field_manager="squatter")
+    moved = {**theirs, "spec": {**theirs["spec"], "nodeName": a_node, "pool": {**theirs["spec"]["pool"], "name": a_node}}}
+    with pytest.raises(KubeError) as move:  # immutable fields (422) or the rule on oldObject (403)
+        await a.replace(f"{SLICES}/{theirs['metadata']['name']}", moved)
+    assert move.value.status in (403, 422)
+    with pytest.raises(Forbidden, match=f"not gpuslice-{ab_node}-devices-00"):
+        await a.delete(f"{SLICES}/{theirs['metadata']['name']}")
+    kept = await kube.get(f"{SLICES}/{theirs['metadata']['name']}")
+    assert kept["spec"]["pool"] == theirs["spec"]["pool"]
+
+    # Its own slices, under its own names, a writes, changes and deletes freely.
+    mine = await a.create(SLICES, slice_body(f"gpuslice-{a_node}-devices-00", a_node))
+    await a.apply(f"{SLICES}/{mine['metadata']['name']}", slice_body(mine["metadata"]["name"], a_node, 2),
+                  field_manager="gpuslice-agent")
+    await a.delete(f"{SLICES}/{mine['metadata']['name']}")
+    with pytest.raises(Forbidden, match="may name its ResourceSlices only"):
+        await a.create(SLICES, slice_body(f"gpuslice-{a_node}-other", a_node))
+    # And a-b's own agent still owns its name: it updates and deletes its slice.
+    await ab.apply(f"{SLICES}/{theirs['metadata']['name']}", slice_body(theirs["metadata"]["name"], ab_node, 4),
+                   field_manager="gpuslice-agent")
+    await ab.delete(f"{SLICES}/{theirs['metadata']['name']}")
+
+
+async def _node_of(client: KubeClient) -> str:
+    review = await client.create("/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                                 {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+    return str(review["status"]["userInfo"]["extra"]["authentication.kubernetes.io/node-name"][0])
