@@ -18,6 +18,7 @@ from typing import Any
 import kopf
 import structlog
 
+from gpuslice.agent.dryrun import Refusals
 from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.publisher import Drains, publish
 from gpuslice.dra.names import DRIVER
@@ -79,7 +80,7 @@ def build_agent_registry(node: str, wake: asyncio.Event, kubeconfig: str | None)
 async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: asyncio.Event, stop: asyncio.Event,
                        resync: float) -> None:
     backoff = 1.0
-    drains = Drains()
+    drains, refusals = Drains(), Refusals()
     while not stop.is_set():
         due = drains.due_in(time.monotonic())
         with contextlib.suppress(TimeoutError):
@@ -89,7 +90,7 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
         await asyncio.sleep(DEBOUNCE)  # one cycle for a burst of events
         wake.clear()
         try:
-            await publish(kube, node, gpus, drains)
+            await publish(kube, node, gpus, drains, refusals)
             backoff = 1.0
         except Exception as error:  # the loop is the agent's purpose: it outlives any failed cycle
             if isinstance(error, KubeError) and error.status == 404 and "nodes" in error.message:

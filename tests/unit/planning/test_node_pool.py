@@ -117,6 +117,16 @@ def test_shared_slice_larger_than_a_gpu_is_left_out_not_published_broken() -> No
     assert plan.notes == ("s: sliceSize 40Gi is larger than GPU 0 (23034Mi)",)
 
 
+def test_shared_slice_over_half_a_gpu_is_left_out_not_published_broken() -> None:
+    """The apiserver wants validRange.min + step within the capacity: room for two slices."""
+    plan = plan_node_pool(LABELS, gpus("h100-80gb"), [policy("s", {"mode": "shared", "sliceSize": "50G"})])
+    assert plan.devices == []
+    assert plan.notes == ("s: sliceSize 50G is more than half of GPU 0 (81559Mi); a shared device must have room"
+                          " for two slices",)
+    assert len(plan_node_pool(LABELS, gpus("h100-80gb"), [policy("s", {"mode": "shared", "sliceSize": "40779Mi"})])
+               .devices) == 1
+
+
 def test_typed_devices_read_back_from_what_is_published() -> None:
     """The kubelet plugin and the controller read devices back from slices: nothing is lost."""
     pols = [policy("a", {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True}),

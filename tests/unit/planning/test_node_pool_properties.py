@@ -84,7 +84,10 @@ def test_plan_keeps_api_limits_and_never_oversubscribes(inventory: list[tuple[st
         assert len(counter_sets) <= 1, "one counter set guards each GPU"
         if shared:
             assert len(devices) == 1, "a shared device has its GPU to itself"
-            assert quantity_bytes(shared[0]["capacity"]["memory"]["value"]) <= gpu.memory
+            memory = shared[0]["capacity"]["memory"]
+            assert quantity_bytes(memory["value"]) <= gpu.memory
+            valid = memory["requestPolicy"]["validRange"]  # what the apiserver checks: min + step fits
+            assert quantity_bytes(valid["min"]) + quantity_bytes(valid["step"]) <= quantity_bytes(memory["value"])
         elif counter_sets == {tag}:
             # memory counter == GPU memory: any set of devices the counters admit fits the GPU
             assert sets[tag]["memory"] == gpu.memory

@@ -52,6 +52,17 @@ def test_slice_larger_than_any_selected_gpu() -> None:
     assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "900Gi"}, "nodeSelector": nothing})) == []
 
 
+def test_shared_slice_over_half_of_a_selected_gpu_names_the_largest_that_fits() -> None:
+    h100s = {"products": ["NVIDIA H100 80GB HBM3"]}
+    [problem] = validate(p := policy("p", {"slicing": {"mode": "shared", "sliceSize": "50G"}, "gpuSelector": h100s}),
+                         select(p, INVENTORY), [])
+    assert problem.reason == "SliceTooLargeToShare"
+    assert "Choose a sliceSize of at most 40779Mi" in problem.message
+    assert reasons(policy("p", {"slicing": {"mode": "shared", "sliceSize": "40779Mi"}, "gpuSelector": h100s})) == []
+    assert reasons(policy("p", {"slicing": {"mode": "shared", "sliceSize": "12Gi"}})) == ["SliceTooLargeToShare"], \
+        "the L4s (22.5 GiB) count too"
+
+
 def test_too_many_slices_per_gpu_names_the_smallest_size_that_fits() -> None:
     tiny = policy("p", {"slicing": {"mode": "memory", "sliceSize": "512Mi"}})
     [problem] = validate(tiny, select(tiny, INVENTORY), [])

@@ -16,7 +16,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.devices import CounterSet, Device, device_name, gpu_ref
-from gpuslice.planning.modes.memory import slice_fit_problems
+from gpuslice.planning.modes.memory import MI, slice_fit_problems
 from gpuslice.planning.selection import Problem, Selection
 
 
@@ -33,6 +33,11 @@ class SharedMode:
             notes.append(f"{policy.name}: sliceSize {slicing.slice_size} is larger than GPU {gpu.index}"
                          f" ({format_bytes(gpu.memory)})")
             return []
+        if 2 * slicing.slice_bytes > gpu.memory:
+            # The apiserver requires validRange.min + step to fit the capacity (one step above the minimum).
+            notes.append(f"{policy.name}: sliceSize {slicing.slice_size} is more than half of GPU {gpu.index}"
+                         f" ({format_bytes(gpu.memory)}); a shared device must have room for two slices")
+            return []
         return [Device(name=device_name(gpu, policy.name, "shared"), policy=policy.name, mode="shared",
                        kind="shared", memory=gpu.memory, slice_size=slicing.slice_size, **gpu_ref(gpu))]
 
@@ -40,7 +45,21 @@ class SharedMode:
         return None
 
     def fit_problems(self, policy: GpuSlicePolicy, selection: Selection) -> list[Problem]:
-        return slice_fit_problems(policy, selection, max_slices=None)
+        problems = slice_fit_problems(policy, selection, max_slices=None)
+        slicing = policy.spec.slicing
+        if problems or not selection.gpus:
+            return problems
+        smallest = min(selection.gpus, key=lambda g: (g.memory, g.node))
+        if 2 * slicing.slice_bytes > smallest.memory:
+            half = smallest.memory // 2 // MI * MI
+            return [Problem(
+                "SliceTooLargeToShare",
+                f"slicing.sliceSize {slicing.slice_size} is more than half of {smallest.product_name} on"
+                f" {smallest.node} ({format_bytes(smallest.memory)}): a shared device must have room for two slices"
+                f" (the API requires one step above the minimum within the capacity). Choose a sliceSize of at most"
+                f" {format_bytes(half)}, or mode memory with allowFullGpu for whole-GPU claims.",
+            )]
+        return []
 
 
 MODE = SharedMode()
