@@ -8,23 +8,24 @@ yet" for "not allocated".
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pydantic
 import structlog
 from prometheus_client import Counter, Gauge
 
+from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import GenerationRefused, Refusals, dry_run, refused_policies
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.dra.resourceslice import resource_slice, slice_name
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.observability.failpoints import failpoint
 from gpuslice.planning.node_pool import plan_node_pool
 from gpuslice.planning.pool_safety import SafePlan, make_safe, normalized
+from gpuslice.planning.usage import PENDING_TAINT_KEY
 
 FIELD_MANAGER = "gpuslice-agent"
 CYCLES = Counter("gpuslice_agent_publish_cycles", "Publish cycles, by outcome.", ["outcome"])
@@ -34,27 +35,7 @@ REFUSED = Gauge("gpuslice_agent_refused_policies",
                 "Policies left out on this node: the API server refused their devices.")
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 ATTR_POLICY_KEY = f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}"
-# Longer than the scheduler takes from reserving a device to writing the claim's allocation.
-DRAIN_SECONDS = 5.0
 log = structlog.get_logger(__name__)
-
-
-@dataclass
-class Drains:
-    """Since when each free device has been published tainted, waiting to change (this process only:
-    a restarted agent drains again, which is only slower)."""
-
-    started: dict[str, float] = field(default_factory=dict)
-
-    def drained(self, now: float) -> set[str]:
-        return {name for name, since in self.started.items() if now - since >= DRAIN_SECONDS}
-
-    def record(self, draining: Iterable[str], now: float) -> None:
-        self.started = {name: self.started.get(name, now) for name in draining}
-
-    def due_in(self, now: float) -> float | None:
-        """Seconds until the next device has drained; None when none drains."""
-        return max(0.0, min(since + DRAIN_SECONDS - now for since in self.started.values())) if self.started else None
 
 
 @dataclass(frozen=True)
@@ -126,6 +107,10 @@ def _policy_of(device: dict[str, Any]) -> str | None:
     return str(value) if value is not None else None
 
 
+def _pending(device: dict[str, Any]) -> bool:
+    return any(t.get("key") == PENDING_TAINT_KEY for t in device.get("taints") or [])
+
+
 def _content(spec: dict[str, Any]) -> Any:
     return normalized({"sharedCounters": spec.get("sharedCounters") or [], "devices": spec.get("devices") or []})
 
@@ -136,8 +121,8 @@ def _generations(policies: Policies) -> dict[str, int | None]:
 
 async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains | None = None,
                   refusals: Refusals | None = None) -> PublishResult:
-    """One cycle. With ``drains``, free devices drain before they change (see pool_safety);
-    ``refusals`` remembers, across cycles, the policies whose devices the API server refused."""
+    """One cycle. ``drains``: free devices change only once no claim can get them any more (see
+    agent.drain); ``refusals``: the policies whose devices the API server refused (agent.dryrun)."""
     drains = drains if drains is not None else Drains()
     refusals = refusals if refusals is not None else Refusals()
     node_body = await kube.get(f"/api/v1/nodes/{node}")
@@ -147,8 +132,10 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
                 if s["spec"]["pool"]["name"] == node]
     published = [d for s in existing for d in s["spec"].get("devices") or []]
     counter_sets = [c for s in existing for c in s["spec"].get("sharedCounters") or []]
-    # Claims are read after the slices: a device that has drained is judged on claims read since.
-    started = time.monotonic()
+    # A tainted device has drained once the API server refuses to let a claim have it; the claims are
+    # read after that, so one that got it before is seen (and keeps it).
+    await drains.load(kube, node)
+    drained = await drains.refused(kube, node, {d["name"] for d in published if _pending(d)})
     allocated = await allocated_devices(kube, node)
     current = {s["metadata"]["name"]: s for s in existing}
     generations = {int(s["spec"]["pool"]["generation"]) for s in existing}
@@ -160,8 +147,7 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         plan = plan_node_pool(labels, gpus, [p for p in policies.plannable if p.name not in refused])
         kept = {**policies.frozen, **refused}
         frozen = {d["name"] for d in published if _policy_of(d) in kept}
-        safe: SafePlan = make_safe(plan, published, counter_sets, allocated,
-                                   drained=drains.drained(started), frozen=frozen)
+        safe: SafePlan = make_safe(plan, published, counter_sets, allocated, drained=drained, frozen=frozen)
         wanted = {slice_name(node, s.suffix): s for s in safe.slices}
         unchanged = (
             set(wanted) == set(current) and len(generations) == 1 and counts == {len(wanted)}
@@ -172,8 +158,10 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         DEVICES.set(sum(len(s.devices) for s in safe.slices))
         HELD.set(len(safe.held))
         REFUSED.set(len(refused))
+        listed = drains.wanted(set(safe.draining), {d["name"] for d in published},
+                               {d["name"] for s in safe.slices for d in s.devices})
         if unchanged or (not wanted and not current):
-            drains.record(safe.draining, started)
+            await drains.write(kube, node, listed)
             CYCLES.labels(outcome="unchanged").inc()
             return PublishResult(generation, (), (), safe.held, plan.notes, safe.draining, tuple(sorted(refused)))
         manifests = {name: resource_slice(
@@ -192,6 +180,7 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         refusals.record(blamed, _generations(policies))
 
     generation += 1  # the whole generation passed the dry run: write it
+    await drains.write(kube, node, listed)  # devices that start draining are listed before they are tainted
     deleted = []
     for name in sorted(set(current) - set(wanted)):  # obsolete first, as the upstream helper does
         try:
@@ -204,7 +193,7 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
     for name, manifest in manifests.items():
         await kube.apply(f"{SLICES}/{name}", manifest, field_manager=FIELD_MANAGER)
         written.append(name)
-    drains.record(safe.draining, time.monotonic())  # the taints are out: their drain runs from now
+        failpoint("agent.slice-written")
     CYCLES.labels(outcome="written").inc()
     result = PublishResult(generation, tuple(written), tuple(deleted), safe.held, plan.notes, safe.draining,
                            tuple(sorted(refused)))

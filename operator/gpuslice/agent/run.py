@@ -12,15 +12,15 @@ import asyncio
 import contextlib
 import os
 import signal
-import time
 from typing import Any
 
 import kopf
 import structlog
 
+from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import Refusals
 from gpuslice.agent.gpus import GpuBackend
-from gpuslice.agent.publisher import Drains, publish
+from gpuslice.agent.publisher import publish
 from gpuslice.dra.names import DRIVER
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
@@ -82,7 +82,7 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
     backoff = 1.0
     drains, refusals = Drains(), Refusals()
     while not stop.is_set():
-        due = drains.due_in(time.monotonic())
+        due = drains.due_in()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), resync if due is None else min(resync, due))
         if stop.is_set():

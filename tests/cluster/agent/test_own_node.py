@@ -103,3 +103,64 @@ async def _node_of(client: KubeClient) -> str:
     review = await client.create("/apis/authentication.k8s.io/v1/selfsubjectreviews",
                                  {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
     return str(review["status"]["userInfo"]["extra"]["authentication.kubernetes.io/node-name"][0])
+
+
+DRAINING = "/api/v1/namespaces/gpuslice-system/configmaps/gpuslice-draining"
+CONFIGMAPS = "/api/v1/namespaces/gpuslice-system/configmaps"
+
+
+async def test_the_drain_list_refuses_allocations_and_each_agent_writes_only_its_own_key(
+        agents: dict[str, KubeClient], kube: KubeClient, namespace: str) -> None:
+    a, ab = agents["a"], agents["a-b"]
+    a_node, ab_node = await _node_of(a), await _node_of(ab)
+
+    def entry(node: str, devices: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "gpuslice-draining", "namespace": "gpuslice-system"}, "data": {node: devices}}
+
+    await a.apply(DRAINING, entry(a_node, "dev-1 dev-2"), field_manager=f"gpuslice-agent-{a_node}")
+    await ab.apply(DRAINING, entry(ab_node, "dev-9"), field_manager=f"gpuslice-agent-{ab_node}")
+    with pytest.raises(Forbidden, match=f"on node {a_node} may change only its own key"):
+        await a.apply(DRAINING, entry(ab_node, ""), field_manager=f"gpuslice-agent-{a_node}")
+    with pytest.raises(Forbidden, match=f"on node {a_node} may change only its own key"):
+        await a.merge_patch(DRAINING, {"data": {ab_node: None}})
+    data = (await kube.get(DRAINING))["data"]
+    assert (data[a_node], data[ab_node]) == ("dev-1 dev-2", "dev-9")
+
+    probe = {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": "gpuslice-drain-probe", "namespace": "gpuslice-system"},
+             "data": {"pool": a_node, "devices": "dev-1 dev-3"}}
+
+    async def refused_probe() -> KubeError | None:
+        try:
+            await a.create(CONFIGMAPS, probe, dryRun="All")
+        except Forbidden as error:
+            return error if "gpuslice-drain: " in error.message else None
+        return None
+
+    error = await wait_for(refused_probe, within=30, what="the drain rule to refuse the probe for a listed device")
+    assert f"gpuslice-drain: {a_node}/dev-1 are being changed" in error.message, "dev-3 is not listed"
+    unlisted = {**probe, "data": {"pool": a_node, "devices": "dev-3"}}
+    await a.create(CONFIGMAPS, unlisted, dryRun="All")  # admitted: nothing listed is named
+    with pytest.raises(Forbidden, match="create ConfigMaps only as the drain probe's dry run"):
+        await a.create(CONFIGMAPS, unlisted)
+    with pytest.raises(Forbidden, match="create ConfigMaps only as the drain probe's dry run"):
+        await a.create(CONFIGMAPS, {**probe, "metadata": {"name": "other", "namespace": "gpuslice-system"}},
+                       dryRun="All")
+
+    # The rule itself, as the scheduler meets it: allocating a listed device is refused, another is not.
+    claim = await kube.create(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "any"}}]}}})
+
+    def allocating(device: str) -> dict[str, Any]:
+        return {**claim, "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.gpuslice.dev", "pool": a_node, "device": device}]}}}}
+
+    status = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/c/status"
+    with pytest.raises(Forbidden, match=f"gpuslice-drain: {a_node}/dev-2 are being changed or removed"):
+        await kube.replace(status, allocating("dev-2"))
+    await kube.replace(status, allocating("dev-3"))
+
+    await a.apply(DRAINING, entry(a_node, ""), field_manager=f"gpuslice-agent-{a_node}")
+    await ab.apply(DRAINING, entry(ab_node, ""), field_manager=f"gpuslice-agent-{ab_node}")
