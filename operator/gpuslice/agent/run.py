@@ -20,7 +20,7 @@ import structlog
 from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import Refusals
 from gpuslice.agent.gpus import GpuBackend
-from gpuslice.agent.publisher import publish
+from gpuslice.agent.publisher import CYCLES, publish
 from gpuslice.dra.names import DRIVER
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
@@ -29,6 +29,7 @@ from gpuslice.observability.metrics import serve_metrics
 
 log = structlog.get_logger(__name__)
 DEBOUNCE = 0.3
+MAX_BACKOFF = 10.0  # seconds between tries of a failing cycle, at most
 SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM to a forced exit (Kopf's ultimate exiting timeout)
 
 
@@ -99,8 +100,13 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
                 log.warning("publishing failed; will retry", node=node, error=str(error), retry_in=backoff)
             else:
                 log.exception("publishing failed unexpectedly; will retry", node=node, retry_in=backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 30.0)
+            CYCLES.labels(outcome="failed").inc()
+            # Backoff, cut short by news: after an outage, Kopf's watches list everything again as soon
+            # as the API server is back, and that wakes the next try at once.
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF)
             wake.set()
 
 

@@ -270,6 +270,18 @@ class DevCluster:
         await self.component(name).restart(crash=crash)
         self._write_record()  # `down` must find the new process
 
+    @contextlib.asynccontextmanager
+    async def down(self, name: str) -> AsyncIterator[None]:
+        """The component is killed (SIGKILL) on entry and started again, healthy, on exit."""
+        component = self.component(name)
+        await component.kill()
+        try:
+            yield
+        finally:
+            await component.start()
+            self._write_record()
+            await component.wait_healthy()
+
     def pause(self, name: str) -> None:
         """SIGSTOP the component: it holds every connection open and answers nothing (a stall)."""
         self.component(name).send(signal.SIGSTOP)

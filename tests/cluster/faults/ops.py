@@ -8,6 +8,7 @@ from typing import Any
 import aiohttp
 
 from gpuslice.devcluster.cluster import DevCluster
+from gpuslice.devcluster.process import Component
 from gpuslice.dra.names import DRIVER
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.faults.invariants import complete_pools
@@ -51,7 +52,8 @@ async def create_pods(kube: KubeClient, namespace: str, template: str, names: li
 
 
 async def settled(kube: KubeClient, namespace: str, pods: list[str], within: float = 120) -> list[dict[str, Any]]:
-    """Wait until every pod is bound or found unschedulable; the bound pods' allocation results."""
+    """Wait until every pod is bound or found unschedulable (nothing fits: not a scheduler error, which is
+    retried); the bound pods' allocation results."""
     async def check() -> list[dict[str, Any]] | None:
         results: list[dict[str, Any]] = []
         for name in pods:
@@ -62,9 +64,9 @@ async def settled(kube: KubeClient, namespace: str, pods: list[str], within: flo
                 if not allocation:
                     return None
                 results += allocation["devices"]["results"]
-            elif not any(c["type"] == "PodScheduled" and c["status"] == "False"
+            elif not any(c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
                          for c in (pod.get("status") or {}).get("conditions") or []):
-                return None
+                return None  # not tried yet, or failed for another reason (e.g. a refused write) and retried
         return results
 
     found: list[dict[str, Any]] = await wait_for(check, within=within, what=f"pods {pods} bound or unschedulable")
@@ -96,6 +98,19 @@ async def scheduler_metric(cluster: DevCluster, name: str) -> float:
 async def binding(cluster: DevCluster) -> float:
     """Pods the scheduler has decided on and is binding (their claims' allocations not yet written)."""
     return await scheduler_metric(cluster, 'scheduler_goroutines{operation="binding"}')
+
+
+async def agent_metrics(component: Component) -> dict[str, float]:
+    """An agent's Prometheus samples, read from its --metrics-port (not through the API server)."""
+    port = next(a.split("=", 1)[1] for a in component.argv if a.startswith("--metrics-port="))
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
+        text = await response.text()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+    return samples
 
 
 async def delete_pods(kube: KubeClient, namespace: str, pods: list[str]) -> None:
