@@ -240,7 +240,9 @@ async def test_repeats_stop_at_the_time_budget(server: Server) -> None:
         started = asyncio.get_running_loop().time()
         with pytest.raises(ServerError):
             await kube.get("/api/v1/namespaces/x")
-        assert asyncio.get_running_loop().time() - started < 1.0
+        # 1000 attempts would take over a minute; the budget stops them after half a second (plus the
+        # last try, however slow a loaded machine makes it).
+        assert asyncio.get_running_loop().time() - started < 10
     assert 2 <= len(server.hits) < 20
 
 
