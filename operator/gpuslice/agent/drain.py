@@ -92,7 +92,7 @@ class Drains:
                     raise
                 else:
                     self._warn(f"the drain probe failed: {error}")
-        self.waiting = bool((candidates & self.listed) - confirmed) or bool(candidates - self.listed)
+        self.waiting = bool((candidates & self.listed) - confirmed)  # held devices (tainted, unlisted) wait on claims
         return confirmed
 
     def wanted(self, draining: set[str], before: set[str], after: set[str], now: float | None = None) -> set[str]:

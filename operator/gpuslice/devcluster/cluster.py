@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import ssl
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from gpuslice.devcluster import binaries as binaries_module
 from gpuslice.devcluster import features as features_module
 from gpuslice.devcluster import operator
 from gpuslice.devcluster.errors import DevClusterError
+from gpuslice.devcluster.faults import FaultControls
 from gpuslice.devcluster.nodes import FAKE_GPU_MODELS, fake_gpu_node, node_name
 from gpuslice.devcluster.pki import CertificateAuthority, kubeconfig, service_account_key
 from gpuslice.devcluster.ports import ensure_port_free, free_port
@@ -82,7 +82,7 @@ class ClusterSpec:
             )
 
 
-class DevCluster:
+class DevCluster(FaultControls):
     """Start with :meth:`start` (or ``async with``); :meth:`stop` leaves nothing running."""
 
     def __init__(
@@ -254,48 +254,6 @@ class DevCluster:
             components={c.name: c.pid for c in self.components if c.pid},
             nodes=self.node_names,
         ))
-
-    def component(self, name: str) -> Component:
-        """A running component by name: etcd, kube-apiserver, kube-scheduler, kube-controller-manager,
-        pod-runner-<node>, gpuslice-controller, gpuslice-agent-<node>."""
-        for component in self.components:
-            if component.name == name:
-                return component
-        raise DevClusterError(f"The dev cluster has no component {name!r}; it has"
-                              f" {', '.join(c.name for c in self.components)}.")
-
-    async def restart(self, name: str, *, crash: bool = False) -> None:
-        """Restart one component with the same command line (port, certificates, etcd data): SIGTERM,
-        or SIGKILL with ``crash``. Returns once it is healthy again."""
-        await self.component(name).restart(crash=crash)
-        self._write_record()  # `down` must find the new process
-
-    @contextlib.asynccontextmanager
-    async def down(self, name: str) -> AsyncIterator[None]:
-        """The component is killed (SIGKILL) on entry and started again, healthy, on exit."""
-        component = self.component(name)
-        await component.kill()
-        try:
-            yield
-        finally:
-            await component.start()
-            self._write_record()
-            await component.wait_healthy()
-
-    def pause(self, name: str) -> None:
-        """SIGSTOP the component: it holds every connection open and answers nothing (a stall)."""
-        self.component(name).send(signal.SIGSTOP)
-
-    def resume(self, name: str) -> None:
-        self.component(name).send(signal.SIGCONT)
-
-    @contextlib.asynccontextmanager
-    async def paused(self, name: str) -> AsyncIterator[None]:
-        self.pause(name)
-        try:
-            yield
-        finally:
-            self.resume(name)
 
     def _controllers(self) -> tuple[str, ...]:
         return (*CONTROLLERS, *NODE_CONTROLLERS) if self.spec.pod_runner else CONTROLLERS

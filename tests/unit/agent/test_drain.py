@@ -58,6 +58,14 @@ async def test_the_refusal_says_which_devices_no_claim_can_get() -> None:
     assert drains.due_in() is not None, "c is not refused yet: ask again soon"
 
 
+async def test_devices_held_for_their_claims_are_not_asked_about_again_and_again() -> None:
+    drains = Drains(listed=set())
+    probe = Probe(None)
+    assert await drains.refused(cast(KubeClient, probe), "n1", {"held-1"}) == set()
+    assert probe.bodies == []
+    assert drains.due_in() is None, "a held device waits for its claim, not for the next cycle"
+
+
 async def test_no_refusal_means_nothing_has_drained() -> None:
     drains = Drains(listed={"a"})
     assert await drains.refused(cast(KubeClient, Probe(None)), "n1", {"a"}) == set()
