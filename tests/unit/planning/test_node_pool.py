@@ -115,16 +115,10 @@ def test_shared_slice_larger_than_a_gpu_is_left_out_not_published_broken() -> No
     plan = plan_node_pool(LABELS, gpus("l4"), [policy("s", {"mode": "shared", "sliceSize": "40Gi"})])
     assert plan.devices == []
     assert plan.notes == ("s: sliceSize 40Gi is larger than GPU 0 (23034Mi)",)
-
-
-def test_shared_slice_over_half_a_gpu_is_left_out_not_published_broken() -> None:
-    """The apiserver wants validRange.min + step within the capacity: room for two slices."""
-    plan = plan_node_pool(LABELS, gpus("h100-80gb"), [policy("s", {"mode": "shared", "sliceSize": "50G"})])
+    # min + step (two slices) must fit too, or the apiserver rejects the request policy.
+    plan = plan_node_pool(LABELS, gpus("l4"), [policy("s", {"mode": "shared", "sliceSize": "12Gi"})])
     assert plan.devices == []
-    assert plan.notes == ("s: sliceSize 50G is more than half of GPU 0 (81559Mi); a shared device must have room"
-                          " for two slices",)
-    assert len(plan_node_pool(LABELS, gpus("h100-80gb"), [policy("s", {"mode": "shared", "sliceSize": "40779Mi"})])
-               .devices) == 1
+    assert plan.notes == ("s: sliceSize 12Gi is more than half of GPU 0 (23034Mi); a shared device needs room for two",)
 
 
 def test_typed_devices_read_back_from_what_is_published() -> None:
