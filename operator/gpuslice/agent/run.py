@@ -23,7 +23,7 @@ from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.publisher import CYCLES, publish
 from gpuslice.dra.names import DRIVER
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import EndlessBackoff, KubeClient, KubeError
 from gpuslice.observability.logging import configure_logging
 from gpuslice.observability.metrics import serve_metrics
 
@@ -43,6 +43,7 @@ def build_agent_registry(node: str, wake: asyncio.Event, kubeconfig: str | None)
         settings.posting.enabled = False
         settings.process.ultimate_exiting_timeout = SHUTDOWN_GRACE  # see the controller's handlers
         settings.watching.server_timeout = 600
+        settings.networking.error_backoffs = EndlessBackoff()  # back within 5 s of the API server
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

@@ -18,10 +18,11 @@ something twice (see :class:`RetryPolicy`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -173,6 +174,20 @@ class RetryPolicy:
 
 
 NO_RETRY = RetryPolicy(attempts=1)
+
+
+@dataclass(frozen=True)
+class EndlessBackoff:
+    """For Kopf's ``settings.networking.error_backoffs``: retry an unreachable API server forever,
+    waiting ``steps`` then ``cap`` seconds between tries. Kopf's default gives up after 8 tries
+    (54 s) and its watches then restart on their own schedule; with this, a watch is back within
+    ``cap`` seconds of the API server, however long it was away."""
+
+    steps: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0)
+    cap: float = 5.0
+
+    def __iter__(self) -> Iterator[float]:
+        return itertools.chain(self.steps, itertools.repeat(self.cap))
 _IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 _IDEMPOTENT_PATCHES = frozenset({"application/merge-patch+json", "application/apply-patch+yaml"})
 

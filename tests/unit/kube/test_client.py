@@ -262,3 +262,13 @@ async def test_apply_dry_run_asks_the_server_to_store_nothing(server: Server) ->
     assert method == "PATCH"
     assert "dryRun=All" in path
     assert "fieldManager=t" in path
+
+
+def test_kopf_backoffs_never_run_out_and_start_afresh_for_each_request() -> None:
+    import itertools
+
+    from gpuslice.kube.client import EndlessBackoff
+
+    backoffs = EndlessBackoff()
+    assert list(itertools.islice(backoffs, 7)) == [0.5, 1.0, 2.0, 3.0, 5.0, 5.0, 5.0]
+    assert next(iter(backoffs)) == 0.5, "each request iterates anew (Kopf chains the iterable per request)"
