@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import os
 import signal
-import time
 
 import aiohttp
 import structlog
 
+from gpuslice.agent.drain import Drains
+from gpuslice.agent.dryrun import Refusals
 from gpuslice.agent.gpus import GpuBackend
-from gpuslice.agent.publisher import Drains, publish
+from gpuslice.agent.publisher import CYCLES, publish
 from gpuslice.agent.watches import AgentWatches
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
@@ -28,6 +29,7 @@ from gpuslice.observability.metrics import serve_metrics
 
 log = structlog.get_logger(__name__)
 DEBOUNCE = 0.3
+MAX_BACKOFF = 10.0  # seconds between tries of a failing cycle, at most
 SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM to a forced exit
 
 
@@ -37,9 +39,9 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
     draining device is due. With ``watches``, the policies and the Node come from them once
     they have listed, and claims are watched only while a change waits for a claim."""
     backoff = 1.0
-    drains = Drains()
+    drains, refusals = Drains(), Refusals()
     while not stop.is_set():
-        due = drains.due_in(time.monotonic())
+        due = drains.due_in()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), resync if due is None else min(resync, due))
         if stop.is_set():
@@ -47,7 +49,7 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
         await asyncio.sleep(DEBOUNCE)  # one cycle for a burst of events
         wake.clear()
         try:
-            result = await publish(kube, node, gpus, drains, watches.view if watches else None)
+            result = await publish(kube, node, gpus, drains, refusals, watches.view if watches else None)
             if watches is not None:
                 watches.want_claims(bool(result.held))
             backoff = 1.0
@@ -60,8 +62,13 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
                             retry_in=backoff)
             else:
                 log.exception("publishing failed unexpectedly; will retry", node=node, retry_in=backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 30.0)
+            CYCLES.labels(outcome="failed").inc()
+            # Backoff, cut short by news: after an outage, the watches list again as soon as the API
+            # server is back, and that wakes the next try at once.
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF)
             wake.set()
 
 

@@ -19,8 +19,9 @@ import aiohttp
 
 from gpuslice.devcluster import binaries as binaries_module
 from gpuslice.devcluster import operator as gpuslice_install
-from gpuslice.devcluster.cluster import ClusterSpec, DevCluster, free_port
+from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.devcluster.nodes import fake_gpu_node
+from gpuslice.devcluster.ports import free_port
 from gpuslice.devcluster.process import Component
 from gpuslice.dra.names import DRIVER
 from gpuslice.kube.client import KubeClient, KubeError

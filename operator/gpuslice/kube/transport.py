@@ -35,9 +35,10 @@ Query = Mapping[str, str | int | bool]
 class ApiError(Exception):
     """The API server answered with an error status; ``body`` is its Status object if it sent one."""
 
-    def __init__(self, status: int, reason: str, body: bytes) -> None:
+    def __init__(self, status: int, reason: str, body: bytes, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(f"{status} {reason}")
         self.status, self.reason, self.body = status, reason, body
+        self.headers: Mapping[str, str] = headers or {}
 
 
 class Transport(Protocol):
@@ -149,7 +150,7 @@ class AiohttpTransport:
         ) as response:
             data = await response.read()
             if response.status >= 400:
-                raise ApiError(response.status, response.reason or "", data)
+                raise ApiError(response.status, response.reason or "", data, dict(response.headers))
             if not data:
                 return {}
             if "json" in (response.content_type or ""):
@@ -204,8 +205,8 @@ class LibraryTransport:
                 auth_settings=["BearerToken"], _return_http_data_only=True, _request_timeout=seconds,
             )
         except ApiException as error:
-            raise ApiError(int(error.status), str(error.reason), (error.body or b"") if isinstance(
-                error.body, bytes) else str(error.body or "").encode()) from None
+            raise ApiError(int(error.status or 0), str(error.reason), (error.body or b"") if isinstance(
+                error.body, bytes) else str(error.body or "").encode(), dict(error.headers or {})) from None
 
     @asynccontextmanager
     async def stream(self, path: str, query: Query, connect_timeout: float,

@@ -26,6 +26,8 @@ from gpuslice.kube.transport import ApiError
 Handler = Callable[[str | None, dict[str, Any]], Awaitable[None] | None]
 PAGE = 500
 CONNECT_TIMEOUT = 30.0
+# Seconds between tries at most: a watch is back within this long of an API server that returns.
+MAX_BACKOFF = 5.0
 
 
 async def list_all(kube: KubeClient, path: str, query: Mapping[str, str | int | bool] | None = None,
@@ -81,7 +83,7 @@ async def watch(kube: KubeClient, path: str, handler: Handler, stop: asyncio.Eve
     """Call ``handler`` for every object listed and every change, until ``stop`` is set.
 
     ``on_listed`` is called after each (re)list has been handed to ``handler``. Errors are
-    reported to ``on_error`` and retried with backoff (1 s doubling to 30 s, with jitter); the
+    reported to ``on_error`` and retried with backoff (1 s doubling to 5 s, with jitter); the
     loop never ends on its own.
     """
     version = ""
@@ -110,4 +112,4 @@ async def watch(kube: KubeClient, path: str, handler: Handler, stop: asyncio.Eve
             version = ""
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), backoff * random.uniform(0.5, 1.0))
-            backoff = min(backoff * 2, 30.0)
+            backoff = min(backoff * 2, MAX_BACKOFF)
