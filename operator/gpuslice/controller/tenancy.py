@@ -62,6 +62,8 @@ async def tenancy_unenforced(kube: KubeClient, namespace: str, policy: str, clas
         await kube.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
                            probe_claim(class_name), query={"dryRun": "All"})
     except KubeError as error:
+        if error.transient:
+            raise  # e.g. an API server just started, its admission not ready yet: ask again soon
         if TENANCY_DENIAL in error.message and f"GpuSlicePolicy {policy}" in error.message:
             return None
         return (f"gpuslice could not prove that tenancy is enforced: a dry-run ResourceClaim for DeviceClass"
