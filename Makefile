@@ -6,10 +6,11 @@ STAMP  := $(VENV)/.installed
 PYTEST ?= $(BIN)/pytest
 
 .DEFAULT_GOAL := help
-.PHONY: help venv kube-bin lint test test-unit test-cluster demo crds clean
+.PHONY: help venv kube-bin lint test test-unit test-cluster demo crds protos clean
 
 help:
 	@echo "make crds          regenerate crds/ from the pydantic models in operator/gpuslice/api"
+	@echo "make protos        regenerate the kubelet plugin's gRPC code from operator/gpuslice/agent/kubeletplugin/proto/*.proto"
 	@echo "make demo          bring up a real local control plane with fake GPU nodes and show it"
 	@echo "make test          lint + unit tests + cluster tests against the real control plane"
 	@echo "make kube-bin      build kube-apiserver/scheduler/controller-manager/etcd and pod-runner from Go modules (cached)"
@@ -55,6 +56,10 @@ demo: kube-bin
 crds: $(STAMP)
 	@echo ">> generating crds/ from operator/gpuslice/api"
 	@$(BIN)/python -m gpuslice.api.crd > crds/gpuslicepolicies.gpuslice.dev.yaml
+
+protos: $(STAMP)
+	@echo ">> generating the kubelet plugin's gRPC code (grpcio-tools, pinned in pyproject.toml)"
+	@$(BIN)/python -m gpuslice.agent.kubeletplugin.proto.generate
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
