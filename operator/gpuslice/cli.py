@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 
 from gpuslice import __version__
+from gpuslice.agent.kubeletplugin.settings import PluginSettings
 from gpuslice.devcluster.cluster import ClusterSpec
 from gpuslice.devcluster.command import dev_cluster, fail
 from gpuslice.devcluster.errors import DevClusterError
@@ -43,14 +44,32 @@ def controller(kubeconfig: str | None, metrics_port: int | None, liveness_port: 
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
 @click.option("--resync", default=60.0, show_default=True, help="Seconds between full checks of the pool.")
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
+@click.option("--kubelet-registrar-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=PluginSettings.registrar_dir, show_default=True,
+              help="The kubelet's plugin registry: the plugin's registration socket goes here.")
+@click.option("--kubelet-plugins-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=PluginSettings.plugins_dir, show_default=True,
+              help="The kubelet's plugins directory: the service socket goes in its gpu.gpuslice.dev/.")
+@click.option("--cdi-dir", type=click.Path(file_okay=False, path_type=Path), default=PluginSettings.cdi_dir,
+              show_default=True, help="Where the container runtime reads CDI specs: one per prepared claim.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Claim checkpoints, what was published, fake GPU state"
+                   " [default: KUBELET_PLUGINS_DIR/gpu.gpuslice.dev].")
+@click.option("--nvidia-cdi-dir", "nvidia_cdi_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+              help="NVML backend: where the NVIDIA Container Toolkit's CDI spec is [default: /etc/cdi, /var/run/cdi].")
 def agent(node: str, backend: str, fake_gpus: str | None, kubeconfig: str | None, resync: float,
-          metrics_port: int | None) -> None:
-    """Run the node agent: discover GPUs, publish this node's pool of slices."""
+          metrics_port: int | None, kubelet_registrar_dir: Path, kubelet_plugins_dir: Path, cdi_dir: Path,
+          state_dir: Path | None, nvidia_cdi_dirs: tuple[Path, ...]) -> None:
+    """Run the node agent: discover GPUs, publish this node's pool of slices, and serve the kubelet
+    plugin that prepares them for pods."""
     from gpuslice.agent.gpus import GpuBackend, GpuBackendError
     from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
     from gpuslice.agent.gpus.nvml import NvmlBackend
+    from gpuslice.agent.kubeletplugin.settings import PluginPathError
     from gpuslice.agent.run import discover_fake_from_node, run_agent
     from gpuslice.kube.client import KubeClient
+
+    settings = PluginSettings(kubelet_registrar_dir, kubelet_plugins_dir, cdi_dir, state_dir)
 
     async def main_() -> None:
         chosen: GpuBackend
@@ -59,14 +78,14 @@ def agent(node: str, backend: str, fake_gpus: str | None, kubeconfig: str | None
             if spec is None:
                 async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
                     spec = await discover_fake_from_node(kube, node)
-            chosen = FakeBackend(node, parse_fake_gpus(spec))
+            chosen = FakeBackend(node, parse_fake_gpus(spec), settings.resolved_state_dir)
         else:
-            chosen = NvmlBackend()
-        await run_agent(node, chosen, kubeconfig, resync, metrics_port)
+            chosen = NvmlBackend(cdi_dirs=nvidia_cdi_dirs) if nvidia_cdi_dirs else NvmlBackend()
+        await run_agent(node, chosen, kubeconfig, resync, metrics_port, settings)
 
     try:
         asyncio.run(main_())
-    except GpuBackendError as error:
+    except (GpuBackendError, PluginPathError) as error:
         click.echo(f"agent: {error}", err=True)
         sys.exit(1)
 

@@ -9,7 +9,7 @@ yet" for "not allocated".
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,7 @@ import pydantic
 import structlog
 from prometheus_client import Counter, Gauge
 
+from gpuslice.agent.published import Published, PublishedRecord
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.dra.resourceslice import resource_slice, slice_name
@@ -126,8 +127,14 @@ def _content(spec: dict[str, Any]) -> Any:
     return normalized({"sharedCounters": spec.get("sharedCounters") or [], "devices": spec.get("devices") or []})
 
 
-async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains | None = None) -> PublishResult:
-    """One cycle. With ``drains``, free devices drain before they change (see pool_safety)."""
+async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains | None = None,
+                  holds: Set[str] = frozenset(), record: PublishedRecord | None = None) -> PublishResult:
+    """One cycle. With ``drains``, free devices drain before they change (see pool_safety).
+
+    ``holds`` are devices the node's kubelet plugin has prepared or is preparing: allocated, whatever
+    the claims say yet. ``record`` keeps what was last written; an empty pool (the kubelet wiped it)
+    is taken to be what it says, so held devices come back unchanged.
+    """
     drains = drains if drains is not None else Drains()
     node_body = await kube.get(f"/api/v1/nodes/{node}")
     labels = node_body["metadata"].get("labels") or {}
@@ -137,11 +144,16 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
                 if s["spec"]["pool"]["name"] == node]
     published = [d for s in existing for d in s["spec"].get("devices") or []]
     counter_sets = [c for s in existing for c in s["spec"].get("sharedCounters") or []]
+    last = record.load() if record is not None else None
+    if not existing and last is not None and last.devices:
+        published, counter_sets = last.devices, last.counter_sets
+        log.warning("the pool's slices are gone (the kubelet wipes them when the plugin was away); republishing"
+                    " from the agent's record, allocated devices unchanged", node=node, devices=len(published))
     # Claims are read after the slices: a device that has drained is judged on claims read since.
     started = time.monotonic()
     frozen = {d["name"] for d in published if _policy_of(d) in policies.frozen}
-    safe: SafePlan = make_safe(plan, published, counter_sets, await allocated_devices(kube, node),
-                               drained=drains.drained(started), frozen=frozen)
+    allocated = await allocated_devices(kube, node) | set(holds)
+    safe: SafePlan = make_safe(plan, published, counter_sets, allocated, drained=drains.drained(started), frozen=frozen)
 
     wanted = {slice_name(node, s.suffix): s for s in safe.slices}
     current = {s["metadata"]["name"]: s for s in existing}
@@ -153,11 +165,13 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
                                                                "devices": list(s.devices)})
                 for name, s in wanted.items())
     )
-    generation = max(generations, default=0)
+    generation = max(generations | ({last.generation} if last is not None else set()), default=0)
     DEVICES.set(sum(len(s.devices) for s in safe.slices))
     HELD.set(len(safe.held))
     if unchanged or (not wanted and not current):
         drains.record(safe.draining, started)
+        if record is not None and existing and (last is None or last.generation != generation):
+            record.save(Published(generation, published, counter_sets))  # e.g. slices of an earlier agent
         CYCLES.labels(outcome="unchanged").inc()
         return PublishResult(generation, (), (), safe.held, plan.notes, safe.draining)
 
@@ -179,6 +193,9 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         await kube.apply(f"{SLICES}/{name}", manifest, field_manager=FIELD_MANAGER)
         written.append(name)
     drains.record(safe.draining, time.monotonic())  # the taints are out: their drain runs from now
+    if record is not None:
+        record.save(Published(generation, [d for s in safe.slices for d in s.devices],
+                              [c for s in safe.slices for c in s.shared_counters]))
     CYCLES.labels(outcome="written").inc()
     result = PublishResult(generation, tuple(written), tuple(deleted), safe.held, plan.notes, safe.draining)
     log.info("published pool", node=node, generation=generation, devices=sum(len(s.devices) for s in safe.slices),

@@ -19,6 +19,9 @@ import kopf
 import structlog
 
 from gpuslice.agent.gpus import GpuBackend
+from gpuslice.agent.kubeletplugin.node import NodePlugin
+from gpuslice.agent.kubeletplugin.recovery import collect_stale
+from gpuslice.agent.kubeletplugin.settings import PluginSettings
 from gpuslice.agent.publisher import Drains, publish
 from gpuslice.dra.names import DRIVER
 from gpuslice.inventory.gpus import Gpu
@@ -77,7 +80,7 @@ def build_agent_registry(node: str, wake: asyncio.Event, kubeconfig: str | None)
 
 
 async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: asyncio.Event, stop: asyncio.Event,
-                       resync: float) -> None:
+                       resync: float, plugin: NodePlugin | None = None) -> None:
     backoff = 1.0
     drains = Drains()
     while not stop.is_set():
@@ -89,7 +92,11 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
         await asyncio.sleep(DEBOUNCE)  # one cycle for a burst of events
         wake.clear()
         try:
-            await publish(kube, node, gpus, drains)
+            if plugin is None:
+                await publish(kube, node, gpus, drains)
+            else:  # one at a time with prepare's check that a device is published (see kubeletplugin.prepare)
+                async with plugin.pool_lock:
+                    await publish(kube, node, gpus, drains, holds=plugin.preparer.held_devices(), record=plugin.record)
             backoff = 1.0
         except Exception as error:  # the loop is the agent's purpose: it outlives any failed cycle
             if isinstance(error, KubeError) and error.status == 404 and "nodes" in error.message:
@@ -113,8 +120,19 @@ async def discover_fake_from_node(kube: KubeClient, node: str) -> str:
     return f"{labels[FAKE_MODEL]}:{labels.get(FAKE_COUNT, '1')}"
 
 
+async def stale_claims_loop(plugin: NodePlugin, stop: asyncio.Event, every: float) -> None:
+    """Unprepare claims the kubelet never unprepared and that no longer exist (see kubeletplugin.recovery)."""
+    while not stop.is_set():
+        try:
+            await collect_stale(plugin.preparer)
+        except Exception:
+            log.exception("sweeping stale claims failed; will retry")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
+
+
 async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resync: float,
-                    metrics_port: int | None = None) -> None:
+                    metrics_port: int | None = None, plugin_settings: PluginSettings | None = None) -> None:
     configure_logging()
     if kubeconfig:
         os.environ["KUBECONFIG"] = kubeconfig
@@ -127,13 +145,20 @@ async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resy
         loop.add_signal_handler(sig, stop.set)
     metrics = await serve_metrics(metrics_port) if metrics_port else None
     async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
-        publisher = asyncio.create_task(publish_loop(kube, node, gpus, wake, stop, resync))
+        plugin = None
+        if plugin_settings is not None:
+            plugin = await NodePlugin.start(node, kube, backend, gpus, plugin_settings)
+        tasks = [asyncio.create_task(publish_loop(kube, node, gpus, wake, stop, resync, plugin))]
+        if plugin is not None:
+            tasks.append(asyncio.create_task(stale_claims_loop(plugin, stop, resync)))
         try:
             await kopf.operator(registry=build_agent_registry(node, wake, kubeconfig), clusterwide=True,
                                 standalone=True, stop_flag=stop)
         finally:
             stop.set()
             wake.set()
-            await publisher
+            if plugin is not None:
+                await plugin.stop()
+            await asyncio.gather(*tasks)
             if metrics is not None:
                 await metrics.cleanup()

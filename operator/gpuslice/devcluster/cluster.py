@@ -23,7 +23,7 @@ from gpuslice.devcluster import binaries as binaries_module
 from gpuslice.devcluster import features as features_module
 from gpuslice.devcluster import operator
 from gpuslice.devcluster.errors import DevClusterError
-from gpuslice.devcluster.nodes import FAKE_GPU_MODELS, fake_gpu_node, node_name
+from gpuslice.devcluster.nodes import FAKE_GPU_MODELS, fake_gpu_node, node_layout, node_name, pod_runner_component
 from gpuslice.devcluster.pki import CertificateAuthority, kubeconfig, service_account_key
 from gpuslice.devcluster.process import Component, http_health
 from gpuslice.devcluster.state import ClusterRecord, StateDir
@@ -290,7 +290,8 @@ class DevCluster:
         return (*CONTROLLERS, *NODE_CONTROLLERS) if self.spec.pod_runner else CONTROLLERS
 
     def node_dir(self, node: str) -> Path:
-        """A fake node's own directory: plugins_registry/, plugins/, cdi/, dra-state/, containers/."""
+        """A fake node's own directory: plugins_registry/, plugins/, cdi/, dra-state/, containers/ (the pod
+        runner's), and agent/ (the node agent's state: claim checkpoints, fake GPUs)."""
         return self.state.root / "nodes" / node
 
     async def _start_pod_runners(self, bins: binaries_module.Binaries, ca: CertificateAuthority) -> None:
@@ -300,27 +301,13 @@ class DevCluster:
                 " TEST_ASSET_POD_RUNNER). Use --no-pod-runner to run fake nodes without one."
             )
         for node in self.node_names:
-            root, node_kubeconfig = self._node_layout(node, ca)
-            runner = Component(
-                f"pod-runner-{node}",
-                [str(bins.pod_runner), f"--kubeconfig={node_kubeconfig}", f"--node={node}", f"--root={root}"],
-                self.state.logs / f"pod-runner-{node}.log", self._lease_exists(node), startup_timeout=30,
-            )
-            await self._launch(runner)
+            root = self.node_dir(node)
+            node_kubeconfig = node_layout(root, node, self.server, ca)
+            await self._launch(pod_runner_component(bins.pod_runner, node, root, node_kubeconfig,
+                                                    self.state.logs / f"pod-runner-{node}.log",
+                                                    self.lease_exists(node)))
 
-    def _node_layout(self, node: str, ca: CertificateAuthority) -> tuple[Path, Path]:
-        """The node's directories, and a kubeconfig for its identity (Node authorizer, NodeRestriction)."""
-        root = self.node_dir(node)
-        for sub in ("plugins_registry", "plugins", "cdi"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
-        user = f"system:node:{node}"
-        path = root / "kubeconfig"
-        identity = ca.issue_client(user, ("system:nodes",))
-        path.write_text(kubeconfig(self.server, ca.pair, identity, user, "gpuslice-dev"))
-        path.chmod(0o600)
-        return root, path
-
-    def _lease_exists(self, node: str) -> Callable[[], Awaitable[bool]]:
+    def lease_exists(self, node: str) -> Callable[[], Awaitable[bool]]:
         async def check() -> bool:
             async with await KubeClient.from_kubeconfig(self.state.kubeconfig) as kube:
                 try:
@@ -360,7 +347,8 @@ class DevCluster:
                                                          free_port()))
         for node, agent_kubeconfig in agents.items():
             await self._launch(operator.agent_component(node, agent_kubeconfig,
-                                                        self.state.logs / f"gpuslice-agent-{node}.log", free_port()))
+                                                        self.state.logs / f"gpuslice-agent-{node}.log", free_port(),
+                                                        self.node_dir(node)))
 
     def dead_component(self) -> Component | None:
         """The first component that has exited, if any (for supervisors)."""

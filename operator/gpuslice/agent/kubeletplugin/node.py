@@ -1,0 +1,61 @@
+"""The kubelet plugin as one piece of the node agent: its settings, start-up order and shutdown.
+
+Start-up order matters: the node is first made to match the checkpoints (what a
+killed agent left half done is undone), and only then does the plugin register,
+so the kubelet never calls into a half-recovered node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from gpuslice.agent.gpus import GpuBackend
+from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
+from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints
+from gpuslice.agent.kubeletplugin.gpuops import GpuOps
+from gpuslice.agent.kubeletplugin.prepare import Preparer
+from gpuslice.agent.kubeletplugin.recovery import recover
+from gpuslice.agent.kubeletplugin.server import KubeletPlugin
+from gpuslice.agent.kubeletplugin.settings import PluginSettings
+from gpuslice.agent.published import PublishedRecord
+from gpuslice.inventory.gpus import Gpu
+from gpuslice.kube.client import KubeClient
+from gpuslice.planning.devices import Device
+
+log = structlog.get_logger(__name__)
+
+
+def mig_gpus(record: PublishedRecord) -> set[str]:
+    """GPUs whose last published devices were MIG devices (by UUID)."""
+    last = record.load()
+    devices = [Device.from_manifest(d) for d in (last.devices if last else [])]
+    return {d.gpu_uuid for d in devices if d is not None and d.mode == "mig"}
+
+
+class NodePlugin:
+    def __init__(self, preparer: Preparer, record: PublishedRecord, server: KubeletPlugin) -> None:
+        self.preparer, self.record, self.server = preparer, record, server
+
+    @property
+    def pool_lock(self) -> asyncio.Lock:
+        return self.preparer.pool_lock
+
+    @classmethod
+    async def start(cls, node: str, kube: KubeClient, backend: GpuBackend, gpus: list[Gpu],
+                    settings: PluginSettings) -> NodePlugin:
+        paths = settings.paths
+        paths.check()
+        state = settings.resolved_state_dir
+        state.mkdir(parents=True, exist_ok=True)
+        preparer = Preparer(node, kube, GpuOps(backend, gpus), Checkpoints(state), CdiDirectory(settings.cdi_dir),
+                            asyncio.Lock())
+        record = PublishedRecord(state)
+        await recover(preparer, mig_gpus(record))
+        server = KubeletPlugin(paths, preparer)
+        await server.start()
+        return cls(preparer, record, server)
+
+    async def stop(self) -> None:
+        await self.server.stop()
