@@ -14,6 +14,7 @@ from gpuslice.agent.kubeletplugin.settings import PluginSettings
 from gpuslice.devcluster.cluster import ClusterSpec
 from gpuslice.devcluster.command import dev_cluster, fail
 from gpuslice.devcluster.errors import DevClusterError
+from gpuslice.fakegpu import fake_gpu
 
 
 @click.group()
@@ -23,6 +24,7 @@ def main() -> None:
 
 
 main.add_command(dev_cluster)
+main.add_command(fake_gpu)
 
 
 @main.command()
