@@ -14,7 +14,7 @@ help:
 	@echo "make demo          bring up a real local control plane with fake GPU nodes and show it"
 	@echo "make test          lint + unit tests + cluster tests against the real control plane"
 	@echo "make kube-bin      build kube-apiserver/scheduler/controller-manager/etcd and pod-runner from Go modules (cached)"
-	@echo "make lint          ruff, mypy --strict, import-linter layer contracts"
+	@echo "make lint          ruff, mypy --strict, import-linter layer contracts, gofmt and go vet of hack/kube"
 	@echo "make test-unit     fast tests, no cluster"
 	@echo "make test-cluster  tests against the real control plane"
 
@@ -38,6 +38,14 @@ lint: $(STAMP)
 	@$(BIN)/mypy
 	@echo ">> import-linter (layer contracts)"
 	@cd operator && ../$(BIN)/lint-imports ../pyproject.toml
+	@echo ">> gofmt, go vet (hack/kube: the pod runner)"
+	@if command -v go >/dev/null; then \
+		unformatted=$$(cd hack/kube && gofmt -l .); \
+		if [ -n "$$unformatted" ]; then echo "gofmt: not formatted: $$unformatted (run gofmt -w hack/kube)"; exit 1; fi; \
+		cd hack/kube && nice -n 10 go vet ./...; \
+	else \
+		echo "go not found: gofmt and go vet of hack/kube NOT run (install Go 1.26+; CI runs them)"; \
+	fi
 
 test-unit: $(STAMP)
 	@echo ">> unit tests"

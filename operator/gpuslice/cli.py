@@ -11,6 +11,7 @@ from rich.console import Console
 
 from gpuslice import __version__
 from gpuslice.agent.kubeletplugin.settings import PluginSettings
+from gpuslice.agent.settings import HealthSettings
 from gpuslice.devcluster.cluster import ClusterSpec
 from gpuslice.devcluster.command import dev_cluster, fail
 from gpuslice.devcluster.errors import DevClusterError
@@ -57,11 +58,16 @@ def controller(kubeconfig: str | None, metrics_port: int | None, liveness_port: 
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Claim checkpoints, what was published, fake GPU state"
                    " [default: KUBELET_PLUGINS_DIR/gpu.gpuslice.dev].")
+@click.option("--health-interval", default=HealthSettings.interval, show_default=True,
+              help="Seconds between checks of the GPUs' health.")
+@click.option("--health-recovery", default=HealthSettings.recovery, show_default=True,
+              help="Seconds an unhealthy GPU must go without a fault before its taint is lifted.")
 @click.option("--nvidia-cdi-dir", "nvidia_cdi_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
               help="NVML backend: where the NVIDIA Container Toolkit's CDI spec is [default: /etc/cdi, /var/run/cdi].")
 def agent(node: str, backend: str, fake_gpus: str | None, kubeconfig: str | None, resync: float,
           metrics_port: int | None, kubelet_registrar_dir: Path, kubelet_plugins_dir: Path, cdi_dir: Path,
-          state_dir: Path | None, nvidia_cdi_dirs: tuple[Path, ...]) -> None:
+          state_dir: Path | None, health_interval: float, health_recovery: float,
+          nvidia_cdi_dirs: tuple[Path, ...]) -> None:
     """Run the node agent: discover GPUs, publish this node's pool of slices, and serve the kubelet
     plugin that prepares them for pods."""
     from gpuslice.agent.gpus import GpuBackend, GpuBackendError
@@ -83,7 +89,8 @@ def agent(node: str, backend: str, fake_gpus: str | None, kubeconfig: str | None
             chosen = FakeBackend(node, parse_fake_gpus(spec), settings.resolved_state_dir)
         else:
             chosen = NvmlBackend(cdi_dirs=nvidia_cdi_dirs) if nvidia_cdi_dirs else NvmlBackend()
-        await run_agent(node, chosen, kubeconfig, resync, metrics_port, settings)
+        await run_agent(node, chosen, kubeconfig, resync, metrics_port, settings,
+                        HealthSettings(health_interval, health_recovery))
 
     try:
         asyncio.run(main_())

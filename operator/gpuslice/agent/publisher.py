@@ -9,7 +9,7 @@ yet" for "not allocated".
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,8 @@ from gpuslice.dra.resourceslice import resource_slice, slice_name
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.node_pool import plan_node_pool
-from gpuslice.planning.pool_safety import SafePlan, make_safe, normalized
+from gpuslice.planning.pool_safety import SafePlan, make_safe, normalized, with_statuses
+from gpuslice.planning.taints import Taint
 
 FIELD_MANAGER = "gpuslice-agent"
 CYCLES = Counter("gpuslice_agent_publish_cycles", "Publish cycles, by outcome.", ["outcome"])
@@ -128,12 +129,14 @@ def _content(spec: dict[str, Any]) -> Any:
 
 
 async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains | None = None,
-                  holds: Set[str] = frozenset(), record: PublishedRecord | None = None) -> PublishResult:
+                  holds: Set[str] = frozenset(), record: PublishedRecord | None = None,
+                  statuses: Mapping[str, Sequence[Taint]] | None = None) -> PublishResult:
     """One cycle. With ``drains``, free devices drain before they change (see pool_safety).
 
     ``holds`` are devices the node's kubelet plugin has prepared or is preparing: allocated, whatever
     the claims say yet. ``record`` keeps what was last written; an empty pool (the kubelet wiped it)
-    is taken to be what it says, so held devices come back unchanged.
+    is taken to be what it says, so held devices come back unchanged. ``statuses`` are taints by GPU
+    UUID (unhealthy, reconfiguring, ...) laid onto every device of the GPU, held ones included.
     """
     drains = drains if drains is not None else Drains()
     node_body = await kube.get(f"/api/v1/nodes/{node}")
@@ -155,7 +158,8 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
     allocated = await allocated_devices(kube, node) | set(holds)
     safe: SafePlan = make_safe(plan, published, counter_sets, allocated, drained=drains.drained(started), frozen=frozen)
 
-    wanted = {slice_name(node, s.suffix): s for s in safe.slices}
+    slices = with_statuses(safe.slices, statuses or {})
+    wanted = {slice_name(node, s.suffix): s for s in slices}
     current = {s["metadata"]["name"]: s for s in existing}
     generations = {int(s["spec"]["pool"]["generation"]) for s in existing}
     counts = {int(s["spec"]["pool"]["resourceSliceCount"]) for s in existing}
@@ -166,7 +170,7 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
                 for name, s in wanted.items())
     )
     generation = max(generations | ({last.generation} if last is not None else set()), default=0)
-    DEVICES.set(sum(len(s.devices) for s in safe.slices))
+    DEVICES.set(sum(len(s.devices) for s in slices))
     HELD.set(len(safe.held))
     if unchanged or (not wanted and not current):
         drains.record(safe.draining, started)
@@ -194,11 +198,11 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         written.append(name)
     drains.record(safe.draining, time.monotonic())  # the taints are out: their drain runs from now
     if record is not None:
-        record.save(Published(generation, [d for s in safe.slices for d in s.devices],
-                              [c for s in safe.slices for c in s.shared_counters]))
+        record.save(Published(generation, [d for s in slices for d in s.devices],
+                              [c for s in slices for c in s.shared_counters]))
     CYCLES.labels(outcome="written").inc()
     result = PublishResult(generation, tuple(written), tuple(deleted), safe.held, plan.notes, safe.draining)
-    log.info("published pool", node=node, generation=generation, devices=sum(len(s.devices) for s in safe.slices),
+    log.info("published pool", node=node, generation=generation, devices=sum(len(s.devices) for s in slices),
              written=len(written), deleted=deleted, held=list(safe.held), draining=len(safe.draining),
              blocked_gpus=list(safe.blocked_gpus))
     if safe.held:

@@ -13,21 +13,25 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import kopf
 import structlog
 
 from gpuslice.agent.gpus import GpuBackend
+from gpuslice.agent.health import HealthMonitor
 from gpuslice.agent.kubeletplugin.node import NodePlugin
 from gpuslice.agent.kubeletplugin.recovery import collect_stale
 from gpuslice.agent.kubeletplugin.settings import PluginSettings
 from gpuslice.agent.publisher import Drains, publish
+from gpuslice.agent.settings import HealthSettings
 from gpuslice.dra.names import DRIVER
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.observability.logging import configure_logging
 from gpuslice.observability.metrics import serve_metrics
+from gpuslice.planning.taints import Taint
 
 log = structlog.get_logger(__name__)
 DEBOUNCE = 0.3
@@ -80,7 +84,8 @@ def build_agent_registry(node: str, wake: asyncio.Event, kubeconfig: str | None)
 
 
 async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: asyncio.Event, stop: asyncio.Event,
-                       resync: float, plugin: NodePlugin | None = None) -> None:
+                       resync: float, plugin: NodePlugin | None = None,
+                       statuses: Callable[[], Mapping[str, Sequence[Taint]]] = dict) -> None:
     backoff = 1.0
     drains = Drains()
     while not stop.is_set():
@@ -93,10 +98,11 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
         wake.clear()
         try:
             if plugin is None:
-                await publish(kube, node, gpus, drains)
+                await publish(kube, node, gpus, drains, statuses=statuses())
             else:  # one at a time with prepare's check that a device is published (see kubeletplugin.prepare)
                 async with plugin.pool_lock:
-                    await publish(kube, node, gpus, drains, holds=plugin.preparer.held_devices(), record=plugin.record)
+                    await publish(kube, node, gpus, drains, holds=plugin.preparer.held_devices(), record=plugin.record,
+                                  statuses=statuses())
             backoff = 1.0
         except Exception as error:  # the loop is the agent's purpose: it outlives any failed cycle
             if isinstance(error, KubeError) and error.status == 404 and "nodes" in error.message:
@@ -132,7 +138,8 @@ async def stale_claims_loop(plugin: NodePlugin, stop: asyncio.Event, every: floa
 
 
 async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resync: float,
-                    metrics_port: int | None = None, plugin_settings: PluginSettings | None = None) -> None:
+                    metrics_port: int | None = None, plugin_settings: PluginSettings | None = None,
+                    health_settings: HealthSettings | None = None) -> None:
     configure_logging()
     if kubeconfig:
         os.environ["KUBECONFIG"] = kubeconfig
@@ -144,11 +151,14 @@ async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resy
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     metrics = await serve_metrics(metrics_port) if metrics_port else None
+    health = HealthMonitor(node, backend, gpus, health_settings or HealthSettings(), on_change=wake.set)
     async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
+        await health.check()  # the first publish already carries what is wrong now
         plugin = None
         if plugin_settings is not None:
-            plugin = await NodePlugin.start(node, kube, backend, gpus, plugin_settings)
-        tasks = [asyncio.create_task(publish_loop(kube, node, gpus, wake, stop, resync, plugin))]
+            plugin = await NodePlugin.start(node, kube, backend, gpus, plugin_settings, health)
+        tasks = [asyncio.create_task(publish_loop(kube, node, gpus, wake, stop, resync, plugin, health.taints)),
+                 asyncio.create_task(health.run(kube, stop))]
         if plugin is not None:
             tasks.append(asyncio.create_task(stale_claims_loop(plugin, stop, resync)))
         try:

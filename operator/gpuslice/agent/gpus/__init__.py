@@ -10,12 +10,15 @@ nodes). Every call may block (NVML is synchronous): callers run them in a thread
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 from gpuslice.dra.cdi import DeviceNode
 from gpuslice.inventory.catalog import MigProfile
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.grants import Grant
+from gpuslice.planning.health import Fault
+
+__all__ = ["Access", "Fault", "GpuBackend", "GpuBackendError", "MigInstance"]
 
 
 class GpuBackendError(Exception):
@@ -41,25 +44,6 @@ class MigInstance:
     @property
     def placement(self) -> tuple[int, int]:
         return (self.start, self.size)
-
-
-FaultKind = Literal["xid", "ecc", "lost"]
-
-
-@dataclass(frozen=True)
-class Fault:
-    """Something wrong with a GPU, as its backend saw it. ``lost``: the GPU is gone (fell off the
-    bus, needs a reset); its work cannot continue."""
-
-    kind: FaultKind
-    code: int | None = None
-    message: str = ""
-
-    @property
-    def reason(self) -> str:
-        """A short form that fits a taint value: ``XID-79``, ``ECC``, ``GPU-lost``."""
-        return {"xid": f"XID-{self.code}" if self.code is not None else "XID", "ecc": "ECC",
-                "lost": "GPU-lost"}[self.kind]
 
 
 @dataclass(frozen=True)

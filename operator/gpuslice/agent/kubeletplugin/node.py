@@ -12,9 +12,11 @@ import asyncio
 import structlog
 
 from gpuslice.agent.gpus import GpuBackend
+from gpuslice.agent.health import HealthMonitor
 from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
 from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints
 from gpuslice.agent.kubeletplugin.gpuops import GpuOps
+from gpuslice.agent.kubeletplugin.health import health_stream
 from gpuslice.agent.kubeletplugin.prepare import Preparer
 from gpuslice.agent.kubeletplugin.recovery import recover
 from gpuslice.agent.kubeletplugin.server import KubeletPlugin
@@ -23,6 +25,7 @@ from gpuslice.agent.published import PublishedRecord
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.devices import Device
+from gpuslice.planning.taints import device_gpu
 
 log = structlog.get_logger(__name__)
 
@@ -32,6 +35,12 @@ def mig_gpus(record: PublishedRecord) -> set[str]:
     last = record.load()
     devices = [Device.from_manifest(d) for d in (last.devices if last else [])]
     return {d.gpu_uuid for d in devices if d is not None and d.mode == "mig"}
+
+
+def published_devices(record: PublishedRecord) -> list[tuple[str, str]]:
+    """(device, GPU UUID) of every device last published."""
+    last = record.load()
+    return [(str(d["name"]), gpu) for d in (last.devices if last else []) if (gpu := device_gpu(d)) is not None]
 
 
 class NodePlugin:
@@ -44,7 +53,7 @@ class NodePlugin:
 
     @classmethod
     async def start(cls, node: str, kube: KubeClient, backend: GpuBackend, gpus: list[Gpu],
-                    settings: PluginSettings) -> NodePlugin:
+                    settings: PluginSettings, health: HealthMonitor | None = None) -> NodePlugin:
         paths = settings.paths
         paths.check()
         state = settings.resolved_state_dir
@@ -53,7 +62,8 @@ class NodePlugin:
                             asyncio.Lock())
         record = PublishedRecord(state)
         await recover(preparer, mig_gpus(record))
-        server = KubeletPlugin(paths, preparer)
+        stream = health_stream(node, health, lambda: published_devices(record)) if health is not None else None
+        server = KubeletPlugin(paths, preparer, stream)
         await server.start()
         return cls(preparer, record, server)
 
