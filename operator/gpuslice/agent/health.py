@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import time
 from collections.abc import Callable
 
 import structlog
 from prometheus_client import Counter, Gauge
 
+from gpuslice.agent.events import node_ref, record_event
 from gpuslice.agent.gpus import GpuBackend, GpuBackendError
 from gpuslice.agent.settings import HealthSettings
-from gpuslice.dra.names import short_hash
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import KubeClient
 from gpuslice.planning.health import UNHEALTHY_TAINT_KEY, GpuHealth, step, taint
 from gpuslice.planning.taints import Taint
 
@@ -59,7 +58,8 @@ class HealthMonitor:
             except Exception:
                 log.exception("checking GPU health failed; will retry", node=self.node)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.interval)
+                async with asyncio.timeout(self.settings.interval):
+                    await stop.wait()
 
     async def check(self, kube: KubeClient | None = None) -> None:
         try:
@@ -101,28 +101,9 @@ class HealthMonitor:
                           "; no new claim gets them, running pods keep them."))
             log.warning("GPU unhealthy", node=self.node, gpu=uuid, index=index, status=after.status,
                         reason=after.reason, message=after.message)
-            await self._event(kube, reason, message, "Warning", uuid)
+            await record_event(kube, self.node, node_ref(self.node), reason, message, "Warning")
         else:
             message = (f"{where} has been healthy for {self.settings.recovery:g} s since its last fault"
                        f" ({before.reason if before else ''}); the {UNHEALTHY_TAINT_KEY} taint is lifted.")
             log.info("GPU healthy again", node=self.node, gpu=uuid, index=index)
-            await self._event(kube, "GpuHealthy", message, "Normal", uuid)
-
-    async def _event(self, kube: KubeClient | None, reason: str, message: str, kind: str, uuid: str) -> None:
-        if kube is None:
-            return
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        name = f"{self.node}.gpu-{short_hash(uuid, reason, now, length=12)}"
-        body = {
-            "apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": "default"},
-            # A Node's events carry its name as uid, as the kubelet's do.
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node},
-            "reason": reason, "message": message[:1024], "type": kind,
-            "source": {"component": "gpuslice-agent", "host": self.node},
-            "reportingComponent": "gpuslice-agent", "reportingInstance": self.node,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
-        try:
-            await kube.create("/api/v1/namespaces/default/events", body)
-        except KubeError as error:
-            log.warning("could not record an Event about GPU health", node=self.node, reason=reason, error=str(error))
+            await record_event(kube, self.node, node_ref(self.node), "GpuHealthy", message, "Normal")

@@ -17,6 +17,7 @@ import pydantic
 import structlog
 from prometheus_client import Counter, Gauge
 
+from gpuslice.agent.mig_manager import MigManager
 from gpuslice.agent.published import Published, PublishedRecord
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER
@@ -25,7 +26,7 @@ from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.node_pool import plan_node_pool
 from gpuslice.planning.pool_safety import SafePlan, make_safe, normalized, with_statuses
-from gpuslice.planning.taints import Taint
+from gpuslice.planning.taints import Taint, status_taints_by_gpu
 
 FIELD_MANAGER = "gpuslice-agent"
 CYCLES = Counter("gpuslice_agent_publish_cycles", "Publish cycles, by outcome.", ["outcome"])
@@ -64,6 +65,7 @@ class PublishResult:
     held: tuple[str, ...]
     notes: tuple[str, ...]
     draining: tuple[str, ...] = ()
+    again: bool = False  # the MIG manager changed a GPU: publish again now
 
     @property
     def changed(self) -> bool:
@@ -128,21 +130,34 @@ def _content(spec: dict[str, Any]) -> Any:
     return normalized({"sharedCounters": spec.get("sharedCounters") or [], "devices": spec.get("devices") or []})
 
 
+async def _reconfigure(mig: MigManager | None, kube: KubeClient, allocated: set[str],
+                       published: list[dict[str, Any]], started: float) -> bool:
+    """Let the MIG manager reconfigure a GPU that has drained, judged on the claims read in this cycle."""
+    if mig is None:
+        return False
+    mig.published(time.monotonic())
+    return await mig.reconfigure(kube, allocated, published, started)
+
+
 async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains | None = None,
                   holds: Set[str] = frozenset(), record: PublishedRecord | None = None,
-                  statuses: Mapping[str, Sequence[Taint]] | None = None) -> PublishResult:
+                  statuses: Mapping[str, Sequence[Taint]] | None = None,
+                  mig: MigManager | None = None) -> PublishResult:
     """One cycle. With ``drains``, free devices drain before they change (see pool_safety).
 
     ``holds`` are devices the node's kubelet plugin has prepared or is preparing: allocated, whatever
     the claims say yet. ``record`` keeps what was last written; an empty pool (the kubelet wiped it)
     is taken to be what it says, so held devices come back unchanged. ``statuses`` are taints by GPU
-    UUID (unhealthy, reconfiguring, ...) laid onto every device of the GPU, held ones included.
+    UUID (unhealthy, ...) laid onto every device of the GPU, held ones included. ``mig`` makes static
+    MIG layouts real (see ``mig_manager``): it adjusts the plan, adds its taints, and reconfigures.
     """
     drains = drains if drains is not None else Drains()
     node_body = await kube.get(f"/api/v1/nodes/{node}")
     labels = node_body["metadata"].get("labels") or {}
     policies = await read_policies(kube)
     plan = plan_node_pool(labels, gpus, policies.plannable)
+    if mig is not None:
+        plan = await mig.adjust(plan, policies.plannable)
     existing = [s for s in await kube.list(SLICES, fieldSelector=f"spec.nodeName={node},spec.driver={DRIVER}")
                 if s["spec"]["pool"]["name"] == node]
     published = [d for s in existing for d in s["spec"].get("devices") or []]
@@ -156,9 +171,11 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
     started = time.monotonic()
     frozen = {d["name"] for d in published if _policy_of(d) in policies.frozen}
     allocated = await allocated_devices(kube, node) | set(holds)
-    safe: SafePlan = make_safe(plan, published, counter_sets, allocated, drained=drains.drained(started), frozen=frozen)
+    drained = drains.drained(started) | (mig.drained(published) if mig is not None else set())
+    safe: SafePlan = make_safe(plan, published, counter_sets, allocated, drained=drained, frozen=frozen)
 
-    slices = with_statuses(safe.slices, statuses or {})
+    gpu_statuses = status_taints_by_gpu(statuses or {}, mig.statuses(allocated, published, started) if mig else {})
+    slices = with_statuses(safe.slices, gpu_statuses)
     wanted = {slice_name(node, s.suffix): s for s in slices}
     current = {s["metadata"]["name"]: s for s in existing}
     generations = {int(s["spec"]["pool"]["generation"]) for s in existing}
@@ -177,7 +194,8 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         if record is not None and existing and (last is None or last.generation != generation):
             record.save(Published(generation, published, counter_sets))  # e.g. slices of an earlier agent
         CYCLES.labels(outcome="unchanged").inc()
-        return PublishResult(generation, (), (), safe.held, plan.notes, safe.draining)
+        again = await _reconfigure(mig, kube, allocated, published, started)
+        return PublishResult(generation, (), (), safe.held, plan.notes, safe.draining, again)
 
     generation += 1
     deleted = []
@@ -201,7 +219,8 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         record.save(Published(generation, [d for s in slices for d in s.devices],
                               [c for s in slices for c in s.shared_counters]))
     CYCLES.labels(outcome="written").inc()
-    result = PublishResult(generation, tuple(written), tuple(deleted), safe.held, plan.notes, safe.draining)
+    again = await _reconfigure(mig, kube, allocated, published, started)
+    result = PublishResult(generation, tuple(written), tuple(deleted), safe.held, plan.notes, safe.draining, again)
     log.info("published pool", node=node, generation=generation, devices=sum(len(s.devices) for s in slices),
              written=len(written), deleted=deleted, held=list(safe.held), draining=len(safe.draining),
              blocked_gpus=list(safe.blocked_gpus))

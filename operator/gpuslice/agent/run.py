@@ -89,9 +89,12 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
     backoff = 1.0
     drains = Drains()
     while not stop.is_set():
-        due = drains.due_in(time.monotonic())
+        now = time.monotonic()
+        dues = [d for d in (drains.due_in(now), plugin.mig.due_in(now) if plugin else None) if d is not None]
+        due = min(dues) if dues else None
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), resync if due is None else min(resync, due))
+            async with asyncio.timeout(resync if due is None else min(resync, due)):
+                await wake.wait()  # (no wait_for: Kopf cancels tasks made while it runs, wait_for's too)
         if stop.is_set():
             return
         await asyncio.sleep(DEBOUNCE)  # one cycle for a burst of events
@@ -101,8 +104,10 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
                 await publish(kube, node, gpus, drains, statuses=statuses())
             else:  # one at a time with prepare's check that a device is published (see kubeletplugin.prepare)
                 async with plugin.pool_lock:
-                    await publish(kube, node, gpus, drains, holds=plugin.preparer.held_devices(), record=plugin.record,
-                                  statuses=statuses())
+                    result = await publish(kube, node, gpus, drains, holds=plugin.preparer.held_devices(),
+                                           record=plugin.record, statuses=statuses(), mig=plugin.mig)
+                if result.again:
+                    wake.set()
             backoff = 1.0
         except Exception as error:  # the loop is the agent's purpose: it outlives any failed cycle
             if isinstance(error, KubeError) and error.status == 404 and "nodes" in error.message:
@@ -134,7 +139,19 @@ async def stale_claims_loop(plugin: NodePlugin, stop: asyncio.Event, every: floa
         except Exception:
             log.exception("sweeping stale claims failed; will retry")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), every)
+            async with asyncio.timeout(every):
+                await stop.wait()
+
+
+async def _shut_down_in_order(stopping: asyncio.Event, stop: asyncio.Event, plugin: NodePlugin | None) -> None:
+    await stopping.wait()
+    if plugin is not None:
+        try:
+            async with asyncio.timeout(SHUTDOWN_GRACE / 2):
+                await plugin.stop()
+        except TimeoutError:
+            log.warning("the kubelet plugin did not stop in time")
+    stop.set()
 
 
 async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resync: float,
@@ -145,11 +162,23 @@ async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resy
         os.environ["KUBECONFIG"] = kubeconfig
     gpus = await asyncio.to_thread(backend.discover)
     log.info("GPUs discovered", node=node, backend=backend.name, gpus=[(g.index, g.product_name) for g in gpus])
-    stop, wake = asyncio.Event(), asyncio.Event()
+    # A signal first takes the kubelet plugin down (unregistered, no call in flight), then stops the
+    # rest: Kopf cancels every task created while it ran, which would include gRPC's own.
+    stopping, stop, wake = asyncio.Event(), asyncio.Event(), asyncio.Event()
     wake.set()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+
+    def on_signal() -> None:
+        if not stopping.is_set():
+            stopping.set()
+            # Exit for sure: a request to an apiserver going down with us must not keep the agent alive.
+            loop.call_later(SHUTDOWN_GRACE, os.kill, os.getpid(), signal.SIGKILL)
+
+    def handle_signals() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+
+    handle_signals()
     metrics = await serve_metrics(metrics_port) if metrics_port else None
     health = HealthMonitor(node, backend, gpus, health_settings or HealthSettings(), on_change=wake.set)
     async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
@@ -158,17 +187,20 @@ async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resy
         if plugin_settings is not None:
             plugin = await NodePlugin.start(node, kube, backend, gpus, plugin_settings, health)
         tasks = [asyncio.create_task(publish_loop(kube, node, gpus, wake, stop, resync, plugin, health.taints)),
-                 asyncio.create_task(health.run(kube, stop))]
+                 asyncio.create_task(health.run(kube, stop)),
+                 asyncio.create_task(_shut_down_in_order(stopping, stop, plugin))]
         if plugin is not None:
             tasks.append(asyncio.create_task(stale_claims_loop(plugin, stop, resync)))
         try:
-            await kopf.operator(registry=build_agent_registry(node, wake, kubeconfig), clusterwide=True,
-                                standalone=True, stop_flag=stop)
+            existing = asyncio.all_tasks()
+            operator_tasks = await kopf.spawn_tasks(registry=build_agent_registry(node, wake, kubeconfig),
+                                                    clusterwide=True, standalone=True, stop_flag=stop)
+            handle_signals()  # Kopf installed its own; ours stop the plugin first
+            await kopf.run_tasks(operator_tasks, ignored=existing)
         finally:
+            stopping.set()
             stop.set()
             wake.set()
-            if plugin is not None:
-                await plugin.stop()
             await asyncio.gather(*tasks)
             if metrics is not None:
                 await metrics.cleanup()

@@ -21,6 +21,7 @@ from gpuslice.agent.kubeletplugin.prepare import Preparer
 from gpuslice.agent.kubeletplugin.recovery import recover
 from gpuslice.agent.kubeletplugin.server import KubeletPlugin
 from gpuslice.agent.kubeletplugin.settings import PluginSettings
+from gpuslice.agent.mig_manager import MigManager
 from gpuslice.agent.published import PublishedRecord
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
@@ -44,8 +45,8 @@ def published_devices(record: PublishedRecord) -> list[tuple[str, str]]:
 
 
 class NodePlugin:
-    def __init__(self, preparer: Preparer, record: PublishedRecord, server: KubeletPlugin) -> None:
-        self.preparer, self.record, self.server = preparer, record, server
+    def __init__(self, preparer: Preparer, record: PublishedRecord, server: KubeletPlugin, mig: MigManager) -> None:
+        self.preparer, self.record, self.server, self.mig = preparer, record, server, mig
 
     @property
     def pool_lock(self) -> asyncio.Lock:
@@ -58,14 +59,16 @@ class NodePlugin:
         paths.check()
         state = settings.resolved_state_dir
         state.mkdir(parents=True, exist_ok=True)
-        preparer = Preparer(node, kube, GpuOps(backend, gpus), Checkpoints(state), CdiDirectory(settings.cdi_dir),
-                            asyncio.Lock())
+        ops = GpuOps(backend, gpus)
+        mig = MigManager(node, ops, state)
+        preparer = Preparer(node, kube, ops, Checkpoints(state), CdiDirectory(settings.cdi_dir), asyncio.Lock(),
+                            static_gpus=mig.static_gpus)
         record = PublishedRecord(state)
         await recover(preparer, mig_gpus(record))
         stream = health_stream(node, health, lambda: published_devices(record)) if health is not None else None
         server = KubeletPlugin(paths, preparer, stream)
         await server.start()
-        return cls(preparer, record, server)
+        return cls(preparer, record, server, mig)
 
     async def stop(self) -> None:
         await self.server.stop()
