@@ -105,12 +105,15 @@ def agent(node: str, backend: str, fake_gpus: str | None, kubeconfig: str | None
 @click.option("--gpus", default="h100-80gb:1", show_default=True, help="The node's GPUs, MODEL:COUNT[,MODEL:COUNT].")
 @click.option("--node", default="node-1", show_default=True, help="Node name for the slices.")
 @click.option("--node-label", "node_labels", multiple=True, help="A node label KEY=VALUE the policies may select on.")
-def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, ...]) -> None:
+@click.option("--from", "previous", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="The policies as they are now (repeat for several): show the MIG reconfiguration steps from them.")
+def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, ...], previous: tuple[str, ...]) -> None:
     """Print the ResourceSlices a node agent would publish for these policies, no cluster needed."""
     from gpuslice.preview import PlanError, preview
 
     try:
-        text = preview([Path(f) for f in files], gpus, node, dict(label.split("=", 1) for label in node_labels))
+        text = preview([Path(f) for f in files], gpus, node, dict(label.split("=", 1) for label in node_labels),
+                       [Path(f) for f in previous])
     except PlanError as error:
         click.echo(f"plan: {error}", err=True)
         sys.exit(1)

@@ -31,7 +31,9 @@ from gpuslice.planning.usage import (
     SliceView,
     devices_by_policy,
     devices_in_flux,
+    failed_devices,
     pending_devices,
+    unhealthy_devices,
     usage,
 )
 from gpuslice.planning.validation import Problem, Selection, select, validate
@@ -141,7 +143,9 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     # Held back for a claim, not merely draining for a few seconds before a change (no news).
     allocated = {ref for claim in world.claims for ref in claim.devices}
     pending = len(devices & pending_devices(world.slices) & allocated)
-    findings = Findings(problems, selection, len(devices), usage(devices, world.claims), errors, pending=pending)
+    findings = Findings(problems, selection, len(devices), usage(devices, world.claims), errors, pending=pending,
+                        mig_failed=len(devices & failed_devices(world.slices)),
+                        unhealthy=len(devices & unhealthy_devices(world.slices)))
     await write_status(ctx, policy, findings)
     if errors:
         # Often transient: e.g. the apiserver has not loaded our updated tenancy policy yet

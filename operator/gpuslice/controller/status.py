@@ -24,6 +24,8 @@ class Findings:
     apply_errors: Sequence[str] = ()
     deleting: bool = False
     pending: int = 0  # devices held back by agents until their claims are released
+    mig_failed: int = 0  # devices of GPUs whose MIG reconfiguration failed (agents taint them mig-failed)
+    unhealthy: int = 0  # devices of GPUs the agents found unhealthy
 
 
 def _condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
@@ -62,6 +64,15 @@ def conditions(f: Findings) -> list[Condition]:
         degraded = _condition("Degraded", True, "ChangePending",
                               f"{f.pending} allocated devices keep their old shape until their claims are released;"
                               " they are tainted gpuslice.dev/pending-change so nothing new lands on them.")
+    if f.unhealthy:
+        degraded = _condition("Degraded", True, "GpuUnhealthy",
+                              f"{f.unhealthy} devices are on GPUs their node agent found unhealthy; they are tainted"
+                              " gpuslice.dev/unhealthy (the node's Events say which GPU and why).")
+    if f.mig_failed:
+        degraded = _condition("Degraded", True, "MigReconfigurationFailed",
+                              f"{f.mig_failed} devices are on GPUs whose MIG reconfiguration to this policy's layout"
+                              " failed and was rolled back to the last good layout; they are tainted"
+                              " gpuslice.dev/mig-failed. The policy's Events say which GPU and why.")
     if f.apply_errors:
         degraded = _condition("Degraded", True, "ApplyFailed", "; ".join(f.apply_errors))
     return [valid, published, ready, degraded]

@@ -27,8 +27,7 @@ from typing import Any
 
 from gpuslice.dra.quantity import parse_quantity
 from gpuslice.planning.node_pool import Device, NodePlan, PlannedSlice, layout
-from gpuslice.planning.taints import Taint, device_gpu, with_status_taints, without_agent_taints
-from gpuslice.planning.usage import PENDING_TAINT_KEY
+from gpuslice.planning.taints import PENDING_TAINT_KEY, Taint, device_gpu, with_status_taints, without_agent_taints
 
 _QUANTITY_KEYS = {"value", "default", "min", "max", "step"}
 

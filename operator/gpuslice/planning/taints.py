@@ -12,8 +12,8 @@ from typing import Any
 
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN
 from gpuslice.planning.health import UNHEALTHY_TAINT_KEY
-from gpuslice.planning.usage import PENDING_TAINT_KEY
 
+PENDING_TAINT_KEY = "gpuslice.dev/pending-change"  # an allocated device keeps its old shape (pool_safety)
 RECONFIGURING_TAINT_KEY = "gpuslice.dev/reconfiguring"  # the GPU's MIG layout is about to change
 MIG_FAILED_TAINT_KEY = "gpuslice.dev/mig-failed"  # a MIG reconfiguration failed and was rolled back
 STATUS_TAINT_KEYS = frozenset({UNHEALTHY_TAINT_KEY, RECONFIGURING_TAINT_KEY, MIG_FAILED_TAINT_KEY})

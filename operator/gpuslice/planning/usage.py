@@ -13,8 +13,10 @@ from typing import Any
 
 from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.planning.cluster_objects import DeviceRef
+from gpuslice.planning.health import UNHEALTHY_TAINT_KEY
+from gpuslice.planning.taints import MIG_FAILED_TAINT_KEY, PENDING_TAINT_KEY
 
-PENDING_TAINT_KEY = "gpuslice.dev/pending-change"  # set by the node agent (planning.pool_safety)
+__all__ = ["PENDING_TAINT_KEY"]
 
 
 @dataclass(frozen=True)
@@ -26,19 +28,27 @@ class SliceView:
     devices: tuple[tuple[str, str], ...]  # (device name, policy attribute)
     pending: frozenset[str] = frozenset()  # devices the agent holds back (allocated, change waiting)
     slice_count: int = 1  # the pool's resourceSliceCount at this generation
+    failed: frozenset[str] = frozenset()  # devices of a GPU whose MIG reconfiguration failed (rolled back)
+    unhealthy: frozenset[str] = frozenset()  # devices of a GPU the agent found unhealthy
 
     @classmethod
     def from_slice(cls, spec: Mapping[str, Any]) -> SliceView:
-        devices, pending = [], set()
+        devices: list[tuple[str, str]] = []
+        pending: set[str] = set()
+        failed: set[str] = set()
+        unhealthy: set[str] = set()
         for device in spec.get("devices") or []:
-            if any(t.get("key") == PENDING_TAINT_KEY for t in device.get("taints") or []):
-                pending.add(str(device["name"]))
+            keys = {t.get("key") for t in device.get("taints") or []}
+            for key, found in ((PENDING_TAINT_KEY, pending), (MIG_FAILED_TAINT_KEY, failed),
+                               (UNHEALTHY_TAINT_KEY, unhealthy)):
+                if key in keys:
+                    found.add(str(device["name"]))
             # Fully qualified: a bare name would belong to the driver's domain, not ours.
             attribute = (device.get("attributes") or {}).get(f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}") or {}
             devices.append((device["name"], str(attribute.get("string", ""))))
         pool = spec.get("pool") or {}
         return cls(str(pool.get("name", "")), int(pool.get("generation", 0)), tuple(devices), frozenset(pending),
-                   int(pool.get("resourceSliceCount", 1)))
+                   int(pool.get("resourceSliceCount", 1)), frozenset(failed), frozenset(unhealthy))
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,15 @@ class ClaimView:
 
 def pending_devices(slices: Iterable[SliceView]) -> set[DeviceRef]:
     return {DeviceRef(view.pool, name) for view in slices for name in view.pending}
+
+
+def failed_devices(slices: Iterable[SliceView]) -> set[DeviceRef]:
+    """Devices of GPUs whose MIG reconfiguration failed and was rolled back (``gpuslice.dev/mig-failed``)."""
+    return {DeviceRef(view.pool, name) for view in slices for name in view.failed}
+
+
+def unhealthy_devices(slices: Iterable[SliceView]) -> set[DeviceRef]:
+    return {DeviceRef(view.pool, name) for view in slices for name in view.unhealthy}
 
 
 def _complete_pools(slices: list[SliceView]) -> tuple[dict[str, int], set[str]]:

@@ -49,7 +49,7 @@ async def test_unhealthy_gpu_is_tainted_shown_in_the_pod_status_and_recovers(
     namespace: str,
 ) -> None:
     node = await plugin_node("h100-80gb", 2, agent_args=QUICK_HEALTH)
-    await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "40G"})
+    policy = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "40G"})
     await published(kube, node.name, 4)  # two 40G slices per GPU
     await create_pods(kube, namespace, "gpu-slice", ["a"])
     await running(kube, namespace, ["a"])
@@ -86,6 +86,15 @@ async def test_unhealthy_gpu_is_tainted_shown_in_the_pod_status_and_recovers(
     [event] = await wait_for(lambda: node_events(kube, node.name, "GpuUnhealthy"), what="the GpuUnhealthy Event")
     assert event["type"] == "Warning"
     assert f"GPU {index} ({sick}, NVIDIA H100 80GB HBM3) is unhealthy: XID 48 error" in event["message"]
+    policy_body = await kube.get(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{policy}")
+
+    async def degraded() -> bool:
+        body = await kube.get(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{policy}")
+        return any(c["type"] == "Degraded" and c["reason"] == "GpuUnhealthy" and c["message"].startswith("2 devices")
+                   for c in (body.get("status") or {}).get("conditions") or [])
+
+    assert policy_body["metadata"]["name"] == policy
+    await wait_for(degraded, within=60, what="the policy's status to say 2 devices are on an unhealthy GPU")
     samples = await metrics(node)
     assert any(f'gpu="{sick}"' in k and 'reason="XID-48"' in k and v == 1 for k, v in samples.items())
 

@@ -124,13 +124,24 @@ async def test_failed_reconfiguration_rolls_back_and_says_so(
     assert node.mig_instances(0) == ONE_G, "the GPU has its last good layout again: nothing half made is left"
 
     async def event() -> list[dict[str, Any]]:
+        # The agent's own Event (the controller's says it too, for its Degraded condition).
         return [e for e in await kube.list("/api/v1/namespaces/default/events")
-                if e["involvedObject"]["name"] == policy and e["reason"] == "MigReconfigurationFailed"]
+                if e["involvedObject"]["name"] == policy and e["reason"] == "MigReconfigurationFailed"
+                and (e.get("source") or {}).get("component") == "gpuslice-agent"]
 
     [found] = await wait_for(event, within=30, what="an Event on the policy saying the reconfiguration failed")
     assert "GPU 0 (" in found["message"]
     assert "create-mig failed" in found["message"]
     assert "rolled back to its last good layout" in found["message"]
+
+    async def degraded() -> dict[str, Any] | None:
+        conditions = (await kube.get(f"{POLICIES}/{policy}")).get("status", {}).get("conditions") or []
+        found = next((c for c in conditions if c["type"] == "Degraded"), None)
+        return found if found and found["reason"] == "MigReconfigurationFailed" else None
+
+    condition = await wait_for(degraded, within=60, what="the policy's status to report the failed reconfiguration")
+    assert condition["status"] == "True"
+    assert condition["message"].startswith("7 devices are on GPUs whose MIG reconfiguration")
 
     # The last good layout still serves claims (mig-failed is informational).
     await create_pods(kube, namespace, "gpu-slice", ["still"])
