@@ -121,16 +121,14 @@ def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, .
 
 
 @main.command()
-@click.option("--nodes", default=2, show_default=True, help="Fake GPU nodes to create.")
-@click.option("--gpus-per-node", default=8, show_default=True)
-@click.option("--gpu-model", default="h100-80gb", show_default=True)
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="State directory (default: ~/.local/state/gpuslice/demo).")
-def demo(nodes: int, gpus_per_node: int, gpu_model: str, state_dir: Path | None) -> None:
-    """A real control plane with fake GPU nodes and gpuslice: apply an example policy, show what it made."""
-    from gpuslice.demo import demo_state_dir, run_demo
+def demo(state_dir: Path | None) -> None:
+    """A real control plane with two fake GPU nodes, their pod runners and gpuslice: apply example policies,
+    run tenant pods on their slices, show what each received."""
+    from gpuslice.demo import SHAPES, demo_state_dir, run_demo
 
-    spec = ClusterSpec(state_dir or demo_state_dir(), nodes, gpus_per_node, gpu_model, operator=True)
+    spec = ClusterSpec(state_dir or demo_state_dir(), operator=True, pod_runner=True, shapes=SHAPES)
     try:
         console = Console()
         if not console.is_terminal:

@@ -111,6 +111,11 @@ class ClusterSpec:
     apiserver_port: int | None = None
     operator: bool = False  # also install gpuslice and run its controller and node agents
     pod_runner: bool = False  # run a pod runner (the kubelet's DRA code) behind each fake node
+    # (model, count) of each node, when they differ (the demo's); overrides nodes, gpu_model, gpus_per_node
+    shapes: tuple[tuple[str, int], ...] = ()
+
+    def node_shapes(self) -> list[tuple[str, int]]:
+        return list(self.shapes) or [(self.gpu_model, self.gpus_per_node)] * self.nodes
 
     def validate(self) -> None:
         if not 0 <= self.nodes <= 1000:
@@ -119,11 +124,14 @@ class ClusterSpec:
             raise DevClusterError(
                 f"--gpus-per-node must be between 1 and 16, not {self.gpus_per_node}."
             )
-        if self.gpu_model not in FAKE_GPU_MODELS:
-            raise DevClusterError(
-                f"--gpu-model {self.gpu_model!r} is not a fake GPU model gpuslice knows; use one"
-                f" of: {', '.join(FAKE_GPU_MODELS)}."
-            )
+        for model, count in self.node_shapes():
+            if model not in FAKE_GPU_MODELS:
+                raise DevClusterError(
+                    f"--gpu-model {model!r} is not a fake GPU model gpuslice knows; use one"
+                    f" of: {', '.join(FAKE_GPU_MODELS)}."
+                )
+            if not 1 <= count <= 16:
+                raise DevClusterError(f"--gpus-per-node must be between 1 and 16, not {count}.")
 
 
 class DevCluster:
@@ -144,7 +152,7 @@ class DevCluster:
         self.server = ""
         self.kubernetes_version = ""
         self.features: features_module.Features | None = None
-        self.node_names = [node_name(i) for i in range(1, spec.nodes + 1)]
+        self.node_names = [node_name(i) for i in range(1, len(spec.node_shapes()) + 1)]
 
     @property
     def kubeconfig(self) -> Path:
@@ -326,17 +334,14 @@ class DevCluster:
 
     async def _create_nodes(self, admin_kubeconfig: Path) -> None:
         async with await KubeClient.from_kubeconfig(admin_kubeconfig) as kube:
-            for name in self.node_names:
-                body = fake_gpu_node(name, self.spec.gpu_model, self.spec.gpus_per_node)
+            for name, (model, count) in zip(self.node_names, self.spec.node_shapes(), strict=True):
+                body = fake_gpu_node(name, model, count)
                 try:
                     await kube.create("/api/v1/nodes", body)
                 except KubeError as error:
                     raise DevClusterError(f"Creating fake GPU node {name} failed: {error}") from error
-        if self.node_names:
-            self._report(
-                f"dev-cluster: {len(self.node_names)} fake GPU node(s), each with"
-                f" {self.spec.gpus_per_node} x {self.spec.gpu_model}"
-            )
+        for name, (model, count) in zip(self.node_names, self.spec.node_shapes(), strict=True):
+            self._report(f"dev-cluster: fake GPU node {name} with {count} x {model}")
 
     async def _start_operator(self, admin_kubeconfig: Path, ca_pem: bytes) -> None:
         async with await KubeClient.from_kubeconfig(admin_kubeconfig) as kube:
