@@ -209,3 +209,27 @@ async def test_what_no_one_will_unprepare_is_cleaned_up_by_the_agent_itself(
     await node.start_agent()
     await until(lambda: node.mig_instances() == [] and node.checkpoints() == [] and node.cdi_specs() == [],
                 what="the agent to undo the unfinished prepare and unprepare the claim that is gone")
+
+
+async def test_killed_after_destroying_the_instance_at_unprepare_the_retry_finishes(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
+    namespace: str,
+) -> None:
+    node = await plugin_node("a100-40gb", 1)
+    await tenant_policy(make_policy, namespace, node.name, {"mode": "mig", "mig": {"profiles": ["3g.20gb"]}})
+    await published(kube, node.name, 2)
+    await node.agent.stop()
+    await node.start_agent(kill_at="unprepare-mig-destroyed")
+    await create_pods(kube, namespace, "gpu-slice", ["u"])
+    await running(kube, namespace, ["u"])
+    assert len(node.mig_instances()) == 1
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods/u")
+    await killed_at(node, "unprepare-mig-destroyed")
+    assert node.mig_instances() == []
+    assert [c["phase"] for c in node.checkpoints()] == ["completed"], "killed before the checkpoint went"
+
+    await node.start_agent()
+    await gone(kube, namespace, ["u"], within=90)  # the kubelet retries unprepare, which now finishes
+    assert node.checkpoints() == []
+    assert node.cdi_specs() == []
+    assert node.mig_instances() == []

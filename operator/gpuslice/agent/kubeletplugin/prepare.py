@@ -124,6 +124,11 @@ class Preparer:
     async def _start(self, claim: ClaimRef, results: list[dict[str, Any]]) -> tuple[ClaimCheckpoint, dict[str, Device]]:
         async with self.pool_lock:
             published = await published_pool(self.kube, self.node) if results else {}
+            if results and not published:
+                raise DeviceUnusable(
+                    f"claim {claim}: node {self.node}'s pool has no published slices right now (the kubelet removes"
+                    " a driver's slices when it starts or when the plugin was away; the agent is publishing them"
+                    " again); the kubelet retries.")
             missing = [str(r["device"]) for r in results if r["device"] not in published]
             if missing:
                 raise DeviceNotPublished(
