@@ -48,7 +48,7 @@ def normalized(obj: Any, key: str = "") -> Any:
     return obj
 
 
-def _without_pending(device: Device) -> Device:
+def _as_planned(device: Device) -> Device:
     """The device as planned: without the taints the agent adds (pending change, GPU statuses)."""
     return without_agent_taints(device)
 
@@ -99,10 +99,10 @@ def make_safe(
     live = {d["name"]: d for d in published}
     live_sets = {str(c["name"]): dict(c) for c in counter_sets}
     wanted = {d["name"]: d for d in plan.devices if d["name"] not in frozen}
-    held: dict[str, Device] = {name: _without_pending(live[name]) for name in sorted(frozen & set(live))}
+    held: dict[str, Device] = {name: _as_planned(live[name]) for name in sorted(frozen & set(live))}
     draining: list[str] = []
     for name in sorted(set(live) - frozen):
-        old = _without_pending(live[name])
+        old = _as_planned(live[name])
         new = wanted.get(name)
         if new is not None and normalized(new) == normalized(old):
             continue

@@ -4,7 +4,6 @@ claims the real scheduler allocated. On the session's control plane, next to its
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
@@ -197,4 +196,3 @@ async def until(check: Callable[[], Any], within: float = 30, what: str = "condi
     return await wait_for(poll, within=within, what=what)
 
 
-__all__ = ["PluginNode", "PluginNodeFactory", "asyncio", "event_with", "exec_env", "gone", "running", "until"]
