@@ -9,7 +9,7 @@ PYTEST ?= $(BIN)/pytest
 .PHONY: help venv kube-bin lint test test-unit test-cluster demo crds protos clean
 
 help:
-	@echo "make crds          regenerate crds/ from the pydantic models in operator/gpuslice/api"
+	@echo "make crds          regenerate crds/ and manifests/admission.yaml from operator/gpuslice (api, planning)"
 	@echo "make protos        regenerate the kubelet plugin's gRPC code from operator/gpuslice/agent/kubeletplugin/proto/*.proto"
 	@echo "make demo          bring up a real local control plane with fake GPU nodes and show it"
 	@echo "make test          lint + unit tests + cluster tests against the real control plane"
@@ -62,8 +62,9 @@ demo: kube-bin
 	@$(BIN)/gpuslice demo
 
 crds: $(STAMP)
-	@echo ">> generating crds/ from operator/gpuslice/api"
+	@echo ">> generating crds/ from operator/gpuslice/api, manifests/admission.yaml from planning/admission.py"
 	@$(BIN)/python -m gpuslice.api.crd > crds/gpuslicepolicies.gpuslice.dev.yaml
+	@$(BIN)/python -m gpuslice.planning.admission > manifests/admission.yaml
 
 protos: $(STAMP)
 	@echo ">> generating the kubelet plugin's gRPC code (grpcio-tools, pinned in pyproject.toml)"

@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-UNHEALTHY_TAINT_KEY = "gpuslice.dev/unhealthy"
+from gpuslice.dra.names import UNHEALTHY_TAINT_KEY
+
+__all__ = ["UNHEALTHY_TAINT_KEY"]
 FaultKind = Literal["xid", "ecc", "lost"]
 Status = Literal["healthy", "unhealthy", "lost"]
 _RANK: dict[Status, int] = {"healthy": 0, "unhealthy": 1, "lost": 2}

@@ -10,12 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuslice.dra.names import ATTRIBUTE_DOMAIN
-from gpuslice.planning.health import UNHEALTHY_TAINT_KEY
+from gpuslice.dra.names import (
+    ATTRIBUTE_DOMAIN,
+    MIG_FAILED_TAINT_KEY,
+    PENDING_TAINT_KEY,
+    RECONFIGURING_TAINT_KEY,
+    UNHEALTHY_TAINT_KEY,
+)
 
-PENDING_TAINT_KEY = "gpuslice.dev/pending-change"  # an allocated device keeps its old shape (pool_safety)
-RECONFIGURING_TAINT_KEY = "gpuslice.dev/reconfiguring"  # the GPU's MIG layout is about to change
-MIG_FAILED_TAINT_KEY = "gpuslice.dev/mig-failed"  # a MIG reconfiguration failed and was rolled back
+__all__ = ["MIG_FAILED_TAINT_KEY", "PENDING_TAINT_KEY", "RECONFIGURING_TAINT_KEY", "UNHEALTHY_TAINT_KEY"]
 STATUS_TAINT_KEYS = frozenset({UNHEALTHY_TAINT_KEY, RECONFIGURING_TAINT_KEY, MIG_FAILED_TAINT_KEY})
 AGENT_TAINT_KEYS = STATUS_TAINT_KEYS | {PENDING_TAINT_KEY}
 Taint = dict[str, Any]

@@ -143,7 +143,7 @@ async def test_failed_reconfiguration_rolls_back_and_says_so(
     assert condition["status"] == "True"
     assert condition["message"].startswith("7 devices are on GPUs whose MIG reconfiguration")
 
-    # The last good layout still serves claims (mig-failed is informational).
+    # The policy keeps serving claims (mig-failed is informational; the failed GPU keeps its last good layout).
     await create_pods(kube, namespace, "gpu-slice", ["still"])
     await running(kube, namespace, ["still"])
     await kube.delete(f"/api/v1/namespaces/{namespace}/pods/still")
