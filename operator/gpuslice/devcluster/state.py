@@ -86,8 +86,8 @@ class StateDir:
     def prepare_fresh(self) -> str | None:
         """Make the directory ready for a new cluster; say what stale state was cleared.
 
-        Every ``up`` starts from an empty etcd and new certificates, so a
-        directory left by a crashed cluster is simply wiped (after making sure
+        Every ``up`` starts from an empty etcd, new certificates and fresh nodes, so
+        a directory left by a crashed cluster is simply wiped (after making sure
         none of its processes survived).
         """
         running = self.running_record()
@@ -109,7 +109,9 @@ class StateDir:
                 f" running (supervisor pid {stale.supervisor_pid})."
             )
             self.remove_record()
-        for directory in (self.etcd_data, self.pki):
+        # A fresh cluster has fresh nodes: their pod runners' and agents' state (checkpoints, CDI specs,
+        # recorded containers, fake GPUs) went with the old one.
+        for directory in (self.etcd_data, self.pki, self.root / "nodes"):
             shutil.rmtree(directory, ignore_errors=True)
         self.root.mkdir(parents=True, exist_ok=True)
         self.pki.mkdir(mode=0o700)

@@ -32,6 +32,9 @@ def test_stale_state_is_cleared_and_its_processes_killed(tmp_path: Path) -> None
     state.write_record(_record(dead.pid, {"etcd": leftover.pid}))
     (tmp_path / "etcd").mkdir()
     (tmp_path / "etcd" / "member").write_text("old data")
+    checkpoint = tmp_path / "nodes" / "gpu-node-1" / "agent" / "claims" / "uid.json"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_text("{}")
 
     note = state.prepare_fresh()
 
@@ -40,6 +43,7 @@ def test_stale_state_is_cleared_and_its_processes_killed(tmp_path: Path) -> None
     assert str(dead.pid) in note
     assert leftover.wait(timeout=5) != 0
     assert not (tmp_path / "etcd").exists()
+    assert not (tmp_path / "nodes").exists(), "a fresh cluster's nodes start with no state of the old one's"
     assert state.read_record() is None
     assert (tmp_path / "pki").is_dir()
 
