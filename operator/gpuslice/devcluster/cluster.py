@@ -299,8 +299,9 @@ class DevCluster:
 
     def node_dir(self, node: str) -> Path:
         """A fake node's own directory: plugins_registry/, plugins/, cdi/, dra-state/, containers/ (the pod
-        runner's), and agent/ (the node agent's state: claim checkpoints, fake GPUs)."""
-        return self.state.root / "nodes" / node
+        runner's), and agent/ (the node agent's state: claim checkpoints, fake GPUs); ``nodes/<node>``
+        of the state directory, or where that links to (see ``StateDir.node_dir``)."""
+        return self.state.node_dir(node)
 
     async def _start_pod_runners(self, bins: binaries_module.Binaries, ca: CertificateAuthority) -> None:
         if bins.pod_runner is None:

@@ -121,8 +121,9 @@ async def plugin_node(
         await kube.create("/api/v1/nodes", fake_gpu_node(name, model, count))
         root = short_dir()  # unix socket paths must stay under 108 bytes
         # Where `gpuslice dev-cluster exec-env` looks for what containers received.
-        (cluster.node_dir(name)).parent.mkdir(parents=True, exist_ok=True)
-        cluster.node_dir(name).symlink_to(root)
+        link = cluster.state.root / "nodes" / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(root)
         node_kubeconfig = node_layout(root, name, cluster.server, ca)
         assert found.pod_runner is not None
         runner = pod_runner_component(found.pod_runner, name, root, node_kubeconfig, tmp_path / f"runner-{name}.log",
@@ -143,7 +144,7 @@ async def plugin_node(
         with contextlib.suppress(KubeError):
             await kube.delete(f"/api/v1/nodes/{node.name}")
         with contextlib.suppress(OSError):
-            cluster.node_dir(node.name).unlink()
+            (cluster.state.root / "nodes" / node.name).unlink()
 
 
 async def pod_phase(kube: KubeClient, namespace: str, pod: str) -> str | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -76,3 +78,20 @@ def test_group_is_alive_while_any_member_runs_and_not_as_zombies() -> None:
         assert not group_alive(leader.pid)
     finally:
         leader.wait()
+
+
+def test_node_directories_of_a_deep_state_directory_fit_unix_socket_paths(tmp_path: Path) -> None:
+    short = Path(tempfile.mkdtemp(prefix="s", dir="/tmp"))
+    try:
+        assert StateDir(short).node_dir("gpu-node-1") == short / "nodes" / "gpu-node-1"
+    finally:
+        shutil.rmtree(short)
+    deep = StateDir(tmp_path / ("d" * 80))
+    node = deep.node_dir("gpu-node-1")
+    socket = node / "plugins_registry" / "gpu.gpuslice.dev-reg.sock"
+    assert len(str(socket).encode()) <= 107
+    assert (deep.root / "nodes" / "gpu-node-1").resolve() == node.resolve(), "found where exec-env looks"
+    assert deep.node_dir("gpu-node-1") == node
+    deep.prepare_fresh()
+    assert not node.exists(), "a fresh cluster's nodes start empty"
+    assert not (deep.root / "nodes").exists()
