@@ -27,7 +27,8 @@ def short_dir() -> Path:
     return path
 
 
-# Answers that say "not now" rather than "no": a poll tries again instead of failing on them.
+# Answers that say "not now" rather than "no" (the typed errors with ``transient``, e.g. 429, 5xx,
+# no answer at all): a poll tries again instead of failing on them.
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
@@ -44,7 +45,7 @@ async def wait_for(
                     if result := await check():
                         return result
                 except KubeError as error:
-                    if error.status not in TRANSIENT_STATUS:
+                    if not error.transient and error.status not in TRANSIENT_STATUS:
                         raise
                     last_error = error
                 except (aiohttp.ClientError, ConnectionError) as error:  # e.g. a keep-alive the server closed

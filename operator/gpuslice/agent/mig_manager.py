@@ -4,13 +4,14 @@ It works inside the publisher's cycle, under its lock:
 
 1. ``adjust`` (before the safety layer): a GPU whose instances differ from its layout
    publishes the devices of the instances it really has, never those of the layout;
-2. ``statuses``: such a GPU's devices drain with ``gpuslice.dev/reconfiguring:NoSchedule``:
-   at once if a claim holds one (it must empty out), otherwise one GPU at a time, so the
-   node never loses more than one free GPU's capacity to a reconfiguration;
-3. ``reconfigure`` (after the slices are written): once the draining GPU's taint has been
-   out for longer than the scheduler takes to write an allocation, and the claims read
-   since show none of its devices, the GPU is changed under its lock (MIG mode on, unwanted
-   instances destroyed, wanted ones created), and the next cycle publishes the new devices.
+2. ``statuses``: such a GPU's devices drain with ``gpuslice.dev/reconfiguring:NoSchedule``
+   and are listed in the drain list (``agent.drain``), so the API server refuses any claim
+   that would get one: at once if a claim holds one (it must empty out), otherwise one GPU
+   at a time, so the node never loses more than one free GPU's capacity to a reconfiguration;
+3. ``reconfigure`` (after the slices are written): once the API server refuses every device
+   of the draining GPU (the drain probe) and the claims read after that show none of them,
+   the GPU is changed under its lock (MIG mode on, unwanted instances destroyed, wanted ones
+   created), and the next cycle publishes the new devices.
 
 If a step fails, the steps done are undone in reverse (the GPU is back at its last good
 layout), its devices carry ``gpuslice.dev/mig-failed`` (effect ``None``: the last good
@@ -23,6 +24,7 @@ kubelet plugin knows which instances are a layout's (never made or destroyed by 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,13 +72,11 @@ class MigManager:
     node: str
     ops: GpuOps
     state_dir: Path
-    drain_seconds: float = 5.0
     retry_after: float = 600.0
     pending: dict[str, Pending] = field(default_factory=dict)
     failed: dict[str, Failure] = field(default_factory=dict)
     busy: set[str] = field(default_factory=set)  # pending GPUs a claim holds a device of
     draining: str | None = None  # the free GPU draining now
-    draining_since: float | None = None
     reconfigured: set[str] = field(default_factory=set)  # since the last cycle: their old devices go at once
 
     # The record of applied layouts
@@ -125,7 +125,7 @@ class MigManager:
             replaced[uuid] = devices_of(gpu, policy, existing) if enabled else []
         self.pending = pending
         if self.draining not in pending:
-            self.draining, self.draining_since = None, None
+            self.draining = None
         if not replaced:
             return plan
         typed = [d for d in plan.typed if d.gpu_uuid not in replaced]
@@ -141,17 +141,18 @@ class MigManager:
 
     # 2. Taints
 
-    def statuses(self, allocated: set[str], published: Iterable[dict[str, Any]], now: float) -> dict[str, list[Taint]]:
+    def statuses(self, allocated: set[str], published: Iterable[dict[str, Any]]) -> dict[str, list[Taint]]:
         by_gpu: dict[str, set[str]] = {}
         for device in published:
             if (gpu := device_gpu(device)) is not None:
                 by_gpu.setdefault(gpu, set()).add(str(device["name"]))
         self.busy = {uuid for uuid in self.pending if by_gpu.get(uuid, set()) & allocated}
         if self.draining is None:
+            now = time.monotonic()
             free = sorted((p.gpu.index, uuid) for uuid, p in self.pending.items()
                           if uuid not in self.busy and not self._waiting_retry(uuid, now))
             if free:
-                self.draining, self.draining_since = free[0][1], None
+                self.draining = free[0][1]
         taints: dict[str, list[Taint]] = {}
         for uuid in self.busy | ({self.draining} if self.draining else set()):
             taints[uuid] = [{"key": RECONFIGURING_TAINT_KEY, "effect": "NoSchedule"}]
@@ -167,27 +168,27 @@ class MigManager:
         same_spec = (failure.policy, failure.generation) == (pending.policy.name, pending.policy.metadata.generation)
         return same_spec and now - failure.at < self.retry_after
 
-    def published(self, now: float) -> None:
-        """The cycle wrote (or confirmed) the slices: the draining GPU's taint is out from now on."""
-        if self.draining is not None and self.draining_since is None:
-            self.draining_since = now
-
-    def due_in(self, now: float) -> float | None:
-        if self.draining is None or self.draining_since is None:
-            return None
-        return max(0.0, self.draining_since + self.drain_seconds - now)
+    def draining_devices(self, published: Iterable[dict[str, Any]]) -> set[str]:
+        """Published devices of GPUs that drain for a reconfiguration: they go on the drain list."""
+        gpus = self.busy | ({self.draining} if self.draining else set())
+        return {str(d["name"]) for d in published if device_gpu(d) in gpus}
 
     # 3. Reconfiguring
 
     async def reconfigure(self, kube: KubeClient | None, allocated: set[str], published: Iterable[dict[str, Any]],
-                          now: float) -> bool:
-        """Reconfigure the draining GPU if it has drained and is still free; whether it changed anything."""
+                          refused: set[str]) -> bool:
+        """Reconfigure the draining GPU once the API server refuses every one of its devices to claims
+        (``refused``, the drain probe's answer) and the claims read after that hold none of them;
+        whether it changed anything."""
         uuid = self.draining
-        if uuid is None or self.draining_since is None or now - self.draining_since < self.drain_seconds:
+        if uuid is None:
             return False
-        if any(device_gpu(d) == uuid and d["name"] in allocated for d in published):
-            self.draining, self.draining_since = None, None  # a claim got it after all: it waits as a busy one
+        devices = {str(d["name"]) for d in published if device_gpu(d) == uuid}
+        if devices & allocated:
+            self.draining = None  # a claim got one after all: the GPU waits as a busy one
             return False
+        if not devices <= refused:
+            return False  # not yet proven: the next cycle asks again
         pending = self.pending[uuid]
         sizes = {p.name: p.size for p in pending.gpu.mig_profiles}
         plan = steps(pending.mig_enabled, pending.existing, pending.target.instances, sizes)
@@ -209,15 +210,16 @@ class MigManager:
                            " policy changes.")
                 log.error("MIG reconfiguration failed", node=self.node, gpu=uuid, policy=pending.policy.name,
                           error=str(error), rollback=rollback)
-                self.failed[uuid] = Failure(pending.policy.name, pending.policy.metadata.generation, now, message)
-                self.draining, self.draining_since = None, None
+                self.failed[uuid] = Failure(pending.policy.name, pending.policy.metadata.generation,
+                                            time.monotonic(), message)
+                self.draining = None
                 await record_event(kube, self.node, policy_ref(pending.policy.name, pending.policy.metadata.uid),
                                    "MigReconfigurationFailed", message)
                 return True
         self._record(uuid, pending.policy.name, pending.target.instances)
         self.failed.pop(uuid, None)
         self.reconfigured.add(uuid)
-        self.draining, self.draining_since = None, None
+        self.draining = None
         log.info("MIG layout applied", node=self.node, gpu=uuid, index=gpu.index, policy=pending.policy.name,
                  instances=_layout(pending.target.instances))
         await record_event(kube, self.node, policy_ref(pending.policy.name, pending.policy.metadata.uid),
