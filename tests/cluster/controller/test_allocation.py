@@ -33,7 +33,7 @@ async def allocation(kube: KubeClient, ns: str, name: str) -> dict[str, Any] | N
     return found
 
 
-async def _event(kube: KubeClient, ns: str, pod: str, text: str) -> str | None:
+async def event_saying(kube: KubeClient, ns: str, pod: str, text: str) -> str | None:
     for event in await kube.list(f"/api/v1/namespaces/{ns}/events"):
         if event["involvedObject"]["name"] == pod and text in (event.get("message") or ""):
             return str(event["message"])
@@ -41,7 +41,7 @@ async def _event(kube: KubeClient, ns: str, pod: str, text: str) -> str | None:
 
 
 async def pod_event(kube: KubeClient, ns: str, pod: str, text: str) -> str:
-    message: str = await wait_for(lambda: _event(kube, ns, pod, text), within=60,
+    message: str = await wait_for(lambda: event_saying(kube, ns, pod, text), within=60,
                                   what=f"an Event on pod {ns}/{pod} saying {text!r}")
     return message
 
@@ -78,7 +78,7 @@ async def test_claims_made_before_the_policy_get_nothing_outside_its_rules(
     await wait_for(worker_allocated, within=60, what="the tenant's ordinary claim to be allocated")
     for ns, name, text in ((stranger, "early", "is not a tenant"), (tenant, "tolerant", "tolerates a taint")):
         async def settled(ns: str = ns, name: str = name, text: str = text) -> bool:
-            return bool(await allocation(kube, ns, name) or await _event(kube, ns, name, text))
+            return bool(await allocation(kube, ns, name) or await event_saying(kube, ns, name, text))
 
         await wait_for(settled, within=60, what=f"the scheduler to try {ns}/{name}")
         assert await allocation(kube, ns, name) is None, f"{ns}/{name} was allocated"

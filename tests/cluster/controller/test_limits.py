@@ -6,6 +6,7 @@ and the tenancy admission policy refuse."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -14,8 +15,10 @@ from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
 from tests.cluster.agent.test_publishing import published
-from tests.cluster.controller.test_allocation import pod_event, pod_using
+from tests.cluster.conftest import ClusterObjects
+from tests.cluster.controller.test_allocation import allocation, event_saying, pod_event, pod_using
 from tests.cluster.controller.test_objects import get_or_none
+from tests.cluster.controller.test_tenancy import claim as plain_claim
 from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
@@ -142,6 +145,18 @@ async def test_a_slice_limit_is_a_memory_limit_whatever_the_claim(
     assert tenant["kinds"] == [{"kind": "slice", "allocated": 1, "limit": 1}, {"kind": "full", "allocated": 0, "limit": 0}]
 
 
+async def allocated_or_refused(kube: KubeClient, ns: str, pod: str, text: str) -> str:
+    """Wait until the pod's claim (named after the pod) is allocated, or an Event on the pod says ``text``;
+    the Event's message, or "" when allocated."""
+    async def check() -> str | None:
+        if await allocation(kube, ns, pod):
+            return "allocated"
+        return await event_saying(kube, ns, pod, text)
+
+    found: str = await wait_for(check, within=60, what=f"{ns}/{pod} to be allocated or refused ({text!r})")
+    return found
+
+
 async def _quota_free(kube: KubeClient, ns: str, policy: str) -> bool:
     quota = await kube.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpuslice-{policy}")
     return all(v == "0" for v in ((quota.get("status") or {}).get("used") or {"x": "1"}).values())
@@ -177,3 +192,43 @@ async def test_shared_allocations_of_a_limited_tenant_are_one_slice_each(
 async def _allocated(kube: KubeClient, ns: str, name: str) -> bool:
     body = await kube.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims/{name}")
     return bool((body.get("status") or {}).get("allocation"))
+
+
+async def test_no_other_device_class_reaches_a_policys_devices(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespaces: Callable[..., Awaitable[str]], cluster_objects: ClusterObjects, unique: str,
+) -> None:
+    """Tenancy and limits are judged by the class a claim names. A DeviceClass that is not
+    gpuslice's but selects its driver (a catch-all an administrator made, another vendor's class
+    with a loose selector) must not be a way around them: neither for a stranger nor for a tenant
+    limited to one slice, who would otherwise take a whole GPU (and tolerate every taint)."""
+    stranger, tenant = await namespaces("stranger"), await namespaces("tenant")
+    node = await gpu_node("h100-80gb", 1)
+    name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
+                               "slicing": {"mode": "memory", "sliceSize": "10G", "allowFullGpu": True},
+                               "tenants": [{"namespace": tenant, "maxSlices": 1}]}))["metadata"]["name"]
+    await published(kube, node.name, 9)
+    await ready_tenant(kube, name, tenant)
+    generic, elsewhere = f"any-gpu-{unique}", f"elsewhere-{unique}"
+    for klass, selector in ((generic, 'device.driver.endsWith(".gpuslice.dev")'),
+                            (elsewhere, 'device.driver == "none.example.com"')):
+        await cluster_objects.create(f"{RESOURCE}/deviceclasses", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": klass},
+            "spec": {"selectors": [{"cel": {"expression": selector}}]}})
+    whole = [{"cel": {"expression": 'device.attributes["gpuslice.dev"].sliceSize == "full"'}}]
+    for ns, claim_name, exactly in ((stranger, "grab", {}), (tenant, "whole", {"selectors": whole})):
+        body = plain_claim(claim_name, generic)
+        body["spec"]["devices"]["requests"][0]["exactly"].update(exactly, tolerations=[{"operator": "Exists"}])
+        await kube.create(f"{RESOURCE}/namespaces/{ns}/resourceclaims", body)
+        await kube.create(f"/api/v1/namespaces/{ns}/pods", pod_using(claim_name, claim_name))
+    # Through firstAvailable too: the subrequest that would be satisfied is the generic one.
+    await kube.create(f"{RESOURCE}/namespaces/{stranger}/resourceclaims", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "either"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+            {"name": "none", "deviceClassName": elsewhere}, {"name": "any", "deviceClassName": generic}]}]}}})
+    await kube.create(f"/api/v1/namespaces/{stranger}/pods", pod_using("either", "either"))
+    for ns, pod in ((stranger, "grab"), (tenant, "whole"), (stranger, "either")):
+        message = await allocated_or_refused(kube, ns, pod, "allocated only through the DeviceClasses")
+        assert await allocation(kube, ns, pod) is None, f"{ns}/{pod} holds a gpuslice device through {generic}"
+        assert f"allocation of ResourceClaim {pod}: devices of driver gpu.gpuslice.dev ({node.name}/" in message
+    await ready_tenant(kube, name, tenant)
