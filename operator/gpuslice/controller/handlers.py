@@ -161,12 +161,9 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         # admin-access label back after it is removed here.
         async with ctx.lock(name):
             current = world(kwargs)
-            holding = await report_deleting(ctx, body, current)
-            if holding:
-                raise kopf.TemporaryError(
-                    f"waiting for {len(holding)} claims to release devices of {name}: {', '.join(holding[:10])}",
-                    delay=5,
-                )
+            waiting = await report_deleting(ctx, body, current)
+            if waiting:
+                raise kopf.TemporaryError(waiting, delay=5)
             mine = ctx.label_records.get(name, frozenset((body.get("status") or {}).get("adminAccessLabels") or []))
             plan = plan_labels(set(), current.namespaces, mine, current.label_records(ctx, but=name))
 

@@ -313,18 +313,30 @@ async def _write_invalid_shape(ctx: Context, body: Mapping[str, Any], message: s
         "observedGeneration": generation, "conditions": [condition, *others]}})
 
 
-async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -> list[str]:
-    """Status while deletion waits for claims; returns the claims still holding devices."""
+async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -> str | None:
+    """Status while deletion waits; what it waits for, or None when the policy may go.
+
+    It waits for the claims that hold its devices, and then for the node agents to remove its
+    devices: the policy is the tenancy rule's parameter, and with it gone a device still
+    published would be open to any namespace (its DeviceClass lingers until garbage collection,
+    a late scheduler write is no longer judged)."""
     name = body["metadata"]["name"]
     devices = devices_by_policy(world.slices).get(name, set())
     held = usage(devices, world.claims)
+    nodes = sorted({ref.pool for ref in devices | devices_in_flux(world.slices).get(name, set())})
+    if not held.holding_claims and not nodes:
+        return None
     try:
         policy = GpuSlicePolicy.from_body(body)
     except pydantic.ValidationError:
-        return held.holding_claims  # a spec that never parsed: nothing to report on, deletion still waits
-    if held.holding_claims:
+        policy = None  # a spec that never parsed: nothing to report on, deletion still waits
+    if policy is not None:
         inventory = world.inventory()
         findings = Findings(list[Problem](), select(policy, inventory) if inventory else Selection(()),
-                            len(devices), held, deleting=True)
+                            len(devices), held, deleting=True, publishing_nodes=nodes)
         await write_status(ctx, policy, findings)
-    return held.holding_claims
+    if held.holding_claims:
+        claims = held.holding_claims
+        return f"waiting for {len(claims)} claims to release devices of {name}: {', '.join(claims[:10])}"
+    return (f"waiting for the node agents of {len(nodes)} nodes to remove the devices of {name}:"
+            f" {', '.join(nodes[:10])}")
