@@ -8,6 +8,7 @@ indexed or observed: no timer, daemon or finalizer ever touches them.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import kopf
@@ -16,6 +17,7 @@ from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
 from gpuslice.controller.reconcile import Context, World, reconcile, report_deleting
 from gpuslice.controller.startup import start_context
+from gpuslice.controller.tenancy import QuotaView
 from gpuslice.dra.names import DRIVER, LABEL_POLICY
 from gpuslice.kube.client import EndlessBackoff, KubeError
 from gpuslice.planning.usage import ClaimView, SliceView
@@ -42,6 +44,7 @@ def world(kwargs: dict[str, Any]) -> World:
         slices=_values(kwargs["slice_index"]),
         claims=[c for c in _values(kwargs["claim_index"]) if c is not None],
         foreign_classes={k: v for k, v in _one_per_key(kwargs["class_index"]).items() if v is not False},
+        quotas=_one_per_key(kwargs["quota_index"]),
     )
 
 
@@ -102,6 +105,11 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         """DeviceClasses gpuslice did not make, with their extended resource (ours map to False)."""
         return {name: False if LABEL_POLICY in labels else spec.get("extendedResourceName")}
 
+    @kopf.index("v1", "resourcequotas", registry=registry, id="quota_index", labels={LABEL_POLICY: kopf.PRESENT})
+    def quota_index(namespace: str | None, name: str, labels: kopf.Labels, meta: kopf.Meta, status: kopf.Status,
+                    **_: Any) -> dict[tuple[str, str], QuotaView]:
+        return {(namespace or "", name): QuotaView.from_quota(labels[LABEL_POLICY], meta, status)}
+
     @kopf.index("v1", "nodes", registry=registry, id="node_index")
     def node_index(name: str, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, str]]:
         return {name: dict(labels)}
@@ -153,6 +161,25 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         current = world(kwargs)
         names = sorted({policy for _, policy in SliceView.from_slice(spec).devices if policy})
         await _reconcile_each(memo.ctx, [current.policies[n] for n in names if n in current.policies], current)
+
+    @kopf.on.event("v1", "resourcequotas", registry=registry, labels={LABEL_POLICY: kopf.PRESENT})
+    async def quota_event(namespace: str | None, name: str, labels: kopf.Labels, meta: kopf.Meta,
+                          status: kopf.Status, type: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
+        """A tenant's quota came, went or changed what it enforces: who is admitted follows at once
+        (a limited tenant is admitted only for what its quota's status.hard counts)."""
+        if type is None or "ctx" not in memo:
+            return
+        ctx: Context = memo.ctx
+        key = (namespace or "", name)
+        seen = None if type == "DELETED" else QuotaView.from_quota(labels[LABEL_POLICY], meta, status)
+        if ctx.quotas_seen.get(key) == seen:
+            return  # only its usage changed
+        ctx.quotas_seen[key] = seen
+        current = world(kwargs)
+        body = current.policies.get(labels[LABEL_POLICY])
+        if body is not None:
+            with contextlib.suppress(KubeError, kopf.TemporaryError):
+                await reconcile(ctx, body, current, converge_objects=False)
 
     @kopf.on.delete(*POLICY, registry=registry)
     async def policy_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:

@@ -25,12 +25,12 @@ from gpuslice.controller.apply import LIMIT_KINDS, REST_KINDS, converge
 from gpuslice.controller.events import post_event
 from gpuslice.controller.metrics import RECONCILES
 from gpuslice.controller.status import TENANCY_NOT_ENFORCED, Findings, build_status, status_body
-from gpuslice.controller.tenancy import admitted_tenants, tenancy_unenforced
+from gpuslice.controller.tenancy import QuotaView, admitted_tenants, tenancy_unenforced
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.inventory.nodes import node_gpus
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.cluster_objects import desired_objects
-from gpuslice.planning.kinds import device_kinds
+from gpuslice.planning.kinds import DeviceKind, device_kinds
 from gpuslice.planning.usage import (
     ClaimView,
     SliceView,
@@ -49,6 +49,7 @@ POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 
 # Backoff between converges that failed: bounded, so bad input is retried now and then, never in a loop.
 FIRST_RETRY, LAST_RETRY = 2.0, 300.0
+CLOCK_WAIT = 2.0  # the most a reconcile waits for a new quota's second to pass (tenancy.SECOND)
 
 
 @dataclass
@@ -70,6 +71,8 @@ class Context:
     admitted: dict[str, list[AdmittedTenant]] = field(default_factory=dict)
     # The last tenancy probe per policy: (generation, what is wrong or None when enforced).
     tenancy: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    # What each gpuslice quota enforced when last seen (None: deleted), to act only when that changes.
+    quotas_seen: dict[tuple[str, str], QuotaView | None] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
 
     def lock(self, policy: str) -> asyncio.Lock:
@@ -111,6 +114,8 @@ class World:
     claims: Sequence[ClaimView]
     # DeviceClasses gpuslice did not make: name -> extendedResourceName (None when it has none)
     foreign_classes: Mapping[str, str | None] = field(default_factory=dict)
+    # gpuslice's ResourceQuotas by (namespace, name): what each enforces now
+    quotas: Mapping[tuple[str, str], QuotaView] = field(default_factory=dict)
 
     def inventory(self) -> list[tuple[dict[str, str], Any]]:
         found = []
@@ -189,13 +194,26 @@ async def _write_records(ctx: Context, policy: GpuSlicePolicy, labels: frozenset
     if labels is not None and labels != _records(ctx, policy)[0]:
         patch["adminAccessLabels"] = sorted(labels)
     if admitted is not None and admitted != _records(ctx, policy)[1]:
-        patch["admittedTenants"] = [a.model_dump(by_alias=True) for a in admitted]
+        patch["admittedTenants"] = [a.model_dump(by_alias=True, exclude_none=True) for a in admitted]
     if patch:
         await ctx.kube.merge_patch(f"{POLICIES}/{policy.name}/status", {"status": patch})
     if labels is not None:
         ctx.label_records[policy.name] = labels
     if admitted is not None:
         ctx.admitted[policy.name] = admitted
+
+
+async def _admit(ctx: Context, policy: GpuSlicePolicy, world: World, kinds: Sequence[DeviceKind], *,
+                 converged: bool = False) -> None:
+    """Record the admitted tenants. A tenant whose quota was made less than a second ago is admitted
+    once that second is over (tenancy.SECOND): waited for here, under the policy's lock."""
+    while True:
+        admission = admitted_tenants(policy, world.namespaces, _records(ctx, policy)[1], kinds=kinds,
+                                     quotas=world.quotas, converged=converged)
+        await _write_records(ctx, policy, admitted=admission.tenants)
+        if admission.again_in is None or admission.again_in > CLOCK_WAIT:
+            return  # a clock far behind the apiserver's: the status refresh looks again
+        await asyncio.sleep(admission.again_in)
 
 
 async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, converge_objects: bool) -> None:
@@ -215,18 +233,16 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     devices = devices_by_policy(world.slices).get(policy.name, set())
     errors: list[str] = []
     taken: list[str] = []
-    # Removals take effect at once (the admission policy also reads spec.tenants); additions wait
-    # for a converge that puts the tenant's quota in place.
-    admitted = admitted_tenants(policy, world.namespaces, _records(ctx, policy)[1])
+    # Removals and changed limits take effect at once (the admission policy also reads spec.tenants);
+    # additions wait for a converge, and limited tenants for their quota to be in force (a quota's
+    # change of status.hard brings the controller back here: quota_event).
     if not problems and converge_objects:
         active = {n for n, view in world.namespaces.items() if view.active}
         # A pool being rewritten keeps its devices' taint rules until the rewrite is complete.
         ruled = devices | devices_in_flux(world.slices).get(policy.name, set())
         desired = desired_objects(policy, active, ruled, taint_rule_api=ctx.taint_rule_api)
         limits = await converge(ctx.kube, policy.name, desired.limits(), LIMIT_KINDS)
-        admitted = admitted_tenants(policy, world.namespaces, _records(ctx, policy)[1], converged=True,
-                                    failed=limits.failed)
-        await _write_records(ctx, policy, admitted=admitted)
+        await _admit(ctx, policy, world, kinds, converged=True)
         rest = await converge(ctx.kube, policy.name, desired.rest(),
                               [*REST_KINDS, (ctx.taint_rule_api, "DeviceTaintRule")])
         errors, taken = limits.errors + rest.errors, limits.taken + rest.taken
@@ -240,7 +256,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         unenforced = await tenancy_unenforced(ctx.kube, ctx.namespace, policy.name, kinds[0].class_name)
         ctx.tenancy[policy.name] = (policy.metadata.generation, unenforced)
     else:
-        await _write_records(ctx, policy, admitted=admitted)
+        await _admit(ctx, policy, world, kinds)
     if not problems:
         generation, unenforced = ctx.tenancy.get(policy.name, (-1, None))
         if generation != policy.metadata.generation:

@@ -66,6 +66,26 @@ def _any_request(predicate: Callable[[str], str]) -> str:
     )
 
 
+def _every_request(predicate: Callable[[str], str]) -> str:
+    """Every request of the policy's classes (exactly, or a subrequest of firstAvailable) satisfies
+    ``predicate``."""
+    return (
+        f"variables.requests.all(r, (!has(r.exactly) || !{_ours('r.exactly')} || {predicate('r.exactly')})"
+        f" && (!has(r.firstAvailable) || r.firstAvailable.all(s, !{_ours('s')} || {predicate('s')})))"
+    )
+
+
+def _same_limits(recorded: str, spec: str) -> str:
+    """The recorded limits equal the spec's: each field absent from both or equal in both."""
+    scalars = " && ".join(f"(has({recorded}.{f}) ? {recorded}.{f} : -1) == (has({spec}.{f}) ? {spec}.{f} : -1)"
+                          for f in ("maxSlices", "maxFullGpus"))
+    mig = "maxMigDevices"
+    maps = (f"has({recorded}.{mig}) == has({spec}.{mig}) && (!has({spec}.{mig})"
+            f" || (size({recorded}.{mig}) == size({spec}.{mig})"
+            f" && {spec}.{mig}.all(k, k in {recorded}.{mig} && {recorded}.{mig}[k] == {spec}.{mig}[k])))")
+    return f"{scalars} && {maps}"
+
+
 def _bad_toleration(t: str) -> str:
     """A toleration tenants may not have: of everything, of a gpuslice.dev/ key that is not one of
     the policy's taints, or of a policy taint that is not tolerable."""
@@ -104,12 +124,25 @@ def tenancy_policy() -> Manifest:
         ("tenant", f"{tenants}.exists(t, t.namespace == request.namespace)"),
         ("limited", f"{tenants}.exists(t, t.namespace == request.namespace"
                     " && (has(t.maxSlices) || has(t.maxFullGpus) || has(t.maxMigDevices)))"),
-        # Only the namespaces whose quota the controller has put in place, by UID: a tenant added a
-        # moment ago, or a tenant namespace deleted and made again, waits for its quota. (dyn: the
-        # apiserver declares the field "UID" but serves it as "uid".)
-        ("admitted", "variables.tenant && has(params.status) && has(params.status.admittedTenants)"
-                     " && params.status.admittedTenants.exists(a, a.namespace == request.namespace"
-                     " && a.uid == dyn(namespaceObject.metadata).uid)"),
+        ("specTenant", f"{tenants}.filter(t, t.namespace == request.namespace)"),
+        # Only the namespaces the controller admitted, by UID: a tenant added a moment ago, or a
+        # tenant namespace deleted and made again, waits for its quota. (dyn: the apiserver declares
+        # the field "UID" but serves it as "uid".)
+        ("record", "has(params.status) && has(params.status.admittedTenants)"
+                   " ? params.status.admittedTenants.filter(a, a.namespace == request.namespace"
+                   " && a.uid == dyn(namespaceObject.metadata).uid) : []"),
+        ("admitted", "variables.tenant && size(variables.record) > 0"),
+        # A limited tenant's record says which limits its quota enforces, which classes it counts, and
+        # since when: claims are admitted only under the limits the spec says now, of a class counted,
+        # and (at allocation) only if made after the quota, which alone guarantees they were counted.
+        ("limitsInForce", "!variables.limited || (size(variables.record) > 0 && has(variables.record[0].limits)"
+                          " && " + _same_limits("variables.record[0].limits", "variables.specTenant[0]") + ")"),
+        ("classesInForce", "!variables.limited || (size(variables.record) > 0 && has(variables.record[0].classes)"
+                           " && " + _every_request(lambda x: f"{x}.deviceClassName in variables.record[0].classes")
+                           + ")"),
+        ("madeUnderQuota", "!variables.limited || variables.isTemplate || (size(variables.record) > 0"
+                           " && has(variables.record[0].since) && timestamp(string(object.metadata.creationTimestamp))"
+                           " > timestamp(variables.record[0].since))"),
         ("adminNamespace", "has(params.spec.adminAccess) && has(params.spec.adminAccess.namespaces)"
                            " && request.namespace in params.spec.adminAccess.namespaces"),
         ("wantsAdminAccess", "variables.requests.exists(r, has(r.exactly) && " + _ours("r.exactly")
@@ -137,6 +170,24 @@ def tenancy_policy() -> Manifest:
          f"variables.who + ': namespace ' + request.namespace + ' is a tenant of GpuSlicePolicy {policy}, but"
          f" gpuslice has not put its quota in place yet (see status.admittedTenants of the policy); try again"
          f" in a moment'"),
+        ("!variables.judged || !variables.usesClass || !variables.admitted || variables.isTemplate"
+         " || (variables.adminNamespace && variables.onlyAdminAccess) || variables.limitsInForce",
+         f"variables.who + ': the limits of namespace ' + request.namespace + ' in GpuSlicePolicy {policy}"
+         f" changed, and gpuslice has not yet put them in force in its quota (see status.admittedTenants of the"
+         f" policy); try again in a moment'"),
+        ("!variables.judged || !variables.usesClass || !variables.admitted || variables.isTemplate"
+         " || (variables.adminNamespace && variables.onlyAdminAccess) || !variables.limitsInForce"
+         " || variables.classesInForce",
+         f"variables.who + ': the quota of namespace ' + request.namespace + ' for GpuSlicePolicy {policy}"
+         f" does not count this DeviceClass yet (a kind of device the policy does not offer, or offers only"
+         f" since a moment ago; it counts ' + variables.record[0].classes.join(', ') + '); ask for one of"
+         f" those, or try again once the policy offers it'"),
+        ("!variables.judged || !variables.usesClass || !variables.admitted || variables.isTemplate"
+         " || (variables.adminNamespace && variables.onlyAdminAccess) || !variables.limitsInForce"
+         " || !variables.classesInForce || variables.madeUnderQuota",
+         f"variables.who + ': the claim was made before the quota of namespace ' + request.namespace + ' for"
+         f" GpuSlicePolicy {policy} existed (' + variables.record[0].since + '), so that quota never counted"
+         f" it and it is never allocated: delete it and make it again'"),
         ("!variables.judged || !variables.usesClass || variables.tenant || !variables.adminNamespace"
          " || variables.onlyAdminAccess",
          f"variables.who + ': namespace ' + request.namespace + ' may use devices of GpuSlicePolicy {policy}"
