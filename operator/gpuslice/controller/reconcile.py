@@ -38,6 +38,7 @@ from gpuslice.planning.usage import (
     devices_by_policy,
     foreign_claims,
     pending_devices,
+    published_by_policy,
     usage,
 )
 from gpuslice.planning.validation import Problem, Selection, select, validate
@@ -338,7 +339,7 @@ async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -
     name = body["metadata"]["name"]
     devices = devices_by_policy(world.slices).get(name, set())
     held = usage(devices, world.claims)
-    nodes = sorted({ref.pool for ref in devices | devices_in_flux(world.slices).get(name, set())})
+    nodes = sorted({ref.pool for ref in published_by_policy(world.slices).get(name, set())})
     if not held.holding_claims and not nodes:
         return None
     try:
