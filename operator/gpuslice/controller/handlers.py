@@ -158,7 +158,8 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         judged = (body.get("status") or {}).get("observedGeneration") == body["metadata"].get("generation")
         ctx: Context = memo.ctx
         probed = ctx.tenancy.get(name, (None, None))[0] == body["metadata"].get("generation")
-        if not changes.take(name) and judged and probed and name not in ctx.unconverged:
+        if (not changes.take(name) and judged and probed and name not in ctx.unconverged
+                and name not in ctx.clock_waits):
             return  # nothing this policy's status reads has changed since its last refresh
         try:
             await reconcile(memo.ctx, body, world(kwargs), converge_objects=False)

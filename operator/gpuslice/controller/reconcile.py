@@ -73,6 +73,9 @@ class Context:
     tenancy: dict[str, tuple[int, str | None]] = field(default_factory=dict)
     # What each gpuslice quota enforced when last seen (None: deleted), to act only when that changes.
     quotas_seen: dict[tuple[str, str], QuotaView | None] = field(default_factory=dict)
+    # Policies with a tenant that waits only for its quota's second to pass, longer than a reconcile
+    # waits (a clock behind the apiserver's): the status timer refreshes these though nothing changed.
+    clock_waits: set[str] = field(default_factory=set)
     clock: Callable[[], float] = time.monotonic
 
     def lock(self, policy: str) -> asyncio.Lock:
@@ -83,6 +86,7 @@ class Context:
         for store in (self.locks, self.failures, self.retry_at, self.label_records, self.admitted, self.tenancy):
             store.pop(policy, None)
         self.unconverged.discard(policy)
+        self.clock_waits.discard(policy)
 
     def due(self, policy: str) -> bool:
         return self.clock() >= self.retry_at.get(policy, 0.0)
@@ -212,7 +216,12 @@ async def _admit(ctx: Context, policy: GpuSlicePolicy, world: World, kinds: Sequ
                                      quotas=world.quotas, converged=converged)
         await _write_records(ctx, policy, admitted=admission.tenants)
         if admission.again_in is None or admission.again_in > CLOCK_WAIT:
-            return  # a clock far behind the apiserver's: the status refresh looks again
+            # A clock far behind the apiserver's: the status refresh looks again (nothing else will).
+            if admission.again_in is None:
+                ctx.clock_waits.discard(policy.name)
+            else:
+                ctx.clock_waits.add(policy.name)
+            return
         await asyncio.sleep(admission.again_in)
 
 
