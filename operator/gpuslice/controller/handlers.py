@@ -157,7 +157,10 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         name = body["metadata"]["name"]
         judged = (body.get("status") or {}).get("observedGeneration") == body["metadata"].get("generation")
         ctx: Context = memo.ctx
-        probed = ctx.tenancy.get(name, (None, None))[0] == body["metadata"].get("generation")
+        # Probed for this generation, and the apiserver refused the probe as it should; a failed probe
+        # is tried again on every refresh (a dry run), not only when the converge's backoff is up.
+        probed, unenforced = ctx.tenancy.get(name, (None, None))
+        probed = probed == body["metadata"].get("generation") and not unenforced
         if (not changes.take(name) and judged and probed and name not in ctx.unconverged
                 and name not in ctx.clock_waits):
             return  # nothing this policy's status reads has changed since its last refresh

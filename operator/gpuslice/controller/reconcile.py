@@ -25,7 +25,7 @@ from gpuslice.controller.apply import LIMIT_KINDS, REST_KINDS, converge
 from gpuslice.controller.events import post_event
 from gpuslice.controller.metrics import RECONCILES
 from gpuslice.controller.status import TENANCY_NOT_ENFORCED, Findings, build_status, status_body
-from gpuslice.controller.tenancy import QuotaView, admitted_tenants, tenancy_unenforced
+from gpuslice.controller.tenancy import SETTLING_DENIAL, QuotaView, admitted_tenants, tenancy_unenforced
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.inventory.nodes import node_gpus
 from gpuslice.kube.client import KubeClient, KubeError
@@ -49,6 +49,11 @@ POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 
 # Backoff between converges that failed: bounded, so bad input is retried now and then, never in a loop.
 FIRST_RETRY, LAST_RETRY = 2.0, 300.0
+# An apiserver that has just started resolves the tenancy policy's paramKind (GpuSlicePolicy) only
+# once it has refreshed its discovery of custom resources (every 30 s): until then it refuses every
+# claim with "failed to configure policy", which proves nothing. A probe that met this is tried
+# again every FIRST_RETRY seconds for this long, not on the converge's doubling backoff.
+APISERVER_SETTLING = 60.0
 CLOCK_WAIT = 2.0  # the most a reconcile waits for a new quota's second to pass (tenancy.SECOND)
 
 
@@ -76,6 +81,8 @@ class Context:
     # Policies with a tenant that waits only for its quota's second to pass, longer than a reconcile
     # waits (a clock behind the apiserver's): the status timer refreshes these though nothing changed.
     clock_waits: set[str] = field(default_factory=set)
+    # policy -> (generation, when) a tenancy probe first met an apiserver still settling (above).
+    settling_since: dict[str, tuple[int, float]] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
 
     def lock(self, policy: str) -> asyncio.Lock:
@@ -83,7 +90,8 @@ class Context:
 
     def forget(self, policy: str) -> None:
         """A deleted policy's bookkeeping goes with it."""
-        for store in (self.locks, self.failures, self.retry_at, self.label_records, self.admitted, self.tenancy):
+        for store in (self.locks, self.failures, self.retry_at, self.label_records, self.admitted, self.tenancy,
+                      self.settling_since):
             store.pop(policy, None)
         self.unconverged.discard(policy)
         self.clock_waits.discard(policy)
@@ -175,6 +183,8 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, conv
         except (KubeError, ConvergeFailed) as error:
             RECONCILES.labels(result="error").inc()
             delay = ctx.failed(name, generation) if converge_objects else FIRST_RETRY
+            if isinstance(error, ConvergeFailed) and error.settling:
+                delay = FIRST_RETRY  # the apiserver is settling: the probe only, soon again
             log.warning("reconcile failed; will retry", policy=name, error=str(error), retry_in=delay)
             raise kopf.TemporaryError(str(error), delay=delay) from error
         if converge_objects:
@@ -182,7 +192,26 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, conv
 
 
 class ConvergeFailed(Exception):
-    """Something the policy needs could not be put in place (status says what)."""
+    """Something the policy needs could not be put in place (status says what). ``settling``: only
+    the tenancy probe failed, against an apiserver that has not configured the rule yet."""
+
+    def __init__(self, message: str, *, settling: bool = False) -> None:
+        super().__init__(message)
+        self.settling = settling
+
+
+def _settling(ctx: Context, policy: GpuSlicePolicy, unenforced: str | None) -> bool:
+    """Whether the probe met an apiserver still settling, within APISERVER_SETTLING of the first time
+    it did for this generation (after that, the converge's backoff and the status refresh retry it)."""
+    generation = policy.metadata.generation
+    if not unenforced or SETTLING_DENIAL not in unenforced:
+        ctx.settling_since.pop(policy.name, None)
+        return False
+    seen, since = ctx.settling_since.get(policy.name, (None, 0.0))
+    if seen != generation:
+        since = ctx.clock()
+        ctx.settling_since[policy.name] = (generation, since)
+    return ctx.clock() - since < APISERVER_SETTLING
 
 
 def _records(ctx: Context, policy: GpuSlicePolicy) -> tuple[frozenset[str], list[AdmittedTenant]]:
@@ -266,6 +295,11 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         ctx.tenancy[policy.name] = (policy.metadata.generation, unenforced)
     else:
         await _admit(ctx, policy, world, kinds)
+        if not problems and ctx.tenancy.get(policy.name, (-1, None))[1] and (
+                ctx.tenancy[policy.name][0] == policy.metadata.generation):
+            # This generation's probe failed: probe again (a dry run), not only at the next converge.
+            unenforced = await tenancy_unenforced(ctx.kube, ctx.namespace, policy.name, kinds[0].class_name)
+            ctx.tenancy[policy.name] = (policy.metadata.generation, unenforced)
     if not problems:
         generation, unenforced = ctx.tenancy.get(policy.name, (-1, None))
         if generation != policy.metadata.generation:
@@ -283,6 +317,9 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     labels, admitted = _records(ctx, policy)
     await write_status(ctx, policy, findings, labels, admitted)
     unproven = [p.message for p in problems if p.reason == TENANCY_NOT_ENFORCED]
+    settling = _settling(ctx, policy, unproven[0] if unproven else None)
+    if settling and not (errors or taken):
+        raise ConvergeFailed(unproven[0], settling=True)
     if converge_objects and (errors or taken or unproven):
         # Bounded backoff (reconcile): bad input is tried again now and then, never in a loop.
         raise ConvergeFailed("; ".join([*errors, *(f"{t} exists and is not gpuslice's" for t in taken), *unproven]))

@@ -38,6 +38,9 @@ from gpuslice.planning.kinds import DeviceKind, quota
 # A claim's creationTimestamp has whole seconds: one made in the second its tenant's quota was made
 # cannot be told from one made just before, so a tenant is admitted only once that second is over.
 SECOND = datetime.timedelta(seconds=1)
+# What the apiserver says of an admission policy it has not configured yet: for a paramKind of a
+# custom resource, until it has refreshed its discovery (every 30 s after it starts).
+SETTLING_DENIAL = "failed to configure policy"
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import kopf
 import pytest
 
 from gpuslice.controller.admin_access import NamespaceView
-from gpuslice.controller.reconcile import LAST_RETRY, Context, World, reconcile
+from gpuslice.controller.reconcile import APISERVER_SETTLING, LAST_RETRY, Context, World, reconcile
 from gpuslice.controller.tenancy import QuotaView
 from gpuslice.dra.names import quota_resource
 from gpuslice.kube.client import KubeClient, KubeError
@@ -129,3 +129,57 @@ async def test_a_tenant_waiting_on_a_clock_far_behind_is_looked_at_again_by_the_
     await reconcile(ctx, limited, now, converge_objects=False)
     assert [a.namespace for a in ctx.admitted["team-a"]] == ["a"]
     assert "team-a" not in ctx.clock_waits
+
+
+class Settling(Refuses):
+    """An apiserver just started: the tenancy policy is not configured yet (paramKind unresolved)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refuse = False
+        self.settled = False
+        self.probes = 0
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
+        self.probes += 1
+        if self.settled:
+            return await super().request(method, path, body)
+        raise KubeError(422, "Invalid", "resourceclaims.resource.k8s.io \"p\" is forbidden: ValidatingAdmissionPolicy"
+                        " 'gpuslice-tenancy' denied request: failed to configure policy: failed to find resource"
+                        " referenced by paramKind: 'gpuslice.dev/v1alpha1, Kind=GpuSlicePolicy'", None)
+
+
+async def test_a_probe_against_a_settling_apiserver_is_tried_again_soon_and_alone() -> None:
+    """Right after an apiserver starts it refuses the probe with "failed to configure policy" for up
+    to 30 s. That proves nothing, but it passes: the probe (not a converge) is tried again every 2 s
+    rather than on the converge's doubling backoff, for a bounded time."""
+    kube, clock = Settling(), Clock()
+    ctx = Context(kube=cast(KubeClient, kube), username="u", clock=clock)
+    delays = []
+    for _ in range(5):
+        with pytest.raises(kopf.TemporaryError, match="failed to configure policy") as failed:
+            await reconcile(ctx, POLICY, WORLD, converge_objects=False)
+        delays.append(failed.value.delay)
+        clock.now += 2.0
+    assert delays == [2.0] * 5
+    applied = len(kube.applied)
+    assert kube.probes == 5, "probed on every try"
+    assert len(templates(kube)) == 3, "converged only on the converge's own backoff (at 0, 2 and 6 s)"
+    kube.settled = True
+    await reconcile(ctx, POLICY, WORLD, converge_objects=False)
+    assert ctx.tenancy["team-a"] == (1, None)
+    assert len(kube.applied) == applied, "no converge to prove tenancy"
+
+
+async def test_a_probe_that_keeps_meeting_a_settling_apiserver_goes_back_to_the_backoff() -> None:
+    kube, clock = Settling(), Clock()
+    ctx = Context(kube=cast(KubeClient, kube), username="u", clock=clock)
+    with pytest.raises(kopf.TemporaryError):
+        await reconcile(ctx, POLICY, WORLD)
+    clock.now += APISERVER_SETTLING
+    with pytest.raises(kopf.TemporaryError) as failed:
+        await reconcile(ctx, POLICY, WORLD)
+    assert failed.value.delay == 4.0, "the converge's own backoff again"
+    clock.now += 1.0  # not due: the status refresh reports it and probes again, and raises nothing
+    await reconcile(ctx, POLICY, WORLD, converge_objects=False)
+    assert kube.probes == 3
