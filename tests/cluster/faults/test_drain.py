@@ -24,6 +24,7 @@ from tests.cluster.faults.ops import (
     of_policy,
     pool_slices,
     settled,
+    settled_devices,
     wait_devices,
 )
 from tests.cluster.kubeutil import wait_for
@@ -95,7 +96,7 @@ async def test_no_device_is_allocated_after_it_went_while_the_schedulers_writes_
     invariants.assert_held()
     assert not {r["device"] for r in results} & set(old), "no claim holds a device that went"
     if change is not delete:
-        now = of_policy(await devices(fkube, node), policy)
+        now = of_policy(await settled_devices(fkube, node), policy)
         assert {r["device"] for r in results} <= set(now)
         assert len(results) == len(PODS), "the refused pods were scheduled again, onto the new devices"
 
@@ -119,7 +120,7 @@ async def stall_during_resize(faults_cluster: DevCluster, fkube: KubeClient, fns
     await invariants.check()
     invariants.assert_held()
     assert invariants.allocations_seen, "the checker saw allocations"
-    now = of_policy(await devices(fkube, node), policy)
+    now = of_policy(await settled_devices(fkube, node), policy)
     assert {r["device"] for r in results} <= set(now) | set(old)
 
 
