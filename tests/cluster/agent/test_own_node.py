@@ -120,6 +120,16 @@ async def test_the_drain_list_refuses_allocations_and_each_agent_writes_only_its
 
     await a.apply(DRAINING, entry(a_node, "dev-1 dev-2"), field_manager=f"gpuslice-agent-{a_node}")
     await ab.apply(DRAINING, entry(ab_node, "dev-9"), field_manager=f"gpuslice-agent-{ab_node}")
+
+    async def foreign_key_refused() -> KubeError | None:  # a dry run: nothing changes while the rule loads
+        try:
+            await a.apply(DRAINING, entry(ab_node, ""), field_manager=f"gpuslice-agent-{a_node}", dry_run=True)
+        except Forbidden as error:
+            return error if "may change only its own key" in error.message else None
+        return None
+
+    # Its own admission policy (gpuslice-agent-own-drain-entry): in force a moment after it is applied.
+    await wait_for(foreign_key_refused, within=30, what="the drain list's own-key rule to be in force")
     with pytest.raises(Forbidden, match=f"on node {a_node} may change only its own key"):
         await a.apply(DRAINING, entry(ab_node, ""), field_manager=f"gpuslice-agent-{a_node}")
     with pytest.raises(Forbidden, match=f"on node {a_node} may change only its own key"):
