@@ -6,7 +6,22 @@ STAMP  := $(VENV)/.installed
 PYTEST ?= $(BIN)/pytest
 
 .DEFAULT_GOAL := help
-.PHONY: help venv kube-bin lint test test-unit test-cluster demo crds clean
+.PHONY: help venv kube-bin lint test test-unit test-cluster demo crds clean manifests kustomize image \
+        kind-up kind-deploy kind-demo kind-undeploy kind-down undeploy kind-images test-kind
+
+# Install and kind. Defaults are what a user with Docker and kind v0.33.0 has; the kind tier
+# (make test-kind) overrides them with what hack/kind/build.py built here.
+KIND         ?= kind
+KUBECTL      ?= kubectl
+DOCKER       ?= docker
+KIND_CLUSTER ?= gpuslice
+KIND_CONFIG  ?= kind/cluster.yaml
+KIND_CNI     ?=
+IMAGE        ?= gpuslice:0.1.0
+IMAGE_BASE   ?=
+TENANT_IMAGE ?= gpuslice-tenant:0.1.0
+TENANT_BASE  ?=
+OVERLAY      ?= manifests/overlays/kind
 
 help:
 	@echo "make crds          regenerate crds/ from the pydantic models in operator/gpuslice/api"
@@ -16,6 +31,13 @@ help:
 	@echo "make lint          ruff, mypy --strict, import-linter layer contracts"
 	@echo "make test-unit     fast tests, no cluster"
 	@echo "make test-cluster  tests against the real control plane"
+	@echo "make test-kind     the kind tier: build a kind node image here, install gpuslice on kind, check, uninstall"
+	@echo "make kind-up       create a kind cluster with three fake-GPU workers (kind/cluster.yaml)"
+	@echo "make kind-deploy   build the gpuslice image, load it into kind, install the kind overlay"
+	@echo "make kind-demo     the example policies and a tenant pod of each mode on kind"
+	@echo "make kind-undeploy uninstall gpuslice from kind, leaving nothing behind (make kind-down: delete the cluster)"
+	@echo "make image         build the gpuslice image ($(IMAGE))"
+	@echo "make manifests     regenerate manifests/base/static.yaml and install.yaml"
 
 $(STAMP): pyproject.toml
 	@echo ">> setting up $(VENV): gpuslice and its dev tools"
@@ -32,9 +54,10 @@ kube-bin: $(STAMP)
 
 lint: $(STAMP)
 	@echo ">> ruff"
-	@$(BIN)/ruff check operator tests
+	@$(BIN)/ruff check operator tests hack
 	@echo ">> mypy --strict"
 	@$(BIN)/mypy
+	@$(BIN)/mypy --strict hack/kind/build.py hack/manifests.py
 	@echo ">> import-linter (layer contracts)"
 	@cd operator && ../$(BIN)/lint-imports ../pyproject.toml
 
@@ -42,7 +65,7 @@ test-unit: $(STAMP)
 	@echo ">> unit tests"
 	@$(PYTEST) tests/unit
 
-test-cluster: kube-bin
+test-cluster: kube-bin kustomize
 	@echo ">> cluster tests (real etcd, kube-apiserver, kube-scheduler, kube-controller-manager)"
 	@$(PYTEST) tests/cluster
 
@@ -58,3 +81,54 @@ crds: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+
+kustomize: $(STAMP)
+	@echo ">> kustomize (the version kubectl v1.37 embeds, from the Go module proxy; cached)"
+	@$(BIN)/python hack/kind/build.py kustomize >/dev/null
+
+manifests: kustomize
+	@echo ">> rendering manifests/base/static.yaml and install.yaml"
+	@$(BIN)/python hack/manifests.py --kustomize "$$($(BIN)/python hack/kind/build.py kustomize)"
+
+image:
+	@echo ">> gpuslice image $(IMAGE)"
+	$(DOCKER) build -t $(IMAGE) $(if $(IMAGE_BASE),--build-arg BASE=$(IMAGE_BASE)) .
+
+# kind: three commands from a clone to tenant pods on their slices (README, "Trying it on kind").
+kind-up:
+	@echo ">> kind cluster $(KIND_CLUSTER) from $(KIND_CONFIG)"
+	$(KIND) create cluster --name $(KIND_CLUSTER) --config $(KIND_CONFIG)
+	$(if $(KIND_CNI),$(KUBECTL) apply -f $(KIND_CNI))
+	$(KUBECTL) wait node --all --for=condition=Ready --timeout=300s
+
+kind-deploy: image
+	@echo ">> tenant image $(TENANT_IMAGE), loading both into kind, installing $(OVERLAY)"
+	$(DOCKER) build -t $(TENANT_IMAGE) $(if $(TENANT_BASE),--build-arg BASE=$(TENANT_BASE)) examples/tenants
+	$(KIND) load docker-image --name $(KIND_CLUSTER) $(IMAGE) $(TENANT_IMAGE)
+	@# Installed before: the image tag is the same, so restart to run what was just loaded.
+	@if $(KUBECTL) -n gpuslice-system get deployment/gpuslice-controller >/dev/null 2>&1; then \
+	  $(KUBECTL) apply --server-side -k $(OVERLAY) && \
+	  $(KUBECTL) -n gpuslice-system rollout restart deployment/gpuslice-controller daemonset/gpuslice-agent; \
+	else $(KUBECTL) apply --server-side -k $(OVERLAY); fi
+	$(KUBECTL) -n gpuslice-system rollout status deployment/gpuslice-controller --timeout=300s
+	$(KUBECTL) -n gpuslice-system rollout status daemonset/gpuslice-agent --timeout=300s
+
+kind-demo:
+	@KUBECTL=$(KUBECTL) hack/kind/demo.sh
+
+undeploy kind-undeploy:
+	@KUBECTL=$(KUBECTL) hack/uninstall.sh $(OVERLAY)
+
+kind-down:
+	$(KIND) delete cluster --name $(KIND_CLUSTER)
+
+# The kind tier, here: Docker from Debian (hack/kind/docker.sh), every image built locally
+# (hack/kind/build.py, cached by content hash), then tests/kind runs the targets above.
+kind-images: $(STAMP)
+	@hack/kind/docker.sh
+	@echo ">> kind tier: building kind, the node image and its pieces here (cached by content hash)"
+	@$(BIN)/python hack/kind/build.py
+
+test-kind: kind-images
+	@echo ">> kind tier: kind-up, kind-deploy, kind-demo, checks, upgrade, kind-undeploy, kind-down"
+	@$(PYTEST) tests/kind -s -p no:cacheprovider
