@@ -565,6 +565,17 @@ ENTRYPOINT {ENTRYPOINT}
 # ---------------------------------------------------------------- main
 
 
+def prune_images(keep: set[str]) -> None:
+    """Remove the gpuslice-kind/* images of earlier builds (each is hundreds of MB): those whose
+    reference is not kept, nor tagged with the current key of the cluster images."""
+    listed = run("prune", ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture=True).split()
+    stale = [image for image in listed if image.startswith("gpuslice-kind/") and image not in keep
+             and image.rsplit(":", 1)[-1] not in keep]
+    if stale:
+        log("prune", f"removing images of earlier builds: {' '.join(stale)}")
+        subprocess.run(["docker", "rmi", *stale], capture_output=True)
+
+
 def build() -> dict[str, str]:
     CACHE.mkdir(parents=True, exist_ok=True)
     toolchain = go_version()
@@ -626,6 +637,7 @@ def build() -> dict[str, str]:
         "kubectl": str(bin_dir / "kubectl"),
     }
     (CACHE / "build.json").write_text(json.dumps(result, indent=2) + "\n")
+    prune_images(keep={node, podnet, base["node"], base["python"], base["busybox"], preload.stem.split("-")[-1]})
     log("done", f"in {int(time.monotonic() - started)} s; {CACHE / 'build.json'}")
     return result
 
