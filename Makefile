@@ -104,7 +104,9 @@ kind-up:
 kind-deploy: image
 	@echo ">> tenant image $(TENANT_IMAGE), loading both into kind, installing $(OVERLAY)"
 	$(DOCKER) build -t $(TENANT_IMAGE) $(if $(TENANT_BASE),--build-arg BASE=$(TENANT_BASE)) examples/tenants
-	$(KIND) load docker-image --name $(KIND_CLUSTER) $(IMAGE) $(TENANT_IMAGE)
+	@# Into the workers only: nothing of ours runs on the control plane.
+	$(KIND) load docker-image --name $(KIND_CLUSTER) $(IMAGE) $(TENANT_IMAGE) \
+	  --nodes $$($(KIND) get nodes --name $(KIND_CLUSTER) | grep -v control-plane | paste -sd, -)
 	@# Installed before: the image tag is the same, so restart to run what was just loaded.
 	@if $(KUBECTL) -n gpuslice-system get deployment/gpuslice-controller >/dev/null 2>&1; then \
 	  $(KUBECTL) apply --server-side -k $(OVERLAY) && \

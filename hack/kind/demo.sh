@@ -28,7 +28,11 @@ echo "training waits: $(k -n ml-research get pod training \
 step "End of the maintenance window: the training policy drops its taint"
 k patch gsp training --type=merge -p '{"spec":{"taints":null}}'
 for pod in "${PODS[@]}"; do
-  k -n "${pod%/*}" wait "pod/${pod#*/}" --for=condition=Ready --timeout="$TIMEOUT"
+  if ! k -n "${pod%/*}" wait "pod/${pod#*/}" --for=condition=Ready --timeout="$TIMEOUT"; then
+    echo "FAIL: ${pod} is not running; its events:" >&2
+    k -n "${pod%/*}" get events --field-selector "involvedObject.name=${pod#*/}" >&2
+    exit 1
+  fi
 done
 k get pods -A -l app.kubernetes.io/name=gpuslice-tenant -o wide
 
