@@ -60,6 +60,9 @@ lint: $(STAMP)
 	@$(BIN)/mypy --strict hack/kind/build.py hack/manifests.py
 	@echo ">> import-linter (layer contracts)"
 	@cd operator && ../$(BIN)/lint-imports ../pyproject.toml
+	@echo ">> gofmt, go vet (hack/kind, hack/kube/nodebins)"
+	@test -z "$$(gofmt -l hack/kind hack/kube/nodebins)" || { gofmt -l hack/kind hack/kube/nodebins; exit 1; }
+	@cd hack/kind && GOTOOLCHAIN=local GOFLAGS=-modcacherw go vet ./...
 
 test-unit: $(STAMP)
 	@echo ">> unit tests"

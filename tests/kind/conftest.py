@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-CLUSTER = "gpuslice-tier"
+CLUSTER = "kind-tier"  # no "gpuslice" in it: the uninstall sweep looks for that name
 TIMINGS: dict[str, float] = {}
 
 

@@ -319,7 +319,8 @@ def test_uninstall_leaves_nothing_behind(deployed: Kind, demo: str) -> None:
     deployed.kubectl("delete", "pods", "-A", "-l", "app.kubernetes.io/name=gpuslice-tenant", "--wait=true")
     deployed.kubectl("-n", "team-b", "delete", "pod", "after-upgrade", "--ignore-not-found", "--wait=true")
     deployed.make("kind-undeploy")
-    assert leftovers(deployed) == []
+    found = leftovers(deployed)
+    assert not found, "left behind:\n" + "\n".join(found)
     labels = deployed.json("get", "namespace", "gpu-monitoring")["metadata"].get("labels", {})
     assert "resource.kubernetes.io/admin-access" not in labels
     for node in deployed.workers:

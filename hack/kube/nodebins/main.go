@@ -24,9 +24,9 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/version"
 	kubectl "k8s.io/kubectl/pkg/cmd"
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	kubeadm "k8s.io/kubernetes/cmd/kubeadm/app"
 	kubeadmerrors "k8s.io/kubernetes/cmd/kubeadm/app/util/errors"
-	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
