@@ -7,6 +7,7 @@ accounting under an attempt to overbook a GPU, an upgrade under running pods, an
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections import defaultdict
@@ -109,6 +110,25 @@ def over_allocation(kind: Kind) -> list[str]:
             problems.append(f"shared device {pool}/{name}: {cap} consumed {used} > {size}")
     problems += [f"device {k} allocated {n} times" for k, n in exclusive.items() if n > 1]
     return problems
+
+
+def test_each_node_has_its_own_pod_subnet_and_pods_reach_other_nodes(deployed: Kind) -> None:
+    # hack/kind/podnet in place of kindnetd: a bridge config from each node's podCIDR, routes to the others'.
+    cidrs = {n["metadata"]["name"]: ipaddress.ip_network(n["spec"]["podCIDR"]) for n in deployed.items("nodes")}
+    assert len(set(cidrs.values())) == len(cidrs), cidrs
+    pods = [p for p in deployed.items("pods", "-n", "gpuslice-system") if not p["spec"].get("hostNetwork")]
+    for pod in pods:
+        address = ipaddress.ip_address(pod["status"]["podIP"])
+        assert address in cidrs[pod["spec"]["nodeName"]], f"{pod['metadata']['name']} {address}"
+    controller = next(p for p in pods if p["metadata"]["labels"]["app.kubernetes.io/component"] == "controller")
+    remote = [p for p in pods if p["spec"]["nodeName"] != controller["spec"]["nodeName"]]
+    assert remote, "no agent on another node than the controller's"
+    for agent in remote:  # from the controller's pod to an agent's metrics port on another node
+        url = f"http://{agent['status']['podIP']}:8080/metrics"
+        fetched = deployed.kubectl("-n", "gpuslice-system", "exec", controller["metadata"]["name"], "--",
+                                   "python3", "-c", f"import urllib.request; print(urllib.request.urlopen({url!r},"
+                                   " timeout=10).status)")
+        assert fetched.strip() == "200", fetched
 
 
 def test_the_readme_demo_runs_a_tenant_pod_of_each_mode(demo: str) -> None:
