@@ -6,7 +6,7 @@ be pulled, and `kind build node-image` pulls etcd, coredns, pause and kindnetd. 
 what kind's own builder would, from the Go module proxy and Debian's packages only:
 
 - Go binaries (under ``~/.cache/gpuslice/kind/go/``): kind, containerd (+ shim, ctr), the
-  CNI plugins, crictl, coredns, the node's Kubernetes binaries (``hack/kube/nodebins``:
+  CNI plugins, crictl, coredns (``hack/kind/coredns``), the node's Kubernetes binaries (``hack/kube/nodebins``:
   kubelet, kubeadm, kubectl, kube-proxy), and ``hack/kind``'s pause and podnet;
 - Debian root filesystems from debootstrap, imported into Docker: the node's base, a Python
   base (for the gpuslice ``Dockerfile``) and a busybox base (for the tenant image);
@@ -48,7 +48,6 @@ KIND_VERSION = "v0.33.0"
 CONTAINERD_VERSION = "v2.4.2"
 CNI_PLUGINS_VERSION = "v1.10.0"
 CRI_TOOLS_VERSION = "v1.37.0"
-COREDNS_VERSION = "v1.15.0"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 CNI_PLUGINS = ("main/bridge", "main/loopback", "main/ptp", "ipam/host-local", "meta/portmap")
@@ -593,13 +592,14 @@ def build() -> dict[str, str]:
                                            for p in CNI_PLUGINS)),
         "crictl": GoTool("crictl", (f"sigs.k8s.io/cri-tools/cmd/crictl@{CRI_TOOLS_VERSION}",),
                          ldflags=f"-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version={CRI_TOOLS_VERSION}"),
-        "coredns": GoTool("coredns", (f"github.com/coredns/coredns@{COREDNS_VERSION}",)),
     }
     # Two lanes: compiling (CPU) and debootstrap (network, disk) overlap.
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as lanes:
         def compile_all() -> dict[str, Path]:
             built = {name: tool.build(toolchain) for name, tool in tools.items()}
             built["helpers"] = GoModule("kind-helpers", REPO / "hack/kind", ("./pause", "./podnet")).build(toolchain)
+            # CoreDNS with kubeadm's plugins only (hack/kind/coredns/go.mod pins the version).
+            built["coredns"] = GoModule("coredns", REPO / "hack/kind/coredns", (".",)).build(toolchain)
             built["nodebins"] = GoModule("nodebins", REPO / "hack/kube/nodebins", (".",),
                                          kube_ldflags(kubernetes)).build(toolchain)
             built["control-plane"] = control_plane()
