@@ -24,7 +24,7 @@ TENANT_BASE  ?=
 OVERLAY      ?= manifests/overlays/kind
 
 help:
-	@echo "make crds          regenerate crds/ from the pydantic models in operator/gpuslice/api"
+	@echo "make crds          regenerate crds/ and manifests/admission.yaml from operator/gpuslice (api, planning)"
 	@echo "make demo          bring up a real local control plane with fake GPU nodes and show it"
 	@echo "make test          lint + unit tests + cluster tests against the real control plane"
 	@echo "make kube-bin      build kube-apiserver/scheduler/controller-manager/etcd and pod-runner from Go modules (cached)"
@@ -79,8 +79,9 @@ demo: kube-bin
 	@$(BIN)/gpuslice demo
 
 crds: $(STAMP)
-	@echo ">> generating crds/ from operator/gpuslice/api"
+	@echo ">> generating crds/ from operator/gpuslice/api, manifests/admission.yaml from planning/admission.py"
 	@$(BIN)/python -m gpuslice.api.crd > crds/gpuslicepolicies.gpuslice.dev.yaml
+	@$(BIN)/python -m gpuslice.planning.admission > manifests/admission.yaml
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -3,14 +3,16 @@
 # The order matters:
 #  1. The policies, while the controller still runs: its finalizer holds each one until no claim
 #     holds its devices (delete those workloads first), it removes the admin-access labels it set,
-#     and owner references take the DeviceClass, claim templates, quotas, admission bindings and
-#     taint rules with the policy. Once the controller is gone, no finalizer is left to block the CRD.
+#     and owner references take the DeviceClasses, claim templates, quotas and taint rules with
+#     the policy. Once the controller is gone, no finalizer is left to block the CRD.
 #  2. The controller and the agents, waiting until their pods are gone (foreground), so no agent
-#     publishes again after step 4.
-#  3. Everything else the overlay installed: RBAC, admission policies, the CRD, the namespace.
-#  4. What outlives the objects above by design: the agents' ResourceSlices (owned by their Node;
-#     the kubelet also drops a driver's slices 30 s after its plugin goes), and the one admission
-#     policy the controller made for the whole cluster (the admin-access label guard).
+#     publishes again after step 5.
+#  3. The admission policies (manifests/admission.yaml and the agents' own-node policy), before
+#     the CRD: without it, the tenancy policy would refuse every ResourceClaim (it fails closed).
+#  4. Everything else the overlay installed: RBAC, the CRD, the namespace.
+#  5. What outlives the objects above by design: the agents' ResourceSlices (owned by their Node;
+#     the agents delete them when no policy is left, and the kubelet drops a driver's slices 30 s
+#     after its plugin goes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KUBECTL=${KUBECTL:-kubectl}
@@ -35,10 +37,12 @@ fi
 echo "uninstall: stopping the controller and the node agents"
 k -n gpuslice-system delete daemonset/gpuslice-agent deployment/gpuslice-controller \
   --cascade=foreground --ignore-not-found --wait --timeout="${TIMEOUT}s"
+echo "uninstall: deleting the admission policies, before the CRD they read"
+for selector in app.kubernetes.io/part-of=gpuslice app.kubernetes.io/managed-by=gpuslice; do
+  k delete validatingadmissionpolicybindings,validatingadmissionpolicies -l "$selector" --ignore-not-found
+done
 echo "uninstall: deleting what $OVERLAY installed"
 k delete -k "$OVERLAY" --ignore-not-found --wait --timeout="${TIMEOUT}s"
-echo "uninstall: deleting the agents' ResourceSlices and the controller's cluster-wide guard"
+echo "uninstall: deleting any ResourceSlice the agents left"
 k delete resourceslices --field-selector spec.driver=gpu.gpuslice.dev --ignore-not-found
-k delete validatingadmissionpolicybinding,validatingadmissionpolicy gpuslice-admin-access-label \
-  --ignore-not-found
 echo "uninstall: done"

@@ -114,10 +114,12 @@ async def show_policy(kube: KubeClient, console: Console) -> str:
     body = await _until(settled, "the published slices to settle", within=90)
     klass = body["status"]["deviceClassName"]
     made = _table("", "kind", "name", "where", "what")
-    device_class = await kube.get(f"/apis/resource.k8s.io/v1/deviceclasses/{klass}")
-    made.add_row("DeviceClass", klass, "cluster", "selects devices of driver gpu.gpuslice.dev labelled with the policy"
-                 + (f"; serves {device_class['spec']['extendedResourceName']}"
-                    if device_class["spec"].get("extendedResourceName") else ""))
+    for entry in body["status"]["deviceClasses"]:
+        device_class = await kube.get(f"/apis/resource.k8s.io/v1/deviceclasses/{entry['name']}")
+        made.add_row("DeviceClass", entry["name"], "cluster",
+                     f"the policy's {entry['kind']} devices ({entry['memoryBytes'] // 2**20} MiB each)"
+                     + (f"; serves {device_class['spec']['extendedResourceName']}"
+                        if device_class["spec"].get("extendedResourceName") else ""))
     for tenant in spec["tenants"]:
         ns = tenant["namespace"]
         template_path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates/{spec['claimTemplateName']}"
@@ -125,10 +127,10 @@ async def show_policy(kube: KubeClient, console: Console) -> str:
         made.add_row("ResourceClaimTemplate", template["metadata"]["name"], ns, "one slice of the class")
         quota_path = f"/api/v1/namespaces/{ns}/resourcequotas/gpuslice-{name}"
         quota = await _until(_getter(kube, quota_path), f"the quota in {ns}")
-        limit = next(iter(quota["spec"]["hard"].values()))
-        made.add_row("ResourceQuota", quota["metadata"]["name"], ns, f"at most {limit} devices of the class")
-    made.add_row("ValidatingAdmissionPolicy", f"gpuslice-tenancy-{name}", "cluster",
-                 f"only {', '.join(t['namespace'] for t in spec['tenants'])} may claim the class")
+        limits = ", ".join(f"{v} {k.split('.deviceclass.')[0]}" for k, v in quota["spec"]["hard"].items())
+        made.add_row("ResourceQuota", quota["metadata"]["name"], ns, f"at most {limits}")
+    made.add_row("ValidatingAdmissionPolicy", "gpuslice-tenancy (static, manifests/admission.yaml)", "cluster",
+                 f"only {', '.join(t['namespace'] for t in spec['tenants'])} may claim or be allocated the classes")
     for ns in spec["adminAccess"]["namespaces"]:
         labels = (await kube.get(f"/api/v1/namespaces/{ns}"))["metadata"].get("labels", {})
         value = labels.get("resource.kubernetes.io/admin-access", "(missing)")
@@ -140,9 +142,13 @@ async def show_policy(kube: KubeClient, console: Console) -> str:
         status.add_row(c["type"], c["status"], c["reason"], c.get("message", ""))
     console.print(status)
     s = body["status"]
+    def mib(value: int | None) -> str:
+        return "-" if value is None else str(value // 2**20)
+
     console.print(f"nodes {s['nodes']}, GPUs {s['gpus']}, slices published {s['slices']['published']},"
                   f" allocated {s['slices']['allocated']}; tenants: "
-                  + ", ".join(f"{t['namespace']} {t['allocated']}/{t.get('limit', '-')}" for t in s["tenants"]))
+                  + ", ".join(f"{t['namespace']} {t['allocated']}/{t.get('limit', '-')} devices,"
+                              f" {mib(t['allocatedBytes'])}/{mib(t.get('limitBytes'))} MiB" for t in s["tenants"]))
     valid = next(c for c in s["conditions"] if c["type"] == "Valid")
     if valid["status"] != "True":
         raise DemoFailed(f"the example policy is not valid: {valid['message']}")

@@ -147,7 +147,8 @@ def policy_devices(pool: str, node: str, policy: str, count: int, memory: str = 
     devices = []
     for i in range(count):
         device = partition(f"gpu-0-{memory.lower()}-{i}", memory)
-        device["attributes"] = {"gpuslice.dev/policy": {"string": policy}, "gpuslice.dev/sliceSize": {"string": memory}}
+        device["attributes"] = {"gpuslice.dev/policy": {"string": policy}, "gpuslice.dev/mode": {"string": "memory"},
+                                "gpuslice.dev/sliceSize": {"string": memory}}
         devices.append(device)
     counters = counter_slice(f"{pool}-counters", "gpu.gpuslice.dev", node, {"memory": "80Gi"})
     slices = [counters, device_slice(f"{pool}-devices", "gpu.gpuslice.dev", node, devices)]

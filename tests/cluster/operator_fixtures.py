@@ -20,7 +20,9 @@ from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.kubeutil import create_namespace, delete_namespace, wait_for
 
-RBAC = Path(__file__).resolve().parents[2] / "manifests" / "controller-rbac.yaml"
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+RBAC = MANIFESTS / "controller-rbac.yaml"
+ADMISSION = MANIFESTS / "admission.yaml"
 CONTROLLER_USER = "system:serviceaccount:gpuslice-system:gpuslice-controller"
 
 
@@ -81,6 +83,15 @@ class ControllerProcess:
             self.process.wait()
         self.process = None
 
+    def pause(self) -> None:
+        """Freeze the controller (SIGSTOP): what a slow or starved controller looks like."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGCONT)
+
     async def restart(self, sig: int = signal.SIGTERM) -> None:
         await self.stop(sig)
         self.start()
@@ -93,20 +104,18 @@ class ControllerProcess:
 async def controller(
     policy_crd: str, controller_kubeconfig: Path, kube: KubeClient, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[ControllerProcess]:
+    # As a user installs gpuslice: the CRD (policy_crd), RBAC, then the admission policies.
+    await apply_manifests(kube, ADMISSION.read_text())
+    await admin_label_guarded(kube)
     process = ControllerProcess(controller_kubeconfig, tmp_path_factory.mktemp("controller-log") / "controller.log")
     process.start()
 
-    async def guard_installed() -> bool:
-        try:
-            await kube.get("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/gpuslice-admin-access-label")
-        except KubeError:
-            assert process.process is not None
-            assert process.process.poll() is None, process.log_text()[-3000:]
-            return False
-        return True
+    async def started() -> bool:
+        assert process.process is not None
+        assert process.process.poll() is None, process.log_text()[-3000:]
+        return "controller started" in process.log_text()
 
-    await wait_for(guard_installed, within=60, what="the controller to start")
-    await admin_label_guarded(kube)
+    await wait_for(started, within=60, what="the controller to start")
     yield process
     await process.stop()
 

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints
 
 from gpuslice.api.rules import DNS_LABEL, DNS_SUBDOMAIN, ApiModel, Rule, cel_regex
+from gpuslice.dra.names import CONTROLLER_NAMESPACE, SAFETY_TAINT_KEYS
 from gpuslice.dra.quantity import parse_quantity, quantity_bytes
 
 GROUP = "gpuslice.dev"
@@ -23,7 +24,19 @@ PLURAL = "gpuslicepolicies"
 MAX_NAME = 50
 MIG_PROFILE = r"^[1-7]g\.[0-9]+gb(\+me)?$"
 TENANT_NAMESPACE_MESSAGE = "tenants[].namespace must be a namespace name: lowercase letters, digits and '-'"
-EXTENDED = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+CONTROLLER_NAMESPACE_MESSAGE = (
+    f"{CONTROLLER_NAMESPACE} is gpuslice's own namespace and cannot be a tenant or an admin namespace:"
+    " the controller proves tenancy is enforced by being refused a claim there")
+# The name part of a qualified name (label keys, taint keys, extended resources): at most 63.
+QUALIFIED_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+TAINT_KEY = rf"^({SUBDOMAIN}/)?{QUALIFIED_NAME}$"
+LABEL_VALUE = rf"^{QUALIFIED_NAME}$"
+# The apiserver checks "requests.<extendedResourceName>" as a qualified name: its domain, with the
+# 9 characters of "requests.", may have at most 253.
+EXTENDED = rf"^{SUBDOMAIN}/{QUALIFIED_NAME}$"
+EXTENDED_DOMAIN_LENGTH = r"^[^/]{1,244}/"
+MAX_TEMPLATE_NAME = 230  # room for the per-kind suffix, e.g. -1g.10gb-me (templates have 253)
 
 # Bounded strings: the apiserver estimates CEL cost from maxLength.
 Name = Annotated[str, StringConstraints(max_length=63)]
@@ -186,20 +199,38 @@ class Slicing(ApiModel):
 
 
 class Tenant(ApiModel):
-    """A namespace whose workloads may claim this policy's slices."""
+    """A namespace whose workloads may claim this policy's devices, and how many of each kind.
+
+    A tenant with any of the limits set is limited: each kind of device it is not granted is
+    a limit of 0, so the memory it can hold is bounded by the sum over kinds of count x size.
+    A tenant with none set has no quota at all.
+    """
 
     namespace: str = Field(max_length=63, description="The tenant's namespace; it may not exist yet.",
-                           json_schema_extra={"x-kubernetes-validations": [{
-                               "rule": f"self.matches({cel_regex(DNS_LABEL)})",
-                               "message": TENANT_NAMESPACE_MESSAGE}]})
+                           json_schema_extra={"x-kubernetes-validations": [
+                               {"rule": f"self.matches({cel_regex(DNS_LABEL)})", "message": TENANT_NAMESPACE_MESSAGE},
+                               {"rule": f"self != '{CONTROLLER_NAMESPACE}'", "message": CONTROLLER_NAMESPACE_MESSAGE},
+                           ]})
     max_slices: int | None = Field(default=None, ge=0, description=(
-        "Most devices of this policy the namespace may hold at once, enforced by a ResourceQuota;"
-        " unset means no limit."))
+        "memory and shared mode: most slices of sliceSize this namespace may hold at once (in"
+        " shared mode, each allocation is then one sliceSize), enforced by a ResourceQuota."))
+    max_full_gpus: int | None = Field(default=None, ge=0, description=(
+        "memory mode with allowFullGpu: most whole GPUs this namespace may hold at once. A limited"
+        " tenant (any max* set) gets none unless this grants them."))
+    max_mig_devices: dict[Name, Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, max_length=16, description=(
+            "mig mode: most MIG devices of each profile this namespace may hold at once, e.g."
+            " {\"1g.10gb\": 4, \"3g.40gb\": 1}; a profile not listed is a limit of 0."))
 
     rules = (
         Rule(None,  # a rule on the string itself (above): on the object, the estimated cost is too high
              TENANT_NAMESPACE_MESSAGE, lambda s: re.match(DNS_LABEL, s.namespace) is not None),
+        Rule(None, CONTROLLER_NAMESPACE_MESSAGE, lambda s: s.namespace != CONTROLLER_NAMESPACE),
     )
+
+    @property
+    def limited(self) -> bool:
+        return self.max_slices is not None or self.max_full_gpus is not None or self.max_mig_devices is not None
 
 
 class AdminAccess(ApiModel):
@@ -218,6 +249,8 @@ class AdminAccess(ApiModel):
         Rule(None,  # the schema's list-type "set" rejects duplicates ("Duplicate value")
              "adminAccess.namespaces lists a namespace twice; list each once",
              lambda s: len(set(s.namespaces)) == len(s.namespaces)),
+        Rule(f"!has(self.namespaces) || !('{CONTROLLER_NAMESPACE}' in self.namespaces)",
+             CONTROLLER_NAMESPACE_MESSAGE, lambda s: CONTROLLER_NAMESPACE not in s.namespaces),
     )
 
 
@@ -229,6 +262,25 @@ class Taint(ApiModel):
     effect: Literal["NoSchedule", "NoExecute", "None"] = Field(description=(
         "NoSchedule: no new allocations; NoExecute: also evicts pods using the devices unless"
         " they tolerate it; None: only informs."))
+    tolerable: bool = Field(default=False, description=(
+        "Whether tenants' claims may tolerate this taint. By default they may not: a claim for"
+        " this policy's devices that tolerates it is refused at admission."))
+
+    rules = (
+        Rule(f"self.key.matches({cel_regex(TAINT_KEY)})",
+             "taints[].key must be a qualified name such as gpuslice.dev/maintenance: an optional DNS"
+             " prefix and '/', then at most 63 letters, digits, '-', '_' or '.', starting and ending"
+             " with a letter or digit",
+             lambda s: re.match(TAINT_KEY, s.key) is not None, ".key"),
+        Rule(f"self.value == '' || self.value.matches({cel_regex(LABEL_VALUE)})",
+             "taints[].value must be empty or at most 63 letters, digits, '-', '_' or '.', starting and"
+             " ending with a letter or digit",
+             lambda s: s.value == "" or re.match(LABEL_VALUE, s.value) is not None, ".value"),
+        Rule(f"!(self.key in [{', '.join(repr(k) for k in SAFETY_TAINT_KEYS)}])",
+             f"taints[].key may not be one of gpuslice's own safety taints ({', '.join(SAFETY_TAINT_KEYS)}):"
+             " the node agent sets those; choose another key, e.g. gpuslice.dev/maintenance",
+             lambda s: s.key not in SAFETY_TAINT_KEYS, ".key"),
+    )
 
 
 class GpuSlicePolicySpec(ApiModel):
@@ -242,9 +294,10 @@ class GpuSlicePolicySpec(ApiModel):
     tenants: list[Tenant] = Field(default_factory=list, max_length=64, description=(
         "Namespaces that may claim these slices. Claims in other namespaces are denied at admission."),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["namespace"]})
-    claim_template_name: str = Field(default="gpu-slice", max_length=253, description=(
-        "Name of the ResourceClaimTemplate created in every tenant namespace; pods reference it"
-        " in spec.resourceClaims[].resourceClaimTemplateName."))
+    claim_template_name: str = Field(default="gpu-slice", max_length=MAX_TEMPLATE_NAME, description=(
+        "Name of the ResourceClaimTemplate created in every tenant namespace for one device of the"
+        " policy's smallest kind it may use; <name>-full (a whole GPU) and <name>-<profile> (MIG)"
+        " ask for the other kinds. Pods reference it in spec.resourceClaims[].resourceClaimTemplateName."))
     admin_access: AdminAccess = Field(default_factory=AdminAccess, description=(
         "Who may claim these devices with adminAccess."))
     taints: list[Taint] = Field(default_factory=list, max_length=16, description=(
@@ -261,8 +314,43 @@ class GpuSlicePolicySpec(ApiModel):
         Rule(f"self.claimTemplateName.matches({cel_regex(DNS_SUBDOMAIN)})",
              "claimTemplateName must be a valid object name: lowercase letters, digits, '-' and '.'",
              lambda s: re.match(DNS_SUBDOMAIN, s.claim_template_name) is not None, ".claimTemplateName"),
-        Rule(f"!has(self.extendedResourceName) || self.extendedResourceName.matches({cel_regex(EXTENDED)})",
-             "extendedResourceName must look like example.com/gpu-slice (a domain, '/', a name)",
+        Rule(f"!has(self.extendedResourceName) || (self.extendedResourceName.matches({cel_regex(EXTENDED)})"
+             f" && self.extendedResourceName.matches({cel_regex(EXTENDED_DOMAIN_LENGTH)}))",
+             "extendedResourceName must look like example.com/gpu-slice (a domain of at most 244"
+             " characters, '/', a name of at most 63)",
              lambda s: s.extended_resource_name is None
-             or re.match(EXTENDED, s.extended_resource_name) is not None, ".extendedResourceName"),
+             or (re.match(EXTENDED, s.extended_resource_name) is not None
+                 and re.match(EXTENDED_DOMAIN_LENGTH, s.extended_resource_name) is not None), ".extendedResourceName"),
+        Rule("!has(self.extendedResourceName) || (!self.extendedResourceName.contains('kubernetes.io/')"
+             " && !self.extendedResourceName.startsWith('requests.'))",
+             "extendedResourceName may not be in the kubernetes.io domain or start with 'requests.': the"
+             " apiserver keeps those for native resources; use your own domain, e.g. example.com/gpu-slice",
+             lambda s: s.extended_resource_name is None
+             or ("kubernetes.io/" not in s.extended_resource_name
+                 and not s.extended_resource_name.startswith("requests.")), ".extendedResourceName"),
+        Rule("self.slicing.mode != 'mig' || !has(self.tenants)"
+             " || self.tenants.all(t, !has(t.maxSlices) && !has(t.maxFullGpus))",
+             "in mig mode, limit tenants per MIG profile with tenants[].maxMigDevices, e.g."
+             " {\"1g.10gb\": 4}; maxSlices and maxFullGpus are for memory and shared mode",
+             lambda s: s.slicing.mode != "mig"
+             or all(t.max_slices is None and t.max_full_gpus is None for t in s.tenants), ".tenants"),
+        Rule("self.slicing.mode == 'mig' || !has(self.tenants) || self.tenants.all(t, !has(t.maxMigDevices))",
+             "tenants[].maxMigDevices is for mig mode; in memory and shared mode use maxSlices (and"
+             " maxFullGpus with allowFullGpu)",
+             lambda s: s.slicing.mode == "mig" or all(t.max_mig_devices is None for t in s.tenants), ".tenants"),
+        Rule("(self.slicing.mode == 'memory' && has(self.slicing.allowFullGpu) && self.slicing.allowFullGpu)"
+             " || !has(self.tenants) || self.tenants.all(t, !has(t.maxFullGpus))",
+             "tenants[].maxFullGpus needs slicing.allowFullGpu: true (memory mode): without it no whole"
+             " GPU is offered",
+             lambda s: (s.slicing.mode == "memory" and s.slicing.allow_full_gpu)
+             or all(t.max_full_gpus is None for t in s.tenants), ".tenants"),
+        Rule("self.slicing.mode != 'mig' || !has(self.slicing.mig) || !has(self.tenants)"
+             " || self.tenants.all(t, !has(t.maxMigDevices) || t.maxMigDevices.all(p,"
+             " (has(self.slicing.mig.profiles) && p in self.slicing.mig.profiles)"
+             " || (has(self.slicing.mig.layout) && p in self.slicing.mig.layout)))",
+             "tenants[].maxMigDevices names a MIG profile the policy does not offer; use the profiles"
+             " of slicing.mig.profiles or slicing.mig.layout",
+             lambda s: s.slicing.mode != "mig" or s.slicing.mig is None or all(
+                 set(t.max_mig_devices or {}) <= set(s.slicing.mig.profiles or []) | set(s.slicing.mig.layout or {})
+                 for t in s.tenants), ".tenants"),
     )

@@ -27,12 +27,46 @@ class SliceCounts(ApiModel):
     allocated: int = Field(default=0, description="Devices allocated to ResourceClaims.")
 
 
+class KindUsage(ApiModel):
+    """One kind of device a tenant holds or may hold."""
+
+    kind: str = Field(description="slice, full, shared, or a MIG profile such as 1g.10gb.")
+    allocated: int = Field(default=0, description="Devices of this kind the namespace's claims hold.")
+    limit: int | None = Field(default=None, description="The quota on this kind; unset means no limit.")
+
+
 class TenantStatus(ApiModel):
-    """Use against limit, per tenant namespace."""
+    """Use against limit, per tenant namespace, in devices and in bytes of GPU memory."""
 
     namespace: str
     allocated: int = Field(default=0, description="Devices of this policy its claims hold.")
-    limit: int | None = Field(default=None, description="maxSlices, if set.")
+    limit: int | None = Field(default=None, description=(
+        "Most devices it may hold (the sum of its quotas); unset means no limit."))
+    allocated_bytes: int = Field(default=0, description=(
+        "GPU memory its claims hold: each device's memory, or in shared mode the capacity each"
+        " allocation consumed."))
+    limit_bytes: int | None = Field(default=None, description=(
+        "Most GPU memory it may hold: the sum over kinds of quota x the kind's memory (a whole GPU"
+        " counts as the largest GPU the policy selects); unset means no limit."))
+    kinds: list[KindUsage] = Field(default_factory=list, description=(
+        "Per kind of device: what it holds and its quota."))
+
+
+class DeviceClassStatus(ApiModel):
+    """A DeviceClass of this policy: one per kind of device, each with its own quota."""
+
+    kind: str = Field(description="slice, full, shared, or a MIG profile such as 1g.10gb.")
+    name: str = Field(description="The DeviceClass name claims use.")
+    memory_bytes: int = Field(default=0, description=(
+        "GPU memory one device of this kind stands for (the largest selected GPU for a whole GPU)."))
+
+
+class AdmittedTenant(ApiModel):
+    """A tenant namespace whose quota gpuslice has put in place. The tenancy admission policy
+    admits claims only from these namespaces, and only from this incarnation (UID) of each."""
+
+    namespace: str
+    uid: str
 
 
 class GpuSlicePolicyStatus(ApiModel):
@@ -40,13 +74,28 @@ class GpuSlicePolicyStatus(ApiModel):
 
     observed_generation: int | None = Field(default=None, description="Last generation acted on.")
     conditions: list[Condition] = Field(default_factory=list, description=(
-        "Valid (the spec fits the selected GPUs), Published (nodes publish its devices),"
-        " Ready (tenants can claim slices), Degraded (something needs attention)."),
+        "Valid (the spec fits the selected GPUs and tenancy is enforced), Published (nodes publish"
+        " its devices), Ready (tenants can claim slices), Degraded (something needs attention)."),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
-    device_class_name: str | None = Field(default=None, description="DeviceClass tenants' claims use.")
+    device_class_name: str | None = Field(default=None, description=(
+        "DeviceClass of the policy's slices (memory and shared mode)."))
+    device_classes: list[DeviceClassStatus] = Field(default_factory=list, description=(
+        "Every DeviceClass of the policy, one per kind of device."))
     nodes: int = Field(default=0, description="Nodes selected that have GPUs.")
     gpus: int = Field(default=0, description="GPUs selected on those nodes.")
     slices: SliceCounts = Field(default_factory=SliceCounts, description="Published and allocated.")
     tenants: list[TenantStatus] = Field(default_factory=list, description="Per tenant use and limit.")
     holding_claims: list[str] = Field(default_factory=list, description=(
         "namespace/name of claims holding this policy's devices; deletion waits for them."))
+    foreign_claims: list[str] = Field(default_factory=list, description=(
+        "namespace/name of claims that hold this policy's devices outside its tenants (allocated"
+        " before the namespace left spec.tenants); delete them to return the devices."))
+    admitted_tenants: list[AdmittedTenant] = Field(default_factory=list, description=(
+        "Written by the controller only: tenant namespaces (by UID) whose quota is in place. The"
+        " tenancy admission policy (manifests/admission.yaml) reads this list."),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["namespace"]})
+    admin_access_labels: list[str] = Field(default_factory=list, description=(
+        "Written by the controller only: namespaces where gpuslice set the admin-access label for"
+        " this policy. The label is removed only where a policy recorded it, so a label someone"
+        " else set is never taken away."),
+        json_schema_extra={"x-kubernetes-list-type": "set"})

@@ -23,14 +23,11 @@ FIELD_MANAGER = "gpuslice-controller"
 APPLIED = "gpuslice.dev/applied"  # annotation: hash of the manifest last applied
 log = structlog.get_logger(__name__)
 
-# Kinds a policy owns, in the order they are applied (a class before the templates that use it).
-OWNED_KINDS = (
-    ("resource.k8s.io/v1", "DeviceClass"),
-    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"),
-    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"),
-    ("resource.k8s.io/v1", "ResourceClaimTemplate"),
-    ("v1", "ResourceQuota"),
-)
+# Kinds a policy owns, in the order they are applied: the classes and each tenant's quota first
+# (a tenant is admitted once its quota is in place), then the templates (and taint rules).
+LIMIT_KINDS = (("resource.k8s.io/v1", "DeviceClass"), ("v1", "ResourceQuota"))
+REST_KINDS = (("resource.k8s.io/v1", "ResourceClaimTemplate"),)
+OWNED_KINDS = (*LIMIT_KINDS, *REST_KINDS)
 
 
 def contains(want: Any, have: Any) -> bool:
@@ -48,6 +45,17 @@ class ApplyResult:
     written: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    failed: set[str] = field(default_factory=set)  # paths of the objects that could not be applied
+    taken: list[str] = field(default_factory=list)  # objects of our name that someone else made
+
+
+async def _taken(kube: KubeClient, policy: str, path: str) -> bool:
+    """Whether an object we failed to create exists and is not ours (a tenant made it first)."""
+    try:
+        found = await kube.get(path)
+    except KubeError:
+        return False
+    return ((found.get("metadata") or {}).get("labels") or {}).get(LABEL_POLICY) != policy
 
 
 def stamped(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -88,6 +96,7 @@ async def converge(
             items = await kube.list(collection(api_version, kind), labelSelector=f"{LABEL_POLICY}={policy}")
         except KubeError as error:
             result.errors.append(f"listing {kind}: {error.message}")
+            result.failed |= {p for p, m in wanted.items() if (m["apiVersion"], m["kind"]) == (api_version, kind)}
             continue
         live = {}
         for item in items:
@@ -101,7 +110,13 @@ async def converge(
                 if await apply_object(kube, manifest, live.get(path)):
                     result.written.append(path)
             except KubeError as error:
-                result.errors.append(f"applying {kind} {manifest['metadata']['name']}: {error.message}")
+                result.failed.add(path)
+                meta = manifest["metadata"]
+                where = f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
+                if path not in live and await _taken(kube, policy, path):
+                    result.taken.append(f"{kind} {where}")
+                else:
+                    result.errors.append(f"applying {kind} {where}: {error.message}")
         for path in sorted(set(live) - set(wanted)):
             try:
                 await kube.delete(path)
@@ -109,6 +124,7 @@ async def converge(
             except KubeError as error:
                 if error.status != 404:
                     result.errors.append(f"deleting {path}: {error.message}")
-    if result.written or result.deleted or result.errors:
-        log.info("converged", policy=policy, written=result.written, deleted=result.deleted, errors=result.errors)
+    if result.written or result.deleted or result.errors or result.taken:
+        log.info("converged", policy=policy, written=result.written, deleted=result.deleted, errors=result.errors,
+                 taken=result.taken)
     return result

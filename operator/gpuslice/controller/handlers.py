@@ -13,10 +13,10 @@ from typing import Any
 import kopf
 
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
-from gpuslice.controller.admin_access import NamespaceView, sync_admin_labels
+from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
 from gpuslice.controller.reconcile import Context, World, reconcile, report_deleting
 from gpuslice.controller.startup import start_context
-from gpuslice.dra.names import DRIVER
+from gpuslice.dra.names import DRIVER, LABEL_POLICY
 from gpuslice.kube.client import KubeError
 from gpuslice.planning.usage import ClaimView, SliceView
 
@@ -41,6 +41,7 @@ def world(kwargs: dict[str, Any]) -> World:
         nodes=_one_per_key(kwargs["node_index"]),
         slices=_values(kwargs["slice_index"]),
         claims=[c for c in _values(kwargs["claim_index"]) if c is not None],
+        foreign_classes={k: v for k, v in _one_per_key(kwargs["class_index"]).items() if v is not False},
     )
 
 
@@ -91,9 +92,14 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         return {name: dict(body)}
 
     @kopf.index("v1", "namespaces", registry=registry, id="namespace_index")
-    def namespace_index(name: str, labels: kopf.Labels, annotations: kopf.Annotations, status: kopf.Status,
+    def namespace_index(name: str, labels: kopf.Labels, uid: str | None, status: kopf.Status,
                         **_: Any) -> dict[str, NamespaceView]:
-        return {name: NamespaceView(dict(labels), dict(annotations), status.get("phase") != "Terminating")}
+        return {name: NamespaceView(dict(labels), status.get("phase") != "Terminating", uid or "")}
+
+    @kopf.index("resource.k8s.io", "v1", "deviceclasses", registry=registry, id="class_index")
+    def class_index(name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any) -> dict[str, str | bool | None]:
+        """DeviceClasses gpuslice did not make, with their extended resource (ours map to False)."""
+        return {name: False if LABEL_POLICY in labels else spec.get("extendedResourceName")}
 
     @kopf.index("v1", "nodes", registry=registry, id="node_index")
     def node_index(name: str, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, str]]:
@@ -111,8 +117,9 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
     @kopf.on.resume(*POLICY, registry=registry)
     @kopf.on.create(*POLICY, registry=registry)
     @kopf.on.update(*POLICY, registry=registry)
-    async def policy_changed(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-        await reconcile(memo.ctx, body, world(kwargs))
+    async def policy_changed(body: kopf.Body, memo: kopf.Memo, retry: int, **kwargs: Any) -> None:
+        # A retry converges only when the backoff is up: the status timer may have tried meanwhile.
+        await reconcile(memo.ctx, body, world(kwargs), converge_objects=retry == 0 or memo.ctx.due(body.meta.name))
 
     @kopf.timer(*POLICY, registry=registry, interval=STATUS_INTERVAL, initial_delay=STATUS_INTERVAL)
     async def refresh_status(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
@@ -159,7 +166,13 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
                     f"waiting for {len(holding)} claims to release devices of {name}: {', '.join(holding[:10])}",
                     delay=5,
                 )
-            await sync_admin_labels(ctx.kube, name, set(), current.namespaces)
+            mine = ctx.label_records.get(name, frozenset((body.get("status") or {}).get("adminAccessLabels") or []))
+            plan = plan_labels(set(), current.namespaces, mine, current.label_records(ctx, but=name))
+
+            async def record(_: list[str]) -> None:
+                return None  # the record goes with the policy
+
+            await sync_admin_labels(ctx.kube, name, plan, mine, record)
         ctx.forget(name)
         # Owner references take everything else away with the policy.
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,19 +19,25 @@ import pydantic
 import structlog
 
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.controller.admin_access import NamespaceView, sync_admin_labels
-from gpuslice.controller.apply import OWNED_KINDS, converge
+from gpuslice.api.status import AdmittedTenant
+from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
+from gpuslice.controller.apply import LIMIT_KINDS, REST_KINDS, converge
 from gpuslice.controller.events import post_event
 from gpuslice.controller.metrics import RECONCILES
-from gpuslice.controller.status import Findings, build_status, status_body
+from gpuslice.controller.status import TENANCY_NOT_ENFORCED, Findings, build_status, status_body
+from gpuslice.controller.tenancy import admitted_tenants, tenancy_unenforced
+from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.inventory.nodes import node_gpus
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.cluster_objects import desired_objects
+from gpuslice.planning.kinds import device_kinds
 from gpuslice.planning.usage import (
     ClaimView,
     SliceView,
+    device_info,
     devices_by_policy,
     devices_in_flux,
+    foreign_claims,
     pending_devices,
     usage,
 )
@@ -40,24 +47,56 @@ log = structlog.get_logger(__name__)
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 
 
+# Backoff between converges that failed: bounded, so bad input is retried now and then, never in a loop.
+FIRST_RETRY, LAST_RETRY = 2.0, 300.0
+
+
 @dataclass
 class Context:
-    """What every handler shares: the API client and per-policy locks."""
+    """What every handler shares: the API client, per-policy locks, and what the controller
+    itself last recorded in each policy's status (fresher than any body a handler is given)."""
 
     kube: KubeClient
     username: str
+    namespace: str = CONTROLLER_NAMESPACE
     taint_rule_api: str = "resource.k8s.io/v1"
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     # Policies whose last converge failed. Event handlers (a namespace appeared, a slice changed)
-    # are not retried by Kopf, so the status timer converges these again instead of only reporting.
+    # are not retried by Kopf, so the status timer converges these again when their backoff is up.
     unconverged: set[str] = field(default_factory=set)
+    failures: dict[str, tuple[int, int]] = field(default_factory=dict)  # policy -> (generation, count)
+    retry_at: dict[str, float] = field(default_factory=dict)
+    label_records: dict[str, frozenset[str]] = field(default_factory=dict)
+    admitted: dict[str, list[AdmittedTenant]] = field(default_factory=dict)
+    # The last tenancy probe per policy: (generation, what is wrong or None when enforced).
+    tenancy: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
 
     def lock(self, policy: str) -> asyncio.Lock:
         return self.locks.setdefault(policy, asyncio.Lock())
 
     def forget(self, policy: str) -> None:
         """A deleted policy's bookkeeping goes with it."""
-        self.locks.pop(policy, None)
+        for store in (self.locks, self.failures, self.retry_at, self.label_records, self.admitted, self.tenancy):
+            store.pop(policy, None)
+        self.unconverged.discard(policy)
+
+    def due(self, policy: str) -> bool:
+        return self.clock() >= self.retry_at.get(policy, 0.0)
+
+    def failed(self, policy: str, generation: int) -> float:
+        """Count a failed converge; the seconds until the next try (doubling, bounded)."""
+        seen, count = self.failures.get(policy, (generation, 0))
+        count = count + 1 if seen == generation else 1
+        self.failures[policy] = (generation, count)
+        delay = min(FIRST_RETRY * 2.0 ** (count - 1), LAST_RETRY)
+        self.retry_at[policy] = self.clock() + delay
+        self.unconverged.add(policy)
+        return delay
+
+    def succeeded(self, policy: str) -> None:
+        self.failures.pop(policy, None)
+        self.retry_at.pop(policy, None)
         self.unconverged.discard(policy)
 
 
@@ -70,6 +109,8 @@ class World:
     nodes: Mapping[str, Mapping[str, str]]
     slices: Sequence[SliceView]
     claims: Sequence[ClaimView]
+    # DeviceClasses gpuslice did not make: name -> extendedResourceName (None when it has none)
+    foreign_classes: Mapping[str, str | None] = field(default_factory=dict)
 
     def inventory(self) -> list[tuple[dict[str, str], Any]]:
         found = []
@@ -90,26 +131,71 @@ class World:
                 parsed.append(policy)
         return parsed
 
+    def foreign_extended(self) -> dict[str, str]:
+        return {ext: name for name, ext in sorted(self.foreign_classes.items()) if ext}
+
+    def label_records(self, ctx: Context, but: str) -> set[str]:
+        """Namespaces other policies recorded as labelled by gpuslice."""
+        found: set[str] = set()
+        for name, body in self.policies.items():
+            if name != but:
+                recorded = ctx.label_records.get(name)
+                if recorded is None:
+                    recorded = frozenset((body.get("status") or {}).get("adminAccessLabels") or [])
+                found |= recorded
+        return found
+
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, converge_objects: bool = True) -> None:
+    """Judge, converge (when asked, or when a failed converge's backoff is up) and report a policy.
+    A failure raises kopf.TemporaryError with the backoff's delay."""
     name = body["metadata"]["name"]
-    converge_objects = converge_objects or name in ctx.unconverged
+    generation = int(body["metadata"].get("generation") or 0)
+    # A generation whose tenancy was never probed (a restart, or a timer that saw the edit before the
+    # update handler did) is converged and probed now, rather than reported as unverified.
+    unprobed = ctx.tenancy.get(name, (None, None))[0] != generation
+    converge_objects = converge_objects or unprobed or (name in ctx.unconverged and ctx.due(name))
     async with ctx.lock(name):
         try:
             await _reconcile(ctx, body, world, converge_objects)
             RECONCILES.labels(result="ok").inc()
-        except (KubeError, kopf.TemporaryError) as error:
+        except (KubeError, ConvergeFailed) as error:
             RECONCILES.labels(result="error").inc()
-            if converge_objects:
-                ctx.unconverged.add(name)
-            log.warning("reconcile failed; will retry", policy=name, error=str(error))
-            raise
+            delay = ctx.failed(name, generation) if converge_objects else FIRST_RETRY
+            log.warning("reconcile failed; will retry", policy=name, error=str(error), retry_in=delay)
+            raise kopf.TemporaryError(str(error), delay=delay) from error
         if converge_objects:
-            ctx.unconverged.discard(name)
+            ctx.succeeded(name)
+
+
+class ConvergeFailed(Exception):
+    """Something the policy needs could not be put in place (status says what)."""
+
+
+def _records(ctx: Context, policy: GpuSlicePolicy) -> tuple[frozenset[str], list[AdmittedTenant]]:
+    labels = ctx.label_records.get(policy.name, frozenset(policy.status.admin_access_labels))
+    return labels, ctx.admitted.get(policy.name, list(policy.status.admitted_tenants))
+
+
+async def _write_records(ctx: Context, policy: GpuSlicePolicy, labels: frozenset[str] | None = None,
+                         admitted: list[AdmittedTenant] | None = None) -> None:
+    """What the controller records for admission (admitted tenants) and for itself (labels it set),
+    written on its own before the step that depends on it."""
+    patch: dict[str, Any] = {}
+    if labels is not None and labels != _records(ctx, policy)[0]:
+        patch["adminAccessLabels"] = sorted(labels)
+    if admitted is not None and admitted != _records(ctx, policy)[1]:
+        patch["admittedTenants"] = [a.model_dump(by_alias=True) for a in admitted]
+    if patch:
+        await ctx.kube.merge_patch(f"{POLICIES}/{policy.name}/status", {"status": patch})
+    if labels is not None:
+        ctx.label_records[policy.name] = labels
+    if admitted is not None:
+        ctx.admitted[policy.name] = admitted
 
 
 async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, converge_objects: bool) -> None:
@@ -123,35 +209,67 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     inventory = world.inventory()
     selection = select(policy, inventory)
     others = [(p, select(p, inventory)) for p in world.parsed_policies() if p.name != policy.name]
-    problems = validate(policy, selection, others)
+    problems = validate(policy, selection, others, foreign_extended=world.foreign_extended(),
+                        controller_namespace=ctx.namespace)
+    kinds = device_kinds(policy, selection)
     devices = devices_by_policy(world.slices).get(policy.name, set())
     errors: list[str] = []
+    taken: list[str] = []
+    # Removals take effect at once (the admission policy also reads spec.tenants); additions wait
+    # for a converge that puts the tenant's quota in place.
+    admitted = admitted_tenants(policy, world.namespaces, _records(ctx, policy)[1])
     if not problems and converge_objects:
         active = {n for n, view in world.namespaces.items() if view.active}
         # A pool being rewritten keeps its devices' taint rules until the rewrite is complete.
         ruled = devices | devices_in_flux(world.slices).get(policy.name, set())
         desired = desired_objects(policy, active, ruled, taint_rule_api=ctx.taint_rule_api)
-        kinds = [*OWNED_KINDS, (ctx.taint_rule_api, "DeviceTaintRule")]
-        result = await converge(ctx.kube, policy.name, desired.all(), kinds)
-        errors = result.errors
+        limits = await converge(ctx.kube, policy.name, desired.limits(), LIMIT_KINDS)
+        admitted = admitted_tenants(policy, world.namespaces, _records(ctx, policy)[1], converged=True,
+                                    failed=limits.failed)
+        await _write_records(ctx, policy, admitted=admitted)
+        rest = await converge(ctx.kube, policy.name, desired.rest(),
+                              [*REST_KINDS, (ctx.taint_rule_api, "DeviceTaintRule")])
+        errors, taken = limits.errors + rest.errors, limits.taken + rest.taken
         try:
-            await sync_admin_labels(ctx.kube, policy.name, set(policy.spec.admin_access.namespaces), world.namespaces)
+            plan = plan_labels(set(policy.spec.admin_access.namespaces), world.namespaces, _records(ctx, policy)[0],
+                               world.label_records(ctx, but=policy.name))
+            await sync_admin_labels(ctx.kube, policy.name, plan, _records(ctx, policy)[0],
+                                    lambda record: _write_records(ctx, policy, labels=frozenset(record)))
         except KubeError as error:
             errors.append(f"labelling admin-access namespaces: {error.message}")
+        unenforced = await tenancy_unenforced(ctx.kube, ctx.namespace, policy.name, kinds[0].class_name)
+        ctx.tenancy[policy.name] = (policy.metadata.generation, unenforced)
+    else:
+        await _write_records(ctx, policy, admitted=admitted)
+    if not problems:
+        generation, unenforced = ctx.tenancy.get(policy.name, (-1, None))
+        if generation != policy.metadata.generation:
+            unenforced = "gpuslice has not yet verified that tenancy is enforced for this generation of the policy."
+        if unenforced:
+            problems = [Problem(TENANCY_NOT_ENFORCED, unenforced)]
     # Held back for a claim, not merely draining for a few seconds before a change (no news).
     allocated = {ref for claim in world.claims for ref in claim.devices}
     pending = len(devices & pending_devices(world.slices) & allocated)
-    findings = Findings(problems, selection, len(devices), usage(devices, world.claims), errors, pending=pending)
-    await write_status(ctx, policy, findings)
-    if errors:
-        # Often transient: e.g. the apiserver has not loaded our updated tenancy policy yet
-        # and denies the template for a tenant we just added. Status says it; retry soon.
-        raise kopf.TemporaryError(f"{len(errors)} objects could not be applied: {errors[0]}", delay=2)
+    tenants, admins = {t.namespace for t in policy.spec.tenants}, set(policy.spec.admin_access.namespaces)
+    findings = Findings(
+        problems, selection, len(devices), usage(devices, world.claims, device_info(world.slices)), errors,
+        pending=pending, kinds=kinds, taken=taken, foreign=foreign_claims(devices, world.claims, tenants, admins),
+    )
+    labels, admitted = _records(ctx, policy)
+    await write_status(ctx, policy, findings, labels, admitted)
+    unproven = [p.message for p in problems if p.reason == TENANCY_NOT_ENFORCED]
+    if converge_objects and (errors or taken or unproven):
+        # Bounded backoff (reconcile): bad input is tried again now and then, never in a loop.
+        raise ConvergeFailed("; ".join([*errors, *(f"{t} exists and is not gpuslice's" for t in taken), *unproven]))
 
 
-async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings) -> None:
+async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings,
+                       labels: frozenset[str] | None = None, admitted: list[AdmittedTenant] | None = None) -> None:
     """Patch status when it changed, and post Events on transitions a human must see."""
-    status = build_status(policy, findings, _now())
+    if labels is None or admitted is None:
+        labels, admitted = _records(ctx, policy)
+    status = build_status(policy, findings, _now()).model_copy(update={
+        "admin_access_labels": sorted(labels), "admitted_tenants": admitted})
     new = status_body(status)
     old = policy.status.model_dump(by_alias=True, exclude_none=True, mode="json")
     if new == old:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
+import kopf
 import structlog
 
-from gpuslice.controller.apply import FIELD_MANAGER, apply_object
+from gpuslice.controller.apply import FIELD_MANAGER
 from gpuslice.controller.reconcile import Context
+from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.discovery import served_resources
-from gpuslice.planning.cluster_objects import admin_access_guard, admin_access_guard_binding
+from gpuslice.planning.admission import ADMIN_LABEL_GUARD
 
 log = structlog.get_logger(__name__)
+SERVICE_ACCOUNT = "system:serviceaccount:"
 
 
 async def whoami(kube: KubeClient) -> str:
@@ -20,18 +25,44 @@ async def whoami(kube: KubeClient) -> str:
     return str(review["status"]["userInfo"]["username"])
 
 
+def own_namespace(username: str) -> str:
+    """A ServiceAccount's namespace, or gpuslice-system for any other identity."""
+    if username.startswith(SERVICE_ACCOUNT) and username.count(":") == 3:
+        return username.split(":")[2]
+    return CONTROLLER_NAMESPACE
+
+
+async def check_label_guard(kube: KubeClient, username: str) -> None:
+    """The admin-access label guard (manifests/admission.yaml) must exist and let this identity
+    set the label: without it tenants could grant themselves admin access, and with another
+    username in it every label this controller sets would be refused."""
+    path = f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{ADMIN_LABEL_GUARD}"
+    try:
+        guard = await kube.get(path)
+    except KubeError as error:
+        raise kopf.PermanentError(
+            f"the ValidatingAdmissionPolicy {ADMIN_LABEL_GUARD} cannot be read ({error.status} {error.reason}:"
+            f" {error.message}); apply manifests/admission.yaml (after crds/ and manifests/controller-rbac.yaml)"
+            " before starting the controller") from None
+    if f"'{username}'" not in json.dumps(guard.get("spec") or {}):
+        raise kopf.PermanentError(
+            f"the ValidatingAdmissionPolicy {ADMIN_LABEL_GUARD} does not name this controller's identity"
+            f" {username}, so it would refuse every admin-access label the controller sets; replace the"
+            " controller's username in manifests/admission.yaml with this one (see docs/controller.md)")
+
+
 async def start_context(kubeconfig: str | None) -> Context:
     kube = await KubeClient.from_kubeconfig(kubeconfig)
     try:
         username = await whoami(kube)
+        await check_label_guard(kube, username)
         served = await served_resources(kube, "resource.k8s.io")
         taint_api = next((f"resource.k8s.io/{v}" for v in ("v1", "v1beta2") if "devicetaintrules" in served.get(v, [])),
                          "resource.k8s.io/v1")
-        # Only this identity may turn on a namespace's admin-access label from now on.
-        for manifest in (admin_access_guard(username), admin_access_guard_binding()):
-            await apply_object(kube, manifest, None)
-    except KubeError:
+    except (KubeError, kopf.PermanentError):
         await kube.close()
         raise
-    log.info("controller started", username=username, field_manager=FIELD_MANAGER, taint_rule_api=taint_api)
-    return Context(kube=kube, username=username, taint_rule_api=taint_api)
+    namespace = own_namespace(username)
+    log.info("controller started", username=username, namespace=namespace, field_manager=FIELD_MANAGER,
+             taint_rule_api=taint_api)
+    return Context(kube=kube, username=username, namespace=namespace, taint_rule_api=taint_api)

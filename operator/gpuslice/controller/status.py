@@ -7,10 +7,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.api.status import Condition, GpuSlicePolicyStatus, SliceCounts, TenantStatus
-from gpuslice.dra.names import device_class_name
+from gpuslice.api.status import (
+    Condition,
+    DeviceClassStatus,
+    GpuSlicePolicyStatus,
+    KindUsage,
+    SliceCounts,
+    TenantStatus,
+)
+from gpuslice.planning.kinds import DeviceKind, limit_bytes, quota
 from gpuslice.planning.usage import Usage
 from gpuslice.planning.validation import Problem, Selection
+
+TENANCY_NOT_ENFORCED = "TenancyNotEnforced"
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,9 @@ class Findings:
     apply_errors: Sequence[str] = ()
     deleting: bool = False
     pending: int = 0  # devices held back by agents until their claims are released
+    kinds: Sequence[DeviceKind] = ()
+    taken: Sequence[str] = ()  # objects of our names that tenants made first
+    foreign: Sequence[str] = ()  # claims holding our devices outside the tenants
 
 
 def _condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
@@ -48,6 +60,9 @@ def conditions(f: Findings) -> list[Condition]:
         ready = _condition("Ready", False, "Deleting",
                            f"Waiting for {len(f.usage.holding_claims)} claims to release this policy's devices:"
                            f" {', '.join(f.usage.holding_claims[:10])}.")
+    elif f.problems and f.problems[0].reason == TENANCY_NOT_ENFORCED:
+        ready = _condition("Ready", False, TENANCY_NOT_ENFORCED, "Tenancy is not enforced; see the Valid condition."
+                           " Node agents publish no new devices of this policy until it is.")
     elif f.problems:
         ready = _condition("Ready", False, "InvalidSpec", "The spec is not valid; see the Valid condition."
                            " Objects created for an earlier valid spec are left as they were.")
@@ -57,13 +72,25 @@ def conditions(f: Findings) -> list[Condition]:
         ready = _condition("Ready", False, published.reason, published.message)
     else:
         ready = _condition("Ready", True, "Ready", "Tenants can claim slices with the claim template.")
-    degraded = _condition("Degraded", False, "AsExpected", "")
-    if f.pending:
+    # One Degraded reason, the most urgent first.
+    if f.apply_errors:
+        degraded = _condition("Degraded", True, "ApplyFailed", "; ".join(f.apply_errors))
+    elif f.foreign:
+        degraded = _condition("Degraded", True, "ForeignClaims",
+                              f"{len(f.foreign)} claims outside spec.tenants hold devices of this policy (allocated"
+                              f" before their namespace left spec.tenants): {', '.join(f.foreign[:10])}. No new"
+                              " allocation outside the tenants is admitted; delete these claims to return the devices.")
+    elif f.taken:
+        degraded = _condition("Degraded", True, "NameTaken",
+                              f"{'; '.join(f.taken)}: made by someone else before gpuslice, so gpuslice leaves it"
+                              " alone and that tenant gets no such template; delete or rename it, or choose another"
+                              " spec.claimTemplateName.")
+    elif f.pending:
         degraded = _condition("Degraded", True, "ChangePending",
                               f"{f.pending} allocated devices keep their old shape until their claims are released;"
                               " they are tainted gpuslice.dev/pending-change so nothing new lands on them.")
-    if f.apply_errors:
-        degraded = _condition("Degraded", True, "ApplyFailed", "; ".join(f.apply_errors))
+    else:
+        degraded = _condition("Degraded", False, "AsExpected", "")
     return [valid, published, ready, degraded]
 
 
@@ -76,14 +103,25 @@ def build_status(policy: GpuSlicePolicy, f: Findings, now: str) -> GpuSlicePolic
         stamped.append(condition.model_copy(update={
             "last_transition_time": since, "observed_generation": policy.metadata.generation,
         }))
-    tenants = [
-        TenantStatus(namespace=t.namespace, allocated=f.usage.by_namespace.get(t.namespace, 0), limit=t.max_slices)
-        for t in policy.spec.tenants
-    ]
+    kinds = list(f.kinds)
+    tenants = []
+    for t in policy.spec.tenants:
+        held = f.usage.kinds_by_namespace.get(t.namespace, {})
+        limits = {k.kind: quota(t, k) for k in kinds}
+        tenants.append(TenantStatus(
+            namespace=t.namespace, allocated=f.usage.by_namespace.get(t.namespace, 0),
+            limit=sum(v or 0 for v in limits.values()) if t.limited else None,
+            allocated_bytes=f.usage.bytes_by_namespace.get(t.namespace, 0), limit_bytes=limit_bytes(t, kinds),
+            kinds=[KindUsage(kind=k.kind, allocated=held.get(k.kind, 0), limit=limits[k.kind])
+                   for k in kinds if t.limited or held.get(k.kind)],
+        ))
+    primary = next((k.class_name for k in kinds if k.primary), None)
     return GpuSlicePolicyStatus(
         observed_generation=policy.metadata.generation,
         conditions=stamped,
-        device_class_name=device_class_name(policy.name),
+        device_class_name=primary,
+        device_classes=[DeviceClassStatus(kind=k.kind, name=k.class_name, memory_bytes=k.memory) for k in kinds],
+        foreign_claims=list(f.foreign),
         nodes=f.selection.node_count,
         gpus=f.selection.gpu_count,
         slices=SliceCounts(published=f.published, allocated=f.usage.allocated),

@@ -80,10 +80,11 @@ def manifest_documents(name: str) -> list[dict[str, Any]]:
 
 
 async def install(kube: KubeClient, state_dir: Path, server: str, ca_pem: bytes) -> Path:
-    """Install the CRD and both components' RBAC; return the controller's kubeconfig."""
+    """Install the CRD, both components' RBAC and gpuslice's admission policies; return the
+    controller's kubeconfig."""
     try:
         await apply_all(kube, [crd(), *manifest_documents("controller-rbac.yaml"),
-                               *manifest_documents("agent-rbac.yaml")])
+                               *manifest_documents("agent-rbac.yaml"), *manifest_documents("admission.yaml")])
         return await token_kubeconfig(kube, CONTROLLER_SA, server, ca_pem, state_dir / "controller.kubeconfig")
     except KubeError as error:
         raise DevClusterError(f"Installing gpuslice into the dev cluster failed: {error}") from error

@@ -11,7 +11,15 @@ ATTR_POLICY = "policy"  # every device carries the name of the policy that made 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuslice"}
 LABEL_POLICY = "gpuslice.dev/policy"
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
-ADMIN_ACCESS_OWNERS = "gpuslice.dev/admin-access-for"  # annotation: policies that asked gpuslice to set it
+# Where the controller runs, and the one namespace that can never be a tenant: the controller
+# proves that tenancy is enforced by being refused a (dry-run) claim there.
+CONTROLLER_NAMESPACE = "gpuslice-system"
+# Taints the node agent puts on devices to keep new claims off them (a held change, a drain,
+# MIG reconfiguration, health). Tenants may never tolerate these, nor any other gpuslice.dev/ key
+# that is not one of their policy's own tolerable taints.
+PENDING_TAINT_KEY = "gpuslice.dev/pending-change"
+SAFETY_TAINT_KEYS = (PENDING_TAINT_KEY, "gpuslice.dev/reconfiguring", "gpuslice.dev/unhealthy",
+                     "gpuslice.dev/mig-failed")
 
 
 def device_class_name(policy: str) -> str:

@@ -7,14 +7,44 @@ ResourceClaims.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER
+from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER, PENDING_TAINT_KEY
+from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.planning.cluster_objects import DeviceRef
+from gpuslice.planning.kinds import FULL, SHARED, SLICE
 
-PENDING_TAINT_KEY = "gpuslice.dev/pending-change"  # set by the node agent (planning.pool_safety)
+__all__ = ["PENDING_TAINT_KEY", "ClaimResult", "ClaimView", "DeviceInfo", "SliceView", "Usage", "device_info",
+           "devices_by_policy", "devices_in_flux", "foreign_claims", "pending_devices", "usage"]
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a published device is, for counting: its kind and the memory it stands for."""
+
+    kind: str
+    memory: int
+
+
+def _memory(device: Mapping[str, Any]) -> int:
+    try:
+        return quantity_bytes(str(((device.get("capacity") or {}).get("memory") or {}).get("value", "0")))
+    except ValueError:
+        return 0
+
+
+def _kind(attributes: Mapping[str, Any]) -> str:
+    def read(name: str) -> str:
+        return str((attributes.get(f"{ATTRIBUTE_DOMAIN}/{name}") or {}).get("string", ""))
+
+    mode = read("mode")
+    if mode == "shared":
+        return SHARED
+    if mode == "mig":
+        return read("profile")
+    return FULL if read("sliceSize") == "full" else SLICE
 
 
 @dataclass(frozen=True)
@@ -26,19 +56,31 @@ class SliceView:
     devices: tuple[tuple[str, str], ...]  # (device name, policy attribute)
     pending: frozenset[str] = frozenset()  # devices the agent holds back (allocated, change waiting)
     slice_count: int = 1  # the pool's resourceSliceCount at this generation
+    info: tuple[tuple[str, DeviceInfo], ...] = ()  # (device name, what it is)
 
     @classmethod
     def from_slice(cls, spec: Mapping[str, Any]) -> SliceView:
-        devices, pending = [], set()
+        devices, pending, info = [], set(), []
         for device in spec.get("devices") or []:
             if any(t.get("key") == PENDING_TAINT_KEY for t in device.get("taints") or []):
                 pending.add(str(device["name"]))
             # Fully qualified: a bare name would belong to the driver's domain, not ours.
-            attribute = (device.get("attributes") or {}).get(f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}") or {}
+            attributes = device.get("attributes") or {}
+            attribute = attributes.get(f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}") or {}
             devices.append((device["name"], str(attribute.get("string", ""))))
+            info.append((str(device["name"]), DeviceInfo(_kind(attributes), _memory(device))))
         pool = spec.get("pool") or {}
         return cls(str(pool.get("name", "")), int(pool.get("generation", 0)), tuple(devices), frozenset(pending),
-                   int(pool.get("resourceSliceCount", 1)))
+                   int(pool.get("resourceSliceCount", 1)), tuple(info))
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """One of our devices in a claim's allocation."""
+
+    device: DeviceRef
+    admin: bool = False  # allocated with adminAccess: the scheduler does not count it as taken
+    consumed: int | None = None  # shared devices: the memory this allocation consumed
 
 
 @dataclass(frozen=True)
@@ -47,13 +89,26 @@ class ClaimView:
 
     namespace: str
     name: str
-    devices: tuple[DeviceRef, ...]
+    results: tuple[ClaimResult, ...]
+
+    @property
+    def devices(self) -> tuple[DeviceRef, ...]:
+        return tuple(r.device for r in self.results)
 
     @classmethod
     def from_claim(cls, namespace: str, name: str, status: Mapping[str, Any]) -> ClaimView | None:
         results = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or []
-        ours = tuple(DeviceRef(r["pool"], r["device"]) for r in results if r.get("driver") == DRIVER)
-        return cls(namespace, name, ours) if ours else None
+        ours = []
+        for r in results:
+            if r.get("driver") != DRIVER:
+                continue
+            consumed = ((r.get("consumedCapacity") or {}).get("memory"))
+            try:
+                amount = quantity_bytes(str(consumed)) if consumed is not None else None
+            except ValueError:
+                amount = None
+            ours.append(ClaimResult(DeviceRef(r["pool"], r["device"]), bool(r.get("adminAccess")), amount))
+        return cls(namespace, name, tuple(ours)) if ours else None
 
 
 def pending_devices(slices: Iterable[SliceView]) -> set[DeviceRef]:
@@ -101,22 +156,58 @@ def devices_in_flux(slices: Iterable[SliceView]) -> dict[str, set[DeviceRef]]:
     return _by_policy(v for v in slices if v.pool not in complete)
 
 
+def device_info(slices: Iterable[SliceView]) -> dict[DeviceRef, DeviceInfo]:
+    """Kind and memory of every device of complete pools' newest generations (as counted)."""
+    slices = list(slices)
+    newest, complete = _complete_pools(slices)
+    return {DeviceRef(v.pool, name): info for v in slices if v.pool in complete and v.generation == newest[v.pool]
+            for name, info in v.info}
+
+
 @dataclass
 class Usage:
     allocated: int = 0
     by_namespace: dict[str, int] = field(default_factory=dict)
     holding_claims: list[str] = field(default_factory=list)
+    bytes_by_namespace: dict[str, int] = field(default_factory=dict)
+    kinds_by_namespace: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-def usage(devices: set[DeviceRef], claims: Iterable[ClaimView]) -> Usage:
-    """How many of ``devices`` are allocated, per namespace, and by which claims."""
+def usage(devices: set[DeviceRef], claims: Iterable[ClaimView],
+          info: Mapping[DeviceRef, DeviceInfo] | None = None) -> Usage:
+    """How many of ``devices`` are allocated, per namespace (in devices, bytes and kinds), and by
+    which claims. Admin-access results hold no device (the scheduler does not count them as taken),
+    but their claims are listed: deletion waits for them too."""
+    info = info or {}
     result = Usage()
     for claim in claims:
-        held = sum(1 for ref in claim.devices if ref in devices)
+        held = [r for r in claim.results if r.device in devices]
         if not held:
             continue
-        result.allocated += held
-        result.by_namespace[claim.namespace] = result.by_namespace.get(claim.namespace, 0) + held
         result.holding_claims.append(f"{claim.namespace}/{claim.name}")
+        for r in held:
+            if r.admin:
+                continue
+            what = info.get(r.device)
+            result.allocated += 1
+            result.by_namespace[claim.namespace] = result.by_namespace.get(claim.namespace, 0) + 1
+            memory = r.consumed if r.consumed is not None else (what.memory if what else 0)
+            result.bytes_by_namespace[claim.namespace] = result.bytes_by_namespace.get(claim.namespace, 0) + memory
+            kinds = result.kinds_by_namespace.setdefault(claim.namespace, {})
+            if what is not None:
+                kinds[what.kind] = kinds.get(what.kind, 0) + 1
     result.holding_claims.sort()
     return result
+
+
+def foreign_claims(devices: set[DeviceRef], claims: Iterable[ClaimView], tenants: Set[str],
+                   admins: Set[str]) -> list[str]:
+    """Claims holding ``devices`` from outside the policy's tenants: allocated before their namespace
+    left spec.tenants (admission refuses any new such allocation). Admin namespaces may hold them
+    with adminAccess only."""
+    found = []
+    for claim in claims:
+        held = [r for r in claim.results if r.device in devices]
+        if held and claim.namespace not in tenants and not (claim.namespace in admins and all(r.admin for r in held)):
+            found.append(f"{claim.namespace}/{claim.name}")
+    return sorted(found)

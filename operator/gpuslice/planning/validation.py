@@ -8,9 +8,11 @@ and an invalid policy changes nothing that was already created.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.dra.names import CONTROLLER_NAMESPACE
+from gpuslice.planning.kinds import all_template_names
 from gpuslice.planning.modes import MODES, mode_of
 from gpuslice.planning.selection import MAX_SLICES_PER_GPU, Problem, Selection, select, seniority
 
@@ -44,11 +46,13 @@ def _conflicts(
                 " policies can share GPUs. Narrow spec.nodeSelector or spec.gpuSelector of one of them.",
             ))
         common = tenants & {t.namespace for t in other.spec.tenants}
-        if common and other.spec.claim_template_name == policy.spec.claim_template_name:
+        clash = all_template_names(policy) & all_template_names(other)
+        if common and clash:
             problems.append(Problem(
                 "ClaimTemplateConflict",
-                f"spec.claimTemplateName {policy.spec.claim_template_name} is already used by GpuSlicePolicy"
-                f" {other.name} in namespace {sorted(common)[0]}; choose another claimTemplateName.",
+                f"spec.claimTemplateName {policy.spec.claim_template_name} makes the template {sorted(clash)[0]},"
+                f" which GpuSlicePolicy {other.name} also makes in namespace {sorted(common)[0]}; choose another"
+                " claimTemplateName.",
             ))
         ext = policy.spec.extended_resource_name
         if ext and ext == other.spec.extended_resource_name:
@@ -60,8 +64,40 @@ def _conflicts(
     return problems
 
 
+def _foreign_class_problems(policy: GpuSlicePolicy, foreign_extended: Mapping[str, str]) -> list[Problem]:
+    ext = policy.spec.extended_resource_name
+    if ext and ext in foreign_extended:
+        return [Problem(
+            "ExtendedResourceConflict",
+            f"spec.extendedResourceName {ext} is already served by DeviceClass {foreign_extended[ext]}, which"
+            " gpuslice did not make (of two classes with one extended resource the scheduler uses only one);"
+            " choose another extendedResourceName or remove it from that DeviceClass.",
+        )]
+    return []
+
+
+def _namespace_problems(policy: GpuSlicePolicy, controller_namespace: str) -> list[Problem]:
+    named = {t.namespace for t in policy.spec.tenants} | set(policy.spec.admin_access.namespaces)
+    if controller_namespace in named:
+        return [Problem(
+            "ControllerNamespace",
+            f"namespace {controller_namespace} is where the gpuslice controller runs; it cannot be a tenant or an"
+            " admin namespace (the controller proves that tenancy is enforced by being refused a claim there);"
+            " remove it from spec.tenants and spec.adminAccess.namespaces.",
+        )]
+    return []
+
+
 def validate(
-    policy: GpuSlicePolicy, selection: Selection, others: Sequence[tuple[GpuSlicePolicy, Selection]]
+    policy: GpuSlicePolicy,
+    selection: Selection,
+    others: Sequence[tuple[GpuSlicePolicy, Selection]],
+    *,
+    foreign_extended: Mapping[str, str] | None = None,
+    controller_namespace: str = CONTROLLER_NAMESPACE,
 ) -> list[Problem]:
-    """Everything wrong with ``policy`` in this cluster; empty when it is valid."""
-    return mode_of(policy).fit_problems(policy, selection) + _conflicts(policy, selection, others)
+    """Everything wrong with ``policy`` in this cluster; empty when it is valid.
+    ``foreign_extended`` maps the extended resources of DeviceClasses gpuslice did not make to those classes."""
+    return (mode_of(policy).fit_problems(policy, selection) + _conflicts(policy, selection, others)
+            + _foreign_class_problems(policy, foreign_extended or {})
+            + _namespace_problems(policy, controller_namespace))

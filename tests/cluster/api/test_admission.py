@@ -70,6 +70,40 @@ BAD: dict[str, tuple[Any, ...]] = {
         'spec.adminAccess.namespaces[1]: Duplicate value: "ops"',
     ),
     "bad extended resource name": (_with("extendedResourceName", "gpu slice"), "extendedResourceName must look like"),
+    # What the apiserver would refuse later, in a DeviceTaintRule or a DeviceClass: refused here, with the fix.
+    "taint key not a qualified name": (
+        _with("taints", [{"key": "maintenance window", "effect": "NoSchedule"}]), "taints[].key must be a qualified name"),
+    "taint key with a bad prefix": (
+        _with("taints", [{"key": "Example.com/maint", "effect": "NoSchedule"}]), "taints[].key must be a qualified name"),
+    "taint value not a label value": (
+        _with("taints", [{"key": "gpuslice.dev/maint", "value": "not ok", "effect": "NoSchedule"}]),
+        "taints[].value must be empty or at most 63"),
+    "one of gpuslice's own taints": (
+        _with("taints", [{"key": "gpuslice.dev/pending-change", "effect": "NoSchedule"}]),
+        "taints[].key may not be one of gpuslice's own safety taints"),
+    "extended resource in kubernetes.io": (
+        _with("extendedResourceName", "kubernetes.io/gpu"), "may not be in the kubernetes.io domain"),
+    "extended resource in a kubernetes.io subdomain": (
+        _with("extendedResourceName", "nvidia.kubernetes.io/gpu"), "may not be in the kubernetes.io domain"),
+    "extended resource with requests. prefix": (
+        _with("extendedResourceName", "requests.example.com/gpu"), "may not be in the kubernetes.io domain"),
+    "extended resource domain too long": (
+        _with("extendedResourceName", "a" * 245 + "/gpu"), "extendedResourceName must look like"),
+    "the controller's namespace as a tenant": (
+        _with("tenants", [{"namespace": "gpuslice-system"}]), "gpuslice-system is gpuslice's own namespace"),
+    "the controller's namespace for admin access": (
+        _with("adminAccess", {"namespaces": ["gpuslice-system"]}), "gpuslice-system is gpuslice's own namespace"),
+    "maxSlices in mig mode": (
+        _with("slicing", {"mode": "mig", "mig": {"profiles": ["1g.10gb"]}}), "in mig mode, limit tenants per MIG profile"),
+    "maxMigDevices in memory mode": (
+        _with("tenants", [{"namespace": "team-a", "maxMigDevices": {"1g.10gb": 1}}]),
+        "tenants[].maxMigDevices is for mig mode"),
+    "maxFullGpus without allowFullGpu": (
+        _with("tenants", [{"namespace": "team-a", "maxFullGpus": 1}]), "tenants[].maxFullGpus needs slicing.allowFullGpu"),
+    "maxMigDevices of a profile not offered": (
+        {"slicing": {"mode": "mig", "mig": {"profiles": ["1g.10gb"]}},
+         "tenants": [{"namespace": "team-a", "maxMigDevices": {"3g.40gb": 1}}]},
+        "tenants[].maxMigDevices names a MIG profile the policy does not offer"),
 }
 
 
@@ -111,3 +145,22 @@ async def test_good_policy_is_accepted_with_defaults(kube: KubeClient, policy_cr
         assert GpuSlicePolicySpec.model_validate(created["spec"]).slicing.slice_bytes == 10 * 1024**3
     finally:
         await kube.delete(f"{policy_crd}/good-{unique}")
+
+
+async def test_limits_per_kind_and_tolerable_taints_are_accepted(kube: KubeClient, policy_crd: str, unique: str) -> None:
+    specs = {
+        "mig": {"slicing": {"mode": "mig", "mig": {"layout": {"3g.40gb": 1, "1g.10gb+me": 1}}},
+                "tenants": [{"namespace": "team-a", "maxMigDevices": {"1g.10gb+me": 1, "3g.40gb": 0}}, {"namespace": "b"}]},
+        "full": {"slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
+                 "tenants": [{"namespace": "team-a", "maxSlices": 2, "maxFullGpus": 1}],
+                 "taints": [{"key": "example.com/maint", "value": "v1.2_x", "effect": "NoExecute", "tolerable": True}],
+                 "extendedResourceName": "example.com/gpu"},
+    }
+    for suffix, spec in specs.items():
+        body = {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy",
+                "metadata": {"name": f"good-{unique}-{suffix}"}, "spec": spec}
+        try:
+            created = await kube.create(policy_crd, body)
+            GpuSlicePolicySpec.model_validate(created["spec"])
+        finally:
+            await kube.delete(f"{policy_crd}/good-{unique}-{suffix}")

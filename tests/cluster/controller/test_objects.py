@@ -57,10 +57,6 @@ async def test_policy_creates_class_templates_quota_admission_and_labels(
     assert quota["spec"]["hard"] == {f"{klass}.deviceclass.resource.k8s.io/devices": "2"}
     assert await get_or_none(kube, f"/api/v1/namespaces/{team_b}/resourcequotas/gpuslice-{name}") is None
 
-    vap = "/apis/admissionregistration.k8s.io/v1"
-    assert await wait_for(lambda: get_or_none(kube, f"{vap}/validatingadmissionpolicies/gpuslice-tenancy-{name}"), what="the VAP")
-    assert await wait_for(lambda: get_or_none(kube, f"{vap}/validatingadmissionpolicybindings/gpuslice-tenancy-{name}"), what="binding")
-
     async def labelled() -> bool:
         ns = await kube.get(f"/api/v1/namespaces/{ops}")
         return ns["metadata"].get("labels", {}).get("resource.kubernetes.io/admin-access") == "true"
@@ -73,10 +69,19 @@ async def test_policy_creates_class_templates_quota_admission_and_labels(
 
     body = await wait_for(status, what="status with Valid=True")
     assert body["status"]["deviceClassName"] == klass
+    assert body["status"]["deviceClasses"] == [{"kind": "slice", "name": klass, "memoryBytes": 10 * 1024**3}]
+    assert body["status"]["admittedTenants"] == sorted(
+        [{"namespace": ns, "uid": (await kube.get(f"/api/v1/namespaces/{ns}"))["metadata"]["uid"]} for ns in (team_a, team_b)],
+        key=lambda a: a["namespace"])
+    assert body["status"]["adminAccessLabels"] == [ops]
     assert condition(body, "Published")["reason"] == "NoMatchingNodes"
     assert condition(body, "Ready")["status"] == "False"
     assert body["status"]["observedGeneration"] == body["metadata"]["generation"]
-    assert [t["namespace"] for t in body["status"]["tenants"]] == [team_a, team_b]
+    assert body["status"]["tenants"] == [
+        {"namespace": team_a, "allocated": 0, "limit": 2, "allocatedBytes": 0, "limitBytes": 20 * 1024**3,
+         "kinds": [{"kind": "slice", "allocated": 0, "limit": 2}]},
+        {"namespace": team_b, "allocated": 0, "allocatedBytes": 0, "kinds": []},
+    ]
 
     # A field the policy stops asking for goes from the object too (apply removes what we owned).
     await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"extendedResourceName": None}})

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from gpuslice.kube.client import KubeClient, KubeError
-from gpuslice.planning.cluster_objects import admin_access_guard_binding
-from tests.cluster.controller.test_objects import NO_NODES, get_or_none
-from tests.cluster.kubeutil import RESOURCE, wait_for
+from gpuslice.planning.admission import ADMIN_LABEL_GUARD, binding
+from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
+from tests.cluster.kubeutil import RESOURCE, delete_namespace, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, admin_label_guarded
 
 VAP = "/apis/admissionregistration.k8s.io/v1"
@@ -26,12 +26,21 @@ def claim(name: str, device_class: str, admin: bool = False) -> dict[str, Any]:
 
 
 async def ready_policy(kube: KubeClient, make_policy: PolicyFactory, spec: dict[str, Any], suffix: str = "") -> str:
-    """Create a policy and wait until its admission rules are in force."""
+    """Create a policy and wait until the controller has proved its tenancy is enforced (Valid)."""
     name = (await make_policy({"nodeSelector": NO_NODES, "slicing": {"mode": "memory", "sliceSize": "10Gi"}, **spec},
                               suffix))["metadata"]["name"]
-    await wait_for(lambda: get_or_none(kube, f"{VAP}/validatingadmissionpolicybindings/gpuslice-tenancy-{name}"),
-                   what="the tenancy binding")
+    await valid(kube, name)
     return name
+
+
+async def valid(kube: KubeClient, name: str) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        body = await kube.get(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}")
+        fresh = (body.get("status") or {}).get("observedGeneration") == body["metadata"]["generation"]
+        return body if fresh and condition(body, "Valid").get("status") == "True" else None
+
+    found: dict[str, Any] = await wait_for(check, within=30, what=f"{name} to be Valid")
+    return found
 
 
 async def create_eventually(kube: KubeClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -169,8 +178,8 @@ async def test_label_set_before_gpuslice_is_left_alone(
     namespaces: Callable[..., Awaitable[str]],
 ) -> None:
     """A namespace that had the label before (set while the guard was not installed)."""
-    binding = f"{VAP}/validatingadmissionpolicybindings/gpuslice-admin-access-label"
-    await kube.delete(binding)
+    path = f"{VAP}/validatingadmissionpolicybindings/{ADMIN_LABEL_GUARD}"
+    await kube.delete(path)
     try:
         async def labelled_namespace() -> str | None:
             try:
@@ -180,7 +189,7 @@ async def test_label_set_before_gpuslice_is_left_alone(
 
         ns = await wait_for(labelled_namespace, what="a namespace created with the label")
     finally:
-        await kube.apply(binding, admin_access_guard_binding(), field_manager="gpuslice-tests")
+        await kube.apply(path, binding(ADMIN_LABEL_GUARD), field_manager="gpuslice-tests")
         await admin_label_guarded(kube)
 
     name = await ready_policy(kube, make_policy, {"adminAccess": {"namespaces": [ns]}})
@@ -194,3 +203,122 @@ async def test_label_set_before_gpuslice_is_left_alone(
     await wait_for(reconciled, what="the edit to be reconciled")
     labels = (await kube.get(f"/api/v1/namespaces/{ns}"))["metadata"]["labels"]
     assert labels.get(ADMIN_LABEL) == "true", "a label gpuslice did not set is never removed"
+
+
+def tolerating(name: str, device_class: str, *tolerations: dict[str, Any], first_available: bool = False
+               ) -> dict[str, Any]:
+    body = claim(name, device_class)
+    request = body["spec"]["devices"]["requests"][0]
+    request["exactly"]["tolerations"] = list(tolerations)
+    if first_available:
+        request["firstAvailable"] = [{"name": "any", **request.pop("exactly")}]
+    return body
+
+
+async def test_tenants_may_not_tolerate_gpuslices_taints(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    """A claim that tolerates gpuslice.dev/pending-change (or everything) would land on devices held
+    for a change or draining: refused, as are the policy's own taints unless tolerable."""
+    tenant = await namespaces("tolerant")
+    name = await ready_policy(kube, make_policy, {"tenants": [{"namespace": tenant}], "taints": [
+        {"key": "example.com/maintenance", "effect": "NoSchedule"},
+        {"key": "gpuslice.dev/maintenance", "effect": "NoExecute", "tolerable": True}]})
+    klass, claims = f"{name}.gpuslice.dev", f"{RESOURCE}/namespaces/{tenant}/resourceclaims"
+    refused = [
+        {"key": "gpuslice.dev/pending-change", "operator": "Exists", "effect": "NoSchedule"},
+        {"operator": "Exists"},
+        {"key": "gpuslice.dev/unhealthy", "operator": "Equal", "value": "x"},
+        {"key": "gpuslice.dev/anything-new", "operator": "Exists"},
+        {"key": "example.com/maintenance", "operator": "Exists"},
+    ]
+    for i, toleration in enumerate(refused):
+        error = await denied(kube, claims, tolerating(f"t{i}", klass, toleration))
+        assert f"a request for devices of GpuSlicePolicy {name} tolerates a taint that tenants may not" in error.message
+        assert "remove that toleration" in error.message
+    error = await denied(kube, claims, tolerating("nested", klass, {"operator": "Exists"}, first_available=True))
+    assert "tolerates a taint that tenants may not" in error.message
+    # A tolerable policy taint, another driver's taint, and a taint effect the policy's taint does not have.
+    for i, toleration in enumerate([{"key": "gpuslice.dev/maintenance", "operator": "Exists"},
+                                    {"key": "example.com/other", "operator": "Exists"},
+                                    {"key": "example.com/maintenance", "operator": "Exists", "effect": "NoExecute"}]):
+        await create_eventually(kube, claims, tolerating(f"ok{i}", klass, toleration))
+
+
+async def test_admin_namespaces_claim_only_with_admin_access(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    """An admin namespace that is not a tenant could otherwise hold devices with no quota at all."""
+    ops = await namespaces("ops-only")
+    name = await ready_policy(kube, make_policy, {"adminAccess": {"namespaces": [ops]}})
+    error = await denied(kube, f"{RESOURCE}/namespaces/{ops}/resourceclaims", claim("plain", f"{name}.gpuslice.dev"))
+    assert f"namespace {ops} may use devices of GpuSlicePolicy {name} only with adminAccess: true" in error.message
+
+
+async def test_a_removed_tenants_claim_is_released_and_its_namespace_deleted(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    """kube-controller-manager removes the claim's finalizer with an update: a rule on claim updates
+    would keep the claim (and so its namespace) Terminating forever once the tenant is removed."""
+    tenant, other = await namespaces("leaving"), await namespaces("staying")
+    name = await ready_policy(kube, make_policy, {"tenants": [{"namespace": tenant}, {"namespace": other}]})
+    body = claim("kept", f"{name}.gpuslice.dev")
+    body["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+    path = f"{RESOURCE}/namespaces/{tenant}/resourceclaims"
+    await create_eventually(kube, path, body)
+    policy_path = f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}"
+    await kube.merge_patch(policy_path, {"spec": {"tenants": [{"namespace": other}]}})
+    await valid(kube, name)
+    # A metadata edit of the claim passes: its spec (what it asks for) cannot change.
+    await kube.merge_patch(f"{path}/kept", {"metadata": {"labels": {"audit": "done"}}})
+    await kube.delete(f"{path}/kept")
+    await wait_for(lambda: _gone(kube, f"{path}/kept"), within=30, what="the removed tenant's claim to be deleted")
+    await kube.delete(f"/api/v1/namespaces/{tenant}")
+    await wait_for(lambda: _gone(kube, f"/api/v1/namespaces/{tenant}"), within=60, what="the namespace to be deleted")
+
+
+async def _gone(kube: KubeClient, path: str) -> bool:
+    return await get_or_none(kube, path) is None
+
+
+async def test_a_new_tenants_claims_wait_for_its_quota(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, unique: str,
+) -> None:
+    """A tenant namespace made after the policy names it is admitted only once its quota exists:
+    claims rushed in before the quota would never be counted against maxSlices."""
+    late = f"rush-{unique}"
+    name = await ready_policy(kube, make_policy, {"tenants": [{"namespace": late, "maxSlices": 1}]})
+    klass, path = f"{name}.gpuslice.dev", f"{RESOURCE}/namespaces/{late}/resourceclaims"
+    made: list[str] = []
+    refusals: set[str] = set()
+
+    async def rush() -> bool:
+        i = len(made) + len(refusals)
+        try:
+            await kube.create(path, claim(f"c{i}", klass))
+            made.append(f"c{i}")
+        except KubeError as error:
+            refusals.add(error.message.split(": ", 2)[-1][:80])
+        quota = await get_or_none(kube, f"/api/v1/namespaces/{late}/resourcequotas/gpuslice-{name}")
+        return bool(made) and quota is not None and "used" in (quota.get("status") or {})
+
+    # The controller is frozen while the namespace appears (as a slow controller would be): claims
+    # rushed in then must wait for the quota. Made here, not by the fixture (which waits for the
+    # default ServiceAccount), so the claims start at once.
+    controller.pause()
+    try:
+        await kube.create("/api/v1/namespaces", {"metadata": {"name": late}})
+        for _ in range(100):
+            await rush()
+    finally:
+        controller.resume()
+    try:
+        await wait_for(rush, within=30, every=0.01, what="a claim and the quota to count it")
+        for _ in range(20):  # the namespace is admitted and counted now: more claims are refused by quota
+            await rush()
+    finally:
+        await delete_namespace(kube, late)
+    assert len(made) == 1, f"claims made before the quota counted them: {made}; refusals: {refusals}"

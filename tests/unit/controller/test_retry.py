@@ -1,8 +1,9 @@
-"""A converge that failed is retried by the next trigger, even one that normally only reports.
+"""A converge that failed is retried by the next trigger once its backoff is up, even one that
+normally only reports; the backoff doubles and is bounded, so bad input never loops.
 
 Kopf does not retry event handlers (a tenant namespace appeared), so the 10 s status timer must
-pick up a policy whose objects could not be written. The fault (the apiserver refusing a write
-once) is injected: a real apiserver cannot be made to refuse on cue.
+pick up a policy whose objects could not be written. The fault (the apiserver refusing a write)
+is injected: a real apiserver cannot be made to refuse on cue.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import kopf
 import pytest
 
 from gpuslice.controller.admin_access import NamespaceView
-from gpuslice.controller.reconcile import Context, World, reconcile
+from gpuslice.controller.reconcile import LAST_RETRY, Context, World, reconcile
 from gpuslice.kube.client import KubeClient, KubeError
 
 
-class RefusesOnce:
-    """Enough of KubeClient for a reconcile; the first template write is refused as an overloaded server would."""
+class Refuses:
+    """Enough of KubeClient for a reconcile; template writes are refused (as an overloaded server
+    would) while ``refuse`` is set, and the tenancy probe is refused as the admission policy does."""
 
     def __init__(self) -> None:
         self.refuse = True
@@ -26,7 +28,6 @@ class RefusesOnce:
 
     async def apply(self, path: str, body: dict[str, Any], *, field_manager: str, force: bool = True) -> dict[str, Any]:
         if self.refuse and "/resourceclaimtemplates/" in path:
-            self.refuse = False
             raise KubeError(503, "ServiceUnavailable", "the server is currently unable to handle the request", None)
         self.applied.append(path)
         return body
@@ -34,11 +35,18 @@ class RefusesOnce:
     async def list(self, path: str, **query: Any) -> list[dict[str, Any]]:
         return []
 
+    async def get(self, path: str, **query: Any) -> dict[str, Any]:
+        raise KubeError(404, "NotFound", "not found", None)
+
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
         return patch
 
     async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return body
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
+        raise KubeError(403, "Forbidden", "ResourceClaim probe: namespace gpuslice-system is not a tenant of"
+                        " GpuSlicePolicy team-a, so ...", None)
 
 
 POLICY = {
@@ -46,21 +54,53 @@ POLICY = {
     "metadata": {"name": "team-a", "uid": "u-1", "generation": 1, "creationTimestamp": "2026-11-29T10:00:00Z"},
     "spec": {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "tenants": [{"namespace": "a"}]},
 }
-WORLD = World(policies={"team-a": POLICY}, namespaces={"a": NamespaceView({}, {}, True)}, nodes={}, slices=[],
+WORLD = World(policies={"team-a": POLICY}, namespaces={"a": NamespaceView({}, True, "uid-a")}, nodes={}, slices=[],
               claims=[])
 
 
-async def test_status_refresh_converges_again_after_a_failed_write() -> None:
-    kube = RefusesOnce()
-    ctx = Context(kube=cast(KubeClient, kube), username="system:serviceaccount:gpuslice:controller")
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
 
-    with pytest.raises(kopf.TemporaryError, match="could not be applied"):
+    def __call__(self) -> float:
+        return self.now
+
+
+def templates(kube: Refuses) -> list[str]:
+    return [p for p in kube.applied if "/resourceclaimtemplates/" in p]
+
+
+async def test_status_refresh_converges_again_once_the_backoff_is_up() -> None:
+    kube, clock = Refuses(), Clock()
+    ctx = Context(kube=cast(KubeClient, kube), username="system:serviceaccount:gpuslice:controller", clock=clock)
+
+    with pytest.raises(kopf.TemporaryError, match="server is currently unable") as first:
         await reconcile(ctx, POLICY, WORLD)  # e.g. from the namespace event: Kopf will not retry it
-    assert not any("/resourceclaimtemplates/" in path for path in kube.applied)
+    assert first.value.delay == 2.0
+    kube.refuse = False
 
-    await reconcile(ctx, POLICY, WORLD, converge_objects=False)  # the status timer
-    assert any(path.endswith("/namespaces/a/resourceclaimtemplates/gpu-slice") for path in kube.applied)
+    await reconcile(ctx, POLICY, WORLD, converge_objects=False)  # the status timer, too early
+    assert templates(kube) == []
+    clock.now += 2.0
+    await reconcile(ctx, POLICY, WORLD, converge_objects=False)  # the status timer, backoff up
+    assert templates(kube) == ["/apis/resource.k8s.io/v1/namespaces/a/resourceclaimtemplates/gpu-slice"]
 
     kube.applied.clear()
     await reconcile(ctx, POLICY, WORLD, converge_objects=False)
     assert kube.applied == [], "once converged, the status timer goes back to reporting only"
+
+
+async def test_backoff_doubles_and_is_bounded() -> None:
+    kube, clock = Refuses(), Clock()
+    ctx = Context(kube=cast(KubeClient, kube), username="u", clock=clock)
+    delays = []
+    for _ in range(12):
+        with pytest.raises(kopf.TemporaryError) as failed:
+            await reconcile(ctx, POLICY, WORLD)
+        delays.append(failed.value.delay)
+    assert delays[:5] == [2.0, 4.0, 8.0, 16.0, 32.0]
+    assert max(delays) == LAST_RETRY == delays[-1]
+    # A new generation is new input: its first failure is retried soon again.
+    with pytest.raises(kopf.TemporaryError) as failed:
+        await reconcile(ctx, {**POLICY, "metadata": {**POLICY["metadata"], "generation": 2}}, WORLD)
+    assert failed.value.delay == 2.0

@@ -115,6 +115,10 @@ def test_shared_slice_larger_than_a_gpu_is_left_out_not_published_broken() -> No
     plan = plan_node_pool(LABELS, gpus("l4"), [policy("s", {"mode": "shared", "sliceSize": "40Gi"})])
     assert plan.devices == []
     assert plan.notes == ("s: sliceSize 40Gi is larger than GPU 0 (23034Mi)",)
+    # min + step (two slices) must fit too, or the apiserver rejects the request policy.
+    plan = plan_node_pool(LABELS, gpus("l4"), [policy("s", {"mode": "shared", "sliceSize": "12Gi"})])
+    assert plan.devices == []
+    assert plan.notes == ("s: sliceSize 12Gi is more than half of GPU 0 (23034Mi); a shared device needs room for two",)
 
 
 def test_typed_devices_read_back_from_what_is_published() -> None:

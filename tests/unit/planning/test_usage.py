@@ -52,3 +52,43 @@ def test_devices_of_a_pool_being_rewritten_are_in_flux_not_counted() -> None:
     assert devices_by_policy([old, new]) == {}
     assert devices_in_flux([old, new]) == {"p": {DeviceRef("n1", d) for d in ("a", "b", "c")}}
     assert devices_in_flux([old, new, view(2, 2, ["d"])]) == {}
+
+
+def test_usage_in_bytes_and_kinds_and_foreign_claims() -> None:
+    from gpuslice.planning.usage import device_info, foreign_claims
+
+    spec = {"driver": "gpu.gpuslice.dev", "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {"name": "s0", "attributes": {"gpuslice.dev/policy": {"string": "p"}, "gpuslice.dev/mode": {"string": "memory"},
+                                              "gpuslice.dev/sliceSize": {"string": "10Gi"}},
+                 "capacity": {"memory": {"value": "10Gi"}}},
+                {"name": "full", "attributes": {"gpuslice.dev/policy": {"string": "p"}, "gpuslice.dev/mode": {"string": "memory"},
+                                                "gpuslice.dev/sliceSize": {"string": "full"}},
+                 "capacity": {"memory": {"value": "80Gi"}}},
+                {"name": "sh", "attributes": {"gpuslice.dev/policy": {"string": "p"}, "gpuslice.dev/mode": {"string": "shared"}},
+                 "capacity": {"memory": {"value": "80Gi"}}},
+            ]}
+    views = [SliceView.from_slice(spec)]
+    info = device_info(views)
+    assert {ref.device: (i.kind, i.memory) for ref, i in info.items()} == {
+        "s0": ("slice", 10 * 1024**3), "full": ("full", 80 * 1024**3), "sh": ("shared", 80 * 1024**3)}
+    mine = devices_by_policy(views)["p"]
+
+    def claim(ns: str, name: str, *results: dict[str, object]) -> ClaimView:
+        found = ClaimView.from_claim(ns, name, {"allocation": {"devices": {"results": [
+            {"driver": "gpu.gpuslice.dev", "pool": "n1", "request": "gpu", **r} for r in results]}}})
+        assert found is not None
+        return found
+
+    claims = [claim("a", "c1", {"device": "s0"}, {"device": "full"}),
+              claim("a", "c2", {"device": "sh", "consumedCapacity": {"memory": "20Gi"}},
+                    {"device": "sh", "consumedCapacity": {"memory": "10Gi"}}),
+              claim("ops", "watch", {"device": "full", "adminAccess": True}),
+              claim("gone", "old", {"device": "s0"})]
+    result = usage(mine, claims, info)
+    assert result.by_namespace == {"a": 4, "gone": 1}
+    assert result.bytes_by_namespace == {"a": 120 * 1024**3, "gone": 10 * 1024**3}
+    assert result.kinds_by_namespace["a"] == {"slice": 1, "full": 1, "shared": 2}
+    assert "ops/watch" in result.holding_claims, "deletion waits for admin claims too"
+    assert foreign_claims(mine, claims, tenants={"a"}, admins={"ops"}) == ["gone/old"]
+    assert foreign_claims(mine, claims, tenants={"a"}, admins=set()) == ["gone/old", "ops/watch"]

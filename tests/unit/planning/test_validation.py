@@ -104,3 +104,35 @@ def test_claim_template_and_extended_resource_collisions() -> None:
     new = policy("new", {"nodeSelector": nothing, "slicing": {"mode": "memory", "sliceSize": "10Gi"},
                          "tenants": [{"namespace": "a"}], "extendedResourceName": "example.com/gpu"})
     assert reasons(new, [old]) == ["ClaimTemplateConflict", "ExtendedResourceConflict"]
+
+
+def test_shared_slice_must_leave_room_for_two_on_every_selected_gpu() -> None:
+    """The apiserver refuses a shared device whose request policy's min + step passes its capacity."""
+    fits_h100_not_l4 = policy("p", {"slicing": {"mode": "shared", "sliceSize": "20Gi"}})
+    [problem] = validate(fits_h100_not_l4, select(fits_h100_not_l4, INVENTORY), [])
+    assert problem.reason == "SliceTooLargeToShare"
+    assert "more than half of NVIDIA L4 on l4 (23034Mi)" in problem.message
+    assert "at most 11517Mi" in problem.message
+    h100_only = policy("p", {"slicing": {"mode": "shared", "sliceSize": "39Gi"}, "nodeSelector": {
+        "matchLabels": {"kubernetes.io/hostname": "h100"}}})
+    assert reasons(h100_only) == []
+    assert reasons(policy("p", {**h100_only.spec.model_dump(by_alias=True, exclude_none=True),
+                                "slicing": {"mode": "shared", "sliceSize": "40Gi"}})) == ["SliceTooLargeToShare"]
+
+
+def test_a_template_name_of_any_kind_collides() -> None:
+    full = policy("a", {"slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
+                        "tenants": [{"namespace": "t"}], "claimTemplateName": "gpu"}, created="2026-11-29T09:00:00Z")
+    other = policy("b", {"slicing": {"mode": "memory", "sliceSize": "20Gi"}, "tenants": [{"namespace": "t"}],
+                         "claimTemplateName": "gpu-full"})
+    assert reasons(other, [full]) == ["ClaimTemplateConflict"]
+
+
+def test_extended_resource_of_a_foreign_class_and_the_controller_namespace() -> None:
+    p = policy("p", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "extendedResourceName": "example.com/gpu"})
+    [problem] = validate(p, select(p, INVENTORY), [], foreign_extended={"example.com/gpu": "vendor-gpu"})
+    assert problem.reason == "ExtendedResourceConflict"
+    assert "already served by DeviceClass vendor-gpu" in problem.message
+    q = policy("q", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "tenants": [{"namespace": "ops"}]})
+    [problem] = validate(q, select(q, INVENTORY), [], controller_namespace="ops")
+    assert problem.reason == "ControllerNamespace"

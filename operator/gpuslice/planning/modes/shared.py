@@ -28,10 +28,15 @@ class SharedMode:
     def devices(self, gpu: Gpu, policies: Sequence[GpuSlicePolicy], notes: list[str]) -> list[Device]:
         policy = policies[0]
         slicing = policy.spec.slicing
+        # The apiserver would reject the whole slice: the request policy's min and min + step
+        # (one and two slices) must fit the capacity.
         if slicing.slice_bytes > gpu.memory:
-            # The apiserver would reject the whole slice (a request policy above the capacity).
             notes.append(f"{policy.name}: sliceSize {slicing.slice_size} is larger than GPU {gpu.index}"
                          f" ({format_bytes(gpu.memory)})")
+            return []
+        if 2 * slicing.slice_bytes > gpu.memory:
+            notes.append(f"{policy.name}: sliceSize {slicing.slice_size} is more than half of GPU {gpu.index}"
+                         f" ({format_bytes(gpu.memory)}); a shared device needs room for two")
             return []
         return [Device(name=device_name(gpu, policy.name, "shared"), policy=policy.name, mode="shared",
                        kind="shared", memory=gpu.memory, slice_size=slicing.slice_size, **gpu_ref(gpu))]
@@ -40,7 +45,20 @@ class SharedMode:
         return None
 
     def fit_problems(self, policy: GpuSlicePolicy, selection: Selection) -> list[Problem]:
-        return slice_fit_problems(policy, selection, max_slices=None)
+        problems = slice_fit_problems(policy, selection, max_slices=None)
+        if problems or not selection.gpus:
+            return problems
+        smallest = min(selection.gpus, key=lambda g: (g.memory, g.node))
+        if 2 * policy.spec.slicing.slice_bytes > smallest.memory:
+            half = format_bytes(smallest.memory // 2 // 1024**2 * 1024**2)
+            return [Problem(
+                "SliceTooLargeToShare",
+                f"slicing.sliceSize {policy.spec.slicing.slice_size} is more than half of {smallest.product_name} on"
+                f" {smallest.node} ({format_bytes(smallest.memory)}): a shared device's capacity must hold at least"
+                f" two sliceSize steps (the apiserver refuses it otherwise); choose a sliceSize of at most {half},"
+                " or use mode memory for whole GPUs.",
+            )]
+        return []
 
 
 MODE = SharedMode()

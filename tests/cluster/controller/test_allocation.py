@@ -1,0 +1,180 @@
+"""Tenancy where allocation happens: whatever a claim's history, the scheduler's write of its
+allocation is judged. Node agents publish real devices on fake GPU nodes and the real
+kube-scheduler allocates them."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.planning.admission import TENANCY, tenancy_binding
+from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
+from tests.cluster.agent.test_publishing import published
+from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
+from tests.cluster.controller.test_tenancy import claim
+from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_claim, wait_for
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+
+__all__ = ["agent_rbac", "gpu_node"]  # fixtures of the agent tier, used here
+POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+VAP = "/apis/admissionregistration.k8s.io/v1"
+
+
+def pod_using(name: str, claim_name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": PAUSE_IMAGE, "resources": {"claims": [{"name": "gpu"}]}}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}]}}
+
+
+async def allocation(kube: KubeClient, ns: str, name: str) -> dict[str, Any] | None:
+    body = await get_or_none(kube, f"{RESOURCE}/namespaces/{ns}/resourceclaims/{name}")
+    found: dict[str, Any] | None = ((body or {}).get("status") or {}).get("allocation")
+    return found
+
+
+async def _event(kube: KubeClient, ns: str, pod: str, text: str) -> str | None:
+    for event in await kube.list(f"/api/v1/namespaces/{ns}/events"):
+        if event["involvedObject"]["name"] == pod and text in (event.get("message") or ""):
+            return str(event["message"])
+    return None
+
+
+async def pod_event(kube: KubeClient, ns: str, pod: str, text: str) -> str:
+    message: str = await wait_for(lambda: _event(kube, ns, pod, text), within=60,
+                                  what=f"an Event on pod {ns}/{pod} saying {text!r}")
+    return message
+
+
+async def test_claims_made_before_the_policy_get_nothing_outside_its_rules(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespaces: Callable[..., Awaitable[str]], unique: str,
+) -> None:
+    """A claim made before the policy existed (or in the seconds before its admission rule was in
+    force) carries the finalizer from the start, so the scheduler writes only its status: that
+    write is refused, the pod waits, and its Events say why."""
+    tenant, stranger = await namespaces("tenant"), await namespaces("stranger")
+    klass = f"p-{unique}.gpuslice.dev"  # the class of the policy make_policy creates below
+    for ns, name, body in ((stranger, "early", claim("early", klass)),
+                           (tenant, "tolerant", claim("tolerant", klass))):
+        if name == "tolerant":
+            body["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [{"operator": "Exists"}]
+        body["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+        await kube.create(f"{RESOURCE}/namespaces/{ns}/resourceclaims", body)
+        await kube.create(f"/api/v1/namespaces/{ns}/pods", pod_using(name, name))
+
+    node = await gpu_node("h100-80gb", 1)
+    await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
+                       "slicing": {"mode": "memory", "sliceSize": "10G"}, "tenants": [{"namespace": tenant}]})
+    await published(kube, node.name, 8)
+    await wait_for(lambda: get_or_none(kube, f"{RESOURCE}/namespaces/{tenant}/resourceclaimtemplates/gpu-slice"),
+                   what="the template")
+    await kube.create(f"/api/v1/namespaces/{tenant}/pods", pod_with_claim("worker", "gpu-slice"))
+
+    async def worker_allocated() -> bool:
+        found = await pod_claim(kube, tenant, "worker")
+        return bool(found and (found.get("status") or {}).get("allocation"))
+
+    await wait_for(worker_allocated, within=60, what="the tenant's ordinary claim to be allocated")
+    for ns, name, text in ((stranger, "early", "is not a tenant"), (tenant, "tolerant", "tolerates a taint")):
+        async def settled(ns: str = ns, name: str = name, text: str = text) -> bool:
+            return bool(await allocation(kube, ns, name) or await _event(kube, ns, name, text))
+
+        await wait_for(settled, within=60, what=f"the scheduler to try {ns}/{name}")
+        assert await allocation(kube, ns, name) is None, f"{ns}/{name} was allocated"
+    message = await pod_event(kube, stranger, "early", "is not a tenant of GpuSlicePolicy")
+    assert f"allocation of ResourceClaim early: namespace {stranger} is not a tenant of GpuSlicePolicy p-{unique}" in message
+    message = await pod_event(kube, tenant, "tolerant", "tolerates a taint that tenants may not tolerate")
+    assert "allocation of ResourceClaim tolerant" in message
+    assert await allocation(kube, stranger, "early") is None
+    assert await allocation(kube, tenant, "tolerant") is None
+
+
+async def test_an_allocation_left_outside_the_tenants_is_reported_and_released(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    leaving, staying = await namespaces("leaving"), await namespaces("staying")
+    node = await gpu_node("h100-80gb", 1)
+    name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
+                               "slicing": {"mode": "memory", "sliceSize": "10G"},
+                               "tenants": [{"namespace": leaving}, {"namespace": staying}]}))["metadata"]["name"]
+    await published(kube, node.name, 8)
+    await wait_for(lambda: get_or_none(kube, f"{RESOURCE}/namespaces/{leaving}/resourceclaimtemplates/gpu-slice"),
+                   what="the template")
+    await kube.create(f"/api/v1/namespaces/{leaving}/pods", pod_with_claim("worker", "gpu-slice"))
+
+    async def held() -> dict[str, Any] | None:
+        found = await pod_claim(kube, leaving, "worker")
+        return found if found and (found.get("status") or {}).get("allocation") else None
+
+    held_claim = await wait_for(held, within=60, what="the claim to be allocated")
+    await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"tenants": [{"namespace": staying}]}})
+
+    async def reported() -> dict[str, Any] | None:
+        body = await kube.get(f"{POLICIES}/{name}")
+        return body if (body.get("status") or {}).get("foreignClaims") else None
+
+    body = await wait_for(reported, within=30, what="the foreign claim in status")
+    assert body["status"]["foreignClaims"] == [f"{leaving}/{held_claim['metadata']['name']}"]
+    assert condition(body, "Degraded")["reason"] == "ForeignClaims"
+    assert "delete these claims to return the devices" in condition(body, "Degraded")["message"]
+
+    await kube.delete(f"/api/v1/namespaces/{leaving}/pods/worker", gracePeriodSeconds=0)
+    path = f"{RESOURCE}/namespaces/{leaving}/resourceclaims/{held_claim['metadata']['name']}"
+    await wait_for(lambda: _absent(kube, path), within=60, what="the claim to be released and deleted")
+
+    async def cleared() -> bool:
+        body = await kube.get(f"{POLICIES}/{name}")
+        return not (body.get("status") or {}).get("foreignClaims") and condition(body, "Degraded")["status"] == "False"
+
+    await wait_for(cleared, within=30, what="the report to clear")
+
+
+async def _absent(kube: KubeClient, path: str) -> bool:
+    return await get_or_none(kube, path) is None
+
+
+async def test_nothing_is_published_until_tenancy_is_enforced(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+) -> None:
+    """Valid only once a non-tenant is refused a (dry-run) claim: proof, not a timer."""
+    binding = f"{VAP}/validatingadmissionpolicybindings/{TENANCY}"
+    await kube.delete(binding)
+    try:
+        canary = (await make_policy({"nodeSelector": NO_NODES, "slicing": {"mode": "memory", "sliceSize": "10Gi"}},
+                                    suffix="-canary"))["metadata"]["name"]
+
+        async def unenforced() -> bool:  # the apiserver has dropped the binding
+            try:
+                await kube.request("POST", f"{RESOURCE}/namespaces/gpuslice-system/resourceclaims",
+                                   claim("probe", f"{canary}.gpuslice.dev"), query={"dryRun": "All"})
+            except KubeError:
+                return False
+            return True
+
+        await wait_for(unenforced, what="the tenancy binding to stop applying")
+        node = await gpu_node("h100-80gb", 1)
+        name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
+                                   "slicing": {"mode": "memory", "sliceSize": "10G"}}))["metadata"]["name"]
+
+        async def not_enforced() -> dict[str, Any] | None:
+            body = await kube.get(f"{POLICIES}/{name}")
+            return body if condition(body, "Valid").get("reason") == "TenancyNotEnforced" else None
+
+        body = await wait_for(not_enforced, what="Valid=False, TenancyNotEnforced")
+        assert condition(body, "Valid")["status"] == "False"
+        assert "the apiserver admitted a dry-run ResourceClaim" in condition(body, "Valid")["message"]
+        assert "Apply manifests/admission.yaml" in condition(body, "Valid")["message"]
+        assert condition(body, "Ready")["reason"] == "TenancyNotEnforced"
+        devices = [d for s in await kube.list(f"{RESOURCE}/resourceslices", fieldSelector=f"spec.nodeName={node.name}")
+                   for d in s["spec"].get("devices") or []]
+        assert devices == [], "no agent publishes a policy whose tenancy is not enforced"
+    finally:
+        await kube.apply(binding, tenancy_binding(), field_manager="gpuslice-tests")
+    async def enforced() -> bool:
+        body = await kube.get(f"{POLICIES}/{name}")
+        return condition(body, "Valid").get("status") == "True"
+
+    await wait_for(enforced, within=90, what="Valid once the binding is back (after the backoff)")
+    await published(kube, node.name, 8)

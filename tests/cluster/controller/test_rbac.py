@@ -1,0 +1,98 @@
+"""The controller's own identity can write only what it owns: RBAC where names are fixed, the
+admission policy gpuslice-controller-writes where they vary per policy."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslice.kube.client import KubeClient, KubeError
+from tests.cluster.agent.conftest import agent_rbac
+from tests.cluster.conftest import ClusterObjects
+from tests.cluster.kubeutil import RESOURCE, device_class
+from tests.cluster.operator_fixtures import ControllerProcess
+
+__all__ = ["agent_rbac"]
+VAP = "/apis/admissionregistration.k8s.io/v1"
+OURS = {"app.kubernetes.io/managed-by": "gpuslice", "gpuslice.dev/policy": "p"}
+
+
+@pytest.fixture
+async def as_controller(controller: ControllerProcess, controller_kubeconfig: Path) -> AsyncIterator[KubeClient]:
+    async with await KubeClient.from_kubeconfig(controller_kubeconfig) as client:
+        yield client
+
+
+async def refused(call: Awaitable[Any], *words: str) -> KubeError:
+    with pytest.raises(KubeError) as error:
+        await call
+    assert error.value.status in (403, 422), error.value
+    for word in words:
+        assert word in error.value.message, error.value.message
+    return error.value
+
+
+async def test_no_admission_policy_can_be_touched(as_controller: KubeClient, agent_rbac: None) -> None:
+    for name in ("gpuslice-agent-own-node", "gpuslice-tenancy", "gpuslice-admin-access-label"):
+        await refused(as_controller.delete(f"{VAP}/validatingadmissionpolicies/{name}"), "forbidden")
+        await refused(as_controller.delete(f"{VAP}/validatingadmissionpolicybindings/{name}"), "forbidden")
+    await refused(as_controller.create(f"{VAP}/validatingadmissionpolicies", {
+        "metadata": {"name": "sneaky"}, "spec": {"validations": [{"expression": "true"}]}}), "forbidden")
+
+
+async def test_only_gpuslices_own_device_classes_quotas_and_templates(
+    as_controller: KubeClient, cluster_objects: ClusterObjects, namespaces: Callable[..., Awaitable[str]],
+    unique: str,
+) -> None:
+    vendor = await cluster_objects.create(f"{RESOURCE}/deviceclasses", device_class(f"vendor-{unique}", "gpu.example.com"))
+    path = f"{RESOURCE}/deviceclasses/vendor-{unique}"
+    taken = {**vendor, "metadata": {"name": vendor["metadata"]["name"], "labels": OURS}}
+    await refused(as_controller.apply(path, taken, field_manager="gpuslice-controller"), "may write only objects labelled")
+    await refused(as_controller.delete(path), "may write only objects labelled")
+    await refused(as_controller.create(f"{RESOURCE}/deviceclasses", device_class(f"{unique}.gpuslice.dev", "x.example.com")),
+                  "may write only objects labelled")
+    named = device_class(f"vendor-{unique}-2", "gpu.example.com")
+    named["metadata"]["labels"] = OURS
+    await refused(as_controller.create(f"{RESOURCE}/deviceclasses", named), "may write only its own names")
+
+    ns = await namespaces("others")
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "team-quota"},
+             "spec": {"hard": {"pods": "10"}}}
+    await refused(as_controller.create(f"/api/v1/namespaces/{ns}/resourcequotas", quota), "may write only objects labelled")
+    quota["metadata"]["labels"] = OURS
+    await refused(as_controller.create(f"/api/v1/namespaces/{ns}/resourcequotas", quota), "may write only its own names")
+
+
+async def test_namespaces_only_in_the_admin_access_label(
+    as_controller: KubeClient, namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    ns = await namespaces("labels")
+    await refused(as_controller.merge_patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"team": "x"}}}),
+                  f"may change only the label resource.kubernetes.io/admin-access of namespace {ns}")
+    await refused(as_controller.merge_patch(f"/api/v1/namespaces/{ns}", {"metadata": {"annotations": {"a": "b"}}}),
+                  "may change only the label")
+    await as_controller.merge_patch(f"/api/v1/namespaces/{ns}",
+                                    {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}})
+    await as_controller.merge_patch(f"/api/v1/namespaces/{ns}",
+                                    {"metadata": {"labels": {"resource.kubernetes.io/admin-access": None}}})
+    await refused(as_controller.delete(f"/api/v1/namespaces/{ns}"), "forbidden")
+
+
+async def test_claims_only_as_a_dry_run_in_its_own_namespace(
+    as_controller: KubeClient, namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"generateName": "probe-"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "other.example.com"}}]}}}
+    own = f"{RESOURCE}/namespaces/gpuslice-system/resourceclaims"
+    await as_controller.request("POST", own, claim, query={"dryRun": "All"})
+    await refused(as_controller.create(own, claim), "may create ResourceClaims only as a dry run")
+    ns = await namespaces("claims")
+    await refused(as_controller.request("POST", f"{RESOURCE}/namespaces/{ns}/resourceclaims", claim,
+                                        query={"dryRun": "All"}), "forbidden")
+    event = {"metadata": {"generateName": "e-"}, "involvedObject": {"kind": "Pod", "name": "x", "namespace": ns},
+             "reason": "X", "message": "x"}
+    await refused(as_controller.create(f"/api/v1/namespaces/{ns}/events", event), "forbidden")
+    await refused(as_controller.list(f"/api/v1/namespaces/{ns}/secrets"), "forbidden")
