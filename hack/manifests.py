@@ -76,6 +76,7 @@ def main() -> int:
     parser.add_argument("--kustomize", help="kustomize binary; without it only static.yaml is rendered")
     args = parser.parse_args()
     wanted = {STATIC: render_static()}
+    stale = [STATIC] if not STATIC.exists() or STATIC.read_text() != wanted[STATIC] else []
     if args.kustomize:
         # install.yaml is built from the base, so from the static.yaml just rendered.
         current = STATIC.read_text() if STATIC.exists() else None
@@ -85,7 +86,8 @@ def main() -> int:
         finally:
             if args.check and current is not None:
                 STATIC.write_text(current)
-    stale = [path for path, text in wanted.items() if not path.exists() or path.read_text() != text]
+    if INSTALL in wanted and (not INSTALL.exists() or INSTALL.read_text() != wanted[INSTALL]):
+        stale.append(INSTALL)
     if args.check:
         for path in stale:
             print(f"{path.relative_to(REPO)} is stale: run `make manifests` and commit the result", file=sys.stderr)
