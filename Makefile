@@ -6,7 +6,8 @@ STAMP  := $(VENV)/.installed
 PYTEST ?= $(BIN)/pytest
 
 .DEFAULT_GOAL := help
-.PHONY: help venv kube-bin lint test test-unit test-cluster demo crds clean manifests kustomize image \
+.PHONY: help venv kube-bin lint test test-unit test-cluster test-faults demo crds bench clean manifests \
+        kustomize image \
         kind-up kind-deploy kind-demo kind-undeploy kind-down undeploy kind-images test-kind
 
 # Install and kind. Defaults are what a user with Docker and kind v0.33.0 has; the kind tier
@@ -30,7 +31,9 @@ help:
 	@echo "make kube-bin      build kube-apiserver/scheduler/controller-manager/etcd and pod-runner from Go modules (cached)"
 	@echo "make lint          ruff, mypy --strict, import-linter layer contracts"
 	@echo "make test-unit     fast tests, no cluster"
-	@echo "make test-cluster  tests against the real control plane"
+	@echo "make test-cluster  tests against the real control plane (the faults tier included)"
+	@echo "make test-faults   only the faults tier: stalls, restarts and kills, with an invariant checker"
+	@echo "make bench         packing, scheduler cost, scale and planner figures against their targets (not in make test)"
 	@echo "make test-kind     the kind tier: build a kind node image here, install gpuslice on kind, check, uninstall"
 	@echo "make kind-up       create a kind cluster with three fake-GPU workers (kind/cluster.yaml)"
 	@echo "make kind-deploy   build the gpuslice image, load it into kind, install the kind overlay"
@@ -72,16 +75,28 @@ test-cluster: kube-bin kustomize
 	@echo ">> cluster tests (real etcd, kube-apiserver, kube-scheduler, kube-controller-manager)"
 	@$(PYTEST) tests/cluster
 
+test-faults: kube-bin
+	@echo ">> faults tier (stalled, restarted and killed components; invariants checked throughout)"
+	@$(PYTEST) tests/cluster/faults
+
 test: lint test-unit test-cluster
 
 demo: kube-bin
 	@echo ">> demo: local control plane with fake GPU nodes"
 	@$(BIN)/gpuslice demo
 
+# Figures for the README and bench/results.json; BENCH_SIZE=small for a quick run, BENCH_ONLY=packing,planner
+# for some figures. Needs an idle machine: the full size takes a while (see bench/README.md).
+bench: kube-bin
+	@echo ">> bench: figures against their targets on the real scheduler (results in bench/)"
+	@$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	@$(BIN)/python -m gpuslice.bench
+
 crds: $(STAMP)
 	@echo ">> generating crds/ from operator/gpuslice/api, manifests/admission.yaml from planning/admission.py"
 	@$(BIN)/python -m gpuslice.api.crd > crds/gpuslicepolicies.gpuslice.dev.yaml
 	@$(BIN)/python -m gpuslice.planning.admission > manifests/admission.yaml
+	@$(MAKE) --no-print-directory manifests
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
