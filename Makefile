@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 PYTEST ?= $(BIN)/pytest
 
 .DEFAULT_GOAL := help
-.PHONY: help venv kube-bin lint test test-unit test-cluster test-faults demo crds bench clean manifests \
+.PHONY: help venv kube-bin lint test test-unit test-cluster test-faults demo crds protos bench clean manifests \
         kustomize image \
         kind-up kind-deploy kind-demo kind-undeploy kind-down undeploy kind-images test-kind
 
@@ -26,10 +26,11 @@ OVERLAY      ?= manifests/overlays/kind
 
 help:
 	@echo "make crds          regenerate crds/ and manifests/admission.yaml from operator/gpuslice (api, planning)"
+	@echo "make protos        regenerate the kubelet plugin's gRPC code from operator/gpuslice/agent/kubeletplugin/proto/*.proto"
 	@echo "make demo          bring up a real local control plane with fake GPU nodes and show it"
 	@echo "make test          lint + unit tests + cluster tests against the real control plane"
 	@echo "make kube-bin      build kube-apiserver/scheduler/controller-manager/etcd and pod-runner from Go modules (cached)"
-	@echo "make lint          ruff, mypy --strict, import-linter layer contracts"
+	@echo "make lint          ruff, mypy --strict, import-linter layer contracts, gofmt and go vet of hack/kube"
 	@echo "make test-unit     fast tests, no cluster"
 	@echo "make test-cluster  tests against the real control plane (the faults tier included)"
 	@echo "make test-faults   only the faults tier: stalls, restarts and kills, with an invariant checker"
@@ -63,9 +64,11 @@ lint: $(STAMP)
 	@$(BIN)/mypy --strict hack/kind/build.py hack/manifests.py
 	@echo ">> import-linter (layer contracts)"
 	@cd operator && ../$(BIN)/lint-imports ../pyproject.toml
-	@echo ">> gofmt, go vet (hack/kind, hack/kube/nodebins)"
-	@test -z "$$(gofmt -l hack/kind hack/kube/nodebins)" || { gofmt -l hack/kind hack/kube/nodebins; exit 1; }
-	@cd hack/kind && GOTOOLCHAIN=local GOFLAGS=-modcacherw go vet ./...
+	@echo ">> gofmt, go vet (hack/kind, hack/kube: the pod runner and nodebins)"
+	@command -v go >/dev/null || { echo "go not found: install Go 1.26+ (gofmt and go vet are part of lint)"; exit 1; }
+	@test -z "$$(gofmt -l hack/kind hack/kube)" || { echo "gofmt: not formatted:"; gofmt -l hack/kind hack/kube; exit 1; }
+	@cd hack/kind && GOTOOLCHAIN=local GOFLAGS=-modcacherw nice -n 10 go vet ./...
+	@cd hack/kube && GOTOOLCHAIN=local GOFLAGS=-modcacherw nice -n 10 go vet ./...
 
 test-unit: $(STAMP)
 	@echo ">> unit tests"
@@ -97,6 +100,10 @@ crds: $(STAMP)
 	@$(BIN)/python -m gpuslice.api.crd > crds/gpuslicepolicies.gpuslice.dev.yaml
 	@$(BIN)/python -m gpuslice.planning.admission > manifests/admission.yaml
 	@$(MAKE) --no-print-directory manifests
+
+protos: $(STAMP)
+	@echo ">> generating the kubelet plugin's gRPC code (grpcio-tools, pinned in pyproject.toml)"
+	@$(BIN)/python -m gpuslice.agent.kubeletplugin.proto.generate
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

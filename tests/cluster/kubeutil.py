@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import shutil
+import tempfile
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -13,6 +17,14 @@ from gpuslice.kube.client import KubeClient, KubeError
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+
+
+def short_dir() -> Path:
+    """A directory for a fake node's kubelet plugin sockets, removed at exit. Unix socket paths are
+    limited to 107 bytes, and pytest's temporary paths are deep enough to pass that."""
+    path = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 # Answers that say "not now" rather than "no" (the typed errors with ``transient``, e.g. 429, 5xx,
