@@ -39,8 +39,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    skipped = terminalreporter.stats.get("skipped", []) + terminalreporter.stats.get("xfailed", [])
+    if skipped:
+        terminalreporter.write_line(f"kind tier: {len(skipped)} test(s) skipped or xfailed, which fails the tier:",
+                                    red=True)
+        for report in skipped:
+            terminalreporter.write_line(f"  {report.nodeid}")
     if TIMINGS:
         terminalreporter.write_line("kind tier timings: " + ", ".join(f"{k} {v:.0f} s" for k, v in TIMINGS.items()))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A skipped or xfailed check is a check that did not run: the tier fails rather than pass on it."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    stats = getattr(reporter, "stats", {})
+    if (stats.get("skipped") or stats.get("xfailed")) and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @dataclass
@@ -115,7 +129,7 @@ class Kind:
 
 def cluster_config(build: dict[str, str]) -> dict[str, Any]:
     """kind/cluster.yaml with hack/kind/local-patch.yaml merged in, every node on the local image."""
-    config = yaml.safe_load((REPO / "kind/cluster.yaml").read_text())
+    config: dict[str, Any] = yaml.safe_load((REPO / "kind/cluster.yaml").read_text())
     patch = yaml.safe_load((REPO / "hack/kind/local-patch.yaml").read_text())
     for key, value in patch.items():
         if isinstance(value, list):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
 from collections import defaultdict
 from fractions import Fraction
@@ -193,6 +194,53 @@ def test_a_namespace_that_is_not_a_tenant_is_denied(deployed: Kind, demo: str) -
         deployed.kubectl("delete", "namespace", "outsider", "--wait=false")
 
 
+OWN_NODE_PROBE = """
+import json, os, ssl, sys, urllib.request
+host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+secrets = "/var/run/secrets/kubernetes.io/serviceaccount"
+token = open(secrets + "/token").read()
+context = ssl.create_default_context(cafile=secrets + "/ca.crt")
+method, path, body = sys.argv[1], sys.argv[2], sys.argv[3].encode() if len(sys.argv) > 3 else None
+request = urllib.request.Request(f"https://{host}:{port}{path}", data=body, method=method, headers={
+    "Authorization": "Bearer " + token, "Content-Type": "application/json"})
+try:
+    print(urllib.request.urlopen(request, context=context, timeout=30).status)
+except urllib.error.HTTPError as error:
+    print(error.code, json.loads(error.read()).get("message", ""))
+"""
+
+
+def test_an_agent_cannot_write_another_nodes_slices(deployed: Kind, demo: str) -> None:
+    # The agent's own token (node-bound, as the kubelet projects it for a DaemonSet pod), used from
+    # inside its pod: the own-node admission policy refuses a slice of another node's pool, under
+    # that node's name, and the deletion of that node's slices.
+    agents = sorted(deployed.items("pods", "-n", "gpuslice-system", "-l", "app.kubernetes.io/component=agent"),
+                    key=lambda p: p["spec"]["nodeName"])
+    assert len(agents) >= 2, [a["metadata"]["name"] for a in agents]
+    thief, victim = agents[0], agents[1]["spec"]["nodeName"]
+    path = "/apis/resource.k8s.io/v1/resourceslices"
+
+    def as_agent(method: str, url: str, body: dict[str, Any] | None = None) -> str:
+        args = ["-n", "gpuslice-system", "exec", thief["metadata"]["name"], "--", "python3", "-c", OWN_NODE_PROBE,
+                method, url]
+        return deployed.kubectl(*args, *([json.dumps(body)] if body is not None else [])).strip()
+
+    stolen = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+              "metadata": {"name": f"gpuslice-{victim}-devices-99"},
+              "spec": {"driver": DRIVER, "nodeName": victim,
+                       "pool": {"name": victim, "generation": 1, "resourceSliceCount": 1},
+                       "devices": [{"name": "stolen"}]}}
+    created = as_agent("POST", path, stolen)
+    assert created.startswith("403"), created
+    assert "may write only its own node" in created, created
+    theirs = [s["metadata"]["name"] for s in deployed.items("resourceslices", "--field-selector",
+                                                            f"spec.driver={DRIVER},spec.nodeName={victim}")]
+    assert theirs, f"{victim} publishes no slice"
+    deleted = as_agent("DELETE", f"{path}/{theirs[0]}")
+    assert deleted.startswith("403"), deleted
+    assert theirs[0] in deployed.kubectl("get", "resourceslices", "-o", "name")
+
+
 def test_a_tenant_cannot_take_admin_access_nor_pass_its_limit(deployed: Kind, demo: str) -> None:
     claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
              "metadata": {"name": "watch-all", "namespace": "team-b"},
@@ -203,7 +251,8 @@ def test_a_tenant_cannot_take_admin_access_nor_pass_its_limit(deployed: Kind, de
     assert "admin" in refused.lower(), refused
     # team-b may hold 4 slices of the inference policy: the fifth claim is refused at admission.
     template = deployed.json("-n", "team-b", "get", "resourceclaimtemplate", "gpu-slice")["spec"]
-    created, refusals = [], []
+    created: list[str] = []
+    refusals: list[str] = []
     for index in range(5):
         body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                 "metadata": {"name": f"quota-{index}", "namespace": "team-b"}, "spec": template["spec"]}
@@ -277,7 +326,8 @@ def test_an_upgrade_keeps_running_pods_on_their_devices(deployed: Kind, demo: st
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [str(REPO / "manifests/overlays/kind")],
+        # kustomize takes no absolute path: the overlay, relative to this one.
+        "resources": [os.path.relpath(REPO / "manifests/overlays/kind", overlay)],
         "images": [{"name": "gpuslice", "newTag": "0.1.0-upgrade"}]}))
     deployed.kubectl("apply", "--server-side", "-k", str(overlay))
     deployed.kubectl("-n", "gpuslice-system", "rollout", "status", "daemonset/gpuslice-agent", "--timeout=300s")
@@ -344,5 +394,15 @@ def test_uninstall_leaves_nothing_behind(deployed: Kind, demo: str) -> None:
     labels = deployed.json("get", "namespace", "gpu-monitoring")["metadata"].get("labels", {})
     assert "resource.kubernetes.io/admin-access" not in labels
     for node in deployed.workers:
+        # The kubelet's directories: no registration socket, no service socket, no CDI spec, no
+        # claim checkpoint (every claim was unprepared). The agent's state directory itself stays
+        # (README, "Uninstall"): its record of what it published and, here, the fake GPUs' state.
         assert DRIVER not in deployed.node_exec(node, "ls", "/var/lib/kubelet/plugins_registry")
         assert deployed.node_exec(node, "sh", "-c", "ls /var/run/cdi | grep -c gpuslice || true").strip() == "0"
+        state = f"/var/lib/kubelet/plugins/{DRIVER}"
+        assert "dra.sock" not in deployed.node_exec(node, "ls", state)
+        assert deployed.node_exec(node, "sh", "-c", f"ls {state}/claims 2>/dev/null | wc -l").strip() == "0"
+        # A dynamic-MIG claim's instance went with its claim (the fake GPUs keep MIG state as a GPU does).
+        fake = json.loads(deployed.node_exec(node, "cat", f"{state}/fake-gpus.json"))
+        instances = {index: gpu["instances"] for index, gpu in fake["gpus"].items() if gpu["instances"]}
+        assert instances == {}, f"{node}: MIG instances left: {instances}"
