@@ -350,7 +350,7 @@ def test_an_upgrade_keeps_running_pods_on_their_devices(deployed: Kind, demo: st
 
     deployed.wait_until("the upgraded agents to publish every allocated device", published)
     # The upgraded plugin prepares new claims: one more tenant pod starts.
-    pod = yaml.safe_load((REPO / "examples/tenants/pods.yaml").read_text())
+    pod = next(yaml.safe_load_all((REPO / "examples/tenants/pods.yaml").read_text()))  # the inference tenant
     pod["metadata"].update(name="after-upgrade", namespace="team-b")
     deployed.kubectl("apply", "-f", "-", input=json.dumps(pod))
     deployed.kubectl("-n", "team-b", "wait", "pod/after-upgrade", "--for=condition=Ready", "--timeout=300s")
