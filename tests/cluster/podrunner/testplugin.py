@@ -50,11 +50,11 @@ class DraTestPlugin:
         self.endpoint.parent.mkdir(parents=True, exist_ok=True)
         dra_server = grpc.aio.server()
         dra_pb2_grpc.add_DRAPluginServicer_to_server(_DRA(self), dra_server)
-        dra_server.add_insecure_port(f"unix://{self.endpoint}")
+        dra_server.add_insecure_port(f"unix:{self.endpoint.absolute()}")
         await dra_server.start()
         reg_server = grpc.aio.server()
         reg_pb2_grpc.add_RegistrationServicer_to_server(_Registration(self), reg_server)
-        reg_server.add_insecure_port(f"unix://{self.registration_socket}")
+        reg_server.add_insecure_port(f"unix:{self.registration_socket.absolute()}")
         await reg_server.start()
         self._servers = [dra_server, reg_server]
 

@@ -140,7 +140,7 @@ class KubeletPlugin:
 
     async def _serve(self, server: grpc.aio.Server, socket: Path) -> None:
         _clear(socket)  # left by a process that was killed
-        server.add_insecure_port(f"unix://{socket}")
+        server.add_insecure_port(_address(socket))
         await server.start()
         self._servers.append(server)
 
@@ -151,6 +151,13 @@ class KubeletPlugin:
             await server.stop(grace=1)
         self._servers.clear()
         _clear(self.paths.service_socket)
+
+
+def _address(socket: Path) -> str:
+    """"unix:<absolute path>": gRPC then takes all 107 bytes a sockaddr_un holds. In the
+    "unix://<path>" form grpcio 1.85 refuses a path of 106 or 107 bytes ("Path name should not have
+    more than 107 characters"), which a pytest temporary directory reached."""
+    return f"unix:{socket.absolute()}"
 
 
 def _clear(socket: Path) -> None:
