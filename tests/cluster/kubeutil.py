@@ -58,7 +58,8 @@ async def wait_for(
         raise AssertionError(f"timed out after {within} s waiting for {what}{also}") from None
 
 
-async def create_namespace(kube: KubeClient, name: str, labels: dict[str, str] | None = None) -> str:
+async def create_namespace(kube: KubeClient, name: str, labels: dict[str, str] | None = None,
+                           within: float = 30) -> str:
     """A namespace whose default ServiceAccount exists (pods are admitted only then)."""
     await kube.create("/api/v1/namespaces", {"metadata": {"name": name, "labels": labels or {}}})
 
@@ -66,7 +67,7 @@ async def create_namespace(kube: KubeClient, name: str, labels: dict[str, str] |
         items = await kube.list(f"/api/v1/namespaces/{name}/serviceaccounts")
         return any(sa["metadata"]["name"] == "default" for sa in items)
 
-    await wait_for(has_default_sa, within=30, what=f"default ServiceAccount in {name}")
+    await wait_for(has_default_sa, within=within, what=f"default ServiceAccount in {name}")
     return name
 
 
