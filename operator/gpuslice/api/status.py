@@ -61,12 +61,31 @@ class DeviceClassStatus(ApiModel):
         "GPU memory one device of this kind stands for (the largest selected GPU for a whole GPU)."))
 
 
+class LimitsInForce(ApiModel):
+    """A limited tenant's limits as its quota enforces them now (a copy of its spec.tenants entry's
+    limits): the tenancy admission policy admits its claims only while they equal the spec's."""
+
+    max_slices: int | None = None
+    max_full_gpus: int | None = None
+    max_mig_devices: dict[str, int] | None = None
+
+
 class AdmittedTenant(ApiModel):
-    """A tenant namespace whose quota gpuslice has put in place. The tenancy admission policy
-    admits claims only from these namespaces, and only from this incarnation (UID) of each."""
+    """A tenant namespace whose quota gpuslice has put in force. The tenancy admission policy
+    admits claims only from these namespaces, and only from this incarnation (UID) of each; for a
+    limited tenant only under the limits, of the classes and made after the time recorded here."""
 
     namespace: str
     uid: str
+    limits: LimitsInForce | None = Field(default=None, description=(
+        "A limited tenant's limits its quota enforces now (as status.hard of the quota shows); unset"
+        " for a tenant without limits."))
+    classes: list[str] | None = Field(default=None, description=(
+        "A limited tenant: the policy's DeviceClasses its quota counts at those limits; claims of any"
+        " other class of the policy (a kind just added) wait until it does."))
+    since: str | None = Field(default=None, description=(
+        "A limited tenant: when its quota was made. A claim made before then was never counted by it,"
+        " so it is never allocated."))
 
 
 class GpuSlicePolicyStatus(ApiModel):
@@ -91,8 +110,9 @@ class GpuSlicePolicyStatus(ApiModel):
         "namespace/name of claims that hold this policy's devices outside its tenants (allocated"
         " before the namespace left spec.tenants); delete them to return the devices."))
     admitted_tenants: list[AdmittedTenant] = Field(default_factory=list, description=(
-        "Written by the controller only: tenant namespaces (by UID) whose quota is in place. The"
-        " tenancy admission policy (manifests/admission.yaml) reads this list."),
+        "Written by the controller only: tenant namespaces (by UID) whose quota is in force, with the"
+        " limits and classes it counts. The tenancy admission policy (manifests/admission.yaml) reads"
+        " this list."),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["namespace"]})
     admin_access_labels: list[str] = Field(default_factory=list, description=(
         "Written by the controller only: namespaces where gpuslice set the admin-access label for"

@@ -8,6 +8,7 @@ indexed or observed: no timer, daemon or finalizer ever touches them.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import kopf
@@ -17,6 +18,7 @@ from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_ad
 from gpuslice.controller.changes import Changes
 from gpuslice.controller.reconcile import Context, World, reconcile, report_deleting
 from gpuslice.controller.startup import start_context
+from gpuslice.controller.tenancy import QuotaView
 from gpuslice.dra.names import DRIVER, LABEL_POLICY
 from gpuslice.kube.client import EndlessBackoff, KubeError
 from gpuslice.planning.usage import ClaimView, SliceView
@@ -43,6 +45,7 @@ def world(kwargs: dict[str, Any]) -> World:
         slices=_values(kwargs["slice_index"]),
         claims=[c for c in _values(kwargs["claim_index"]) if c is not None],
         foreign_classes={k: v for k, v in _one_per_key(kwargs["class_index"]).items() if v is not False},
+        quotas=_one_per_key(kwargs["quota_index"]),
     )
 
 
@@ -108,6 +111,11 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         changes.shared_seen(f"deviceclass/{name}", value)
         return {name: value}
 
+    @kopf.index("v1", "resourcequotas", registry=registry, id="quota_index", labels={LABEL_POLICY: kopf.PRESENT})
+    def quota_index(namespace: str | None, name: str, labels: kopf.Labels, meta: kopf.Meta, status: kopf.Status,
+                    **_: Any) -> dict[tuple[str, str], QuotaView]:
+        return {(namespace or "", name): QuotaView.from_quota(labels[LABEL_POLICY], meta, status)}
+
     @kopf.index("v1", "nodes", registry=registry, id="node_index")
     def node_index(name: str, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, str]]:
         changes.node_seen(name, dict(labels))
@@ -149,8 +157,12 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         name = body["metadata"]["name"]
         judged = (body.get("status") or {}).get("observedGeneration") == body["metadata"].get("generation")
         ctx: Context = memo.ctx
-        probed = ctx.tenancy.get(name, (None, None))[0] == body["metadata"].get("generation")
-        if not changes.take(name) and judged and probed and name not in ctx.unconverged:
+        # Probed for this generation, and the apiserver refused the probe as it should; a failed probe
+        # is tried again on every refresh (a dry run), not only when the converge's backoff is up.
+        probed, unenforced = ctx.tenancy.get(name, (None, None))
+        probed = probed == body["metadata"].get("generation") and not unenforced
+        if (not changes.take(name) and judged and probed and name not in ctx.unconverged
+                and name not in ctx.clock_waits):
             return  # nothing this policy's status reads has changed since its last refresh
         try:
             await reconcile(memo.ctx, body, world(kwargs), converge_objects=False)
@@ -190,6 +202,25 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         names = sorted({policy for _, policy in view.devices if policy})
         await _reconcile_each(memo.ctx, [current.policies[n] for n in names if n in current.policies], current)
 
+    @kopf.on.event("v1", "resourcequotas", registry=registry, labels={LABEL_POLICY: kopf.PRESENT})
+    async def quota_event(namespace: str | None, name: str, labels: kopf.Labels, meta: kopf.Meta,
+                          status: kopf.Status, type: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
+        """A tenant's quota came, went or changed what it enforces: who is admitted follows at once
+        (a limited tenant is admitted only for what its quota's status.hard counts)."""
+        if type is None or "ctx" not in memo:
+            return
+        ctx: Context = memo.ctx
+        key = (namespace or "", name)
+        seen = None if type == "DELETED" else QuotaView.from_quota(labels[LABEL_POLICY], meta, status)
+        if ctx.quotas_seen.get(key) == seen:
+            return  # only its usage changed
+        ctx.quotas_seen[key] = seen
+        current = world(kwargs)
+        body = current.policies.get(labels[LABEL_POLICY])
+        if body is not None:
+            with contextlib.suppress(KubeError, kopf.TemporaryError):
+                await reconcile(ctx, body, current, converge_objects=False)
+
     @kopf.on.delete(*POLICY, registry=registry)
     async def policy_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
         ctx: Context = memo.ctx
@@ -197,12 +228,9 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         # admin-access label back after it is removed here.
         async with ctx.lock(name):
             current = world(kwargs)
-            holding = await report_deleting(ctx, body, current)
-            if holding:
-                raise kopf.TemporaryError(
-                    f"waiting for {len(holding)} claims to release devices of {name}: {', '.join(holding[:10])}",
-                    delay=5,
-                )
+            waiting = await report_deleting(ctx, body, current)
+            if waiting:
+                raise kopf.TemporaryError(waiting, delay=5)
             mine = ctx.label_records.get(name, frozenset((body.get("status") or {}).get("adminAccessLabels") or []))
             plan = plan_labels(set(), current.namespaces, mine, current.label_records(ctx, but=name))
 

@@ -25,12 +25,12 @@ from gpuslice.controller.apply import LIMIT_KINDS, REST_KINDS, converge
 from gpuslice.controller.events import post_event
 from gpuslice.controller.metrics import RECONCILES
 from gpuslice.controller.status import TENANCY_NOT_ENFORCED, Findings, build_status, status_body
-from gpuslice.controller.tenancy import admitted_tenants, tenancy_unenforced
+from gpuslice.controller.tenancy import QuotaView, admitted_tenants, tenancy_unenforced
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.inventory.nodes import node_gpus
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.cluster_objects import desired_objects
-from gpuslice.planning.kinds import device_kinds
+from gpuslice.planning.kinds import DeviceKind, device_kinds
 from gpuslice.planning.usage import (
     ClaimView,
     SliceView,
@@ -39,6 +39,7 @@ from gpuslice.planning.usage import (
     failed_devices,
     foreign_claims,
     pending_devices,
+    published_by_policy,
     unhealthy_devices,
     usage,
 )
@@ -52,6 +53,7 @@ POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 FIRST_RETRY, LAST_RETRY = 2.0, 300.0
 # An API server that is restarting, overloaded or not ready yet is asked again within this long.
 TRANSIENT_RETRY = 10.0
+CLOCK_WAIT = 2.0  # the most a reconcile waits for a new quota's second to pass (tenancy.SECOND)
 
 
 @dataclass
@@ -73,6 +75,11 @@ class Context:
     admitted: dict[str, list[AdmittedTenant]] = field(default_factory=dict)
     # The last tenancy probe per policy: (generation, what is wrong or None when enforced).
     tenancy: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    # What each gpuslice quota enforced when last seen (None: deleted), to act only when that changes.
+    quotas_seen: dict[tuple[str, str], QuotaView | None] = field(default_factory=dict)
+    # Policies with a tenant that waits only for its quota's second to pass, longer than a reconcile
+    # waits (a clock behind the apiserver's): the status timer refreshes these though nothing changed.
+    clock_waits: set[str] = field(default_factory=set)
     clock: Callable[[], float] = time.monotonic
 
     def lock(self, policy: str) -> asyncio.Lock:
@@ -83,6 +90,7 @@ class Context:
         for store in (self.locks, self.failures, self.retry_at, self.label_records, self.admitted, self.tenancy):
             store.pop(policy, None)
         self.unconverged.discard(policy)
+        self.clock_waits.discard(policy)
 
     def due(self, policy: str) -> bool:
         return self.clock() >= self.retry_at.get(policy, 0.0)
@@ -115,6 +123,8 @@ class World:
     claims: Sequence[ClaimView]
     # DeviceClasses gpuslice did not make: name -> extendedResourceName (None when it has none)
     foreign_classes: Mapping[str, str | None] = field(default_factory=dict)
+    # gpuslice's ResourceQuotas by (namespace, name): what each enforces now
+    quotas: Mapping[tuple[str, str], QuotaView] = field(default_factory=dict)
 
     def inventory(self) -> list[tuple[dict[str, str], Any]]:
         found = []
@@ -194,13 +204,31 @@ async def _write_records(ctx: Context, policy: GpuSlicePolicy, labels: frozenset
     if labels is not None and labels != _records(ctx, policy)[0]:
         patch["adminAccessLabels"] = sorted(labels)
     if admitted is not None and admitted != _records(ctx, policy)[1]:
-        patch["admittedTenants"] = [a.model_dump(by_alias=True) for a in admitted]
+        patch["admittedTenants"] = [a.model_dump(by_alias=True, exclude_none=True) for a in admitted]
     if patch:
         await ctx.kube.merge_patch(f"{POLICIES}/{policy.name}/status", {"status": patch})
     if labels is not None:
         ctx.label_records[policy.name] = labels
     if admitted is not None:
         ctx.admitted[policy.name] = admitted
+
+
+async def _admit(ctx: Context, policy: GpuSlicePolicy, world: World, kinds: Sequence[DeviceKind], *,
+                 converged: bool = False) -> None:
+    """Record the admitted tenants. A tenant whose quota was made less than a second ago is admitted
+    once that second is over (tenancy.SECOND): waited for here, under the policy's lock."""
+    while True:
+        admission = admitted_tenants(policy, world.namespaces, _records(ctx, policy)[1], kinds=kinds,
+                                     quotas=world.quotas, converged=converged)
+        await _write_records(ctx, policy, admitted=admission.tenants)
+        if admission.again_in is None or admission.again_in > CLOCK_WAIT:
+            # A clock far behind the apiserver's: the status refresh looks again (nothing else will).
+            if admission.again_in is None:
+                ctx.clock_waits.discard(policy.name)
+            else:
+                ctx.clock_waits.add(policy.name)
+            return
+        await asyncio.sleep(admission.again_in)
 
 
 async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, converge_objects: bool) -> None:
@@ -220,16 +248,14 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     devices = devices_by_policy(world.slices).get(policy.name, set())
     errors: list[str] = []
     taken: list[str] = []
-    # Removals take effect at once (the admission policy also reads spec.tenants); additions wait
-    # for a converge that puts the tenant's quota in place.
-    admitted = admitted_tenants(policy, world.namespaces, _records(ctx, policy)[1])
+    # Removals and changed limits take effect at once (the admission policy also reads spec.tenants);
+    # additions wait for a converge, and limited tenants for their quota to be in force (a quota's
+    # change of status.hard brings the controller back here: quota_event).
     if not problems and converge_objects:
         active = {n for n, view in world.namespaces.items() if view.active}
         desired = desired_objects(policy, active)
         limits = await converge(ctx.kube, policy.name, desired.limits(), LIMIT_KINDS)
-        admitted = admitted_tenants(policy, world.namespaces, _records(ctx, policy)[1], converged=True,
-                                    failed=limits.failed)
-        await _write_records(ctx, policy, admitted=admitted)
+        await _admit(ctx, policy, world, kinds, converged=True)
         # DeviceTaintRules are no longer made (taints travel on the devices); listing the kind
         # prunes those an earlier version made.
         rest = await converge(ctx.kube, policy.name, desired.rest(),
@@ -245,7 +271,12 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         unenforced = await tenancy_unenforced(ctx.kube, ctx.namespace, policy.name, kinds[0].class_name)
         ctx.tenancy[policy.name] = (policy.metadata.generation, unenforced)
     else:
-        await _write_records(ctx, policy, admitted=admitted)
+        await _admit(ctx, policy, world, kinds)
+        if not problems and ctx.tenancy.get(policy.name, (-1, None))[1] and (
+                ctx.tenancy[policy.name][0] == policy.metadata.generation):
+            # This generation's probe failed: probe again (a dry run), not only at the next converge.
+            unenforced = await tenancy_unenforced(ctx.kube, ctx.namespace, policy.name, kinds[0].class_name)
+            ctx.tenancy[policy.name] = (policy.metadata.generation, unenforced)
     if not problems:
         generation, unenforced = ctx.tenancy.get(policy.name, (-1, None))
         if generation != policy.metadata.generation:
@@ -320,18 +351,30 @@ async def _write_invalid_shape(ctx: Context, body: Mapping[str, Any], message: s
         "observedGeneration": generation, "conditions": [condition, *others]}})
 
 
-async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -> list[str]:
-    """Status while deletion waits for claims; returns the claims still holding devices."""
+async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -> str | None:
+    """Status while deletion waits; what it waits for, or None when the policy may go.
+
+    It waits for the claims that hold its devices, and then for the node agents to remove its
+    devices: the policy is the tenancy rule's parameter, and with it gone a device still
+    published would be open to any namespace (its DeviceClass lingers until garbage collection,
+    a late scheduler write is no longer judged)."""
     name = body["metadata"]["name"]
     devices = devices_by_policy(world.slices).get(name, set())
     held = usage(devices, world.claims)
+    nodes = sorted({ref.pool for ref in published_by_policy(world.slices).get(name, set())})
+    if not held.holding_claims and not nodes:
+        return None
     try:
         policy = GpuSlicePolicy.from_body(body)
     except pydantic.ValidationError:
-        return held.holding_claims  # a spec that never parsed: nothing to report on, deletion still waits
-    if held.holding_claims:
+        policy = None  # a spec that never parsed: nothing to report on, deletion still waits
+    if policy is not None:
         inventory = world.inventory()
         findings = Findings(list[Problem](), select(policy, inventory) if inventory else Selection(()),
-                            len(devices), held, deleting=True)
+                            len(devices), held, deleting=True, publishing_nodes=nodes)
         await write_status(ctx, policy, findings)
-    return held.holding_claims
+    if held.holding_claims:
+        claims = held.holding_claims
+        return f"waiting for {len(claims)} claims to release devices of {name}: {', '.join(claims[:10])}"
+    return (f"waiting for the node agents of {len(nodes)} nodes to remove the devices of {name}:"
+            f" {', '.join(nodes[:10])}")

@@ -38,6 +38,7 @@ class Findings:
     foreign: Sequence[str] = ()  # claims holding our devices outside the tenants
     mig_failed: int = 0  # devices of GPUs whose MIG reconfiguration failed (agents taint them mig-failed)
     unhealthy: int = 0  # devices of GPUs the agents found unhealthy
+    publishing_nodes: Sequence[str] = ()  # while deleting: nodes whose agents still publish its devices
 
 
 def _condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
@@ -58,10 +59,16 @@ def conditions(f: Findings) -> list[Condition]:
         published = _condition("Published", False, "AwaitingNodeAgents",
                                f"{f.selection.node_count} nodes selected, but no gpuslice node agent has published"
                                " devices for this policy yet; check that the agent runs on them.")
-    if f.deleting:
+    if f.deleting and f.usage.holding_claims:
         ready = _condition("Ready", False, "Deleting",
                            f"Waiting for {len(f.usage.holding_claims)} claims to release this policy's devices:"
                            f" {', '.join(f.usage.holding_claims[:10])}.")
+    elif f.deleting:
+        ready = _condition("Ready", False, "Deleting",
+                           f"Waiting for the gpuslice node agents of {len(f.publishing_nodes)} nodes to remove this"
+                           f" policy's devices: {', '.join(f.publishing_nodes[:10])}. Until they do, the policy stays"
+                           " so that its tenancy rule keeps judging them; if a node's agent is gone for good, delete"
+                           " that node's ResourceSlices of driver gpu.gpuslice.dev (or the Node).")
     elif f.problems and f.problems[0].reason == TENANCY_NOT_ENFORCED:
         ready = _condition("Ready", False, TENANCY_NOT_ENFORCED, "Tenancy is not enforced; see the Valid condition."
                            " Node agents publish no new devices of this policy until it is.")

@@ -4,8 +4,14 @@ apiserver enforces the rule before a policy is called Valid.
 The rule itself is the static admission policy ``gpuslice-tenancy`` (manifests/admission.yaml,
 built in planning.admission). Two things here feed and check it:
 
-- ``status.admittedTenants``: a tenant namespace is admitted (by UID) only once its quota is in
-  place, so no claim of a limited tenant is ever made before the quota that counts it;
+- ``status.admittedTenants``: a tenant namespace is admitted (by UID) only once the policy has
+  been converged for it; a limited tenant only for the kinds of device its quota has *in force*
+  at the limits its spec says. In force means the quota's ``status.hard``, which is what
+  the apiserver's quota admission reads: a quota kube-controller-manager has not synced yet (just
+  made, just changed, or KCM stalled) counts nothing, and claims made meanwhile would never be
+  counted. The record also keeps those limits, the classes and when the quota was made, so the
+  admission policy refuses claims under limits the spec no longer says, of a kind the quota does
+  not count yet, and allocations of claims made before the quota existed;
 - the probe: a dry-run claim for the policy's class from the controller's own namespace, which
   can never be a tenant. Only a refusal proves the apiserver enforces tenancy for this policy
   now; a timer would only guess.
@@ -13,37 +19,110 @@ built in planning.admission). Two things here feed and check it:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence, Set
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from gpuslice.api.policy import Tenant
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.api.status import AdmittedTenant
+from gpuslice.api.status import AdmittedTenant, LimitsInForce
 from gpuslice.controller.admin_access import NamespaceView
+from gpuslice.dra.names import quota_resource
+from gpuslice.dra.quantity import parse_quantity
 from gpuslice.kube.client import KubeClient, KubeError, NotReady
 from gpuslice.planning.admission import TENANCY, TENANCY_DENIAL
 from gpuslice.planning.cluster_objects import quota_name
+from gpuslice.planning.kinds import DeviceKind, quota
+
+# A claim's creationTimestamp has whole seconds: one made in the second its tenant's quota was made
+# cannot be told from one made just before, so a tenant is admitted only once that second is over.
+SECOND = datetime.timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class QuotaView:
+    """A gpuslice quota as the controller's watch saw it: what the apiserver enforces is status.hard."""
+
+    policy: str
+    created: str  # metadata.creationTimestamp
+    hard: Mapping[str, str] = field(default_factory=dict)  # status.hard
+
+    @classmethod
+    def from_quota(cls, policy: str, meta: Mapping[str, Any], status: Mapping[str, Any]) -> QuotaView:
+        return cls(policy, str(meta.get("creationTimestamp") or ""), dict(status.get("hard") or {}))
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Who is admitted, and in how many seconds to look again for those that wait only on the clock."""
+
+    tenants: list[AdmittedTenant]
+    again_in: float | None = None
+
+
+def _limits(tenant: Tenant) -> LimitsInForce:
+    return LimitsInForce(max_slices=tenant.max_slices, max_full_gpus=tenant.max_full_gpus,
+                         max_mig_devices=dict(tenant.max_mig_devices) if tenant.max_mig_devices is not None else None)
+
+
+def _parse(stamp: str) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def classes_in_force(policy: GpuSlicePolicy, tenant: Tenant, kinds: Sequence[DeviceKind],
+                     found: QuotaView | None) -> list[str]:
+    """The classes whose devices the tenant's quota counts now at the limit its spec says."""
+    if found is None or found.policy != policy.name:
+        return []
+    counted = []
+    for kind in kinds:
+        hard = found.hard.get(quota_resource(kind.class_name))
+        try:
+            if hard is not None and parse_quantity(hard) == quota(tenant, kind):
+                counted.append(kind.class_name)
+        except ValueError:
+            continue
+    return sorted(counted)
 
 
 def admitted_tenants(
     policy: GpuSlicePolicy, namespaces: Mapping[str, NamespaceView], previously: Sequence[AdmittedTenant], *,
-    converged: bool = False, failed: Set[str] = frozenset(),
-) -> list[AdmittedTenant]:
-    """The tenants the admission policy may admit. Without a converge, only those already admitted
-    that are still tenants, in the same namespace incarnation; after one, also every tenant whose
-    quota (if it has limits) was put in place by it (``failed``: paths that could not be applied)."""
+    kinds: Sequence[DeviceKind] = (), quotas: Mapping[tuple[str, str], QuotaView] | None = None,
+    converged: bool = False, now: datetime.datetime | None = None,
+) -> Admission:
+    """The tenants the admission policy may admit. A tenant without limits: once a converge made its
+    objects, and from then on while the namespace is the same. A limited tenant: while its quota
+    (``quotas``, by namespace and name) counts some kind at the limit its spec says (only those
+    kinds are recorded), and from a second after the quota was made (``now``: the controller's clock)."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    quotas = quotas or {}
     previous = {a.namespace: a.uid for a in previously}
-    found: dict[str, str] = {}
+    found: list[AdmittedTenant] = []
+    again_in: float | None = None
     for tenant in policy.spec.tenants:
         view = namespaces.get(tenant.namespace)
         if view is None or not view.active or not view.uid:
             continue
-        if previous.get(tenant.namespace) == view.uid:
-            found[tenant.namespace] = view.uid
+        if not tenant.limited:
+            if previous.get(tenant.namespace) == view.uid or converged:
+                found.append(AdmittedTenant(namespace=tenant.namespace, uid=view.uid))
             continue
-        quota = f"/api/v1/namespaces/{tenant.namespace}/resourcequotas/{quota_name(policy.name)}"
-        if converged and not (tenant.limited and quota in failed):
-            found[tenant.namespace] = view.uid
-    return [AdmittedTenant(namespace=ns, uid=uid) for ns, uid in sorted(found.items())]
+        live = quotas.get((tenant.namespace, quota_name(policy.name)))
+        made = _parse(live.created) if live else None
+        classes = classes_in_force(policy, tenant, kinds, live)
+        if live is None or made is None or not classes:
+            continue
+        wait = (made + SECOND - now).total_seconds()
+        if wait > 0:
+            again_in = min(wait, again_in) if again_in is not None else wait
+            continue
+        found.append(AdmittedTenant(namespace=tenant.namespace, uid=view.uid, limits=_limits(tenant),
+                                    classes=classes, since=live.created))
+    return Admission(sorted(found, key=lambda a: a.namespace), again_in)
 
 
 def probe_claim(class_name: str) -> dict[str, Any]:

@@ -12,8 +12,13 @@
 - ``gpuslice-controller-writes``: the controller's own writes are limited to objects that
   carry gpuslice's labels and names, so its RBAC on kinds whose names vary per policy
   cannot reach anyone else's objects.
+- ``gpuslice-device-classes``: gpuslice's devices are allocated only through gpuslice's
+  DeviceClasses. Tenancy and limits are judged by the class a claim names, so a claim of any
+  other class that happens to select gpuslice's driver (a catch-all class an administrator
+  made, another vendor's class with a loose selector) would escape both. It has no parameter:
+  it holds with no policy at all, and for the devices of a policy that is gone.
 
-The controller's identity is written into the last two: running it as another
+The controller's identity is written into the second and third: running it as another
 identity means editing that username (see docs/controller.md).
 """
 
@@ -25,7 +30,14 @@ from typing import Any
 import yaml
 
 from gpuslice.api.policy import GROUP, KIND, VERSION
-from gpuslice.dra.names import ADMIN_ACCESS_LABEL, ATTRIBUTE_DOMAIN, CONTROLLER_NAMESPACE, LABEL_POLICY, MANAGED_BY
+from gpuslice.dra.names import (
+    ADMIN_ACCESS_LABEL,
+    ATTRIBUTE_DOMAIN,
+    CONTROLLER_NAMESPACE,
+    DRIVER,
+    LABEL_POLICY,
+    MANAGED_BY,
+)
 
 Manifest = dict[str, Any]
 ADMISSION_V1 = "admissionregistration.k8s.io/v1"
@@ -33,7 +45,8 @@ CONTROLLER_USER = f"system:serviceaccount:{CONTROLLER_NAMESPACE}:gpuslice-contro
 TENANCY = "gpuslice-tenancy"
 ADMIN_LABEL_GUARD = "gpuslice-admin-access-label"
 CONTROLLER_WRITES = "gpuslice-controller-writes"
-STATIC_POLICIES = (TENANCY, ADMIN_LABEL_GUARD, CONTROLLER_WRITES)
+DEVICE_CLASSES = "gpuslice-device-classes"
+STATIC_POLICIES = (TENANCY, ADMIN_LABEL_GUARD, CONTROLLER_WRITES, DEVICE_CLASSES)
 TENANCY_DENIAL = "is not a tenant of GpuSlicePolicy"  # what the controller's dry-run probe expects
 
 _POLICY = "params.metadata.name"
@@ -51,6 +64,26 @@ def _any_request(predicate: Callable[[str], str]) -> str:
         f"variables.requests.exists(r, (has(r.exactly) && {_ours('r.exactly')} && {predicate('r.exactly')})"
         f" || (has(r.firstAvailable) && r.firstAvailable.exists(s, {_ours('s')} && {predicate('s')})))"
     )
+
+
+def _every_request(predicate: Callable[[str], str]) -> str:
+    """Every request of the policy's classes (exactly, or a subrequest of firstAvailable) satisfies
+    ``predicate``."""
+    return (
+        f"variables.requests.all(r, (!has(r.exactly) || !{_ours('r.exactly')} || {predicate('r.exactly')})"
+        f" && (!has(r.firstAvailable) || r.firstAvailable.all(s, !{_ours('s')} || {predicate('s')})))"
+    )
+
+
+def _same_limits(recorded: str, spec: str) -> str:
+    """The recorded limits equal the spec's: each field absent from both or equal in both."""
+    scalars = " && ".join(f"(has({recorded}.{f}) ? {recorded}.{f} : -1) == (has({spec}.{f}) ? {spec}.{f} : -1)"
+                          for f in ("maxSlices", "maxFullGpus"))
+    mig = "maxMigDevices"
+    maps = (f"has({recorded}.{mig}) == has({spec}.{mig}) && (!has({spec}.{mig})"
+            f" || (size({recorded}.{mig}) == size({spec}.{mig})"
+            f" && {spec}.{mig}.all(k, k in {recorded}.{mig} && {recorded}.{mig}[k] == {spec}.{mig}[k])))")
+    return f"{scalars} && {maps}"
 
 
 def _bad_toleration(t: str) -> str:
@@ -91,12 +124,25 @@ def tenancy_policy() -> Manifest:
         ("tenant", f"{tenants}.exists(t, t.namespace == request.namespace)"),
         ("limited", f"{tenants}.exists(t, t.namespace == request.namespace"
                     " && (has(t.maxSlices) || has(t.maxFullGpus) || has(t.maxMigDevices)))"),
-        # Only the namespaces whose quota the controller has put in place, by UID: a tenant added a
-        # moment ago, or a tenant namespace deleted and made again, waits for its quota. (dyn: the
-        # apiserver declares the field "UID" but serves it as "uid".)
-        ("admitted", "variables.tenant && has(params.status) && has(params.status.admittedTenants)"
-                     " && params.status.admittedTenants.exists(a, a.namespace == request.namespace"
-                     " && a.uid == dyn(namespaceObject.metadata).uid)"),
+        ("specTenant", f"{tenants}.filter(t, t.namespace == request.namespace)"),
+        # Only the namespaces the controller admitted, by UID: a tenant added a moment ago, or a
+        # tenant namespace deleted and made again, waits for its quota. (dyn: the apiserver declares
+        # the field "UID" but serves it as "uid".)
+        ("record", "has(params.status) && has(params.status.admittedTenants)"
+                   " ? params.status.admittedTenants.filter(a, a.namespace == request.namespace"
+                   " && a.uid == dyn(namespaceObject.metadata).uid) : []"),
+        ("admitted", "variables.tenant && size(variables.record) > 0"),
+        # A limited tenant's record says which limits its quota enforces, which classes it counts, and
+        # since when: claims are admitted only under the limits the spec says now, of a class counted,
+        # and (at allocation) only if made after the quota, which alone guarantees they were counted.
+        ("limitsInForce", "!variables.limited || (size(variables.record) > 0 && has(variables.record[0].limits)"
+                          " && " + _same_limits("variables.record[0].limits", "variables.specTenant[0]") + ")"),
+        ("classesInForce", "!variables.limited || (size(variables.record) > 0 && has(variables.record[0].classes)"
+                           " && " + _every_request(lambda x: f"{x}.deviceClassName in variables.record[0].classes")
+                           + ")"),
+        ("madeUnderQuota", "!variables.limited || variables.isTemplate || (size(variables.record) > 0"
+                           " && has(variables.record[0].since) && timestamp(string(object.metadata.creationTimestamp))"
+                           " > timestamp(variables.record[0].since))"),
         ("adminNamespace", "has(params.spec.adminAccess) && has(params.spec.adminAccess.namespaces)"
                            " && request.namespace in params.spec.adminAccess.namespaces"),
         ("wantsAdminAccess", "variables.requests.exists(r, has(r.exactly) && " + _ours("r.exactly")
@@ -124,6 +170,24 @@ def tenancy_policy() -> Manifest:
          f"variables.who + ': namespace ' + request.namespace + ' is a tenant of GpuSlicePolicy {policy}, but"
          f" gpuslice has not put its quota in place yet (see status.admittedTenants of the policy); try again"
          f" in a moment'"),
+        ("!variables.judged || !variables.usesClass || !variables.admitted || variables.isTemplate"
+         " || (variables.adminNamespace && variables.onlyAdminAccess) || variables.limitsInForce",
+         f"variables.who + ': the limits of namespace ' + request.namespace + ' in GpuSlicePolicy {policy}"
+         f" changed, and gpuslice has not yet put them in force in its quota (see status.admittedTenants of the"
+         f" policy); try again in a moment'"),
+        ("!variables.judged || !variables.usesClass || !variables.admitted || variables.isTemplate"
+         " || (variables.adminNamespace && variables.onlyAdminAccess) || !variables.limitsInForce"
+         " || variables.classesInForce",
+         f"variables.who + ': the quota of namespace ' + request.namespace + ' for GpuSlicePolicy {policy}"
+         f" does not count this DeviceClass yet (a kind of device the policy does not offer, or offers only"
+         f" since a moment ago; it counts ' + variables.record[0].classes.join(', ') + '); ask for one of"
+         f" those, or try again once the policy offers it'"),
+        ("!variables.judged || !variables.usesClass || !variables.admitted || variables.isTemplate"
+         " || (variables.adminNamespace && variables.onlyAdminAccess) || !variables.limitsInForce"
+         " || !variables.classesInForce || variables.madeUnderQuota",
+         f"variables.who + ': the claim was made before the quota of namespace ' + request.namespace + ' for"
+         f" GpuSlicePolicy {policy} existed (' + variables.record[0].since + '), so that quota never counted"
+         f" it and it is never allocated: delete it and make it again'"),
         ("!variables.judged || !variables.usesClass || variables.tenant || !variables.adminNamespace"
          " || variables.onlyAdminAccess",
          f"variables.who + ': namespace ' + request.namespace + ' may use devices of GpuSlicePolicy {policy}"
@@ -275,6 +339,49 @@ def controller_writes(controller_user: str = CONTROLLER_USER) -> Manifest:
     }
 
 
+def device_classes_policy() -> Manifest:
+    """Every allocation of one of gpuslice's devices answers a request (or subrequest) for one
+    of gpuslice's DeviceClasses (``*.gpuslice.dev``), whose tenancy rule then judges it."""
+    ours = f"endsWith('.{GROUP}')"
+    answered = (
+        "variables.requests.exists(q, q.name == r.request.split('/')[0] && (r.request.contains('/')"
+        " ? has(q.firstAvailable) && q.firstAvailable.exists(s, s.name == r.request.split('/')[1]"
+        f" && s.deviceClassName.{ours})"
+        f" : has(q.exactly) && q.exactly.deviceClassName.{ours}))"
+    )
+    return {
+        "apiVersion": ADMISSION_V1, "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": DEVICE_CLASSES, "labels": dict(MANAGED_BY)},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"matchPolicy": "Equivalent", "resourceRules": [
+                {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                 "resources": ["resourceclaims/status"]},
+            ]},
+            "matchConditions": [{"name": "allocates", "expression": (
+                "has(object.status) && has(object.status.allocation) && has(object.status.allocation.devices)"
+                " && has(object.status.allocation.devices.results)"
+                " && !(has(oldObject.status) && has(oldObject.status.allocation))")}],
+            "variables": [
+                {"name": "requests", "expression": "has(object.spec.devices) && has(object.spec.devices.requests)"
+                                                   " ? object.spec.devices.requests : []"},
+                {"name": "strays", "expression": (
+                    f"object.status.allocation.devices.results.filter(r, r.driver == '{DRIVER}' && !{answered})")},
+            ],
+            "validations": [{
+                "expression": "size(variables.strays) == 0",
+                "messageExpression": (
+                    "'allocation of ResourceClaim ' + object.metadata.name + ': devices of driver"
+                    f" {DRIVER} (' + variables.strays.map(r, r.pool + '/' + r.device).join(', ') + ') are"
+                    f" allocated only through the DeviceClasses of a GpuSlicePolicy (*.{GROUP}), where its"
+                    " tenancy and limits apply; request one of those, not a DeviceClass that merely selects"
+                    " the driver'"),
+                "reason": "Forbidden",
+            }],
+        },
+    }
+
+
 def binding(policy: str) -> Manifest:
     return {
         "apiVersion": ADMISSION_V1, "kind": "ValidatingAdmissionPolicyBinding",
@@ -285,16 +392,18 @@ def binding(policy: str) -> Manifest:
 
 def static_manifests(controller_user: str = CONTROLLER_USER) -> list[Manifest]:
     return [tenancy_policy(), tenancy_binding(), admin_access_guard(controller_user), binding(ADMIN_LABEL_GUARD),
-            controller_writes(controller_user), binding(CONTROLLER_WRITES)]
+            controller_writes(controller_user), binding(CONTROLLER_WRITES),
+            device_classes_policy(), binding(DEVICE_CLASSES)]
 
 
 def admission_yaml(controller_user: str = CONTROLLER_USER) -> str:
     header = (
         "# Generated from operator/gpuslice/planning/admission.py by `make crds`; do not edit here.\n"
         "# gpuslice's admission policies: tenancy (every GpuSlicePolicy is a parameter), the admin-access\n"
-        "# label guard, and the limits on the controller's own writes. Apply after crds/: with the\n"
+        "# label guard, the limits on the controller's own writes, and gpuslice's devices only through\n"
+        "# gpuslice's DeviceClasses. Apply after crds/: with the\n"
         "# GpuSlicePolicy CRD missing, the tenancy policy refuses every ResourceClaim (it fails closed).\n"
-        f"# The controller's identity, {controller_user}, is named in the last two:\n"
+        f"# The controller's identity, {controller_user}, is named in the second and third:\n"
         "# to run it as another identity, replace that username (docs/controller.md).\n"
     )
     documents = [yaml.safe_dump(m, sort_keys=False, width=100) for m in static_manifests(controller_user)]

@@ -172,6 +172,12 @@ def devices_by_policy(slices: Iterable[SliceView]) -> dict[str, set[DeviceRef]]:
     return _by_policy(v for v in slices if v.pool in complete and v.generation == newest[v.pool])
 
 
+def published_by_policy(slices: Iterable[SliceView]) -> dict[str, set[DeviceRef]]:
+    """Every device any slice still publishes (every generation, complete pool or not), by policy.
+    Not for counting: for knowing whether a policy's devices are all gone."""
+    return _by_policy(slices)
+
+
 def device_info(slices: Iterable[SliceView]) -> dict[DeviceRef, DeviceInfo]:
     """Kind and memory of every device of complete pools' newest generations (as counted)."""
     slices = list(slices)

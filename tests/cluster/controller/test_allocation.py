@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.admission import TENANCY, tenancy_binding
 from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
+from tests.cluster.agent.test_publishing import pool_devices as published_now
 from tests.cluster.agent.test_publishing import published
 from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
 from tests.cluster.controller.test_tenancy import claim
@@ -33,7 +35,7 @@ async def allocation(kube: KubeClient, ns: str, name: str) -> dict[str, Any] | N
     return found
 
 
-async def _event(kube: KubeClient, ns: str, pod: str, text: str) -> str | None:
+async def event_saying(kube: KubeClient, ns: str, pod: str, text: str) -> str | None:
     for event in await kube.list(f"/api/v1/namespaces/{ns}/events"):
         if event["involvedObject"]["name"] == pod and text in (event.get("message") or ""):
             return str(event["message"])
@@ -41,7 +43,7 @@ async def _event(kube: KubeClient, ns: str, pod: str, text: str) -> str | None:
 
 
 async def pod_event(kube: KubeClient, ns: str, pod: str, text: str) -> str:
-    message: str = await wait_for(lambda: _event(kube, ns, pod, text), within=60,
+    message: str = await wait_for(lambda: event_saying(kube, ns, pod, text), within=60,
                                   what=f"an Event on pod {ns}/{pod} saying {text!r}")
     return message
 
@@ -78,7 +80,7 @@ async def test_claims_made_before_the_policy_get_nothing_outside_its_rules(
     await wait_for(worker_allocated, within=60, what="the tenant's ordinary claim to be allocated")
     for ns, name, text in ((stranger, "early", "is not a tenant"), (tenant, "tolerant", "tolerates a taint")):
         async def settled(ns: str = ns, name: str = name, text: str = text) -> bool:
-            return bool(await allocation(kube, ns, name) or await _event(kube, ns, name, text))
+            return bool(await allocation(kube, ns, name) or await event_saying(kube, ns, name, text))
 
         await wait_for(settled, within=60, what=f"the scheduler to try {ns}/{name}")
         assert await allocation(kube, ns, name) is None, f"{ns}/{name} was allocated"
@@ -178,3 +180,48 @@ async def test_nothing_is_published_until_tenancy_is_enforced(
 
     await wait_for(enforced, within=90, what="Valid once the binding is back (after the backoff)")
     await published(kube, node.name, 8)
+
+
+async def test_a_deleted_policy_stays_until_its_devices_are_gone(
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    """The policy is the tenancy rule's parameter. Were it gone while its devices are still
+    published (an agent down or slow to remove them) and its DeviceClass not yet garbage-collected,
+    any namespace could claim them. So deletion waits for the agents too, and says so."""
+    tenant, stranger = await namespaces("tenant"), await namespaces("stranger")
+    node = await gpu_node("h100-80gb", 1)
+    name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
+                               "slicing": {"mode": "memory", "sliceSize": "10G"},
+                               "tenants": [{"namespace": tenant}]}))["metadata"]["name"]
+    await published(kube, node.name, 8)
+    path = f"{POLICIES}/{name}"
+    await node.agent.stop()
+    try:
+        # kube-controller-manager stalled: garbage collection leaves the DeviceClass in place meanwhile.
+        async with cluster.paused("kube-controller-manager"):
+            await kube.delete(path)
+
+            async def handled() -> dict[str, Any] | bool:
+                body = await get_or_none(kube, path)
+                return True if body is None else body if condition(body, "Ready").get("reason") == "Deleting" else False
+
+            body = await wait_for(handled, within=30, what="the controller to act on the deletion")
+            refusal: KubeError | None = None
+            try:
+                await kube.create(f"{RESOURCE}/namespaces/{stranger}/resourceclaims", claim("grab", f"{name}.gpuslice.dev"))
+            except KubeError as error:
+                refusal = error
+            if refusal is None:
+                await kube.create(f"/api/v1/namespaces/{stranger}/pods", pod_using("grab", "grab"))
+                await wait_for(lambda: allocation(kube, stranger, "grab"), within=30, what="the scheduler's choice")
+                raise AssertionError(f"{stranger} holds a device of deleted policy {name}")
+            assert f"namespace {stranger} is not a tenant of GpuSlicePolicy {name}" in refusal.message
+            assert isinstance(body, dict), "the policy went while its devices were published"
+            assert f"node agents of 1 nodes to remove this policy's devices: {node.name}" in condition(body, "Ready")[
+                "message"]
+    finally:
+        await node.agent.start()
+        await node.agent.wait_healthy()
+    await wait_for(lambda: _absent(kube, path), within=60, what="the policy to go once its devices went")
+    assert not await published_now(kube, node.name)

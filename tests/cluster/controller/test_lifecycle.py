@@ -125,7 +125,18 @@ async def test_deletion_waits_for_claims_then_cleans_up(
     assert await get_or_none(kube, f"{POLICIES}/{name}") is not None, "deletion must wait while a claim holds a device"
 
     await kube.delete(f"/api/v1/namespaces/{tenant}/pods/worker", gracePeriodSeconds=0)
-    await wait_for(lambda: absent(kube, f"{POLICIES}/{name}"), within=60, what="the policy to go once the claim is gone")
+
+    async def agents_awaited() -> dict[str, Any] | None:
+        body = await kube.get(f"{POLICIES}/{name}")
+        return body if "node agents of 1 nodes" in condition(body, "Ready").get("message", "") else None
+
+    # Then for its devices to go (no agent publishes these: the test removes them, as an agent would).
+    body = await wait_for(agents_awaited, within=60, what="the policy to wait for its devices once the claim is gone")
+    assert f"remove this policy's devices: pool-{unique}." in condition(body, "Ready")["message"]
+    await asyncio.sleep(3)
+    assert await get_or_none(kube, f"{POLICIES}/{name}") is not None, "deletion must wait while devices are published"
+    await cluster_objects.delete_all()
+    await wait_for(lambda: absent(kube, f"{POLICIES}/{name}"), within=60, what="the policy to go once its devices are gone")
     await wait_for(lambda: absent(kube, f"{RESOURCE}/deviceclasses/{name}.gpuslice.dev"), within=60,
                    what="garbage collection of the DeviceClass")
     await wait_for(lambda: absent(kube, template_path(tenant)), within=60, what="garbage collection of the template")

@@ -6,15 +6,18 @@ and the tenancy admission policy refuse."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
+from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
 from tests.cluster.agent.test_publishing import published
-from tests.cluster.controller.test_allocation import pod_event, pod_using
+from tests.cluster.conftest import ClusterObjects
+from tests.cluster.controller.test_allocation import allocation, event_saying, pod_event, pod_using
 from tests.cluster.controller.test_objects import get_or_none
 from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
@@ -52,13 +55,19 @@ async def refused(kube: KubeClient, ns: str, body: dict[str, Any], *words: str) 
     return error.value.message
 
 
-async def ready_tenant(kube: KubeClient, policy: str, ns: str) -> None:
-    """The tenant is admitted and its quota counts (before that every claim is refused anyway)."""
+async def ready_tenant(kube: KubeClient, policy: str, ns: str, *, quota: bool = True, classes: int = 0) -> None:
+    """The tenant is admitted and, with ``quota``, its quota counts (at least ``classes`` of the
+    policy's classes: before that, claims of the others are refused)."""
     async def counted() -> bool:
         body = await kube.get(f"{POLICIES}/{policy}")
-        admitted = any(a["namespace"] == ns for a in (body.get("status") or {}).get("admittedTenants") or [])
-        quota = await get_or_none(kube, f"/api/v1/namespaces/{ns}/resourcequotas/gpuslice-{policy}")
-        return admitted and quota is not None and "used" in (quota.get("status") or {})
+        record = [a for a in (body.get("status") or {}).get("admittedTenants") or [] if a["namespace"] == ns]
+        if not record:
+            return False
+        if not quota:
+            return "limits" not in record[0]
+        found = await get_or_none(kube, f"/api/v1/namespaces/{ns}/resourcequotas/gpuslice-{policy}")
+        return (found is not None and "used" in (found.get("status") or {})
+                and len(record[0].get("classes") or []) >= classes)
 
     await wait_for(counted, within=30, what=f"{ns} to be admitted with its quota counting")
 
@@ -142,6 +151,23 @@ async def test_a_slice_limit_is_a_memory_limit_whatever_the_claim(
     assert tenant["kinds"] == [{"kind": "slice", "allocated": 1, "limit": 1}, {"kind": "full", "allocated": 0, "limit": 0}]
 
 
+async def allocated_or_refused(kube: KubeClient, ns: str, pod: str, text: str) -> str:
+    """Wait until the pod's claim (named after the pod) is allocated, or an Event on the pod says ``text``;
+    the Event's message, or "" when allocated."""
+    async def check() -> str | None:
+        if await allocation(kube, ns, pod):
+            return "allocated"
+        return await event_saying(kube, ns, pod, text)
+
+    try:
+        found: str = await wait_for(check, within=60, what=f"{ns}/{pod} to be allocated or refused ({text!r})")
+    except AssertionError as error:
+        said = [e.get("message") for e in await kube.list(f"/api/v1/namespaces/{ns}/events")
+                if e["involvedObject"]["name"] == pod]
+        raise AssertionError(f"{error}; the pod's Events: {said}") from None
+    return found
+
+
 async def _quota_free(kube: KubeClient, ns: str, policy: str) -> bool:
     quota = await kube.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpuslice-{policy}")
     return all(v == "0" for v in ((quota.get("status") or {}).get("used") or {"x": "1"}).values())
@@ -177,3 +203,203 @@ async def test_shared_allocations_of_a_limited_tenant_are_one_slice_each(
 async def _allocated(kube: KubeClient, ns: str, name: str) -> bool:
     body = await kube.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims/{name}")
     return bool((body.get("status") or {}).get("allocation"))
+
+
+async def test_no_other_device_class_reaches_a_policys_devices(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespaces: Callable[..., Awaitable[str]], cluster_objects: ClusterObjects, unique: str,
+) -> None:
+    """Tenancy and limits are judged by the class a claim names. A DeviceClass that is not
+    gpuslice's but selects its driver (a catch-all an administrator made, another vendor's class
+    with a loose selector) must not be a way around them: neither for a stranger nor for a tenant
+    limited to one slice, who would otherwise take a whole GPU (and tolerate every taint)."""
+    stranger, tenant = await namespaces("stranger"), await namespaces("tenant")
+    node = await gpu_node("h100-80gb", 1)
+    name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
+                               "slicing": {"mode": "memory", "sliceSize": "10G", "allowFullGpu": True},
+                               "tenants": [{"namespace": tenant, "maxSlices": 1}]}))["metadata"]["name"]
+    await published(kube, node.name, 9)
+    await ready_tenant(kube, name, tenant)
+    generic, elsewhere = f"any-gpu-{unique}", f"elsewhere-{unique}"
+    for klass, selector in ((generic, 'device.driver.endsWith(".gpuslice.dev")'),
+                            (elsewhere, 'device.driver == "none.example.com"')):
+        await cluster_objects.create(f"{RESOURCE}/deviceclasses", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": klass},
+            "spec": {"selectors": [{"cel": {"expression": selector}}]}})
+    whole = [{"cel": {"expression": 'device.attributes["gpuslice.dev"].sliceSize == "full"'}}]
+    exact = {"deviceClassName": generic, "tolerations": [{"operator": "Exists"}]}
+    # Through firstAvailable too: the subrequest that would be satisfied is the generic one.
+    either = [{"name": "none", "deviceClassName": elsewhere}, {"name": "any", "deviceClassName": generic}]
+    # One at a time: a pod the scheduler keeps retrying holds its device in flight meanwhile.
+    for ns, pod, spec in ((stranger, "grab", {"exactly": exact}),
+                          (tenant, "whole", {"exactly": {**exact, "selectors": whole}}),
+                          (stranger, "either", {"firstAvailable": either})):
+        await kube.create(f"{RESOURCE}/namespaces/{ns}/resourceclaims", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": pod},
+            "spec": {"devices": {"requests": [{"name": "gpu", **spec}]}}})
+        await kube.create(f"/api/v1/namespaces/{ns}/pods", pod_using(pod, pod))
+        message = await allocated_or_refused(kube, ns, pod, "allocated only through the DeviceClasses")
+        assert await allocation(kube, ns, pod) is None, f"{ns}/{pod} holds a gpuslice device through {generic}"
+        assert f"allocation of ResourceClaim {pod}: devices of driver gpu.gpuslice.dev ({node.name}/" in message
+        await kube.delete(f"/api/v1/namespaces/{ns}/pods/{pod}", gracePeriodSeconds=0)
+    await ready_tenant(kube, name, tenant)
+
+
+async def attempt(kube: KubeClient, ns: str, name: str, klass: str) -> str | None:
+    """Try to make a claim of ``klass`` and a pod that uses it; the refusal's message, or None when made."""
+    try:
+        await kube.create(f"{RESOURCE}/namespaces/{ns}/resourceclaims", claim(name, request(klass)))
+    except KubeError as error:
+        return error.message
+    await kube.create(f"/api/v1/namespaces/{ns}/pods", pod_using(name, name))
+    return None
+
+
+async def held_claims(kube: KubeClient, ns: str, names: list[str], text: str) -> list[str]:
+    """Once the scheduler has tried each claim's pod (allocated, or an Event saying ``text``): those allocated."""
+    for name in names:
+        await allocated_or_refused(kube, ns, name, text)
+    return [n for n in names if await allocation(kube, ns, n)]
+
+
+async def test_claims_made_before_the_policy_are_never_allocated_to_a_limited_tenant(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str, unique: str,
+) -> None:
+    """Before the policy exists nothing judges a claim of its (predictable) class, and no quota
+    counts it. Made early, such claims would all be allocated once the tenant is admitted, far
+    beyond maxSlices. Only claims made after the tenant's quota exist are ever allocated to it."""
+    early = [f"early-{i}" for i in range(3)]
+    for name in early:
+        assert await attempt(kube, namespace, name, f"p-{unique}.gpuslice.dev") is None
+    node = await gpu_node("h100-80gb", 1)
+    name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
+                               "slicing": {"mode": "memory", "sliceSize": "10G"},
+                               "tenants": [{"namespace": namespace, "maxSlices": 1}]}))["metadata"]["name"]
+    devices = await published(kube, node.name, 8)
+    await ready_tenant(kube, name, namespace)
+    held = await held_claims(kube, namespace, early, "was made before the quota")
+    assert held == [], f"a tenant with maxSlices: 1 holds {held}, made before its quota"
+    message = await pod_event(kube, namespace, "early-0", "was made before the quota")
+    assert (f"allocation of ResourceClaim early-0: the claim was made before the quota of namespace {namespace} for"
+            f" GpuSlicePolicy {name} existed") in message
+    assert "never allocated: delete it and make it again" in message
+    # Made again now, one is counted and allocated.
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods/early-0", gracePeriodSeconds=0)
+    await kube.delete(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/early-0")
+    await wait_for(lambda: _quota_used(kube, namespace, name, 2), what="the quota to count the two left")
+    for early_name in early[1:]:  # the two left still count against the limit, as the quota says
+        await kube.delete(f"/api/v1/namespaces/{namespace}/pods/{early_name}", gracePeriodSeconds=0)
+        await kube.delete(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{early_name}")
+    await wait_for(lambda: _quota_free(kube, namespace, name), what="the quota to release the early claims")
+    assert await attempt(kube, namespace, "fresh", f"{name}.gpuslice.dev") is None
+    await wait_for(lambda: _allocated(kube, namespace, "fresh"), within=60, what="a claim made now to be allocated")
+    assert await held_memory(kube, namespace, devices) == 10 * G
+
+
+async def _quota_used(kube: KubeClient, ns: str, policy: str, count: int) -> bool:
+    quota = await kube.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpuslice-{policy}")
+    return str(count) in ((quota.get("status") or {}).get("used") or {}).values()
+
+
+async def test_claims_of_a_kind_the_policy_does_not_offer_yet_are_refused(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str,
+) -> None:
+    """A limited tenant's quota has a key per kind the policy offers. A class of a kind it does not
+    offer yet (whole GPUs before allowFullGpu, a MIG profile before it is listed) is counted by no
+    key: claims of it made now would be allocated, uncounted, once the platform team adds the kind."""
+    node = await gpu_node("h100-80gb", 2)
+    name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
+                               "slicing": {"mode": "memory", "sliceSize": "10G"},
+                               "tenants": [{"namespace": namespace, "maxSlices": 1}]}))["metadata"]["name"]
+    await published(kube, node.name, 16)
+    await ready_tenant(kube, name, namespace)
+    full = f"full.{name}.gpuslice.dev"
+    refusals = {pod: await attempt(kube, namespace, pod, full) for pod in ("whole-0", "whole-1")}
+    await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"slicing": {"allowFullGpu": True}}})
+    devices = await published(kube, node.name, 18)
+    made = [pod for pod, refusal in refusals.items() if refusal is None]
+    held = await held_claims(kube, namespace, made, "exceeded quota")
+    assert held == [], f"a tenant granted no whole GPU holds {held}: {await held_memory(kube, namespace, devices)} bytes"
+    for refusal in refusals.values():
+        assert refusal is not None
+        assert f"the quota of namespace {namespace} for GpuSlicePolicy {name} does not count this DeviceClass yet" in refusal
+    # Once the kind is offered, its quota (0 for this tenant) counts it: refused by quota, as any other.
+    await ready_tenant(kube, name, namespace, classes=2)
+    assert "exceeded quota" in (await attempt(kube, namespace, "whole-2", full) or "")
+
+
+async def test_a_tenant_given_limits_claims_under_them_only_once_they_are_in_force(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str,
+) -> None:
+    """A tenant without limits has no quota. Given limits, it must not claim under the old record of
+    it until its new quota counts: with the controller frozen (slow, or restarting), that is forever."""
+    node = await gpu_node("h100-80gb", 1)
+    name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
+                               "slicing": {"mode": "memory", "sliceSize": "10G"},
+                               "tenants": [{"namespace": namespace}]}))["metadata"]["name"]
+    devices = await published(kube, node.name, 8)
+    await ready_tenant(kube, name, namespace, quota=False)
+    klass, rushed = f"{name}.gpuslice.dev", [f"rush-{i}" for i in range(3)]
+    controller.pause()
+    try:
+        await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"tenants": [{"namespace": namespace, "maxSlices": 1}]}})
+        # At once: a claim the apiserver admits in the moment before it reads the edit is made
+        # before the new quota exists, so it is never allocated either.
+        refusals = {pod: await attempt(kube, namespace, pod, klass) for pod in rushed}
+        made = [pod for pod, refusal in refusals.items() if refusal is None]
+        held = await held_claims(kube, namespace, made, f"GpuSlicePolicy {name}")
+    finally:
+        controller.resume()
+    assert held == [], f"a tenant given maxSlices: 1 holds {held}, never counted by a quota"
+    for refusal in refusals.values():
+        assert refusal is None or f"the limits of namespace {namespace} in GpuSlicePolicy {name} changed" in refusal
+    await ready_tenant(kube, name, namespace)
+    if made:
+        assert await held_claims(kube, namespace, made, "was made before the quota") == []
+        for pod in made:
+            await kube.delete(f"/api/v1/namespaces/{namespace}/pods/{pod}", gracePeriodSeconds=0)
+            await kube.delete(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{pod}")
+        await wait_for(lambda: _quota_free(kube, namespace, name), what="the quota to release the rushed claims")
+    assert await attempt(kube, namespace, "counted", klass) is None
+    await wait_for(lambda: _allocated(kube, namespace, "counted"), within=60, what="a counted claim to be allocated")
+    assert "exceeded quota" in (await attempt(kube, namespace, "more", klass) or "")
+    assert await held_memory(kube, namespace, devices) == 10 * G
+
+
+async def test_a_tenant_added_while_its_quota_counts_nothing_yet_waits(
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
+) -> None:
+    """A ResourceQuota counts from when kube-controller-manager has synced its status.hard, not from
+    when it is made: the apiserver's quota admission reads status. With KCM stalled, a quota that
+    merely exists counts nothing, so its tenant must not be admitted yet."""
+    node = await gpu_node("h100-80gb", 1)
+    name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
+                               "slicing": {"mode": "memory", "sliceSize": "10G"}, "tenants": []}))["metadata"]["name"]
+    devices = await published(kube, node.name, 8)
+    klass, rushed = f"{name}.gpuslice.dev", [f"rush-{i}" for i in range(3)]
+    quota = f"/api/v1/namespaces/{namespace}/resourcequotas/gpuslice-{name}"
+    async with cluster.paused("kube-controller-manager"):
+        await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"tenants": [{"namespace": namespace, "maxSlices": 1}]}})
+        await wait_for(lambda: get_or_none(kube, quota), within=30, what="the quota to be made")
+        await wait_for(lambda: _observed(kube, name), within=30, what="the controller to finish converging")
+        refusals = {pod: await attempt(kube, namespace, pod, klass) for pod in rushed}
+        made = [pod for pod, refusal in refusals.items() if refusal is None]
+        held = await held_claims(kube, namespace, made, f"GpuSlicePolicy {name}")
+    assert held == [], f"a tenant with maxSlices: 1 holds {held}, which no quota counted"
+    for refusal in refusals.values():
+        assert refusal is not None
+        assert "but gpuslice has not put its quota in place yet" in refusal
+    await ready_tenant(kube, name, namespace)
+    assert await attempt(kube, namespace, "counted", klass) is None
+    assert "exceeded quota" in (await attempt(kube, namespace, "more", klass) or "")
+    await wait_for(lambda: _allocated(kube, namespace, "counted"), within=60, what="a counted claim to be allocated")
+    assert await held_memory(kube, namespace, devices) == 10 * G
+
+
+async def _observed(kube: KubeClient, policy: str) -> bool:
+    body = await kube.get(f"{POLICIES}/{policy}")
+    return bool((body.get("status") or {}).get("observedGeneration") == body["metadata"]["generation"])

@@ -70,9 +70,21 @@ async def test_policy_creates_class_templates_quota_admission_and_labels(
     body = await wait_for(status, what="status with Valid=True")
     assert body["status"]["deviceClassName"] == klass
     assert body["status"]["deviceClasses"] == [{"kind": "slice", "name": klass, "memoryBytes": 10 * 1024**3}]
-    assert body["status"]["admittedTenants"] == sorted(
-        [{"namespace": ns, "uid": (await kube.get(f"/api/v1/namespaces/{ns}"))["metadata"]["uid"]} for ns in (team_a, team_b)],
-        key=lambda a: a["namespace"])
+    uid = {ns: (await kube.get(f"/api/v1/namespaces/{ns}"))["metadata"]["uid"] for ns in (team_a, team_b)}
+    # The limited tenant is admitted once kube-controller-manager has synced its quota's status.hard
+    # (Valid may come first), with the limits, the classes and the creation time of that quota.
+    quota = await wait_for(lambda: _synced(kube, team_a, name), what="the quota's status.hard")
+
+    async def admitted() -> dict[str, Any] | None:
+        body = await kube.get(f"{POLICIES}/{name}")
+        return body if len(body["status"].get("admittedTenants") or []) == 2 else None
+
+    body = await wait_for(admitted, what="both tenants admitted")
+    assert body["status"]["admittedTenants"] == sorted([
+        {"namespace": team_a, "uid": uid[team_a], "limits": {"maxSlices": 2}, "classes": [klass],
+         "since": quota["metadata"]["creationTimestamp"]},
+        {"namespace": team_b, "uid": uid[team_b]},
+    ], key=lambda a: a["namespace"])
     assert body["status"]["adminAccessLabels"] == [ops]
     assert condition(body, "Published")["reason"] == "NoMatchingNodes"
     assert condition(body, "Ready")["status"] == "False"
@@ -114,3 +126,8 @@ async def test_printer_columns_show_mode_tenants_and_readiness(
     row = await wait_for(table, what="the policy's Ready column")
     assert (row["Name"], row["Mode"], row["Slice"], row["Tenants"]) == (name, "memory", "10Gi", tenant)
     assert (row["Published"], row["Allocated"], row["Ready"]) == (0, 0, "False")
+
+
+async def _synced(kube: KubeClient, ns: str, policy: str) -> dict[str, Any] | None:
+    quota = await get_or_none(kube, f"/api/v1/namespaces/{ns}/resourcequotas/gpuslice-{policy}")
+    return quota if quota is not None and (quota.get("status") or {}).get("hard") else None

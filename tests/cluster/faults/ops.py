@@ -29,6 +29,17 @@ async def devices(kube: KubeClient, node: str) -> dict[str, dict[str, Any]] | No
     return pools.get(node) if pools else None
 
 
+async def settled_devices(kube: KubeClient, node: str, within: float = 30) -> dict[str, dict[str, Any]]:
+    """The node's devices once its pool is complete (an agent between the writes of a generation
+    shows none); {} when the node publishes nothing."""
+    async def check() -> tuple[dict[str, dict[str, Any]]] | None:
+        pools, incomplete = complete_pools(await pool_slices(kube, node))
+        return None if node in incomplete else (pools.get(node) or {},)
+
+    found: tuple[dict[str, dict[str, Any]]] = await wait_for(check, within=within, what=f"a complete pool on {node}")
+    return found[0]
+
+
 def of_policy(found: dict[str, dict[str, Any]] | None, policy: str) -> dict[str, dict[str, Any]]:
     return {n: d for n, d in (found or {}).items()
             if d["attributes"].get("gpuslice.dev/policy", {}).get("string") == policy}

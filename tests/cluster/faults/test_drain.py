@@ -14,7 +14,7 @@ import pytest
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
 from tests.cluster.faults.conftest import NODES, PolicyMaker
-from tests.cluster.faults.invariants import InvariantChecker
+from tests.cluster.faults.invariants import InvariantChecker, complete_pools
 from tests.cluster.faults.ops import (
     POLICIES,
     allocated,
@@ -22,7 +22,9 @@ from tests.cluster.faults.ops import (
     create_pods,
     devices,
     of_policy,
+    pool_slices,
     settled,
+    settled_devices,
     wait_devices,
 )
 from tests.cluster.kubeutil import wait_for
@@ -71,7 +73,10 @@ async def test_no_device_is_allocated_after_it_went_while_the_schedulers_writes_
     await change(fkube, policy)
 
     async def old_gone() -> bool:
-        return not set(old) & set((await devices(fkube, node)) or {})
+        # Not while the agent is between the writes of a generation: the pool then reads as no
+        # devices at all, and the writes released would land before the drain.
+        pools, incomplete = complete_pools(await pool_slices(fkube, node))
+        return node not in incomplete and not set(old) & set(pools.get(node) or {})
 
     await wait_for(old_gone, within=60, what="the free 10G slices to drain and go")
     proxy.release()
@@ -91,7 +96,7 @@ async def test_no_device_is_allocated_after_it_went_while_the_schedulers_writes_
     invariants.assert_held()
     assert not {r["device"] for r in results} & set(old), "no claim holds a device that went"
     if change is not delete:
-        now = of_policy(await devices(fkube, node), policy)
+        now = of_policy(await settled_devices(fkube, node), policy)
         assert {r["device"] for r in results} <= set(now)
         assert len(results) == len(PODS), "the refused pods were scheduled again, onto the new devices"
 
@@ -115,7 +120,7 @@ async def stall_during_resize(faults_cluster: DevCluster, fkube: KubeClient, fns
     await invariants.check()
     invariants.assert_held()
     assert invariants.allocations_seen, "the checker saw allocations"
-    now = of_policy(await devices(fkube, node), policy)
+    now = of_policy(await settled_devices(fkube, node), policy)
     assert {r["device"] for r in results} <= set(now) | set(old)
 
 

@@ -29,6 +29,7 @@ from tests.cluster.faults.ops import (
     of_policy,
     pool_slices,
     settled,
+    settled_devices,
     wait_devices,
 )
 from tests.cluster.kubeutil import create_namespace, delete_namespace, wait_for
@@ -126,7 +127,7 @@ async def test_the_controller_and_agents_recover_from_an_api_server_restart_by_t
     resized = time.monotonic() - back
     assert {c.name: c.pid for c in ours} == pids, "nothing restarted itself"
     assert all(c.running for c in ours)
-    assert before <= set(of_policy(await devices(fkube, node), policy)), "the allocated 10G slices were kept"
+    assert before <= set(of_policy(await settled_devices(fkube, node), policy)), "the allocated 10G slices were kept"
     assert {d["device"] for d in await allocated(fkube, fns, pods)} == before
     print(f"recovery after the API server restart: agent {resized:.1f} s, controller {controlled:.1f} s")
 

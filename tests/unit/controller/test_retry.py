@@ -8,6 +8,8 @@ is injected: a real apiserver cannot be made to refuse on cue.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 from typing import Any, cast
 
 import kopf
@@ -15,6 +17,8 @@ import pytest
 
 from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.controller.reconcile import LAST_RETRY, TRANSIENT_RETRY, Context, World, reconcile
+from gpuslice.controller.tenancy import QuotaView
+from gpuslice.dra.names import quota_resource
 from gpuslice.kube.client import KubeClient, KubeError, ServerError
 
 
@@ -146,3 +150,24 @@ async def test_an_api_server_that_is_not_ready_is_asked_again_soon_and_nothing_i
         await reconcile(ctx, POLICY, WORLD)
     assert failed.value.delay == TRANSIENT_RETRY
     assert not [p for p in kube.statuses if "TenancyNotEnforced" in str(p)]
+
+
+async def test_a_tenant_waiting_on_a_clock_far_behind_is_looked_at_again_by_the_status_timer() -> None:
+    """A limited tenant is admitted a second after its quota was made. With the controller's clock
+    far behind the apiserver's, a reconcile does not wait that long: it marks the policy, so the
+    status timer (which otherwise refreshes only what changed) looks again."""
+    kube = Refuses()
+    kube.refuse = False
+    ctx = Context(kube=cast(KubeClient, kube), username="u")
+    limited = {**POLICY, "spec": {**POLICY["spec"], "tenants": [{"namespace": "a", "maxSlices": 2}]}}
+    ahead = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    hard = {quota_resource("team-a.gpuslice.dev"): "2"}
+    world = dataclasses.replace(WORLD, policies={"team-a": limited},
+                                quotas={("a", "gpuslice-team-a"): QuotaView("team-a", ahead, hard)})
+    await reconcile(ctx, limited, world)
+    assert ctx.admitted["team-a"] == []
+    assert "team-a" in ctx.clock_waits
+    now = dataclasses.replace(world, quotas={("a", "gpuslice-team-a"): QuotaView("team-a", "2026-11-29T10:00:00Z", hard)})
+    await reconcile(ctx, limited, now, converge_objects=False)
+    assert [a.namespace for a in ctx.admitted["team-a"]] == ["a"]
+    assert "team-a" not in ctx.clock_waits

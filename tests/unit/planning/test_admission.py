@@ -28,7 +28,7 @@ def test_one_tenancy_policy_for_every_gpuslice_policy() -> None:
 
 
 def test_guard_and_write_limits_name_the_controller_and_another_identity_can_be_generated() -> None:
-    _, _, guard, _, writes, _ = static_manifests()
+    _, _, guard, _, writes, *_ = static_manifests()
     assert f"request.userInfo.username == '{CONTROLLER_USER}'" in guard["spec"]["validations"][0]["expression"]
     assert guard["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == [
         "namespaces", "namespaces/status", "namespaces/finalize"]

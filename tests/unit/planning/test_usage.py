@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuslice.planning.cluster_objects import DeviceRef
-from gpuslice.planning.usage import ClaimView, SliceView, devices_by_policy, usage
+from gpuslice.planning.usage import ClaimView, SliceView, devices_by_policy, published_by_policy, usage
 
 
 def slice_spec(pool: str, generation: int, devices: dict[str, str]) -> dict[str, object]:
@@ -51,6 +51,17 @@ def test_devices_of_a_pool_being_rewritten_are_not_counted() -> None:
     old, new = view(1, 1, ["a", "b"]), view(2, 2, ["c"])  # generation 2 has one of its two slices so far
     assert devices_by_policy([old, new]) == {}
     assert devices_by_policy([old, new, view(2, 2, ["d"])]) == {"p": {DeviceRef("n1", d) for d in ("c", "d")}}
+
+
+def test_every_device_still_published_keeps_its_policy_from_going() -> None:
+    """Deletion waits for these: an old generation, an incomplete pool, a pool being rewritten."""
+    incomplete = slice_spec("n2", 3, {"x": "p"})
+    incomplete["pool"]["resourceSliceCount"] = 2
+    views = [SliceView.from_slice(s) for s in (slice_spec("n1", 1, {"old": "p"}), slice_spec("n1", 2, {"new": "q"}),
+                                               incomplete)]
+    assert devices_by_policy(views) == {"q": {DeviceRef("n1", "new")}}
+    assert published_by_policy(views) == {"p": {DeviceRef("n1", "old"), DeviceRef("n2", "x")},
+                                          "q": {DeviceRef("n1", "new")}}
 
 
 def test_usage_in_bytes_and_kinds_and_foreign_claims() -> None:
