@@ -12,16 +12,28 @@ staging=v0.${version#v1.}
 echo "hack/kube: generating go.mod for k8s.io/kubernetes ${version} (staging modules ${staging})" >&2
 upstream=$(go mod download -json "k8s.io/kubernetes@${version}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
 goline=$(go mod edit -json "$upstream" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Go"])')
-[ -f go.mod ] || go mod init gpuslice.dev/hack/kube >/dev/null 2>&1
-go mod edit -dropreplace=k8s.io/kubernetes -go="$goline" -require="k8s.io/kubernetes@${version}"
-# The main module's godebug line sets runtime defaults; match upstream's build.
-go mod edit -godebug="default=go${goline%.*}"
-for path in $(go mod edit -json "$upstream" | python3 -c '
+# gen DIR MODULE: one module requiring k8s.io/kubernetes at $version with the staging replaces.
+gen() {
+  local dir=$1 module=$2
+  (
+    cd "$dir"
+    [ -f go.mod ] || go mod init "$module" >/dev/null 2>&1
+    go mod edit -dropreplace=k8s.io/kubernetes -go="$goline" -require="k8s.io/kubernetes@${version}"
+    # The main module's godebug line sets runtime defaults; match upstream's build.
+    go mod edit -godebug="default=go${goline%.*}"
+    for path in $staging_paths; do
+      go mod edit -replace="${path}=${path}@${staging}"
+    done
+    go mod tidy
+  )
+}
+staging_paths=$(go mod edit -json "$upstream" | python3 -c '
 import json, sys
 for r in json.load(sys.stdin)["Require"]:
     if r["Path"].startswith("k8s.io/") and r["Version"] == "v0.0.0":
-        print(r["Path"])'); do
-  go mod edit -replace="${path}=${path}@${staging}"
-done
-go mod tidy
+        print(r["Path"])')
+# The control plane (and pod runner), and the node binaries of the kind image in a module of
+# their own: what the node binaries add to go.sum does not move the control plane's cache key.
+gen . gpuslice.dev/hack/kube
+gen nodebins gpuslice.dev/hack/kube/nodebins
 echo "hack/kube: go.mod now pins $(go mod edit -json | python3 -c 'import json,sys; print(len(json.load(sys.stdin).get("Replace") or []))') staging replaces" >&2

@@ -1,5 +1,5 @@
 """Kubernetes Events the node agent records, for what a person must see: a GPU that turned unhealthy
-(on the Node), a MIG reconfiguration that failed (on the policy). The agent may create and patch
+(on the Node), a MIG reconfiguration that failed (on the policy). The agent may create
 Events (manifests/agent-rbac.yaml) and nothing else outside its own slices."""
 
 from __future__ import annotations

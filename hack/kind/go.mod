@@ -1,0 +1,3 @@
+module gpuslice.dev/hack/kind
+
+go 1.26.0

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Uninstall gpuslice and leave nothing behind:   hack/uninstall.sh [OVERLAY]   (make undeploy)
+# The order matters:
+#  1. The policies, while the controller still runs: its finalizer holds each one until no claim
+#     holds its devices (delete those workloads first), it removes the admin-access labels it set,
+#     and owner references take the DeviceClasses, claim templates, quotas and taint rules with
+#     the policy. Once the controller is gone, no finalizer is left to block the CRD.
+#  2. The controller and the agents, waiting until their pods are gone (foreground), so no agent
+#     publishes again after step 5.
+#  3. The admission policies (manifests/admission.yaml and the agents' own-node policy), before
+#     the CRD: without it, the tenancy policy would refuse every ResourceClaim (it fails closed).
+#  4. Everything else the overlay installed: RBAC, the CRD, the namespace.
+#  5. What outlives the objects above by design: the agents' ResourceSlices (owned by their Node;
+#     the agents delete them when no policy is left, and the kubelet drops a driver's slices 30 s
+#     after its plugin goes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KUBECTL=${KUBECTL:-kubectl}
+OVERLAY=${1:-manifests/overlays/kind}
+TIMEOUT=${UNINSTALL_TIMEOUT:-300}
+k() { "$KUBECTL" "$@"; }
+
+if k get crd gpuslicepolicies.gpuslice.dev >/dev/null 2>&1; then
+  echo "uninstall: deleting GpuSlicePolicies (the controller releases what each one made)"
+  k delete gsp --all --wait=false
+  deadline=$((SECONDS + TIMEOUT))
+  while [ -n "$(k get gsp -o name)" ]; do
+    if [ $SECONDS -ge $deadline ]; then
+      echo "uninstall: policies still waiting for claims to release their devices:" >&2
+      k get gsp -o custom-columns='POLICY:.metadata.name,HOLDING CLAIMS:.status.holdingClaims' >&2
+      echo "uninstall: delete the workloads that hold these claims, then run this again." >&2
+      exit 1
+    fi
+    sleep 2
+  done
+fi
+echo "uninstall: stopping the controller and the node agents"
+k -n gpuslice-system delete daemonset/gpuslice-agent deployment/gpuslice-controller \
+  --cascade=foreground --ignore-not-found --wait --timeout="${TIMEOUT}s"
+echo "uninstall: deleting the admission policies, before the CRD they read"
+for selector in app.kubernetes.io/part-of=gpuslice app.kubernetes.io/managed-by=gpuslice; do
+  k delete validatingadmissionpolicybindings,validatingadmissionpolicies -l "$selector" --ignore-not-found
+done
+echo "uninstall: deleting what $OVERLAY installed"
+k delete -k "$OVERLAY" --ignore-not-found --wait --timeout="${TIMEOUT}s"
+echo "uninstall: deleting any ResourceSlice the agents left"
+k delete resourceslices --field-selector spec.driver=gpu.gpuslice.dev --ignore-not-found
+echo "uninstall: done"

@@ -1,0 +1,95 @@
+"""What `kubectl apply -k` installs, checked against the real apiserver without installing it:
+every object of the base and of each overlay passes a server-side dry-run (schema, defaulting,
+admission), install.yaml is the nvidia overlay as rendered now, and the controller's pod meets
+the `restricted` Pod Security Standard while the agent's (host paths, root) does not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.paths import object_path
+from tests.cluster.kubeutil import create_namespace, delete_namespace
+
+REPO = Path(__file__).resolve().parents[3]
+KUSTOMIZATIONS = ["manifests/base", "manifests/overlays/kind", "manifests/overlays/nvidia"]
+APPS = {"Deployment": "deployments", "DaemonSet": "daemonsets"}
+
+
+@pytest.fixture(scope="module")
+def kustomize() -> str:
+    """kustomize as `make kustomize` built it (cached; the version kubectl v1.37 embeds)."""
+    built = subprocess.run([sys.executable, str(REPO / "hack/kind/build.py"), "kustomize"],
+                           capture_output=True, text=True, check=False)
+    assert built.returncode == 0, f"building kustomize failed:\n{built.stderr}"
+    return built.stdout.strip()
+
+
+def render(kustomize: str, path: str) -> list[dict[str, Any]]:
+    built = subprocess.run([kustomize, "build", path], cwd=REPO, capture_output=True, text=True, check=False)
+    assert built.returncode == 0, f"kustomize build {path} failed:\n{built.stderr}"
+    return [d for d in yaml.safe_load_all(built.stdout) if d]
+
+
+def path_of(doc: dict[str, Any]) -> str:
+    if doc["apiVersion"] == "apps/v1":
+        meta = doc["metadata"]
+        return f"/apis/apps/v1/namespaces/{meta['namespace']}/{APPS[doc['kind']]}/{meta['name']}"
+    return object_path(doc)
+
+
+def pod_template(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    return next(d for d in objects if d["kind"] == kind)["spec"]["template"]
+
+
+def test_install_yaml_is_the_nvidia_overlay_as_rendered_now(kustomize: str) -> None:
+    checked = subprocess.run([sys.executable, str(REPO / "hack/manifests.py"), "--check", "--kustomize", kustomize],
+                             capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+async def test_every_object_passes_a_server_side_dry_run(kube: KubeClient, kustomize: str, kustomization: str) -> None:
+    objects = render(kustomize, kustomization)
+    kinds = {d["kind"] for d in objects}
+    assert {"Namespace", "CustomResourceDefinition", "Deployment", "DaemonSet", "ServiceAccount", "ClusterRole",
+            "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
+    # Namespaced objects are judged in their namespace, so that one is created for real first.
+    for namespace in (d for d in objects if d["kind"] == "Namespace"):
+        await kube.apply(object_path(namespace), namespace, field_manager="gpuslice-install-check")
+    failures = []
+    for doc in objects:
+        try:
+            await kube.request("PATCH", path_of(doc), doc, content_type="application/apply-patch+yaml",
+                               query={"fieldManager": "gpuslice-install-check", "force": True, "dryRun": "All"})
+        except KubeError as error:
+            failures.append(f"{doc['kind']} {doc['metadata']['name']}: {error}")
+    assert not failures, f"{kustomization}: the apiserver refused:\n" + "\n".join(failures)
+
+
+async def test_the_controller_pod_meets_restricted_and_the_agent_pod_does_not(kube: KubeClient, kustomize: str,
+                                                                               unique: str) -> None:
+    objects = render(kustomize, "manifests/overlays/kind")
+    namespace = await create_namespace(kube, f"restricted-{unique}",
+                                       {"pod-security.kubernetes.io/enforce": "restricted"})
+    try:
+        async def admit(template: dict[str, Any], name: str) -> None:
+            # The ServiceAccounts live in gpuslice-system; Pod Security does not look at them.
+            spec = {**template["spec"], "serviceAccountName": "default"}
+            await kube.request("POST", f"/api/v1/namespaces/{namespace}/pods",
+                               {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec},
+                               query={"dryRun": "All"})
+
+        await admit(pod_template(objects, "Deployment"), "controller")
+        with pytest.raises(KubeError) as refused:
+            await admit(pod_template(objects, "DaemonSet"), "agent")
+        assert refused.value.status == 403, refused.value
+        assert "restricted" in str(refused.value), refused.value
+    finally:
+        await delete_namespace(kube, namespace)

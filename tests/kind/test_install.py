@@ -1,0 +1,408 @@
+"""gpuslice installed on kind as the README says, used as a tenant would, upgraded, uninstalled.
+
+The tests run in this order on one cluster: the demo's pods and what they received, the kubelet's
+registration of the plugin, tenancy and limits as a hostile tenant tries them, the devices'
+accounting under an attempt to overbook a GPU, an upgrade under running pods, and the uninstall.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+from collections import defaultdict
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuslice.dra.quantity import parse_quantity
+from tests.kind.conftest import REPO, Kind
+
+DRIVER = "gpu.gpuslice.dev"
+NODE_LABELS = {f"gpuslice.dev/{k}" for k in ("gpu-backend", "fake-gpu-model", "fake-gpu-count", "pool")}
+TENANT_PODS = {  # namespace/pod -> (policy, mode)
+    "team-a/inference": ("inference", "memory"),
+    "data-science/notebook": ("notebooks", "shared"),
+    "ml-research/training": ("training", "mig"),
+}
+
+
+@pytest.fixture(scope="module")
+def demo(deployed: Kind) -> str:
+    """`make kind-demo`, as the README has users run it: its output, or "" if it failed (the
+    first test reports that). The tests that need no running tenant pod go on either way: the
+    namespaces and policies it applies are applied again here (idempotent)."""
+    try:
+        output = deployed.make("kind-demo")
+    except AssertionError as failure:
+        DEMO_FAILURE.append(str(failure))
+        output = ""
+    deployed.kubectl("apply", "-f", "examples/tenants/namespaces.yaml", "-f", "examples/policies/")
+    deployed.kubectl("wait", "gsp", "--all", "--for=condition=Ready", "--timeout=300s")
+    return output
+
+
+DEMO_FAILURE: list[str] = []
+
+
+def needs_running_tenants(demo: str) -> None:
+    assert demo, "make kind-demo failed, so its tenant pods are not running:\n" + "".join(DEMO_FAILURE)[-3000:]
+
+
+def claim_of(kind: Kind, namespace: str, pod: str) -> dict[str, Any]:
+    status = kind.json("-n", namespace, "get", "pod", pod)["status"]
+    name = next(s["resourceClaimName"] for s in status["resourceClaimStatuses"] if s["name"] == "gpu")
+    return kind.json("-n", namespace, "get", "resourceclaim", name)  # type: ignore[no-any-return]
+
+
+def results(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return [r for r in allocation.get("devices", {}).get("results", []) if r["driver"] == DRIVER]
+
+
+def environment(kind: Kind, namespace: str, pod: str) -> dict[str, str]:
+    lines = kind.kubectl("-n", namespace, "logs", pod).splitlines()
+    return dict(line.split("=", 1) for line in lines if line.startswith("GPUSLICE_") and "=" in line)
+
+
+def over_allocation(kind: Kind) -> list[str]:
+    """Every way a GPU could be over-allocated, judged from what the apiserver holds: shared
+    counters (memory slices and MIG placements of one GPU) consumed beyond their capacity, a
+    shared device's capacity consumed beyond its size, an exclusive device allocated twice."""
+    devices: dict[tuple[str, str], dict[str, Any]] = {}
+    capacity: dict[tuple[str, str, str], Fraction] = {}
+    for slice_ in kind.items("resourceslices", "--field-selector", f"spec.driver={DRIVER}"):
+        pool = slice_["spec"]["pool"]["name"]
+        for device in slice_["spec"].get("devices") or []:
+            devices[(pool, device["name"])] = device
+        for counter_set in slice_["spec"].get("sharedCounters") or []:
+            for counter, value in counter_set["counters"].items():
+                capacity[(pool, counter_set["name"], counter)] = parse_quantity(value["value"])
+    consumed: dict[tuple[str, str, str], Fraction] = defaultdict(Fraction)
+    shared: dict[tuple[str, str, str], Fraction] = defaultdict(Fraction)
+    exclusive: dict[tuple[str, str], int] = defaultdict(int)
+    problems = []
+    for claim in kind.items("resourceclaims", "-A"):
+        for result in results(claim):
+            if result.get("adminAccess"):
+                continue  # admin access observes a device, it does not consume it
+            key = (result["pool"], result["device"])
+            device = devices.get(key)
+            if device is None:
+                problems.append(f"{claim['metadata']['name']} holds {key}, which no slice publishes")
+                continue
+            for consumption in device.get("consumesCounters") or []:
+                for counter, value in consumption["counters"].items():
+                    consumed[(key[0], consumption["counterSet"], counter)] += parse_quantity(value["value"])
+            if device.get("allowMultipleAllocations"):
+                for name, value in (result.get("consumedCapacity") or {}).items():
+                    shared[(*key, name)] += parse_quantity(value)
+            else:
+                exclusive[key] += 1
+    problems += [f"counter {k} consumed {v} > {capacity.get(k, 0)}" for k, v in consumed.items()
+                 if v > capacity.get(k, 0)]
+    for (pool, name, cap), used in shared.items():
+        size = parse_quantity(devices[(pool, name)]["capacity"][cap]["value"])
+        if used > size:
+            problems.append(f"shared device {pool}/{name}: {cap} consumed {used} > {size}")
+    problems += [f"device {k} allocated {n} times" for k, n in exclusive.items() if n > 1]
+    return problems
+
+
+def test_each_node_has_its_own_pod_subnet_and_pods_reach_other_nodes(deployed: Kind) -> None:
+    # hack/kind/podnet in place of kindnetd: a bridge config from each node's podCIDR, routes to the others'.
+    cidrs = {n["metadata"]["name"]: ipaddress.ip_network(n["spec"]["podCIDR"]) for n in deployed.items("nodes")}
+    assert len(set(cidrs.values())) == len(cidrs), cidrs
+    pods = [p for p in deployed.items("pods", "-n", "gpuslice-system") if not p["spec"].get("hostNetwork")]
+    for pod in pods:
+        address = ipaddress.ip_address(pod["status"]["podIP"])
+        assert address in cidrs[pod["spec"]["nodeName"]], f"{pod['metadata']['name']} {address}"
+    controller = next(p for p in pods if p["metadata"]["labels"]["app.kubernetes.io/component"] == "controller")
+    remote = [p for p in pods if p["spec"]["nodeName"] != controller["spec"]["nodeName"]]
+    assert remote, "no agent on another node than the controller's"
+    for agent in remote:  # from the controller's pod to an agent's metrics port on another node
+        url = f"http://{agent['status']['podIP']}:8080/metrics"
+        fetched = deployed.kubectl("-n", "gpuslice-system", "exec", controller["metadata"]["name"], "--",
+                                   "python3", "-c", f"import urllib.request; print(urllib.request.urlopen({url!r},"
+                                   " timeout=10).status)")
+        assert fetched.strip() == "200", fetched
+
+
+def test_the_readme_demo_runs_a_tenant_pod_of_each_mode(demo: str) -> None:
+    needs_running_tenants(demo)
+    for pod in TENANT_PODS:
+        assert f"-- {pod}:" in demo
+    assert "GPUSLICE_DEVICE=" in demo
+    assert "denied" in demo.lower() or "forbidden" in demo.lower(), demo[-2000:]
+
+
+@pytest.mark.parametrize("pod", TENANT_PODS)
+def test_each_tenant_got_its_slice_through_cdi(deployed: Kind, demo: str, pod: str) -> None:
+    needs_running_tenants(demo)
+    namespace, name = pod.split("/")
+    policy, mode = TENANT_PODS[pod]
+    spec = deployed.json("-n", namespace, "get", "pod", name)
+    assert spec["status"]["phase"] == "Running"
+    assert not any(c.get("env") for c in spec["spec"]["containers"]), "the pod itself sets no environment"
+    claim = claim_of(deployed, namespace, name)
+    (result,) = results(claim)
+    env = environment(deployed, namespace, name)
+    # Nothing in the pod spec sets these: containerd put them in, from the CDI spec our plugin wrote.
+    assert env.get("GPUSLICE_DEVICE") == result["device"], env
+    assert env.get("GPUSLICE_CLAIM") == f"{namespace}/{claim['metadata']['name']}", env
+    assert env.get("GPUSLICE_POLICY") == policy, env
+    assert env.get("GPUSLICE_MODE") == mode, env
+    node = spec["spec"]["nodeName"]
+    assert node == result["pool"], "the pod runs on the node whose pool the device is from"
+    specs = deployed.node_exec(node, "sh", "-c", "cat /var/run/cdi/*")
+    assert claim["metadata"]["uid"] in specs, "the node holds the claim's CDI spec"
+
+
+def test_the_kubelet_registered_the_plugin_on_every_gpu_node(deployed: Kind, demo: str) -> None:
+    # The kubelet's plugin manager counts what it registered (its actual state of the world).
+    for node in deployed.workers:
+        metrics = deployed.kubectl("get", "--raw", f"/api/v1/nodes/{node}/proxy/metrics")
+        registered = [line for line in metrics.splitlines() if line.startswith("plugin_manager_total_plugins{")
+                      and "gpuslice" in line and 'state="actual_state_of_world"' in line]
+        assert registered, f"{node}: the kubelet has not registered gpuslice's plugin"
+        assert all(line.endswith(" 1") for line in registered), registered
+        socket = re.search(r'socket_path="([^"]+)"', registered[0]).group(1)  # type: ignore[union-attr]
+        assert socket.startswith("/var/lib/kubelet/plugins_registry/"), socket
+
+
+def test_no_gpu_is_over_allocated_after_the_demo(deployed: Kind, demo: str) -> None:
+    assert over_allocation(deployed) == []
+
+
+def test_a_namespace_that_is_not_a_tenant_is_denied(deployed: Kind, demo: str) -> None:
+    deployed.kubectl("create", "namespace", "outsider")
+    try:
+        for policy in ("inference", "notebooks", "training"):
+            claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                     "metadata": {"name": f"take-{policy}", "namespace": "outsider"},
+                     "spec": {"devices": {"requests": [
+                         {"name": "gpu", "exactly": {"deviceClassName": f"{policy}.gpuslice.dev"}}]}}}
+            refused = deployed.kubectl("create", "-f", "-", input=json.dumps(claim), check=False)
+            assert "denied" in refused or "forbidden" in refused.lower(), refused
+            assert "outsider" in refused, refused
+        assert deployed.items("resourceclaims", "-n", "outsider") == []
+    finally:
+        deployed.kubectl("delete", "namespace", "outsider", "--wait=false")
+
+
+OWN_NODE_PROBE = """
+import json, os, ssl, sys, urllib.request
+host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+secrets = "/var/run/secrets/kubernetes.io/serviceaccount"
+token = open(secrets + "/token").read()
+context = ssl.create_default_context(cafile=secrets + "/ca.crt")
+method, path, body = sys.argv[1], sys.argv[2], sys.argv[3].encode() if len(sys.argv) > 3 else None
+request = urllib.request.Request(f"https://{host}:{port}{path}", data=body, method=method, headers={
+    "Authorization": "Bearer " + token, "Content-Type": "application/json"})
+try:
+    print(urllib.request.urlopen(request, context=context, timeout=30).status)
+except urllib.error.HTTPError as error:
+    print(error.code, json.loads(error.read()).get("message", ""))
+"""
+
+
+def test_an_agent_cannot_write_another_nodes_slices(deployed: Kind, demo: str) -> None:
+    # The agent's own token (node-bound, as the kubelet projects it for a DaemonSet pod), used from
+    # inside its pod: the own-node admission policy refuses a slice of another node's pool, under
+    # that node's name, and the deletion of that node's slices.
+    agents = sorted(deployed.items("pods", "-n", "gpuslice-system", "-l", "app.kubernetes.io/component=agent"),
+                    key=lambda p: p["spec"]["nodeName"])
+    assert len(agents) >= 2, [a["metadata"]["name"] for a in agents]
+    thief, victim = agents[0], agents[1]["spec"]["nodeName"]
+    path = "/apis/resource.k8s.io/v1/resourceslices"
+
+    def as_agent(method: str, url: str, body: dict[str, Any] | None = None) -> str:
+        args = ["-n", "gpuslice-system", "exec", thief["metadata"]["name"], "--", "python3", "-c", OWN_NODE_PROBE,
+                method, url]
+        return deployed.kubectl(*args, *([json.dumps(body)] if body is not None else [])).strip()
+
+    stolen = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+              "metadata": {"name": f"gpuslice-{victim}-devices-99"},
+              "spec": {"driver": DRIVER, "nodeName": victim,
+                       "pool": {"name": victim, "generation": 1, "resourceSliceCount": 1},
+                       "devices": [{"name": "stolen"}]}}
+    created = as_agent("POST", path, stolen)
+    assert created.startswith("403"), created
+    assert "may write only its own node" in created, created
+    theirs = [s["metadata"]["name"] for s in deployed.items("resourceslices", "--field-selector",
+                                                            f"spec.driver={DRIVER},spec.nodeName={victim}")]
+    assert theirs, f"{victim} publishes no slice"
+    deleted = as_agent("DELETE", f"{path}/{theirs[0]}")
+    assert deleted.startswith("403"), deleted
+    assert theirs[0] in deployed.kubectl("get", "resourceslices", "-o", "name")
+
+
+def test_a_tenant_cannot_take_admin_access_nor_pass_its_limit(deployed: Kind, demo: str) -> None:
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "watch-all", "namespace": "team-b"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                 "deviceClassName": "inference.gpuslice.dev", "adminAccess": True}}]}}}
+    refused = deployed.kubectl("create", "-f", "-", input=json.dumps(claim), check=False)
+    assert "watch-all" not in deployed.kubectl("-n", "team-b", "get", "resourceclaims", "-o", "name")
+    assert "admin" in refused.lower(), refused
+    # team-b may hold 4 slices of the inference policy: the fifth claim is refused at admission.
+    template = deployed.json("-n", "team-b", "get", "resourceclaimtemplate", "gpu-slice")["spec"]
+    created: list[str] = []
+    refusals: list[str] = []
+    for index in range(5):
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": f"quota-{index}", "namespace": "team-b"}, "spec": template["spec"]}
+        out = deployed.kubectl("create", "-f", "-", input=json.dumps(body), check=False)
+        (refusals if "exceeded quota" in out else created).append(out)
+    deployed.kubectl("-n", "team-b", "delete", "resourceclaims", "--all", "--wait=false")
+    assert len(created) == 4, created
+    assert len(refusals) == 1, refusals
+
+
+def test_an_attempt_to_overbook_a_shared_gpu_leaves_the_extra_pod_pending(deployed: Kind, demo: str) -> None:
+    # The notebooks policy shares each L40S by memory. Ask for the largest step that fits an
+    # empty GPU, one pod more than the GPUs' free memory holds.
+    slices = deployed.items("resourceslices", "--field-selector", f"spec.driver={DRIVER}")
+    shared = [d for s in slices for d in s["spec"].get("devices") or []
+              if d.get("allowMultipleAllocations") and d["attributes"]["gpuslice.dev/policy"]["string"] == "notebooks"]
+    assert shared, "no shared device published for the notebooks policy"
+    size = parse_quantity(shared[0]["capacity"]["memory"]["value"])
+    step = parse_quantity(shared[0]["capacity"]["memory"]["requestPolicy"]["validRange"]["step"])
+    request = size // step * step
+    used: dict[str, Fraction] = defaultdict(Fraction)
+    for claim in deployed.items("resourceclaims", "-A"):
+        for result in results(claim):
+            used[result["device"]] += sum((parse_quantity(v) for v in (result.get("consumedCapacity") or {}).values()),
+                                          Fraction(0))
+    fits = sum(int((size - used[d["name"]]) // request) for d in shared)
+    gib = request / 2**30
+    names = [f"big-{i}" for i in range(fits + 1)]
+    documents = []
+    for name in names:
+        documents += [
+            {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": name, "namespace": "data-science"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                 "deviceClassName": "notebooks.gpuslice.dev",
+                 "capacity": {"requests": {"memory": f"{int(gib)}Gi"}}}}]}}},
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "data-science",
+                                                            "labels": {"gpuslice-test": "overbook"}},
+             "spec": {"containers": [{"name": "c", "image": "gpuslice-tenant:0.1.0",
+                                      "resources": {"claims": [{"name": "gpu"}]}}],
+                      "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]}},
+        ]
+    deployed.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(documents))
+    try:
+        def settled() -> bool:
+            claims = [deployed.json("-n", "data-science", "get", "resourceclaim", n) for n in names]
+            allocated = [c for c in claims if results(c)]
+            unschedulable = [n for n in names if any(
+                c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
+                for c in deployed.json("-n", "data-science", "get", "pod", n)["status"].get("conditions", []))]
+            return len(allocated) == fits and len(unschedulable) == 1
+
+        deployed.wait_until(f"{fits} of {len(names)} pods of {gib}Gi to be allocated and one to be unschedulable",
+                            settled)
+        assert over_allocation(deployed) == []
+    finally:
+        deployed.kubectl("-n", "data-science", "delete", "pods,resourceclaims", *names, "--wait=true")
+
+
+def test_an_upgrade_keeps_running_pods_on_their_devices(deployed: Kind, demo: str, tmp_path: Path) -> None:
+    needs_running_tenants(demo)
+    before = {pod: (deployed.json("-n", pod.split("/")[0], "get", "pod", pod.split("/")[1])["metadata"]["uid"],
+                    results(claim_of(deployed, *pod.split("/")))) for pod in TENANT_PODS}
+    # The same image under a new tag: every agent and the controller restart, as in an upgrade.
+    deployed.run("docker", "tag", "gpuslice:0.1.0", "gpuslice:0.1.0-upgrade")
+    workers = [n["metadata"]["name"] for n in deployed.items("nodes")
+               if "node-role.kubernetes.io/control-plane" not in n["metadata"].get("labels", {})]
+    deployed.run(deployed.build["kind"], "load", "docker-image", "--name", deployed.cluster,
+                 "--nodes", ",".join(workers), "gpuslice:0.1.0-upgrade")
+    overlay = tmp_path / "upgrade"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        # kustomize takes no absolute path: the overlay, relative to this one.
+        "resources": [os.path.relpath(REPO / "manifests/overlays/kind", overlay)],
+        "images": [{"name": "gpuslice", "newTag": "0.1.0-upgrade"}]}))
+    deployed.kubectl("apply", "--server-side", "-k", str(overlay))
+    deployed.kubectl("-n", "gpuslice-system", "rollout", "status", "daemonset/gpuslice-agent", "--timeout=300s")
+    deployed.kubectl("-n", "gpuslice-system", "rollout", "status", "deployment/gpuslice-controller", "--timeout=300s")
+    agents = deployed.items("pods", "-n", "gpuslice-system", "-l", "app.kubernetes.io/component=agent")
+    assert agents, "no agent pods"
+    assert {c["image"] for p in agents for c in p["spec"]["containers"]} == {"gpuslice:0.1.0-upgrade"}
+    for pod, (uid, devices) in before.items():
+        namespace, name = pod.split("/")
+        now = deployed.json("-n", namespace, "get", "pod", name)
+        assert now["metadata"]["uid"] == uid, f"{pod} was replaced"
+        assert now["status"]["phase"] == "Running", f"{pod} is {now['status']['phase']}"
+        assert all(c["restartCount"] == 0 for c in now["status"]["containerStatuses"]), f"{pod} restarted"
+        assert results(claim_of(deployed, namespace, name)) == devices, f"{pod}'s allocation changed"
+
+    def published() -> bool:
+        slices = deployed.items("resourceslices", "--field-selector", f"spec.driver={DRIVER}")
+        names = {(s["spec"]["pool"]["name"], d["name"]) for s in slices for d in s["spec"].get("devices") or []}
+        return all((r["pool"], r["device"]) in names for _, devices in before.values() for r in devices)
+
+    deployed.wait_until("the upgraded agents to publish every allocated device", published)
+    # The upgraded plugin prepares new claims: one more tenant pod starts.
+    pod = next(yaml.safe_load_all((REPO / "examples/tenants/pods.yaml").read_text()))  # the inference tenant
+    pod["metadata"].update(name="after-upgrade", namespace="team-b")
+    deployed.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    deployed.kubectl("-n", "team-b", "wait", "pod/after-upgrade", "--for=condition=Ready", "--timeout=300s")
+    assert environment(deployed, "team-b", "after-upgrade").get("GPUSLICE_POLICY") == "inference"
+    assert over_allocation(deployed) == []
+
+
+def leftovers(kind: Kind) -> list[str]:
+    """Anything in the cluster that is gpuslice's or names it (events aside: they expire)."""
+    found = []
+    for resource in kind.kubectl("api-resources", "--verbs=list", "-o", "name").split():
+        if resource.split(".")[0] in ("events",):
+            continue
+        listed = kind.run(kind.build["kubectl"], "get", resource, "-A", "-o", "json", check=False)
+        try:
+            items = json.loads(listed)["items"]
+        except (json.JSONDecodeError, KeyError):
+            continue  # a kind whose API went away with the CRD
+        for item in items:
+            meta = item["metadata"]
+            if meta.get("namespace") == "kube-system" and meta["name"].startswith("podnet"):
+                continue  # the tier's pod network
+            labels = dict(meta.get("labels", {}))
+            if resource == "nodes":  # the fake-GPU labels kind/cluster.yaml gives, not gpuslice
+                labels = {k: v for k, v in labels.items() if k not in NODE_LABELS}
+            marks = json.dumps({**labels, **meta.get("annotations", {})})
+            ours = "gpuslice" in meta["name"] or "gpuslice" in marks
+            published = resource.startswith("resourceslices") and item["spec"]["driver"] == DRIVER
+            if ours or published:
+                found.append(f"{resource} {meta.get('namespace', '')}/{meta['name']}")
+    return found
+
+
+def test_uninstall_leaves_nothing_behind(deployed: Kind, demo: str) -> None:
+    # The README's order: tenants' workloads first, then make kind-undeploy.
+    deployed.kubectl("delete", "pods", "-A", "-l", "app.kubernetes.io/name=gpuslice-tenant", "--wait=true")
+    deployed.kubectl("-n", "team-b", "delete", "pod", "after-upgrade", "--ignore-not-found", "--wait=true")
+    deployed.make("kind-undeploy")
+    found = leftovers(deployed)
+    assert not found, "left behind:\n" + "\n".join(found)
+    labels = deployed.json("get", "namespace", "gpu-monitoring")["metadata"].get("labels", {})
+    assert "resource.kubernetes.io/admin-access" not in labels
+    for node in deployed.workers:
+        # The kubelet's directories: no registration socket, no service socket, no CDI spec, no
+        # claim checkpoint (every claim was unprepared). The agent's state directory itself stays
+        # (README, "Uninstall"): its record of what it published and, here, the fake GPUs' state.
+        assert DRIVER not in deployed.node_exec(node, "ls", "/var/lib/kubelet/plugins_registry")
+        assert deployed.node_exec(node, "sh", "-c", "ls /var/run/cdi | grep -c gpuslice || true").strip() == "0"
+        state = f"/var/lib/kubelet/plugins/{DRIVER}"
+        assert "dra.sock" not in deployed.node_exec(node, "ls", state)
+        assert deployed.node_exec(node, "sh", "-c", f"ls {state}/claims 2>/dev/null | wc -l").strip() == "0"
+        # A dynamic-MIG claim's instance went with its claim (the fake GPUs keep MIG state as a GPU does).
+        fake = json.loads(deployed.node_exec(node, "cat", f"{state}/fake-gpus.json"))
+        instances = {index: gpu["instances"] for index, gpu in fake["gpus"].items() if gpu["instances"]}
+        assert instances == {}, f"{node}: MIG instances left: {instances}"
