@@ -13,6 +13,7 @@ from gpuslice import __version__
 from gpuslice.devcluster.cluster import ClusterSpec
 from gpuslice.devcluster.command import dev_cluster, fail
 from gpuslice.devcluster.errors import DevClusterError
+from gpuslice.inspect.commands import KUBECONFIG_HELP, cluster_plan, status, why
 
 
 @click.group()
@@ -22,6 +23,8 @@ def main() -> None:
 
 
 main.add_command(dev_cluster)
+main.add_command(status)
+main.add_command(why)
 
 
 @main.command()
@@ -77,8 +80,20 @@ def agent(node: str, backend: str, fake_gpus: str | None, kubeconfig: str | None
 @click.option("--gpus", default="h100-80gb:1", show_default=True, help="The node's GPUs, MODEL:COUNT[,MODEL:COUNT].")
 @click.option("--node", default="node-1", show_default=True, help="Node name for the slices.")
 @click.option("--node-label", "node_labels", multiple=True, help="A node label KEY=VALUE the policies may select on.")
-def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, ...]) -> None:
-    """Print the ResourceSlices a node agent would publish for these policies, no cluster needed."""
+@click.option("--cluster", is_flag=True, help=(
+    "Against the live cluster: what applying these (edited or new) policies would add, drain and hold on every"
+    " node, from its published devices and claims. Nothing is written."))
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, envvar="GPUSLICE_KUBECONFIG",
+              help=f"With --cluster: {KUBECONFIG_HELP}")
+@click.option("-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text", show_default=True,
+              help="With --cluster: how to print the plan.")
+def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, ...], cluster: bool,
+         kubeconfig: str | None, output: str) -> None:
+    """Print the ResourceSlices a node agent would publish for these policies, no cluster needed
+    (with --cluster: what an edit would do to the live cluster)."""
+    if cluster:
+        cluster_plan(kubeconfig, [Path(f) for f in files], output)
+        return
     from gpuslice.preview import PlanError, preview
 
     try:
