@@ -32,7 +32,10 @@ def _denied(what: str, error: KubeError) -> InspectError:
     if error.status == 403:
         return InspectError(f"reading {what} is forbidden for this identity ({error.message}); bind the ClusterRole"
                             f" {VIEWER} to it.")
-    if error.status == 404 and "gpuslicepolicies" in what:
+    if error.status == 401:
+        return InspectError(f"the API server does not accept this identity's credentials ({error.message}); check"
+                            " the kubeconfig (an expired token?).")
+    if error.status == 404 and "GpuSlicePolicies" in what:
         return InspectError("the GpuSlicePolicy CRD is not installed in this cluster (kubectl apply -f crds/).")
     return InspectError(f"reading {what} failed: {error}")
 
