@@ -20,6 +20,7 @@ from rich.table import Table
 
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.devcluster.state import default_state_dir
+from gpuslice.inspect.commands import print_map
 from gpuslice.inventory.nodes import FAKE_COUNT, FAKE_MODEL
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.discovery import served_resources
@@ -228,6 +229,10 @@ async def run_demo(spec: ClusterSpec, console: Console) -> bool:
                 klass = await show_policy(kube, console)
                 await show_tenant_pods(kube, console)
                 await show_denial(kube, klass, console)
+                console.print("\n[bold]gpuslice status[/bold] (kubectl gpuslice status): who holds which part of"
+                              " which GPU")
+                await print_map(kube, console, cluster.spec.state_dir / "occupancy.svg")
+                console.print(f"[dim]The same map as an image: {cluster.spec.state_dir / 'occupancy.svg'}[/dim]")
             except (DemoFailed, KubeError) as error:
                 console.print(f"[red]Demo failed:[/red] {error}")
                 return False

@@ -59,13 +59,17 @@ class ControllerProcess:
     """`gpuslice controller` in a subprocess, so tests can kill and restart it."""
 
     def __init__(self, kubeconfig: Path, log: Path) -> None:
+        from gpuslice.devcluster.cluster import free_port
+
         self.kubeconfig, self.log = kubeconfig, log
+        self.metrics_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gpuslice", "controller", "--kubeconfig", str(self.kubeconfig)],
+                [sys.executable, "-m", "gpuslice", "controller", "--kubeconfig", str(self.kubeconfig),
+                 "--metrics-port", str(self.metrics_port)],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
             )
 

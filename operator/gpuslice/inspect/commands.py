@@ -63,6 +63,18 @@ def render_report(result: StatusReport, output: str) -> str | None:
     return None
 
 
+async def print_map(kube: KubeClient, console: Any, svg_path: Path | None = None) -> StatusReport:
+    """The map as ``gpuslice status`` prints it (the demo ends with it); with ``svg_path``, also as an image."""
+    from gpuslice.inspect.render.image import svg
+    from gpuslice.inspect.render.terminal import status_view
+
+    result = status_report(await read_snapshot(kube))
+    console.print(status_view(result, console.width))
+    if svg_path is not None:
+        await asyncio.to_thread(svg_path.write_text, svg(result))
+    return result
+
+
 @click.command("status")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, envvar="GPUSLICE_KUBECONFIG",
               help=KUBECONFIG_HELP)

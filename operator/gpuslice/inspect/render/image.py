@@ -14,9 +14,10 @@ from gpuslice.inspect.render.labels import (
     STATE_WORDS,
     colour,
     describe,
+    fit,
     gpu_summary,
-    label,
-    size,
+    rows,
+    size_pair,
     tenant_colour,
 )
 from gpuslice.planning.occupancy import GpuMap
@@ -50,9 +51,7 @@ def _bar(gpu: GpuMap, x: float, y: float) -> list[str]:
     at = x
     for segment in gpu.segments:
         w = BAR * segment.span / total
-        words = label(segment)
-        fits = int((w - 6) / CHAR)
-        text = words if len(words) <= fits else (words[:fits - 1] + "…" if fits > 3 else "")
+        text = fit(segment, int((w - 6) / CHAR))
         ink = "#111827" if segment.state in ("draining", "free") else "#ffffff"
         out.append(f'<g><title>{escape(describe(segment))}</title>'
                    f'<rect x="{at:.1f}" y="{y:.1f}" width="{max(w, 0.5):.1f}" height="{BAR_HEIGHT}"'
@@ -76,11 +75,11 @@ def svg(report: StatusReport) -> str:
         facts = f"{len(node.gpus)} GPUs" + ("" if node.complete else ", pool being rewritten") + (
             f", {node.gpus_without_devices} GPUs publish no device" if node.gpus_without_devices else "")
         body.append(f'<text x="20" y="{y}" font-size="13" font-weight="bold">{escape(node.name)}'
-                    f'<tspan font-weight="normal" fill="#6b7280"> {escape(facts)}</tspan></text>')
+                    f'<tspan dx="8" font-weight="normal" fill="#6b7280">{escape(facts)}</tspan></text>')
         y += 8
-        for gpu in node.gpus:
-            body.append(f'<text x="30" y="{y + 15}" font-size="11">GPU {gpu.index}'
-                        f'<tspan fill="#6b7280"> {escape(gpu.mode)}</tspan></text>')
+        for title, gpu in rows(node.gpus):
+            body.append(f'<text x="30" y="{y + 15}" font-size="11">{escape(title)}'
+                        f'<tspan dx="6" fill="#6b7280">{escape(gpu.mode)}</tspan></text>')
             body += _bar(gpu, LEFT, y)
             extra = gpu_summary(gpu) + (f" · {'; '.join(gpu.tainted_reasons)}" if gpu.tainted_reasons else "")
             body.append(f'<text x="{LEFT + BAR + 8}" y="{y + 15}" font-size="10" fill="#4b5563">'
@@ -88,13 +87,15 @@ def svg(report: StatusReport) -> str:
             y += ROW
     y += 14
     x = 20.0
-    for state, words in STATE_WORDS.items():
-        fill = "#3b82f6" if state == "allocated" else _fill(state, STATE_COLOURS[state])
-        short = words.split(":")[0]
+    tenants = sorted({s.holder.namespace for g in report.map.gpus for s in g.segments if s.holder is not None})
+    legend = [(tenant_colour(t), t) for t in tenants]
+    legend += [(_fill(state, STATE_COLOURS[state]), words.split(":")[0]) for state, words in STATE_WORDS.items()
+               if state != "allocated"]
+    for fill, short in legend:
         body.append(f'<rect x="{x}" y="{y}" width="14" height="12" fill="{fill}"/>'
                     f'<text x="{x + 18}" y="{y + 10}" font-size="11">{escape(short)}</text>')
         x += 26 + CHAR * len(short) + 12
-    y += 30
+    y += 40
     y = _totals(report, body, y)
     height = int(y + 10)
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}"'
@@ -111,12 +112,12 @@ def _totals(report: StatusReport, body: list[str], y: float) -> float:
             limit = tenant.limit_bytes
             share = min(1.0, tenant.allocated_bytes / limit) if limit else (1.0 if tenant.allocated_bytes else 0.0)
             body.append(f'<text x="30" y="{y}" font-size="11">{escape(tenant.namespace)}'
-                        f'<tspan fill="#6b7280"> in {escape(policy.name)}</tspan></text>')
+                        f'<tspan dx="5" fill="#6b7280">in {escape(policy.name)}</tspan></text>')
             body.append(f'<rect x="{LEFT + 80}" y="{y - 11}" width="300" height="13" fill="#e5e7eb"/>')
             fill = "#dc2626" if tenant.over else tenant_colour(tenant.namespace)
             body.append(f'<rect x="{LEFT + 80}" y="{y - 11}" width="{300 * share:.1f}" height="13" fill="{fill}"/>')
             words = (f"{tenant.allocated} / {'no limit' if tenant.limit is None else tenant.limit} devices,"
-                     f" {size(tenant.allocated_bytes)} / {size(limit) if limit is not None else 'no limit'}")
+                     f" {size_pair(tenant.allocated_bytes, limit)}")
             body.append(f'<text x="{LEFT + 390}" y="{y}" font-size="11">{escape(words)}</text>')
     y += 30
     body.append(f'<text x="20" y="{y}" font-size="13" font-weight="bold">Policies</text>')
@@ -139,7 +140,7 @@ def _totals(report: StatusReport, body: list[str], y: float) -> float:
 def html(report: StatusReport) -> str:
     rows = "".join(
         f"<tr><td>{escape(t.namespace)}</td><td>{escape(p.name)}</td><td>{t.allocated} / "
-        f"{'-' if t.limit is None else t.limit}</td><td>{size(t.allocated_bytes)} / {size(t.limit_bytes)}</td></tr>"
+        f"{'-' if t.limit is None else t.limit}</td><td>{size_pair(t.allocated_bytes, t.limit_bytes)}</td></tr>"
         for p in report.policies for t in p.tenants)
     return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>gpuslice status</title>"
             "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"

@@ -47,6 +47,32 @@ def size(value: int | None) -> str:
     return f"{value / 2**20:.0f}Mi"
 
 
+def fit(segment: Segment, room: int) -> str:
+    """The segment's label in at most ``room`` characters: whole, then the pod without its namespace,
+    then cut with an ellipsis; nothing when not even three characters fit."""
+    words = label(segment)
+    if len(words) <= room:
+        return words
+    if segment.holder is not None and segment.holder.pods and len(segment.holder.pods[0]) <= room:
+        return segment.holder.pods[0]
+    short = segment.holder.pods[0] if segment.holder is not None and segment.holder.pods else words
+    return short[:room - 1] + "…" if room >= 3 else ""
+
+
+def size_pair(used: int, limit: int | None) -> str:
+    """``30G / 165.5G``: both in one unit, the one the figures are whole in (G before Gi)."""
+    if limit is None:
+        return f"{size(used)} / no limit"
+    for unit, suffix in ((10**9, "G"), (GI, "Gi")):
+        if used % unit == 0 or limit % unit == 0:
+            return f"{_in(used, unit)}{suffix if used else ''} / {_in(limit, unit)}{suffix}"
+    return f"{size(used)} / {size(limit)}"
+
+
+def _in(value: int, unit: int) -> str:
+    return str(value // unit) if value % unit == 0 else f"{value / unit:.1f}"
+
+
 def label(segment: Segment) -> str:
     """The words inside a segment: who holds it, or what state it is in."""
     what = segment.kind if segment.kind not in (None, "slice", "shared") else ""
@@ -105,8 +131,26 @@ def widths(spans: Sequence[int], total: int) -> list[int]:
     return cells
 
 
-def gpu_title(gpu: GpuMap) -> str:
-    return f"GPU {gpu.index}"
+def _shape(gpu: GpuMap) -> tuple[object, ...]:
+    return (gpu.product, gpu.mode, gpu.policies, gpu.offers, tuple((s.state, s.span, s.policy, s.kind, s.fits)
+                                                                    for s in gpu.segments))
+
+
+def idle(gpu: GpuMap) -> bool:
+    return all(s.state in ("free", "slack") for s in gpu.segments) and not gpu.admin
+
+
+def rows(gpus: Sequence[GpuMap]) -> list[tuple[str, GpuMap]]:
+    """One row per GPU, except that idle GPUs alike and in a row share one: ``GPU 1-7``. A fleet's
+    map stays as long as what is going on in it."""
+    found: list[tuple[list[int], GpuMap]] = []
+    for gpu in gpus:
+        last = found[-1] if found else None
+        if last is not None and idle(gpu) and idle(last[1]) and _shape(gpu) == _shape(last[1]):
+            last[0].append(gpu.index)
+        else:
+            found.append(([gpu.index], gpu))
+    return [(f"GPU {ix[0]}" if len(ix) == 1 else f"GPU {ix[0]}-{ix[-1]}", gpu) for ix, gpu in found]
 
 
 def gpu_summary(gpu: GpuMap) -> str:

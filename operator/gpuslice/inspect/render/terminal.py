@@ -10,9 +10,11 @@ from gpuslice.inspect.render.labels import (
     STATE_COLOURS,
     STATE_WORDS,
     colour,
+    fit,
     gpu_summary,
-    label,
+    rows,
     size,
+    size_pair,
     widths,
 )
 from gpuslice.planning.occupancy import GpuMap, NodeMap
@@ -26,9 +28,8 @@ FILL = {"draining": "░", "tainted": "x", "free": "·", "slack": " "}
 def bar(gpu: GpuMap, width: int) -> Text:
     text = Text()
     for segment, cells in zip(gpu.segments, widths([s.span for s in gpu.segments], width), strict=True):
-        words = label(segment)
         fill = FILL.get(segment.state, " ")
-        inner = words[:cells - 1] if cells > 2 and words else ""
+        inner = fit(segment, cells - 2) if cells > 2 else ""
         body = (" " + inner if inner else "").ljust(cells, fill)[:cells]
         if cells > 1:
             body = body[:-1] + "▏"
@@ -48,19 +49,22 @@ def _node(node: NodeMap, width: int) -> RenderableType:
         facts.append(f"{node.gpus_without_devices} GPUs publish no device")
     head.append("  " + " · ".join(facts), style="dim")
     lines: list[RenderableType] = [head]
-    for gpu in node.gpus:
-        row = Text(f"  GPU {gpu.index:<2} ", style="bold")
+    for title, gpu in rows(node.gpus):
+        row = Text(f"  {title:<8} ", style="bold")
         row.append_text(bar(gpu, width))
         row.append(f" {gpu_summary(gpu)}", style="dim")
         lines.append(row)
         detail = [f"{gpu.product} {size(gpu.memory)}, {gpu.mode}, {', '.join(gpu.policies)}"]
+        holders = [s.holder.who for s in gpu.segments if s.holder is not None]
+        if holders:
+            detail.append("held by " + ", ".join(dict.fromkeys(holders)))
         if gpu.tainted_reasons:
             detail.append("tainted: " + "; ".join(gpu.tainted_reasons))
         if gpu.admin:
             detail.append("admin access: " + ", ".join(h.ref for h in gpu.admin))
         if gpu.offers:
             detail.append("also free: " + ", ".join(gpu.offers))
-        lines.append(Text("         " + " · ".join(detail), style="dim"))
+        lines.append(Text("           " + " · ".join(detail), style="dim"))
     return Group(*lines)
 
 
@@ -74,7 +78,7 @@ def legend() -> Text:
 
 
 def status_view(report: StatusReport, width: int = 120) -> RenderableType:
-    bar_width = max(40, min(96, width - 40))
+    bar_width = max(40, min(100, width - 44))
     parts: list[RenderableType] = [Text("GPU occupancy", style="bold underline")]
     if not report.map.nodes:
         parts.append(Text("  No node publishes gpuslice devices (no policy selects a GPU, or no agent runs).",
@@ -100,7 +104,7 @@ def _policies(report: StatusReport) -> Table:
         ready, degraded = p.condition("Ready"), p.condition("Degraded")
         table.add_row(
             p.name, p.mode,
-            f"{ready.status} ({ready.reason})" if ready else "?",
+            (ready.status if ready.status == "True" else f"{ready.status} ({ready.reason})") if ready else "?",
             degraded.reason if degraded and degraded.status == "True" else "-",
             str(p.nodes), str(p.gpus), str(p.published), str(p.allocated), str(p.held), str(p.draining),
             str(p.tainted) + (f" ({', '.join(f'{r} {n}' for r, n in p.taint_reasons)})" if p.taint_reasons else ""),
@@ -118,11 +122,11 @@ def _tenants(report: StatusReport) -> Table:
                               if k.allocated or k.limit)
             style = "red" if t.over else ""
             table.add_row(t.namespace, policy.name, _used(t.allocated, t.limit),
-                          f"{size(t.allocated_bytes)} / {size(t.limit_bytes)}", kinds, style=style)
+                          size_pair(t.allocated_bytes, t.limit_bytes), kinds, style=style)
     for total in report.tenants:
         if len(total.policies) > 1:
             table.add_row(total.namespace, "all", _used(total.allocated, total.limit),
-                          f"{size(total.allocated_bytes)} / {size(total.limit_bytes)}", "", style="bold")
+                          size_pair(total.allocated_bytes, total.limit_bytes), "", style="bold")
     return table
 
 
