@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 PYTEST ?= $(BIN)/pytest
 
 .DEFAULT_GOAL := help
-.PHONY: help venv kube-bin lint test test-unit test-cluster demo crds clean
+.PHONY: help venv kube-bin lint test test-unit test-cluster test-faults demo crds clean
 
 help:
 	@echo "make crds          regenerate crds/ and manifests/admission.yaml from operator/gpuslice (api, planning)"
@@ -15,7 +15,8 @@ help:
 	@echo "make kube-bin      build kube-apiserver/scheduler/controller-manager/etcd and pod-runner from Go modules (cached)"
 	@echo "make lint          ruff, mypy --strict, import-linter layer contracts"
 	@echo "make test-unit     fast tests, no cluster"
-	@echo "make test-cluster  tests against the real control plane"
+	@echo "make test-cluster  tests against the real control plane (the faults tier included)"
+	@echo "make test-faults   only the faults tier: stalls, restarts and kills, with an invariant checker"
 
 $(STAMP): pyproject.toml
 	@echo ">> setting up $(VENV): gpuslice and its dev tools"
@@ -45,6 +46,10 @@ test-unit: $(STAMP)
 test-cluster: kube-bin
 	@echo ">> cluster tests (real etcd, kube-apiserver, kube-scheduler, kube-controller-manager)"
 	@$(PYTEST) tests/cluster
+
+test-faults: kube-bin
+	@echo ">> faults tier (stalled, restarted and killed components; invariants checked throughout)"
+	@$(PYTEST) tests/cluster/faults
 
 test: lint test-unit test-cluster
 

@@ -15,7 +15,8 @@ RESOURCE = "/apis/resource.k8s.io/v1"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 
 
-# Answers that say "not now" rather than "no": a poll tries again instead of failing on them.
+# Answers that say "not now" rather than "no" (the typed errors with ``transient``, e.g. 429, 5xx,
+# no answer at all): a poll tries again instead of failing on them.
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
@@ -32,7 +33,7 @@ async def wait_for(
                     if result := await check():
                         return result
                 except KubeError as error:
-                    if error.status not in TRANSIENT_STATUS:
+                    if not error.transient and error.status not in TRANSIENT_STATUS:
                         raise
                     last_error = error
                 except (aiohttp.ClientError, ConnectionError) as error:  # e.g. a keep-alive the server closed

@@ -8,50 +8,34 @@ yet" for "not allocated".
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pydantic
 import structlog
 from prometheus_client import Counter, Gauge
 
+from gpuslice.agent.drain import Drains
+from gpuslice.agent.dryrun import GenerationRefused, Refusals, dry_run, refused_policies
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.dra.resourceslice import resource_slice, slice_name
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.observability.failpoints import failpoint
 from gpuslice.planning.node_pool import plan_node_pool
 from gpuslice.planning.pool_safety import SafePlan, make_safe, normalized
+from gpuslice.planning.usage import PENDING_TAINT_KEY
 
 FIELD_MANAGER = "gpuslice-agent"
 CYCLES = Counter("gpuslice_agent_publish_cycles", "Publish cycles, by outcome.", ["outcome"])
 DEVICES = Gauge("gpuslice_agent_devices", "Devices this agent publishes.")
 HELD = Gauge("gpuslice_agent_held_devices", "Allocated devices kept as they were while a change waits.")
+REFUSED = Gauge("gpuslice_agent_refused_policies",
+                "Policies left out on this node: the API server refused their devices.")
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 ATTR_POLICY_KEY = f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}"
-# Longer than the scheduler takes from reserving a device to writing the claim's allocation.
-DRAIN_SECONDS = 5.0
 log = structlog.get_logger(__name__)
-
-
-@dataclass
-class Drains:
-    """Since when each free device has been published tainted, waiting to change (this process only:
-    a restarted agent drains again, which is only slower)."""
-
-    started: dict[str, float] = field(default_factory=dict)
-
-    def drained(self, now: float) -> set[str]:
-        return {name for name, since in self.started.items() if now - since >= DRAIN_SECONDS}
-
-    def record(self, draining: Iterable[str], now: float) -> None:
-        self.started = {name: self.started.get(name, now) for name in draining}
-
-    def due_in(self, now: float) -> float | None:
-        """Seconds until the next device has drained; None when none drains."""
-        return max(0.0, min(since + DRAIN_SECONDS - now for since in self.started.values())) if self.started else None
 
 
 @dataclass(frozen=True)
@@ -62,6 +46,7 @@ class PublishResult:
     held: tuple[str, ...]
     notes: tuple[str, ...]
     draining: tuple[str, ...] = ()
+    refused: tuple[str, ...] = ()  # policies left out: the API server refused their devices
 
     @property
     def changed(self) -> bool:
@@ -122,46 +107,80 @@ def _policy_of(device: dict[str, Any]) -> str | None:
     return str(value) if value is not None else None
 
 
+def _pending(device: dict[str, Any]) -> bool:
+    return any(t.get("key") == PENDING_TAINT_KEY for t in device.get("taints") or [])
+
+
 def _content(spec: dict[str, Any]) -> Any:
     return normalized({"sharedCounters": spec.get("sharedCounters") or [], "devices": spec.get("devices") or []})
 
 
-async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains | None = None) -> PublishResult:
-    """One cycle. With ``drains``, free devices drain before they change (see pool_safety)."""
+def _generations(policies: Policies) -> dict[str, int | None]:
+    return {p.name: p.metadata.generation for p in policies.plannable}
+
+
+async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains | None = None,
+                  refusals: Refusals | None = None) -> PublishResult:
+    """One cycle. ``drains``: free devices change only once no claim can get them any more (see
+    agent.drain); ``refusals``: the policies whose devices the API server refused (agent.dryrun)."""
     drains = drains if drains is not None else Drains()
+    refusals = refusals if refusals is not None else Refusals()
     node_body = await kube.get(f"/api/v1/nodes/{node}")
     labels = node_body["metadata"].get("labels") or {}
     policies = await read_policies(kube)
-    plan = plan_node_pool(labels, gpus, policies.plannable)
     existing = [s for s in await kube.list(SLICES, fieldSelector=f"spec.nodeName={node},spec.driver={DRIVER}")
                 if s["spec"]["pool"]["name"] == node]
     published = [d for s in existing for d in s["spec"].get("devices") or []]
     counter_sets = [c for s in existing for c in s["spec"].get("sharedCounters") or []]
-    # Claims are read after the slices: a device that has drained is judged on claims read since.
-    started = time.monotonic()
-    frozen = {d["name"] for d in published if _policy_of(d) in policies.frozen}
-    safe: SafePlan = make_safe(plan, published, counter_sets, await allocated_devices(kube, node),
-                               drained=drains.drained(started), frozen=frozen)
-
-    wanted = {slice_name(node, s.suffix): s for s in safe.slices}
+    # A tainted device has drained once the API server refuses to let a claim have it; the claims are
+    # read after that, so one that got it before is seen (and keeps it).
+    await drains.load(kube, node)
+    drained = await drains.refused(kube, node, {d["name"] for d in published if _pending(d)})
+    allocated = await allocated_devices(kube, node)
     current = {s["metadata"]["name"]: s for s in existing}
     generations = {int(s["spec"]["pool"]["generation"]) for s in existing}
     counts = {int(s["spec"]["pool"]["resourceSliceCount"]) for s in existing}
-    unchanged = (
-        set(wanted) == set(current) and len(generations) == 1 and counts == {len(wanted)}
-        and all(_content(current[name]["spec"]) == normalized({"sharedCounters": list(s.shared_counters),
-                                                               "devices": list(s.devices)})
-                for name, s in wanted.items())
-    )
     generation = max(generations, default=0)
-    DEVICES.set(sum(len(s.devices) for s in safe.slices))
-    HELD.set(len(safe.held))
-    if unchanged or (not wanted and not current):
-        drains.record(safe.draining, started)
-        CYCLES.labels(outcome="unchanged").inc()
-        return PublishResult(generation, (), (), safe.held, plan.notes, safe.draining)
 
-    generation += 1
+    while True:  # each round leaves out at least one more refused policy, or ends
+        refused = refusals.current(_generations(policies))
+        plan = plan_node_pool(labels, gpus, [p for p in policies.plannable if p.name not in refused])
+        kept = {**policies.frozen, **refused}
+        frozen = {d["name"] for d in published if _policy_of(d) in kept}
+        safe: SafePlan = make_safe(plan, published, counter_sets, allocated, drained=drained, frozen=frozen)
+        wanted = {slice_name(node, s.suffix): s for s in safe.slices}
+        unchanged = (
+            set(wanted) == set(current) and len(generations) == 1 and counts == {len(wanted)}
+            and all(_content(current[name]["spec"]) == normalized({"sharedCounters": list(s.shared_counters),
+                                                                   "devices": list(s.devices)})
+                    for name, s in wanted.items())
+        )
+        DEVICES.set(sum(len(s.devices) for s in safe.slices))
+        HELD.set(len(safe.held))
+        REFUSED.set(len(refused))
+        listed = drains.wanted(set(safe.draining), {d["name"] for d in published},
+                               {d["name"] for s in safe.slices for d in s.devices})
+        if unchanged or (not wanted and not current):
+            await drains.write(kube, node, listed)
+            CYCLES.labels(outcome="unchanged").inc()
+            return PublishResult(generation, (), (), safe.held, plan.notes, safe.draining, tuple(sorted(refused)))
+        manifests = {name: resource_slice(
+            node, node_body["metadata"]["uid"], planned.suffix, generation + 1, len(wanted),
+            shared_counters=list(planned.shared_counters), devices=list(planned.devices),
+        ) for name, planned in wanted.items()}
+        answers = await dry_run(kube, manifests.values(), FIELD_MANAGER)
+        if not answers:
+            break
+        blamed = await refused_policies(kube, manifests.values(), answers, FIELD_MANAGER)
+        if not set(blamed) - set(refused):
+            raise GenerationRefused(f"the API server still refuses the pool's next generation: {blamed}")
+        for name, reason in sorted(blamed.items()):
+            log.warning("devices refused by the API server; the policy is left out on this node, its published"
+                        " devices stay as they are", node=node, policy=name, reason=reason)
+        refusals.record(blamed, _generations(policies))
+
+    generation += 1  # the whole generation passed the dry run: write it
+    await drains.write(kube, node, listed)  # devices that start draining are listed before they are tainted
     deleted = []
     for name in sorted(set(current) - set(wanted)):  # obsolete first, as the upstream helper does
         try:
@@ -171,16 +190,13 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
                 raise
         deleted.append(name)
     written = []
-    for name, planned in wanted.items():
-        manifest = resource_slice(
-            node, node_body["metadata"]["uid"], planned.suffix, generation, len(wanted),
-            shared_counters=list(planned.shared_counters), devices=list(planned.devices),
-        )
+    for name, manifest in manifests.items():
         await kube.apply(f"{SLICES}/{name}", manifest, field_manager=FIELD_MANAGER)
         written.append(name)
-    drains.record(safe.draining, time.monotonic())  # the taints are out: their drain runs from now
+        failpoint("agent.slice-written")
     CYCLES.labels(outcome="written").inc()
-    result = PublishResult(generation, tuple(written), tuple(deleted), safe.held, plan.notes, safe.draining)
+    result = PublishResult(generation, tuple(written), tuple(deleted), safe.held, plan.notes, safe.draining,
+                           tuple(sorted(refused)))
     log.info("published pool", node=node, generation=generation, devices=sum(len(s.devices) for s in safe.slices),
              written=len(written), deleted=deleted, held=list(safe.held), draining=len(safe.draining),
              blocked_gpus=list(safe.blocked_gpus))
@@ -188,6 +204,6 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         log.warning("changes held back while claims hold devices", node=node, devices=list(safe.held))
     for note in plan.notes:
         log.warning("planner note", node=node, note=note)
-    for name, reason in sorted(policies.frozen.items()):
+    for name, reason in sorted({**policies.frozen, **refused}.items()):
         log.warning("policy's devices kept as published", node=node, policy=name, reason=reason)
     return result

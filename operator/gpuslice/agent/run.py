@@ -12,22 +12,24 @@ import asyncio
 import contextlib
 import os
 import signal
-import time
 from typing import Any
 
 import kopf
 import structlog
 
+from gpuslice.agent.drain import Drains
+from gpuslice.agent.dryrun import Refusals
 from gpuslice.agent.gpus import GpuBackend
-from gpuslice.agent.publisher import Drains, publish
+from gpuslice.agent.publisher import CYCLES, publish
 from gpuslice.dra.names import DRIVER
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import EndlessBackoff, KubeClient, KubeError
 from gpuslice.observability.logging import configure_logging
 from gpuslice.observability.metrics import serve_metrics
 
 log = structlog.get_logger(__name__)
 DEBOUNCE = 0.3
+MAX_BACKOFF = 10.0  # seconds between tries of a failing cycle, at most
 SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM to a forced exit (Kopf's ultimate exiting timeout)
 
 
@@ -41,6 +43,7 @@ def build_agent_registry(node: str, wake: asyncio.Event, kubeconfig: str | None)
         settings.posting.enabled = False
         settings.process.ultimate_exiting_timeout = SHUTDOWN_GRACE  # see the controller's handlers
         settings.watching.server_timeout = 600
+        settings.networking.error_backoffs = EndlessBackoff()  # back within 5 s of the API server
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -79,9 +82,9 @@ def build_agent_registry(node: str, wake: asyncio.Event, kubeconfig: str | None)
 async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: asyncio.Event, stop: asyncio.Event,
                        resync: float) -> None:
     backoff = 1.0
-    drains = Drains()
+    drains, refusals = Drains(), Refusals()
     while not stop.is_set():
-        due = drains.due_in(time.monotonic())
+        due = drains.due_in()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), resync if due is None else min(resync, due))
         if stop.is_set():
@@ -89,7 +92,7 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
         await asyncio.sleep(DEBOUNCE)  # one cycle for a burst of events
         wake.clear()
         try:
-            await publish(kube, node, gpus, drains)
+            await publish(kube, node, gpus, drains, refusals)
             backoff = 1.0
         except Exception as error:  # the loop is the agent's purpose: it outlives any failed cycle
             if isinstance(error, KubeError) and error.status == 404 and "nodes" in error.message:
@@ -98,8 +101,13 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
                 log.warning("publishing failed; will retry", node=node, error=str(error), retry_in=backoff)
             else:
                 log.exception("publishing failed unexpectedly; will retry", node=node, retry_in=backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 30.0)
+            CYCLES.labels(outcome="failed").inc()
+            # Backoff, cut short by news: after an outage, Kopf's watches list everything again as soon
+            # as the API server is back, and that wakes the next try at once.
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF)
             wake.set()
 
 

@@ -18,6 +18,7 @@ import structlog
 from gpuslice.dra.names import LABEL_POLICY, short_hash
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.paths import collection, object_path
+from gpuslice.observability.failpoints import failpoint
 
 FIELD_MANAGER = "gpuslice-controller"
 APPLIED = "gpuslice.dev/applied"  # annotation: hash of the manifest last applied
@@ -109,6 +110,7 @@ async def converge(
             try:
                 if await apply_object(kube, manifest, live.get(path)):
                     result.written.append(path)
+                    failpoint("controller.object-applied")
             except KubeError as error:
                 result.failed.add(path)
                 meta = manifest["metadata"]

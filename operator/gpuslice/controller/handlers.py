@@ -17,7 +17,7 @@ from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_ad
 from gpuslice.controller.reconcile import Context, World, reconcile, report_deleting
 from gpuslice.controller.startup import start_context
 from gpuslice.dra.names import DRIVER, LABEL_POLICY
-from gpuslice.kube.client import KubeError
+from gpuslice.kube.client import EndlessBackoff, KubeError
 from gpuslice.planning.usage import ClaimView, SliceView
 
 POLICY = (GROUP, VERSION, PLURAL)
@@ -68,6 +68,7 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         settings.posting.level = 30  # warnings and errors only; our own Events say the rest
         settings.watching.server_timeout = 600
         settings.networking.request_timeout = 60
+        settings.networking.error_backoffs = EndlessBackoff()  # back within 5 s of the API server
         settings.execution.default_backoff = 5
         # Kopf handles SIGTERM itself; without a stop flag it waits up to this long for a graceful
         # exit. A request to an apiserver going down with us must not keep us alive for minutes.

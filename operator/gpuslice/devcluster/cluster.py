@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
-import socket
 import ssl
 import sys
 from collections.abc import Awaitable, Callable
@@ -23,9 +21,12 @@ from gpuslice.devcluster import binaries as binaries_module
 from gpuslice.devcluster import features as features_module
 from gpuslice.devcluster import operator
 from gpuslice.devcluster.errors import DevClusterError
+from gpuslice.devcluster.faults import FaultControls
 from gpuslice.devcluster.nodes import FAKE_GPU_MODELS, fake_gpu_node, node_name
 from gpuslice.devcluster.pki import CertificateAuthority, kubeconfig, service_account_key
+from gpuslice.devcluster.ports import ensure_port_free, free_port
 from gpuslice.devcluster.process import Component, http_health
+from gpuslice.devcluster.proxy import HoldableProxy
 from gpuslice.devcluster.state import ClusterRecord, StateDir
 from gpuslice.kube.client import KubeClient, KubeError
 
@@ -58,53 +59,6 @@ def _quiet(_: str) -> None:
     pass
 
 
-_handed_out: set[int] = set()
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def free_port() -> int:
-    """A port that is free now and stays likely free until a component binds it.
-
-    Ports the kernel hands out (bind to 0) come from the ephemeral range, which outgoing
-    connections also draw from, so one could take ours between now and the bind. Ports are
-    therefore drawn below that range, and never twice in one process.
-    """
-    low = _ephemeral_range()[0]
-    candidates = list(range(max(1024, low - 12000), low))
-    random.SystemRandom().shuffle(candidates)
-    for port in candidates[:200]:
-        if port in _handed_out:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def ensure_port_free(port: int, what: str) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as error:
-            raise DevClusterError(
-                f"Port {port} on 127.0.0.1, asked for {what}, is already in use ({error.strerror})."
-                " Stop whatever listens there, or choose another port (or none, to get a free one)."
-            ) from error
-
-
 @dataclass(frozen=True)
 class ClusterSpec:
     state_dir: Path
@@ -114,6 +68,8 @@ class ClusterSpec:
     apiserver_port: int | None = None
     operator: bool = False  # also install gpuslice and run its controller and node agents
     pod_runner: bool = False  # run a pod runner (the kubelet's DRA code) behind each fake node
+    # The scheduler reaches the API server through a proxy a test can hold (faults: DevCluster.proxy).
+    proxied_scheduler: bool = False
 
     def validate(self) -> None:
         if not 0 <= self.nodes <= 1000:
@@ -129,7 +85,7 @@ class ClusterSpec:
             )
 
 
-class DevCluster:
+class DevCluster(FaultControls):
     """Start with :meth:`start` (or ``async with``); :meth:`stop` leaves nothing running."""
 
     def __init__(
@@ -148,6 +104,8 @@ class DevCluster:
         self.kubernetes_version = ""
         self.features: features_module.Features | None = None
         self.node_names = [node_name(i) for i in range(1, spec.nodes + 1)]
+        self.proxy: HoldableProxy | None = None
+        self.scheduler_metrics = ""  # the kube-scheduler's /metrics (self-signed TLS, no credentials needed)
 
     @property
     def kubeconfig(self) -> Path:
@@ -194,15 +152,20 @@ class DevCluster:
         self.server = f"https://127.0.0.1:{api_port}"
         etcd_url = f"http://127.0.0.1:{etcd_port}"
 
-        def client_kubeconfig(user: str, groups: tuple[str, ...], path: Path) -> Path:
+        def client_kubeconfig(user: str, groups: tuple[str, ...], path: Path, server: str | None = None) -> Path:
             pair = ca.issue_client(user, groups)
-            path.write_text(kubeconfig(self.server, ca.pair, pair, user, "gpuslice-dev"))
+            path.write_text(kubeconfig(server or self.server, ca.pair, pair, user, "gpuslice-dev"))
             path.chmod(0o600)
             return path
 
+        scheduler_server = None
+        if self.spec.proxied_scheduler:
+            self.proxy = HoldableProxy("kube-scheduler", api_port)
+            scheduler_server = f"https://127.0.0.1:{await self.proxy.start(free_port())}"
+
         admin = client_kubeconfig(ADMIN_USER, ("system:masters",), self.state.kubeconfig)
         scheduler_kc = client_kubeconfig(
-            "system:kube-scheduler", (), self.state.pki / "kube-scheduler.kubeconfig"
+            "system:kube-scheduler", (), self.state.pki / "kube-scheduler.kubeconfig", scheduler_server
         )
         kcm_kc = client_kubeconfig(
             "system:kube-controller-manager", (), self.state.pki / "kube-controller-manager.kubeconfig"
@@ -245,6 +208,7 @@ class DevCluster:
         await self._launch(apiserver)
 
         scheduler_port, kcm_port = free_port(), free_port()
+        self.scheduler_metrics = f"https://127.0.0.1:{scheduler_port}/metrics"
         insecure = ssl.create_default_context()
         insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE
         scheduler = Component(
@@ -254,6 +218,8 @@ class DevCluster:
              f"--authorization-kubeconfig={scheduler_kc}",
              "--leader-elect=false", "--bind-address=127.0.0.1",
              f"--secure-port={scheduler_port}", f"--cert-dir={self.state.pki / 'kube-scheduler'}",
+             # Loopback only: its metrics (e.g. pods in their binding cycle) readable without the API server.
+             "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
              *self.features.flags()],
             logs / "kube-scheduler.log",
             http_health(f"https://127.0.0.1:{scheduler_port}/healthz", insecure),
@@ -282,8 +248,11 @@ class DevCluster:
             await self._start_pod_runners(bins, ca)
         if self.spec.operator:
             await self._start_operator(admin, ca.pair.cert_pem)
+        self._write_record()
+
+    def _write_record(self) -> None:
         self.state.write_record(ClusterRecord(
-            supervisor_pid=os.getpid(), server=self.server, kubeconfig=str(admin),
+            supervisor_pid=os.getpid(), server=self.server, kubeconfig=str(self.state.kubeconfig),
             kubernetes_version=self.kubernetes_version,
             components={c.name: c.pid for c in self.components if c.pid},
             nodes=self.node_names,
@@ -374,6 +343,9 @@ class DevCluster:
         for component in reversed(self.components):
             await component.stop()
         self.components.clear()
+        if self.proxy is not None:
+            await self.proxy.stop()
+            self.proxy = None
         record = self.state.read_record() if self.state.record_path.exists() else None
         if record is None or record.supervisor_pid == os.getpid():
             self.state.remove_record()

@@ -127,8 +127,31 @@ class Component:
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, sig)
+                os.killpg(self.process.pid, signal.SIGCONT)  # a paused process acts on SIGTERM only once resumed
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.process.wait(), wait)
                 break
         with contextlib.suppress(ProcessLookupError):  # stragglers in the group
             os.killpg(self.process.pid, signal.SIGKILL)
+
+    def send(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the process group (faults: SIGSTOP/SIGCONT stall and resume it)."""
+        if not self.running:
+            raise self.failure(f"is not running (it cannot be sent {sig.name})")
+        assert self.process is not None
+        os.killpg(self.process.pid, sig)
+
+    async def kill(self) -> None:
+        """SIGKILL, as a crash or an OOM kill would (no SIGTERM first), and wait until it is gone."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        await self.process.wait()
+
+    async def restart(self, *, crash: bool = False) -> None:
+        """Stop (SIGTERM, or SIGKILL with ``crash``) and start again with the same command line:
+        same ports, certificates and data. Returns once it is healthy."""
+        await (self.kill() if crash else self.stop())
+        await self.start()
+        await self.wait_healthy()

@@ -6,15 +6,29 @@ silently drop what they do not know, which for ResourceSlices would mean
 rewriting a driver's devices without fields the scheduler relies on.
 kubernetes_asyncio still does what it is good at: kubeconfig and in-cluster
 auth, TLS, and the HTTP session.
+
+Every failure is a :class:`KubeError`, typed by what it means to the caller
+(:class:`NotFound`, :class:`Conflict`, :class:`Invalid`, :class:`TooManyRequests`,
+:class:`ServerError`, :class:`Unreachable`, ...), so ``except KubeError`` also
+covers a connection refused or a request that timed out. Transient failures are
+retried here, a bounded number of times, when repeating the request cannot do
+something twice (see :class:`RetryPolicy`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
-from collections.abc import Mapping
+import random
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
+import aiohttp
+import structlog
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -25,17 +39,35 @@ _TYPES = {status: "object" for status in (200, 201, 202)}
 # Seconds for one request, connection included: a half-open connection must not hang a
 # reconcile (holding its policy's lock) or the agent's publish cycle for good.
 REQUEST_TIMEOUT = 60
+log = structlog.get_logger(__name__)
 
 
 class KubeError(Exception):
-    """An API error, with the server's own message (what kubectl would print)."""
+    """An API error, with the server's own message (what kubectl would print).
 
-    def __init__(self, status: int, reason: str, message: str, body: Object | None) -> None:
-        super().__init__(f"{status} {reason}: {message}")
+    ``status`` is the HTTP status, or 0 when no answer came (:class:`Unreachable`).
+    Catch a subclass for one meaning, or ``KubeError`` for any failure of a request.
+    """
+
+    transient: ClassVar[bool] = False  # the same request may well succeed a moment later
+
+    def __init__(self, status: int, reason: str, message: str, body: Object | None,
+                 retry_after: float | None = None) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else f"{reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
         self.body = body or {}
+        self.retry_after = retry_after  # seconds the server asked us to wait (Retry-After)
+
+    @staticmethod
+    def of(status: int, reason: str, message: str, body: Object | None = None,
+           retry_after: float | None = None) -> KubeError:
+        """The typed error for an HTTP answer."""
+        kind: type[KubeError] = _BY_STATUS.get(status, ServerError if status >= 500 else KubeError)
+        if status == 409 and reason == "AlreadyExists":
+            kind = AlreadyExists
+        return kind(status, reason, message, body, retry_after)
 
     @classmethod
     def from_api(cls, error: ApiException) -> KubeError:
@@ -43,18 +75,139 @@ class KubeError(Exception):
             body = json.loads(error.body) if error.body else {}
         except (TypeError, ValueError):
             body = {"message": str(error.body)}
-        return cls(error.status, str(body.get("reason") or error.reason),
-                   str(body.get("message", error.reason)), body)
+        if not isinstance(body, dict):
+            body = {"message": str(body)}
+        headers: Mapping[str, str] = error.headers or {}
+        return KubeError.of(int(error.status or 0), str(body.get("reason") or error.reason),
+                            str(body.get("message", error.reason)), body, _seconds(headers.get("Retry-After")))
+
+
+class BadRequest(KubeError):
+    """400: the request itself is malformed (a bad selector, an unparsable body)."""
+
+
+class Unauthorized(KubeError):
+    """401: the credentials are missing, wrong or expired."""
+
+
+class Forbidden(KubeError):
+    """403: RBAC, or an admission rule that denies with reason Forbidden."""
+
+
+class NotFound(KubeError):
+    """404: the object (or its namespace, or the resource type) does not exist."""
+
+
+class Conflict(KubeError):
+    """409: a write lost a race (resourceVersion) or the name is taken."""
+
+
+class AlreadyExists(Conflict):
+    """409 AlreadyExists: a create found the name taken."""
+
+
+class Gone(KubeError):
+    """410: a watch or list continuation is too old."""
+
+
+class Invalid(KubeError):
+    """422: the object does not validate; ``body['details']['causes']`` names the fields."""
+
+
+class TooManyRequests(KubeError):
+    """429: the server is shedding load (priority and fairness, max in flight); ``retry_after`` says when."""
+
+    transient = True
+
+
+class ServerError(KubeError):
+    """5xx: the server failed (etcd unavailable, a timeout inside the server)."""
+
+    transient = True
+
+
+class Unreachable(KubeError):
+    """No answer: the connection was refused or dropped, or the request timed out (status 0)."""
+
+    transient = True
+
+    def __init__(self, status: int = 0, reason: str = "Unreachable", message: str = "", body: Object | None = None,
+                 retry_after: float | None = None, *, sent: bool = True) -> None:
+        super().__init__(status, reason, message, body, retry_after)
+        self.sent = sent  # False only when the connection was never made: the server saw nothing
+
+
+_BY_STATUS: dict[int, type[KubeError]] = {
+    400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 410: Gone,
+    422: Invalid, 429: TooManyRequests,
+}
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None  # an HTTP date: the default backoff will do
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Which failed requests the client repeats, and for how long.
+
+    A request is repeated only when repeating it cannot do anything twice: when it never
+    reached the server (connection refused, 429 from load shedding), or when it is idempotent
+    (GET, PUT, DELETE, merge and apply patches) and failed transiently (dropped connection,
+    timeout, 5xx). A create is never repeated after it may have been sent, unless the caller
+    says it is safe (``idempotent=True``: a named object whose repeat gives AlreadyExists).
+    Bounded by ``attempts`` and by ``budget`` seconds from the first try, so callers with
+    their own loop (the agent's cycle, Kopf's retries) get the error back soon.
+    """
+
+    attempts: int = 5
+    budget: float = 10.0
+    first_delay: float = 0.2
+    max_delay: float = 2.0
+
+    def delay(self, attempt: int, error: KubeError) -> float:
+        backoff = min(self.max_delay, self.first_delay * 2 ** (attempt - 1)) * random.uniform(0.75, 1.25)
+        return float(max(backoff, min(error.retry_after or 0.0, 2 * self.max_delay)))
+
+
+NO_RETRY = RetryPolicy(attempts=1)
+
+
+@dataclass(frozen=True)
+class EndlessBackoff:
+    """For Kopf's ``settings.networking.error_backoffs``: retry an unreachable API server forever,
+    waiting ``steps`` then ``cap`` seconds between tries. Kopf's default gives up after 8 tries
+    (54 s) and its watches then restart on their own schedule; with this, a watch is back within
+    ``cap`` seconds of the API server, however long it was away."""
+
+    steps: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0)
+    cap: float = 5.0
+
+    def __iter__(self) -> Iterator[float]:
+        return itertools.chain(self.steps, itertools.repeat(self.cap))
+_IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+_IDEMPOTENT_PATCHES = frozenset({"application/merge-patch+json", "application/apply-patch+yaml"})
+
+
+def _unreachable(error: BaseException, sent: bool) -> Unreachable:
+    what = "timed out" if isinstance(error, TimeoutError) else f"{type(error).__name__}: {error}"
+    return Unreachable(message=f"no answer from the API server ({what})", sent=sent)
 
 
 class KubeClient:
     """A small async JSON client; create with :meth:`from_kubeconfig` and close when done."""
 
-    def __init__(self, api: ApiClient) -> None:
+    def __init__(self, api: ApiClient, *, timeout: float = REQUEST_TIMEOUT, retry: RetryPolicy = RetryPolicy()) -> None:
         self._api = api
+        self.timeout = timeout
+        self.retry = retry
 
     @classmethod
-    async def from_kubeconfig(cls, path: Path | str | None = None) -> KubeClient:
+    async def from_kubeconfig(cls, path: Path | str | None = None, *, request_timeout: float = REQUEST_TIMEOUT,
+                              retry: RetryPolicy = RetryPolicy()) -> KubeClient:
         configuration = Configuration()
         if path is None:
             try:
@@ -65,7 +218,7 @@ class KubeClient:
             await kube_config.load_kube_config(
                 config_file=str(path), client_configuration=configuration
             )
-        return cls(ApiClient(configuration))
+        return cls(ApiClient(configuration), timeout=request_timeout, retry=retry)
 
     async def close(self) -> None:
         await self._api.close()
@@ -85,7 +238,33 @@ class KubeClient:
         query: Mapping[str, str | int | bool] | None = None,
         content_type: str = "application/json",
         accept: str = "application/json",
+        idempotent: bool | None = None,
     ) -> Object:
+        """One API request, repeated on transient failures as :class:`RetryPolicy` allows.
+
+        ``idempotent`` overrides what the method and content type say (see RetryPolicy).
+        """
+        if idempotent is None:
+            idempotent = method in _IDEMPOTENT_METHODS or (method == "PATCH" and content_type in _IDEMPOTENT_PATCHES)
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await self._once(method, path, body, query, content_type, accept)
+            except KubeError as error:
+                unsent = isinstance(error, Unreachable) and not error.sent
+                repeatable = isinstance(error, TooManyRequests) or unsent or (error.transient and idempotent)
+                delay = self.retry.delay(attempt, error)
+                if (not repeatable or attempt >= self.retry.attempts
+                        or time.monotonic() + delay - started > self.retry.budget):
+                    raise
+                log.debug("API request failed; retrying", method=method, path=path, error=str(error),
+                          attempt=attempt, retry_in=round(delay, 2))
+                await asyncio.sleep(delay)
+
+    async def _once(self, method: str, path: str, body: Any, query: Mapping[str, str | int | bool] | None,
+                    content_type: str, accept: str) -> Object:
         params = [(k, str(v).lower() if isinstance(v, bool) else v) for k, v in (query or {}).items()]
         try:
             result = await self._api.call_api(
@@ -96,10 +275,14 @@ class KubeClient:
                 response_types_map=_TYPES,
                 auth_settings=["BearerToken"],
                 _return_http_data_only=True,
-                _request_timeout=REQUEST_TIMEOUT,
+                _request_timeout=self.timeout,
             )
         except ApiException as error:
             raise KubeError.from_api(error) from None
+        except aiohttp.ClientConnectorError as error:  # never reached the server: nothing was sent
+            raise _unreachable(error, sent=False) from error
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as error:
+            raise _unreachable(error, sent=True) from error
         return cast(Object, result or {})
 
     async def get(self, path: str, **query: str | int | bool) -> Object:
@@ -108,8 +291,9 @@ class KubeClient:
     async def list(self, path: str, **query: str | int | bool) -> list[Object]:
         return cast(list[Object], (await self.get(path, **query)).get("items", []))
 
-    async def create(self, path: str, body: Object) -> Object:
-        return await self.request("POST", path, body)
+    async def create(self, path: str, body: Object, *, idempotent: bool = False, **query: str | int | bool) -> Object:
+        """POST; ``idempotent=True`` when a repeat is harmless (a named object: AlreadyExists)."""
+        return await self.request("POST", path, body, query=query, idempotent=idempotent)
 
     async def replace(self, path: str, body: Object) -> Object:
         return await self.request("PUT", path, body)
@@ -117,13 +301,17 @@ class KubeClient:
     async def merge_patch(self, path: str, patch: Object) -> Object:
         return await self.request("PATCH", path, patch, content_type="application/merge-patch+json")
 
-    async def apply(self, path: str, body: Object, *, field_manager: str, force: bool = True) -> Object:
-        """Server-side apply: ``body`` is the whole intent of ``field_manager``."""
-        return await self.request(
-            "PATCH", path, body,
-            query={"fieldManager": field_manager, "force": force},
-            content_type="application/apply-patch+yaml",
-        )
+    async def apply(self, path: str, body: Object, *, field_manager: str, force: bool = True,
+                    dry_run: bool = False) -> Object:
+        """Server-side apply: ``body`` is the whole intent of ``field_manager``.
+
+        With ``dry_run`` the server validates and admits the result (every admission rule
+        runs) but stores nothing.
+        """
+        query: dict[str, str | int | bool] = {"fieldManager": field_manager, "force": force}
+        if dry_run:
+            query["dryRun"] = "All"
+        return await self.request("PATCH", path, body, query=query, content_type="application/apply-patch+yaml")
 
     async def delete(self, path: str, **query: str | int | bool) -> Object:
         return await self.request("DELETE", path, query=query)

@@ -10,6 +10,7 @@ KINDS: dict[tuple[str, str], tuple[str, bool]] = {
     ("v1", "Node"): ("nodes", False),
     ("v1", "ResourceQuota"): ("resourcequotas", True),
     ("v1", "Event"): ("events", True),
+    ("v1", "ConfigMap"): ("configmaps", True),
     ("v1", "ServiceAccount"): ("serviceaccounts", True),
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): ("clusterroles", False),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): ("clusterrolebindings", False),

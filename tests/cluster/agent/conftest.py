@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from gpuslice.devcluster import operator
-from gpuslice.devcluster.cluster import DevCluster, free_port
+from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.devcluster.nodes import fake_gpu_node
+from gpuslice.devcluster.ports import free_port
 from gpuslice.devcluster.process import Component
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.operator_fixtures import apply_manifests

@@ -259,8 +259,11 @@ async def test_resize_while_claims_hold_slices_waits_for_them(
     assert degraded["message"].startswith("2 allocated devices keep their old shape")
 
     versions = await pool_versions(kube, node.name)
+    cycles = sum(v for k, v in (await node.metrics()).items() if k.startswith("gpuslice_agent_publish_cycles_total"))
     await asyncio.sleep(3)
     assert await pool_versions(kube, node.name) == versions, "a held change writes nothing while it waits"
+    after = sum(v for k, v in (await node.metrics()).items() if k.startswith("gpuslice_agent_publish_cycles_total"))
+    assert after - cycles <= 2, "and does not spin: a held device waits on its claim, not on a timer"
 
     for pod in pods:
         await kube.delete(f"/api/v1/namespaces/{namespace}/pods/{pod}", gracePeriodSeconds=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -13,8 +14,11 @@ from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.inventory.catalog import MODELS
+from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.devices import gpu_tag
 from gpuslice.planning.node_pool import MAX_COUNTER_SETS, MAX_DEVICES, plan_node_pool
+from gpuslice.planning.pool_safety import make_safe
+from gpuslice.planning.usage import PENDING_TAINT_KEY
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 LABELS = {"kubernetes.io/hostname": "n1", "zone": "a"}
@@ -80,7 +84,10 @@ def test_plan_keeps_api_limits_and_never_oversubscribes(inventory: list[tuple[st
         assert len(counter_sets) <= 1, "one counter set guards each GPU"
         if shared:
             assert len(devices) == 1, "a shared device has its GPU to itself"
-            assert quantity_bytes(shared[0]["capacity"]["memory"]["value"]) <= gpu.memory
+            memory = shared[0]["capacity"]["memory"]
+            assert quantity_bytes(memory["value"]) <= gpu.memory
+            valid = memory["requestPolicy"]["validRange"]  # what the apiserver checks: min + step fits
+            assert quantity_bytes(valid["min"]) + quantity_bytes(valid["step"]) <= quantity_bytes(memory["value"])
         elif counter_sets == {tag}:
             # memory counter == GPU memory: any set of devices the counters admit fits the GPU
             assert sets[tag]["memory"] == gpu.memory
@@ -110,38 +117,82 @@ def test_policy_that_does_not_select_the_node_contributes_nothing(inventory: lis
     assert not {d["attributes"]["gpuslice.dev/policy"]["string"] for d in plan.devices} & {p.name for p in elsewhere}
 
 
-@settings(max_examples=100, deadline=None)
-@given(inventories, policies(), st.data())
-def test_no_inventory_change_puts_one_gpu_under_two_counter_sets(
-        inventory: list[tuple[str, int]], pols: list[GpuSlicePolicy], data: st.DataObject) -> None:
-    """A GPU drops off the bus and the agent restarts: the others' indexes shift, some devices are
-    allocated. Whatever is published then, each counter set guards one physical GPU, each GPU is
-    guarded by one counter set, and a set's memory is that GPU's."""
-    from dataclasses import replace
+def _uuid(device: dict[str, Any]) -> str:
+    attributes = device["attributes"]
+    return str((attributes.get("gpuslice.dev/uuid") or attributes["gpuslice.dev/parentUUID"])["string"])
 
-    from gpuslice.planning.pool_safety import make_safe
 
-    before = FakeBackend("n1", inventory).discover()
-    plan = plan_node_pool(LABELS, before, pols)
-    lost = data.draw(st.sampled_from(before))
-    after = [replace(g, index=i) for i, g in enumerate(g for g in before if g.uuid != lost.uuid)]
-    names = [d["name"] for d in plan.devices]
-    allocated = set(data.draw(st.lists(st.sampled_from(names), unique=True, max_size=8))) if names else set()
-    safe = make_safe(plan_node_pool(LABELS, after, pols), plan.devices, plan.counter_sets, allocated, drained=set())
+def _without_pending(device: dict[str, Any]) -> dict[str, Any]:
+    taints = [t for t in device.get("taints", []) if t["key"] != PENDING_TAINT_KEY]
+    return {**{k: v for k, v in device.items() if k != "taints"}, **({"taints": taints} if taints else {})}
 
-    uuid_of = {}
-    for planned in safe.slices:
-        for device in planned.devices:
-            attributes = device["attributes"]
-            uuid = (attributes.get("gpuslice.dev/uuid") or attributes["gpuslice.dev/parentUUID"])["string"]
-            for use in device.get("consumesCounters", []):
-                assert uuid_of.setdefault(use["counterSet"], uuid) == uuid, "one counter set, two GPUs"
-    guarded: dict[str, set[str]] = defaultdict(set)
-    for counter_set, uuid in uuid_of.items():
-        guarded[uuid].add(counter_set)
-    assert all(len(sets) == 1 for sets in guarded.values()), "one GPU under two counter sets"
-    memory = {g.uuid: g.memory for g in before}
-    for planned in safe.slices:
-        for counter_set in planned.shared_counters:
-            if "memory" in counter_set["counters"] and counter_set["name"] in uuid_of:
-                assert quantity_bytes(counter_set["counters"]["memory"]["value"]) == memory[uuid_of[counter_set["name"]]]
+
+def assert_each_gpu_guarded_once(slices: Any, memory: dict[str, int]) -> None:
+    """What is published lets no GPU's memory be handed out twice: each counter set that devices
+    consume is published and guards one physical GPU with that GPU's memory, each GPU is guarded
+    by one counter set, and a shared device (guarded by capacity, not counters) is alone on its GPU."""
+    devices = [d for s in slices for d in s.devices]
+    published_sets = {c["name"]: c for s in slices for c in s.shared_counters}
+    guards: dict[str, str] = {}
+    by_gpu: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for device in devices:
+        by_gpu[_uuid(device)].append(device)
+        for use in device.get("consumesCounters", []):
+            assert use["counterSet"] in published_sets, f"{device['name']} uses an unpublished counter set"
+            assert guards.setdefault(use["counterSet"], _uuid(device)) == _uuid(device), \
+                f"counter set {use['counterSet']} guards two GPUs"
+    for uuid, on_gpu in by_gpu.items():
+        sets = {u["counterSet"] for d in on_gpu for u in d.get("consumesCounters", [])}
+        assert len(sets) <= 1, f"GPU {uuid} is under two counter sets: {sorted(sets)}"
+        if any(d.get("allowMultipleAllocations") for d in on_gpu):
+            assert len(on_gpu) == 1, f"a shared device of GPU {uuid} is published next to others"
+        for name in sets:
+            counters = published_sets[name]["counters"]
+            if "memory" in counters:
+                assert quantity_bytes(counters["memory"]["value"]) == memory[uuid]
+
+
+@st.composite
+def inventory_histories(draw: st.DrawFn) -> list[list[Gpu]]:
+    """A node's GPUs over successive agent restarts: GPUs drop off the bus, come back, are
+    replaced by new ones, and are enumerated in another order (indexes are positions)."""
+    physical = FakeBackend("n1", draw(inventories)).discover()
+    physical += FakeBackend("spare", draw(inventories)).discover()  # other UUIDs: replacements
+    history = []
+    for _ in range(draw(st.integers(2, 4))):
+        present = draw(st.lists(st.sampled_from(physical), min_size=1, max_size=10, unique_by=lambda g: g.uuid))
+        history.append([replace(g, index=i, minor=i) for i, g in enumerate(present)])
+    return history
+
+
+@settings(max_examples=150, deadline=None)
+@given(inventory_histories(), st.data())
+def test_no_inventory_change_puts_one_gpu_under_two_counter_sets(history: list[list[Gpu]],
+                                                                 data: st.DataObject) -> None:
+    """The agent restarts after each inventory change, with claims holding some devices, devices
+    draining, and the policies edited meanwhile. Whatever is published at each step keeps every
+    GPU guarded once, and every allocated device stays exactly as it was published."""
+    memory = {g.uuid: g.memory for step in history for g in step}
+    published: list[dict[str, Any]] = []
+    counter_sets: list[dict[str, Any]] = []
+    allocated: set[str] = set()
+    draining: set[str] = set()
+    for gpus in history:
+        pols = data.draw(policies(), label="policies")
+        plan = plan_node_pool(LABELS, gpus, pols)
+        assert_each_gpu_guarded_once(plan.slices, memory)
+        drained = data.draw(st.sets(st.sampled_from(sorted(draining))) if draining else st.just(set[str]()))
+        safe = make_safe(plan, published, counter_sets, allocated, drained=drained)
+        assert_each_gpu_guarded_once(safe.slices, memory)
+        now = {d["name"]: d for s in safe.slices for d in s.devices}
+        before = {d["name"]: d for d in published}
+        for name in allocated:
+            assert name in now, f"allocated device {name} was removed"
+            assert _without_pending(now[name]) == _without_pending(before[name]), f"allocated {name} changed"
+        published, counter_sets = list(now.values()), [c for s in safe.slices for c in s.shared_counters]
+        draining = set(safe.draining)
+        # Claims come and go: some held devices are released, some free ones allocated.
+        names = sorted(now)
+        released = data.draw(st.sets(st.sampled_from(sorted(allocated)))) if allocated else set()
+        taken = data.draw(st.sets(st.sampled_from(names), max_size=8)) if names else set()
+        allocated = (allocated - released) | taken

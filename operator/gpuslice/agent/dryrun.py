@@ -1,0 +1,135 @@
+"""Ask the API server about a whole generation of the pool before writing any of it.
+
+A pool is several slices written one by one. If the server refuses one of them (its own
+validation, or an admission rule of the cluster that gpuslice cannot foresee), the slices
+written before it carry the new generation and the rest the old: the scheduler sees an
+incomplete pool and ignores all of it, every policy's devices on the node, and each retry
+bumps the generation again. So every slice is first applied with ``dryRun=All`` (validation
+and every admission rule run, nothing is stored), and only a generation that passes whole
+is written. When one does not, :func:`refused_policies` finds the policies whose devices the
+server refuses, so the publisher can leave them out and keep every other policy's devices.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN
+from gpuslice.kube.client import BadRequest, Forbidden, Invalid, KubeClient, KubeError
+from gpuslice.kube.paths import object_path
+
+# A policy the server refused is tried again after a while even if it did not change, since the
+# cluster's rules may have (an admission policy removed, an apiserver upgraded): after 10 s, then
+# twice as long each time it is refused again, up to 5 minutes. A change of the policy tries at once.
+FIRST_RETRY, LAST_RETRY = 10.0, 300.0
+_DEVICE_FIELD = re.compile(r"^spec\.devices\[(\d+)\]")
+_POLICY_KEY = f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}"
+
+
+def is_refusal(error: KubeError) -> bool:
+    """The server judged the object and said no (not: it could not answer)."""
+    return isinstance(error, Invalid | Forbidden | BadRequest)
+
+
+class GenerationRefused(KubeError):
+    """The server refuses the pool's next generation and no policy can be blamed for it
+    (e.g. a counter slice, or a rule about the slice as a whole): nothing is written."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(422, "GenerationRefused", message, None)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    generation: int | None
+    reason: str
+    since: float
+    wait: float  # seconds from ``since`` before the policy is tried again
+
+
+@dataclass
+class Refusals:
+    """Policies whose devices the server refused on this node, at which generation and why
+    (this process only: a restarted agent tries them again, which costs one dry run)."""
+
+    by_policy: dict[str, Refusal] = field(default_factory=dict)
+
+    def current(self, generations: Mapping[str, int | None], now: float | None = None) -> dict[str, str]:
+        """Refusals still in force: the policy has not changed since, and its wait is not over."""
+        now = time.monotonic() if now is None else now
+        self.by_policy = {name: entry for name, entry in self.by_policy.items()
+                          if name in generations and entry.generation == generations[name]}
+        return {name: entry.reason for name, entry in self.by_policy.items() if now - entry.since < entry.wait}
+
+    def record(self, refused: Mapping[str, str], generations: Mapping[str, int | None],
+               now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for name, reason in refused.items():
+            before = self.by_policy.get(name)
+            again = before is not None and before.generation == generations.get(name)
+            wait = min(2 * before.wait, LAST_RETRY) if before is not None and again else FIRST_RETRY
+            self.by_policy[name] = Refusal(generations.get(name), reason, now, wait)
+
+
+async def dry_run(kube: KubeClient, manifests: Iterable[dict[str, Any]], field_manager: str) -> dict[str, KubeError]:
+    """The slices the server refuses, with its answer; empty when it would store them all."""
+    refused = {}
+    for manifest in manifests:
+        try:
+            await kube.apply(object_path(manifest), manifest, field_manager=field_manager, dry_run=True)
+        except KubeError as error:
+            if not is_refusal(error):
+                raise
+            refused[manifest["metadata"]["name"]] = error
+    return refused
+
+
+def _policy(device: Mapping[str, Any]) -> str | None:
+    value = ((device.get("attributes") or {}).get(_POLICY_KEY) or {}).get("string")
+    return str(value) if value is not None else None
+
+
+def _named_devices(error: KubeError) -> set[int]:
+    causes = (error.body.get("details") or {}).get("causes") or []
+    return {int(m.group(1)) for c in causes if (m := _DEVICE_FIELD.match(str(c.get("field") or "")))}
+
+
+async def refused_policies(kube: KubeClient, manifests: Iterable[dict[str, Any]], refused: Mapping[str, KubeError],
+                           field_manager: str) -> dict[str, str]:
+    """Which policies' devices the server refuses, and its message; raises GenerationRefused
+    when a refusal cannot be pinned on some (not all) of the policies in a slice."""
+    blamed: dict[str, str] = {}
+    for manifest in manifests:
+        name = manifest["metadata"]["name"]
+        if name not in refused:
+            continue
+        error = refused[name]
+        devices = manifest["spec"].get("devices") or []
+        by_policy: dict[str, list[dict[str, Any]]] = {}
+        for device in devices:
+            by_policy.setdefault(_policy(device) or "", []).append(device)
+        named = {_policy(devices[i]) for i in _named_devices(error) if i < len(devices)}
+        if named and None not in named:
+            culprits = {str(p): error.message for p in named}
+        elif len(by_policy) == 1 and "" not in by_policy:
+            culprits = {next(iter(by_policy)): error.message}
+        else:  # an admission rule names no field: ask about each policy's devices alone
+            culprits = {}
+            for policy, own in sorted(by_policy.items()):
+                alone = {**manifest, "spec": {**manifest["spec"], "devices": own}}
+                try:
+                    await kube.apply(object_path(alone), alone, field_manager=field_manager, dry_run=True)
+                except KubeError as alone_error:
+                    if not is_refusal(alone_error):
+                        raise
+                    culprits[policy] = alone_error.message
+        if not culprits or "" in culprits or (len(culprits) == len(by_policy) > 1):
+            raise GenerationRefused(
+                f"the API server refuses slice {name} of the pool's next generation, and not for one policy's"
+                f" devices: {error.message}. The pool stays as published.")
+        blamed.update(culprits)
+    return blamed

@@ -1,0 +1,93 @@
+"""Which policies the API server refuses, from its answers to dry runs; and when to ask again."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from gpuslice.agent.dryrun import FIRST_RETRY, LAST_RETRY, GenerationRefused, Refusals, dry_run, refused_policies
+from gpuslice.kube.client import Forbidden, Invalid, KubeClient, KubeError, ServerError
+
+
+def device(name: str, policy: str) -> dict[str, Any]:
+    return {"name": name, "attributes": {"gpuslice.dev/policy": {"string": policy}}}
+
+
+def slice_of(name: str, devices: list[dict[str, Any]] | None = None, counters: bool = False) -> dict[str, Any]:
+    spec: dict[str, Any] = {"sharedCounters": [{"name": "gpu-1"}]} if counters else {"devices": devices or []}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name}, "spec": spec}
+
+
+class Server:
+    """Refuses any slice holding a device of ``bad`` (as an admission rule would: no field named)."""
+
+    def __init__(self, bad: set[str], error: type[KubeError] = Forbidden) -> None:
+        self.bad, self.error, self.asked = bad, error, 0
+
+    async def apply(self, path: str, body: dict[str, Any], *, field_manager: str, force: bool = True,
+                    dry_run: bool = False) -> dict[str, Any]:
+        assert dry_run
+        self.asked += 1
+        found = {d["attributes"]["gpuslice.dev/policy"]["string"] for d in body["spec"].get("devices") or []}
+        if found & self.bad or (body["spec"].get("sharedCounters") and "counters" in self.bad):
+            raise self.error(403, "Forbidden", f"denied: {sorted(found & self.bad)}", None)
+        return body
+
+
+async def test_a_rule_that_names_no_field_is_pinned_on_the_policy_by_asking_about_each() -> None:
+    manifests = [slice_of("c", counters=True), slice_of("d0", [device("a1", "a"), device("b1", "b")]),
+                 slice_of("d1", [device("b2", "b")])]
+    server = Server({"b"})
+    kube = cast(KubeClient, server)
+    refused = await dry_run(kube, manifests, "m")
+    assert set(refused) == {"d0", "d1"}
+    blamed = await refused_policies(kube, manifests, refused, "m")
+    assert set(blamed) == {"b"}
+    assert "denied: ['b']" in blamed["b"]
+
+
+async def test_a_validation_error_names_the_device() -> None:
+    error = Invalid(422, "Invalid", "spec.devices[1].capacity: step too large", {"details": {"causes": [
+        {"field": "spec.devices[1].capacity[memory].requestPolicy.validRange.step", "message": "too large"}]}})
+    manifest = slice_of("d0", [device("a1", "a"), device("b1", "b")])
+    server = Server(set())
+    assert await refused_policies(cast(KubeClient, server), [manifest], {"d0": error}, "m") == {
+        "b": "spec.devices[1].capacity: step too large"}
+    assert server.asked == 0, "the field says which device: no more questions"
+
+
+async def test_a_refusal_no_policy_explains_writes_nothing() -> None:
+    manifests = [slice_of("c", counters=True), slice_of("d0", [device("a1", "a")])]
+    server = Server({"counters"})
+    kube = cast(KubeClient, server)
+    with pytest.raises(GenerationRefused, match="slice c of the pool's next generation"):
+        await refused_policies(kube, manifests, await dry_run(kube, manifests, "m"), "m")
+    every = Server({"a", "b"})
+    both = [slice_of("d0", [device("a1", "a"), device("b1", "b")])]
+    with pytest.raises(GenerationRefused):  # every policy alone is refused too: it is the slice, not a policy
+        await refused_policies(cast(KubeClient, every), both, await dry_run(cast(KubeClient, every), both, "m"), "m")
+
+
+async def test_a_server_that_cannot_answer_is_not_a_refusal() -> None:
+    class Down:
+        async def apply(self, *_: Any, **__: Any) -> dict[str, Any]:
+            raise ServerError(503, "ServiceUnavailable", "etcd", None)
+
+    with pytest.raises(ServerError):
+        await dry_run(cast(KubeClient, Down()), [slice_of("d0")], "m")
+
+
+def test_a_refused_policy_is_tried_again_after_a_growing_wait_or_when_it_changes() -> None:
+    refusals = Refusals()
+    refusals.record({"b": "no"}, {"b": 1}, now=0)
+    assert refusals.current({"b": 1}, now=1) == {"b": "no"}
+    assert refusals.current({"b": 1}, now=FIRST_RETRY) == {}, "tried again"
+    refusals.record({"b": "no"}, {"b": 1}, now=FIRST_RETRY)
+    assert refusals.current({"b": 1}, now=FIRST_RETRY * 2.5) == {"b": "no"}, "refused again: waits twice as long"
+    assert refusals.current({"b": 2}, now=FIRST_RETRY * 2.5) == {}, "the policy changed: tried at once"
+    for step in range(20):
+        refusals.record({"b": "no"}, {"b": 2}, now=step * 1000)
+    assert refusals.by_policy["b"].wait == LAST_RETRY
+    assert refusals.current({}, now=0) == {}
+    assert refusals.by_policy == {}, "a deleted policy is forgotten"

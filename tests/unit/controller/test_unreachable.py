@@ -1,0 +1,67 @@
+"""An API server that drops every connection (as one restarting does) fails requests, never a
+whole event: each policy an event touches is still reconciled, and an Event that cannot be
+posted is a log line. The client is the real one, against a real HTTP server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from kubernetes_asyncio.client import ApiClient, Configuration
+
+from gpuslice.controller.events import post_event
+from gpuslice.controller.handlers import _reconcile_each
+from gpuslice.controller.reconcile import Context, World
+from gpuslice.kube.client import KubeClient, RetryPolicy
+
+
+@pytest.fixture
+async def dropping() -> AsyncIterator[tuple[KubeClient, list[str]]]:
+    hits: list[str] = []
+
+    async def drop(request: web.Request) -> web.StreamResponse:
+        hits.append(f"{request.method} {request.path}")
+        assert request.transport is not None
+        request.transport.close()
+        await asyncio.sleep(0.05)
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", drop)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    api = ApiClient(Configuration(host=f"http://127.0.0.1:{runner.addresses[0][1]}"))
+    async with KubeClient(api, timeout=5, retry=RetryPolicy(attempts=2, first_delay=0.01)) as kube:
+        yield kube, hits
+    await runner.cleanup()
+
+
+def policy(name: str) -> dict[str, object]:
+    return {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy",
+            "metadata": {"name": name, "uid": f"u-{name}", "generation": 1,
+                         "creationTimestamp": "2026-11-29T10:00:00Z"},
+            "spec": {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "tenants": [{"namespace": "a"}]}}
+
+
+async def test_every_policy_an_event_touches_is_tried_when_the_server_drops_connections(
+        dropping: tuple[KubeClient, list[str]]) -> None:
+    kube, hits = dropping
+    ctx = Context(kube=kube, username="system:serviceaccount:gpuslice-system:gpuslice-controller")
+    bodies = [policy("first"), policy("second")]
+    world = World(policies={b["metadata"]["name"]: b for b in bodies}, namespaces={}, nodes={},  # type: ignore[index]
+                  slices=[], claims=[])
+    await _reconcile_each(ctx, bodies, world)
+    patched = [h for h in hits if h.startswith("PATCH") and h.endswith("/status")]
+    assert any("/first/status" in h for h in patched)
+    assert any("/second/status" in h for h in patched), "the second policy is reconciled after the first failed"
+    assert ctx.unconverged == {"first", "second"}, "the status timer converges both again"
+
+
+async def test_an_event_that_cannot_be_posted_does_not_fail_the_caller(
+        dropping: tuple[KubeClient, list[str]]) -> None:
+    kube, hits = dropping
+    await post_event(kube, "first", "u-first", "Warning", "InvalidSpec", "a message")
+    assert hits == ["POST /api/v1/namespaces/default/events"], "a create that may have been sent is not repeated"
