@@ -88,6 +88,14 @@ async def test_slices_kept_off_by_a_maintenance_taint(
                                 "taints": [{"key": "gpuslice.dev/maintenance", "value": "planned",
                                             "effect": "NoSchedule"}]})
     await published(kube, node.name, 8)
+
+    async def tainted() -> bool:
+        # The taint reaches the devices a moment after they are published: the pod comes after it.
+        status = (await gpuslice("status", "-o", "json")).json()
+        [gpu] = next(n for n in status["map"]["nodes"] if n["name"] == node.name)["gpus"]
+        return [s["state"] for s in gpu["segments"]].count("tainted") == 8
+
+    await wait_for(tainted, within=60, what="every slice to carry the maintenance taint")
     await create_pods(kube, namespace, "gpu-slice", ["waits"])
     await warning(kube, namespace, "waits", "FailedScheduling")
 
