@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 PYTEST ?= $(BIN)/pytest
 
 .DEFAULT_GOAL := help
-.PHONY: help venv kube-bin lint test test-unit test-cluster test-faults demo crds clean
+.PHONY: help venv kube-bin lint test test-unit test-cluster test-faults demo crds bench clean
 
 help:
 	@echo "make crds          regenerate crds/ and manifests/admission.yaml from operator/gpuslice (api, planning)"
@@ -17,6 +17,7 @@ help:
 	@echo "make test-unit     fast tests, no cluster"
 	@echo "make test-cluster  tests against the real control plane (the faults tier included)"
 	@echo "make test-faults   only the faults tier: stalls, restarts and kills, with an invariant checker"
+	@echo "make bench         packing, scheduler cost, scale and planner figures against their targets (not in make test)"
 
 $(STAMP): pyproject.toml
 	@echo ">> setting up $(VENV): gpuslice and its dev tools"
@@ -56,6 +57,13 @@ test: lint test-unit test-cluster
 demo: kube-bin
 	@echo ">> demo: local control plane with fake GPU nodes"
 	@$(BIN)/gpuslice demo
+
+# Figures for the README and bench/results.json; BENCH_SIZE=small for a quick run, BENCH_ONLY=packing,planner
+# for some figures. Needs an idle machine: the full size takes a while (see bench/README.md).
+bench: kube-bin
+	@echo ">> bench: figures against their targets on the real scheduler (results in bench/)"
+	@$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	@$(BIN)/python -m gpuslice.bench
 
 crds: $(STAMP)
 	@echo ">> generating crds/ from operator/gpuslice/api, manifests/admission.yaml from planning/admission.py"

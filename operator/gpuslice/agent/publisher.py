@@ -1,13 +1,16 @@
 """Publish the node's pool: plan, make safe, and write only when the content changed.
 
-Each cycle reads the authoritative state from the API server (the policies,
-the Node, this pool's slices and the claims allocated from it) rather than
-from watch caches, so a freshly started agent can never mistake "not listed
-yet" for "not allocated".
+Each cycle reads this pool's slices from the API server, and the claims allocated from
+the pool whenever the plan would remove or alter a published device, rather than from
+watch caches: a freshly started agent can never mistake "not listed yet" for "not
+allocated". The policies and the Node come from the agent's watches once they have
+listed (``AgentView``): a stale one can only make the agent plan a change, and every
+change is judged on claims read then.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,20 +20,24 @@ from prometheus_client import Counter, Gauge
 
 from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import GenerationRefused, Refusals, dry_run, refused_policies
+from gpuslice.agent.watches import AgentView
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.dra.resourceslice import resource_slice, slice_name
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.watch import list_all
 from gpuslice.observability.failpoints import failpoint
 from gpuslice.planning.node_pool import plan_node_pool
-from gpuslice.planning.pool_safety import SafePlan, make_safe, normalized
+from gpuslice.planning.pool_safety import SafePlan, changing, make_safe, normalized
 from gpuslice.planning.usage import PENDING_TAINT_KEY
 
 FIELD_MANAGER = "gpuslice-agent"
 CYCLES = Counter("gpuslice_agent_publish_cycles", "Publish cycles, by outcome.", ["outcome"])
 DEVICES = Gauge("gpuslice_agent_devices", "Devices this agent publishes.")
 HELD = Gauge("gpuslice_agent_held_devices", "Allocated devices kept as they were while a change waits.")
+CLAIM_READS = Counter("gpuslice_agent_claim_reads", "Publish cycles that read every claim (a published device was"
+                      " to change) or did not need to.", ["outcome"])
 REFUSED = Gauge("gpuslice_agent_refused_policies",
                 "Policies left out on this node: the API server refused their devices.")
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -54,9 +61,11 @@ class PublishResult:
 
 
 async def allocated_devices(kube: KubeClient, node: str) -> set[str]:
-    """Names of this pool's devices that some claim has allocated."""
+    """Names of this pool's devices that some claim has allocated (every claim, in pages:
+    the API server cannot select claims by pool)."""
     found = set()
-    for claim in await kube.list("/apis/resource.k8s.io/v1/resourceclaims"):
+    claims, _ = await list_all(kube, "/apis/resource.k8s.io/v1/resourceclaims")
+    for claim in claims:
         allocation = (claim.get("status") or {}).get("allocation") or {}
         for result in (allocation.get("devices") or {}).get("results") or []:
             if result.get("driver") == DRIVER and result.get("pool") == node:
@@ -84,8 +93,12 @@ def _not_yet_valid(policy: GpuSlicePolicy) -> str | None:
 
 
 async def read_policies(kube: KubeClient) -> Policies:
+    return sort_policies(await kube.list("/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"))
+
+
+def sort_policies(bodies: Iterable[dict[str, Any]]) -> Policies:
     plannable, frozen = [], {}
-    for body in await kube.list("/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"):
+    for body in bodies:
         name = body["metadata"]["name"]
         if body["metadata"].get("deletionTimestamp"):
             continue  # going away: its free devices go, allocated ones wait for their claims
@@ -120,14 +133,22 @@ def _generations(policies: Policies) -> dict[str, int | None]:
 
 
 async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains | None = None,
-                  refusals: Refusals | None = None) -> PublishResult:
+                  refusals: Refusals | None = None, view: AgentView | None = None) -> PublishResult:
     """One cycle. ``drains``: free devices change only once no claim can get them any more (see
-    agent.drain); ``refusals``: the policies whose devices the API server refused (agent.dryrun)."""
+    agent.drain); ``refusals``: the policies whose devices the API server refused (agent.dryrun).
+    With a synced ``view``, the policies and the Node come from the agent's watches; without,
+    they are read."""
     drains = drains if drains is not None else Drains()
     refusals = refusals if refusals is not None else Refusals()
-    node_body = await kube.get(f"/api/v1/nodes/{node}")
+    if view is not None and view.synced:
+        if view.node is None:
+            raise KubeError(404, "NotFound", f'nodes "{node}" not found', None)
+        node_body = view.node
+        policies = sort_policies(view.policies.values())
+    else:
+        node_body = await kube.get(f"/api/v1/nodes/{node}")
+        policies = await read_policies(kube)
     labels = node_body["metadata"].get("labels") or {}
-    policies = await read_policies(kube)
     existing = [s for s in await kube.list(SLICES, fieldSelector=f"spec.nodeName={node},spec.driver={DRIVER}")
                 if s["spec"]["pool"]["name"] == node]
     published = [d for s in existing for d in s["spec"].get("devices") or []]
@@ -136,7 +157,14 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
     # read after that, so one that got it before is seen (and keeps it).
     await drains.load(kube, node)
     drained = await drains.refused(kube, node, {d["name"] for d in published if _pending(d)})
-    allocated = await allocated_devices(kube, node)
+    # Only a plan that removes or alters a published device needs the claims (pool_safety.changing);
+    # leaving refused policies out later only freezes more devices, so the first plan is the most
+    # that can change.
+    first = plan_node_pool(labels, gpus, [p for p in policies.plannable
+                                          if p.name not in refusals.current(_generations(policies))])
+    at_stake = changing(first, published, {d["name"] for d in published if _policy_of(d) in policies.frozen})
+    allocated = await allocated_devices(kube, node) if at_stake or drained else set()
+    CLAIM_READS.labels(outcome="read" if at_stake or drained else "skipped").inc()
     current = {s["metadata"]["name"]: s for s in existing}
     generations = {int(s["spec"]["pool"]["generation"]) for s in existing}
     counts = {int(s["spec"]["pool"]["resourceSliceCount"]) for s in existing}

@@ -1,9 +1,10 @@
 """Run the node agent: watch what affects this node's pool, publish it when it changes.
 
-Kopf watches policies, this Node, the claims and this pool's slices with
-event handlers only, so the agent never writes to a policy or a Node (no
-finalizers, no annotations). The handlers just wake the publisher, which reads
-the authoritative state itself (see ``publisher``).
+The agent's watches (``watches``) select on the server what they can: its own Node and
+its own slices, every policy, and claims only while a change waits for one. They never
+write; they keep the policies and the Node in memory and wake the publisher, which reads
+the pool's slices (and, when a published device is to change, the claims) itself (see
+``publisher``).
 """
 
 from __future__ import annotations
@@ -12,75 +13,31 @@ import asyncio
 import contextlib
 import os
 import signal
-from typing import Any
 
-import kopf
+import aiohttp
 import structlog
 
 from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import Refusals
 from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.publisher import CYCLES, publish
-from gpuslice.dra.names import DRIVER
+from gpuslice.agent.watches import AgentWatches
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.kube.client import EndlessBackoff, KubeClient, KubeError
+from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.observability.logging import configure_logging
 from gpuslice.observability.metrics import serve_metrics
 
 log = structlog.get_logger(__name__)
 DEBOUNCE = 0.3
 MAX_BACKOFF = 10.0  # seconds between tries of a failing cycle, at most
-SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM to a forced exit (Kopf's ultimate exiting timeout)
-
-
-def build_agent_registry(node: str, wake: asyncio.Event, kubeconfig: str | None) -> kopf.OperatorRegistry:
-    registry = kopf.OperatorRegistry()
-    in_pool: set[tuple[str, str]] = set()
-
-    @kopf.on.startup(registry=registry)
-    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.scanning.disabled = True
-        settings.posting.enabled = False
-        settings.process.ultimate_exiting_timeout = SHUTDOWN_GRACE  # see the controller's handlers
-        settings.watching.server_timeout = 600
-        settings.networking.error_backoffs = EndlessBackoff()  # back within 5 s of the API server
-
-    @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        if kubeconfig is None and (found := kopf.login_with_service_account(**kwargs)) is not None:
-            return found
-        return kopf.login_with_kubeconfig(**kwargs)
-
-    @kopf.on.event("gpuslice.dev", "v1alpha1", "gpuslicepolicies", registry=registry)
-    def policy_event(**_: Any) -> None:
-        wake.set()
-
-    @kopf.on.event("v1", "nodes", registry=registry, when=lambda name, **_: name == node)
-    def node_event(**_: Any) -> None:
-        wake.set()
-
-    @kopf.on.event("resource.k8s.io", "v1", "resourceslices", registry=registry,
-                   when=lambda spec, **_: spec.get("nodeName") == node and spec.get("driver") == DRIVER)
-    def slice_event(**_: Any) -> None:
-        wake.set()  # someone changed or removed our slices: put them back
-
-    @kopf.on.event("resource.k8s.io", "v1", "resourceclaims", registry=registry)
-    def claim_event(namespace: str | None, name: str, status: kopf.Status, type: str | None, **_: Any) -> None:
-        key = (namespace or "", name)
-        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-        ours = type != "DELETED" and any(r.get("driver") == DRIVER and r.get("pool") == node for r in results)
-        if ours or key in in_pool:
-            wake.set()  # allocated from, or released back to, this pool
-        if ours:
-            in_pool.add(key)
-        else:
-            in_pool.discard(key)
-
-    return registry
+SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM to a forced exit
 
 
 async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: asyncio.Event, stop: asyncio.Event,
-                       resync: float) -> None:
+                       resync: float, watches: AgentWatches | None = None) -> None:
+    """Publish on every wake-up (bursts debounced), every ``resync`` seconds, and when a
+    draining device is due. With ``watches``, the policies and the Node come from them once
+    they have listed, and claims are watched only while a change waits for a claim."""
     backoff = 1.0
     drains, refusals = Drains(), Refusals()
     while not stop.is_set():
@@ -92,18 +49,22 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
         await asyncio.sleep(DEBOUNCE)  # one cycle for a burst of events
         wake.clear()
         try:
-            await publish(kube, node, gpus, drains, refusals)
+            result = await publish(kube, node, gpus, drains, refusals, watches.view if watches else None)
+            if watches is not None:
+                watches.want_claims(bool(result.held))
             backoff = 1.0
         except Exception as error:  # the loop is the agent's purpose: it outlives any failed cycle
             if isinstance(error, KubeError) and error.status == 404 and "nodes" in error.message:
                 log.warning("this agent's Node does not exist (yet); will retry", node=node)
-            elif isinstance(error, KubeError):
-                log.warning("publishing failed; will retry", node=node, error=str(error), retry_in=backoff)
+            elif isinstance(error, KubeError | aiohttp.ClientError | TimeoutError | ConnectionError):
+                # The apiserver busy (429), restarting or slow: expected at scale, not a bug.
+                log.warning("publishing failed; will retry", node=node, error=str(error) or type(error).__name__,
+                            retry_in=backoff)
             else:
                 log.exception("publishing failed unexpectedly; will retry", node=node, retry_in=backoff)
             CYCLES.labels(outcome="failed").inc()
-            # Backoff, cut short by news: after an outage, Kopf's watches list everything again as soon
-            # as the API server is back, and that wakes the next try at once.
+            # Backoff, cut short by news: after an outage, the watches list again as soon as the API
+            # server is back, and that wakes the next try at once.
             wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), backoff)
@@ -135,13 +96,18 @@ async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resy
         loop.add_signal_handler(sig, stop.set)
     metrics = await serve_metrics(metrics_port) if metrics_port else None
     async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
-        publisher = asyncio.create_task(publish_loop(kube, node, gpus, wake, stop, resync))
+        watches = AgentWatches(kube, node, wake, stop)
+        watches.start()
+        publisher = asyncio.create_task(publish_loop(kube, node, gpus, wake, stop, resync, watches))
         try:
-            await kopf.operator(registry=build_agent_registry(node, wake, kubeconfig), clusterwide=True,
-                                standalone=True, stop_flag=stop)
+            await stop.wait()
         finally:
             stop.set()
             wake.set()
-            await publisher
+            # A cycle under way may finish; a request to an apiserver going down with us must not
+            # keep the agent alive for long.
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(publisher, SHUTDOWN_GRACE)
+            await watches.close()
             if metrics is not None:
                 await metrics.cleanup()

@@ -14,6 +14,7 @@ import kopf
 
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
+from gpuslice.controller.changes import Changes
 from gpuslice.controller.reconcile import Context, World, reconcile, report_deleting
 from gpuslice.controller.startup import start_context
 from gpuslice.dra.names import DRIVER, LABEL_POLICY
@@ -21,7 +22,7 @@ from gpuslice.kube.client import EndlessBackoff, KubeError
 from gpuslice.planning.usage import ClaimView, SliceView
 
 POLICY = (GROUP, VERSION, PLURAL)
-STATUS_INTERVAL = 10.0  # seconds between status refreshes (memory only, writes only on change)
+STATUS_INTERVAL = 10.0  # seconds between status checks (a refresh only when something changed; see changes)
 DRIFT_INTERVAL = 120.0  # seconds between full re-applies that repair edits made by others
 SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM to a forced exit
 
@@ -57,6 +58,7 @@ async def _reconcile_each(ctx: Context, bodies: list[Any], current: World) -> No
 
 def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
+    changes = Changes()
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -95,36 +97,66 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
     @kopf.index("v1", "namespaces", registry=registry, id="namespace_index")
     def namespace_index(name: str, labels: kopf.Labels, uid: str | None, status: kopf.Status,
                         **_: Any) -> dict[str, NamespaceView]:
-        return {name: NamespaceView(dict(labels), status.get("phase") != "Terminating", uid or "")}
+        view = NamespaceView(dict(labels), status.get("phase") != "Terminating", uid or "")
+        changes.shared_seen(f"namespace/{name}", view)
+        return {name: view}
 
     @kopf.index("resource.k8s.io", "v1", "deviceclasses", registry=registry, id="class_index")
     def class_index(name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any) -> dict[str, str | bool | None]:
         """DeviceClasses gpuslice did not make, with their extended resource (ours map to False)."""
-        return {name: False if LABEL_POLICY in labels else spec.get("extendedResourceName")}
+        value = False if LABEL_POLICY in labels else spec.get("extendedResourceName")
+        changes.shared_seen(f"deviceclass/{name}", value)
+        return {name: value}
 
     @kopf.index("v1", "nodes", registry=registry, id="node_index")
     def node_index(name: str, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, str]]:
+        changes.node_seen(name, dict(labels))
         return {name: dict(labels)}
+
+    @kopf.on.event("v1", "nodes", registry=registry)
+    def node_event(name: str, type: str | None, **_: Any) -> None:
+        if type == "DELETED":
+            changes.node_seen(name, None)
 
     @kopf.index("resource.k8s.io", "v1", "resourceslices", registry=registry, id="slice_index",
                 when=lambda spec, **_: spec.get("driver") == DRIVER)
     def slice_index(name: str, spec: kopf.Spec, **_: Any) -> dict[str, SliceView]:
-        return {name: SliceView.from_slice(spec)}
+        view = SliceView.from_slice(spec)
+        changes.slice_seen(view)
+        return {name: view}
 
     @kopf.index("resource.k8s.io", "v1", "resourceclaims", registry=registry, id="claim_index")
     def claim_index(namespace: str | None, name: str, status: kopf.Status, **_: Any) -> dict[tuple[str, str], Any]:
-        return {(namespace or "", name): ClaimView.from_claim(namespace or "", name, status)}
+        view = ClaimView.from_claim(namespace or "", name, status)
+        changes.claim_seen((namespace or "", name), view)
+        return {(namespace or "", name): view}
+
+    @kopf.on.event("resource.k8s.io", "v1", "resourceclaims", registry=registry)
+    def claim_event(namespace: str | None, name: str, type: str | None, **_: Any) -> None:
+        if type == "DELETED":
+            changes.claim_seen((namespace or "", name), None)
 
     @kopf.on.resume(*POLICY, registry=registry)
     @kopf.on.create(*POLICY, registry=registry)
     @kopf.on.update(*POLICY, registry=registry)
     async def policy_changed(body: kopf.Body, memo: kopf.Memo, retry: int, **kwargs: Any) -> None:
+        changes.everything()  # policies are judged against each other
         # A retry converges only when the backoff is up: the status timer may have tried meanwhile.
         await reconcile(memo.ctx, body, world(kwargs), converge_objects=retry == 0 or memo.ctx.due(body.meta.name))
 
     @kopf.timer(*POLICY, registry=registry, interval=STATUS_INTERVAL, initial_delay=STATUS_INTERVAL)
     async def refresh_status(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-        await reconcile(memo.ctx, body, world(kwargs), converge_objects=False)
+        name = body["metadata"]["name"]
+        judged = (body.get("status") or {}).get("observedGeneration") == body["metadata"].get("generation")
+        ctx: Context = memo.ctx
+        probed = ctx.tenancy.get(name, (None, None))[0] == body["metadata"].get("generation")
+        if not changes.take(name) and judged and probed and name not in ctx.unconverged:
+            return  # nothing this policy's status reads has changed since its last refresh
+        try:
+            await reconcile(memo.ctx, body, world(kwargs), converge_objects=False)
+        except BaseException:
+            changes.mark([name])
+            raise
 
     @kopf.timer(*POLICY, registry=registry, interval=DRIFT_INTERVAL, initial_delay=DRIFT_INTERVAL)
     async def repair_drift(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
@@ -132,6 +164,8 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
 
     @kopf.on.event("v1", "namespaces", registry=registry)
     async def namespace_event(name: str, type: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
+        if type == "DELETED":
+            changes.shared_seen(f"namespace/{name}", None)
         if type != "ADDED" or "ctx" not in memo:
             return
         current = world(kwargs)
@@ -148,10 +182,12 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
                    when=lambda spec, **_: spec.get("driver") == DRIVER)
     async def slice_event(spec: kopf.Spec, type: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
         """Devices came or went: their policies' taint rules and counts follow at once."""
+        view = SliceView.from_slice(spec)
+        changes.slice_seen(view)  # a deleted slice's devices count too
         if type is None or "ctx" not in memo:
             return  # the initial listing: resume handlers cover it
         current = world(kwargs)
-        names = sorted({policy for _, policy in SliceView.from_slice(spec).devices if policy})
+        names = sorted({policy for _, policy in view.devices if policy})
         await _reconcile_each(memo.ctx, [current.policies[n] for n in names if n in current.policies], current)
 
     @kopf.on.delete(*POLICY, registry=registry)
@@ -175,6 +211,8 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
 
             await sync_admin_labels(ctx.kube, name, plan, mine, record)
         ctx.forget(name)
+        changes.forget(name)
+        changes.everything()  # a conflict it caused may be gone
         # Owner references take everything else away with the policy.
 
     return registry

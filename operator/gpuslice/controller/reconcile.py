@@ -36,7 +36,6 @@ from gpuslice.planning.usage import (
     SliceView,
     device_info,
     devices_by_policy,
-    devices_in_flux,
     foreign_claims,
     pending_devices,
     usage,
@@ -220,13 +219,13 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     admitted = admitted_tenants(policy, world.namespaces, _records(ctx, policy)[1])
     if not problems and converge_objects:
         active = {n for n, view in world.namespaces.items() if view.active}
-        # A pool being rewritten keeps its devices' taint rules until the rewrite is complete.
-        ruled = devices | devices_in_flux(world.slices).get(policy.name, set())
-        desired = desired_objects(policy, active, ruled, taint_rule_api=ctx.taint_rule_api)
+        desired = desired_objects(policy, active)
         limits = await converge(ctx.kube, policy.name, desired.limits(), LIMIT_KINDS)
         admitted = admitted_tenants(policy, world.namespaces, _records(ctx, policy)[1], converged=True,
                                     failed=limits.failed)
         await _write_records(ctx, policy, admitted=admitted)
+        # DeviceTaintRules are no longer made (taints travel on the devices); listing the kind
+        # prunes those an earlier version made.
         rest = await converge(ctx.kube, policy.name, desired.rest(),
                               [*REST_KINDS, (ctx.taint_rule_api, "DeviceTaintRule")])
         errors, taken = limits.errors + rest.errors, limits.taken + rest.taken

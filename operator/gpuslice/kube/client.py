@@ -3,9 +3,9 @@
 We speak plain JSON (dicts) rather than kubernetes_asyncio's generated models:
 the models lag the server (resource.k8s.io gains fields every minor) and
 silently drop what they do not know, which for ResourceSlices would mean
-rewriting a driver's devices without fields the scheduler relies on.
-kubernetes_asyncio still does what it is good at: kubeconfig and in-cluster
-auth, TLS, and the HTTP session.
+rewriting a driver's devices without fields the scheduler relies on. The HTTP
+session and the credentials are ``transport``'s (kubernetes_asyncio only for
+kubeconfigs that need its auth plugins).
 
 Every failure is a :class:`KubeError`, typed by what it means to the caller
 (:class:`NotFound`, :class:`Conflict`, :class:`Invalid`, :class:`TooManyRequests`,
@@ -29,13 +29,11 @@ from typing import Any, ClassVar, cast
 
 import aiohttp
 import structlog
-from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio.client import ApiClient, Configuration
-from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpuslice.kube.transport import ApiError, Transport, connect
 
 Object = dict[str, Any]
 
-_TYPES = {status: "object" for status in (200, 201, 202)}
 # Seconds for one request, connection included: a half-open connection must not hang a
 # reconcile (holding its policy's lock) or the agent's publish cycle for good.
 REQUEST_TIMEOUT = 60
@@ -70,11 +68,11 @@ class KubeError(Exception):
         return kind(status, reason, message, body, retry_after)
 
     @classmethod
-    def from_api(cls, error: ApiException) -> KubeError:
+    def from_api(cls, error: ApiError) -> KubeError:
         try:
             body = json.loads(error.body) if error.body else {}
         except (TypeError, ValueError):
-            body = {"message": str(error.body)}
+            body = {"message": error.body.decode(errors="replace")}
         if not isinstance(body, dict):
             body = {"message": str(body)}
         headers: Mapping[str, str] = error.headers or {}
@@ -200,28 +198,20 @@ def _unreachable(error: BaseException, sent: bool) -> Unreachable:
 class KubeClient:
     """A small async JSON client; create with :meth:`from_kubeconfig` and close when done."""
 
-    def __init__(self, api: ApiClient, *, timeout: float = REQUEST_TIMEOUT, retry: RetryPolicy = RetryPolicy()) -> None:
-        self._api = api
+    def __init__(self, transport: Transport, *, timeout: float = REQUEST_TIMEOUT,
+                 retry: RetryPolicy = RetryPolicy()) -> None:
+        self.transport = transport
         self.timeout = timeout
         self.retry = retry
 
     @classmethod
     async def from_kubeconfig(cls, path: Path | str | None = None, *, request_timeout: float = REQUEST_TIMEOUT,
                               retry: RetryPolicy = RetryPolicy()) -> KubeClient:
-        configuration = Configuration()
-        if path is None:
-            try:
-                kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            except kube_config.ConfigException:
-                await kube_config.load_kube_config(client_configuration=configuration)
-        else:
-            await kube_config.load_kube_config(
-                config_file=str(path), client_configuration=configuration
-            )
-        return cls(ApiClient(configuration), timeout=request_timeout, retry=retry)
+        """From ``path``; without one, the pod's ServiceAccount, then $KUBECONFIG or ~/.kube/config."""
+        return cls(await connect(path), timeout=request_timeout, retry=retry)
 
     async def close(self) -> None:
-        await self._api.close()
+        await self.transport.close()
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -265,19 +255,9 @@ class KubeClient:
 
     async def _once(self, method: str, path: str, body: Any, query: Mapping[str, str | int | bool] | None,
                     content_type: str, accept: str) -> Object:
-        params = [(k, str(v).lower() if isinstance(v, bool) else v) for k, v in (query or {}).items()]
         try:
-            result = await self._api.call_api(
-                path, method,
-                query_params=params,
-                header_params={"Content-Type": content_type, "Accept": accept},
-                body=body,
-                response_types_map=_TYPES,
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-                _request_timeout=self.timeout,
-            )
-        except ApiException as error:
+            result = await self.transport.request(method, path, body, query or {}, content_type, accept, self.timeout)
+        except ApiError as error:
             raise KubeError.from_api(error) from None
         except aiohttp.ClientConnectorError as error:  # never reached the server: nothing was sent
             raise _unreachable(error, sent=False) from error

@@ -9,13 +9,13 @@ carries the policy's labels (to find and prune them) and an owner reference
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Set
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice.api.policy import GROUP, KIND, VERSION, Tenant
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.dra.names import DRIVER, LABEL_POLICY, MANAGED_BY, quota_resource, short_hash
+from gpuslice.dra.names import LABEL_POLICY, MANAGED_BY, quota_resource
 from gpuslice.planning.kinds import SHARED, DeviceKind, device_kinds, quota, template_names
 from gpuslice.planning.selection import Selection
 
@@ -34,18 +34,18 @@ class DeviceRef:
 @dataclass
 class DesiredObjects:
     """A policy's objects in the order they are put in place: the classes and the quotas first
-    (a tenant is admitted only once its quota exists), then the templates and taint rules."""
+    (a tenant is admitted only once its quota exists), then the templates. No DeviceTaintRules:
+    a policy's taints travel on the devices the node agents publish (``planning.node_pool``)."""
 
     classes: list[Manifest] = field(default_factory=list)
     quotas: list[Manifest] = field(default_factory=list)
     templates: list[Manifest] = field(default_factory=list)
-    taint_rules: list[Manifest] = field(default_factory=list)
 
     def limits(self) -> list[Manifest]:
         return [*self.classes, *self.quotas]
 
     def rest(self) -> list[Manifest]:
-        return [*self.templates, *self.taint_rules]
+        return list(self.templates)
 
     def all(self) -> list[Manifest]:
         return [*self.limits(), *self.rest()]
@@ -108,42 +108,18 @@ def resource_quota(policy: GpuSlicePolicy, tenant: Tenant, kinds: list[DeviceKin
     }
 
 
-def taint_rules(
-    policy: GpuSlicePolicy, devices: Iterable[DeviceRef], api_version: str = RESOURCE_V1
-) -> list[Manifest]:
-    """One DeviceTaintRule per taint and device: the v1 selector can name a driver,
-    pool and device, not an attribute, so the policy's devices are listed one by one."""
-    rules = []
-    for taint in policy.spec.taints:
-        for ref in sorted(devices, key=lambda d: (d.pool, d.device)):
-            name = f"gpuslice-{policy.name}-{short_hash(taint.key, taint.effect, ref.pool, ref.device)}"
-            spec_taint = {"key": taint.key, "effect": taint.effect}
-            if taint.value:
-                spec_taint["value"] = taint.value
-            rules.append({
-                "apiVersion": api_version, "kind": "DeviceTaintRule",
-                "metadata": _meta(policy, name),
-                "spec": {
-                    "deviceSelector": {"driver": DRIVER, "pool": ref.pool, "device": ref.device},
-                    "taint": spec_taint,
-                },
-            })
-    return rules
+def desired_objects(policy: GpuSlicePolicy, namespaces: Set[str]) -> DesiredObjects:
+    """What should exist for ``policy``, given the namespaces that exist now.
 
-
-def desired_objects(
-    policy: GpuSlicePolicy,
-    namespaces: Set[str],
-    devices: Iterable[DeviceRef] = (),
-    *,
-    taint_rule_api: str = RESOURCE_V1,
-) -> DesiredObjects:
-    """What should exist for ``policy``, given the namespaces that exist now and the
-    devices published for it (DeviceTaintRules name devices one by one)."""
+    No DeviceTaintRules: in ``resource.k8s.io/v1`` a rule selects one device by driver, pool and
+    name, so rules would cost one object per taint and device (72,000 for one tainted policy on
+    1,000 nodes of 8 GPUs in 9 devices each), each written, watched by the scheduler and the
+    eviction controller, and rewritten whenever a pool changes. The node agents put a policy's
+    taints on the devices they publish instead.
+    """
     desired = DesiredObjects()
     kinds = device_kinds(policy, Selection(()))
     desired.classes = [device_class(policy, k, extended=i == 0) for i, k in enumerate(kinds)]
-    desired.taint_rules = taint_rules(policy, list(devices), taint_rule_api)
     for tenant in policy.spec.tenants:
         if tenant.namespace not in namespaces:
             continue

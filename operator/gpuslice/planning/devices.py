@@ -26,6 +26,9 @@ from gpuslice.inventory.gpus import Gpu
 Mode = Literal["memory", "shared", "mig"]
 MODES: tuple[Mode, ...] = ("memory", "shared", "mig")
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+# The agent's own taint on a device whose change waits (planning.usage.PENDING_TAINT_KEY, set by
+# pool_safety): a state of the device, not part of what the device is.
+PENDING_CHANGE_TAINT = f"{ATTRIBUTE_DOMAIN}/pending-change"
 _HEX8 = re.compile(r"^[0-9a-f]{8}$")
 
 
@@ -83,6 +86,9 @@ class Device:
     placement: tuple[int, int] | None = None  # MIG: (first memory slice, memory slices)
     counter_set: str | None = None
     counters: tuple[tuple[str, str], ...] = ()
+    # The policy's spec.taints (key, value, effect): on the device itself, so they reach the
+    # scheduler with the device and cost no object of their own (KEP-5055 device taints).
+    taints: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def whole_gpu(self) -> bool:
@@ -117,6 +123,9 @@ class Device:
         if self.counter_set is not None:
             device["consumesCounters"] = [{"counterSet": self.counter_set,
                                            "counters": {k: {"value": v} for k, v in self.counters}}]
+        if self.taints:
+            # No empty value: the apiserver omits it, and the published device must read back equal.
+            device["taints"] = [{"key": k, **({"value": v} if v else {}), "effect": e} for k, v, e in self.taints]
         return device
 
     @classmethod
@@ -145,6 +154,8 @@ class Device:
             placement=(start, span) if isinstance(start, int) and isinstance(span, int) else None,
             counter_set=uses.get("counterSet"),
             counters=tuple(sorted((k, str(v.get("value"))) for k, v in (uses.get("counters") or {}).items())),
+            taints=tuple((str(t.get("key", "")), str(t.get("value", "")), str(t.get("effect", "")))
+                         for t in body.get("taints") or [] if t.get("key") != PENDING_CHANGE_TAINT),
         )
 
 

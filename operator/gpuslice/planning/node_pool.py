@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
@@ -80,6 +80,14 @@ def _ambiguous_tags(gpus: Sequence[Gpu], notes: list[str]) -> set[str]:
     return clashing
 
 
+def _tainted(devices: Sequence[TypedDevice], policies: Sequence[GpuSlicePolicy]) -> list[TypedDevice]:
+    """Each device carries its policy's ``spec.taints``: the taint travels with the device the
+    agent publishes, instead of a DeviceTaintRule per device (72,000 of them for one tainted
+    policy on 1,000 nodes of 8 GPUs in 9 devices each)."""
+    taints = {p.name: tuple((t.key, t.value, t.effect) for t in p.spec.taints) for p in policies}
+    return [replace(d, taints=taints[d.policy]) if taints.get(d.policy) else d for d in devices]
+
+
 def plan_node_pool(labels: Mapping[str, str], gpus: Sequence[Gpu], policies: Iterable[GpuSlicePolicy]) -> NodePlan:
     """The node's pool for these GPUs and policies.
 
@@ -101,7 +109,7 @@ def plan_node_pool(labels: Mapping[str, str], gpus: Sequence[Gpu], policies: Ite
         sharing = takers[:1] if mode.exclusive else [p for p in takers if p.spec.slicing.mode == mode.name]
         notes += [f"{p.name}: GPU {gpu.index} is taken by {takers[0].name} ({mode.name} mode)"
                   for p in takers if p not in sharing]
-        found = mode.devices(gpu, sharing, notes)
+        found = _tainted(mode.devices(gpu, sharing, notes), sharing)
         if not found:
             continue
         guard = mode.counter_set(gpu)

@@ -62,6 +62,32 @@ def _with_pending(device: Device) -> Device:
     return {**device, "taints": taints}
 
 
+def _untainted(device: Device) -> Device:
+    return {k: v for k, v in device.items() if k != "taints"}
+
+
+def same_device(new: Device, old: Device) -> bool:
+    """The same device for any claim that holds it: equal but for taints. A policy's taints
+    may change on an allocated device at once; they change what may land on it (or, with
+    NoExecute, who may stay), not what a claim holds."""
+    return bool(normalized(_untainted(new)) == normalized(_untainted(old)))
+
+
+def changing(plan: NodePlan, published: Iterable[Device], frozen: Set[str] = frozenset()) -> set[str]:
+    """Published devices the plan would remove or alter (beyond taints): only these need
+    the claims read, and only while some exist does the agent need to watch claims."""
+    wanted = {d["name"]: d for d in plan.devices}
+    found = set()
+    for device in published:
+        name = device["name"]
+        if name in frozen:
+            continue
+        new = wanted.get(name)
+        if new is None or not same_device(new, _without_pending(device)):
+            found.add(name)
+    return found
+
+
 def _gpu(device: Device) -> str | None:
     """The physical GPU, by UUID (an index can name another GPU after a restart)."""
     attributes = device.get("attributes") or {}
@@ -103,7 +129,7 @@ def make_safe(
     for name in sorted(set(live) - frozen):
         old = _without_pending(live[name])
         new = wanted.get(name)
-        if new is not None and normalized(new) == normalized(old):
+        if new is not None and same_device(new, old):
             continue
         if name in allocated:
             held[name] = _with_pending(old)

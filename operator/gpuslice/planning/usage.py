@@ -17,7 +17,7 @@ from gpuslice.planning.cluster_objects import DeviceRef
 from gpuslice.planning.kinds import FULL, SHARED, SLICE
 
 __all__ = ["PENDING_TAINT_KEY", "ClaimResult", "ClaimView", "DeviceInfo", "SliceView", "Usage", "device_info",
-           "devices_by_policy", "devices_in_flux", "foreign_claims", "pending_devices", "usage"]
+           "devices_by_policy", "foreign_claims", "pending_devices", "usage"]
 
 
 @dataclass(frozen=True)
@@ -145,15 +145,6 @@ def devices_by_policy(slices: Iterable[SliceView]) -> dict[str, set[DeviceRef]]:
     slices = list(slices)
     newest, complete = _complete_pools(slices)
     return _by_policy(v for v in slices if v.pool in complete and v.generation == newest[v.pool])
-
-
-def devices_in_flux(slices: Iterable[SliceView]) -> dict[str, set[DeviceRef]]:
-    """Devices of pools an agent is rewriting (the newest generation is not complete yet), of
-    every generation present, by policy. Not for counting: for not dropping a taint rule of a
-    device that is only between two generations."""
-    slices = list(slices)
-    _, complete = _complete_pools(slices)
-    return _by_policy(v for v in slices if v.pool not in complete)
 
 
 def device_info(slices: Iterable[SliceView]) -> dict[DeviceRef, DeviceInfo]:

@@ -357,3 +357,76 @@ async def test_agent_may_write_only_its_own_nodes_slices(gpu_node: GpuNodeFactor
                 await as_agent.create(SLICES, body)
     assert denied.value.status == 403
     assert f"gpuslice agent on node {mine.name} may write only its own node's ResourceSlices" in denied.value.message
+
+
+async def test_policy_taints_travel_on_its_devices_and_reach_allocated_ones_at_once(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str,
+) -> None:
+    """A taint is part of the device the agent publishes (no DeviceTaintRule per device): the
+    scheduler keeps new claims off tainted devices, and an allocated device gets the taint at
+    once (it changes who may use the device, not what the claim holds)."""
+    node = await gpu_node("h100-80gb", 1)
+    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
+    await published(kube, node.name, 8)
+    await create_pods(kube, namespace, "gpu-slice", ["before"])
+    [result] = await settle(kube, namespace, ["before"], 1)
+    taint = {"key": "gpuslice.dev/maintenance", "value": "planned", "effect": "NoSchedule"}
+    await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}", {"spec": {"taints": [taint]}})
+
+    async def tainted() -> dict[str, dict[str, Any]] | None:
+        devices = await pool_devices(kube, node.name)
+        keys = [[(t["key"], t.get("value", ""), t["effect"]) for t in d.get("taints") or []] for d in devices.values()]
+        return devices if keys and all(k == [(taint["key"], taint["value"], taint["effect"])] for k in keys) else None
+
+    devices = await wait_for(tainted, within=30, what="the policy's taint on every device, the allocated one too")
+    assert len(devices) == 8
+    assert result["device"] in devices
+    assert not await kube.list(f"{RESOURCE}/devicetaintrules", labelSelector=f"gpuslice.dev/policy={name}")
+    await create_pods(kube, namespace, "gpu-slice", ["after"])
+    await settle(kube, namespace, ["before", "after"], 1)  # "after" is unschedulable: every free device is tainted
+
+    await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}", {"spec": {"taints": []}})
+    await settle(kube, namespace, ["before", "after"], 2)
+
+
+async def claim_lists(kube: KubeClient) -> int:
+    """LISTs of ResourceClaims the apiserver has served, by its own count (every client's)."""
+    text = await kube.request("GET", "/metrics", accept="text/plain")
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in str(text).splitlines()
+               if line.startswith("apiserver_request_total{") and 'verb="LIST"' in line
+               and 'resource="resourceclaims"' in line)
+
+
+async def test_claims_are_read_only_when_a_published_device_would_change(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str,
+) -> None:
+    """At 1,000 nodes every agent listing every claim on every cycle is a thousand cluster-wide
+    lists per burst. Cycles that change no published device read no claim; a resize does."""
+    node = await gpu_node("h100-80gb", 1)
+    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
+    await published(kube, node.name, 8)
+    await create_pods(kube, namespace, "gpu-slice", ["p0", "p1"])
+    await settle(kube, namespace, ["p0", "p1"], 2)
+    reads = 'gpuslice_agent_claim_reads_total{outcome="read"}'
+    skipped = 'gpuslice_agent_claim_reads_total{outcome="skipped"}'
+    lists_before = await claim_lists(kube)
+    before = await node.metrics()
+    for count, value in enumerate(("a", "b", "c"), start=1):  # a Node event: a cycle that changes nothing
+        await kube.merge_patch(f"/api/v1/nodes/{node.name}", {"metadata": {"labels": {"probe": value}}})
+
+        async def cycled(count: int = count) -> dict[str, float] | None:
+            samples = await node.metrics()
+            return samples if samples.get(skipped, 0) >= before.get(skipped, 0) + count else None
+
+        after = await wait_for(cycled, within=30, what=f"publish cycle {count} after a Node event")
+    assert after.get(reads, 0) == before.get(reads, 0), "cycles that change no device must not read claims"
+    assert await claim_lists(kube) == lists_before, "the apiserver saw claims listed"
+    await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}",
+                           {"spec": {"slicing": {"sliceSize": "20G"}}})
+
+    async def read() -> bool:
+        return (await node.metrics()).get(reads, 0) > before.get(reads, 0)
+
+    await wait_for(read, within=30, what="a resize to read the claims")

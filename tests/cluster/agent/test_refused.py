@@ -133,11 +133,14 @@ async def test_a_refused_policy_leaves_the_others_published_and_allocatable(
     assert sorted(d["attributes"]["gpuslice.dev/policy"]["string"] for d in devices.values()) == [good] * 8
 
     # The good policy's devices are allocatable, and the pool's generation does not move while the
-    # agent keeps running cycles (each wakes on the claims below).
-    before = await cycles(node)
+    # agent keeps running cycles (each woken by a change of its Node's labels: claims do not wake an
+    # agent that waits for none).
     await create_pods(kube, namespace, "good", ["g0", "g1"])
     await settle(kube, namespace, ["g0", "g1"], 2)
-    await wait_for(lambda: _more(node, before, 2), within=60, what="two more publish cycles")
+    for value in ("a", "b"):
+        before = await cycles(node)
+        await kube.merge_patch(f"/api/v1/nodes/{node.name}", {"metadata": {"labels": {"probe": value}}})
+        await wait_for(lambda before=before: _more(node, before, 1), within=60, what="one more publish cycle")
     assert await complete_pool(kube, node.name) == (generation, devices), "a refused generation writes nothing"
     log = node.agent.log_path.read_text()
     assert "devices refused by the API server" in log

@@ -139,30 +139,37 @@ async def _with_allocated(kube: KubeClient, name: str) -> dict[str, Any] | None:
     return body if slices.get("allocated") == 1 and slices.get("published") == 2 else None
 
 
-async def test_taints_become_device_taint_rules_and_go_when_removed(
+async def test_taints_make_no_device_taint_rules_and_old_rules_are_pruned(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, cluster_objects: ClusterObjects,
     unique: str,
 ) -> None:
+    """A policy's taints travel on the devices its agents publish (tests/cluster/agent); the
+    controller makes no DeviceTaintRule, and removes one an earlier version made."""
     name = f"p-{unique}"
     for item in policy_devices(f"pool-{unique}", "gpu-node-2", name, 2):
         await cluster_objects.create(f"{RESOURCE}/resourceslices", item)
-    await make_policy({"nodeSelector": NO_NODES, "slicing": MEMORY,
-                       "taints": [{"key": "gpuslice.dev/maintenance", "value": "planned", "effect": "NoSchedule"}]})
+    policy = await make_policy({"nodeSelector": NO_NODES, "slicing": MEMORY,
+                                "taints": [{"key": "gpuslice.dev/maintenance", "value": "planned",
+                                            "effect": "NoSchedule"}]})
     selector = f"gpuslice.dev/policy={name}"
+    legacy = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+              "metadata": {"name": f"gpuslice-{name}-legacy", "labels": {"gpuslice.dev/policy": name,
+                                                                         "app.kubernetes.io/managed-by": "gpuslice"},
+                           "ownerReferences": [{"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy",
+                                                "name": name, "uid": policy["metadata"]["uid"]}]},
+              "spec": {"deviceSelector": {"driver": "gpu.gpuslice.dev", "pool": f"pool-{unique}",
+                                          "device": "gpu-0-10gi-0"},
+                       "taint": {"key": "gpuslice.dev/maintenance", "value": "planned", "effect": "NoSchedule"}}}
+    await kube.create(f"{RESOURCE}/devicetaintrules", legacy)
+    await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"taints": [
+        {"key": "gpuslice.dev/maintenance", "value": "planned", "effect": "NoExecute"}]}})
 
-    async def rules(count: int) -> tuple[dict[str, Any], ...] | None:
-        items = await kube.list(f"{RESOURCE}/devicetaintrules", labelSelector=selector)
-        return (*items, {}) if len(items) == count else None  # truthy even when empty
+    async def none_left() -> bool:
+        return not await kube.list(f"{RESOURCE}/devicetaintrules", labelSelector=selector)
 
-    *found, _ = await wait_for(lambda: rules(2), what="one DeviceTaintRule per device")
-    assert sorted(r["spec"]["deviceSelector"]["device"] for r in found) == ["gpu-0-10gi-0", "gpu-0-10gi-1"]
-    for rule in found:
-        assert rule["spec"]["deviceSelector"] | {} == {"driver": "gpu.gpuslice.dev", "pool": f"pool-{unique}",
-                                                      "device": rule["spec"]["deviceSelector"]["device"]}
-        assert rule["spec"]["taint"]["key"] == "gpuslice.dev/maintenance"
-        assert rule["spec"]["taint"]["effect"] == "NoSchedule"
-    await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"taints": []}})
-    await wait_for(lambda: rules(0), what="the taint rules to be removed with the taint")
+    await wait_for(none_left, within=60, what="the DeviceTaintRule of an earlier version to be pruned")
+    await asyncio.sleep(2)
+    assert await none_left(), "a tainted policy must not get DeviceTaintRules"
 
 
 async def test_restart_mid_reconcile_converges_without_duplicates_or_writes(

@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
-from kubernetes_asyncio.client import ApiClient, Configuration
 
 from gpuslice.controller.events import post_event
 from gpuslice.controller.handlers import _reconcile_each
 from gpuslice.controller.reconcile import Context, World
 from gpuslice.kube.client import KubeClient, RetryPolicy
+from gpuslice.kube.transport import AiohttpTransport, Credentials
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ async def dropping() -> AsyncIterator[tuple[KubeClient, list[str]]]:
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    api = ApiClient(Configuration(host=f"http://127.0.0.1:{runner.addresses[0][1]}"))
+    api = AiohttpTransport(Credentials(server=f"http://127.0.0.1:{runner.addresses[0][1]}"))
     async with KubeClient(api, timeout=5, retry=RetryPolicy(attempts=2, first_delay=0.01)) as kube:
         yield kube, hits
     await runner.cleanup()

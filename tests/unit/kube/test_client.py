@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from kubernetes_asyncio.client import ApiClient, Configuration
 
 from gpuslice.kube.client import (
     AlreadyExists,
@@ -25,6 +24,7 @@ from gpuslice.kube.client import (
     TooManyRequests,
     Unreachable,
 )
+from gpuslice.kube.transport import AiohttpTransport, Credentials
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 FAST = RetryPolicy(attempts=4, budget=5.0, first_delay=0.01, max_delay=0.05)
@@ -51,7 +51,7 @@ class Server:
         return await handler(request)
 
     def client(self, retry: RetryPolicy = FAST, timeout: float = 5.0, port: int | None = None) -> KubeClient:
-        return KubeClient(ApiClient(Configuration(host=f"http://127.0.0.1:{port or self.port}")),
+        return KubeClient(AiohttpTransport(Credentials(server=f"http://127.0.0.1:{port or self.port}")),
                           timeout=timeout, retry=retry)
 
 

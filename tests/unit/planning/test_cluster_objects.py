@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.planning.cluster_objects import DeviceRef, desired_objects
+from gpuslice.planning.cluster_objects import desired_objects
 
 
 def policy(spec: dict[str, Any], name: str = "team-a") -> GpuSlicePolicy:
@@ -95,18 +95,12 @@ def test_no_admission_objects_per_policy() -> None:
     assert not [o for o in desired_objects(p, {"a"}).all() if o["apiVersion"].startswith("admissionregistration")]
 
 
-def test_taint_rules_name_each_device_and_are_stable() -> None:
+def test_a_tainted_policy_asks_for_no_taint_rules() -> None:
+    """Taints travel on the devices the agents publish (see test_node_pool), not as one
+    DeviceTaintRule per device."""
     p = policy({"slicing": {"mode": "memory", "sliceSize": "10Gi"},
                 "taints": [{"key": "gpuslice.dev/maintenance", "effect": "NoExecute"}]})
-    devices = [DeviceRef("node-b", "gpu-0-10gi-1"), DeviceRef("node-a", "gpu-0-10gi-0")]
-    rules = desired_objects(p, set(), devices).taint_rules
-    assert [r["spec"]["deviceSelector"] for r in rules] == [
-        {"driver": "gpu.gpuslice.dev", "pool": "node-a", "device": "gpu-0-10gi-0"},
-        {"driver": "gpu.gpuslice.dev", "pool": "node-b", "device": "gpu-0-10gi-1"},
-    ]
-    assert rules[0]["spec"]["taint"] == {"key": "gpuslice.dev/maintenance", "effect": "NoExecute"}
-    again = desired_objects(p, set(), reversed(devices)).taint_rules
-    assert [r["metadata"]["name"] for r in rules] == [r["metadata"]["name"] for r in again]
+    assert "DeviceTaintRule" not in {o["kind"] for o in desired_objects(p, {"a"}).all()}
 
 
 def test_extended_resource_name_goes_on_the_slice_class_only() -> None:

@@ -131,3 +131,18 @@ def test_typed_devices_read_back_from_what_is_published() -> None:
         assert plan.typed
         assert [Device.from_manifest(d) for d in plan.devices] == list(plan.typed)
     assert Device.from_manifest({"name": "x", "attributes": {}}) is None
+
+
+def test_a_policys_taints_are_on_each_of_its_devices_and_read_back() -> None:
+    taints = [{"key": "gpuslice.dev/maintenance", "value": "planned", "effect": "NoSchedule"},
+              {"key": "example.com/evict", "effect": "NoExecute"}]
+    tainted = policy("a", {"mode": "memory", "sliceSize": "20Gi"}, taints=taints)
+    plain = policy("b", {"mode": "memory", "sliceSize": "40Gi"}, created="2026-11-29T11:00:00Z")
+    plan = plan_node_pool(LABELS, gpus("h100-80gb"), [tainted, plain])
+    for device in plan.devices:
+        policy_name = device["attributes"]["gpuslice.dev/policy"]["string"]
+        if policy_name == "a":
+            assert device["taints"] == [taints[0], taints[1]]  # no empty value: the apiserver would drop it
+        else:
+            assert "taints" not in device
+    assert [Device.from_manifest(d) for d in plan.devices] == list(plan.typed)

@@ -8,7 +8,7 @@ from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.planning.devices import gpu_tag
 from gpuslice.planning.node_pool import plan_node_pool
-from gpuslice.planning.pool_safety import PENDING_TAINT_KEY, make_safe
+from gpuslice.planning.pool_safety import PENDING_TAINT_KEY, changing, make_safe
 
 LABELS = {"kubernetes.io/hostname": "n1"}
 GPUS = FakeBackend("n1", [("h100-80gb", 1)]).discover()
@@ -110,3 +110,27 @@ def test_frozen_policy_keeps_its_devices_untainted_and_its_gpu() -> None:
     assert set(devices) == names, "another policy's devices never land on a GPU a frozen one holds"
     assert not any(d.get("taints") for d in devices.values())
     assert (safe.held, safe.draining, safe.blocked_gpus) == ((), (), (GPUS[0].uuid,))
+
+
+def test_a_taint_reaches_an_allocated_device_at_once() -> None:
+    """A policy's taint (NoExecute evicts) must not wait for the claim like a change of shape does."""
+    taint = {"key": "gpuslice.dev/maintenance", "effect": "NoExecute"}
+    old = plan({"mode": "memory", "sliceSize": "10G"})
+    new = plan_node_pool(LABELS, GPUS, [GpuSlicePolicy.model_validate(
+        {"metadata": {"name": "p", "creationTimestamp": "2026-11-29T10:00:00Z"},
+         "spec": {"slicing": {"mode": "memory", "sliceSize": "10G"}, "taints": [taint]}})])
+    allocated = f"{T}-p-10g-0"
+    assert changing(new, published(old)) == set()  # nothing a claim holds changes: no claims to read
+    safe = make_safe(new, published(old), old.counter_sets, {allocated}, drained=set())
+    devices = {d["name"]: d for s in safe.slices for d in s.devices}
+    assert safe.held == ()
+    assert safe.draining == ()
+    assert devices[allocated]["taints"] == [taint]
+
+
+def test_only_devices_that_change_shape_need_the_claims() -> None:
+    old, new = plan({"mode": "memory", "sliceSize": "10G"}), plan({"mode": "memory", "sliceSize": "20G"})
+    assert changing(old, published(old)) == set()
+    assert changing(new, published(old)) == {d["name"] for d in old.devices}
+    assert changing(new, published(old), frozen={f"{T}-p-10g-0"}) == {d["name"] for d in old.devices} - {
+        f"{T}-p-10g-0"}

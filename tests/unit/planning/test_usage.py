@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuslice.planning.cluster_objects import DeviceRef
-from gpuslice.planning.usage import ClaimView, SliceView, devices_by_policy, devices_in_flux, usage
+from gpuslice.planning.usage import ClaimView, SliceView, devices_by_policy, usage
 
 
 def slice_spec(pool: str, generation: int, devices: dict[str, str]) -> dict[str, object]:
@@ -42,7 +42,7 @@ def test_usage_counts_per_namespace_and_lists_claims() -> None:
     assert (result.allocated, result.by_namespace, result.holding_claims) == (1, {"a": 1}, ["a/c1"])
 
 
-def test_devices_of_a_pool_being_rewritten_are_in_flux_not_counted() -> None:
+def test_devices_of_a_pool_being_rewritten_are_not_counted() -> None:
     def view(generation: int, count: int, devices: list[str]) -> SliceView:
         spec = slice_spec("n1", generation, dict.fromkeys(devices, "p"))
         spec["pool"]["resourceSliceCount"] = count
@@ -50,8 +50,7 @@ def test_devices_of_a_pool_being_rewritten_are_in_flux_not_counted() -> None:
 
     old, new = view(1, 1, ["a", "b"]), view(2, 2, ["c"])  # generation 2 has one of its two slices so far
     assert devices_by_policy([old, new]) == {}
-    assert devices_in_flux([old, new]) == {"p": {DeviceRef("n1", d) for d in ("a", "b", "c")}}
-    assert devices_in_flux([old, new, view(2, 2, ["d"])]) == {}
+    assert devices_by_policy([old, new, view(2, 2, ["d"])]) == {"p": {DeviceRef("n1", d) for d in ("c", "d")}}
 
 
 def test_usage_in_bytes_and_kinds_and_foreign_claims() -> None:

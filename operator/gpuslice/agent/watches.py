@@ -1,0 +1,177 @@
+"""What the node agent watches, and only that.
+
+- Policies, cluster-wide (a node may be selected by any of them). A change wakes the agent only
+  if it touches what the planner reads (not status counts) and the policy's node selector, old
+  or new, matches this node; then once per burst, at a random moment within ``policy_jitter``
+  seconds: agents a policy concerns read their own slices over a second or two instead of in
+  the same instant, and read nothing else (the policy and the Node come from these watches).
+- Its own Node (``metadata.name``) and its own ResourceSlices (``spec.nodeName``, an indexed
+  field): the API server sends nothing about other nodes.
+- ResourceClaims only while the agent holds back a change for a claim (``want_claims``):
+  claims cannot be selected by pool on the server, so a cluster-wide claim watch costs every
+  agent every claim change in the cluster. While nothing waits for a claim, no claim event
+  can change what the agent publishes; the publish cycle reads the claims itself, and only
+  when its plan would remove or alter a published device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+import structlog
+
+from gpuslice.api.policy import LabelSelector
+from gpuslice.dra.names import DRIVER
+from gpuslice.kube.client import KubeClient
+from gpuslice.kube.watch import watch
+
+log = structlog.get_logger(__name__)
+POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+POLICY_JITTER = 2.0  # seconds: the spread of a fleet's wake-ups after a policy edit
+
+
+def planned_from(policy: dict[str, Any]) -> tuple[Any, ...]:
+    """What the planner reads of a policy (``publisher.sort_policies``, ``planning.selection``):
+    a change of anything else (status counts, annotations) wakes no agent."""
+    meta, status = policy.get("metadata") or {}, policy.get("status") or {}
+    valid: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Valid"), {})
+    return (policy.get("spec"), meta.get("generation"), meta.get("creationTimestamp"), meta.get("deletionTimestamp"),
+            status.get("observedGeneration"), valid.get("status"), valid.get("reason"))
+
+
+@dataclass
+class AgentView:
+    """The policies and the agent's Node as its watches last saw them."""
+
+    policies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    node: dict[str, Any] | None = None
+    policies_listed: asyncio.Event = field(default_factory=asyncio.Event)
+    node_listed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def synced(self) -> bool:
+        """Both watches have listed once: a policy not seen now is a policy that does not exist."""
+        return self.policies_listed.is_set() and self.node_listed.is_set()
+
+
+class AgentWatches:
+    def __init__(self, kube: KubeClient, node: str, wake: asyncio.Event, stop: asyncio.Event,
+                 policy_jitter: float = POLICY_JITTER) -> None:
+        self.kube, self.node, self.wake, self.stop = kube, node, wake, stop
+        self.policy_jitter = policy_jitter
+        self.view = AgentView()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._claims: asyncio.Task[None] | None = None
+        self._in_pool: set[tuple[str, str]] = set()
+        self._listed_policies: set[str] = set()
+        self._policy_wake: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._watch(POLICIES, self._policy_event, self.view.policies_listed)),
+            asyncio.create_task(self._watch("/api/v1/nodes", self._node_event, self.view.node_listed,
+                                            fieldSelector=f"metadata.name={self.node}")),
+            asyncio.create_task(self._watch("/apis/resource.k8s.io/v1/resourceslices", self._slice_event, None,
+                                            fieldSelector=f"spec.nodeName={self.node}")),
+        ]
+
+    async def close(self) -> None:
+        if self._policy_wake is not None:
+            self._policy_wake.cancel()
+            self._policy_wake = None
+        tasks = [*self._tasks, *([self._claims] if self._claims else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks, self._claims = [], None
+
+    def want_claims(self, wanted: bool) -> None:
+        """Watch claims while a change waits for one to be released; stop when none does."""
+        if wanted and self._claims is None:
+            self._in_pool.clear()
+            self._claims = asyncio.create_task(self._watch(CLAIMS, self._claim_event, None))
+        elif not wanted and self._claims is not None:
+            self._claims.cancel()
+            self._claims = None
+
+    @property
+    def watching_claims(self) -> bool:
+        return self._claims is not None
+
+    async def _watch(self, path: str, handler: Any, listed: asyncio.Event | None, **query: str) -> None:
+        def on_error(error: BaseException) -> None:
+            log.warning("watch failed; will retry", node=self.node, path=path, error=str(error))
+
+        def on_listed() -> None:
+            if path == POLICIES:  # a policy deleted while the watch was down is not in the new list
+                for name in set(self.view.policies) - self._listed_policies:
+                    del self.view.policies[name]
+                self._listed_policies = set()
+            if listed is not None:
+                listed.set()
+            # What changed while the watch was down (or, for claims, between the cycle's read and
+            # this list) is looked at once.
+            self.wake.set()
+
+        await watch(self.kube, path, handler, self.stop, query=query, on_error=on_error, on_listed=on_listed)
+
+    def _policy_event(self, kind: str | None, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        old = self.view.policies.get(name)
+        if kind == "DELETED":
+            self.view.policies.pop(name, None)
+        else:
+            self.view.policies[name] = body
+        if kind is None:
+            self._listed_policies.add(name)
+            return  # the (re)list: its end wakes the publisher
+        if kind == "MODIFIED" and old is not None and planned_from(old) == planned_from(body):
+            return  # e.g. the controller counting allocations in status: nothing the planner reads
+        if not any(self._may_select(p) for p in (old, body) if p is not None):
+            return  # neither the old nor the new spec selects this node: its pool does not change
+        if self._policy_wake is None:  # a burst of edits is one wake-up, at one random moment
+            self._policy_wake = asyncio.get_running_loop().call_later(
+                random.uniform(0, self.policy_jitter), self._wake_for_policies)
+
+    def _may_select(self, policy: dict[str, Any]) -> bool:
+        """Whether the policy's node selector matches this node (True when that cannot be told)."""
+        if self.view.node is None:
+            return True
+        labels = self.view.node["metadata"].get("labels") or {}
+        try:
+            selector = LabelSelector.model_validate((policy.get("spec") or {}).get("nodeSelector") or {})
+        except pydantic.ValidationError:
+            return True
+        return selector.matches(dict(labels))
+
+    def _wake_for_policies(self) -> None:
+        self._policy_wake = None
+        self.wake.set()
+
+    def _node_event(self, kind: str | None, body: dict[str, Any]) -> None:
+        self.view.node = None if kind == "DELETED" else body
+        if kind is not None:
+            self.wake.set()
+
+    def _slice_event(self, kind: str | None, body: dict[str, Any]) -> None:
+        if kind is not None and (body.get("spec") or {}).get("driver") == DRIVER:
+            self.wake.set()  # someone changed or removed our slices: put them back
+
+    def _claim_event(self, kind: str | None, body: dict[str, Any]) -> None:
+        key = (body["metadata"].get("namespace") or "", body["metadata"]["name"])
+        results = (((body.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+        ours = kind != "DELETED" and any(r.get("driver") == DRIVER and r.get("pool") == self.node for r in results)
+        if kind is not None and (ours or key in self._in_pool):
+            self.wake.set()  # allocated from, or released back to, this pool
+        if ours:
+            self._in_pool.add(key)
+        else:
+            self._in_pool.discard(key)

@@ -1,0 +1,3 @@
+from gpuslice.bench.run import main
+
+main()

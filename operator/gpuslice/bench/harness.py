@@ -1,0 +1,289 @@
+"""The bench's control plane: a dev cluster without pod runners, gpuslice installed, fake
+nodes made and removed per scenario, and the counters the figures read (the scheduler's
+CPU time from /proc, the apiserver's own request metrics, processes' peak RSS)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import re
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+
+from gpuslice.devcluster import binaries as binaries_module
+from gpuslice.devcluster import operator as gpuslice_install
+from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
+from gpuslice.devcluster.nodes import fake_gpu_node
+from gpuslice.devcluster.ports import free_port
+from gpuslice.devcluster.process import Component
+from gpuslice.dra.names import DRIVER
+from gpuslice.kube.client import KubeClient, KubeError
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(Exception):
+    """The bench could not measure something; the message says what and where to look."""
+
+
+async def wait_until(check: Callable[[], Awaitable[Any]], within: float, what: str, every: float = 0.5) -> Any:
+    """Poll ``check`` until truthy; a BenchError naming ``what`` after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        with contextlib.suppress(KubeError, OSError):
+            if result := await check():
+                return result
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out after {within:.0f} s waiting for {what}")
+        await asyncio.sleep(every)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def peak_rss_mib(pid: int) -> float:
+    """VmHWM: the most resident memory the process has had."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise BenchError(f"no VmHWM for process {pid}")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise BenchError(f"no VmRSS for process {pid}")
+
+
+_METRIC = re.compile(r'^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$')
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def parse_request_totals(text: str) -> Counter[tuple[str, str]]:
+    """apiserver_request_total summed by (verb, resource[/subresource])."""
+    totals: Counter[tuple[str, str]] = Counter()
+    for line in text.splitlines():
+        found = _METRIC.match(line)
+        if not found:
+            continue
+        labels = dict(_LABEL.findall(found.group(1)))
+        resource = labels.get("resource", "")
+        if labels.get("subresource"):
+            resource += "/" + labels["subresource"]
+        totals[(labels.get("verb", ""), resource)] += int(float(found.group(2)))
+    return totals
+
+
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE", "DELETECOLLECTION"})
+
+
+class BenchCluster:
+    """A real control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) with
+    gpuslice's CRD, RBAC and controller, and fake GPU nodes added and removed on demand."""
+
+    def __init__(self, state_dir: Path, report: Callable[[str], None]) -> None:
+        self.state_dir = state_dir
+        self.report = report
+        self.dev = DevCluster(ClusterSpec(state_dir, nodes=0, operator=False, pod_runner=False), report=report)
+        self.kubernetes_version = ""
+        self.kube: KubeClient | None = None
+        self.controller: Component | None = None
+        self.controller_kubeconfig: Path | None = None
+        self.agents: dict[str, Component] = {}
+        self.ca_pem = b""
+
+    @property
+    def api(self) -> KubeClient:
+        assert self.kube is not None, "the bench cluster is not started"
+        return self.kube
+
+    def pid(self, component: str) -> int:
+        for c in self.dev.components:
+            if c.name == component and c.pid:
+                return c.pid
+        raise BenchError(f"{component} is not running")
+
+    async def start(self) -> None:
+        found = await binaries_module.resolve(build_if_missing=False)  # make bench builds them first
+        self.dev = DevCluster(self.dev.spec, binaries=found, report=self.report)
+        await self.dev.start()
+        self.kubernetes_version = self.dev.kubernetes_version
+        self.kube = await KubeClient.from_kubeconfig(self.dev.kubeconfig)
+        self.ca_pem = (self.dev.state.pki / "ca.crt").read_bytes()
+        self.controller_kubeconfig = await gpuslice_install.install(
+            self.api, self.dev.state.root, self.dev.server, self.ca_pem)
+
+    async def start_controller(self) -> Component:
+        assert self.controller_kubeconfig is not None
+        component = gpuslice_install.controller_component(
+            self.controller_kubeconfig, self.dev.state.logs / "gpuslice-controller.log", free_port())
+        await component.start()
+        self.dev.components.append(component)
+        await component.wait_healthy()
+        self.controller = component
+        return component
+
+    async def stop_controller(self) -> None:
+        if self.controller is not None:
+            await self.controller.stop()
+            self.dev.components.remove(self.controller)
+            self.controller = None
+
+    async def agent_kubeconfig(self, node: str) -> Path:
+        return await retry(lambda: gpuslice_install.agent_kubeconfig(self.api, node, self.dev.state.root,
+                                                                     self.dev.server, self.ca_pem))
+
+    async def start_agent(self, node: str) -> Component:
+        """One real `gpuslice agent` process for ``node``, with its node-bound identity."""
+        component = gpuslice_install.agent_component(
+            node, await self.agent_kubeconfig(node), self.dev.state.logs / f"gpuslice-agent-{node}.log", free_port())
+        await component.start()
+        self.dev.components.append(component)
+        await component.wait_healthy()
+        self.agents[node] = component
+        return component
+
+    async def stop_agents(self) -> None:
+        for node, component in list(self.agents.items()):
+            await component.stop()
+            self.dev.components.remove(component)
+            del self.agents[node]
+
+    async def stop(self) -> None:
+        if self.kube is not None:
+            await self.kube.close()
+            self.kube = None
+        await self.dev.stop()
+
+    async def create_nodes(self, names: Sequence[str], labels: dict[str, dict[str, str]] | None = None,
+                           gpus: int = 8, concurrency: int = 16) -> dict[str, str]:
+        """Fake H100 nodes; returns their UIDs."""
+        uids: dict[str, str] = {}
+
+        async def one(name: str) -> None:
+            body = fake_gpu_node(name, "h100-80gb", gpus)
+            body["metadata"]["labels"].update((labels or {}).get(name, {}))
+            uids[name] = (await create(self.api, "/api/v1/nodes", body))["metadata"]["uid"]
+
+        await gather_limited((one(n) for n in names), concurrency)
+        return uids
+
+    async def delete_nodes(self, names: Iterable[str], concurrency: int = 16) -> None:
+        async def one(name: str) -> None:
+            with contextlib.suppress(KubeError):
+                await self.api.delete(f"/api/v1/nodes/{name}")
+        await gather_limited((one(n) for n in names), concurrency)
+
+    async def request_totals(self) -> Counter[tuple[str, str]]:
+        text = await self.api.request("GET", "/metrics", accept="text/plain")
+        return parse_request_totals(text if isinstance(text, str) else str(text))
+
+    async def our_slices(self) -> list[dict[str, Any]]:
+        return await self.api.list(SLICES, fieldSelector=f"spec.driver={DRIVER}")
+
+
+T = TypeVar("T")
+TRANSIENT = frozenset({429, 500, 502, 503, 504})
+
+
+async def retry(call: Callable[[], Awaitable[T]], attempts: int = 8) -> T:
+    """The bench's own set-up requests, retried when the apiserver says "not now" (429 once a
+    thousand agents start at once, 5xx, timeouts), with jittered backoff."""
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except KubeError as error:
+            if error.status not in TRANSIENT or attempt == attempts - 1:
+                raise
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            if attempt == attempts - 1:
+                raise
+        await asyncio.sleep(min(2.0**attempt, 15.0) * random.uniform(0.5, 1.0))
+    raise AssertionError("unreachable")
+
+
+async def create(api: KubeClient, collection: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Create, retried (see ``retry``); an earlier attempt that the server did carry out is fine."""
+    tried = False
+
+    async def once() -> dict[str, Any]:
+        nonlocal tried
+        try:
+            return await api.create(collection, body)
+        except KubeError as error:
+            if error.status == 409 and tried:
+                return await api.get(f"{collection}/{body['metadata']['name']}")
+            raise
+        finally:
+            tried = True
+
+    return await retry(once)
+
+
+async def gather_limited(coroutines: Iterable[Awaitable[Any]], limit: int) -> list[Any]:
+    """Run awaitables with at most ``limit`` in flight (API calls the apiserver should not queue)."""
+    semaphore = asyncio.Semaphore(limit)
+
+    async def guarded(aw: Awaitable[Any]) -> Any:
+        async with semaphore:
+            return await aw
+
+    return await asyncio.gather(*(guarded(c) for c in coroutines))
+
+
+async def scheduler_profile(cluster: BenchCluster, seconds: int, out: Path) -> Path:
+    """A CPU profile of kube-scheduler from its pprof endpoint (``--profiling``, on by default),
+    fetched with the admin's client certificate (the scheduler delegates authorization to the
+    apiserver)."""
+    import base64
+    import ssl
+
+    import aiohttp
+    import yaml
+
+    scheduler = next(c for c in cluster.dev.components if c.name == "kube-scheduler")
+    port = next(a.split("=", 1)[1] for a in scheduler.argv if a.startswith("--secure-port="))
+    user = yaml.safe_load(cluster.dev.kubeconfig.read_text())["users"][0]["user"]
+    pki = cluster.dev.state.pki
+    cert, key = pki / "bench-admin.crt", pki / "bench-admin.key"
+    cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
+    key.write_bytes(base64.b64decode(user["client-key-data"]))
+    key.chmod(0o600)
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context.load_cert_chain(cert, key)
+    url = f"https://127.0.0.1:{port}/debug/pprof/profile?seconds={seconds}"
+    async with aiohttp.ClientSession() as session, session.get(
+            url, ssl=context, timeout=aiohttp.ClientTimeout(total=seconds + 60)) as response:
+        if response.status != 200:
+            raise BenchError(f"kube-scheduler's pprof answered {response.status}: {(await response.text())[:300]}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(await response.read())  # noqa: ASYNC240 (a local file, written once)
+    return out
+
+
+def pprof_top(profile: Path, lines: int = 25) -> list[str]:
+    """``go tool pprof -top`` of a profile (needs Go; an empty list without it)."""
+    import shutil
+    import subprocess
+
+    go = shutil.which("go")
+    if go is None:
+        return []
+    done = subprocess.run([go, "tool", "pprof", "-top", "-cum", f"-nodecount={lines}", str(profile)],
+                          capture_output=True, text=True, check=False)
+    return [line.rstrip() for line in done.stdout.splitlines() if line.strip()]
