@@ -13,9 +13,11 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 
 import aiohttp
 import structlog
+from prometheus_client import REGISTRY, Gauge, Histogram
 
 from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import Refusals
@@ -25,12 +27,20 @@ from gpuslice.agent.watches import AgentWatches
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.observability.logging import configure_logging
-from gpuslice.observability.metrics import serve_metrics
+from gpuslice.observability.metrics import announce, serve_metrics
 
 log = structlog.get_logger(__name__)
 DEBOUNCE = 0.3
 MAX_BACKOFF = 10.0  # seconds between tries of a failing cycle, at most
 SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM to a forced exit
+READY_WITHIN = 120.0  # seconds: /readyz fails when no cycle succeeded for this long (or 3 resyncs, if longer)
+
+NODE_GPUS = Gauge("gpuslice_node_gpus", "GPUs the node's agent found.", ["node"])
+LAST_SUCCESS = Gauge("gpuslice_agent_last_publish_success_timestamp_seconds",
+                     "When a publish cycle last succeeded (written or unchanged), Unix time.", ["node"])
+PUBLISH_DURATION = Histogram("gpuslice_agent_publish_duration_seconds",
+                             "How long one publish cycle took (read, plan, write), failed ones included.",
+                             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0))
 
 
 async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: asyncio.Event, stop: asyncio.Event,
@@ -48,8 +58,13 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
             return
         await asyncio.sleep(DEBOUNCE)  # one cycle for a burst of events
         wake.clear()
+        started = time.monotonic()
         try:
-            result = await publish(kube, node, gpus, drains, refusals, watches.view if watches else None)
+            try:
+                result = await publish(kube, node, gpus, drains, refusals, watches.view if watches else None)
+            finally:
+                PUBLISH_DURATION.observe(time.monotonic() - started)
+            LAST_SUCCESS.labels(node).set(time.time())
             if watches is not None:
                 watches.want_claims(bool(result.held))
             backoff = 1.0
@@ -70,6 +85,15 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
                 await asyncio.wait_for(wake.wait(), backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
             wake.set()
+
+
+def publish_ready(last_success: float, now: float, within: float) -> tuple[bool, str]:
+    """/readyz: ready once a publish cycle succeeded, and as long as one did within ``within`` seconds."""
+    if last_success <= 0:
+        return False, "no publish cycle has succeeded yet"
+    if now - last_success > within:
+        return False, f"no publish cycle has succeeded for {now - last_success:.0f} s (the log says why)"
+    return True, "ok"
 
 
 async def discover_fake_from_node(kube: KubeClient, node: str) -> str:
@@ -94,7 +118,21 @@ async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resy
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    metrics = await serve_metrics(metrics_port) if metrics_port else None
+    announce("agent")
+    NODE_GPUS.labels(node).set(len(gpus))
+    publisher: asyncio.Task[None] | None = None
+    ready_within = max(READY_WITHIN, 3 * resync)
+
+    def alive() -> tuple[bool, str]:
+        if publisher is not None and publisher.done():
+            return False, "the publish loop has stopped"
+        return True, "ok"
+
+    def ready() -> tuple[bool, str]:
+        last = REGISTRY.get_sample_value("gpuslice_agent_last_publish_success_timestamp_seconds", {"node": node}) or 0.0
+        return publish_ready(last, time.time(), ready_within)
+
+    metrics = await serve_metrics(metrics_port, alive=alive, ready=ready) if metrics_port else None
     async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
         watches = AgentWatches(kube, node, wake, stop)
         watches.start()

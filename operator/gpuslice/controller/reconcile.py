@@ -23,7 +23,7 @@ from gpuslice.api.status import AdmittedTenant
 from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
 from gpuslice.controller.apply import LIMIT_KINDS, REST_KINDS, converge
 from gpuslice.controller.events import post_event
-from gpuslice.controller.metrics import RECONCILES
+from gpuslice.controller.metrics import POLICY_METRICS, RECONCILE_DURATION, RECONCILES, PolicyFigures
 from gpuslice.controller.status import TENANCY_NOT_ENFORCED, Findings, build_status, status_body
 from gpuslice.controller.tenancy import admitted_tenants, tenancy_unenforced
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
@@ -70,6 +70,8 @@ class Context:
     # The last tenancy probe per policy: (generation, what is wrong or None when enforced).
     tenancy: dict[str, tuple[int, str | None]] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
+    first_retry: float = FIRST_RETRY  # ControllerSettings.first_retry
+    last_retry: float = LAST_RETRY
 
     def lock(self, policy: str) -> asyncio.Lock:
         return self.locks.setdefault(policy, asyncio.Lock())
@@ -79,6 +81,7 @@ class Context:
         for store in (self.locks, self.failures, self.retry_at, self.label_records, self.admitted, self.tenancy):
             store.pop(policy, None)
         self.unconverged.discard(policy)
+        POLICY_METRICS.forget(policy)
 
     def due(self, policy: str) -> bool:
         return self.clock() >= self.retry_at.get(policy, 0.0)
@@ -88,7 +91,7 @@ class Context:
         seen, count = self.failures.get(policy, (generation, 0))
         count = count + 1 if seen == generation else 1
         self.failures[policy] = (generation, count)
-        delay = min(FIRST_RETRY * 2.0 ** (count - 1), LAST_RETRY)
+        delay = min(self.first_retry * 2.0 ** (count - 1), self.last_retry)
         self.retry_at[policy] = self.clock() + delay
         self.unconverged.add(policy)
         return delay
@@ -159,14 +162,17 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, conv
     unprobed = ctx.tenancy.get(name, (None, None))[0] != generation
     converge_objects = converge_objects or unprobed or (name in ctx.unconverged and ctx.due(name))
     async with ctx.lock(name):
+        started = time.monotonic()
         try:
             await _reconcile(ctx, body, world, converge_objects)
             RECONCILES.labels(result="ok").inc()
         except (KubeError, ConvergeFailed) as error:
             RECONCILES.labels(result="error").inc()
-            delay = ctx.failed(name, generation) if converge_objects else FIRST_RETRY
+            delay = ctx.failed(name, generation) if converge_objects else ctx.first_retry
             log.warning("reconcile failed; will retry", policy=name, error=str(error), retry_in=delay)
             raise kopf.TemporaryError(str(error), delay=delay) from error
+        finally:
+            RECONCILE_DURATION.labels("converge" if converge_objects else "status").observe(time.monotonic() - started)
         if converge_objects:
             ctx.succeeded(name)
 
@@ -248,11 +254,13 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
             problems = [Problem(TENANCY_NOT_ENFORCED, unenforced)]
     # Held back for a claim, not merely draining for a few seconds before a change (no news).
     allocated = {ref for claim in world.claims for ref in claim.devices}
-    pending = len(devices & pending_devices(world.slices) & allocated)
+    tainted = devices & pending_devices(world.slices)
+    pending = len(tainted & allocated)
     tenants, admins = {t.namespace for t in policy.spec.tenants}, set(policy.spec.admin_access.namespaces)
     findings = Findings(
         problems, selection, len(devices), usage(devices, world.claims, device_info(world.slices)), errors,
         pending=pending, kinds=kinds, taken=taken, foreign=foreign_claims(devices, world.claims, tenants, admins),
+        draining=len(tainted - allocated),
     )
     labels, admitted = _records(ctx, policy)
     await write_status(ctx, policy, findings, labels, admitted)
@@ -269,6 +277,7 @@ async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings,
         labels, admitted = _records(ctx, policy)
     status = build_status(policy, findings, _now()).model_copy(update={
         "admin_access_labels": sorted(labels), "admitted_tenants": admitted})
+    POLICY_METRICS.record(policy.name, PolicyFigures(status, findings.pending, findings.draining))
     new = status_body(status)
     old = policy.status.model_dump(by_alias=True, exclude_none=True, mode="json")
     if new == old:

@@ -33,6 +33,7 @@ class Findings:
     apply_errors: Sequence[str] = ()
     deleting: bool = False
     pending: int = 0  # devices held back by agents until their claims are released
+    draining: int = 0  # free devices tainted by agents that are about to change or go
     kinds: Sequence[DeviceKind] = ()
     taken: Sequence[str] = ()  # objects of our names that tenants made first
     foreign: Sequence[str] = ()  # claims holding our devices outside the tenants
