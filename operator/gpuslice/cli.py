@@ -3,40 +3,70 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import sys
 from pathlib import Path
+from typing import Any, ClassVar
 
 import click
-from rich.console import Console
+import pydantic
 
 from gpuslice import __version__
-from gpuslice.devcluster.cluster import ClusterSpec
-from gpuslice.devcluster.command import dev_cluster, fail
-from gpuslice.devcluster.errors import DevClusterError
-from gpuslice.inspect.commands import KUBECONFIG_HELP, cluster_plan, status, why
+from gpuslice.controller.settings import ControllerSettings
+from gpuslice.settings import KUBECONFIG_HELP, Settings, markdown, options
+
+# Every process's settings, by the name docs/configuration.md gives it.
+DOCUMENTED: dict[str, type[Settings]] = {"controller": ControllerSettings}
 
 
-@click.group()
+class LazyGroup(click.Group):
+    """Subcommands imported when they run: ``gpuslice controller`` and ``gpuslice agent`` never load
+    the dev cluster (certificates, process supervision) or rich."""
+
+    LAZY: ClassVar[dict[str, str]] = {"dev-cluster": "gpuslice.devcluster.command:dev_cluster",
+                                      "status": "gpuslice.inspect.commands:status",
+                                      "why": "gpuslice.inspect.commands:why"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.LAZY])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.LAZY:
+            module, _, attribute = self.LAZY[name].partition(":")
+            command: click.Command = getattr(importlib.import_module(module), attribute)
+            return command
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup)
 @click.version_option(__version__, prog_name="gpuslice")
 def main() -> None:
     """gpuslice: per-tenant GPU slicing policy as native Kubernetes DRA."""
 
 
-main.add_command(dev_cluster)
-main.add_command(status)
-main.add_command(why)
-
-
 @main.command()
-@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None,
-              help="Kubeconfig to use (default: in-cluster service account, then $KUBECONFIG).")
-@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
-@click.option("--liveness-port", type=int, default=None, help="Serve Kopf's /healthz on this port.")
-def controller(kubeconfig: str | None, metrics_port: int | None, liveness_port: int | None) -> None:
-    """Run the policy controller: GpuSlicePolicy -> DeviceClass, claim templates, quota, admission."""
-    from gpuslice.controller.run import run_controller
+@options(ControllerSettings)
+def controller(**values: Any) -> None:
+    """Run the policy controller: GpuSlicePolicy -> DeviceClass, claim templates, quota, Events and status.
+    Every flag is also an environment variable (GPUSLICE_<FLAG>); docs/configuration.md lists them."""
+    from gpuslice.controller.run import ControllerStopped, run_controller
 
-    asyncio.run(run_controller(kubeconfig, metrics_port, liveness_port))
+    try:
+        settings = ControllerSettings(**values)
+    except pydantic.ValidationError as error:
+        raise click.UsageError("; ".join(e["msg"] for e in error.errors())) from None
+    try:
+        asyncio.run(run_controller(settings))
+    except ControllerStopped as error:
+        click.echo(f"controller: {error}", err=True)
+        sys.exit(1)
+
+
+@main.command(name="settings-docs", hidden=True)
+def settings_docs() -> None:
+    """Print the settings tables of docs/configuration.md (generated from the models)."""
+    for name, model in DOCUMENTED.items():
+        click.echo(f"<!-- settings: {name} -->\n{markdown(model)}<!-- end -->\n")
 
 
 @main.command()
@@ -92,6 +122,8 @@ def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, .
     """Print the ResourceSlices a node agent would publish for these policies, no cluster needed
     (with --cluster: what an edit would do to the live cluster)."""
     if cluster:
+        from gpuslice.inspect.commands import cluster_plan
+
         cluster_plan(kubeconfig, [Path(f) for f in files], output)
         return
     from gpuslice.preview import PlanError, preview
@@ -112,7 +144,12 @@ def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, .
               help="State directory (default: ~/.local/state/gpuslice/demo).")
 def demo(nodes: int, gpus_per_node: int, gpu_model: str, state_dir: Path | None) -> None:
     """A real control plane with fake GPU nodes and gpuslice: apply an example policy, show what it made."""
+    from rich.console import Console
+
     from gpuslice.demo import demo_state_dir, run_demo
+    from gpuslice.devcluster.cluster import ClusterSpec
+    from gpuslice.devcluster.command import fail
+    from gpuslice.devcluster.errors import DevClusterError
 
     spec = ClusterSpec(state_dir or demo_state_dir(), nodes, gpus_per_node, gpu_model, operator=True)
     try:

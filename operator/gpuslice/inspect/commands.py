@@ -17,8 +17,7 @@ from gpuslice.inspect.snapshot import InspectError, read_facts, read_snapshot
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.occupancy import as_json
 from gpuslice.planning.status_report import StatusReport, status_report
-
-KUBECONFIG_HELP = "Kubeconfig to use (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)."
+from gpuslice.settings import KUBECONFIG_HELP
 
 
 def _console() -> Any:

@@ -12,7 +12,8 @@ from pathlib import Path
 import click
 
 from gpuslice import __version__
-from gpuslice.inspect.commands import KUBECONFIG_HELP, cluster_plan, status, why
+from gpuslice.inspect.commands import cluster_plan, status, why
+from gpuslice.settings import KUBECONFIG_HELP
 
 
 @click.group(name="kubectl gpuslice")
