@@ -7,8 +7,9 @@ a missing control plane is an error that fails the run, never a skip.
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,35 @@ GPUS_PER_NODE = 8
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.cluster)
+
+
+LOG_TAIL = 40  # lines of each of gpuslice's own components, warnings and errors only
+
+
+def _log_tail(path: Path) -> str:
+    """The last warnings and errors of one structlog JSON log (what a failed test was waiting on)."""
+    kept = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            level = json.loads(line).get("level")
+        except ValueError:
+            level = "error"  # a traceback or a line not ours
+        if level not in ("debug", "info"):
+            kept.append(line[:400])
+    return "\n".join(kept[-LOG_TAIL:])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries the tail of gpuslice's component logs: CI keeps nothing else."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for value in getattr(item, "funcargs", {}).values():
+        if isinstance(value, DevCluster):
+            for path in sorted(value.state.logs.glob("gpuslice-*.log")):
+                report.sections.append((f"{path.name} (warnings and errors, last {LOG_TAIL})", _log_tail(path)))
 
 
 @pytest.fixture(scope="session")

@@ -31,8 +31,8 @@ _POLICY_KEY = f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}"
 
 
 def is_refusal(error: KubeError) -> bool:
-    """The server judged the object and said no (not: it could not answer)."""
-    return isinstance(error, Invalid | Forbidden | BadRequest)
+    """The server judged the object and said no (not: it could not answer, or was not ready to)."""
+    return isinstance(error, Invalid | Forbidden | BadRequest) and not error.transient
 
 
 class GenerationRefused(KubeError):

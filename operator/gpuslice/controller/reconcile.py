@@ -48,6 +48,8 @@ POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 
 # Backoff between converges that failed: bounded, so bad input is retried now and then, never in a loop.
 FIRST_RETRY, LAST_RETRY = 2.0, 300.0
+# An API server that is restarting, overloaded or not ready yet is asked again within this long.
+TRANSIENT_RETRY = 10.0
 
 
 @dataclass
@@ -86,12 +88,14 @@ class Context:
     def due(self, policy: str) -> bool:
         return self.clock() >= self.retry_at.get(policy, 0.0)
 
-    def failed(self, policy: str, generation: int) -> float:
-        """Count a failed converge; the seconds until the next try (doubling, bounded)."""
+    def failed(self, policy: str, generation: int, transient: bool = False) -> float:
+        """Count a failed converge; the seconds until the next try (doubling, bounded; a transient
+        failure of the API server is not the policy's fault and is retried sooner)."""
         seen, count = self.failures.get(policy, (generation, 0))
         count = count + 1 if seen == generation else 1
         self.failures[policy] = (generation, count)
-        delay = min(self.first_retry * 2.0 ** (count - 1), self.last_retry)
+        delay = min(self.first_retry * 2.0 ** (count - 1), min(TRANSIENT_RETRY, self.last_retry) if transient
+                    else self.last_retry)
         self.retry_at[policy] = self.clock() + delay
         self.unconverged.add(policy)
         return delay
@@ -168,7 +172,8 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, conv
             RECONCILES.labels(result="ok").inc()
         except (KubeError, ConvergeFailed) as error:
             RECONCILES.labels(result="error").inc()
-            delay = ctx.failed(name, generation) if converge_objects else ctx.first_retry
+            transient = isinstance(error, KubeError) and error.transient
+            delay = ctx.failed(name, generation, transient) if converge_objects else ctx.first_retry
             log.warning("reconcile failed; will retry", policy=name, error=str(error), retry_in=delay)
             raise kopf.TemporaryError(str(error), delay=delay) from error
         finally:

@@ -19,7 +19,7 @@ from typing import Any
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.api.status import AdmittedTenant
 from gpuslice.controller.admin_access import NamespaceView
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import KubeClient, KubeError, NotReady
 from gpuslice.planning.admission import TENANCY, TENANCY_DENIAL
 from gpuslice.planning.cluster_objects import quota_name
 
@@ -62,6 +62,12 @@ async def tenancy_unenforced(kube: KubeClient, namespace: str, policy: str, clas
         await kube.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
                            probe_claim(class_name), query={"dryRun": "All"})
     except KubeError as error:
+        if error.transient:
+            raise  # e.g. an API server just started, its admission not ready yet: ask again soon
+        if f"ValidatingAdmissionPolicy '{TENANCY}'" in error.message and "failed to configure" in error.message:
+            # The rule is there and fails closed, but the API server cannot evaluate it yet: after a
+            # restart its REST mapper learns the GpuSlicePolicy CRD (the rule's paramKind) within 30 s.
+            raise NotReady(error.status, error.reason, error.message, error.body) from error
         if TENANCY_DENIAL in error.message and f"GpuSlicePolicy {policy}" in error.message:
             return None
         return (f"gpuslice could not prove that tenancy is enforced: a dry-run ResourceClaim for DeviceClass"

@@ -41,6 +41,10 @@ REQUEST_TIMEOUT = 60
 log = structlog.get_logger(__name__)
 
 
+# What an admission plugin of k8s.io/apiserver answers before its informers have synced.
+NOT_READY = "not yet ready to handle request"
+
+
 class KubeError(Exception):
     """An API error, with the server's own message (what kubectl would print).
 
@@ -66,6 +70,8 @@ class KubeError(Exception):
         kind: type[KubeError] = _BY_STATUS.get(status, ServerError if status >= 500 else KubeError)
         if status == 409 and reason == "AlreadyExists":
             kind = AlreadyExists
+        elif status == 403 and NOT_READY in message:
+            kind = NotReady
         return kind(status, reason, message, body, retry_after)
 
     @classmethod
@@ -91,6 +97,14 @@ class Unauthorized(KubeError):
 
 class Forbidden(KubeError):
     """403: RBAC, or an admission rule that denies with reason Forbidden."""
+
+
+class NotReady(Forbidden):
+    """403 "not yet ready to handle request": an API server that has just started refuses what
+    its admission plugins (ValidatingAdmissionPolicy, webhooks, namespace lifecycle) would judge
+    until their informers have synced. It says nothing about the request."""
+
+    transient = True
 
 
 class NotFound(KubeError):

@@ -390,14 +390,6 @@ async def test_policy_taints_travel_on_its_devices_and_reach_allocated_ones_at_o
     await settle(kube, namespace, ["before", "after"], 2)
 
 
-async def claim_lists(kube: KubeClient) -> int:
-    """LISTs of ResourceClaims the apiserver has served, by its own count (every client's)."""
-    text = await kube.request("GET", "/metrics", accept="text/plain")
-    return sum(int(float(line.rsplit(" ", 1)[1])) for line in str(text).splitlines()
-               if line.startswith("apiserver_request_total{") and 'verb="LIST"' in line
-               and 'resource="resourceclaims"' in line)
-
-
 async def test_claims_are_read_only_when_a_published_device_would_change(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
     namespace: str,
@@ -411,7 +403,6 @@ async def test_claims_are_read_only_when_a_published_device_would_change(
     await settle(kube, namespace, ["p0", "p1"], 2)
     reads = 'gpuslice_agent_claim_reads_total{outcome="read"}'
     skipped = 'gpuslice_agent_claim_reads_total{outcome="skipped"}'
-    lists_before = await claim_lists(kube)
     before = await node.metrics()
     for count, value in enumerate(("a", "b", "c"), start=1):  # a Node event: a cycle that changes nothing
         await kube.merge_patch(f"/api/v1/nodes/{node.name}", {"metadata": {"labels": {"probe": value}}})
@@ -422,7 +413,6 @@ async def test_claims_are_read_only_when_a_published_device_would_change(
 
         after = await wait_for(cycled, within=30, what=f"publish cycle {count} after a Node event")
     assert after.get(reads, 0) == before.get(reads, 0), "cycles that change no device must not read claims"
-    assert await claim_lists(kube) == lists_before, "the apiserver saw claims listed"
     await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}",
                            {"spec": {"slicing": {"sliceSize": "20G"}}})
 

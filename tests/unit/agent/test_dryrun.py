@@ -7,7 +7,7 @@ from typing import Any, cast
 import pytest
 
 from gpuslice.agent.dryrun import FIRST_RETRY, LAST_RETRY, GenerationRefused, Refusals, dry_run, refused_policies
-from gpuslice.kube.client import Forbidden, Invalid, KubeClient, KubeError, ServerError
+from gpuslice.kube.client import Forbidden, Invalid, KubeClient, KubeError, NotReady, ServerError
 
 
 def device(name: str, policy: str) -> dict[str, Any]:
@@ -91,3 +91,11 @@ def test_a_refused_policy_is_tried_again_after_a_growing_wait_or_when_it_changes
     assert refusals.by_policy["b"].wait == LAST_RETRY
     assert refusals.current({}, now=0) == {}
     assert refusals.by_policy == {}, "a deleted policy is forgotten"
+
+
+async def test_an_api_server_not_ready_to_judge_refuses_nothing() -> None:
+    """A just-started API server answers 403 "not yet ready" for what its admission would judge: the
+    cycle fails and is tried again; no policy is set aside for minutes as if the server had said no."""
+    server = Server({"b"}, error=NotReady)
+    with pytest.raises(NotReady):
+        await dry_run(cast(KubeClient, server), [slice_of("d0", [device("b1", "b")])], "m")

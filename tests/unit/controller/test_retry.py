@@ -14,8 +14,8 @@ import kopf
 import pytest
 
 from gpuslice.controller.admin_access import NamespaceView
-from gpuslice.controller.reconcile import LAST_RETRY, Context, World, reconcile
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.controller.reconcile import LAST_RETRY, TRANSIENT_RETRY, Context, World, reconcile
+from gpuslice.kube.client import KubeClient, KubeError, ServerError
 
 
 class Refuses:
@@ -104,3 +104,45 @@ async def test_backoff_doubles_and_is_bounded() -> None:
     with pytest.raises(kopf.TemporaryError) as failed:
         await reconcile(ctx, {**POLICY, "metadata": {**POLICY["metadata"], "generation": 2}}, WORLD)
     assert failed.value.delay == 2.0
+
+
+class Unready(Refuses):
+    """An API server just restarted: writes fail (503) and the tenancy rule cannot be evaluated yet
+    (its paramKind, a CRD, not yet in the server's REST mapper: the rule fails closed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.statuses: list[dict[str, Any]] = []
+
+    async def apply(self, path: str, body: dict[str, Any], *, field_manager: str, force: bool = True) -> dict[str, Any]:
+        if self.refuse and "/resourceclaimtemplates/" in path:
+            raise ServerError(503, "ServiceUnavailable", "the server is currently unable to handle the request", None)
+        return await super().apply(path, body, field_manager=field_manager, force=force)
+
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.statuses.append(patch)
+        return patch
+
+    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
+        raise KubeError(422, "Invalid", "resourceclaims.resource.k8s.io is forbidden: ValidatingAdmissionPolicy"
+                        " 'gpuslice-tenancy' with binding 'gpuslice-tenancy' denied request: failed to configure"
+                        " binding: failed to find resource referenced by paramKind: 'gpuslice.dev/v1alpha1,"
+                        " Kind=GpuSlicePolicy'", None)
+
+
+async def test_an_api_server_that_is_not_ready_is_asked_again_soon_and_nothing_is_reported_of_it() -> None:
+    kube, clock = Unready(), Clock()
+    ctx = Context(kube=cast(KubeClient, kube), username="u", clock=clock)
+    delays = []
+    for _ in range(6):
+        with pytest.raises(kopf.TemporaryError) as failed:
+            await reconcile(ctx, POLICY, WORLD)
+        delays.append(failed.value.delay)
+    assert delays == [2.0, 4.0, 8.0, TRANSIENT_RETRY, TRANSIENT_RETRY, TRANSIENT_RETRY]
+    # The writes work again; the tenancy rule cannot be evaluated yet: asked again soon, and the
+    # policy is not reported as unenforced meanwhile.
+    kube.refuse = False
+    with pytest.raises(kopf.TemporaryError, match="failed to configure") as failed:
+        await reconcile(ctx, POLICY, WORLD)
+    assert failed.value.delay == TRANSIENT_RETRY
+    assert not [p for p in kube.statuses if "TenancyNotEnforced" in str(p)]

@@ -19,6 +19,7 @@ from gpuslice.kube.client import (
     KubeClient,
     KubeError,
     NotFound,
+    NotReady,
     RetryPolicy,
     ServerError,
     TooManyRequests,
@@ -115,6 +116,17 @@ async def test_each_answer_is_its_typed_error_and_still_a_kube_error(
     assert isinstance(raised.value, KubeError)
     assert (raised.value.status, raised.value.reason, raised.value.message) == (code, reason, f"the {reason} message")
     assert raised.value.transient == (code >= 500)
+
+
+async def test_an_api_server_whose_admission_is_not_ready_yet_is_transient_not_a_denial(server: Server) -> None:
+    # What k8s.io/apiserver's admission plugins answer until their informers have synced (a restart).
+    server.script = [answer(lambda: status(403, "Forbidden", 'resourceslices "x" is forbidden: not yet ready to'
+                                                             " handle request"))]
+    async with server.client(retry=RetryPolicy(attempts=1)) as kube:
+        with pytest.raises(NotReady) as raised:
+            await kube.get("/api/v1/namespaces/x")
+    assert isinstance(raised.value, Forbidden)
+    assert raised.value.transient
 
 
 async def test_already_exists_is_a_conflict(server: Server) -> None:
