@@ -51,7 +51,10 @@ def _micro(moment: float) -> str:
 
 
 class NotLeader(KubeError):
-    """This copy does not hold the Lease (any more): it must not write."""
+    """This copy does not hold the Lease (any more): it must not write. Transient: a renewal may
+    follow once the API server answers again."""
+
+    transient = True
 
     def __init__(self) -> None:
         super().__init__(0, "NotLeader", "this controller does not hold the leader Lease (any more); it writes"
@@ -147,24 +150,38 @@ class LeaderElector:
         return False
 
     async def keep(self, stop: asyncio.Event) -> None:
-        """Renew until ``stop``; set ``lost`` when a renewal has not succeeded for ``renew_deadline``."""
+        """Renew every ``retry_period`` until ``stop``; set ``lost`` once another copy holds the Lease.
+
+        A renewal that fails (the API server unreachable, restarting or refusing) stops this
+        copy's writes once ``renew_deadline`` has passed (:meth:`leading` turns False) but not the
+        process: when the API server answers again and the Lease is still this copy's, unchanged
+        since it last wrote it (the write is optimistic), the renewal succeeds and the copy acts
+        again. Only a Lease that changed hands is lost for good."""
+        stopped_writing = False
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), self.retry_period)
                 return
             except TimeoutError:
                 pass
-            if not self.leading():
-                break
             try:
-                if await self.try_acquire_or_renew():
-                    continue
+                renewed = await self.try_acquire_or_renew()
             except KubeError as error:
-                log.warning("renewing the leader Lease failed", error=str(error))
-            if not self.leading():
-                break
+                if not self.leading() and not stopped_writing:
+                    log.warning("the leader Lease could not be renewed in time: no writes until it is",
+                                holder=self.holder, error=str(error))
+                    stopped_writing = True
+                continue
+            if renewed:
+                if stopped_writing:
+                    log.info("renewed the leader Lease again: this controller acts", holder=self.holder)
+                    stopped_writing = False
+                continue
+            if self._observed is not None and self._observed[0] not in ("", self.holder):
+                break  # another copy holds it now (a conflict alone may be our own lost answer: look again)
         if not stop.is_set():
-            log.error("lost the leader Lease: this controller stops acting", holder=self.holder)
+            log.error("lost the leader Lease: this controller stops acting", holder=self.holder,
+                      leader=self._observed[0] if self._observed else None)
             self.lost.set()
 
     async def release(self) -> None:

@@ -14,7 +14,7 @@ from gpuslice.controller.handlers import build_registry
 from gpuslice.controller.leader import GuardedClient, LeaderElector, WriteGuard, identity
 from gpuslice.controller.metrics import LEADER
 from gpuslice.controller.settings import ControllerSettings
-from gpuslice.controller.startup import own_namespace, whoami
+from gpuslice.controller.startup import check_label_guard, own_namespace, whoami
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.compatibility import check_server
 from gpuslice.kube.transport import connect
@@ -52,9 +52,14 @@ async def run_controller(settings: ControllerSettings) -> None:
     try:
         try:
             verdict = await check_server(kube)
-            namespace = own_namespace(await whoami(kube))
+            username = await whoami(kube)
+            namespace = own_namespace(username)
+            # Before the Lease: a copy that could never act says so at once rather than wait to lead.
+            await check_label_guard(kube, username)
         except KubeError as error:
             raise ControllerStopped(f"the API server could not be asked what it serves: {error}") from None
+        except kopf.PermanentError as error:
+            raise ControllerStopped(str(error)) from None
         for warning in verdict.warnings:
             log.warning("server check", warning=warning)
         if not verdict.ok:
