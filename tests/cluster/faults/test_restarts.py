@@ -129,6 +129,25 @@ async def test_the_controller_and_agents_recover_from_an_api_server_restart_by_t
     assert before <= set(of_policy(await devices(fkube, node), policy)), "the allocated 10G slices were kept"
     assert {d["device"] for d in await allocated(fkube, fns, pods)} == before
     print(f"recovery after the API server restart: agent {resized:.1f} s, controller {controlled:.1f} s")
+    await controller_manager_back(fkube)
+
+
+async def controller_manager_back(kube: KubeClient) -> None:
+    """The restart is over for the next test only once kube-controller-manager acts again: its
+    informers back off after an outage (and after the restarted API server's authorizer refused them
+    for a moment), so a namespace made at once may wait more than the 30 s that tests give its
+    default ServiceAccount."""
+    name = f"f-canary-{os.urandom(3).hex()}"
+    await kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
+
+    async def has_default_sa() -> bool:
+        items = await kube.list(f"/api/v1/namespaces/{name}/serviceaccounts")
+        return any(sa["metadata"]["name"] == "default" for sa in items)
+
+    try:
+        await wait_for(has_default_sa, within=180, what="kube-controller-manager to act again after the restart")
+    finally:
+        await kube.delete(f"/api/v1/namespaces/{name}")
 
 
 async def test_an_agent_killed_between_the_writes_of_a_generation_converges_without_losing_allocations(
