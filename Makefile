@@ -6,14 +6,15 @@ STAMP  := $(VENV)/.installed
 PYTEST ?= $(BIN)/pytest
 
 .DEFAULT_GOAL := help
-.PHONY: help venv kube-bin lint test test-unit test-cluster test-faults demo crds bench clean
+.PHONY: help venv kube-bin lint test test-unit test-cluster test-faults demo crds protos bench clean
 
 help:
 	@echo "make crds          regenerate crds/ and manifests/admission.yaml from operator/gpuslice (api, planning)"
+	@echo "make protos        regenerate the kubelet plugin's gRPC code from operator/gpuslice/agent/kubeletplugin/proto/*.proto"
 	@echo "make demo          bring up a real local control plane with fake GPU nodes and show it"
 	@echo "make test          lint + unit tests + cluster tests against the real control plane"
 	@echo "make kube-bin      build kube-apiserver/scheduler/controller-manager/etcd and pod-runner from Go modules (cached)"
-	@echo "make lint          ruff, mypy --strict, import-linter layer contracts"
+	@echo "make lint          ruff, mypy --strict, import-linter layer contracts, gofmt and go vet of hack/kube"
 	@echo "make test-unit     fast tests, no cluster"
 	@echo "make test-cluster  tests against the real control plane (the faults tier included)"
 	@echo "make test-faults   only the faults tier: stalls, restarts and kills, with an invariant checker"
@@ -39,6 +40,14 @@ lint: $(STAMP)
 	@$(BIN)/mypy
 	@echo ">> import-linter (layer contracts)"
 	@cd operator && ../$(BIN)/lint-imports ../pyproject.toml
+	@echo ">> gofmt, go vet (hack/kube: the pod runner)"
+	@if command -v go >/dev/null; then \
+		unformatted=$$(cd hack/kube && gofmt -l .); \
+		if [ -n "$$unformatted" ]; then echo "gofmt: not formatted: $$unformatted (run gofmt -w hack/kube)"; exit 1; fi; \
+		cd hack/kube && nice -n 10 go vet ./...; \
+	else \
+		echo "go not found: gofmt and go vet of hack/kube NOT run (install Go 1.26+; CI runs them)"; \
+	fi
 
 test-unit: $(STAMP)
 	@echo ">> unit tests"
@@ -69,6 +78,10 @@ crds: $(STAMP)
 	@echo ">> generating crds/ from operator/gpuslice/api, manifests/admission.yaml from planning/admission.py"
 	@$(BIN)/python -m gpuslice.api.crd > crds/gpuslicepolicies.gpuslice.dev.yaml
 	@$(BIN)/python -m gpuslice.planning.admission > manifests/admission.yaml
+
+protos: $(STAMP)
+	@echo ">> generating the kubelet plugin's gRPC code (grpcio-tools, pinned in pyproject.toml)"
+	@$(BIN)/python -m gpuslice.agent.kubeletplugin.proto.generate
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

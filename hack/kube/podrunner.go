@@ -16,8 +16,10 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -53,7 +55,27 @@ type podRunner struct {
 	dra      *dra.Manager
 	pods     cache.Indexer
 	queue    workqueue.TypedRateLimitingInterface[string]
+
+	// The workers handle different pods at once (the queue never hands out one key twice at
+	// a time), so the set they share is guarded.
+	mu       sync.Mutex
 	prepared sets.Set[string] // pod UIDs whose containers have been recorded
+}
+
+func (r *podRunner) isPrepared(uid string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.prepared.Has(uid)
+}
+
+func (r *podRunner) setPrepared(uid string, prepared bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if prepared {
+		r.prepared.Insert(uid)
+	} else {
+		r.prepared.Delete(uid)
+	}
 }
 
 func runPodRunner(args []string) int {
@@ -145,6 +167,7 @@ func runPodRunner(args []string) int {
 
 	factory.Start(ctx.Done())
 	go r.heartbeat(ctx, *renew)
+	go r.healthUpdates(ctx)
 	for i := 0; i < 4; i++ {
 		go wait.UntilWithContext(ctx, r.work, time.Second)
 	}
@@ -205,8 +228,8 @@ func (r *podRunner) sync(ctx context.Context, key string) error {
 	if pod.DeletionTimestamp != nil {
 		return r.finishDeletion(ctx, pod)
 	}
-	if pod.Status.Phase == v1.PodRunning && r.prepared.Has(string(pod.UID)) {
-		return nil
+	if pod.Status.Phase == v1.PodRunning && r.isPrepared(string(pod.UID)) {
+		return r.updateResourceHealth(ctx, pod)
 	}
 	if err := r.dra.PrepareResources(ctx, pod); err != nil {
 		r.recorder.Eventf(pod, v1.EventTypeWarning, "FailedPrepareDynamicResources",
@@ -219,9 +242,9 @@ func (r *podRunner) sync(ctx context.Context, key string) error {
 			return err
 		}
 	}
-	r.prepared.Insert(string(pod.UID))
+	r.setPrepared(string(pod.UID), true)
 	if pod.Status.Phase == v1.PodRunning {
-		return nil
+		return r.updateResourceHealth(ctx, pod)
 	}
 	return r.markRunning(ctx, pod)
 }
@@ -295,11 +318,61 @@ func (r *podRunner) markRunning(ctx context.Context, pod *v1.Pod) error {
 			State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: now}},
 		})
 	}
+	// As the kubelet's status manager does: the health of each container's allocated devices.
+	r.dra.UpdateAllocatedResourcesStatus(klog.FromContext(ctx), pod, status)
 	_, err := r.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{})
 	if err == nil {
 		r.recorder.Eventf(pod, v1.EventTypeNormal, "Started", "Containers recorded (gpuslice fake node: not executed)")
 	}
 	return err
+}
+
+// healthUpdates syncs the pods whose devices' health changed, as the kubelet's sync loop does
+// on its container manager's updates (the DRA manager feeds them from the plugins' health streams).
+func (r *podRunner) healthUpdates(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case update := <-r.dra.Updates():
+			uids := sets.New(update.PodUIDs...)
+			for _, obj := range r.pods.List() {
+				if pod := obj.(*v1.Pod); uids.Has(string(pod.UID)) {
+					r.enqueue(pod)
+				}
+			}
+		}
+	}
+}
+
+// updateResourceHealth writes the health of a running pod's allocated devices into its container
+// statuses (allocatedResourcesStatus), when it differs from what the pod shows.
+func (r *podRunner) updateResourceHealth(ctx context.Context, pod *v1.Pod) error {
+	updated := pod.DeepCopy()
+	r.dra.UpdateAllocatedResourcesStatus(klog.FromContext(ctx), pod, &updated.Status)
+	same := true
+	for i := range pod.Status.ContainerStatuses {
+		if i >= len(updated.Status.ContainerStatuses) || !reflect.DeepEqual(
+			normalizedHealth(pod.Status.ContainerStatuses[i].AllocatedResourcesStatus),
+			normalizedHealth(updated.Status.ContainerStatuses[i].AllocatedResourcesStatus)) {
+			same = false
+		}
+	}
+	if same {
+		return nil
+	}
+	_, err := r.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{})
+	return err
+}
+
+// normalizedHealth orders statuses by name (the DRA manager rebuilds them from a map).
+func normalizedHealth(statuses []v1.ResourceStatus) []v1.ResourceStatus {
+	out := append([]v1.ResourceStatus(nil), statuses...)
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 func setCondition(status *v1.PodStatus, condition v1.PodCondition) {
@@ -320,7 +393,7 @@ func (r *podRunner) finishDeletion(ctx context.Context, pod *v1.Pod) error {
 			"Failed to unprepare dynamic resources: %v", err)
 		return err
 	}
-	r.prepared.Delete(string(pod.UID))
+	r.setPrepared(string(pod.UID), false)
 	_ = os.RemoveAll(filepath.Join(r.root, "containers", pod.Namespace+"_"+pod.Name+"_"+string(pod.UID)))
 	err := r.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
 		GracePeriodSeconds: ptr.To[int64](0), Preconditions: metav1.NewUIDPreconditions(string(pod.UID)),

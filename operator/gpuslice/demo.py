@@ -1,9 +1,13 @@
 """``gpuslice demo``: a real control plane with fake GPU nodes and gpuslice on it.
 
-It applies ``examples/policies/inference-memory.yaml`` and shows what the
-policy turned into, then shows the apiserver denying a claim from a namespace
-that is not a tenant. It doubles as a smoke test: it exits non-zero when any
-step does not happen.
+Two fake nodes (eight H100s, four A100 40GB), each with a pod runner (the
+kubelet's own plugin and DRA managers) and a node agent. It applies
+``examples/policies/inference-memory.yaml`` (memory slices of the H100s) and
+shows what the policy turned into, then ``shared-notebooks.yaml`` (shared
+capacity of the A100s), starts tenant pods of both, shows them Running and
+what each container received, and shows the apiserver denying a claim from a
+namespace that is not a tenant. It doubles as a smoke test: it exits non-zero
+when any step does not happen.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
-from gpuslice.devcluster.state import default_state_dir
+from gpuslice.devcluster.recorded import find_recorded
+from gpuslice.devcluster.state import StateDir, default_state_dir
 from gpuslice.inspect.commands import print_map
 from gpuslice.inventory.nodes import FAKE_COUNT, FAKE_MODEL
 from gpuslice.kube.client import KubeClient, KubeError
@@ -28,7 +33,10 @@ from gpuslice.kube.discovery import served_resources
 DRA_GROUP = "resource.k8s.io"
 NEEDED = ("deviceclasses", "resourceclaims", "resourceclaimtemplates", "resourceslices")
 EXAMPLE = "inference-memory.yaml"
+SHARED_EXAMPLE = "shared-notebooks.yaml"
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+SHAPES = (("h100-80gb", 8), ("a100-40gb", 4))  # as kind/cluster.yaml
+NOTEBOOK_NODE, NOTEBOOK_LABEL = "gpu-node-2", {"gpuslice.dev/pool": "notebooks"}
 
 
 class DemoFailed(Exception):
@@ -39,13 +47,13 @@ def demo_state_dir() -> Path:
     return default_state_dir().with_name("demo")
 
 
-def example_policy() -> dict[str, Any]:
+def example_policy(name: str = EXAMPLE) -> dict[str, Any]:
     for parent in Path(__file__).resolve().parents:
-        path = parent / "examples" / "policies" / EXAMPLE
+        path = parent / "examples" / "policies" / name
         if path.is_file():
             body: dict[str, Any] = yaml.safe_load(path.read_text())
             return body
-    raise DemoFailed(f"examples/policies/{EXAMPLE} not found: run the demo from a gpuslice checkout")
+    raise DemoFailed(f"examples/policies/{name} not found: run the demo from a gpuslice checkout")
 
 
 async def _until(check: Callable[[], Awaitable[Any]], what: str, within: float = 60) -> Any:
@@ -84,7 +92,7 @@ async def show_cluster(kube: KubeClient, cluster: DevCluster, console: Console) 
     missing = [r for r in NEEDED if r not in served.get("v1", [])]
     if "devicetaintrules" not in served.get(cluster.features.taint_rule_version, []):
         missing.append("devicetaintrules")
-    if missing or len(nodes) != cluster.spec.nodes:
+    if missing or len(nodes) != len(cluster.node_names):
         raise DemoFailed(f"the cluster is not what gpuslice needs: missing {missing}, {len(nodes)} nodes")
 
 
@@ -156,40 +164,71 @@ async def show_policy(kube: KubeClient, console: Console) -> str:
     return str(klass)
 
 
-async def show_tenant_pods(kube: KubeClient, console: Console, count: int = 3) -> None:
-    """Tenant pods that ask for a slice through the claim template, and what the scheduler gave them."""
-    spec = example_policy()["spec"]
-    ns, template = spec["tenants"][0]["namespace"], spec["claimTemplateName"]
-    for i in range(count):
-        await kube.create(f"/api/v1/namespaces/{ns}/pods", {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"inference-{i}"},
+async def apply_shared(kube: KubeClient, console: Console) -> None:
+    """The shared-capacity example on the A100 node, which opts in with its label."""
+    await kube.merge_patch(f"/api/v1/nodes/{NOTEBOOK_NODE}", {"metadata": {"labels": NOTEBOOK_LABEL}})
+    policy = example_policy(SHARED_EXAMPLE)
+    for tenant in policy["spec"]["tenants"]:
+        await kube.create("/api/v1/namespaces", {"metadata": {"name": tenant["namespace"]}})
+    await kube.create(POLICIES, policy)
+    name = policy["metadata"]["name"]
+
+    async def ready() -> dict[str, Any] | None:
+        body = await kube.get(f"{POLICIES}/{name}")
+        ready = [c for c in (body.get("status") or {}).get("conditions", []) if c["type"] == "Ready"]
+        return body if ready and ready[0]["status"] == "True" else None
+
+    body = await _until(ready, f"policy {name} to become Ready", within=90)
+    console.print(f"\nLabelled {NOTEBOOK_NODE} {NOTEBOOK_LABEL} and applied examples/policies/{SHARED_EXAMPLE}:"
+                  f" GpuSlicePolicy [bold]{name}[/bold], mode shared, {body['status']['slices']['published']} devices"
+                  f" (one per A100, memory claimed in {policy['spec']['slicing']['sliceSize']} steps).")
+
+
+def _pod(name: str, template: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"containers": [{"name": "model", "image": "registry.k8s.io/pause:3.10",
                                      "resources": {"claims": [{"name": "gpu"}]}}],
-                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]},
-        })
+                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]}}
 
-    async def allocated() -> list[tuple[str, str, str]] | None:
-        rows = []
-        for i in range(count):
-            pod = await kube.get(f"/api/v1/namespaces/{ns}/pods/inference-{i}")
-            claims = (pod.get("status") or {}).get("resourceClaimStatuses") or []
-            if not claims or not pod["spec"].get("nodeName"):
-                return None
-            claim = await kube.get(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/"
-                                   f"{claims[0]['resourceClaimName']}")
-            results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results")
-            if not results:
-                return None
-            rows.append((pod["metadata"]["name"], pod["spec"]["nodeName"], results[0]["device"]))
-        return rows
 
-    rows = await _until(allocated, "the scheduler to allocate slices to the tenant pods")
-    table = _table(f"Tenant pods in {ns}: the real kube-scheduler allocated a slice to each", "pod", "node", "device")
-    for row in rows:
-        table.add_row(*row)
+async def show_tenant_pods(kube: KubeClient, cluster: DevCluster, console: Console) -> None:
+    """Tenant pods of both policies: the scheduler allocates, the kubelet's DRA code calls gpuslice's
+    plugin, and each container receives the GPUSLICE_* variables of its device."""
+    memory, shared = example_policy()["spec"], example_policy(SHARED_EXAMPLE)["spec"]
+    pods = [(memory["tenants"][0]["namespace"], f"inference-{i}", memory["claimTemplateName"]) for i in range(3)]
+    pods += [(shared["tenants"][0]["namespace"], f"notebook-{i}", shared["claimTemplateName"]) for i in range(2)]
+    for ns, pod, template in pods:
+        await kube.create(f"/api/v1/namespaces/{ns}/pods", _pod(pod, template))
+
+    async def running() -> bool:
+        for ns, pod, _ in pods:
+            body = await kube.get(f"/api/v1/namespaces/{ns}/pods/{pod}")
+            if (body.get("status") or {}).get("phase") != "Running":
+                return False
+        return True
+
+    await _until(running, "the tenant pods to be Running on their slices", within=120)
+    table = _table("Tenant pods: Running, and what each container received (gpuslice dev-cluster exec-env)",
+                   "pod", "node", "mode", "device", "GPU", "slice", "memory limit")
+    state = StateDir(cluster.state.root)
+    shown: list[str] = []
+    for ns, pod, _ in pods:
+        body = await kube.get(f"/api/v1/namespaces/{ns}/pods/{pod}")
+        env = dict(line.split("=", 1) for line in find_recorded(state, f"{ns}/{pod}").env if "=" in line)
+        if "GPUSLICE_DEVICE" not in env:
+            raise DemoFailed(f"pod {ns}/{pod} is Running but its container received no GPUSLICE_* variables")
+        table.add_row(f"{ns}/{pod}", body["spec"]["nodeName"], env["GPUSLICE_MODE"], env["GPUSLICE_DEVICE"],
+                      env["GPUSLICE_GPU_UUID"][:12] + "…", env.get("GPUSLICE_SLICE_SIZE", ""),
+                      env["GPUSLICE_MEMORY_LIMIT"])
+        if not shown:
+            shown = [line for line in find_recorded(state, f"{ns}/{pod}").env if line.startswith("GPUSLICE_")]
     console.print(table)
-    console.print("[dim]No kubelet runs on the fake nodes yet: the pods are bound and hold their slices,"
-                  " but stay Pending.[/dim]")
+    console.print(f"[dim]$ gpuslice dev-cluster exec-env {pods[0][0]}/{pods[0][1]}[/dim]")
+    for line in shown:
+        console.print(f"  {line}")
+    console.print("[dim]No container runs on a fake node: the pod runner records what each would receive"
+                  " (CDI resolved as containerd does). Memory and shared slices are a scheduling boundary;"
+                  " MIG instances are isolated by the hardware.[/dim]")
 
 
 async def show_denial(kube: KubeClient, klass: str, console: Console) -> None:
@@ -227,7 +266,8 @@ async def run_demo(spec: ClusterSpec, console: Console) -> bool:
             try:
                 await show_cluster(kube, cluster, console)
                 klass = await show_policy(kube, console)
-                await show_tenant_pods(kube, console)
+                await apply_shared(kube, console)
+                await show_tenant_pods(kube, cluster, console)
                 await show_denial(kube, klass, console)
                 console.print("\n[bold]gpuslice status[/bold] (kubectl gpuslice status): who holds which part of"
                               " which GPU")

@@ -2,7 +2,8 @@
 
 The same planning code as the agent (``planning.node_pool``) on fake GPUs of
 the models asked for, so a platform team sees the exact slices before applying
-a policy.
+a policy, and for static MIG layouts the reconfiguration steps the agent will
+take (from the policies' previous version with ``--from``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN
 from gpuslice.dra.resourceslice import resource_slice
-from gpuslice.planning.node_pool import plan_node_pool
+from gpuslice.inventory.gpus import Gpu
+from gpuslice.planning.mig_layout import Instance, layout_targets, steps
+from gpuslice.planning.node_pool import NodePlan, plan_node_pool
 
 
 class PlanError(Exception):
@@ -43,13 +46,37 @@ def load_policies(paths: list[Path]) -> list[GpuSlicePolicy]:
     return policies
 
 
-def preview(paths: list[Path], gpus: str, node: str, labels: dict[str, str]) -> str:
+def reconfiguration(inventory: list[Gpu], plan: NodePlan, policies: list[GpuSlicePolicy],
+                    before: dict[str, tuple[Instance, ...]]) -> list[str]:
+    """The MIG manager's steps, GPU by GPU, from the instances ``before`` (none if absent) to the static
+    layouts of ``plan``."""
+    lines = []
+    for uuid, target in sorted(layout_targets(plan.typed, policies).items()):
+        gpu = next(g for g in inventory if g.uuid == uuid)
+        sizes = {p.name: p.size for p in gpu.mig_profiles}
+        todo = steps(gpu.mig_enabled, before.get(uuid, ()), target.instances, sizes)
+        if todo:
+            lines.append(f"#   GPU {gpu.index} ({gpu.product_name}): " + "; ".join(s.describe() for s in todo))
+    if lines:
+        lines.insert(0, "# MIG reconfiguration, one GPU at a time, each once no claim holds its devices"
+                        f" ({'from the layouts of --from' if before else 'from GPUs without MIG instances'}):")
+    return lines
+
+
+def preview(paths: list[Path], gpus: str, node: str, labels: dict[str, str],
+            previous: list[Path] | None = None) -> str:
     policies = load_policies(paths)
     try:
         inventory = FakeBackend(node, parse_fake_gpus(gpus)).discover()
     except GpuBackendError as error:
         raise PlanError(str(error)) from None
-    plan = plan_node_pool({"kubernetes.io/hostname": node, **labels}, inventory, policies)
+    node_labels = {"kubernetes.io/hostname": node, **labels}
+    plan = plan_node_pool(node_labels, inventory, policies)
+    before: dict[str, tuple[Instance, ...]] = {}
+    if previous:
+        old = load_policies(previous)
+        before = {u: t.instances for u, t in layout_targets(plan_node_pool(node_labels, inventory, old).typed,
+                                                                 old).items()}
     manifests = [
         resource_slice(node, "<node-uid>", s.suffix, 1, len(plan.slices),
                        shared_counters=list(s.shared_counters), devices=list(s.devices))
@@ -64,4 +91,5 @@ def preview(paths: list[Path], gpus: str, node: str, labels: dict[str, str]) -> 
     lines += [f"#   note: {note}" for note in plan.notes]
     if not plan.devices:
         lines.append("#   no devices: no policy selects these GPUs (check nodeSelector, gpuSelector, --node-label)")
+    lines += reconfiguration(inventory, plan, policies, before)
     return "\n".join(lines) + "\n" + "".join("---\n" + yaml.safe_dump(m, sort_keys=False) for m in manifests)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import shutil
+import tempfile
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -13,6 +17,14 @@ from gpuslice.kube.client import KubeClient, KubeError
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+
+
+def short_dir() -> Path:
+    """A directory for a fake node's kubelet plugin sockets, removed at exit. Unix socket paths are
+    limited to 107 bytes, and pytest's temporary paths are deep enough to pass that."""
+    path = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 # Answers that say "not now" rather than "no" (the typed errors with ``transient``, e.g. 429, 5xx,
@@ -46,7 +58,8 @@ async def wait_for(
         raise AssertionError(f"timed out after {within} s waiting for {what}{also}") from None
 
 
-async def create_namespace(kube: KubeClient, name: str, labels: dict[str, str] | None = None) -> str:
+async def create_namespace(kube: KubeClient, name: str, labels: dict[str, str] | None = None,
+                           within: float = 30) -> str:
     """A namespace whose default ServiceAccount exists (pods are admitted only then)."""
     await kube.create("/api/v1/namespaces", {"metadata": {"name": name, "labels": labels or {}}})
 
@@ -54,7 +67,7 @@ async def create_namespace(kube: KubeClient, name: str, labels: dict[str, str] |
         items = await kube.list(f"/api/v1/namespaces/{name}/serviceaccounts")
         return any(sa["metadata"]["name"] == "default" for sa in items)
 
-    await wait_for(has_default_sa, within=30, what=f"default ServiceAccount in {name}")
+    await wait_for(has_default_sa, within=within, what=f"default ServiceAccount in {name}")
     return name
 
 

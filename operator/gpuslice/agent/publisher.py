@@ -10,7 +10,7 @@ change is judged on claims read then.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,17 +20,19 @@ from prometheus_client import Counter, Gauge
 
 from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import GenerationRefused, Refusals, dry_run, refused_policies
+from gpuslice.agent.mig_manager import MigManager
+from gpuslice.agent.published import Published, PublishedRecord
 from gpuslice.agent.watches import AgentView
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER
+from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER, PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY
 from gpuslice.dra.resourceslice import resource_slice, slice_name
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.watch import list_all
 from gpuslice.observability.failpoints import failpoint
-from gpuslice.planning.node_pool import plan_node_pool
-from gpuslice.planning.pool_safety import SafePlan, changing, make_safe, normalized
-from gpuslice.planning.usage import PENDING_TAINT_KEY
+from gpuslice.planning.node_pool import NodePlan, plan_node_pool
+from gpuslice.planning.pool_safety import SafePlan, changing, make_safe, normalized, with_statuses
+from gpuslice.planning.taints import Taint, status_taints_by_gpu
 
 FIELD_MANAGER = "gpuslice-agent"
 CYCLES = Counter("gpuslice_agent_publish_cycles", "Publish cycles, by outcome.", ["outcome"])
@@ -54,6 +56,7 @@ class PublishResult:
     notes: tuple[str, ...]
     draining: tuple[str, ...] = ()
     refused: tuple[str, ...] = ()  # policies left out: the API server refused their devices
+    again: bool = False  # the MIG manager changed a GPU: publish again now
 
     @property
     def changed(self) -> bool:
@@ -124,6 +127,10 @@ def _pending(device: dict[str, Any]) -> bool:
     return any(t.get("key") == PENDING_TAINT_KEY for t in device.get("taints") or [])
 
 
+def _reconfiguring(device: dict[str, Any]) -> bool:
+    return any(t.get("key") == RECONFIGURING_TAINT_KEY for t in device.get("taints") or [])
+
+
 def _content(spec: dict[str, Any]) -> Any:
     return normalized({"sharedCounters": spec.get("sharedCounters") or [], "devices": spec.get("devices") or []})
 
@@ -132,12 +139,29 @@ def _generations(policies: Policies) -> dict[str, int | None]:
     return {p.name: p.metadata.generation for p in policies.plannable}
 
 
+async def _reconfigure(mig: MigManager | None, kube: KubeClient, allocated: set[str],
+                       published: list[dict[str, Any]], refused: set[str]) -> bool:
+    """Let the MIG manager reconfigure a GPU that has drained, judged on the claims read in this cycle."""
+    return await mig.reconfigure(kube, allocated, published, refused) if mig is not None else False
+
+
 async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains | None = None,
-                  refusals: Refusals | None = None, view: AgentView | None = None) -> PublishResult:
+                  refusals: Refusals | None = None, view: AgentView | None = None, *,
+                  holds: Set[str] = frozenset(), record: PublishedRecord | None = None,
+                  statuses: Mapping[str, Sequence[Taint]] | None = None,
+                  mig: MigManager | None = None) -> PublishResult:
     """One cycle. ``drains``: free devices change only once no claim can get them any more (see
     agent.drain); ``refusals``: the policies whose devices the API server refused (agent.dryrun).
     With a synced ``view``, the policies and the Node come from the agent's watches; without,
-    they are read."""
+    they are read.
+
+    The node's kubelet plugin adds: ``holds``, devices it has prepared or is preparing (allocated,
+    whatever the claims say yet); ``record``, what was last written (an empty pool, which the
+    kubelet wiped, is taken to be what it says, so held devices come back unchanged); ``statuses``,
+    taints by GPU UUID (unhealthy) laid onto every device of the GPU, held ones included; ``mig``,
+    which makes static MIG layouts real (``mig_manager``: it adjusts the plan, adds its taints, and
+    reconfigures a drained GPU after the write).
+    """
     drains = drains if drains is not None else Drains()
     refusals = refusals if refusals is not None else Refusals()
     if view is not None and view.synced:
@@ -153,45 +177,64 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
                 if s["spec"]["pool"]["name"] == node]
     published = [d for s in existing for d in s["spec"].get("devices") or []]
     counter_sets = [c for s in existing for c in s["spec"].get("sharedCounters") or []]
+    last = record.load() if record is not None else None
+    if not existing and last is not None and last.devices:
+        published, counter_sets = last.devices, last.counter_sets
+        log.warning("the pool's slices are gone (the kubelet wipes them when the plugin was away); republishing"
+                    " from the agent's record, allocated devices unchanged", node=node, devices=len(published))
+
+    async def planned(policies_now: list[GpuSlicePolicy]) -> NodePlan:
+        plan = plan_node_pool(labels, gpus, policies_now)
+        return await mig.adjust(plan, policies_now) if mig is not None else plan
+
     # A tainted device has drained once the API server refuses to let a claim have it; the claims are
     # read after that, so one that got it before is seen (and keeps it).
     await drains.load(kube, node)
-    drained = await drains.refused(kube, node, {d["name"] for d in published if _pending(d)})
+    drained = await drains.refused(kube, node, {d["name"] for d in published if _pending(d) or _reconfiguring(d)})
+    drained |= mig.drained(published) if mig is not None else set()
     # Only a plan that removes or alters a published device needs the claims (pool_safety.changing);
     # leaving refused policies out later only freezes more devices, so the first plan is the most
     # that can change.
-    first = plan_node_pool(labels, gpus, [p for p in policies.plannable
-                                          if p.name not in refusals.current(_generations(policies))])
+    first = await planned([p for p in policies.plannable if p.name not in refusals.current(_generations(policies))])
     at_stake = changing(first, published, {d["name"] for d in published if _policy_of(d) in policies.frozen})
-    allocated = await allocated_devices(kube, node) if at_stake or drained else set()
-    CLAIM_READS.labels(outcome="read" if at_stake or drained else "skipped").inc()
+    # A GPU waiting for a MIG reconfiguration is judged on the claims too: never under a claim.
+    needed = bool(at_stake or drained or (mig is not None and mig.pending))
+    allocated = (await allocated_devices(kube, node) if needed else set()) | set(holds)
+    CLAIM_READS.labels(outcome="read" if needed else "skipped").inc()
     current = {s["metadata"]["name"]: s for s in existing}
     generations = {int(s["spec"]["pool"]["generation"]) for s in existing}
     counts = {int(s["spec"]["pool"]["resourceSliceCount"]) for s in existing}
-    generation = max(generations, default=0)
+    generation = max(generations | ({last.generation} if last is not None else set()), default=0)
 
     while True:  # each round leaves out at least one more refused policy, or ends
         refused = refusals.current(_generations(policies))
-        plan = plan_node_pool(labels, gpus, [p for p in policies.plannable if p.name not in refused])
+        plan = await planned([p for p in policies.plannable if p.name not in refused])
         kept = {**policies.frozen, **refused}
         frozen = {d["name"] for d in published if _policy_of(d) in kept}
         safe: SafePlan = make_safe(plan, published, counter_sets, allocated, drained=drained, frozen=frozen)
-        wanted = {slice_name(node, s.suffix): s for s in safe.slices}
+        gpu_statuses = status_taints_by_gpu(statuses or {}, mig.statuses(allocated, published) if mig else {})
+        slices = with_statuses(safe.slices, gpu_statuses)
+        wanted = {slice_name(node, s.suffix): s for s in slices}
         unchanged = (
             set(wanted) == set(current) and len(generations) == 1 and counts == {len(wanted)}
             and all(_content(current[name]["spec"]) == normalized({"sharedCounters": list(s.shared_counters),
                                                                    "devices": list(s.devices)})
                     for name, s in wanted.items())
         )
-        DEVICES.set(sum(len(s.devices) for s in safe.slices))
+        DEVICES.set(sum(len(s.devices) for s in slices))
         HELD.set(len(safe.held))
         REFUSED.set(len(refused))
-        listed = drains.wanted(set(safe.draining), {d["name"] for d in published},
-                               {d["name"] for s in safe.slices for d in s.devices})
+        reconfiguring = mig.draining_devices(published) if mig is not None else set()
+        listed = drains.wanted(set(safe.draining) | reconfiguring, {d["name"] for d in published},
+                               {d["name"] for s in slices for d in s.devices})
         if unchanged or (not wanted and not current):
             await drains.write(kube, node, listed)
+            if record is not None and existing and (last is None or last.generation != generation):
+                record.save(Published(generation, published, counter_sets))  # e.g. slices of an earlier agent
             CYCLES.labels(outcome="unchanged").inc()
-            return PublishResult(generation, (), (), safe.held, plan.notes, safe.draining, tuple(sorted(refused)))
+            again = await _reconfigure(mig, kube, allocated, published, drained)
+            return PublishResult(generation, (), (), safe.held, plan.notes, safe.draining, tuple(sorted(refused)),
+                                 again)
         manifests = {name: resource_slice(
             node, node_body["metadata"]["uid"], planned.suffix, generation + 1, len(wanted),
             shared_counters=list(planned.shared_counters), devices=list(planned.devices),
@@ -222,10 +265,14 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         await kube.apply(f"{SLICES}/{name}", manifest, field_manager=FIELD_MANAGER)
         written.append(name)
         failpoint("agent.slice-written")
+    if record is not None:
+        record.save(Published(generation, [d for s in slices for d in s.devices],
+                              [c for s in slices for c in s.shared_counters]))
     CYCLES.labels(outcome="written").inc()
+    again = await _reconfigure(mig, kube, allocated, published, drained)
     result = PublishResult(generation, tuple(written), tuple(deleted), safe.held, plan.notes, safe.draining,
-                           tuple(sorted(refused)))
-    log.info("published pool", node=node, generation=generation, devices=sum(len(s.devices) for s in safe.slices),
+                           tuple(sorted(refused)), again)
+    log.info("published pool", node=node, generation=generation, devices=sum(len(s.devices) for s in slices),
              written=len(written), deleted=deleted, held=list(safe.held), draining=len(safe.draining),
              blocked_gpus=list(safe.blocked_gpus))
     if safe.held:

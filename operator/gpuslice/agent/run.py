@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 import structlog
@@ -22,12 +23,18 @@ from prometheus_client import REGISTRY, Gauge, Histogram
 from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import Refusals
 from gpuslice.agent.gpus import GpuBackend
+from gpuslice.agent.health import HealthMonitor
+from gpuslice.agent.kubeletplugin.node import NodePlugin
+from gpuslice.agent.kubeletplugin.recovery import collect_stale
+from gpuslice.agent.kubeletplugin.settings import PluginSettings
 from gpuslice.agent.publisher import CYCLES, publish
+from gpuslice.agent.settings import HealthSettings
 from gpuslice.agent.watches import AgentWatches
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.observability.logging import configure_logging
 from gpuslice.observability.metrics import announce, serve_metrics
+from gpuslice.planning.taints import Taint
 
 log = structlog.get_logger(__name__)
 DEBOUNCE = 0.3
@@ -44,29 +51,45 @@ PUBLISH_DURATION = Histogram("gpuslice_agent_publish_duration_seconds",
 
 
 async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: asyncio.Event, stop: asyncio.Event,
-                       resync: float, watches: AgentWatches | None = None) -> None:
+                       resync: float, watches: AgentWatches | None = None, plugin: NodePlugin | None = None,
+                       statuses: Callable[[], Mapping[str, Sequence[Taint]]] = dict) -> None:
     """Publish on every wake-up (bursts debounced), every ``resync`` seconds, and when a
     draining device is due. With ``watches``, the policies and the Node come from them once
-    they have listed, and claims are watched only while a change waits for a claim."""
+    they have listed, and claims are watched only while a change waits for a claim. With the
+    kubelet ``plugin``, a cycle runs under its lock (prepare's check that a device is published
+    never interleaves with a write), counts its prepared devices as allocated, republishes from
+    its record, and lets its MIG manager work; ``statuses`` are the GPUs' health taints."""
     backoff = 1.0
     drains, refusals = Drains(), Refusals()
     while not stop.is_set():
         due = drains.due_in()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), resync if due is None else min(resync, due))
+            async with asyncio.timeout(resync if due is None else min(resync, due)):
+                await wake.wait()
         if stop.is_set():
             return
         await asyncio.sleep(DEBOUNCE)  # one cycle for a burst of events
         wake.clear()
         started = time.monotonic()
         try:
+            view = watches.view if watches else None
             try:
-                result = await publish(kube, node, gpus, drains, refusals, watches.view if watches else None)
+                if plugin is None:
+                    result = await publish(kube, node, gpus, drains, refusals, view, statuses=statuses())
+                else:
+                    # The wait for the lock (a prepare under way) is not the cycle's: timed once it is held.
+                    async with plugin.pool_lock:
+                        started = time.monotonic()
+                        result = await publish(kube, node, gpus, drains, refusals, view,
+                                               holds=plugin.preparer.held_devices(), record=plugin.record,
+                                               statuses=statuses(), mig=plugin.mig)
             finally:
                 PUBLISH_DURATION.observe(time.monotonic() - started)
             LAST_SUCCESS.labels(node).set(time.time())
             if watches is not None:
-                watches.want_claims(bool(result.held))
+                watches.want_claims(bool(result.held) or bool(plugin and plugin.mig.pending))
+            if result.again:
+                wake.set()
             backoff = 1.0
         except Exception as error:  # the loop is the agent's purpose: it outlives any failed cycle
             if isinstance(error, KubeError) and error.status == 404 and "nodes" in error.message:
@@ -82,7 +105,8 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
             # server is back, and that wakes the next try at once.
             wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), backoff)
+                async with asyncio.timeout(backoff):
+                    await wake.wait()
             backoff = min(backoff * 2, MAX_BACKOFF)
             wake.set()
 
@@ -106,8 +130,21 @@ async def discover_fake_from_node(kube: KubeClient, node: str) -> str:
     return f"{labels[FAKE_MODEL]}:{labels.get(FAKE_COUNT, '1')}"
 
 
+async def stale_claims_loop(plugin: NodePlugin, stop: asyncio.Event, every: float) -> None:
+    """Unprepare claims the kubelet never unprepared and that no longer exist (see kubeletplugin.recovery)."""
+    while not stop.is_set():
+        try:
+            await collect_stale(plugin.preparer)
+        except Exception:
+            log.exception("sweeping stale claims failed; will retry")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(every):
+                await stop.wait()
+
+
 async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resync: float,
-                    metrics_port: int | None = None) -> None:
+                    metrics_port: int | None = None, plugin_settings: PluginSettings | None = None,
+                    health_settings: HealthSettings | None = None) -> None:
     configure_logging()
     if kubeconfig:
         os.environ["KUBECONFIG"] = kubeconfig
@@ -121,31 +158,55 @@ async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resy
     announce("agent")
     NODE_GPUS.labels(node).set(len(gpus))
     publisher: asyncio.Task[None] | None = None
+    helpers: list[asyncio.Task[None]] = []
+    plugin: NodePlugin | None = None
     ready_within = max(READY_WITHIN, 3 * resync)
 
     def alive() -> tuple[bool, str]:
+        if stop.is_set():
+            return True, "ok"  # stopping: the tasks end on purpose
         if publisher is not None and publisher.done():
             return False, "the publish loop has stopped"
+        if any(task.done() for task in helpers):
+            return False, "the GPU health monitor or the stale-claims sweeper has stopped"
         return True, "ok"
 
     def ready() -> tuple[bool, str]:
+        if stop.is_set():
+            return False, "stopping"
+        if plugin_settings is not None and plugin is None:
+            return False, "the kubelet plugin has not started yet (recovering its checkpoints)"
         last = REGISTRY.get_sample_value("gpuslice_agent_last_publish_success_timestamp_seconds", {"node": node}) or 0.0
         return publish_ready(last, time.time(), ready_within)
 
+    # Served before the kubelet plugin starts: /healthz answers while it recovers, /readyz says why not yet.
     metrics = await serve_metrics(metrics_port, alive=alive, ready=ready) if metrics_port else None
+    health = HealthMonitor(node, backend, gpus, health_settings or HealthSettings(), on_change=wake.set)
     async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
+        await health.check()  # the first publish already carries what is wrong now
+        # The kubelet plugin registers only once the node matches its checkpoints (NodePlugin.start).
+        plugin = await NodePlugin.start(node, kube, backend, gpus, plugin_settings, health) if plugin_settings else None
         watches = AgentWatches(kube, node, wake, stop)
         watches.start()
-        publisher = asyncio.create_task(publish_loop(kube, node, gpus, wake, stop, resync, watches))
+        publisher = asyncio.create_task(publish_loop(kube, node, gpus, wake, stop, resync, watches, plugin,
+                                                     health.taints))
+        helpers.append(asyncio.create_task(health.run(kube, stop)))
+        if plugin is not None:
+            helpers.append(asyncio.create_task(stale_claims_loop(plugin, stop, resync)))
         try:
             await stop.wait()
         finally:
             stop.set()
             wake.set()
+            if plugin is not None:  # unregister first: the kubelet stops calling before anything else goes
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(SHUTDOWN_GRACE / 2):
+                        await plugin.stop()
             # A cycle under way may finish; a request to an apiserver going down with us must not
             # keep the agent alive for long.
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(publisher, SHUTDOWN_GRACE)
+            await asyncio.gather(*helpers, return_exceptions=True)
             await watches.close()
             if metrics is not None:
                 await metrics.cleanup()

@@ -150,7 +150,8 @@ class BenchCluster:
     async def start_agent(self, node: str) -> Component:
         """One real `gpuslice agent` process for ``node``, with its node-bound identity."""
         component = gpuslice_install.agent_component(
-            node, await self.agent_kubeconfig(node), self.dev.state.logs / f"gpuslice-agent-{node}.log", free_port())
+            node, await self.agent_kubeconfig(node), self.dev.state.logs / f"gpuslice-agent-{node}.log", free_port(),
+            self.dev.node_dir(node))
         await component.start()
         self.dev.components.append(component)
         await component.wait_healthy()

@@ -36,8 +36,10 @@ from gpuslice.planning.usage import (
     SliceView,
     device_info,
     devices_by_policy,
+    failed_devices,
     foreign_claims,
     pending_devices,
+    unhealthy_devices,
     usage,
 )
 from gpuslice.planning.validation import Problem, Selection, select, validate
@@ -266,6 +268,8 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         problems, selection, len(devices), usage(devices, world.claims, device_info(world.slices)), errors,
         pending=pending, kinds=kinds, taken=taken, foreign=foreign_claims(devices, world.claims, tenants, admins),
         draining=len(tainted - allocated),
+        mig_failed=len(devices & failed_devices(world.slices)),
+        unhealthy=len(devices & unhealthy_devices(world.slices)),
     )
     labels, admitted = _records(ctx, policy)
     await write_status(ctx, policy, findings, labels, admitted)

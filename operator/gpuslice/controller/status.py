@@ -37,6 +37,8 @@ class Findings:
     kinds: Sequence[DeviceKind] = ()
     taken: Sequence[str] = ()  # objects of our names that tenants made first
     foreign: Sequence[str] = ()  # claims holding our devices outside the tenants
+    mig_failed: int = 0  # devices of GPUs whose MIG reconfiguration failed (agents taint them mig-failed)
+    unhealthy: int = 0  # devices of GPUs the agents found unhealthy
 
 
 def _condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
@@ -86,6 +88,15 @@ def conditions(f: Findings) -> list[Condition]:
                               f"{'; '.join(f.taken)}: made by someone else before gpuslice, so gpuslice leaves it"
                               " alone and that tenant gets no such template; delete or rename it, or choose another"
                               " spec.claimTemplateName.")
+    elif f.mig_failed:
+        degraded = _condition("Degraded", True, "MigReconfigurationFailed",
+                              f"{f.mig_failed} devices are on GPUs whose MIG reconfiguration to this policy's layout"
+                              " failed and was rolled back to the last good layout; they are tainted"
+                              " gpuslice.dev/mig-failed. The policy's Events say which GPU and why.")
+    elif f.unhealthy:
+        degraded = _condition("Degraded", True, "GpuUnhealthy",
+                              f"{f.unhealthy} devices are on GPUs their node agent found unhealthy; they are tainted"
+                              " gpuslice.dev/unhealthy (the node's Events say which GPU and why).")
     elif f.pending:
         degraded = _condition("Degraded", True, "ChangePending",
                               f"{f.pending} allocated devices keep their old shape until their claims are released;"

@@ -22,7 +22,7 @@ from gpuslice.devcluster import features as features_module
 from gpuslice.devcluster import operator
 from gpuslice.devcluster.errors import DevClusterError
 from gpuslice.devcluster.faults import FaultControls
-from gpuslice.devcluster.nodes import FAKE_GPU_MODELS, fake_gpu_node, node_name
+from gpuslice.devcluster.nodes import FAKE_GPU_MODELS, fake_gpu_node, node_layout, node_name, pod_runner_component
 from gpuslice.devcluster.pki import CertificateAuthority, kubeconfig, service_account_key
 from gpuslice.devcluster.ports import ensure_port_free, free_port
 from gpuslice.devcluster.process import Component, http_health
@@ -70,6 +70,11 @@ class ClusterSpec:
     pod_runner: bool = False  # run a pod runner (the kubelet's DRA code) behind each fake node
     # The scheduler reaches the API server through a proxy a test can hold (faults: DevCluster.proxy).
     proxied_scheduler: bool = False
+    # (model, count) of each node, when they differ (the demo's); overrides nodes, gpu_model, gpus_per_node
+    shapes: tuple[tuple[str, int], ...] = ()
+
+    def node_shapes(self) -> list[tuple[str, int]]:
+        return list(self.shapes) or [(self.gpu_model, self.gpus_per_node)] * self.nodes
 
     def validate(self) -> None:
         if not 0 <= self.nodes <= 1000:
@@ -78,11 +83,14 @@ class ClusterSpec:
             raise DevClusterError(
                 f"--gpus-per-node must be between 1 and 16, not {self.gpus_per_node}."
             )
-        if self.gpu_model not in FAKE_GPU_MODELS:
-            raise DevClusterError(
-                f"--gpu-model {self.gpu_model!r} is not a fake GPU model gpuslice knows; use one"
-                f" of: {', '.join(FAKE_GPU_MODELS)}."
-            )
+        for model, count in self.node_shapes():
+            if model not in FAKE_GPU_MODELS:
+                raise DevClusterError(
+                    f"--gpu-model {model!r} is not a fake GPU model gpuslice knows; use one"
+                    f" of: {', '.join(FAKE_GPU_MODELS)}."
+                )
+            if not 1 <= count <= 16:
+                raise DevClusterError(f"--gpus-per-node must be between 1 and 16, not {count}.")
 
 
 class DevCluster(FaultControls):
@@ -103,7 +111,7 @@ class DevCluster(FaultControls):
         self.server = ""
         self.kubernetes_version = ""
         self.features: features_module.Features | None = None
-        self.node_names = [node_name(i) for i in range(1, spec.nodes + 1)]
+        self.node_names = [node_name(i) for i in range(1, len(spec.node_shapes()) + 1)]
         self.proxy: HoldableProxy | None = None
         self.scheduler_metrics = ""  # the kube-scheduler's /metrics (self-signed TLS, no credentials needed)
 
@@ -262,8 +270,10 @@ class DevCluster(FaultControls):
         return (*CONTROLLERS, *NODE_CONTROLLERS) if self.spec.pod_runner else CONTROLLERS
 
     def node_dir(self, node: str) -> Path:
-        """A fake node's own directory: plugins_registry/, plugins/, cdi/, dra-state/, containers/."""
-        return self.state.root / "nodes" / node
+        """A fake node's own directory: plugins_registry/, plugins/, cdi/, dra-state/, containers/ (the pod
+        runner's), and agent/ (the node agent's state: claim checkpoints, fake GPUs); ``nodes/<node>``
+        of the state directory, or where that links to (see ``StateDir.node_dir``)."""
+        return self.state.node_dir(node)
 
     async def _start_pod_runners(self, bins: binaries_module.Binaries, ca: CertificateAuthority) -> None:
         if bins.pod_runner is None:
@@ -272,27 +282,13 @@ class DevCluster(FaultControls):
                 " TEST_ASSET_POD_RUNNER). Use --no-pod-runner to run fake nodes without one."
             )
         for node in self.node_names:
-            root, node_kubeconfig = self._node_layout(node, ca)
-            runner = Component(
-                f"pod-runner-{node}",
-                [str(bins.pod_runner), f"--kubeconfig={node_kubeconfig}", f"--node={node}", f"--root={root}"],
-                self.state.logs / f"pod-runner-{node}.log", self._lease_exists(node), startup_timeout=30,
-            )
-            await self._launch(runner)
+            root = self.node_dir(node)
+            node_kubeconfig = node_layout(root, node, self.server, ca)
+            await self._launch(pod_runner_component(bins.pod_runner, node, root, node_kubeconfig,
+                                                    self.state.logs / f"pod-runner-{node}.log",
+                                                    self.lease_exists(node)))
 
-    def _node_layout(self, node: str, ca: CertificateAuthority) -> tuple[Path, Path]:
-        """The node's directories, and a kubeconfig for its identity (Node authorizer, NodeRestriction)."""
-        root = self.node_dir(node)
-        for sub in ("plugins_registry", "plugins", "cdi"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
-        user = f"system:node:{node}"
-        path = root / "kubeconfig"
-        identity = ca.issue_client(user, ("system:nodes",))
-        path.write_text(kubeconfig(self.server, ca.pair, identity, user, "gpuslice-dev"))
-        path.chmod(0o600)
-        return root, path
-
-    def _lease_exists(self, node: str) -> Callable[[], Awaitable[bool]]:
+    def lease_exists(self, node: str) -> Callable[[], Awaitable[bool]]:
         async def check() -> bool:
             async with await KubeClient.from_kubeconfig(self.state.kubeconfig) as kube:
                 try:
@@ -311,17 +307,14 @@ class DevCluster(FaultControls):
 
     async def _create_nodes(self, admin_kubeconfig: Path) -> None:
         async with await KubeClient.from_kubeconfig(admin_kubeconfig) as kube:
-            for name in self.node_names:
-                body = fake_gpu_node(name, self.spec.gpu_model, self.spec.gpus_per_node)
+            for name, (model, count) in zip(self.node_names, self.spec.node_shapes(), strict=True):
+                body = fake_gpu_node(name, model, count)
                 try:
                     await kube.create("/api/v1/nodes", body)
                 except KubeError as error:
                     raise DevClusterError(f"Creating fake GPU node {name} failed: {error}") from error
-        if self.node_names:
-            self._report(
-                f"dev-cluster: {len(self.node_names)} fake GPU node(s), each with"
-                f" {self.spec.gpus_per_node} x {self.spec.gpu_model}"
-            )
+        for name, (model, count) in zip(self.node_names, self.spec.node_shapes(), strict=True):
+            self._report(f"dev-cluster: fake GPU node {name} with {count} x {model}")
 
     async def _start_operator(self, admin_kubeconfig: Path, ca_pem: bytes) -> None:
         async with await KubeClient.from_kubeconfig(admin_kubeconfig) as kube:
@@ -332,7 +325,8 @@ class DevCluster(FaultControls):
                                                          free_port()))
         for node, agent_kubeconfig in agents.items():
             await self._launch(operator.agent_component(node, agent_kubeconfig,
-                                                        self.state.logs / f"gpuslice-agent-{node}.log", free_port()))
+                                                        self.state.logs / f"gpuslice-agent-{node}.log", free_port(),
+                                                        self.node_dir(node)))
 
     def dead_component(self) -> Component | None:
         """The first component that has exited, if any (for supervisors)."""

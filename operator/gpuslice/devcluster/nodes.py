@@ -8,8 +8,12 @@ stopped NotReady; without them nothing ever does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from gpuslice.devcluster.pki import CertificateAuthority, kubeconfig
+from gpuslice.devcluster.process import Component, HealthCheck
 from gpuslice.inventory.catalog import MODELS
 from gpuslice.inventory.nodes import FAKE_BACKEND as LABEL_BACKEND
 from gpuslice.inventory.nodes import FAKE_COUNT as LABEL_COUNT
@@ -52,3 +56,30 @@ def fake_gpu_node(name: str, gpu_model: str, gpu_count: int) -> dict[str, Any]:
             "addresses": [{"type": "Hostname", "address": name}],
         },
     }
+
+
+# A fake node's own directories, as a kubelet and a container runtime have them.
+NODE_DIRS = ("plugins_registry", "plugins", "cdi")
+
+
+def node_layout(root: Path, node: str, server: str, ca: CertificateAuthority) -> Path:
+    """Create the node's directories and a kubeconfig for its identity (``system:node:<name>``, under the
+    Node authorizer and NodeRestriction); the kubeconfig's path."""
+    for sub in NODE_DIRS:
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    user = f"system:node:{node}"
+    path = root / "kubeconfig"
+    identity = ca.issue_client(user, ("system:nodes",))
+    path.write_text(kubeconfig(server, ca.pair, identity, user, "gpuslice-dev"))
+    path.chmod(0o600)
+    return path
+
+
+def pod_runner_component(binary: Path, node: str, root: Path, node_kubeconfig: Path, log: Path,
+                         health: HealthCheck | None = None, extra_args: Sequence[str] = ()) -> Component:
+    """The node's pod runner (the kubelet's plugin and DRA managers), rooted at the node's directory."""
+    return Component(
+        f"pod-runner-{node}",
+        [str(binary), f"--kubeconfig={node_kubeconfig}", f"--node={node}", f"--root={root}", *extra_args],
+        log, health, startup_timeout=30,
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,11 +109,21 @@ def controller_component(kubeconfig: Path, log: Path, liveness_port: int) -> Com
     )
 
 
-def agent_component(node: str, kubeconfig: Path, log: Path, metrics_port: int) -> Component:
-    """The node agent with the fake backend; it reads the GPUs from its Node's labels."""
+def agent_dirs(node_dir: Path) -> list[str]:
+    """The agent's flags for a fake node's own directories: where its pod runner (the kubelet's code)
+    looks for plugins and CDI specs, and where the agent keeps its state."""
+    return [f"--kubelet-registrar-dir={node_dir / 'plugins_registry'}",
+            f"--kubelet-plugins-dir={node_dir / 'plugins'}", f"--cdi-dir={node_dir / 'cdi'}",
+            f"--state-dir={node_dir / 'agent'}"]
+
+
+def agent_component(node: str, kubeconfig: Path, log: Path, metrics_port: int, node_dir: Path,
+                    extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> Component:
+    """The node agent with the fake backend; it reads the GPUs from its Node's labels and serves its
+    kubelet plugin in the node's directories."""
     return Component(
         f"gpuslice-agent-{node}",
         [sys.executable, "-m", "gpuslice", "agent", f"--node={node}", "--backend=fake",
-         f"--kubeconfig={kubeconfig}", f"--metrics-port={metrics_port}"],
-        log, http_health(f"http://127.0.0.1:{metrics_port}/metrics"), startup_timeout=30,
+         f"--kubeconfig={kubeconfig}", f"--metrics-port={metrics_port}", *agent_dirs(node_dir), *extra_args],
+        log, http_health(f"http://127.0.0.1:{metrics_port}/metrics"), env=env, startup_timeout=30,
     )

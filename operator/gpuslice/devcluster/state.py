@@ -10,10 +10,16 @@ import json
 import os
 import shutil
 import signal
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpuslice.devcluster.errors import DevClusterError
+from gpuslice.dra.names import DRIVER, short_hash
+
+MAX_SOCKET_PATH = 107  # bytes of a unix socket path (sockaddr_un.sun_path, less its NUL)
+# The longest socket path below a node's directory: the kubelet plugin's registration socket.
+SOCKET_ROOM = len(f"/plugins_registry/{DRIVER}-reg.sock")
 
 
 def default_state_dir() -> Path:
@@ -57,6 +63,27 @@ class StateDir:
     def etcd_data(self) -> Path:
         return self.root / "etcd"
 
+    @property
+    def runtime_dir(self) -> Path:
+        """A short directory of this state directory's own, for node directories whose sockets would not
+        fit a unix socket path under a deep state directory."""
+        return Path(tempfile.gettempdir()) / f"gpuslice-{short_hash(str(self.root.absolute()))}"
+
+    def node_dir(self, node: str) -> Path:
+        """A fake node's own directory (created): ``nodes/<node>``, or, when a kubelet plugin socket under
+        it would pass the 107 bytes of a unix socket path, a short one in the system's temporary
+        directory that ``nodes/<node>`` links to (so ``exec-env`` and ``fake-gpu --node`` still find it)."""
+        place = self.root / "nodes" / node
+        if len(str(place.absolute()).encode()) + SOCKET_ROOM <= MAX_SOCKET_PATH:
+            place.mkdir(parents=True, exist_ok=True)
+            return place
+        short = self.runtime_dir / node
+        short.mkdir(parents=True, exist_ok=True)
+        place.parent.mkdir(parents=True, exist_ok=True)
+        if not place.is_symlink():
+            place.symlink_to(short, target_is_directory=True)
+        return short
+
     def read_record(self) -> ClusterRecord | None:
         try:
             return ClusterRecord(**json.loads(self.record_path.read_text()))
@@ -86,8 +113,8 @@ class StateDir:
     def prepare_fresh(self) -> str | None:
         """Make the directory ready for a new cluster; say what stale state was cleared.
 
-        Every ``up`` starts from an empty etcd and new certificates, so a
-        directory left by a crashed cluster is simply wiped (after making sure
+        Every ``up`` starts from an empty etcd, new certificates and fresh nodes, so
+        a directory left by a crashed cluster is simply wiped (after making sure
         none of its processes survived).
         """
         running = self.running_record()
@@ -109,7 +136,9 @@ class StateDir:
                 f" running (supervisor pid {stale.supervisor_pid})."
             )
             self.remove_record()
-        for directory in (self.etcd_data, self.pki):
+        # A fresh cluster has fresh nodes: their pod runners' and agents' state (checkpoints, CDI specs,
+        # recorded containers, fake GPUs) went with the old one.
+        for directory in (self.etcd_data, self.pki, self.root / "nodes", self.runtime_dir):
             shutil.rmtree(directory, ignore_errors=True)
         self.root.mkdir(parents=True, exist_ok=True)
         self.pki.mkdir(mode=0o700)

@@ -17,9 +17,11 @@ CONTROLLER_NAMESPACE = "gpuslice-system"
 # Taints the node agent puts on devices to keep new claims off them (a held change, a drain,
 # MIG reconfiguration, health). Tenants may never tolerate these, nor any other gpuslice.dev/ key
 # that is not one of their policy's own tolerable taints.
-PENDING_TAINT_KEY = "gpuslice.dev/pending-change"
-SAFETY_TAINT_KEYS = (PENDING_TAINT_KEY, "gpuslice.dev/reconfiguring", "gpuslice.dev/unhealthy",
-                     "gpuslice.dev/mig-failed")
+PENDING_TAINT_KEY = "gpuslice.dev/pending-change"  # an allocated device keeps its old shape (pool_safety)
+RECONFIGURING_TAINT_KEY = "gpuslice.dev/reconfiguring"  # the GPU's MIG layout is about to change
+UNHEALTHY_TAINT_KEY = "gpuslice.dev/unhealthy"  # the GPU reported a fault (planning.health)
+MIG_FAILED_TAINT_KEY = "gpuslice.dev/mig-failed"  # a MIG reconfiguration failed and was rolled back
+SAFETY_TAINT_KEYS = (PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY, UNHEALTHY_TAINT_KEY, MIG_FAILED_TAINT_KEY)
 
 
 def device_class_name(policy: str) -> str:

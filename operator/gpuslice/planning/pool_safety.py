@@ -20,15 +20,14 @@ the claims read again after that still show it free does the change apply.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Set
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
-from gpuslice.dra.names import ATTRIBUTE_DOMAIN
 from gpuslice.dra.quantity import parse_quantity
 from gpuslice.planning.node_pool import Device, NodePlan, PlannedSlice, layout
-from gpuslice.planning.usage import PENDING_TAINT_KEY
+from gpuslice.planning.taints import PENDING_TAINT_KEY, Taint, device_gpu, with_status_taints, without_agent_taints
 
 _QUANTITY_KEYS = {"value", "default", "min", "max", "step"}
 
@@ -49,10 +48,9 @@ def normalized(obj: Any, key: str = "") -> Any:
     return obj
 
 
-def _without_pending(device: Device) -> Device:
-    taints = [t for t in device.get("taints", []) if t.get("key") != PENDING_TAINT_KEY]
-    clean = {k: v for k, v in device.items() if k != "taints"}
-    return {**clean, "taints": taints} if taints else clean
+def _as_planned(device: Device) -> Device:
+    """The device as planned: without the taints the agent adds (pending change, GPU statuses)."""
+    return without_agent_taints(device)
 
 
 def _with_pending(device: Device) -> Device:
@@ -83,17 +81,20 @@ def changing(plan: NodePlan, published: Iterable[Device], frozen: Set[str] = fro
         if name in frozen:
             continue
         new = wanted.get(name)
-        if new is None or not same_device(new, _without_pending(device)):
+        if new is None or not same_device(new, _as_planned(device)):
             found.add(name)
     return found
 
 
 def _gpu(device: Device) -> str | None:
     """The physical GPU, by UUID (an index can name another GPU after a restart)."""
-    attributes = device.get("attributes") or {}
-    value = (attributes.get(f"{ATTRIBUTE_DOMAIN}/uuid") or attributes.get(f"{ATTRIBUTE_DOMAIN}/parentUUID") or {})
-    found = value.get("string")
-    return str(found) if found is not None else None
+    return device_gpu(device)
+
+
+def with_statuses(slices: Iterable[PlannedSlice], taints: Mapping[str, Sequence[Taint]]) -> tuple[PlannedSlice, ...]:
+    """``slices`` with each device carrying its GPU's status taints (and no stale ones)."""
+    return tuple(replace(s, devices=tuple(with_status_taints(d, taints.get(_gpu(d) or "", ())) for d in s.devices))
+                 for s in slices)
 
 
 def _signature(device: Device) -> frozenset[str]:
@@ -124,10 +125,10 @@ def make_safe(
     live = {d["name"]: d for d in published}
     live_sets = {str(c["name"]): dict(c) for c in counter_sets}
     wanted = {d["name"]: d for d in plan.devices if d["name"] not in frozen}
-    held: dict[str, Device] = {name: _without_pending(live[name]) for name in sorted(frozen & set(live))}
+    held: dict[str, Device] = {name: _as_planned(live[name]) for name in sorted(frozen & set(live))}
     draining: list[str] = []
     for name in sorted(set(live) - frozen):
-        old = _without_pending(live[name])
+        old = _as_planned(live[name])
         new = wanted.get(name)
         if new is not None and same_device(new, old):
             continue

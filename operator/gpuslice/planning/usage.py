@@ -11,13 +11,20 @@ from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER, PENDING_TAINT_KEY
+from gpuslice.dra.names import (
+    ATTR_POLICY,
+    ATTRIBUTE_DOMAIN,
+    DRIVER,
+    MIG_FAILED_TAINT_KEY,
+    PENDING_TAINT_KEY,
+    UNHEALTHY_TAINT_KEY,
+)
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.planning.cluster_objects import DeviceRef
 from gpuslice.planning.kinds import FULL, SHARED, SLICE
 
 __all__ = ["PENDING_TAINT_KEY", "ClaimResult", "ClaimView", "DeviceInfo", "SliceView", "Usage", "device_info",
-           "devices_by_policy", "foreign_claims", "pending_devices", "usage"]
+           "devices_by_policy", "failed_devices", "foreign_claims", "pending_devices", "unhealthy_devices", "usage"]
 
 
 @dataclass(frozen=True)
@@ -57,13 +64,22 @@ class SliceView:
     pending: frozenset[str] = frozenset()  # devices the agent holds back (allocated, change waiting)
     slice_count: int = 1  # the pool's resourceSliceCount at this generation
     info: tuple[tuple[str, DeviceInfo], ...] = ()  # (device name, what it is)
+    failed: frozenset[str] = frozenset()  # devices of a GPU whose MIG reconfiguration failed (rolled back)
+    unhealthy: frozenset[str] = frozenset()  # devices of a GPU the agent found unhealthy
 
     @classmethod
     def from_slice(cls, spec: Mapping[str, Any]) -> SliceView:
-        devices, pending, info = [], set(), []
+        devices: list[tuple[str, str]] = []
+        info: list[tuple[str, DeviceInfo]] = []
+        pending: set[str] = set()
+        failed: set[str] = set()
+        unhealthy: set[str] = set()
         for device in spec.get("devices") or []:
-            if any(t.get("key") == PENDING_TAINT_KEY for t in device.get("taints") or []):
-                pending.add(str(device["name"]))
+            keys = {t.get("key") for t in device.get("taints") or []}
+            for key, found in ((PENDING_TAINT_KEY, pending), (MIG_FAILED_TAINT_KEY, failed),
+                               (UNHEALTHY_TAINT_KEY, unhealthy)):
+                if key in keys:
+                    found.add(str(device["name"]))
             # Fully qualified: a bare name would belong to the driver's domain, not ours.
             attributes = device.get("attributes") or {}
             attribute = attributes.get(f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}") or {}
@@ -71,7 +87,7 @@ class SliceView:
             info.append((str(device["name"]), DeviceInfo(_kind(attributes), _memory(device))))
         pool = spec.get("pool") or {}
         return cls(str(pool.get("name", "")), int(pool.get("generation", 0)), tuple(devices), frozenset(pending),
-                   int(pool.get("resourceSliceCount", 1)), tuple(info))
+                   int(pool.get("resourceSliceCount", 1)), tuple(info), frozenset(failed), frozenset(unhealthy))
 
 
 @dataclass(frozen=True)
@@ -113,6 +129,15 @@ class ClaimView:
 
 def pending_devices(slices: Iterable[SliceView]) -> set[DeviceRef]:
     return {DeviceRef(view.pool, name) for view in slices for name in view.pending}
+
+
+def failed_devices(slices: Iterable[SliceView]) -> set[DeviceRef]:
+    """Devices of GPUs whose MIG reconfiguration failed and was rolled back (``gpuslice.dev/mig-failed``)."""
+    return {DeviceRef(view.pool, name) for view in slices for name in view.failed}
+
+
+def unhealthy_devices(slices: Iterable[SliceView]) -> set[DeviceRef]:
+    return {DeviceRef(view.pool, name) for view in slices for name in view.unhealthy}
 
 
 def _complete_pools(slices: list[SliceView]) -> tuple[dict[str, int], set[str]]:

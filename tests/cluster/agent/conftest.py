@@ -18,6 +18,7 @@ from gpuslice.devcluster.nodes import fake_gpu_node
 from gpuslice.devcluster.ports import free_port
 from gpuslice.devcluster.process import Component
 from gpuslice.kube.client import KubeClient, KubeError
+from tests.cluster.kubeutil import short_dir
 from tests.cluster.operator_fixtures import apply_manifests
 
 AGENT_RBAC = Path(__file__).resolve().parents[3] / "manifests" / "agent-rbac.yaml"
@@ -66,7 +67,7 @@ async def gpu_node(
         await kube.create("/api/v1/nodes", fake_gpu_node(name, model, count))
         kubeconfig = await operator.agent_kubeconfig(kube, name, tmp_path, cluster.server, ca_pem)
         port = free_port()
-        agent = operator.agent_component(name, kubeconfig, tmp_path / f"agent-{name}.log", port)
+        agent = operator.agent_component(name, kubeconfig, tmp_path / f"agent-{name}.log", port, short_dir())
         await agent.start()
         await agent.wait_healthy()
         node = GpuNode(name, agent, kubeconfig, port)

@@ -2,44 +2,23 @@
 registration protocol, answers NodePrepareResources with a CDI device whose spec injects
 environment variables naming the claim and device, and records what it was asked.
 
-The protos are the kubelet's own (k8s.io/kubelet v0.37.2), compiled at test time.
+It speaks the same generated code as gpuslice's own plugin (gpuslice.agent.kubeletplugin.proto).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sys
-import tempfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import grpc
 
+from gpuslice.agent.kubeletplugin.proto import dra_pb2, dra_pb2_grpc
+from gpuslice.agent.kubeletplugin.proto import pluginregistration_pb2 as reg_pb2
+from gpuslice.agent.kubeletplugin.proto import pluginregistration_pb2_grpc as reg_pb2_grpc
 from gpuslice.dra.names import short_hash
 from gpuslice.kube.client import KubeClient
-
-PROTOS = Path(__file__).parent / "protos"
-
-
-def compile_protos() -> tuple[ModuleType, ModuleType, ModuleType, ModuleType]:
-    from grpc_tools import protoc
-
-    out = Path(tempfile.mkdtemp(prefix="gpuslice-protos-"))
-    for name in ("dra.proto", "pluginregistration.proto"):
-        code = protoc.main(["protoc", f"-I{PROTOS}", f"--python_out={out}", f"--grpc_python_out={out}", name])
-        assert code == 0, f"protoc failed on {name}"
-    sys.path.insert(0, str(out))
-    import dra_pb2
-    import dra_pb2_grpc
-    import pluginregistration_pb2
-    import pluginregistration_pb2_grpc
-
-    return dra_pb2, dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
-
-
-dra_pb2, dra_pb2_grpc, reg_pb2, reg_pb2_grpc = compile_protos()
 
 
 class DraTestPlugin:
@@ -71,11 +50,11 @@ class DraTestPlugin:
         self.endpoint.parent.mkdir(parents=True, exist_ok=True)
         dra_server = grpc.aio.server()
         dra_pb2_grpc.add_DRAPluginServicer_to_server(_DRA(self), dra_server)
-        dra_server.add_insecure_port(f"unix://{self.endpoint}")
+        dra_server.add_insecure_port(f"unix:{self.endpoint.absolute()}")
         await dra_server.start()
         reg_server = grpc.aio.server()
         reg_pb2_grpc.add_RegistrationServicer_to_server(_Registration(self), reg_server)
-        reg_server.add_insecure_port(f"unix://{self.registration_socket}")
+        reg_server.add_insecure_port(f"unix:{self.registration_socket.absolute()}")
         await reg_server.start()
         self._servers = [dra_server, reg_server]
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +34,9 @@ def test_stale_state_is_cleared_and_its_processes_killed(tmp_path: Path) -> None
     state.write_record(_record(dead.pid, {"etcd": leftover.pid}))
     (tmp_path / "etcd").mkdir()
     (tmp_path / "etcd" / "member").write_text("old data")
+    checkpoint = tmp_path / "nodes" / "gpu-node-1" / "agent" / "claims" / "uid.json"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_text("{}")
 
     note = state.prepare_fresh()
 
@@ -40,6 +45,7 @@ def test_stale_state_is_cleared_and_its_processes_killed(tmp_path: Path) -> None
     assert str(dead.pid) in note
     assert leftover.wait(timeout=5) != 0
     assert not (tmp_path / "etcd").exists()
+    assert not (tmp_path / "nodes").exists(), "a fresh cluster's nodes start with no state of the old one's"
     assert state.read_record() is None
     assert (tmp_path / "pki").is_dir()
 
@@ -72,3 +78,20 @@ def test_group_is_alive_while_any_member_runs_and_not_as_zombies() -> None:
         assert not group_alive(leader.pid)
     finally:
         leader.wait()
+
+
+def test_node_directories_of_a_deep_state_directory_fit_unix_socket_paths(tmp_path: Path) -> None:
+    short = Path(tempfile.mkdtemp(prefix="s", dir="/tmp"))
+    try:
+        assert StateDir(short).node_dir("gpu-node-1") == short / "nodes" / "gpu-node-1"
+    finally:
+        shutil.rmtree(short)
+    deep = StateDir(tmp_path / ("d" * 80))
+    node = deep.node_dir("gpu-node-1")
+    socket = node / "plugins_registry" / "gpu.gpuslice.dev-reg.sock"
+    assert len(str(socket).encode()) <= 107
+    assert (deep.root / "nodes" / "gpu-node-1").resolve() == node.resolve(), "found where exec-env looks"
+    assert deep.node_dir("gpu-node-1") == node
+    deep.prepare_fresh()
+    assert not node.exists(), "a fresh cluster's nodes start empty"
+    assert not (deep.root / "nodes").exists()

@@ -1,14 +1,59 @@
-"""GPU backends: NVML on real nodes, a fake one for kind and the dev cluster."""
+"""GPU backends: NVML on real nodes, a fake one for kind and the dev cluster.
+
+A backend finds the node's GPUs, and for the kubelet plugin and the MIG manager
+it also makes and removes MIG instances, switches MIG mode, reports faults, and
+says what a container needs to reach a device beyond gpuslice's own variables
+(on NVIDIA nodes: the NVIDIA Container Toolkit's CDI device, MIG capability
+nodes). Every call may block (NVML is synchronous): callers run them in a thread.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from gpuslice.dra.cdi import DeviceNode
+from gpuslice.inventory.catalog import MigProfile
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.planning.grants import Grant
+from gpuslice.planning.health import Fault
+
+__all__ = ["Access", "Fault", "GpuBackend", "GpuBackendError", "MigInstance"]
 
 
 class GpuBackendError(Exception):
-    """The backend cannot see the GPUs; the message says why and what to do."""
+    """The backend cannot see the GPUs, or refused an operation; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A MIG instance that exists on a GPU: a GPU instance at a placement, with one compute instance.
+
+    The placement (``start``, ``size`` in memory slices) and profile are what a published device
+    names; ``gi``, ``ci`` and ``uuid`` are what the GPU gave it (they change when it is remade).
+    """
+
+    gpu_uuid: str
+    profile: str
+    start: int
+    size: int
+    gi: int
+    ci: int
+    uuid: str
+
+    @property
+    def placement(self) -> tuple[int, int]:
+        return (self.start, self.size)
+
+
+@dataclass(frozen=True)
+class Access:
+    """What a container needs to use a device, beyond gpuslice's ``GPUSLICE_*`` variables: CDI ids
+    of other specs (the NVIDIA Container Toolkit's) and device nodes of our own."""
+
+    cdi_ids: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceNode, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
 
 
 class GpuBackend(Protocol):
@@ -16,4 +61,30 @@ class GpuBackend(Protocol):
 
     def discover(self) -> list[Gpu]:
         """The node's GPUs, ordered by index."""
+        ...
+
+    def mig_enabled(self, gpu: Gpu) -> bool: ...
+
+    def set_mig_mode(self, gpu: Gpu, enabled: bool) -> None:
+        """Switch MIG mode; GpuBackendError if it cannot happen now (the GPU is busy, needs a reset)."""
+        ...
+
+    def mig_instances(self, gpu: Gpu) -> list[MigInstance]:
+        """The MIG instances that exist on ``gpu`` now (none when MIG is off)."""
+        ...
+
+    def create_mig(self, gpu: Gpu, profile: MigProfile, start: int) -> MigInstance:
+        """A GPU instance of ``profile`` at memory slice ``start`` and a compute instance spanning it."""
+        ...
+
+    def destroy_mig(self, gpu: Gpu, instance: MigInstance) -> None:
+        """Remove the instance (compute instances first); GpuBackendError if it is in use."""
+        ...
+
+    def faults(self) -> dict[str, Fault]:
+        """GPUs that reported a fault since the last call, or still report one, by UUID."""
+        ...
+
+    def access(self, grant: Grant, gpu: Gpu, instance: MigInstance | None) -> Access:
+        """What a container needs to reach ``grant``'s device (see :class:`Access`)."""
         ...

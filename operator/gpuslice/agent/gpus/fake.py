@@ -2,17 +2,26 @@
 
 Rich enough for every planner path: memory slicing, shared capacity and MIG
 with NVML's real profiles and placement tables. UUIDs are stable per node and
-index, so a restarted agent publishes the same devices.
+index, so a restarted agent publishes the same devices. MIG mode and MIG
+instances behave as on a GPU (an instance takes its memory slices; overlapping
+placements are refused) and outlive the agent in its state directory, where
+``gpuslice fake-gpu`` can also raise faults and make operations fail
+(``fake_state``). A container given a fake device receives only gpuslice's
+``GPUSLICE_*`` variables.
 """
 
 from __future__ import annotations
 
 import hashlib
 import uuid
+from dataclasses import replace
+from pathlib import Path
 
-from gpuslice.agent.gpus import GpuBackendError
-from gpuslice.inventory.catalog import MODELS
+from gpuslice.agent.gpus import Access, Fault, GpuBackendError, MigInstance
+from gpuslice.agent.gpus.fake_state import FakeGpu, FakeMigInstance, FakeState, FakeStateFile, Operation
+from gpuslice.inventory.catalog import MODELS, MigProfile
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.planning.grants import Grant
 
 
 def parse_fake_gpus(text: str) -> list[tuple[str, int]]:
@@ -34,12 +43,18 @@ def parse_fake_gpus(text: str) -> list[tuple[str, int]]:
     return parsed
 
 
+def fake_uuid(node: str, index: int) -> str:
+    seed = hashlib.sha256(f"{node}/{index}".encode()).digest()[:16]
+    return f"GPU-{uuid.UUID(bytes=seed)}"
+
+
 class FakeBackend:
     name = "fake"
 
-    def __init__(self, node: str, gpus: list[tuple[str, int]]) -> None:
+    def __init__(self, node: str, gpus: list[tuple[str, int]], state_dir: Path | None = None) -> None:
         self.node = node
         self.gpus = gpus
+        self.state = FakeStateFile(state_dir)
 
     def discover(self) -> list[Gpu]:
         found: list[Gpu] = []
@@ -47,10 +62,9 @@ class FakeBackend:
             model = MODELS[model_key]
             for _ in range(count):
                 index = len(found)
-                seed = hashlib.sha256(f"{self.node}/{index}".encode()).digest()[:16]
                 found.append(Gpu(
                     index=index,
-                    uuid=f"GPU-{uuid.UUID(bytes=seed)}",
+                    uuid=fake_uuid(self.node, index),
                     product_name=model.product_name,
                     memory=model.memory,
                     pci_bus_id=f"0000:{0x18 + 0x10 * index:02x}:00.0",
@@ -62,4 +76,95 @@ class FakeBackend:
                     mig_enabled=model.mig_capable,
                     mig_profiles=model.mig_profiles,
                 ))
-        return found
+        # A GPU first seen comes up as the catalog says (MIG-capable ones in MIG mode); after that
+        # its state file knows better.
+        def settle(state: FakeState) -> list[Gpu]:
+            for gpu in found:
+                state.gpus.setdefault(gpu.index, FakeGpu(mig_enabled=gpu.mig_enabled))
+            return [_with_mig_mode(gpu, state.gpus[gpu.index].mig_enabled) for gpu in found]
+
+        return self.state.update(settle)
+
+    # MIG
+
+    def mig_enabled(self, gpu: Gpu) -> bool:
+        return self._gpu_state(self.state.read(), gpu).mig_enabled
+
+    def set_mig_mode(self, gpu: Gpu, enabled: bool) -> None:
+        def change(state: FakeState) -> None:
+            self._injected(state, "set-mig-mode", gpu)
+            fake = self._gpu_state(state, gpu)
+            if not gpu.mig_capable:
+                raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}, {gpu.product_name}) has no MIG mode.")
+            if not enabled and fake.instances:
+                raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}) still has {len(fake.instances)} MIG instances;"
+                                      " destroy them before turning MIG mode off.")
+            fake.mig_enabled = enabled
+
+        self.state.update(change)
+
+    def mig_instances(self, gpu: Gpu) -> list[MigInstance]:
+        fake = self._gpu_state(self.state.read(), gpu)
+        return [_instance(gpu, i) for i in fake.instances] if fake.mig_enabled else []
+
+    def create_mig(self, gpu: Gpu, profile: MigProfile, start: int) -> MigInstance:
+        def change(state: FakeState) -> MigInstance:
+            self._injected(state, "create-mig", gpu)
+            fake = self._gpu_state(state, gpu)
+            where = f"GPU {gpu.index} ({gpu.uuid})"
+            if not fake.mig_enabled:
+                raise GpuBackendError(f"{where} is not in MIG mode; cannot create a {profile.name} instance.")
+            if start not in profile.starts:
+                raise GpuBackendError(f"{where}: {profile.name} cannot be placed at memory slice {start}"
+                                      f" (its placements start at {list(profile.starts)}).")
+            cells = set(range(start, start + profile.size))
+            for other in fake.instances:
+                if cells & set(range(other.start, other.start + other.size)):
+                    raise GpuBackendError(f"{where}: memory slices {sorted(cells)} are taken by the {other.profile}"
+                                          f" instance at {other.start} (GPU instance {other.gi}).")
+                if profile.media and other.profile.endswith("+me"):
+                    raise GpuBackendError(f"{where}: the media engines are taken by the {other.profile} instance.")
+            used = {i.gi for i in fake.instances}
+            gi = next(n for n in range(1, 64) if n not in used)
+            state.serial += 1
+            made = FakeMigInstance(gi=gi, ci=0, profile=profile.name, start=start, size=profile.size,
+                                   uuid=f"MIG-{uuid.uuid5(uuid.NAMESPACE_OID, f'{gpu.uuid}/{gi}/{state.serial}')}")
+            fake.instances.append(made)
+            return _instance(gpu, made)
+
+        return self.state.update(change)
+
+    def destroy_mig(self, gpu: Gpu, instance: MigInstance) -> None:
+        def change(state: FakeState) -> None:
+            self._injected(state, "destroy-mig", gpu)
+            fake = self._gpu_state(state, gpu)
+            fake.instances = [i for i in fake.instances if i.gi != instance.gi]
+
+        self.state.update(change)
+
+    # Health and access
+
+    def faults(self) -> dict[str, Fault]:
+        state = self.state.read()
+        by_index = {g: fake_uuid(self.node, g) for g in state.faults}
+        return {by_index[g]: Fault(f.kind, f.code, f.message) for g, f in state.faults.items()}
+
+    def access(self, grant: Grant, gpu: Gpu, instance: MigInstance | None) -> Access:
+        return Access()
+
+    def _gpu_state(self, state: FakeState, gpu: Gpu) -> FakeGpu:
+        return state.gpus.setdefault(gpu.index, FakeGpu(mig_enabled=gpu.mig_enabled))
+
+    def _injected(self, state: FakeState, operation: Operation, gpu: Gpu) -> None:
+        if state.take_failure(operation, gpu.index) is not None:
+            raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}): {operation} failed (a failure injected with"
+                                  " `gpuslice fake-gpu fail`).")
+
+
+def _with_mig_mode(gpu: Gpu, enabled: bool) -> Gpu:
+    return replace(gpu, mig_enabled=enabled) if gpu.mig_capable else gpu
+
+
+def _instance(gpu: Gpu, fake: FakeMigInstance) -> MigInstance:
+    return MigInstance(gpu_uuid=gpu.uuid, profile=fake.profile, start=fake.start, size=fake.size, gi=fake.gi,
+                       ci=fake.ci, uuid=fake.uuid)

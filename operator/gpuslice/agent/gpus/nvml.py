@@ -1,19 +1,50 @@
-"""Real GPUs through NVML (``pynvml`` from nvidia-ml-py). Read-only: discovery never
-changes a GPU setting; MIG instances are made by the kubelet plugin at prepare time."""
+"""Real GPUs through NVML (``pynvml`` from nvidia-ml-py).
+
+Discovery changes no GPU setting. MIG instances are made and destroyed only on
+behalf of the kubelet plugin (dynamic MIG) and the MIG manager (static layouts).
+Health comes from NVML's event set (XID and double-bit ECC events, watched in a
+thread) and from probing each GPU, which answers ``GPU is lost`` once it fell off
+the bus. A container is given the NVIDIA Container Toolkit's CDI device for its
+GPU (``nvidia_cdi``), next to gpuslice's own spec.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gpuslice.agent.gpus import GpuBackendError
+import structlog
+
+from gpuslice.agent.gpus import Access, Fault, GpuBackendError, MigInstance
+from gpuslice.agent.gpus.nvidia_cdi import (
+    DEFAULT_SPEC_DIRS,
+    MIG_MINORS,
+    NvidiaCdiError,
+    ToolkitSpecs,
+    mig_capability_nodes,
+    parse_mig_minors,
+)
 from gpuslice.inventory.catalog import MigProfile
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.planning.grants import Grant
 
+log = structlog.get_logger(__name__)
 ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
                  8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 13: "Rubin"}
 MAX_PLACEMENTS = 16
+MAX_INSTANCES = 8
+# Application errors, not the GPU's (the NVIDIA DRA driver ignores the same): graphics engine
+# exceptions, page faults, preempted or reset channels, a killed context.
+IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+LOST_XIDS = frozenset({79})  # fell off the bus
+COMPUTE_PROFILES = {1: "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE", 2: "NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE",
+                    3: "NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE", 4: "NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE",
+                    7: "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE"}
 
 
 def _text(value: Any) -> str:
@@ -23,14 +54,22 @@ def _text(value: Any) -> str:
 class NvmlBackend:
     name = "nvml"
 
-    def __init__(self, nvml: ModuleType | None = None) -> None:
+    def __init__(self, nvml: ModuleType | None = None, cdi_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS,
+                 mig_minors: Path = MIG_MINORS) -> None:
         if nvml is None:
             import pynvml
 
             nvml = pynvml
         self.nvml: Any = nvml  # pynvml is untyped; the stand-in in tests is a plain module
+        self.cdi_dirs, self.mig_minors = cdi_dirs, mig_minors
+        self._profile_ids: dict[tuple[str, str], int] = {}  # (GPU UUID, profile) -> NVML profile enum
+        self._events: dict[str, Fault] = {}
+        self._events_lock = threading.Lock()
+        self._watcher: threading.Thread | None = None
 
-    def discover(self) -> list[Gpu]:
+    @contextlib.contextmanager
+    def _session(self, what: str, hint: str = "") -> Iterator[Any]:
+        """NVML initialised for one operation (nvmlInit counts references); errors made clear."""
         nvml = self.nvml
         try:
             nvml.nvmlInit()
@@ -40,15 +79,18 @@ class NvmlBackend:
                 " lacks the driver libraries. On a node without GPUs use --backend fake."
             ) from error
         try:
-            driver = _text(nvml.nvmlSystemGetDriverVersion())
-            return [self._gpu(index, driver) for index in range(nvml.nvmlDeviceGetCount())]
+            yield nvml
         except nvml.NVMLError as error:
-            raise GpuBackendError(
-                f"NVML failed while reading the GPUs ({error}). Check `nvidia-smi -q` on the node: a GPU"
-                " that fell off the bus or needs a reset shows there; the agent publishes once NVML reads cleanly."
-            ) from error
+            raise GpuBackendError(f"NVML failed while {what} ({error}).{hint}") from error
         finally:
             nvml.nvmlShutdown()
+
+    def discover(self) -> list[Gpu]:
+        hint = (" Check `nvidia-smi -q` on the node: a GPU that fell off the bus or needs a reset shows there;"
+                " the agent publishes once NVML reads cleanly.")
+        with self._session("reading the GPUs", hint) as nvml:
+            driver = _text(nvml.nvmlSystemGetDriverVersion())
+            return [self._gpu(index, driver) for index in range(nvml.nvmlDeviceGetCount())]
 
     def _gpu(self, index: int, driver: str) -> Gpu:
         nvml = self.nvml
@@ -60,9 +102,10 @@ class NvmlBackend:
             mig_capable, mig_enabled = True, current == nvml.NVML_DEVICE_MIG_ENABLE
         except nvml.NVMLError_NotSupported:
             pass
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
         return Gpu(
             index=index,
-            uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+            uuid=uuid,
             product_name=_text(nvml.nvmlDeviceGetName(handle)),
             memory=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
             pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo(handle).busId),
@@ -72,10 +115,10 @@ class NvmlBackend:
             minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
             mig_capable=mig_capable,
             mig_enabled=mig_enabled,
-            mig_profiles=self._mig_profiles(handle) if mig_capable else (),
+            mig_profiles=self._mig_profiles(handle, uuid) if mig_capable else (),
         )
 
-    def _mig_profiles(self, handle: Any) -> tuple[MigProfile, ...]:
+    def _mig_profiles(self, handle: Any, uuid: str) -> tuple[MigProfile, ...]:
         nvml = self.nvml
         profiles = []
         for profile in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
@@ -90,6 +133,7 @@ class NvmlBackend:
             nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, placements, ctypes.byref(count))
             found = [(placements[i].start, placements[i].size) for i in range(count.value)]
             name = _text(info.name).removeprefix("MIG ").strip()
+            self._profile_ids[(uuid, name)] = profile
             profiles.append(MigProfile(
                 name=name,
                 memory=int(info.memorySizeMB) * 1024**2,
@@ -99,3 +143,200 @@ class NvmlBackend:
                 media="+me" in name,
             ))
         return tuple(profiles)
+
+    # MIG
+
+    def mig_enabled(self, gpu: Gpu) -> bool:
+        with self._session(f"reading MIG mode of GPU {gpu.index}") as nvml:
+            current, _ = nvml.nvmlDeviceGetMigMode(nvml.nvmlDeviceGetHandleByUUID(gpu.uuid))
+            return bool(current == nvml.NVML_DEVICE_MIG_ENABLE)
+
+    def set_mig_mode(self, gpu: Gpu, enabled: bool) -> None:
+        with self._session(f"switching MIG mode of GPU {gpu.index} ({gpu.uuid})") as nvml:
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            mode = nvml.NVML_DEVICE_MIG_ENABLE if enabled else nvml.NVML_DEVICE_MIG_DISABLE
+            nvml.nvmlDeviceSetMigMode(handle, mode)
+            current, pending = nvml.nvmlDeviceGetMigMode(handle)
+            if current != mode:
+                raise GpuBackendError(
+                    f"GPU {gpu.index} ({gpu.uuid}) will switch MIG mode only after a GPU reset (pending mode"
+                    f" {pending}); stop its processes and run `nvidia-smi -r -i {gpu.index}`.")
+
+    def _profile_enum(self, gpu: Gpu, profile: str) -> int:
+        found = self._profile_ids.get((gpu.uuid, profile))
+        if found is None:
+            raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}) has no MIG profile {profile}.")
+        return found
+
+    def mig_instances(self, gpu: Gpu) -> list[MigInstance]:
+        found: list[MigInstance] = []
+        with self._session(f"listing MIG instances of GPU {gpu.index}") as nvml:
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            current, _ = nvml.nvmlDeviceGetMigMode(handle)
+            if current != nvml.NVML_DEVICE_MIG_ENABLE:
+                return []
+            uuids = self._mig_uuids(handle)
+            for (uuid, name), enum in self._profile_ids.items():
+                if uuid != gpu.uuid:
+                    continue
+                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
+                instances = (nvml.c_nvmlGpuInstance_t * MAX_INSTANCES)()
+                count = ctypes.c_uint(MAX_INSTANCES)
+                nvml.nvmlDeviceGetGpuInstances(handle, info.id, instances, ctypes.byref(count))
+                for i in range(count.value):
+                    gi_info = nvml.nvmlGpuInstanceGetInfo(instances[i])
+                    ci = self._first_compute_instance(instances[i])
+                    found.append(MigInstance(
+                        gpu_uuid=gpu.uuid, profile=name, start=int(gi_info.placement.start),
+                        size=int(gi_info.placement.size), gi=int(gi_info.id), ci=ci,
+                        uuid=uuids.get((int(gi_info.id), ci), "")))
+        return sorted(found, key=lambda m: m.start)
+
+    def _first_compute_instance(self, gpu_instance: Any) -> int:
+        nvml = self.nvml
+        for slices in sorted(COMPUTE_PROFILES, reverse=True):
+            try:
+                info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gpu_instance, getattr(nvml, COMPUTE_PROFILES[slices]),
+                    nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+            except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
+                continue
+            instances = (nvml.c_nvmlComputeInstance_t * MAX_INSTANCES)()
+            count = ctypes.c_uint(MAX_INSTANCES)
+            nvml.nvmlGpuInstanceGetComputeInstances(gpu_instance, info.id, instances, ctypes.byref(count))
+            if count.value:
+                return int(nvml.nvmlComputeInstanceGetInfo(instances[0]).id)
+        return -1  # a GPU instance without a compute instance (made by hand, or half made)
+
+    def _mig_uuids(self, handle: Any) -> dict[tuple[int, int], str]:
+        nvml = self.nvml
+        found = {}
+        for index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+            except nvml.NVMLError_NotFound:
+                continue
+            key = (int(nvml.nvmlDeviceGetGpuInstanceId(mig)), int(nvml.nvmlDeviceGetComputeInstanceId(mig)))
+            found[key] = _text(nvml.nvmlDeviceGetUUID(mig))
+        return found
+
+    def create_mig(self, gpu: Gpu, profile: MigProfile, start: int) -> MigInstance:
+        enum = self._profile_enum(gpu, profile.name)
+        ci_profile = COMPUTE_PROFILES.get(profile.compute_slices)
+        if ci_profile is None:
+            raise GpuBackendError(f"MIG profile {profile.name} has no compute instance profile of its size.")
+        with self._session(f"creating a {profile.name} instance at memory slice {start} of GPU {gpu.index}"
+                           f" ({gpu.uuid})") as nvml:
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
+            placement = nvml.c_nvmlGpuInstancePlacement_t()
+            placement.start, placement.size = start, profile.size
+            gpu_instance = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, info.id, placement)
+            try:
+                ci_info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gpu_instance, getattr(nvml, ci_profile), nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                compute = nvml.nvmlGpuInstanceCreateComputeInstance(gpu_instance, ci_info.id)
+            except nvml.NVMLError:
+                nvml.nvmlGpuInstanceDestroy(gpu_instance)  # no half instance is left behind
+                raise
+            gi = int(nvml.nvmlGpuInstanceGetInfo(gpu_instance).id)
+            ci = int(nvml.nvmlComputeInstanceGetInfo(compute).id)
+            uuid = self._mig_uuids(handle).get((gi, ci), "")
+        return MigInstance(gpu_uuid=gpu.uuid, profile=profile.name, start=start, size=profile.size, gi=gi, ci=ci,
+                           uuid=uuid)
+
+    def destroy_mig(self, gpu: Gpu, instance: MigInstance) -> None:
+        with self._session(f"destroying the {instance.profile} instance (GPU instance {instance.gi}) of GPU"
+                           f" {gpu.index} ({gpu.uuid})") as nvml:
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            try:
+                gpu_instance = nvml.nvmlDeviceGetGpuInstanceById(handle, instance.gi)
+            except nvml.NVMLError_NotFound:
+                return  # already gone
+            if instance.ci >= 0:
+                with contextlib.suppress(nvml.NVMLError_NotFound):
+                    compute = nvml.nvmlGpuInstanceGetComputeInstanceById(gpu_instance, instance.ci)
+                    nvml.nvmlComputeInstanceDestroy(compute)
+            nvml.nvmlGpuInstanceDestroy(gpu_instance)
+
+    # Health
+
+    def faults(self) -> dict[str, Fault]:
+        self._watch_events()
+        with self._events_lock:
+            found, self._events = self._events, {}
+        nvml = self.nvml
+        try:
+            with self._session("probing the GPUs"):
+                for index in range(nvml.nvmlDeviceGetCount()):
+                    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                    uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                    try:
+                        nvml.nvmlDeviceGetMemoryInfo(handle)
+                    except nvml.NVMLError as error:
+                        if getattr(error, "value", None) == nvml.NVML_ERROR_GPU_IS_LOST:
+                            found[uuid] = Fault("lost", None, f"NVML: {error}")
+        except GpuBackendError as error:
+            log.warning("could not probe the GPUs' health", error=str(error))
+        return found
+
+    def _watch_events(self) -> None:
+        if self._watcher is None or not self._watcher.is_alive():
+            self._watcher = threading.Thread(target=self._event_loop, name="nvml-events", daemon=True)
+            self._watcher.start()
+
+    def _event_loop(self) -> None:
+        nvml = self.nvml
+        try:
+            nvml.nvmlInit()
+            events = nvml.nvmlEventSetCreate()
+            uuids = {}
+            for index in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuids[index] = _text(nvml.nvmlDeviceGetUUID(handle))
+                try:
+                    nvml.nvmlDeviceRegisterEvents(
+                        handle, nvml.nvmlEventTypeXidCriticalError | nvml.nvmlEventTypeDoubleBitEccError, events)
+                except nvml.NVMLError_NotSupported:
+                    log.warning("GPU does not report XID/ECC events; only GPU-lost is watched", gpu=uuids[index])
+            while True:
+                try:
+                    event = nvml.nvmlEventSetWait(events, 5000)
+                except nvml.NVMLError_Timeout:
+                    continue
+                fault = self._fault_of(event)
+                if fault is not None:
+                    uuid = _text(nvml.nvmlDeviceGetUUID(event.device))
+                    with self._events_lock:
+                        self._events[uuid] = fault
+        except nvml.NVMLError as error:
+            log.error("NVML event watch stopped; XID and ECC events are not seen until the agent restarts",
+                      error=str(error))
+
+    def _fault_of(self, event: Any) -> Fault | None:
+        nvml = self.nvml
+        if event.eventType & nvml.nvmlEventTypeDoubleBitEccError:
+            return Fault("ecc", None, "double-bit ECC error")
+        if event.eventType & nvml.nvmlEventTypeXidCriticalError:
+            xid = int(event.eventData)
+            if xid in IGNORED_XIDS:
+                return None
+            return Fault("lost" if xid in LOST_XIDS else "xid", xid, f"XID {xid}")
+        return None
+
+    # What a container needs
+
+    def access(self, grant: Grant, gpu: Gpu, instance: MigInstance | None) -> Access:
+        specs = ToolkitSpecs.load(self.cdi_dirs)
+        try:
+            parent = specs.gpu(gpu.uuid, gpu.index, self.cdi_dirs)
+            if instance is None:
+                return Access(cdi_ids=(parent,))
+            known = specs.mig(instance.uuid, gpu.index, None) if instance.uuid else None
+            if known is not None:
+                return Access(cdi_ids=(known,))
+            minors = parse_mig_minors(self.mig_minors.read_text())
+            nodes = mig_capability_nodes(minors, gpu.minor, instance.gi, instance.ci)
+            return Access(cdi_ids=(parent,), device_nodes=nodes, env={"CUDA_VISIBLE_DEVICES": instance.uuid})
+        except (NvidiaCdiError, OSError) as error:
+            raise GpuBackendError(str(error)) from error

@@ -1,9 +1,11 @@
 """One module per slicing mode, behind one interface.
 
 A mode knows how to cut one GPU into devices for the policies that chose it,
-which counter set guards that GPU, and what would make a policy of its kind
-impossible on the GPUs it selects. The node planner and the controller's
-validation only dispatch here; nothing else branches on the mode.
+which counter set guards that GPU, what would make a policy of its kind
+impossible on the GPUs it selects, and what a container given one of its
+devices is told. The node planner, the controller's validation and the kubelet
+plugin only dispatch here; nothing else branches on the mode (the plugin's
+per-mode I/O, such as making a MIG instance, is ``agent.kubeletplugin.modes``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Protocol
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.devices import CounterSet, Device, Mode
+from gpuslice.planning.grants import Grant
 from gpuslice.planning.modes import memory, mig, shared
 from gpuslice.planning.selection import Problem, Selection
 
@@ -40,9 +43,18 @@ class SlicingMode(Protocol):
         """What makes ``policy`` impossible on the GPUs it selects."""
         ...
 
+    def environment(self, grant: Grant) -> dict[str, str]:
+        """The ``GPUSLICE_*`` variables a container using ``grant`` receives (see ``planning.grants``)."""
+        ...
+
 
 MODES: dict[str, SlicingMode] = {m.name: m for m in (memory.MODE, shared.MODE, mig.MODE)}
 
 
 def mode_of(policy: GpuSlicePolicy) -> SlicingMode:
     return MODES[policy.spec.slicing.mode]
+
+
+def environment(grant: Grant) -> dict[str, str]:
+    """Every ``GPUSLICE_*`` variable for ``grant``: the common ones and its mode's."""
+    return MODES[grant.device.mode].environment(grant)

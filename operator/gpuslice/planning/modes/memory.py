@@ -15,6 +15,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.devices import CounterSet, Device, device_name, gpu_ref, gpu_tag
+from gpuslice.planning.grants import Grant, common_environment, prefixed
 from gpuslice.planning.selection import MAX_SLICES_PER_GPU, Problem, Selection
 
 COMPUTE_UNITS = 1000  # a GPU's compute, in thousandths, shared in proportion to memory
@@ -59,6 +60,9 @@ class MemoryMode:
 
     def fit_problems(self, policy: GpuSlicePolicy, selection: Selection) -> list[Problem]:
         return slice_fit_problems(policy, selection, max_slices=MAX_SLICES_PER_GPU)
+
+    def environment(self, grant: Grant) -> dict[str, str]:
+        return prefixed({**common_environment(grant), "SLICE_SIZE": grant.device.slice_size or "full"})
 
 
 def slice_fit_problems(policy: GpuSlicePolicy, selection: Selection, max_slices: int | None) -> list[Problem]:

@@ -17,6 +17,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.catalog import MEMORY_SLICES, MigProfile
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.devices import CounterSet, Device, gpu_ref, gpu_tag
+from gpuslice.planning.grants import Grant, common_environment, prefixed
 from gpuslice.planning.mig import mig_device_name, static_layout
 from gpuslice.planning.selection import Problem, Selection
 
@@ -105,6 +106,15 @@ class MigMode:
         for problem in problems:
             unique.setdefault((problem.reason, problem.message.split(" (")[0]), problem)
         return list(unique.values())
+
+    def environment(self, grant: Grant) -> dict[str, str]:
+        device = grant.device
+        env = {**common_environment(grant), "MIG_PROFILE": device.profile or device.kind}
+        if device.placement is not None:
+            env["MIG_PLACEMENT"] = f"{device.placement[0]}+{device.placement[1]}"  # first memory slice + slices
+        if grant.mig_uuid:
+            env["MIG_UUID"] = grant.mig_uuid
+        return prefixed(env)
 
 
 MODE = MigMode()

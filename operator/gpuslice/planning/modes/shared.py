@@ -16,6 +16,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.devices import CounterSet, Device, device_name, gpu_ref
+from gpuslice.planning.grants import Grant, common_environment, prefixed
 from gpuslice.planning.modes.memory import slice_fit_problems
 from gpuslice.planning.selection import Problem, Selection
 
@@ -59,6 +60,12 @@ class SharedMode:
                 " or use mode memory for whole GPUs.",
             )]
         return []
+
+    def environment(self, grant: Grant) -> dict[str, str]:
+        env = {**common_environment(grant), "SLICE_SIZE": grant.device.slice_size or ""}
+        if grant.share_id:
+            env["SHARE_ID"] = grant.share_id
+        return prefixed(env)
 
 
 MODE = SharedMode()

@@ -1,0 +1,113 @@
+"""The fake GPUs' mutable state, kept in the agent's state directory so it outlives the agent.
+
+What a real GPU keeps across a restart of the agent (MIG mode, the MIG instances that
+exist) is kept here, and so is what tests and the demo make happen to a GPU on cue
+(faults, failing operations): ``gpuslice fake-gpu`` edits this file while the agent
+runs, and the agent reads it on every call. Both sides read-modify-write it under
+one lock. GPUs are named by index, as on the fake node's command line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import pydantic
+
+from gpuslice.agent.files import locked, write_atomic
+
+STATE_FILE = "fake-gpus.json"
+LOCK_FILE = "fake-gpus.lock"
+Operation = Literal["create-mig", "destroy-mig", "set-mig-mode"]
+OPERATIONS: tuple[Operation, ...] = ("create-mig", "destroy-mig", "set-mig-mode")
+T = TypeVar("T")
+
+
+class FakeMigInstance(pydantic.BaseModel):
+    gi: int
+    ci: int
+    profile: str
+    start: int
+    size: int
+    uuid: str
+
+
+class FakeGpu(pydantic.BaseModel):
+    mig_enabled: bool
+    instances: list[FakeMigInstance] = []
+
+
+class FakeFault(pydantic.BaseModel):
+    kind: Literal["xid", "ecc", "lost"]
+    code: int | None = None
+    message: str = ""
+
+
+class InjectedFailure(pydantic.BaseModel):
+    """The next ``remaining`` calls of ``operation`` (on ``gpu``, or any GPU) fail; -1: all of them."""
+
+    operation: Operation
+    gpu: int | None = None
+    remaining: int = 1
+
+
+class FakeState(pydantic.BaseModel):
+    version: Literal[1] = 1
+    gpus: dict[int, FakeGpu] = {}
+    faults: dict[int, FakeFault] = {}
+    failures: list[InjectedFailure] = []
+    serial: int = 0  # MIG instances made so far: their UUIDs differ each time, as real ones do
+
+    def take_failure(self, operation: Operation, gpu: int) -> InjectedFailure | None:
+        """The injected failure that applies to this call, counted down; None if the call may succeed."""
+        for failure in self.failures:
+            if failure.operation == operation and failure.gpu in (None, gpu) and failure.remaining != 0:
+                if failure.remaining > 0:
+                    failure.remaining -= 1
+                self.failures = [f for f in self.failures if f.remaining != 0]
+                return failure
+        return None
+
+
+class FakeStateFile:
+    """The state of one fake node's GPUs; in memory only when there is no directory (``gpuslice plan``)."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+        self._memory = FakeState()
+
+    @property
+    def path(self) -> Path | None:
+        return self.directory / STATE_FILE if self.directory else None
+
+    def read(self) -> FakeState:
+        if self.directory is None:
+            return self._memory.model_copy(deep=True)
+        with locked(self.directory / LOCK_FILE):
+            return self._load()
+
+    def update(self, change: Callable[[FakeState], T]) -> T:
+        """Apply ``change`` to the state and save it (also when ``change`` raises: a failure it
+        consumed stays consumed)."""
+        if self.directory is None:
+            return change(self._memory)
+        with locked(self.directory / LOCK_FILE):
+            state = self._load()
+            try:
+                return change(state)
+            finally:
+                write_atomic(self.directory / STATE_FILE, state.model_dump_json(indent=2))
+
+    def _load(self) -> FakeState:
+        assert self.directory is not None
+        try:
+            text = (self.directory / STATE_FILE).read_text()
+        except FileNotFoundError:
+            return FakeState()
+        try:
+            return FakeState.model_validate(json.loads(text))
+        except (ValueError, pydantic.ValidationError) as error:
+            raise ValueError(f"{self.directory / STATE_FILE} is not a fake GPU state file ({error}); remove it to"
+                             " start the fake GPUs afresh") from None

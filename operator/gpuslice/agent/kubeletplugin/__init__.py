@@ -1,0 +1,1 @@
+"""The node agent's kubelet plugin: registration, prepare and unprepare, CDI, checkpoints, health."""

@@ -1,0 +1,29 @@
+"""Why a claim could not be prepared or unprepared. The message goes to the kubelet, which puts it
+in the pod's Events, so it names the claim, the device and what to do."""
+
+from __future__ import annotations
+
+
+class PluginError(Exception):
+    """A claim failed; ``str()`` is what the pod's Event shows."""
+
+
+class ClaimNotFound(PluginError):
+    """The claim is gone or was recreated under the same name."""
+
+
+class NotAllocated(PluginError):
+    """The claim has no allocation (yet) for this node's pool."""
+
+
+class DeviceNotPublished(PluginError):
+    """The allocation names a device the agent does not publish now: it was removed (a policy edit,
+    a drain) after the scheduler picked it. It never reaches a container."""
+
+
+class DeviceUnusable(PluginError):
+    """The device is published but cannot be given to a container now (its GPU is gone, MIG failed)."""
+
+
+class UnprepareFailed(PluginError):
+    """Something prepare made could not be removed; the kubelet retries."""

@@ -1,0 +1,219 @@
+"""Prepare and unprepare claims: the kubelet plugin's work, crash safe and idempotent.
+
+Prepare reads the claim's allocation from the API server and keeps only this
+driver's results for this node's pool. Each device must be one the agent publishes
+now (the second line behind the drain: a device a policy edit removed while the
+scheduler was choosing it never reaches a container). Under the publisher's lock,
+so that a device cannot vanish between that check and the ``started`` checkpoint,
+which from then on counts as allocated for the publisher. Then each device is
+prepared by its mode (``modes``), one CDI spec is written for the claim, and the
+checkpoint says ``completed``; only then does the kubelet get the CDI ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from gpuslice.agent.gpus import GpuBackendError, MigInstance
+from gpuslice.agent.killpoints import kill_point
+from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
+from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints, ClaimCheckpoint, PreparedDevice
+from gpuslice.agent.kubeletplugin.errors import (
+    ClaimNotFound,
+    DeviceNotPublished,
+    DeviceUnusable,
+    NotAllocated,
+    PluginError,
+    UnprepareFailed,
+)
+from gpuslice.agent.kubeletplugin.gpuops import GpuOps
+from gpuslice.agent.kubeletplugin.modes import prep_of
+from gpuslice.dra import cdi
+from gpuslice.dra.names import DRIVER
+from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.planning.devices import Device
+from gpuslice.planning.grants import Grant, consumed_memory, prefixed
+from gpuslice.planning.modes import environment
+
+log = structlog.get_logger(__name__)
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+async def published_pool(kube: KubeClient, node: str) -> dict[str, Device]:
+    """The devices this node's pool publishes now (the newest generation), typed, by name."""
+    slices = [s for s in await kube.list(SLICES, fieldSelector=f"spec.nodeName={node},spec.driver={DRIVER}")
+              if s["spec"]["pool"]["name"] == node]
+    newest = max((int(s["spec"]["pool"]["generation"]) for s in slices), default=0)
+    found = {}
+    for body in slices:
+        if int(body["spec"]["pool"]["generation"]) != newest:
+            continue
+        for manifest in body["spec"].get("devices") or []:
+            if (device := Device.from_manifest(manifest)) is not None:
+                found[device.name] = device
+    return found
+
+
+class Preparer:
+    def __init__(self, node: str, kube: KubeClient, ops: GpuOps, checkpoints: Checkpoints, cdi_dir: CdiDirectory,
+                 pool_lock: asyncio.Lock, static_gpus: Callable[[], set[str]] = set) -> None:
+        self.node, self.kube, self.ops = node, kube, ops
+        self.checkpoints, self.cdi = checkpoints, cdi_dir
+        self.pool_lock = pool_lock
+        self.static_gpus = static_gpus  # GPUs whose MIG instances a static layout owns
+        self._claim_locks: dict[str, asyncio.Lock] = {}
+
+    def _lock(self, uid: str) -> asyncio.Lock:
+        return self._claim_locks.setdefault(uid, asyncio.Lock())
+
+    # Prepare
+
+    async def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
+        async with self._lock(claim.uid):
+            existing = self.checkpoints.read(claim.uid)
+            if existing is not None and existing.phase == "completed":
+                return existing.devices  # a retry, or the kubelet restarted: same answer
+            if existing is not None:
+                log.warning("undoing an unfinished prepare before retrying it", claim=str(claim), uid=claim.uid)
+                await self.undo(existing)
+            results = await self._our_results(claim)
+            checkpoint, devices = await self._start(claim, results)
+            try:
+                return await self._finish(claim, checkpoint, devices)
+            except BaseException:
+                log.warning("prepare failed; undoing what it made", claim=str(claim), uid=claim.uid)
+                await asyncio.shield(self.undo(checkpoint))
+                raise
+
+    async def _our_results(self, claim: ClaimRef) -> list[dict[str, Any]]:
+        path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
+        try:
+            body = await self.kube.get(path)
+        except KubeError as error:
+            if error.status == 404:
+                raise ClaimNotFound(f"claim {claim} does not exist (deleted before it was prepared).") from None
+            raise
+        if body["metadata"].get("uid") != claim.uid:
+            raise ClaimNotFound(f"claim {claim} was deleted and recreated (uid {body['metadata'].get('uid')}, the"
+                                f" kubelet asked for {claim.uid}); the kubelet prepares the new one separately.")
+        allocation = (body.get("status") or {}).get("allocation")
+        if not allocation:
+            raise NotAllocated(f"claim {claim} is not allocated; the kubelet asks only once the scheduler has.")
+        results = [r for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver") == DRIVER]
+        elsewhere = sorted({str(r.get("pool")) for r in results if r.get("pool") != self.node})
+        if elsewhere:
+            raise NotAllocated(f"claim {claim} has {DRIVER} devices of pools {', '.join(elsewhere)}, not only of"
+                               f" node {self.node}'s pool; a pod can use only devices of the node it runs on.")
+        return results
+
+    async def _start(self, claim: ClaimRef, results: list[dict[str, Any]]) -> tuple[ClaimCheckpoint, dict[str, Device]]:
+        async with self.pool_lock:
+            published = await published_pool(self.kube, self.node) if results else {}
+            if results and not published:
+                raise DeviceUnusable(
+                    f"claim {claim}: node {self.node}'s pool has no published slices right now (the kubelet removes"
+                    " a driver's slices when it starts or when the plugin was away; the agent is publishing them"
+                    " again); the kubelet retries.")
+            missing = [str(r["device"]) for r in results if r["device"] not in published]
+            if missing:
+                raise DeviceNotPublished(
+                    f"claim {claim} was allocated device{'s' if len(missing) > 1 else ''} {', '.join(missing)} of pool"
+                    f" {self.node}, which the gpuslice agent on {self.node} no longer publishes (a policy change or a"
+                    " drain removed it after the scheduler chose it); it is not given to any container. Delete the"
+                    " pod (and the claim, unless a template made it) so that the scheduler allocates a published"
+                    " device.")
+            static = self.static_gpus()
+            devices = []
+            for result in results:
+                device = published[result["device"]]
+                admin = bool(result.get("adminAccess"))
+                devices.append(PreparedDevice(
+                    request=str(result.get("request", "")), pool=self.node, device=device.name, mode=device.mode,
+                    gpu_uuid=device.gpu_uuid, share_id=result.get("shareID"), consumed_memory=consumed_memory(result),
+                    admin_access=admin, mig=prep_of(device.mode).plan(device, admin, device.gpu_uuid in static),
+                ))
+            checkpoint = ClaimCheckpoint(uid=claim.uid, namespace=claim.namespace, name=claim.name, phase="started",
+                                         devices=devices)
+            await asyncio.to_thread(self.checkpoints.write, checkpoint)
+        kill_point("prepare-started")
+        return checkpoint, {d.device: published[d.device] for d in devices}
+
+    async def _finish(self, claim: ClaimRef, checkpoint: ClaimCheckpoint,
+                      devices: dict[str, Device]) -> list[PreparedDevice]:
+        edits: dict[str, cdi.ContainerEdits] = {}
+        done = []
+        for record in checkpoint.devices:
+            instance = await prep_of(record.mode).prepare(self.ops, record)
+            if instance is not None and record.mig is not None:
+                record = record.model_copy(update={"mig": record.mig.model_copy(update={
+                    "gi": instance.gi, "ci": instance.ci, "uuid": instance.uuid})})
+            device = devices[record.device]
+            name = cdi.device_name(claim.uid, record.device)
+            access = await self._access(claim, record, device, instance)
+            edits[name] = access[1]
+            done.append(record.model_copy(update={"cdi_ids": [cdi.qualified(name), *access[0]]}))
+        common = cdi.ContainerEdits(env=prefixed({"CLAIM": str(claim), "DEVICES": ",".join(
+            r.device for r in done)}))
+        spec = cdi.claim_spec(edits, common)
+        spec_file = await asyncio.to_thread(self.cdi.write, claim.uid, spec) if done else None
+        kill_point("prepare-cdi-written")
+        completed = checkpoint.model_copy(update={"phase": "completed", "devices": done, "cdi_spec": spec_file})
+        await asyncio.to_thread(self.checkpoints.write, completed)
+        log.info("claim prepared", claim=str(claim), uid=claim.uid, devices=[d.device for d in done])
+        return done
+
+    async def _access(self, claim: ClaimRef, record: PreparedDevice, device: Device,
+                      instance: MigInstance | None) -> tuple[list[str], cdi.ContainerEdits]:
+        grant = Grant(claim=str(claim), request=record.request, device=device, share_id=record.share_id,
+                      consumed_memory=record.consumed_memory, admin_access=record.admin_access,
+                      mig_uuid=instance.uuid if instance else None)
+        gpu = self.ops.gpu(record.gpu_uuid, record.device)
+        try:
+            access = await self.ops.call(self.ops.backend.access, grant, gpu, instance)
+        except GpuBackendError as error:
+            raise DeviceUnusable(f"device {record.device} of claim {claim}: {error}") from error
+        env = {**environment(grant), **access.env}
+        return list(access.cdi_ids), cdi.ContainerEdits(env=env, device_nodes=access.device_nodes)
+
+    # Unprepare and undo
+
+    async def unprepare(self, claim: ClaimRef) -> None:
+        async with self._lock(claim.uid):
+            checkpoint = self.checkpoints.read(claim.uid)
+            if checkpoint is None:
+                # Nothing recorded: at most a spec of a crashed prepare is left.
+                await asyncio.to_thread(self.cdi.remove, claim.uid)
+                return
+            try:
+                await self.undo(checkpoint)
+            except (GpuBackendError, PluginError) as error:
+                raise UnprepareFailed(f"claim {claim}: {error}; the kubelet retries") from error
+            log.info("claim unprepared", claim=str(claim), uid=claim.uid)
+
+    async def undo(self, checkpoint: ClaimCheckpoint) -> None:
+        """Remove what the claim's prepare made (what it recorded it would make), its CDI spec, then its
+        checkpoint; in that order, so a crash midway leaves the checkpoint to finish the job."""
+        for record in checkpoint.devices:
+            await prep_of(record.mode).unprepare(self.ops, record)
+        await asyncio.to_thread(self.cdi.remove, checkpoint.uid)
+        await asyncio.to_thread(self.checkpoints.remove, checkpoint.uid)
+
+    def held_devices(self) -> set[str]:
+        """Devices of this pool that a local checkpoint names (prepared, or being prepared): the
+        publisher treats them as allocated even before the claim's status says so."""
+        return {d.device for c in self.checkpoints.all() for d in c.devices}

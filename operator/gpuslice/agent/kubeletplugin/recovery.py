@@ -1,0 +1,88 @@
+"""At start, and now and then: make the node match the checkpoints.
+
+A prepare the agent did not finish (its checkpoint says ``started``) is undone: the
+MIG instance it may have made is destroyed and its CDI spec removed. A CDI spec of
+ours that no ``completed`` checkpoint backs is removed. On GPUs that serve dynamic
+MIG, an instance no checkpoint backs is destroyed: its placement is published as
+free, and a claim given it would fail to make it. Instances of a static layout are
+never touched here. A completed claim whose ResourceClaim is gone (the kubelet
+never unprepared it: force-deleted pod, node down) is unprepared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import structlog
+
+from gpuslice.agent.gpus import GpuBackendError
+from gpuslice.agent.kubeletplugin.checkpoint import ClaimCheckpoint
+from gpuslice.agent.kubeletplugin.prepare import ClaimRef, Preparer
+from gpuslice.kube.client import KubeError
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Recovered:
+    undone: list[str] = field(default_factory=list)  # unfinished prepares, by claim
+    specs_removed: list[str] = field(default_factory=list)  # claim UIDs
+    instances_destroyed: list[str] = field(default_factory=list)  # "<gpu>/<profile>@<start>"
+    stale: list[str] = field(default_factory=list)  # completed claims whose ResourceClaim is gone
+
+
+def _backs(checkpoint: ClaimCheckpoint, gpu: str, profile: str, start: int) -> bool:
+    return any(d.gpu_uuid == gpu and d.mig is not None and d.mig.profile == profile and d.mig.start == start
+               for d in checkpoint.devices)
+
+
+async def recover(preparer: Preparer, dynamic_mig_gpus: set[str]) -> Recovered:
+    found = Recovered()
+    for checkpoint in preparer.checkpoints.all():
+        if checkpoint.phase == "started":
+            await preparer.undo(checkpoint)
+            found.undone.append(checkpoint.key)
+    completed = preparer.checkpoints.all()
+    backed = {c.uid for c in completed if c.cdi_spec}
+    for uid in sorted(preparer.cdi.claims() - backed):
+        preparer.cdi.remove(uid)
+        found.specs_removed.append(uid)
+    ops = preparer.ops
+    for uuid in sorted(dynamic_mig_gpus - preparer.static_gpus()):
+        gpu = ops.gpus.get(uuid)
+        if gpu is None or not gpu.mig_capable:
+            continue
+        async with ops.lock(uuid):
+            try:
+                for instance in await ops.call(ops.backend.mig_instances, gpu):
+                    if not any(_backs(c, uuid, instance.profile, instance.start) for c in completed):
+                        await ops.call(ops.backend.destroy_mig, gpu, instance)
+                        found.instances_destroyed.append(f"{uuid}/{instance.profile}@{instance.start}")
+            except GpuBackendError as error:
+                log.error("could not clear MIG instances no claim backs; will try again at the next start",
+                          gpu=uuid, error=str(error))
+    if found.undone or found.specs_removed or found.instances_destroyed:
+        log.warning("recovered from an unclean stop", unfinished_prepares_undone=found.undone,
+                    cdi_specs_removed=found.specs_removed, mig_instances_destroyed=found.instances_destroyed)
+    return found
+
+
+async def collect_stale(preparer: Preparer) -> list[str]:
+    """Unprepare completed claims whose ResourceClaim no longer exists (or was recreated)."""
+    stale = []
+    for checkpoint in preparer.checkpoints.all():
+        if checkpoint.phase != "completed":
+            continue
+        path = f"/apis/resource.k8s.io/v1/namespaces/{checkpoint.namespace}/resourceclaims/{checkpoint.name}"
+        try:
+            uid = (await preparer.kube.get(path))["metadata"].get("uid")
+        except KubeError as error:
+            if error.status != 404:
+                continue  # cannot tell now; next time
+            uid = None
+        if uid != checkpoint.uid:
+            await preparer.unprepare(ClaimRef(checkpoint.namespace, checkpoint.name, checkpoint.uid))
+            stale.append(checkpoint.key)
+    if stale:
+        log.warning("unprepared claims that no longer exist (the kubelet never unprepared them)", claims=stale)
+    return stale

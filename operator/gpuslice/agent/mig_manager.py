@@ -1,0 +1,258 @@
+"""The MIG manager: make each GPU of a static ``mig.layout`` have exactly that layout's instances.
+
+It works inside the publisher's cycle, under its lock:
+
+1. ``adjust`` (before the safety layer): a GPU whose instances differ from its layout
+   publishes the devices of the instances it really has, never those of the layout;
+2. ``statuses``: such a GPU's devices drain with ``gpuslice.dev/reconfiguring:NoSchedule``
+   and are listed in the drain list (``agent.drain``), so the API server refuses any claim
+   that would get one: at once if a claim holds one (it must empty out), otherwise one GPU
+   at a time, so the node never loses more than one free GPU's capacity to a reconfiguration;
+3. ``reconfigure`` (after the slices are written): once the API server refuses every device
+   of the draining GPU (the drain probe) and the claims read after that show none of them,
+   the GPU is changed under its lock (MIG mode on, unwanted instances destroyed, wanted ones
+   created), and the next cycle publishes the new devices.
+
+If a step fails, the steps done are undone in reverse (the GPU is back at its last good
+layout), its devices carry ``gpuslice.dev/mig-failed`` (effect ``None``: the last good
+layout still serves claims; the controller reports it in the policy's status), an Event
+on the policy says what failed, and the same spec is not tried again before
+``retry_after`` seconds. Applied layouts are recorded in the state directory, so the
+kubelet plugin knows which instances are a layout's (never made or destroyed by prepare).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gpuslice.agent.events import policy_ref, record_event
+from gpuslice.agent.files import write_atomic
+from gpuslice.agent.gpus import GpuBackendError
+from gpuslice.agent.kubeletplugin.gpuops import GpuOps
+from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.inventory.gpus import Gpu
+from gpuslice.kube.client import KubeClient
+from gpuslice.planning.devices import Device
+from gpuslice.planning.mig_layout import Instance, LayoutTarget, Step, devices_of, inverse, layout_targets, steps
+from gpuslice.planning.node_pool import NodePlan, layout
+from gpuslice.planning.taints import MIG_FAILED_TAINT_KEY, RECONFIGURING_TAINT_KEY, Taint, device_gpu
+
+log = structlog.get_logger(__name__)
+APPLIED_FILE = "mig-layouts.json"
+
+
+@dataclass
+class Failure:
+    policy: str
+    generation: int
+    at: float
+    message: str
+
+
+@dataclass
+class Pending:
+    """A GPU whose instances do not match its layout yet."""
+
+    target: LayoutTarget
+    gpu: Gpu
+    mig_enabled: bool
+    existing: tuple[Instance, ...]
+    policy: GpuSlicePolicy
+
+
+@dataclass
+class MigManager:
+    node: str
+    ops: GpuOps
+    state_dir: Path
+    retry_after: float = 600.0
+    pending: dict[str, Pending] = field(default_factory=dict)
+    failed: dict[str, Failure] = field(default_factory=dict)
+    busy: set[str] = field(default_factory=set)  # pending GPUs a claim holds a device of
+    draining: str | None = None  # the free GPU draining now
+    reconfigured: set[str] = field(default_factory=set)  # since the last cycle: their old devices go at once
+
+    # The record of applied layouts
+
+    def applied(self) -> dict[str, list[Instance]]:
+        try:
+            data = json.loads((self.state_dir / APPLIED_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return {uuid: [(str(p), int(s)) for p, s in entry["instances"]] for uuid, entry in data.items()}
+
+    def _record(self, uuid: str, policy: str, instances: Iterable[Instance]) -> None:
+        try:
+            data: dict[str, Any] = json.loads((self.state_dir / APPLIED_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            data = {}
+        data[uuid] = {"policy": policy, "instances": [list(i) for i in sorted(instances)]}
+        write_atomic(self.state_dir / APPLIED_FILE, json.dumps(data, indent=2, sort_keys=True))
+
+    def static_gpus(self) -> set[str]:
+        """GPUs whose instances belong to a static layout (prepare never makes or destroys them)."""
+        return set(self.applied()) | {p.gpu.uuid for p in self.pending.values()}
+
+    # 1. What each static GPU publishes
+
+    async def adjust(self, plan: NodePlan, policies: Sequence[GpuSlicePolicy]) -> NodePlan:
+        by_name = {p.name: p for p in policies}
+        targets = layout_targets(plan.typed, policies)
+        pending: dict[str, Pending] = {}
+        replaced: dict[str, list[Device]] = {}
+        for uuid, target in sorted(targets.items()):
+            gpu = self.ops.gpus.get(uuid)
+            if gpu is None:
+                continue
+            async with self.ops.lock(uuid):
+                enabled = await self.ops.call(self.ops.backend.mig_enabled, gpu)
+                existing = tuple(sorted((i.profile, i.start) for i in
+                                        await self.ops.call(self.ops.backend.mig_instances, gpu)))
+            if enabled and set(existing) == set(target.instances):
+                if uuid not in self.applied() or sorted(self.applied()[uuid]) != sorted(existing):
+                    self._record(uuid, target.policy, existing)  # matched already (e.g. made by hand)
+                self.failed.pop(uuid, None)
+                continue
+            policy = by_name[target.policy]
+            pending[uuid] = Pending(target, gpu, enabled, existing, policy)
+            replaced[uuid] = devices_of(gpu, policy, existing) if enabled else []
+        self.pending = pending
+        if self.draining not in pending:
+            self.draining = None
+        if not replaced:
+            return plan
+        typed = [d for d in plan.typed if d.gpu_uuid not in replaced]
+        typed += [d for found in replaced.values() for d in found]
+        typed.sort(key=lambda d: (d.memory, d.name))
+        return NodePlan(layout(plan.counter_sets, [d.manifest() for d in typed]), plan.notes, tuple(typed))
+
+    def drained(self, published: Iterable[dict[str, Any]]) -> set[str]:
+        """Devices of GPUs reconfigured since the last cycle: their instances are gone, so they go now."""
+        gone = {d["name"] for d in published if device_gpu(d) in self.reconfigured}
+        self.reconfigured = set()
+        return gone
+
+    # 2. Taints
+
+    def statuses(self, allocated: set[str], published: Iterable[dict[str, Any]]) -> dict[str, list[Taint]]:
+        by_gpu: dict[str, set[str]] = {}
+        for device in published:
+            if (gpu := device_gpu(device)) is not None:
+                by_gpu.setdefault(gpu, set()).add(str(device["name"]))
+        self.busy = {uuid for uuid in self.pending if by_gpu.get(uuid, set()) & allocated}
+        if self.draining is None:
+            now = time.monotonic()
+            free = sorted((p.gpu.index, uuid) for uuid, p in self.pending.items()
+                          if uuid not in self.busy and not self._waiting_retry(uuid, now))
+            if free:
+                self.draining = free[0][1]
+        taints: dict[str, list[Taint]] = {}
+        for uuid in self.busy | ({self.draining} if self.draining else set()):
+            taints[uuid] = [{"key": RECONFIGURING_TAINT_KEY, "effect": "NoSchedule"}]
+        for uuid in self.failed:
+            taints.setdefault(uuid, []).append({"key": MIG_FAILED_TAINT_KEY, "value": "rolled-back", "effect": "None"})
+        return taints
+
+    def _waiting_retry(self, uuid: str, now: float) -> bool:
+        failure = self.failed.get(uuid)
+        pending = self.pending.get(uuid)
+        if failure is None or pending is None:
+            return False
+        same_spec = (failure.policy, failure.generation) == (pending.policy.name, pending.policy.metadata.generation)
+        return same_spec and now - failure.at < self.retry_after
+
+    def draining_devices(self, published: Iterable[dict[str, Any]]) -> set[str]:
+        """Published devices of GPUs that drain for a reconfiguration: they go on the drain list."""
+        gpus = self.busy | ({self.draining} if self.draining else set())
+        return {str(d["name"]) for d in published if device_gpu(d) in gpus}
+
+    # 3. Reconfiguring
+
+    async def reconfigure(self, kube: KubeClient | None, allocated: set[str], published: Iterable[dict[str, Any]],
+                          refused: set[str]) -> bool:
+        """Reconfigure the draining GPU once the API server refuses every one of its devices to claims
+        (``refused``, the drain probe's answer) and the claims read after that hold none of them;
+        whether it changed anything."""
+        uuid = self.draining
+        if uuid is None:
+            return False
+        devices = {str(d["name"]) for d in published if device_gpu(d) == uuid}
+        if devices & allocated:
+            self.draining = None  # a claim got one after all: the GPU waits as a busy one
+            return False
+        if not devices <= refused:
+            return False  # not yet proven: the next cycle asks again
+        pending = self.pending[uuid]
+        sizes = {p.name: p.size for p in pending.gpu.mig_profiles}
+        plan = steps(pending.mig_enabled, pending.existing, pending.target.instances, sizes)
+        gpu = pending.gpu
+        where = f"GPU {gpu.index} ({gpu.uuid}) of node {self.node}"
+        log.info("reconfiguring MIG layout", node=self.node, gpu=uuid, index=gpu.index, policy=pending.policy.name,
+                 steps=[s.describe() for s in plan])
+        done: list[Step] = []
+        async with self.ops.lock(uuid):
+            try:
+                for step in plan:
+                    await self._apply(gpu, step)
+                    done.append(step)
+            except GpuBackendError as error:
+                rollback = await self._undo(gpu, done)
+                message = (f"{where} could not be reconfigured to the layout of policy {pending.policy.name}"
+                           f" ({_layout(pending.target.instances)}): {error}. {rollback} Its devices carry"
+                           f" {MIG_FAILED_TAINT_KEY}; the agent tries again after {self.retry_after:g} s or when the"
+                           " policy changes.")
+                log.error("MIG reconfiguration failed", node=self.node, gpu=uuid, policy=pending.policy.name,
+                          error=str(error), rollback=rollback)
+                self.failed[uuid] = Failure(pending.policy.name, pending.policy.metadata.generation,
+                                            time.monotonic(), message)
+                self.draining = None
+                await record_event(kube, self.node, policy_ref(pending.policy.name, pending.policy.metadata.uid),
+                                   "MigReconfigurationFailed", message)
+                return True
+        self._record(uuid, pending.policy.name, pending.target.instances)
+        self.failed.pop(uuid, None)
+        self.reconfigured.add(uuid)
+        self.draining = None
+        log.info("MIG layout applied", node=self.node, gpu=uuid, index=gpu.index, policy=pending.policy.name,
+                 instances=_layout(pending.target.instances))
+        await record_event(kube, self.node, policy_ref(pending.policy.name, pending.policy.metadata.uid),
+                           "MigReconfigured", f"{where} now has the layout of policy {pending.policy.name}:"
+                           f" {_layout(pending.target.instances)}.", "Normal")
+        return True
+
+    async def _apply(self, gpu: Gpu, step: Step) -> None:
+        backend = self.ops.backend
+        if step.action == "enable-mig":
+            await self.ops.call(backend.set_mig_mode, gpu, True)
+        elif step.action == "destroy":
+            for instance in await self.ops.call(backend.mig_instances, gpu):
+                if (instance.profile, instance.start) == (step.profile, step.start):
+                    await self.ops.call(backend.destroy_mig, gpu, instance)
+        else:
+            profile = gpu.mig_profile(step.profile)
+            if profile is None:
+                raise GpuBackendError(f"GPU {gpu.index} has no MIG profile {step.profile}")
+            await self.ops.call(backend.create_mig, gpu, profile, step.start)
+
+    async def _undo(self, gpu: Gpu, done: Sequence[Step]) -> str:
+        try:
+            for step in inverse(done):
+                await self._apply(gpu, step)
+        except GpuBackendError as error:
+            return (f"Rolling back failed too ({error}): the GPU has the instances it has now, and publishes"
+                    " exactly those.")
+        return "It was rolled back to its last good layout."
+
+
+def _layout(instances: Iterable[Instance]) -> str:
+    counts: dict[str, int] = {}
+    for profile, _ in instances:
+        counts[profile] = counts.get(profile, 0) + 1
+    return ", ".join(f"{n} x {p}" for p, n in sorted(counts.items())) or "no instances"

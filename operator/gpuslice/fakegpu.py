@@ -1,0 +1,106 @@
+"""``gpuslice fake-gpu``: make things happen to a fake node's GPUs while its agent runs.
+
+It edits the fake GPUs' state file in the agent's state directory (``fake_state``),
+which the agent reads on every call: a fault raised here is seen at the agent's next
+health check, a failure injected here hits the next matching operation. For tests,
+the demo, and anyone trying gpuslice on kind who wants to see a GPU fail.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from gpuslice.agent.gpus.fake_state import OPERATIONS, FakeFault, FakeState, FakeStateFile, InjectedFailure
+from gpuslice.devcluster.state import default_state_dir
+
+
+def _state_dir(state_dir: Path | None, node: str | None, dev_cluster: Path | None) -> Path:
+    if state_dir is not None:
+        return state_dir
+    if node is None:
+        click.echo("fake-gpu: give --state-dir (the agent's) or --node (a dev cluster's node).", err=True)
+        sys.exit(2)
+    return (dev_cluster or default_state_dir()) / "nodes" / node / "agent"
+
+
+@click.group("fake-gpu")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The agent's --state-dir.")
+@click.option("--node", default=None, help="A dev cluster's node (its agent's state is nodes/NODE/agent).")
+@click.option("--dev-cluster-state", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The dev cluster's --state-dir [default: ~/.local/state/gpuslice/dev-cluster].")
+@click.pass_context
+def fake_gpu(context: click.Context, state_dir: Path | None, node: str | None, dev_cluster_state: Path | None) -> None:
+    """Raise faults on a fake node's GPUs, make operations fail, or show their state."""
+    directory = _state_dir(state_dir, node, dev_cluster_state)
+    if not directory.is_dir():
+        click.echo(f"fake-gpu: {directory} does not exist: no fake-backend agent keeps its state there.", err=True)
+        sys.exit(1)
+    context.obj = FakeStateFile(directory)
+
+
+def _update(context: click.Context, change: object) -> None:
+    state: FakeStateFile = context.obj
+    try:
+        state.update(change)  # type: ignore[arg-type]
+    except ValueError as error:
+        click.echo(f"fake-gpu: {error}", err=True)
+        sys.exit(1)
+
+
+@fake_gpu.command()
+@click.argument("gpu", type=int)
+@click.option("--xid", type=int, default=None, help="An XID error (79: fell off the bus, which also loses the GPU).")
+@click.option("--ecc", is_flag=True, help="A double-bit ECC error.")
+@click.option("--lost", is_flag=True, help="The GPU is gone: its work cannot continue (NoExecute).")
+@click.option("--message", default="", help="What happened, in words.")
+@click.pass_context
+def fault(context: click.Context, gpu: int, xid: int | None, ecc: bool, lost: bool, message: str) -> None:
+    """Raise a fault on GPU (by index); it stays until `clear`."""
+    if sum((xid is not None, ecc, lost)) != 1:
+        click.echo("fake-gpu fault: give exactly one of --xid N, --ecc, --lost.", err=True)
+        sys.exit(2)
+    kind = "lost" if lost or xid == 79 else ("ecc" if ecc else "xid")
+    raised = FakeFault(kind=kind, code=xid, message=message)  # type: ignore[arg-type]
+    _update(context, lambda s: s.faults.__setitem__(gpu, raised))
+
+
+@fake_gpu.command()
+@click.argument("gpu", type=int)
+@click.pass_context
+def clear(context: click.Context, gpu: int) -> None:
+    """Clear GPU's fault (the agent lifts its taint after the recovery time)."""
+    _update(context, lambda s: s.faults.pop(gpu, None))
+
+
+@fake_gpu.command()
+@click.argument("operation", type=click.Choice(OPERATIONS))
+@click.option("--gpu", type=int, default=None, help="Only on this GPU [default: any].")
+@click.option("--times", type=int, default=1, show_default=True, help="How many calls fail; -1: every one.")
+@click.pass_context
+def fail(context: click.Context, operation: str, gpu: int | None, times: int) -> None:
+    """Make the next calls of OPERATION fail."""
+    failure = InjectedFailure(operation=operation, gpu=gpu, remaining=times)  # type: ignore[arg-type]
+    _update(context, lambda s: s.failures.append(failure))
+
+
+@fake_gpu.command("heal")
+@click.pass_context
+def heal(context: click.Context) -> None:
+    """Clear every fault and injected failure."""
+    def change(state: FakeState) -> None:
+        state.faults.clear()
+        state.failures.clear()
+
+    _update(context, change)
+
+
+@fake_gpu.command()
+@click.pass_context
+def show(context: click.Context) -> None:
+    """Print the fake GPUs' state: MIG mode and instances, faults, injected failures."""
+    state: FakeStateFile = context.obj
+    click.echo(state.read().model_dump_json(indent=2))

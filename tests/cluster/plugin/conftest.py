@@ -1,0 +1,199 @@
+"""Fake GPU nodes with everything a real one runs: a pod runner (the kubelet's plugin manager and DRA
+manager) and the gpuslice node agent, whose kubelet plugin registers with it and prepares the
+claims the real scheduler allocated. On the session's control plane, next to its controller."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuslice.devcluster import binaries, operator
+from gpuslice.devcluster.cluster import DevCluster, free_port
+from gpuslice.devcluster.nodes import fake_gpu_node, node_layout, pod_runner_component
+from gpuslice.devcluster.pki import CertificateAuthority
+from gpuslice.devcluster.process import Component
+from gpuslice.kube.client import KubeClient, KubeError
+from tests.cluster.agent.conftest import agent_rbac  # noqa: F401 (a fixture)
+from tests.cluster.kubeutil import short_dir, wait_for
+
+
+class PluginNode:
+    """A fake node: its directories, pod runner and agent, and what tests do to them."""
+
+    def __init__(self, name: str, root: Path, runner: Component, agent_args: list[str], logs: Path) -> None:
+        self.name, self.root, self.runner, self.logs = name, root, runner, logs
+        self.agent_args = agent_args
+        self.metrics_port = free_port()
+        self.agent: Component = self._agent_component()
+
+    def _agent_component(self, env: dict[str, str] | None = None) -> Component:
+        kubeconfig = self.logs / f"agent-{self.name}.kubeconfig"
+        component = operator.agent_component(self.name, kubeconfig, self.logs / f"agent-{self.name}.log",
+                                             self.metrics_port, self.root, self.agent_args, env)
+        return component
+
+    @property
+    def agent_log(self) -> str:
+        return (self.logs / f"agent-{self.name}.log").read_text(errors="replace")
+
+    async def start_agent(self, kill_at: str | None = None, wait: bool = True) -> None:
+        """Start the agent (with a test kill point armed, if given: it then dies there)."""
+        env = {**os.environ, "GPUSLICE_TEST_KILL_AT": kill_at} if kill_at else None
+        self.agent = self._agent_component(env)
+        await self.agent.start()
+        if wait:
+            await self.agent.wait_healthy()
+
+    async def kill_agent(self) -> None:
+        """SIGKILL, as the OOM killer or a node crash would: no clean-up, sockets left behind."""
+        if self.agent.process is not None and self.agent.running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.agent.process.pid, signal.SIGKILL)
+            await self.agent.process.wait()
+
+    async def agent_died(self) -> bool:
+        return not self.agent.running
+
+    def recorded(self, namespace: str, pod: str) -> dict[str, Any] | None:
+        """What the pod's container was given, as the pod runner recorded it."""
+        for path in sorted((self.root / "containers").glob(f"{namespace}_{pod}_*/*.json")):
+            data: dict[str, Any] = json.loads(path.read_text())
+            return data
+        return None
+
+    def env(self, namespace: str, pod: str) -> dict[str, str]:
+        recorded = self.recorded(namespace, pod) or {}
+        return dict(line.split("=", 1) for line in recorded.get("env") or [])
+
+    def cdi_specs(self) -> list[str]:
+        return sorted(p.name for p in (self.root / "cdi").glob("gpuslice.dev-gpu_*.json"))
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        return [json.loads(p.read_text()) for p in sorted((self.root / "agent" / "claims").glob("*.json"))]
+
+    def fake_state(self) -> dict[str, Any]:
+        path = self.root / "agent" / "fake-gpus.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def mig_instances(self, gpu: int = 0) -> list[tuple[str, int]]:
+        """(profile, start) of the fake GPU's MIG instances, as its state file holds them."""
+        instances = (self.fake_state().get("gpus") or {}).get(str(gpu), {}).get("instances") or []
+        return sorted((i["profile"], i["start"]) for i in instances)
+
+    def fake_gpu(self, *args: str) -> str:
+        """Run `gpuslice fake-gpu --state-dir <agent state> ARGS...`; its output."""
+        done = subprocess.run([sys.executable, "-m", "gpuslice", "fake-gpu", "--state-dir", str(self.root / "agent"),
+                               *args], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    async def registered(self) -> bool:
+        return "registered with the kubelet" in self.agent_log
+
+
+PluginNodeFactory = Callable[..., Awaitable[PluginNode]]
+
+
+@pytest.fixture
+async def plugin_node(
+    cluster: DevCluster, kube: KubeClient, agent_rbac: None, unique: str, tmp_path: Path,  # noqa: F811
+) -> AsyncIterator[PluginNodeFactory]:
+    made: list[PluginNode] = []
+    found = await binaries.resolve(build_if_missing=False)
+    assert found.pod_runner is not None, "the pod runner is built with the control plane (make kube-bin)"
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    ca_pem = base64.b64decode(admin["clusters"][0]["cluster"]["certificate-authority-data"])
+    ca = CertificateAuthority.load(cluster.state.pki)
+
+    async def create(model: str, count: int, agent_args: Sequence[str] = ()) -> PluginNode:
+        name = f"p-{unique}-{len(made)}"
+        await kube.create("/api/v1/nodes", fake_gpu_node(name, model, count))
+        root = short_dir()  # unix socket paths must stay under 108 bytes
+        # Where `gpuslice dev-cluster exec-env` looks for what containers received.
+        link = cluster.state.root / "nodes" / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(root)
+        node_kubeconfig = node_layout(root, name, cluster.server, ca)
+        assert found.pod_runner is not None
+        runner = pod_runner_component(found.pod_runner, name, root, node_kubeconfig, tmp_path / f"runner-{name}.log",
+                                      cluster.lease_exists(name))
+        await operator.agent_kubeconfig(kube, name, tmp_path, cluster.server, ca_pem)  # agent-<name>.kubeconfig
+        node = PluginNode(name, root, runner, list(agent_args), tmp_path)
+        made.append(node)
+        await runner.start()
+        await runner.wait_healthy()
+        await node.start_agent()
+        await wait_for(node.registered, within=30, what=f"the agent on {name} to register with the pod runner")
+        return node
+
+    yield create
+    for node in made:
+        await node.agent.stop()
+        await node.runner.stop()
+        with contextlib.suppress(KubeError):
+            await kube.delete(f"/api/v1/nodes/{node.name}")
+        with contextlib.suppress(OSError):
+            (cluster.state.root / "nodes" / node.name).unlink()
+
+
+async def pod_phase(kube: KubeClient, namespace: str, pod: str) -> str | None:
+    try:
+        return str((await kube.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")).get("status", {}).get("phase"))
+    except KubeError as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+async def running(kube: KubeClient, namespace: str, pods: Sequence[str], within: float = 60) -> None:
+    async def check() -> bool:
+        return all([await pod_phase(kube, namespace, p) == "Running" for p in pods])
+
+    await wait_for(check, within=within, what=f"pods {', '.join(pods)} to be Running")
+
+
+async def gone(kube: KubeClient, namespace: str, pods: Sequence[str], within: float = 60) -> None:
+    async def check() -> bool:
+        return all([await pod_phase(kube, namespace, p) is None for p in pods])
+
+    await wait_for(check, within=within, what=f"pods {', '.join(pods)} to be unprepared and removed")
+
+
+async def pod_events(kube: KubeClient, namespace: str, pod: str) -> list[dict[str, Any]]:
+    return [e for e in await kube.list(f"/api/v1/namespaces/{namespace}/events") if e["involvedObject"]["name"] == pod]
+
+
+async def event_with(kube: KubeClient, namespace: str, pod: str, text: str, within: float = 60) -> dict[str, Any]:
+    async def found() -> list[dict[str, Any]]:
+        return [e for e in await pod_events(kube, namespace, pod) if text in e.get("message", "")]
+
+    events: list[dict[str, Any]] = await wait_for(found, within=within, what=f"an Event on {pod} saying {text!r}")
+    return events[0]
+
+
+def exec_env(cluster: DevCluster, namespace: str, pod: str) -> dict[str, str]:
+    """`gpuslice dev-cluster exec-env`, as a user runs it."""
+    done = subprocess.run([sys.executable, "-m", "gpuslice", "dev-cluster", "exec-env", f"{namespace}/{pod}",
+                           "--state-dir", str(cluster.state.root)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+
+
+async def until(check: Callable[[], Any], within: float = 30, what: str = "condition") -> Any:
+    async def poll() -> Any:
+        return check()
+
+    return await wait_for(poll, within=within, what=what)
+
+

@@ -1,0 +1,150 @@
+"""Static MIG layouts made real: the agent reconfigures each GPU to the layout one at a time, never under
+a claim (a busy GPU drains, waits and follows), publishes the instances the GPU really has, and rolls
+a failed reconfiguration back to the last good layout, saying so on the policy."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gpuslice.kube.client import KubeClient
+from tests.cluster.agent.test_publishing import create_pods, pool_devices, tenant_policy
+from tests.cluster.kubeutil import pod_claim, wait_for
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, exec_env, gone, running
+
+POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+RECONFIGURING = "gpuslice.dev/reconfiguring"
+
+
+def by_gpu(devices: dict[str, dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    found: dict[int, list[dict[str, Any]]] = {}
+    for device in devices.values():
+        found.setdefault(device["attributes"]["gpuslice.dev/index"]["int"], []).append(device)
+    return found
+
+
+def layout_of(devices: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    return sorted((d["attributes"]["gpuslice.dev/profile"]["string"], d["attributes"]["gpuslice.dev/placementStart"]["int"])
+                  for d in devices)
+
+
+def taint_keys(devices: list[dict[str, Any]]) -> set[str]:
+    return {t["key"] for d in devices for t in d.get("taints") or []}
+
+
+ONE_G = [("1g.5gb", s) for s in range(7)]
+THREE_G = [("3g.20gb", 0), ("3g.20gb", 4)]
+
+
+async def settled(kube: KubeClient, node: PluginNode, gpus: dict[int, list[tuple[str, int]]], within: float = 90) -> None:
+    """Every GPU publishes exactly the wanted instances, untainted, and really has them."""
+    async def check() -> bool:
+        published = by_gpu(await pool_devices(kube, node.name))
+        return all(layout_of(published.get(i, [])) == want and not taint_keys(published.get(i, []))
+                   and node.mig_instances(i) == want for i, want in gpus.items())
+
+    await wait_for(check, within=within, what=f"the GPUs to have and publish {gpus}")
+
+
+async def test_layout_change_goes_one_gpu_at_a_time_and_waits_for_the_busy_one(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
+    namespace: str, cluster: Any,
+) -> None:
+    node = await plugin_node("a100-40gb", 3)
+    assert node.mig_instances(0) == [], "a fresh fake GPU has no instances"
+    policy = await tenant_policy(make_policy, namespace, node.name, {"mode": "mig", "mig": {"layout": {"3g.20gb": 2}}})
+    await settled(kube, node, {0: THREE_G, 1: THREE_G, 2: THREE_G})
+
+    await create_pods(kube, namespace, "gpu-slice", ["busy"])
+    await running(kube, namespace, ["busy"])
+    claim = await pod_claim(kube, namespace, "busy")
+    assert claim is not None
+    held = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+    busy = (await pool_devices(kube, node.name))[held]["attributes"]["gpuslice.dev/index"]["int"]
+    env = exec_env(cluster, namespace, "busy")
+    assert env["GPUSLICE_MIG_PROFILE"] == "3g.20gb"
+    others = [i for i in range(3) if i != busy]
+
+    # (A merge patch merges maps: the old profile is removed by name.)
+    await kube.merge_patch(f"{POLICIES}/{policy}",
+                           {"spec": {"slicing": {"mig": {"layout": {"3g.20gb": None, "1g.5gb": 7}}}}})
+    most_at_once = 0
+
+    async def others_done() -> bool:
+        nonlocal most_at_once
+        published = by_gpu(await pool_devices(kube, node.name))
+        draining_free = [i for i in others if RECONFIGURING in taint_keys(published.get(i, []))]
+        most_at_once = max(most_at_once, len(draining_free))
+        assert layout_of(published[busy]) == THREE_G, "a GPU a claim holds is never reconfigured"
+        assert node.mig_instances(busy) == THREE_G
+        return all(layout_of(published.get(i, [])) == ONE_G and node.mig_instances(i) == ONE_G for i in others)
+
+    await wait_for(others_done, within=120, what="the free GPUs to be reconfigured", every=0.1)
+    assert most_at_once <= 1, "free GPUs are reconfigured one at a time"
+    published = by_gpu(await pool_devices(kube, node.name))
+    assert taint_keys(published[busy]) == {RECONFIGURING}, "the busy GPU drains: nothing new lands on it"
+    await asyncio.sleep(3)
+    assert node.mig_instances(busy) == THREE_G
+    assert exec_env(cluster, namespace, "busy") == env
+
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods/busy")
+    await gone(kube, namespace, ["busy"])
+    await settled(kube, node, {0: ONE_G, 1: ONE_G, 2: ONE_G})
+
+    # The new layout serves claims: a pod gets a 1g.5gb instance that exists.
+    await create_pods(kube, namespace, "gpu-slice", ["after"])
+    await running(kube, namespace, ["after"])
+    assert exec_env(cluster, namespace, "after")["GPUSLICE_MIG_PROFILE"] == "1g.5gb"
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods/after")
+    await gone(kube, namespace, ["after"])
+
+
+async def test_failed_reconfiguration_rolls_back_and_says_so(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
+    namespace: str,
+) -> None:
+    node = await plugin_node("a100-40gb", 2)
+    policy = await tenant_policy(make_policy, namespace, node.name, {"mode": "mig", "mig": {"layout": {"1g.5gb": 7}}})
+    await settled(kube, node, {0: ONE_G, 1: ONE_G})
+
+    node.fake_gpu("fail", "create-mig", "--gpu", "0", "--times", "1")
+    await kube.merge_patch(f"{POLICIES}/{policy}",
+                           {"spec": {"slicing": {"mig": {"layout": {"1g.5gb": None, "3g.20gb": 2}}}}})
+
+    async def rolled_back() -> list[dict[str, Any]] | None:
+        published = by_gpu(await pool_devices(kube, node.name))
+        failed = [t for d in published.get(0, []) for t in d.get("taints") or [] if t["key"] == "gpuslice.dev/mig-failed"]
+        ok = (layout_of(published.get(0, [])) == ONE_G and len(failed) == 7 and layout_of(published.get(1, [])) == THREE_G
+              and node.mig_instances(1) == THREE_G)
+        return failed if ok else None
+
+    failed = await wait_for(rolled_back, within=120, what="GPU 0 rolled back and tainted, GPU 1 reconfigured")
+    assert {(t["value"], t["effect"]) for t in failed} == {("rolled-back", "None")}
+    assert node.mig_instances(0) == ONE_G, "the GPU has its last good layout again: nothing half made is left"
+
+    async def event() -> list[dict[str, Any]]:
+        # The agent's own Event (the controller's says it too, for its Degraded condition).
+        return [e for e in await kube.list("/api/v1/namespaces/default/events")
+                if e["involvedObject"]["name"] == policy and e["reason"] == "MigReconfigurationFailed"
+                and (e.get("source") or {}).get("component") == "gpuslice-agent"]
+
+    [found] = await wait_for(event, within=30, what="an Event on the policy saying the reconfiguration failed")
+    assert "GPU 0 (" in found["message"]
+    assert "create-mig failed" in found["message"]
+    assert "rolled back to its last good layout" in found["message"]
+
+    async def degraded() -> dict[str, Any] | None:
+        conditions = (await kube.get(f"{POLICIES}/{policy}")).get("status", {}).get("conditions") or []
+        found = next((c for c in conditions if c["type"] == "Degraded"), None)
+        return found if found and found["reason"] == "MigReconfigurationFailed" else None
+
+    condition = await wait_for(degraded, within=60, what="the policy's status to report the failed reconfiguration")
+    assert condition["status"] == "True"
+    assert condition["message"].startswith("7 devices are on GPUs whose MIG reconfiguration")
+
+    # The policy keeps serving claims (mig-failed is informational; the failed GPU keeps its last good layout).
+    await create_pods(kube, namespace, "gpu-slice", ["still"])
+    await running(kube, namespace, ["still"])
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods/still")
+    await gone(kube, namespace, ["still"])

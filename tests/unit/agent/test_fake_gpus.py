@@ -1,0 +1,70 @@
+"""The fake backend behaves as a GPU does where the plugin and the MIG manager depend on it: MIG
+instances take their memory slices, outlive the agent in its state directory, and operations can be
+made to fail on cue."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuslice.agent.gpus import GpuBackendError
+from gpuslice.agent.gpus.fake import FakeBackend
+from gpuslice.agent.gpus.fake_state import FakeFault, InjectedFailure
+
+
+def backend(tmp_path: Path) -> FakeBackend:
+    return FakeBackend("node-a", [("a100-40gb", 2)], tmp_path)
+
+
+def test_instances_take_their_memory_slices_and_outlive_the_backend(tmp_path: Path) -> None:
+    fake = backend(tmp_path)
+    gpu = fake.discover()[0]
+    three, one = gpu.mig_profile("3g.20gb"), gpu.mig_profile("1g.5gb")
+    assert three is not None
+    assert one is not None
+    made = fake.create_mig(gpu, three, 4)
+    with pytest.raises(GpuBackendError, match=r"memory slices \[5\] are taken by the 3g.20gb instance at 4"):
+        fake.create_mig(gpu, one, 5)
+    with pytest.raises(GpuBackendError, match="cannot be placed at memory slice 1"):
+        fake.create_mig(gpu, three, 1)
+    fake.create_mig(gpu, one, 0)
+
+    again = backend(tmp_path)  # a restarted agent
+    [gpu_again, other] = again.discover()
+    assert [(i.profile, i.start) for i in again.mig_instances(gpu_again)] == [("3g.20gb", 4), ("1g.5gb", 0)]
+    assert again.mig_instances(other) == []
+    again.destroy_mig(gpu_again, made)
+    assert [(i.profile, i.start) for i in again.mig_instances(gpu_again)] == [("1g.5gb", 0)]
+    remade = again.create_mig(gpu_again, three, 4)
+    assert remade.uuid != made.uuid, "a remade instance has a new UUID, as on a real GPU"
+
+
+def test_mig_mode_and_injected_failures(tmp_path: Path) -> None:
+    fake = backend(tmp_path)
+    gpu = fake.discover()[0]
+    one = gpu.mig_profile("1g.5gb")
+    assert one is not None
+    fake.set_mig_mode(gpu, False)
+    assert not fake.mig_enabled(gpu)
+    assert backend(tmp_path).discover()[0].mig_enabled is False, "MIG mode persists"
+    with pytest.raises(GpuBackendError, match="not in MIG mode"):
+        fake.create_mig(gpu, one, 0)
+    fake.set_mig_mode(gpu, True)
+
+    fake.state.update(lambda s: s.failures.append(InjectedFailure(operation="create-mig", gpu=0, remaining=1)))
+    with pytest.raises(GpuBackendError, match="create-mig failed"):
+        fake.create_mig(gpu, one, 0)
+    assert fake.create_mig(gpu, one, 0).profile == "1g.5gb", "the injected failure is used up"
+
+
+def test_faults_are_reported_by_uuid_until_cleared(tmp_path: Path) -> None:
+    fake = backend(tmp_path)
+    gpus = fake.discover()
+    fake.state.update(lambda s: s.faults.__setitem__(1, FakeFault(kind="xid", code=79, message="fell off the bus")))
+    faults = fake.faults()
+    assert list(faults) == [gpus[1].uuid]
+    assert faults[gpus[1].uuid].reason == "XID-79"
+    assert fake.faults() == faults, "a raised fault stays until cleared"
+    fake.state.update(lambda s: s.faults.clear())
+    assert fake.faults() == {}
