@@ -30,6 +30,8 @@ class PolicyFigures:
     status: GpuSlicePolicyStatus
     held: int = 0  # allocated devices kept as they were while a change waits
     draining: int = 0  # free devices about to change or go
+    mig_failed: int = 0  # devices on GPUs whose MIG reconfiguration failed (tainted mig-failed)
+    unhealthy: int = 0  # devices on GPUs their agent found unhealthy (tainted unhealthy)
 
 
 class PolicyMetrics(Collector):
@@ -46,7 +48,9 @@ class PolicyMetrics(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         devices = GaugeMetricFamily("gpuslice_policy_devices", "A policy's devices by state: published, allocated,"
-                                    " held (allocated, a change waits), draining.", labels=["policy", "state"])
+                                    " held (allocated, a change waits), draining, mig_failed (on GPUs whose MIG"
+                                    " reconfiguration failed), unhealthy (on unhealthy GPUs).",
+                                    labels=["policy", "state"])
         conditions = GaugeMetricFamily("gpuslice_policy_condition", "1 when the policy's condition is True, else 0.",
                                        labels=["policy", "condition"])
         gpus = GaugeMetricFamily("gpuslice_policy_gpus", "GPUs the policy selects.", labels=["policy"])
@@ -59,7 +63,8 @@ class PolicyMetrics(Collector):
         for name, figures in sorted(self.policies.items()):
             status = figures.status
             for state, value in (("published", status.slices.published), ("allocated", status.slices.allocated),
-                                 ("held", figures.held), ("draining", figures.draining)):
+                                 ("held", figures.held), ("draining", figures.draining),
+                                 ("mig_failed", figures.mig_failed), ("unhealthy", figures.unhealthy)):
                 devices.add_metric([name, state], value)
             found = {c.type: c.status == "True" for c in status.conditions}
             for condition in CONDITIONS:

@@ -286,7 +286,8 @@ async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings,
         labels, admitted = _records(ctx, policy)
     status = build_status(policy, findings, _now()).model_copy(update={
         "admin_access_labels": sorted(labels), "admitted_tenants": admitted})
-    POLICY_METRICS.record(policy.name, PolicyFigures(status, findings.pending, findings.draining))
+    POLICY_METRICS.record(policy.name, PolicyFigures(status, findings.pending, findings.draining,
+                                                     findings.mig_failed, findings.unhealthy))
     new = status_body(status)
     old = policy.status.model_dump(by_alias=True, exclude_none=True, mode="json")
     if new == old:
