@@ -111,8 +111,14 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
             wake.set()
 
 
-def publish_ready(last_success: float, now: float, within: float) -> tuple[bool, str]:
-    """/readyz: ready once a publish cycle succeeded, and as long as one did within ``within`` seconds."""
+def publish_ready(last_success: float, now: float, within: float, plugin_starting: bool = False,
+                  stopping: bool = False) -> tuple[bool, str]:
+    """/readyz: ready once the kubelet plugin (if any) has started and a publish cycle succeeded, as
+    long as one did within ``within`` seconds, and until the agent stops."""
+    if stopping:
+        return False, "stopping"
+    if plugin_starting:
+        return False, "the kubelet plugin has not started yet (recovering its checkpoints)"
     if last_success <= 0:
         return False, "no publish cycle has succeeded yet"
     if now - last_success > within:
@@ -172,12 +178,9 @@ async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resy
         return True, "ok"
 
     def ready() -> tuple[bool, str]:
-        if stop.is_set():
-            return False, "stopping"
-        if plugin_settings is not None and plugin is None:
-            return False, "the kubelet plugin has not started yet (recovering its checkpoints)"
         last = REGISTRY.get_sample_value("gpuslice_agent_last_publish_success_timestamp_seconds", {"node": node}) or 0.0
-        return publish_ready(last, time.time(), ready_within)
+        starting = plugin_settings is not None and plugin is None
+        return publish_ready(last, time.time(), ready_within, plugin_starting=starting, stopping=stop.is_set())
 
     # Served before the kubelet plugin starts: /healthz answers while it recovers, /readyz says why not yet.
     metrics = await serve_metrics(metrics_port, alive=alive, ready=ready) if metrics_port else None

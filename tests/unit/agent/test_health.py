@@ -17,3 +17,9 @@ def test_not_ready_once_publishing_has_failed_for_too_long() -> None:
     ok, words = publish_ready(800.0, 1000.0, 120.0)
     assert not ok
     assert "200 s" in words
+
+
+def test_not_ready_while_the_kubelet_plugin_starts_nor_once_stopping() -> None:
+    assert publish_ready(950.0, 1000.0, 120.0, plugin_starting=True) == (
+        False, "the kubelet plugin has not started yet (recovering its checkpoints)")
+    assert publish_ready(950.0, 1000.0, 120.0, stopping=True) == (False, "stopping")
