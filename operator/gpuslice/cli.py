@@ -3,41 +3,73 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import sys
 from pathlib import Path
+from typing import Any, ClassVar
 
 import click
-from rich.console import Console
+import pydantic
 
 from gpuslice import __version__
 from gpuslice.agent.kubeletplugin.settings import PluginSettings
 from gpuslice.agent.settings import HealthSettings
-from gpuslice.devcluster.cluster import ClusterSpec
-from gpuslice.devcluster.command import dev_cluster, fail
-from gpuslice.devcluster.errors import DevClusterError
-from gpuslice.fakegpu import fake_gpu
+from gpuslice.controller.settings import ControllerSettings
+from gpuslice.settings import KUBECONFIG_HELP, Settings, markdown, options
+
+# Every process's settings, by the name docs/configuration.md gives it.
+DOCUMENTED: dict[str, type[Settings]] = {"controller": ControllerSettings}
 
 
-@click.group()
+class LazyGroup(click.Group):
+    """Subcommands imported when they run: ``gpuslice controller`` and ``gpuslice agent`` never load
+    the dev cluster (certificates, process supervision) or rich."""
+
+    LAZY: ClassVar[dict[str, str]] = {"dev-cluster": "gpuslice.devcluster.command:dev_cluster",
+                                      "fake-gpu": "gpuslice.fakegpu:fake_gpu",
+                                      "status": "gpuslice.inspect.commands:status",
+                                      "why": "gpuslice.inspect.commands:why"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.LAZY])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.LAZY:
+            module, _, attribute = self.LAZY[name].partition(":")
+            command: click.Command = getattr(importlib.import_module(module), attribute)
+            return command
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup)
 @click.version_option(__version__, prog_name="gpuslice")
 def main() -> None:
     """gpuslice: per-tenant GPU slicing policy as native Kubernetes DRA."""
 
 
-main.add_command(dev_cluster)
-main.add_command(fake_gpu)
-
-
 @main.command()
-@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None,
-              help="Kubeconfig to use (default: in-cluster service account, then $KUBECONFIG).")
-@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
-@click.option("--liveness-port", type=int, default=None, help="Serve Kopf's /healthz on this port.")
-def controller(kubeconfig: str | None, metrics_port: int | None, liveness_port: int | None) -> None:
-    """Run the policy controller: GpuSlicePolicy -> DeviceClass, claim templates, quota, admission."""
-    from gpuslice.controller.run import run_controller
+@options(ControllerSettings)
+def controller(**values: Any) -> None:
+    """Run the policy controller: GpuSlicePolicy -> DeviceClass, claim templates, quota, Events and status.
+    Every flag is also an environment variable (GPUSLICE_<FLAG>); docs/configuration.md lists them."""
+    from gpuslice.controller.run import ControllerStopped, run_controller
 
-    asyncio.run(run_controller(kubeconfig, metrics_port, liveness_port))
+    try:
+        settings = ControllerSettings(**values)
+    except pydantic.ValidationError as error:
+        raise click.UsageError("; ".join(e["msg"] for e in error.errors())) from None
+    try:
+        asyncio.run(run_controller(settings))
+    except ControllerStopped as error:
+        click.echo(f"controller: {error}", err=True)
+        sys.exit(1)
+
+
+@main.command(name="settings-docs", hidden=True)
+def settings_docs() -> None:
+    """Print the settings tables of docs/configuration.md (generated from the models)."""
+    for name, model in DOCUMENTED.items():
+        click.echo(f"<!-- settings: {name} -->\n{markdown(model)}<!-- end -->\n")
 
 
 @main.command()
@@ -106,9 +138,27 @@ def agent(node: str, backend: str, fake_gpus: str | None, kubeconfig: str | None
 @click.option("--node", default="node-1", show_default=True, help="Node name for the slices.")
 @click.option("--node-label", "node_labels", multiple=True, help="A node label KEY=VALUE the policies may select on.")
 @click.option("--from", "previous", multiple=True, type=click.Path(exists=True, dir_okay=False),
-              help="The policies as they are now (repeat for several): show the MIG reconfiguration steps from them.")
-def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, ...], previous: tuple[str, ...]) -> None:
-    """Print the ResourceSlices a node agent would publish for these policies, no cluster needed."""
+              help="The policies as they are now (repeat for several): show the MIG reconfiguration steps from them."
+                   " Not with --cluster, which reads them from the cluster.")
+@click.option("--cluster", is_flag=True, help=(
+    "Against the live cluster: what applying these (edited or new) policies would add, drain and hold on every"
+    " node, from its published devices and claims. Nothing is written."))
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, envvar="GPUSLICE_KUBECONFIG",
+              help=f"With --cluster: {KUBECONFIG_HELP}")
+@click.option("-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text", show_default=True,
+              help="With --cluster: how to print the plan.")
+def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, ...], previous: tuple[str, ...],
+         cluster: bool, kubeconfig: str | None, output: str) -> None:
+    """Print the ResourceSlices a node agent would publish for these policies, no cluster needed
+    (with --cluster: what an edit would do to the live cluster)."""
+    if cluster:
+        if previous:
+            raise click.UsageError("--from is for a plan without a cluster; with --cluster the policies as they are"
+                                   " now come from the cluster.")
+        from gpuslice.inspect.commands import cluster_plan
+
+        cluster_plan(kubeconfig, [Path(f) for f in files], output)
+        return
     from gpuslice.preview import PlanError, preview
 
     try:
@@ -126,7 +176,12 @@ def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, .
 def demo(state_dir: Path | None) -> None:
     """A real control plane with two fake GPU nodes, their pod runners and gpuslice: apply example policies,
     run tenant pods on their slices, show what each received."""
+    from rich.console import Console
+
     from gpuslice.demo import SHAPES, demo_state_dir, run_demo
+    from gpuslice.devcluster.cluster import ClusterSpec
+    from gpuslice.devcluster.command import fail
+    from gpuslice.devcluster.errors import DevClusterError
 
     spec = ClusterSpec(state_dir or demo_state_dir(), operator=True, pod_runner=True, shapes=SHAPES)
     try:

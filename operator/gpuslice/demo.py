@@ -25,6 +25,7 @@ from rich.table import Table
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.devcluster.recorded import find_recorded
 from gpuslice.devcluster.state import StateDir, default_state_dir
+from gpuslice.inspect.commands import print_map
 from gpuslice.inventory.nodes import FAKE_COUNT, FAKE_MODEL
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.discovery import served_resources
@@ -268,6 +269,10 @@ async def run_demo(spec: ClusterSpec, console: Console) -> bool:
                 await apply_shared(kube, console)
                 await show_tenant_pods(kube, cluster, console)
                 await show_denial(kube, klass, console)
+                console.print("\n[bold]gpuslice status[/bold] (kubectl gpuslice status): who holds which part of"
+                              " which GPU")
+                await print_map(kube, console, cluster.spec.state_dir / "occupancy.svg")
+                console.print(f"[dim]The same map as an image: {cluster.spec.state_dir / 'occupancy.svg'}[/dim]")
             except (DemoFailed, KubeError) as error:
                 console.print(f"[red]Demo failed:[/red] {error}")
                 return False

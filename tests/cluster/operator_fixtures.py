@@ -24,6 +24,9 @@ MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 RBAC = MANIFESTS / "controller-rbac.yaml"
 ADMISSION = MANIFESTS / "admission.yaml"
 CONTROLLER_USER = "system:serviceaccount:gpuslice-system:gpuslice-controller"
+# Leader election with short timers (ControllerSettings): a killed copy's successor takes over in
+# seconds rather than the 15 s a production Lease waits.
+LEASE_ENV = {"GPUSLICE_LEASE_DURATION": "5", "GPUSLICE_RENEW_DEADLINE": "3.5", "GPUSLICE_RETRY_PERIOD": "1"}
 
 
 async def apply_manifests(kube: KubeClient, text: str) -> None:
@@ -59,14 +62,19 @@ class ControllerProcess:
     """`gpuslice controller` in a subprocess, so tests can kill and restart it."""
 
     def __init__(self, kubeconfig: Path, log: Path) -> None:
+        from gpuslice.devcluster.cluster import free_port
+
         self.kubeconfig, self.log = kubeconfig, log
+        self.metrics_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gpuslice", "controller", "--kubeconfig", str(self.kubeconfig)],
+                [sys.executable, "-m", "gpuslice", "controller", "--kubeconfig", str(self.kubeconfig),
+                 "--metrics-port", str(self.metrics_port)],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, **LEASE_ENV},
             )
 
     async def stop(self, sig: int = signal.SIGTERM) -> None:

@@ -27,9 +27,9 @@ from gpuslice.planning.taints import Taint
 
 log = structlog.get_logger(__name__)
 UNHEALTHY = Gauge("gpuslice_agent_gpu_unhealthy", "1 for each GPU that is unhealthy or lost now, labelled with why.",
-                  ["gpu", "index", "product", "status", "reason"])
+                  ["node", "gpu", "index", "product", "status", "reason"])
 FAULTS = Counter("gpuslice_agent_gpu_faults", "Faults the GPU backend reported, by GPU and kind.",
-                 ["gpu", "index", "kind"])
+                 ["node", "gpu", "index", "kind"])
 
 
 class HealthMonitor:
@@ -69,7 +69,7 @@ class HealthMonitor:
             return
         for uuid, fault in faults.items():
             gpu = self.gpus.get(uuid)
-            FAULTS.labels(gpu=uuid, index=str(gpu.index if gpu else "?"), kind=fault.kind).inc()
+            FAULTS.labels(node=self.node, gpu=uuid, index=str(gpu.index if gpu else "?"), kind=fault.kind).inc()
         new = step(self.state, faults, time.monotonic(), self.settings.recovery)
         if new == self.state:
             return
@@ -90,9 +90,10 @@ class HealthMonitor:
         where = f"GPU {index} ({uuid}, {product})"
         if before is not None:
             with contextlib.suppress(KeyError):
-                UNHEALTHY.remove(uuid, index, product, before.status, before.reason)
+                UNHEALTHY.remove(self.node, uuid, index, product, before.status, before.reason)
         if after is not None:
-            UNHEALTHY.labels(gpu=uuid, index=index, product=product, status=after.status, reason=after.reason).set(1)
+            UNHEALTHY.labels(node=self.node, gpu=uuid, index=index, product=product, status=after.status,
+                             reason=after.reason).set(1)
             effect = "NoExecute" if after.status == "lost" else "NoSchedule"
             reason = "GpuLost" if after.status == "lost" else "GpuUnhealthy"
             message = (f"{where} is {'lost' if after.status == 'lost' else 'unhealthy'}: {after.message}. Its devices"

@@ -13,10 +13,12 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 import structlog
+from prometheus_client import REGISTRY, Gauge, Histogram
 
 from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import Refusals
@@ -31,13 +33,21 @@ from gpuslice.agent.watches import AgentWatches
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.observability.logging import configure_logging
-from gpuslice.observability.metrics import serve_metrics
+from gpuslice.observability.metrics import announce, serve_metrics
 from gpuslice.planning.taints import Taint
 
 log = structlog.get_logger(__name__)
 DEBOUNCE = 0.3
 MAX_BACKOFF = 10.0  # seconds between tries of a failing cycle, at most
 SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM to a forced exit
+READY_WITHIN = 120.0  # seconds: /readyz fails when no cycle succeeded for this long (or 3 resyncs, if longer)
+
+NODE_GPUS = Gauge("gpuslice_node_gpus", "GPUs the node's agent found.", ["node"])
+LAST_SUCCESS = Gauge("gpuslice_agent_last_publish_success_timestamp_seconds",
+                     "When a publish cycle last succeeded (written or unchanged), Unix time.", ["node"])
+PUBLISH_DURATION = Histogram("gpuslice_agent_publish_duration_seconds",
+                             "How long one publish cycle took (read, plan, write), failed ones included.",
+                             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0))
 
 
 async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: asyncio.Event, stop: asyncio.Event,
@@ -60,15 +70,22 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
             return
         await asyncio.sleep(DEBOUNCE)  # one cycle for a burst of events
         wake.clear()
+        started = time.monotonic()
         try:
             view = watches.view if watches else None
-            if plugin is None:
-                result = await publish(kube, node, gpus, drains, refusals, view, statuses=statuses())
-            else:
-                async with plugin.pool_lock:
-                    result = await publish(kube, node, gpus, drains, refusals, view,
-                                           holds=plugin.preparer.held_devices(), record=plugin.record,
-                                           statuses=statuses(), mig=plugin.mig)
+            try:
+                if plugin is None:
+                    result = await publish(kube, node, gpus, drains, refusals, view, statuses=statuses())
+                else:
+                    # The wait for the lock (a prepare under way) is not the cycle's: timed once it is held.
+                    async with plugin.pool_lock:
+                        started = time.monotonic()
+                        result = await publish(kube, node, gpus, drains, refusals, view,
+                                               holds=plugin.preparer.held_devices(), record=plugin.record,
+                                               statuses=statuses(), mig=plugin.mig)
+            finally:
+                PUBLISH_DURATION.observe(time.monotonic() - started)
+            LAST_SUCCESS.labels(node).set(time.time())
             if watches is not None:
                 watches.want_claims(bool(result.held) or bool(plugin and plugin.mig.pending))
             if result.again:
@@ -92,6 +109,21 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
                     await wake.wait()
             backoff = min(backoff * 2, MAX_BACKOFF)
             wake.set()
+
+
+def publish_ready(last_success: float, now: float, within: float, plugin_starting: bool = False,
+                  stopping: bool = False) -> tuple[bool, str]:
+    """/readyz: ready once the kubelet plugin (if any) has started and a publish cycle succeeded, as
+    long as one did within ``within`` seconds, and until the agent stops."""
+    if stopping:
+        return False, "stopping"
+    if plugin_starting:
+        return False, "the kubelet plugin has not started yet (recovering its checkpoints)"
+    if last_success <= 0:
+        return False, "no publish cycle has succeeded yet"
+    if now - last_success > within:
+        return False, f"no publish cycle has succeeded for {now - last_success:.0f} s (the log says why)"
+    return True, "ok"
 
 
 async def discover_fake_from_node(kube: KubeClient, node: str) -> str:
@@ -129,7 +161,29 @@ async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resy
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    metrics = await serve_metrics(metrics_port) if metrics_port else None
+    announce("agent")
+    NODE_GPUS.labels(node).set(len(gpus))
+    publisher: asyncio.Task[None] | None = None
+    helpers: list[asyncio.Task[None]] = []
+    plugin: NodePlugin | None = None
+    ready_within = max(READY_WITHIN, 3 * resync)
+
+    def alive() -> tuple[bool, str]:
+        if stop.is_set():
+            return True, "ok"  # stopping: the tasks end on purpose
+        if publisher is not None and publisher.done():
+            return False, "the publish loop has stopped"
+        if any(task.done() for task in helpers):
+            return False, "the GPU health monitor or the stale-claims sweeper has stopped"
+        return True, "ok"
+
+    def ready() -> tuple[bool, str]:
+        last = REGISTRY.get_sample_value("gpuslice_agent_last_publish_success_timestamp_seconds", {"node": node}) or 0.0
+        starting = plugin_settings is not None and plugin is None
+        return publish_ready(last, time.time(), ready_within, plugin_starting=starting, stopping=stop.is_set())
+
+    # Served before the kubelet plugin starts: /healthz answers while it recovers, /readyz says why not yet.
+    metrics = await serve_metrics(metrics_port, alive=alive, ready=ready) if metrics_port else None
     health = HealthMonitor(node, backend, gpus, health_settings or HealthSettings(), on_change=wake.set)
     async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
         await health.check()  # the first publish already carries what is wrong now
@@ -139,7 +193,7 @@ async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resy
         watches.start()
         publisher = asyncio.create_task(publish_loop(kube, node, gpus, wake, stop, resync, watches, plugin,
                                                      health.taints))
-        helpers = [asyncio.create_task(health.run(kube, stop))]
+        helpers.append(asyncio.create_task(health.run(kube, stop)))
         if plugin is not None:
             helpers.append(asyncio.create_task(stale_claims_loop(plugin, stop, resync)))
         try:

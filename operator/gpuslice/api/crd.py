@@ -111,11 +111,16 @@ def crd() -> dict[str, Any]:
     columns = [
         ("Mode", "string", ".spec.slicing.mode", 0),
         ("Slice", "string", ".spec.slicing.sliceSize", 0),
-        ("Tenants", "string", ".spec.tenants[*].namespace", 0),
+        # A column shows only the first item of a list: the controller writes the names as one string.
+        ("Tenants", "string", ".status.tenantNames", 0),
+        ("Nodes", "integer", ".status.nodes", 0),
+        ("GPUs", "integer", ".status.gpus", 0),
         ("Published", "integer", ".status.slices.published", 0),
         ("Allocated", "integer", ".status.slices.allocated", 0),
         ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status', 0),
+        ("Degraded", "string", '.status.conditions[?(@.type=="Degraded")].status', 0),
         ("Reason", "string", '.status.conditions[?(@.type=="Ready")].reason', 1),
+        ("Degraded-Reason", "string", '.status.conditions[?(@.type=="Degraded")].reason', 1),
         ("Age", "date", ".metadata.creationTimestamp", 0),
     ]
     return {

@@ -100,6 +100,9 @@ class GpuSlicePolicyStatus(ApiModel):
         "DeviceClass of the policy's slices (memory and shared mode)."))
     device_classes: list[DeviceClassStatus] = Field(default_factory=list, description=(
         "Every DeviceClass of the policy, one per kind of device."))
+    tenant_names: str = Field(default="", description=(
+        "The tenant namespaces, comma-separated (the Tenants column of kubectl get: a table column shows only"
+        " the first item of a list)."))
     nodes: int = Field(default=0, description="Nodes selected that have GPUs.")
     gpus: int = Field(default=0, description="GPUs selected on those nodes.")
     slices: SliceCounts = Field(default_factory=SliceCounts, description="Published and allocated.")

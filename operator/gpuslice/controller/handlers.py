@@ -9,6 +9,7 @@ indexed or observed: no timer, daemon or finalizer ever touches them.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import kopf
@@ -17,16 +18,14 @@ from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
 from gpuslice.controller.changes import Changes
 from gpuslice.controller.reconcile import Context, World, reconcile, report_deleting
+from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import start_context
 from gpuslice.controller.tenancy import QuotaView
 from gpuslice.dra.names import DRIVER, LABEL_POLICY
-from gpuslice.kube.client import EndlessBackoff, KubeError
+from gpuslice.kube.client import EndlessBackoff, KubeClient, KubeError
 from gpuslice.planning.usage import ClaimView, SliceView
 
 POLICY = (GROUP, VERSION, PLURAL)
-STATUS_INTERVAL = 10.0  # seconds between status checks (a refresh only when something changed; see changes)
-DRIFT_INTERVAL = 120.0  # seconds between full re-applies that repair edits made by others
-SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM to a forced exit
 
 
 def _values(index: Any) -> list[Any]:
@@ -59,8 +58,11 @@ async def _reconcile_each(ctx: Context, bodies: list[Any], current: World) -> No
             continue
 
 
-def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
+def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[KubeClient]]) -> kopf.OperatorRegistry:
+    """``client`` makes the API client reconciles write with (the leader's guarded one)."""
+    kubeconfig = settings.kubeconfig
     registry = kopf.OperatorRegistry()
+    ours = settings
     changes = Changes()
 
     @kopf.on.startup(registry=registry)
@@ -72,13 +74,13 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         settings.scanning.disabled = True  # no CRD/namespace scanning: no RBAC for it needed
         settings.posting.level = 30  # warnings and errors only; our own Events say the rest
         settings.watching.server_timeout = 600
-        settings.networking.request_timeout = 60
+        settings.networking.request_timeout = ours.request_timeout
         settings.networking.error_backoffs = EndlessBackoff()  # back within 5 s of the API server
         settings.execution.default_backoff = 5
         # Kopf handles SIGTERM itself; without a stop flag it waits up to this long for a graceful
         # exit. A request to an apiserver going down with us must not keep us alive for minutes.
-        settings.process.ultimate_exiting_timeout = SHUTDOWN_GRACE
-        memo.ctx = await start_context(kubeconfig)
+        settings.process.ultimate_exiting_timeout = ours.shutdown_grace
+        memo.ctx = await start_context(await client(), ours)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
@@ -152,7 +154,8 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
         # A retry converges only when the backoff is up: the status timer may have tried meanwhile.
         await reconcile(memo.ctx, body, world(kwargs), converge_objects=retry == 0 or memo.ctx.due(body.meta.name))
 
-    @kopf.timer(*POLICY, registry=registry, interval=STATUS_INTERVAL, initial_delay=STATUS_INTERVAL)
+    @kopf.timer(*POLICY, registry=registry, interval=settings.status_interval,
+                initial_delay=settings.status_interval)
     async def refresh_status(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
         name = body["metadata"]["name"]
         judged = (body.get("status") or {}).get("observedGeneration") == body["metadata"].get("generation")
@@ -170,7 +173,8 @@ def build_registry(kubeconfig: str | None = None) -> kopf.OperatorRegistry:
             changes.mark([name])
             raise
 
-    @kopf.timer(*POLICY, registry=registry, interval=DRIFT_INTERVAL, initial_delay=DRIFT_INTERVAL)
+    @kopf.timer(*POLICY, registry=registry, interval=settings.drift_interval,
+                initial_delay=settings.drift_interval)
     async def repair_drift(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
         await reconcile(memo.ctx, body, world(kwargs))
 

@@ -1,7 +1,89 @@
-"""Prometheus metrics of the controller."""
+"""Prometheus metrics of the controller.
+
+The per-policy and per-tenant series are the policy's status as the controller last computed it
+(devices by state, conditions, use against limit), kept in memory and read at scrape time: a
+deleted policy's series go with it, and a scrape costs no API request. Labels are bounded by
+what the cluster holds: policy names, their tenant namespaces, condition types and device states.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gpuslice.api.status import GpuSlicePolicyStatus
 
 RECONCILES = Counter("gpuslice_controller_reconciles", "Policy reconciles, by result.", ["result"])
+RECONCILE_DURATION = Histogram(
+    "gpuslice_controller_reconcile_duration_seconds", "How long one reconcile of a policy took (converge or status).",
+    ["kind"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0))
+LEADER = Gauge("gpuslice_controller_leader", "1 while this controller holds the leader Lease and acts, else 0.")
+CONDITIONS = ("Valid", "Published", "Ready", "Degraded")
+
+
+@dataclass(frozen=True)
+class PolicyFigures:
+    status: GpuSlicePolicyStatus
+    held: int = 0  # allocated devices kept as they were while a change waits
+    draining: int = 0  # free devices about to change or go
+    mig_failed: int = 0  # devices on GPUs whose MIG reconfiguration failed (tainted mig-failed)
+    unhealthy: int = 0  # devices on GPUs their agent found unhealthy (tainted unhealthy)
+
+
+class PolicyMetrics(Collector):
+    """The last status the controller computed, per policy, as gauges."""
+
+    def __init__(self) -> None:
+        self.policies: dict[str, PolicyFigures] = {}
+
+    def record(self, policy: str, figures: PolicyFigures) -> None:
+        self.policies[policy] = figures
+
+    def forget(self, policy: str) -> None:
+        self.policies.pop(policy, None)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        devices = GaugeMetricFamily("gpuslice_policy_devices", "A policy's devices by state: published, allocated,"
+                                    " held (allocated, a change waits), draining, mig_failed (on GPUs whose MIG"
+                                    " reconfiguration failed), unhealthy (on unhealthy GPUs).",
+                                    labels=["policy", "state"])
+        conditions = GaugeMetricFamily("gpuslice_policy_condition", "1 when the policy's condition is True, else 0.",
+                                       labels=["policy", "condition"])
+        gpus = GaugeMetricFamily("gpuslice_policy_gpus", "GPUs the policy selects.", labels=["policy"])
+        names = ("allocated_devices", "allocated_bytes", "limit_devices", "limit_bytes")
+        helps = ("Devices of the policy the tenant's claims hold.", "GPU memory the tenant's claims hold, in bytes.",
+                 "Most devices the tenant may hold (absent: no limit).",
+                 "Most GPU memory the tenant may hold, in bytes (absent: no limit).")
+        tenants = {n: GaugeMetricFamily(f"gpuslice_tenant_{n}", h, labels=["policy", "namespace"])
+                   for n, h in zip(names, helps, strict=True)}
+        for name, figures in sorted(self.policies.items()):
+            status = figures.status
+            for state, value in (("published", status.slices.published), ("allocated", status.slices.allocated),
+                                 ("held", figures.held), ("draining", figures.draining),
+                                 ("mig_failed", figures.mig_failed), ("unhealthy", figures.unhealthy)):
+                devices.add_metric([name, state], value)
+            found = {c.type: c.status == "True" for c in status.conditions}
+            for condition in CONDITIONS:
+                if condition in found:
+                    conditions.add_metric([name, condition], 1.0 if found[condition] else 0.0)
+            gpus.add_metric([name], status.gpus)
+            for tenant in status.tenants:
+                labels = [name, tenant.namespace]
+                tenants["allocated_devices"].add_metric(labels, tenant.allocated)
+                tenants["allocated_bytes"].add_metric(labels, tenant.allocated_bytes)
+                if tenant.limit is not None:
+                    tenants["limit_devices"].add_metric(labels, tenant.limit)
+                if tenant.limit_bytes is not None:
+                    tenants["limit_bytes"].add_metric(labels, tenant.limit_bytes)
+        yield devices
+        yield conditions
+        yield gpus
+        yield from tenants.values()
+
+
+POLICY_METRICS = PolicyMetrics()
+REGISTRY.register(POLICY_METRICS)

@@ -23,7 +23,7 @@ from gpuslice.api.status import AdmittedTenant
 from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
 from gpuslice.controller.apply import LIMIT_KINDS, REST_KINDS, converge
 from gpuslice.controller.events import post_event
-from gpuslice.controller.metrics import RECONCILES
+from gpuslice.controller.metrics import POLICY_METRICS, RECONCILE_DURATION, RECONCILES, PolicyFigures
 from gpuslice.controller.status import TENANCY_NOT_ENFORCED, Findings, build_status, status_body
 from gpuslice.controller.tenancy import QuotaView, admitted_tenants, tenancy_unenforced
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
@@ -81,6 +81,8 @@ class Context:
     # waits (a clock behind the apiserver's): the status timer refreshes these though nothing changed.
     clock_waits: set[str] = field(default_factory=set)
     clock: Callable[[], float] = time.monotonic
+    first_retry: float = FIRST_RETRY  # ControllerSettings.first_retry
+    last_retry: float = LAST_RETRY
 
     def lock(self, policy: str) -> asyncio.Lock:
         return self.locks.setdefault(policy, asyncio.Lock())
@@ -91,6 +93,7 @@ class Context:
             store.pop(policy, None)
         self.unconverged.discard(policy)
         self.clock_waits.discard(policy)
+        POLICY_METRICS.forget(policy)
 
     def due(self, policy: str) -> bool:
         return self.clock() >= self.retry_at.get(policy, 0.0)
@@ -101,7 +104,8 @@ class Context:
         seen, count = self.failures.get(policy, (generation, 0))
         count = count + 1 if seen == generation else 1
         self.failures[policy] = (generation, count)
-        delay = min(FIRST_RETRY * 2.0 ** (count - 1), TRANSIENT_RETRY if transient else LAST_RETRY)
+        delay = min(self.first_retry * 2.0 ** (count - 1), min(TRANSIENT_RETRY, self.last_retry) if transient
+                    else self.last_retry)
         self.retry_at[policy] = self.clock() + delay
         self.unconverged.add(policy)
         return delay
@@ -174,15 +178,18 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, conv
     unprobed = ctx.tenancy.get(name, (None, None))[0] != generation
     converge_objects = converge_objects or unprobed or (name in ctx.unconverged and ctx.due(name))
     async with ctx.lock(name):
+        started = time.monotonic()
         try:
             await _reconcile(ctx, body, world, converge_objects)
             RECONCILES.labels(result="ok").inc()
         except (KubeError, ConvergeFailed) as error:
             RECONCILES.labels(result="error").inc()
             transient = isinstance(error, KubeError) and error.transient
-            delay = ctx.failed(name, generation, transient) if converge_objects else FIRST_RETRY
+            delay = ctx.failed(name, generation, transient) if converge_objects else ctx.first_retry
             log.warning("reconcile failed; will retry", policy=name, error=str(error), retry_in=delay)
             raise kopf.TemporaryError(str(error), delay=delay) from error
+        finally:
+            RECONCILE_DURATION.labels("converge" if converge_objects else "status").observe(time.monotonic() - started)
         if converge_objects:
             ctx.succeeded(name)
 
@@ -285,11 +292,13 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
             problems = [Problem(TENANCY_NOT_ENFORCED, unenforced)]
     # Held back for a claim, not merely draining for a few seconds before a change (no news).
     allocated = {ref for claim in world.claims for ref in claim.devices}
-    pending = len(devices & pending_devices(world.slices) & allocated)
+    tainted = devices & pending_devices(world.slices)
+    pending = len(tainted & allocated)
     tenants, admins = {t.namespace for t in policy.spec.tenants}, set(policy.spec.admin_access.namespaces)
     findings = Findings(
         problems, selection, len(devices), usage(devices, world.claims, device_info(world.slices)), errors,
         pending=pending, kinds=kinds, taken=taken, foreign=foreign_claims(devices, world.claims, tenants, admins),
+        draining=len(tainted - allocated),
         mig_failed=len(devices & failed_devices(world.slices)),
         unhealthy=len(devices & unhealthy_devices(world.slices)),
     )
@@ -308,6 +317,8 @@ async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings,
         labels, admitted = _records(ctx, policy)
     status = build_status(policy, findings, _now()).model_copy(update={
         "admin_access_labels": sorted(labels), "admitted_tenants": admitted})
+    POLICY_METRICS.record(policy.name, PolicyFigures(status, findings.pending, findings.draining,
+                                                     findings.mig_failed, findings.unhealthy))
     new = status_body(status)
     old = policy.status.model_dump(by_alias=True, exclude_none=True, mode="json")
     if new == old:

@@ -1,4 +1,4 @@
-"""Run the controller: Kopf, a metrics endpoint, and structured logs."""
+"""Run the controller: check the server, take the leader Lease, then Kopf; metrics and logs around it."""
 
 from __future__ import annotations
 
@@ -8,30 +8,115 @@ import os
 import signal
 
 import kopf
+import structlog
 
 from gpuslice.controller.handlers import build_registry
+from gpuslice.controller.leader import GuardedClient, LeaderElector, WriteGuard, identity
+from gpuslice.controller.metrics import LEADER
+from gpuslice.controller.settings import ControllerSettings
+from gpuslice.controller.startup import check_label_guard, own_namespace, whoami
+from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.compatibility import check_server
+from gpuslice.kube.transport import connect
 from gpuslice.observability.logging import configure_logging
-from gpuslice.observability.metrics import serve_metrics
+from gpuslice.observability.metrics import announce, serve_metrics
+
+log = structlog.get_logger(__name__)
 
 
-async def run_controller(kubeconfig: str | None, metrics_port: int | None, liveness_port: int | None) -> None:
-    configure_logging()
-    if kubeconfig:
-        os.environ["KUBECONFIG"] = kubeconfig  # what kopf.login_with_kubeconfig reads
+class ControllerStopped(Exception):
+    """The controller cannot (or may no longer) act; the message says why. Exit status 1."""
+
+
+async def _wait_any(*events: asyncio.Event) -> None:
+    waits = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+async def run_controller(settings: ControllerSettings) -> None:
+    configure_logging(settings.log_level, settings.log_format)
+    announce("controller")
+    if settings.kubeconfig:
+        os.environ["KUBECONFIG"] = str(settings.kubeconfig)  # what kopf.login_with_kubeconfig reads
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    runner = await serve_metrics(metrics_port) if metrics_port else None
+    runner = await serve_metrics(settings.metrics_port) if settings.metrics_port else None
+    kube = await KubeClient.from_kubeconfig(settings.kubeconfig, request_timeout=settings.request_timeout)
+    elector: LeaderElector | None = None
     try:
-        await kopf.operator(
-            registry=build_registry(kubeconfig),
-            clusterwide=True,
-            standalone=True,
-            stop_flag=stop,
-            liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
-        )
+        try:
+            verdict = await check_server(kube)
+            username = await whoami(kube)
+            namespace = own_namespace(username)
+            # Before the Lease: a copy that could never act says so at once rather than wait to lead.
+            await check_label_guard(kube, username)
+        except KubeError as error:
+            raise ControllerStopped(f"the API server could not be asked what it serves: {error}") from None
+        except kopf.PermanentError as error:
+            raise ControllerStopped(str(error)) from None
+        for warning in verdict.warnings:
+            log.warning("server check", warning=warning)
+        if not verdict.ok:
+            raise ControllerStopped("; ".join(verdict.problems))
+        if settings.leader_election:
+            elector = LeaderElector(kube, identity(), namespace=namespace, lease_duration=settings.lease_duration,
+                                    renew_deadline=settings.renew_deadline, retry_period=settings.retry_period)
+            if not await elector.acquire(stop):
+                return  # stopped while waiting for the Lease
+            LEADER.set(1)
+        await _operate(settings, elector, stop)
+        if elector is not None and elector.lost.is_set():
+            raise ControllerStopped("lost the leader Lease; exiting so that this copy waits for it again")
     finally:
+        LEADER.set(0)
+        if elector is not None and not elector.lost.is_set():
+            await elector.release()
+        await kube.close()
         if runner is not None:
             with contextlib.suppress(Exception):
                 await runner.cleanup()
+
+
+async def _operate(settings: ControllerSettings, elector: LeaderElector | None, stop: asyncio.Event) -> None:
+    """Kopf, until ``stop`` or until the Lease is lost (then at once: no write after it)."""
+    operator_stop = asyncio.Event()
+    keeper = asyncio.create_task(elector.keep(stop)) if elector is not None else None
+    guard = WriteGuard(elector) if elector is not None else None
+    if guard is not None:
+        guard.install()
+
+    async def client() -> KubeClient:
+        transport = await connect(settings.kubeconfig)
+        if elector is None:
+            return KubeClient(transport, timeout=settings.request_timeout)
+        return GuardedClient(transport, elector, timeout=settings.request_timeout)
+
+    async def stopper() -> None:
+        await _wait_any(stop, *([elector.lost] if elector is not None else []))
+        operator_stop.set()
+
+    watcher = asyncio.create_task(stopper())
+    try:
+        await kopf.operator(
+            registry=build_registry(settings, client),
+            clusterwide=True,
+            standalone=True,
+            stop_flag=operator_stop,
+            liveness_endpoint=f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None,
+        )
+    finally:
+        watcher.cancel()
+        if guard is not None:
+            guard.uninstall()
+        if keeper is not None:
+            stop_keeping = not keeper.done()
+            if stop_keeping:
+                keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper

@@ -9,6 +9,7 @@ import structlog
 
 from gpuslice.controller.apply import FIELD_MANAGER
 from gpuslice.controller.reconcile import Context
+from gpuslice.controller.settings import ControllerSettings
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.discovery import served_resources
@@ -51,8 +52,8 @@ async def check_label_guard(kube: KubeClient, username: str) -> None:
             " controller's username in manifests/admission.yaml with this one (see docs/controller.md)")
 
 
-async def start_context(kubeconfig: str | None) -> Context:
-    kube = await KubeClient.from_kubeconfig(kubeconfig)
+async def start_context(kube: KubeClient, settings: ControllerSettings) -> Context:
+    """The reconciles' shared context, on ``kube`` (closed here if the start fails)."""
     try:
         username = await whoami(kube)
         await check_label_guard(kube, username)
@@ -65,4 +66,5 @@ async def start_context(kubeconfig: str | None) -> Context:
     namespace = own_namespace(username)
     log.info("controller started", username=username, namespace=namespace, field_manager=FIELD_MANAGER,
              taint_rule_api=taint_api)
-    return Context(kube=kube, username=username, namespace=namespace, taint_rule_api=taint_api)
+    return Context(kube=kube, username=username, namespace=namespace, taint_rule_api=taint_api,
+                   first_retry=settings.first_retry, last_retry=settings.last_retry)

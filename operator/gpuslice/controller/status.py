@@ -33,6 +33,7 @@ class Findings:
     apply_errors: Sequence[str] = ()
     deleting: bool = False
     pending: int = 0  # devices held back by agents until their claims are released
+    draining: int = 0  # free devices tainted by agents that are about to change or go
     kinds: Sequence[DeviceKind] = ()
     taken: Sequence[str] = ()  # objects of our names that tenants made first
     foreign: Sequence[str] = ()  # claims holding our devices outside the tenants
@@ -140,12 +141,24 @@ def build_status(policy: GpuSlicePolicy, f: Findings, now: str) -> GpuSlicePolic
         device_class_name=primary,
         device_classes=[DeviceClassStatus(kind=k.kind, name=k.class_name, memory_bytes=k.memory) for k in kinds],
         foreign_claims=list(f.foreign),
+        tenant_names=tenant_names([t.namespace for t in policy.spec.tenants]),
         nodes=f.selection.node_count,
         gpus=f.selection.gpu_count,
         slices=SliceCounts(published=f.published, allocated=f.usage.allocated),
         tenants=tenants,
         holding_claims=f.usage.holding_claims if f.deleting else [],
     )
+
+
+def tenant_names(namespaces: Sequence[str], width: int = 60) -> str:
+    """``team-a, team-b``; past ``width`` characters the rest is counted: ``team-a, team-b, +7``."""
+    shown: list[str] = []
+    for i, name in enumerate(namespaces):
+        rest = len(namespaces) - i
+        if shown and len(", ".join([*shown, name])) + (len(f", +{rest - 1}") if rest > 1 else 0) > width:
+            return ", ".join([*shown, f"+{rest}"])
+        shown.append(name)
+    return ", ".join(shown)
 
 
 def status_body(status: GpuSlicePolicyStatus) -> dict[str, Any]:

@@ -44,6 +44,9 @@ CONTROLLERS = (
     "serviceaccount-controller",
     "serviceaccount-token-controller",
     "root-ca-certificate-publisher-controller",
+    # Tenants' workloads: the tenant guide's Deployments (docs/tenants.md) run here as they would anywhere.
+    "deployment-controller",
+    "replicaset-controller",
 )
 NODE_CONTROLLERS = ("node-lifecycle-controller", "taint-eviction-controller")
 # A short grace, so a stopped runner shows as NotReady in seconds, not minutes.

@@ -102,8 +102,9 @@ async def agent_kubeconfig(kube: KubeClient, node: str, state_dir: Path, server:
 def controller_component(kubeconfig: Path, log: Path, liveness_port: int) -> Component:
     return Component(
         "gpuslice-controller",
+        # A short Lease: a controller the dev cluster restarts after a kill acts again within seconds.
         [sys.executable, "-m", "gpuslice", "controller", f"--kubeconfig={kubeconfig}",
-         f"--liveness-port={liveness_port}"],
+         f"--liveness-port={liveness_port}", "--lease-duration=6", "--renew-deadline=4", "--retry-period=1"],
         log, http_health(f"http://127.0.0.1:{liveness_port}/healthz"), startup_timeout=60,
     )
 

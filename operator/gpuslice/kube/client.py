@@ -30,6 +30,7 @@ from typing import Any, ClassVar, cast
 import aiohttp
 import structlog
 
+from gpuslice.kube import metrics
 from gpuslice.kube.transport import ApiError, Transport, connect
 
 Object = dict[str, Any]
@@ -269,14 +270,19 @@ class KubeClient:
 
     async def _once(self, method: str, path: str, body: Any, query: Mapping[str, str | int | bool] | None,
                     content_type: str, accept: str) -> Object:
+        status: int | None = None
         try:
             result = await self.transport.request(method, path, body, query or {}, content_type, accept, self.timeout)
+            status = 200
         except ApiError as error:
+            status = error.status
             raise KubeError.from_api(error) from None
         except aiohttp.ClientConnectorError as error:  # never reached the server: nothing was sent
             raise _unreachable(error, sent=False) from error
         except (aiohttp.ClientError, TimeoutError, ConnectionError) as error:
             raise _unreachable(error, sent=True) from error
+        finally:
+            metrics.count(method, path, content_type, dict(query or {}), status)
         return cast(Object, result or {})
 
     async def get(self, path: str, **query: str | int | bool) -> Object:

@@ -1,19 +1,56 @@
-"""The /metrics endpoint (Prometheus text format) served from the component's own loop."""
+"""The metrics endpoint (Prometheus text format) and health checks, served from the process's own loop.
+
+``/metrics`` for Prometheus; ``/healthz`` says the process is alive (its loop answers and, for
+the agent, its publish loop runs); ``/readyz`` says it does its job (for the agent: it published
+successfully recently). A check that fails answers 503 with the reason, which is what a kubelet
+probe logs and what a person reads.
+"""
 
 from __future__ import annotations
 
+import platform
+from collections.abc import Callable
+
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
+
+from gpuslice import __version__
+from gpuslice.kube.metrics import set_component
+
+BUILD_INFO = Gauge("gpuslice_build_info", "Always 1: the version of the process serving these metrics.",
+                   ["component", "version", "python_version"])
+# A check answers (healthy, what to say about it).
+Check = Callable[[], tuple[bool, str]]
 
 
-async def serve_metrics(port: int, host: str = "0.0.0.0") -> web.AppRunner:
-    """Start serving; call ``cleanup()`` on the result to stop."""
+def announce(component: str) -> None:
+    """Name the process (``controller`` or ``agent``) in its metrics, and say which version it is."""
+    BUILD_INFO.labels(component, __version__, platform.python_version()).set(1)
+    set_component(component)
+
+
+def _answer(check: Check | None) -> web.Response:
+    ok, words = check() if check is not None else (True, "ok")
+    return web.Response(status=200 if ok else 503, text=words + "\n")
+
+
+async def serve_metrics(port: int, host: str = "0.0.0.0", *, alive: Check | None = None,
+                        ready: Check | None = None) -> web.AppRunner:
+    """Start serving ``/metrics``, ``/healthz`` and ``/readyz``; call ``cleanup()`` on the result to stop."""
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def healthz(_: web.Request) -> web.Response:
+        return _answer(alive)
+
+    async def readyz(_: web.Request) -> web.Response:
+        return _answer(ready)
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

@@ -95,14 +95,17 @@ async def test_a_slice_limit_is_a_memory_limit_whatever_the_claim(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
     namespace: str, unique: str,
 ) -> None:
-    node = await gpu_node("h100-80gb", 1)
+    # Two GPUs: the tenant's one slice on one, and the whole other free for the extended-resource
+    # pod below to reach the quota (with one GPU, that pod's retries hold the whole GPU in flight
+    # for a moment each, and a slice pod turned away then waits for an event that never comes).
+    node = await gpu_node("h100-80gb", 2)
     resource = f"example.com/slice-{unique}"
     name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
                                "slicing": {"mode": "memory", "sliceSize": "10G", "allowFullGpu": True},
                                "tenants": [{"namespace": namespace, "maxSlices": 1}],
                                "extendedResourceName": resource}))["metadata"]["name"]
     slices, full = f"{name}.gpuslice.dev", f"full.{name}.gpuslice.dev"
-    devices = await published(kube, node.name, 9)
+    devices = await published(kube, node.name, 18)
     await ready_tenant(kube, name, namespace)
     ns_claims = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
 
@@ -124,10 +127,6 @@ async def test_a_slice_limit_is_a_memory_limit_whatever_the_claim(
                                                            {"name": "small", **request(slices)}]), "exceeded quota", quota)
     await refused(kube, namespace, claim("two", request(slices, count=2)), "exceeded quota")
     await refused(kube, namespace, claim("all", request(slices, allocationMode="All")), "exceeded quota")
-    # The extended-resource way: the scheduler's own claim for the pod is charged the same quota.
-    await kube.create(f"/api/v1/namespaces/{namespace}/pods",
-                      extended_pod("implicit", f"deviceclass.resource.kubernetes.io/{full}", 1))
-
     await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_with_claim("one", "gpu-slice"))
 
     async def one_allocated() -> bool:
@@ -135,6 +134,9 @@ async def test_a_slice_limit_is_a_memory_limit_whatever_the_claim(
         return bool(found and (found.get("status") or {}).get("allocation"))
 
     await wait_for(one_allocated, within=60, what="the tenant's one slice")
+    # The extended-resource way: the scheduler's own claim for the pod is charged the same quota.
+    await kube.create(f"/api/v1/namespaces/{namespace}/pods",
+                      extended_pod("implicit", f"deviceclass.resource.kubernetes.io/{full}", 1))
     await kube.create(f"/api/v1/namespaces/{namespace}/pods", extended_pod("explicit", resource, 1))
     for pod in ("implicit", "explicit"):
         assert "exceeded quota" in await pod_event(kube, namespace, pod, "exceeded quota")

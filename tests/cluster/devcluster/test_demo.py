@@ -1,5 +1,6 @@
 """`make demo` as a user runs it: tenant pods of two modes reach Running on their slices, the demo
-prints what each container received, and nothing is left running afterwards."""
+prints what each container received, the occupancy map shows them, and nothing is left running
+afterwards."""
 
 from __future__ import annotations
 
@@ -20,4 +21,7 @@ def test_the_demo_runs_tenant_pods_of_two_modes_on_their_slices(tmp_path: Path) 
     assert "GPUSLICE_MODE=memory" in out, out
     assert "GPUSLICE_GPU_UUID=GPU-" in out, out
     assert "denied request" in out, out
+    # It ends with `gpuslice status`: the memory pods hold their slices on the map.
+    assert "GPU occupancy" in out, out
+    assert "held by team-a/inference-" in out, out
     assert processes_using(state_dir) == []

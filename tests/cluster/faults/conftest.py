@@ -23,7 +23,6 @@ from tests.cluster.kubeutil import create_namespace, delete_namespace, wait_for
 NODES = ("gpu-node-1", "gpu-node-2")
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 RESOURCE = "/apis/resource.k8s.io/v1"
-CLUSTER_RECOVERY = 90.0  # seconds Kubernetes' own controllers may take to be back after an API server restart
 
 
 @pytest.fixture(scope="package")
@@ -62,10 +61,9 @@ async def invariants(faults_cluster: DevCluster) -> AsyncIterator[InvariantCheck
 
 @pytest.fixture
 async def fns(fkube: KubeClient) -> AsyncIterator[str]:
-    # After an earlier test restarted the API server, kube-controller-manager's informers (the
-    # ServiceAccount controller's among them) list again only when client-go's reflector backoff is
-    # up: 30 s at most, jittered to 60 s. Not gpuslice's to speed up; the tests after it wait.
-    name = await create_namespace(fkube, f"f-{uuid.uuid4().hex[:8]}", within=CLUSTER_RECOVERY)
+    # A test that restarts the API server waits, at its teardown, for kube-controller-manager to act
+    # again (test_restarts.controller_manager_back): a namespace here gets its ServiceAccount at once.
+    name = await create_namespace(fkube, f"f-{uuid.uuid4().hex[:8]}")
     yield name
     await delete_namespace(fkube, name)
 

@@ -85,3 +85,14 @@ def test_examples_are_valid_policies(path: Path) -> None:
 
 def test_there_are_examples() -> None:
     assert len(EXAMPLES) >= 3
+
+
+def test_tenant_names_fit_a_column_and_count_the_rest() -> None:
+    from gpuslice.controller.status import tenant_names
+
+    assert tenant_names(["team-a", "team-b"]) == "team-a, team-b"
+    many = [f"tenant-{i:02d}" for i in range(20)]
+    shown = tenant_names(many)
+    assert len(shown) <= 60
+    assert shown.endswith(f", +{20 - shown.count(',')}")
+    assert shown.startswith("tenant-00, tenant-01")

@@ -1,0 +1,61 @@
+"""Everything the controller can be told, in one place (flags and ``GPUSLICE_*`` environment variables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from gpuslice.settings import Settings
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["auto", "json", "console"]
+
+
+class ControllerSettings(Settings):
+    kubeconfig: Path | None = Field(default=None, description=(
+        "Kubeconfig to use; without one, the pod's ServiceAccount, then $KUBECONFIG or ~/.kube/config."))
+    metrics_port: int | None = Field(default=None, description=(
+        "Serve Prometheus metrics on this port (/metrics); off when unset."))
+    liveness_port: int | None = Field(default=None, description=(
+        "Serve Kopf's liveness probe on this port (/healthz); off when unset."))
+    log_level: LogLevel = Field(default="info", description="Least severe log lines written.")
+    log_format: LogFormat = Field(default="auto", description=(
+        "json: one JSON object a line (what log collectors parse); console: lines for a person; auto: console"
+        " on a terminal, JSON otherwise (a container)."))
+    status_interval: float = Field(default=10.0, gt=0, description=(
+        "Seconds between checks of each policy's status; a check computes from memory and writes only when"
+        " something it reads changed, so a short interval costs little."))
+    drift_interval: float = Field(default=120.0, gt=0, description=(
+        "Seconds between full re-applies of a policy's objects, which repair edits made by others (each is"
+        " one LIST per owned kind)."))
+    first_retry: float = Field(default=2.0, gt=0, description=(
+        "Seconds before a failed converge is tried again; doubles with each failure of the same generation."))
+    last_retry: float = Field(default=300.0, gt=0, description=(
+        "Seconds between tries at most: bad input is retried now and then, never in a loop."))
+    request_timeout: float = Field(default=60.0, gt=0, description=(
+        "Seconds one API request may take, connection included: a half-open connection must not hang a"
+        " reconcile that holds its policy's lock."))
+    shutdown_grace: float = Field(default=10.0, gt=0, description=(
+        "Seconds from SIGTERM to a forced exit: a request to an API server going down with us must not keep"
+        " the process alive for minutes."))
+    leader_election: bool = Field(default=True, description=(
+        "Act only while holding the Lease gpuslice-system/gpuslice-controller, so that a second copy (two"
+        " replicas, or one on a laptop) waits instead of acting at the same time."))
+    lease_duration: float = Field(default=15.0, gt=0, description=(
+        "Seconds a Lease not renewed keeps others waiting (as each waiting copy measures on its own clock"
+        " from when it last saw the Lease change): how long a crashed leader's successor waits."))
+    renew_deadline: float = Field(default=10.0, gt=0, description=(
+        "Seconds the leader may go without renewing before it stops acting; below lease_duration, so it"
+        " stops before anyone may take over."))
+    retry_period: float = Field(default=2.0, gt=0, description="Seconds between tries to take or renew the Lease.")
+
+    @model_validator(mode="after")
+    def _leases(self) -> ControllerSettings:
+        if not self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError("leader election needs retry_period < renew_deadline < lease_duration (seconds):"
+                             f" got {self.retry_period}, {self.renew_deadline}, {self.lease_duration}")
+        if self.first_retry > self.last_retry:
+            raise ValueError(f"first_retry ({self.first_retry} s) is longer than last_retry ({self.last_retry} s)")
+        return self

@@ -1,0 +1,42 @@
+"""``kubectl gpuslice status|why|plan``: the inspecting commands as a kubectl plugin.
+
+kubectl runs any ``kubectl-<name>`` on the PATH as ``kubectl <name>``; installing
+gpuslice (``pipx install gpuslice``) puts ``kubectl-gpuslice`` there. Here ``plan``
+always means the live cluster (``gpuslice plan --cluster``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from gpuslice import __version__
+from gpuslice.inspect.commands import cluster_plan, status, why
+from gpuslice.settings import KUBECONFIG_HELP
+
+
+@click.group(name="kubectl gpuslice")
+@click.version_option(__version__, prog_name="kubectl-gpuslice")
+def main() -> None:
+    """gpuslice for kubectl: the GPU occupancy map, why a pod waits for its GPU, what a policy edit would do."""
+
+
+main.add_command(status)
+main.add_command(why)
+
+
+@main.command("plan")
+@click.option("-f", "--filename", "files", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
+              help="The edited (or new) GpuSlicePolicy YAML (repeat for several).")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, envvar="GPUSLICE_KUBECONFIG",
+              help=KUBECONFIG_HELP)
+@click.option("-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text", show_default=True)
+def plan(files: tuple[str, ...], kubeconfig: str | None, output: str) -> None:
+    """What applying these policies would add, drain and hold on the live cluster; nothing is written."""
+    cluster_plan(kubeconfig, [Path(f) for f in files], output)
+
+
+def run() -> None:
+    """The ``kubectl-gpuslice`` entry point: help and errors name the command as kubectl users type it."""
+    main(prog_name="kubectl gpuslice")

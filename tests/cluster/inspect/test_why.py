@@ -1,0 +1,136 @@
+"""``gpuslice why``: a Pending pod explained in the platform's terms, from what the cluster really did."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuslice.kube.client import KubeClient
+from tests.cluster.agent.conftest import GpuNodeFactory
+from tests.cluster.agent.test_publishing import create_pods, published, settle
+from tests.cluster.inspect.conftest import Cli
+from tests.cluster.kubeutil import PAUSE_IMAGE, pod_with_claim, wait_for
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+
+
+async def warning(kube: KubeClient, namespace: str, pod: str, reason: str) -> dict[str, Any]:
+    async def found() -> dict[str, Any] | None:
+        events = await kube.list(f"/api/v1/namespaces/{namespace}/events",
+                                 fieldSelector=f"involvedObject.name={pod}")
+        return next((e for e in events if e.get("reason") == reason), None)
+
+    result: dict[str, Any] = await wait_for(found, within=60, what=f"a {reason} Event on {namespace}/{pod}")
+    return result
+
+
+def findings(result: dict[str, Any]) -> dict[str, str]:
+    return {f["code"]: f["message"] for f in result["findings"]}
+
+
+def on(node: str) -> dict[str, Any]:
+    return {"matchLabels": {"kubernetes.io/hostname": node}}
+
+
+async def test_over_the_limit_by_how_much(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str, gpuslice: Cli,
+) -> None:
+    node = await gpu_node("h100-80gb", 1)
+    policy = await make_policy({"nodeSelector": on(node.name), "slicing": {"mode": "memory", "sliceSize": "10G"},
+                                "tenants": [{"namespace": namespace, "maxSlices": 2}]})
+    await published(kube, node.name, 8)
+    await create_pods(kube, namespace, "gpu-slice", ["a", "b"])
+    await settle(kube, namespace, ["a", "b"], 2)
+    await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_with_claim("c", "gpu-slice"))
+    await warning(kube, namespace, "c", "FailedResourceClaimCreation")
+
+    result = (await gpuslice("why", f"{namespace}/c", "-o", "json")).json()
+    said = findings(result)
+    name = policy["metadata"]["name"]
+    assert result["findings"][0]["code"] == "OverLimit"
+    assert (f"{namespace} may hold 2 x slice of {name} (20G) and its claims already count 2; this asks 1 more,"
+            " 1 over the limit (10G of GPU memory)") in said["OverLimit"]
+    assert "exceeded quota" in said["AdmissionDenied"]
+    text = await gpuslice("why", "c", "-n", namespace)
+    assert "OverLimit" in text.stdout
+
+
+async def test_not_a_tenant_even_the_device_plugin_way(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str, namespaces: Any, gpuslice: Cli, unique: str,
+) -> None:
+    node = await gpu_node("h100-80gb", 1)
+    resource = f"example.com/why-{unique}"
+    policy = await make_policy({"nodeSelector": on(node.name), "slicing": {"mode": "memory", "sliceSize": "10G"},
+                                "tenants": [{"namespace": namespace}], "extendedResourceName": resource})
+    await published(kube, node.name, 8)
+    outsider = await namespaces("outsider")
+    await kube.create(f"/api/v1/namespaces/{outsider}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "legacy"},
+        "spec": {"containers": [{"name": "c", "image": PAUSE_IMAGE, "resources": {"limits": {resource: "1"}}}]}})
+    await warning(kube, outsider, "legacy", "FailedScheduling")
+
+    result = (await gpuslice("why", f"{outsider}/legacy", "-o", "json")).json()
+    name = policy["metadata"]["name"]
+    assert [r["deviceClass"] for r in result["requests"]] == [f"{name}.gpuslice.dev"]
+    assert result["findings"][0]["code"] == "NotATenant"
+    assert f"Namespace {outsider} is not a tenant of GpuSlicePolicy {name} (tenants: {namespace})" in \
+        result["findings"][0]["message"]
+    assert "denied request" in findings(result)["AdmissionDenied"]
+
+
+async def test_slices_kept_off_by_a_maintenance_taint(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str, gpuslice: Cli,
+) -> None:
+    node = await gpu_node("h100-80gb", 1)
+    policy = await make_policy({"nodeSelector": on(node.name), "slicing": {"mode": "memory", "sliceSize": "10G"},
+                                "tenants": [{"namespace": namespace}],
+                                "taints": [{"key": "gpuslice.dev/maintenance", "value": "planned",
+                                            "effect": "NoSchedule"}]})
+    await published(kube, node.name, 8)
+
+    async def tainted() -> bool:
+        # The taint reaches the devices a moment after they are published: the pod comes after it.
+        status = (await gpuslice("status", "-o", "json")).json()
+        [gpu] = next(n for n in status["map"]["nodes"] if n["name"] == node.name)["gpus"]
+        return [s["state"] for s in gpu["segments"]].count("tainted") == 8
+
+    await wait_for(tainted, within=60, what="every slice to carry the maintenance taint")
+    await create_pods(kube, namespace, "gpu-slice", ["waits"])
+    await warning(kube, namespace, "waits", "FailedScheduling")
+
+    async def explained() -> dict[str, Any] | None:
+        result = (await gpuslice("why", f"{namespace}/waits", "-o", "json")).json()
+        return result if "KeptOff" in findings(result) else None
+
+    result = await wait_for(explained, within=60, what="why to see the taint on every slice")
+    name = policy["metadata"]["name"]
+    said = findings(result)
+    assert said["NoFreeDevice"].startswith(f"No free slice of {name} on any of its 1 nodes (1 asked, 0 free).")
+    assert f"8 x slice of {name} would fit but are kept off: maintenance: planned ({node.name} GPU 0)" in \
+        said["KeptOff"]
+
+
+async def test_no_whole_gpu_free_shows_the_largest_free_one(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str, gpuslice: Cli,
+) -> None:
+    node = await gpu_node("h100-80gb", 1)
+    policy = await make_policy({"nodeSelector": on(node.name),
+                                "slicing": {"mode": "memory", "sliceSize": "10G", "allowFullGpu": True},
+                                "tenants": [{"namespace": namespace}]})
+    await published(kube, node.name, 9)
+    await create_pods(kube, namespace, "gpu-slice", ["small"])
+    await settle(kube, namespace, ["small"], 1)
+    await create_pods(kube, namespace, "gpu-slice-full", ["whole"])
+    await warning(kube, namespace, "whole", "FailedScheduling")
+
+    result = (await gpuslice("why", f"{namespace}/whole", "-o", "json")).json()
+    name = policy["metadata"]["name"]
+    assert result["findings"][0]["code"] == "NoFreeDevice"
+    assert result["findings"][0]["message"] == (
+        f"No free whole GPU of {name} on any of its 1 nodes (1 asked, 0 free). The largest free one: slice (10G)"
+        f" on {node.name} GPU 0.")
+    small = (await gpuslice("why", f"{namespace}/small", "-o", "json")).json()
+    assert [f["code"] for f in small["findings"] if f["blocking"]] == []
+    assert small["findings"][0]["code"] == "Allocated"

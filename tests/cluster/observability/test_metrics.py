@@ -1,0 +1,126 @@
+"""What the processes serve: every metric the dashboard and the alerts use, with the labels they
+match on; the per-policy and per-tenant series equal to the policy's own status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuslice.kube.client import KubeClient
+from tests.cluster.agent.conftest import GpuNodeFactory
+from tests.cluster.agent.test_publishing import create_pods, published, settle
+from tests.cluster.controller.test_objects import POLICIES
+from tests.cluster.kubeutil import wait_for
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.unit.test_monitoring import expressions, selectors
+
+G = 10**9
+SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
+            "gauge": ("",), "info": ("_info",), "summary": ("_sum", "_count", "_created"), "unknown": ("",)}
+
+
+async def scrape(port: int) -> str:
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
+        assert response.status == 200
+        return await response.text()
+
+
+def served(*texts: str) -> dict[str, list[dict[str, str]]]:
+    """Every sample name the processes serve (with each family's suffixes), and the label sets seen."""
+    found: dict[str, list[dict[str, str]]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            for suffix in SUFFIXES.get(family.type, ("",)):
+                found.setdefault(family.name + suffix, [])
+            for sample in family.samples:
+                found.setdefault(sample.name, []).append(dict(sample.labels))
+    return found
+
+
+def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {tuple(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == name}
+
+
+async def test_every_metric_the_dashboard_and_alerts_use_is_served(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str,
+) -> None:
+    node = await gpu_node("h100-80gb", 1)
+    policy = await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
+                                "slicing": {"mode": "memory", "sliceSize": "10G"},
+                                "tenants": [{"namespace": namespace, "maxSlices": 2}]})
+    name = policy["metadata"]["name"]
+    await published(kube, node.name, 8)
+    await create_pods(kube, namespace, "gpu-slice", ["m0"])
+    await settle(kube, namespace, ["m0"], 1)
+
+    async def counted() -> str | None:
+        text = await scrape(controller.metrics_port)
+        held = samples(text, "gpuslice_tenant_allocated_devices").get((("namespace", namespace), ("policy", name)))
+        return text if held == 1 else None
+
+    controller_text = await wait_for(counted, within=60, what="the controller's metrics to count the allocation")
+    agent_text = await scrape(node.metrics_port)
+    found = served(controller_text, agent_text)
+    missing, unmatched = [], []
+    for where, promql in expressions():
+        for metric, labels in selectors(promql):
+            if metric not in found:
+                missing.append(f"{where}: {metric}")
+            elif found[metric] and not all(any(label in s for s in found[metric]) for label in labels):
+                unmatched.append(f"{where}: {metric} has no label {sorted(labels)}")
+    assert missing == [], "metrics the dashboard or the alerts use that no process serves:\n" + "\n".join(missing)
+    assert unmatched == []
+
+    # The per-tenant series are the policy's own status.
+    status = (await kube.get(f"{POLICIES}/{name}"))["status"]
+    [tenant] = status["tenants"]
+    labels = (("namespace", namespace), ("policy", name))
+    assert samples(controller_text, "gpuslice_tenant_allocated_bytes")[labels] == tenant["allocatedBytes"] == 10 * G
+    assert samples(controller_text, "gpuslice_tenant_limit_bytes")[labels] == tenant["limitBytes"] == 20 * G
+    assert samples(controller_text, "gpuslice_policy_devices")[(("policy", name), ("state", "published"))] == 8
+    assert samples(controller_text, "gpuslice_policy_condition")[(("condition", "Ready"), ("policy", name))] == 1
+
+
+async def test_the_agent_is_ready_once_it_has_published(
+    kube: KubeClient, gpu_node: GpuNodeFactory,
+) -> None:
+    node = await gpu_node("h100-80gb", 2)
+
+    async def answers(path: str) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as session, \
+                session.get(f"http://127.0.0.1:{node.metrics_port}{path}") as response:
+            return response.status, await response.text()
+
+    async def ready() -> bool:
+        return (await answers("/readyz"))[0] == 200
+
+    await wait_for(ready, within=60, what="the agent's /readyz to answer 200")
+    assert await answers("/healthz") == (200, "ok\n")
+    text = await scrape(node.metrics_port)
+    labels = (("node", node.name),)
+    assert samples(text, "gpuslice_node_gpus")[labels] == 2
+    assert samples(text, "gpuslice_agent_last_publish_success_timestamp_seconds")[labels] > 0
+    assert [dict(k)["component"] for k in samples(text, "gpuslice_build_info")] == ["agent"]
+
+
+async def test_a_deleted_policy_leaves_no_series(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, namespace: str,
+) -> None:
+    policy = await make_policy({"nodeSelector": {"matchLabels": {"gpuslice.dev/test-selects": "nothing"}},
+                                "slicing": {"mode": "memory", "sliceSize": "10G"},
+                                "tenants": [{"namespace": namespace, "maxSlices": 2}]})
+    name = policy["metadata"]["name"]
+
+    async def present(expected: bool) -> bool:
+        return (f'policy="{name}"' in await scrape(controller.metrics_port)) == expected
+
+    await wait_for(lambda: present(True), within=60, what="the policy's series")
+    await kube.delete(f"{POLICIES}/{name}")
+    await wait_for(lambda: present(False), within=60, what="the deleted policy's series to go")
+
+
+__all__: list[Any] = []

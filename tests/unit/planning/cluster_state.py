@@ -1,0 +1,66 @@
+"""Cluster objects as the API server holds them, made with the agent's own planner: the slices a
+node publishes for some policies, claims that hold its devices, policies with a status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuslice.agent.gpus.fake import FakeBackend
+from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.dra.resourceslice import resource_slice
+from gpuslice.inventory.gpus import Gpu
+from gpuslice.planning.node_pool import plan_node_pool
+
+Body = dict[str, Any]
+CREATED = "2026-11-29T10:00:00Z"
+
+
+def policy_body(name: str, slicing: dict[str, Any], created: str = CREATED, **spec: Any) -> Body:
+    """A policy the controller found valid at its generation (the agent plans only those)."""
+    return {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy",
+            "metadata": {"name": name, "creationTimestamp": created, "generation": 1, "uid": f"uid-{name}"},
+            "spec": {"slicing": slicing, **spec},
+            "status": {"observedGeneration": 1, "conditions": [
+                {"type": "Valid", "status": "True", "reason": "SpecValid"},
+                {"type": "Ready", "status": "True", "reason": "Ready"}]}}
+
+
+def gpus(node: str, model: str, count: int = 1) -> list[Gpu]:
+    return FakeBackend(node, [(model, count)]).discover()
+
+
+def node_body(name: str, model: str, count: int, **labels: str) -> Body:
+    return {"metadata": {"name": name, "uid": f"uid-{name}", "labels": {
+        "kubernetes.io/hostname": name, "gpuslice.dev/gpu-backend": "fake", "gpuslice.dev/fake-gpu-model": model,
+        "gpuslice.dev/fake-gpu-count": str(count), **labels}}}
+
+
+def published(node: str, model: str, count: int, policies: list[Body], generation: int = 1) -> list[Body]:
+    """The ResourceSlices the node's agent publishes for ``policies``."""
+    parsed = [GpuSlicePolicy.from_body(p) for p in policies]
+    plan = plan_node_pool({"kubernetes.io/hostname": node}, gpus(node, model, count), parsed)
+    return [resource_slice(node, f"uid-{node}", s.suffix, generation, len(plan.slices),
+                           shared_counters=list(s.shared_counters), devices=list(s.devices)) for s in plan.slices]
+
+
+def devices_of(slices: list[Body]) -> list[Body]:
+    return [d for s in slices for d in s["spec"].get("devices") or []]
+
+
+def taint(slices: list[Body], names: set[str], key: str, value: str = "", effect: str = "NoSchedule") -> None:
+    for device in devices_of(slices):
+        if device["name"] in names:
+            device.setdefault("taints", []).append({"key": key, **({"value": value} if value else {}),
+                                                    "effect": effect})
+
+
+def claim(namespace: str, name: str, devices: list[tuple[str, str]], pods: tuple[str, ...] = (),
+          consumed: str | None = None, admin: bool = False, class_name: str = "") -> Body:
+    """A claim allocated (pool, device) pairs, reserved for ``pods``."""
+    results = [{"request": "gpu", "driver": "gpu.gpuslice.dev", "pool": pool, "device": device,
+                **({"consumedCapacity": {"memory": consumed}} if consumed else {}),
+                **({"adminAccess": True} if admin else {})} for pool, device in devices]
+    return {"metadata": {"namespace": namespace, "name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class_name}}]}},
+            "status": {"allocation": {"devices": {"results": results}},
+                       "reservedFor": [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in pods]}}
