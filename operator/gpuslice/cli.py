@@ -6,19 +6,18 @@ import asyncio
 import importlib
 import sys
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import click
 import pydantic
 
 from gpuslice import __version__
-from gpuslice.agent.kubeletplugin.settings import PluginSettings
-from gpuslice.agent.settings import HealthSettings
+from gpuslice.agent.settings import AgentSettings
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.settings import KUBECONFIG_HELP, Settings, markdown, options
 
 # Every process's settings, by the name docs/configuration.md gives it.
-DOCUMENTED: dict[str, type[Settings]] = {"controller": ControllerSettings}
+DOCUMENTED: dict[str, type[Settings]] = {"controller": ControllerSettings, "agent": AgentSettings}
 
 
 class LazyGroup(click.Group):
@@ -41,6 +40,19 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
+S = TypeVar("S", bound=Settings)
+
+
+def _settings(model: type[S], values: dict[str, Any]) -> S:
+    """The settings from the flags and variables, or a usage error that names the flag and the fix."""
+    try:
+        return model(**values)
+    except pydantic.ValidationError as error:
+        raise click.UsageError("; ".join(
+            (f"{model.flag(str(e['loc'][0]))}: " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
+            for e in error.errors())) from None
+
+
 @click.group(cls=LazyGroup)
 @click.version_option(__version__, prog_name="gpuslice")
 def main() -> None:
@@ -54,10 +66,7 @@ def controller(**values: Any) -> None:
     Every flag is also an environment variable (GPUSLICE_<FLAG>); docs/configuration.md lists them."""
     from gpuslice.controller.run import ControllerStopped, run_controller
 
-    try:
-        settings = ControllerSettings(**values)
-    except pydantic.ValidationError as error:
-        raise click.UsageError("; ".join(e["msg"] for e in error.errors())) from None
+    settings = _settings(ControllerSettings, values)
     try:
         asyncio.run(run_controller(settings))
     except ControllerStopped as error:
@@ -73,60 +82,19 @@ def settings_docs() -> None:
 
 
 @main.command()
-@click.option("--node", required=True, envvar="NODE_NAME", help="This node's name (env NODE_NAME in a DaemonSet).")
-@click.option("--backend", type=click.Choice(["nvml", "fake"]), default="nvml", show_default=True)
-@click.option("--fake-gpus", default=None, help="Fake backend: MODEL:COUNT[,MODEL:COUNT]; default: the node's labels.")
-@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
-@click.option("--resync", default=60.0, show_default=True, help="Seconds between full checks of the pool.")
-@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
-@click.option("--kubelet-registrar-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=PluginSettings.registrar_dir, show_default=True,
-              help="The kubelet's plugin registry: the plugin's registration socket goes here.")
-@click.option("--kubelet-plugins-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=PluginSettings.plugins_dir, show_default=True,
-              help="The kubelet's plugins directory: the service socket goes in its gpu.gpuslice.dev/.")
-@click.option("--cdi-dir", type=click.Path(file_okay=False, path_type=Path), default=PluginSettings.cdi_dir,
-              show_default=True, help="Where the container runtime reads CDI specs: one per prepared claim.")
-@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Claim checkpoints, what was published, fake GPU state"
-                   " [default: KUBELET_PLUGINS_DIR/gpu.gpuslice.dev].")
-@click.option("--health-interval", default=HealthSettings.interval, show_default=True,
-              help="Seconds between checks of the GPUs' health.")
-@click.option("--health-recovery", default=HealthSettings.recovery, show_default=True,
-              help="Seconds an unhealthy GPU must go without a fault before its taint is lifted.")
-@click.option("--nvidia-cdi-dir", "nvidia_cdi_dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
-              help="NVML backend: where the NVIDIA Container Toolkit's CDI spec is [default: /etc/cdi, /var/run/cdi].")
-def agent(node: str, backend: str, fake_gpus: str | None, kubeconfig: str | None, resync: float,
-          metrics_port: int | None, kubelet_registrar_dir: Path, kubelet_plugins_dir: Path, cdi_dir: Path,
-          state_dir: Path | None, health_interval: float, health_recovery: float,
-          nvidia_cdi_dirs: tuple[Path, ...]) -> None:
+@options(AgentSettings)
+def agent(**values: Any) -> None:
     """Run the node agent: discover GPUs, publish this node's pool of slices, and serve the kubelet
-    plugin that prepares them for pods."""
-    from gpuslice.agent.gpus import GpuBackend, GpuBackendError
-    from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
-    from gpuslice.agent.gpus.nvml import NvmlBackend
+    plugin that prepares them for pods. Every flag is also an environment variable (GPUSLICE_<FLAG>);
+    docs/configuration.md lists them."""
+    from gpuslice.agent.gpus import GpuBackendError
     from gpuslice.agent.kubeletplugin.settings import PluginPathError
-    from gpuslice.agent.run import discover_fake_from_node, run_agent
-    from gpuslice.kube.client import KubeClient
+    from gpuslice.agent.run import AgentStopped, run_agent
 
-    settings = PluginSettings(kubelet_registrar_dir, kubelet_plugins_dir, cdi_dir, state_dir)
-
-    async def main_() -> None:
-        chosen: GpuBackend
-        if backend == "fake":
-            spec = fake_gpus
-            if spec is None:
-                async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
-                    spec = await discover_fake_from_node(kube, node)
-            chosen = FakeBackend(node, parse_fake_gpus(spec), settings.resolved_state_dir)
-        else:
-            chosen = NvmlBackend(cdi_dirs=nvidia_cdi_dirs) if nvidia_cdi_dirs else NvmlBackend()
-        await run_agent(node, chosen, kubeconfig, resync, metrics_port, settings,
-                        HealthSettings(health_interval, health_recovery))
-
+    settings = _settings(AgentSettings, values)
     try:
-        asyncio.run(main_())
-    except (GpuBackendError, PluginPathError) as error:
+        asyncio.run(run_agent(settings))
+    except (GpuBackendError, PluginPathError, AgentStopped) as error:
         click.echo(f"agent: {error}", err=True)
         sys.exit(1)
 

@@ -14,12 +14,14 @@ import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import click
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 ENV_PREFIX = "GPUSLICE_"
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["auto", "json", "console"]
 KUBECONFIG_HELP = "Kubeconfig to use (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)."
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,6 +36,25 @@ class Settings(BaseModel):
     @classmethod
     def flag(cls, field: str) -> str:
         return "--" + field.replace("_", "-")
+
+
+class ProcessSettings(Settings):
+    """What both long-running processes (controller and agent) are told alike."""
+
+    kubeconfig: Path | None = Field(default=None, description=(
+        "Kubeconfig to use; without one, the pod's ServiceAccount, then $KUBECONFIG or ~/.kube/config."))
+    metrics_port: int | None = Field(default=None, description=(
+        "Serve Prometheus metrics on this port (/metrics); off when unset."))
+    log_level: LogLevel = Field(default="info", description="Least severe log lines written.")
+    log_format: LogFormat = Field(default="auto", description=(
+        "json: one JSON object a line (what log collectors parse); console: lines for a person; auto: console"
+        " on a terminal, JSON otherwise (a container)."))
+    request_timeout: float = Field(default=60.0, gt=0, description=(
+        "Seconds one API request may take, connection included: a half-open connection must not hang the"
+        " work that waits for it."))
+    shutdown_grace: float = Field(default=10.0, gt=0, description=(
+        "Seconds from SIGTERM to a forced exit: a request to an API server going down with us must not keep"
+        " the process alive for minutes."))
 
 
 def _base(annotation: Any) -> tuple[Any, bool]:
@@ -53,23 +74,34 @@ def _click_type(annotation: Any) -> Any:
     return {int: int, float: float, str: str}.get(base, str)
 
 
-def options(model: type[Settings], *, required: tuple[str, ...] = ()) -> Callable[[F], F]:
-    """Click options for every field of ``model``, each with its environment variable."""
+def _envvars(model: type[Settings], name: str) -> list[str]:
+    """The field's variable, then the older names it also answers to (``env_aliases``)."""
+    extra = model.model_fields[name].json_schema_extra
+    aliases = extra.get("env_aliases", []) if isinstance(extra, dict) else []
+    return [model.env_name(name), *(str(a) for a in aliases)] if isinstance(aliases, list) else [model.env_name(name)]
+
+
+def options(model: type[Settings]) -> Callable[[F], F]:
+    """Click options for every field of ``model``, each with its environment variable. A field without a
+    default is a required option; a ``tuple[X, ...]`` field is a repeatable one."""
 
     def decorate(command: F) -> F:
         for name, field in reversed(list(model.model_fields.items())):
-            env = model.env_name(name)
+            envvars = _envvars(model, name)
             default = None if field.is_required() else field.default
-            help_text = f"{field.description} [env {env}]"
+            help_text = f"{field.description} [env {' or '.join(envvars)}]"
             base, _ = _base(field.annotation)
             if base is bool:
                 flag = model.flag(name)
-                command = click.option(f"{flag}/--no-{flag[2:]}", envvar=env, default=default, show_default=True,
+                command = click.option(f"{flag}/--no-{flag[2:]}", envvar=envvars, default=default, show_default=True,
                                        help=help_text)(command)
                 continue
-            command = click.option(model.flag(name), name, envvar=env, type=_click_type(field.annotation),
-                                   default=default, show_default=default is not None,
-                                   required=name in required, help=help_text)(command)
+            repeated = typing.get_origin(base) is tuple
+            kind = _click_type(typing.get_args(base)[0] if repeated else field.annotation)
+            # click 8.3+ takes an explicit default=None as a value: a required option gets none.
+            given = {"required": True} if field.is_required() else {"default": default}
+            command = click.option(model.flag(name), name, envvar=envvars, type=kind, multiple=repeated,
+                                   show_default=default not in (None, ()), help=help_text, **given)(command)
         return command
 
     return decorate
@@ -79,7 +111,8 @@ def markdown(model: type[Settings]) -> str:
     """The settings as a table for docs/configuration.md."""
     rows = ["| flag | environment | default | what, in which unit, and why |", "|---|---|---|---|"]
     for name, field in model.model_fields.items():
-        default = "(required)" if field.is_required() else ("" if field.default is None else f"`{field.default}`")
+        default = "(required)" if field.is_required() else ("" if field.default in (None, ()) else f"`{field.default}`")
         words = (field.description or "").replace("|", "\\|")
-        rows.append(f"| `{model.flag(name)}` | `{model.env_name(name)}` | {default} | {words} |")
+        envvars = ", ".join(f"`{e}`" for e in _envvars(model, name))
+        rows.append(f"| `{model.flag(name)}` | {envvars} | {default} | {words} |")
     return "\n".join(rows) + "\n"

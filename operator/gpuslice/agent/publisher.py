@@ -95,11 +95,13 @@ def _not_yet_valid(policy: GpuSlicePolicy) -> str | None:
     return None
 
 
-async def read_policies(kube: KubeClient) -> Policies:
-    return sort_policies(await kube.list("/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"))
+async def read_policies(kube: KubeClient, unsupported: Mapping[str, str] | None = None) -> Policies:
+    return sort_policies(await kube.list("/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"), unsupported)
 
 
-def sort_policies(bodies: Iterable[dict[str, Any]]) -> Policies:
+def sort_policies(bodies: Iterable[dict[str, Any]], unsupported: Mapping[str, str] | None = None) -> Policies:
+    """``unsupported``: slicing mode -> why this API server cannot serve it; such policies keep what
+    they published (nothing, on a new node) rather than publish devices the server would mangle."""
     plannable, frozen = [], {}
     for body in bodies:
         name = body["metadata"]["name"]
@@ -110,7 +112,7 @@ def sort_policies(bodies: Iterable[dict[str, Any]]) -> Policies:
         except pydantic.ValidationError as error:
             frozen[name] = f"it does not parse: {error.errors()[0]['msg'] if error.errors() else error}"
             continue
-        reason = _not_yet_valid(policy)
+        reason = (unsupported or {}).get(policy.spec.slicing.mode) or _not_yet_valid(policy)
         if reason is None:
             plannable.append(policy)
         else:
@@ -149,7 +151,7 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
                   refusals: Refusals | None = None, view: AgentView | None = None, *,
                   holds: Set[str] = frozenset(), record: PublishedRecord | None = None,
                   statuses: Mapping[str, Sequence[Taint]] | None = None,
-                  mig: MigManager | None = None) -> PublishResult:
+                  mig: MigManager | None = None, unsupported: Mapping[str, str] | None = None) -> PublishResult:
     """One cycle. ``drains``: free devices change only once no claim can get them any more (see
     agent.drain); ``refusals``: the policies whose devices the API server refused (agent.dryrun).
     With a synced ``view``, the policies and the Node come from the agent's watches; without,
@@ -160,7 +162,8 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
     kubelet wiped, is taken to be what it says, so held devices come back unchanged); ``statuses``,
     taints by GPU UUID (unhealthy) laid onto every device of the GPU, held ones included; ``mig``,
     which makes static MIG layouts real (``mig_manager``: it adjusts the plan, adds its taints, and
-    reconfigures a drained GPU after the write).
+    reconfigures a drained GPU after the write). ``unsupported``: slicing mode -> why the API
+    server cannot serve it (``agent.startup``).
     """
     drains = drains if drains is not None else Drains()
     refusals = refusals if refusals is not None else Refusals()
@@ -168,10 +171,10 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         if view.node is None:
             raise KubeError(404, "NotFound", f'nodes "{node}" not found', None)
         node_body = view.node
-        policies = sort_policies(view.policies.values())
+        policies = sort_policies(view.policies.values(), unsupported)
     else:
         node_body = await kube.get(f"/api/v1/nodes/{node}")
-        policies = await read_policies(kube)
+        policies = await read_policies(kube, unsupported)
     labels = node_body["metadata"].get("labels") or {}
     existing = [s for s in await kube.list(SLICES, fieldSelector=f"spec.nodeName={node},spec.driver={DRIVER}")
                 if s["spec"]["pool"]["name"] == node]

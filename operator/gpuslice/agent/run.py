@@ -22,13 +22,12 @@ from prometheus_client import REGISTRY, Gauge, Histogram
 
 from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import Refusals
-from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.health import HealthMonitor
 from gpuslice.agent.kubeletplugin.node import NodePlugin
 from gpuslice.agent.kubeletplugin.recovery import collect_stale
-from gpuslice.agent.kubeletplugin.settings import PluginSettings
 from gpuslice.agent.publisher import CYCLES, publish
-from gpuslice.agent.settings import HealthSettings
+from gpuslice.agent.settings import AgentSettings
+from gpuslice.agent.startup import AgentStopped, check_cluster, choose_backend, unsupported
 from gpuslice.agent.watches import AgentWatches
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
@@ -37,10 +36,7 @@ from gpuslice.observability.metrics import announce, serve_metrics
 from gpuslice.planning.taints import Taint
 
 log = structlog.get_logger(__name__)
-DEBOUNCE = 0.3
-MAX_BACKOFF = 10.0  # seconds between tries of a failing cycle, at most
-SHUTDOWN_GRACE = 10.0  # seconds from SIGTERM to a forced exit
-READY_WITHIN = 120.0  # seconds: /readyz fails when no cycle succeeded for this long (or 3 resyncs, if longer)
+__all__ = ["AgentStopped", "publish_loop", "publish_ready", "run_agent"]
 
 NODE_GPUS = Gauge("gpuslice_node_gpus", "GPUs the node's agent found.", ["node"])
 LAST_SUCCESS = Gauge("gpuslice_agent_last_publish_success_timestamp_seconds",
@@ -50,16 +46,19 @@ PUBLISH_DURATION = Histogram("gpuslice_agent_publish_duration_seconds",
                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0))
 
 
-async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: asyncio.Event, stop: asyncio.Event,
-                       resync: float, watches: AgentWatches | None = None, plugin: NodePlugin | None = None,
-                       statuses: Callable[[], Mapping[str, Sequence[Taint]]] = dict) -> None:
+async def publish_loop(kube: KubeClient, settings: AgentSettings, gpus: list[Gpu], wake: asyncio.Event,
+                       stop: asyncio.Event, watches: AgentWatches | None = None, plugin: NodePlugin | None = None,
+                       statuses: Callable[[], Mapping[str, Sequence[Taint]]] = dict,
+                       modes_out: Mapping[str, str] | None = None) -> None:
     """Publish on every wake-up (bursts debounced), every ``resync`` seconds, and when a
     draining device is due. With ``watches``, the policies and the Node come from them once
     they have listed, and claims are watched only while a change waits for a claim. With the
     kubelet ``plugin``, a cycle runs under its lock (prepare's check that a device is published
     never interleaves with a write), counts its prepared devices as allocated, republishes from
-    its record, and lets its MIG manager work; ``statuses`` are the GPUs' health taints."""
-    backoff = 1.0
+    its record, and lets its MIG manager work; ``statuses`` are the GPUs' health taints;
+    ``modes_out``, the slicing modes this server cannot serve, and why (their policies publish
+    nothing new here)."""
+    node, resync, backoff = settings.node, settings.resync, 1.0
     drains, refusals = Drains(), Refusals()
     while not stop.is_set():
         due = drains.due_in()
@@ -68,21 +67,22 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
                 await wake.wait()
         if stop.is_set():
             return
-        await asyncio.sleep(DEBOUNCE)  # one cycle for a burst of events
+        await asyncio.sleep(settings.debounce)  # one cycle for a burst of events
         wake.clear()
         started = time.monotonic()
         try:
             view = watches.view if watches else None
             try:
                 if plugin is None:
-                    result = await publish(kube, node, gpus, drains, refusals, view, statuses=statuses())
+                    result = await publish(kube, node, gpus, drains, refusals, view, statuses=statuses(),
+                                           unsupported=modes_out or {})
                 else:
                     # The wait for the lock (a prepare under way) is not the cycle's: timed once it is held.
                     async with plugin.pool_lock:
                         started = time.monotonic()
                         result = await publish(kube, node, gpus, drains, refusals, view,
                                                holds=plugin.preparer.held_devices(), record=plugin.record,
-                                               statuses=statuses(), mig=plugin.mig)
+                                               statuses=statuses(), mig=plugin.mig, unsupported=modes_out or {})
             finally:
                 PUBLISH_DURATION.observe(time.monotonic() - started)
             LAST_SUCCESS.labels(node).set(time.time())
@@ -107,7 +107,7 @@ async def publish_loop(kube: KubeClient, node: str, gpus: list[Gpu], wake: async
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(backoff):
                     await wake.wait()
-            backoff = min(backoff * 2, MAX_BACKOFF)
+            backoff = min(backoff * 2, settings.max_backoff)
             wake.set()
 
 
@@ -126,16 +126,6 @@ def publish_ready(last_success: float, now: float, within: float, plugin_startin
     return True, "ok"
 
 
-async def discover_fake_from_node(kube: KubeClient, node: str) -> str:
-    """For --backend fake without --fake-gpus: the node's own fake-GPU labels (kind, dev cluster)."""
-    from gpuslice.inventory.nodes import FAKE_COUNT, FAKE_MODEL
-
-    labels = (await kube.get(f"/api/v1/nodes/{node}"))["metadata"].get("labels") or {}
-    if FAKE_MODEL not in labels:
-        raise SystemExit(f"agent: node {node} has no {FAKE_MODEL} label; pass --fake-gpus MODEL:COUNT.")
-    return f"{labels[FAKE_MODEL]}:{labels.get(FAKE_COUNT, '1')}"
-
-
 async def stale_claims_loop(plugin: NodePlugin, stop: asyncio.Event, every: float) -> None:
     """Unprepare claims the kubelet never unprepared and that no longer exist (see kubeletplugin.recovery)."""
     while not stop.is_set():
@@ -148,25 +138,23 @@ async def stale_claims_loop(plugin: NodePlugin, stop: asyncio.Event, every: floa
                 await stop.wait()
 
 
-async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resync: float,
-                    metrics_port: int | None = None, plugin_settings: PluginSettings | None = None,
-                    health_settings: HealthSettings | None = None) -> None:
-    configure_logging()
-    if kubeconfig:
-        os.environ["KUBECONFIG"] = kubeconfig
-    gpus = await asyncio.to_thread(backend.discover)
-    log.info("GPUs discovered", node=node, backend=backend.name, gpus=[(g.index, g.product_name) for g in gpus])
+async def run_agent(settings: AgentSettings) -> None:
+    """The agent, until SIGTERM. Raises :class:`AgentStopped` (and the backend's and the plugin's
+    own errors) with what to change when it cannot run here."""
+    configure_logging(settings.log_level, settings.log_format)
+    node = settings.node
+    if settings.kubeconfig:
+        os.environ["KUBECONFIG"] = str(settings.kubeconfig)
     stop, wake = asyncio.Event(), asyncio.Event()
     wake.set()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     announce("agent")
-    NODE_GPUS.labels(node).set(len(gpus))
     publisher: asyncio.Task[None] | None = None
     helpers: list[asyncio.Task[None]] = []
     plugin: NodePlugin | None = None
-    ready_within = max(READY_WITHIN, 3 * resync)
+    checked = False
 
     def alive() -> tuple[bool, str]:
         if stop.is_set():
@@ -178,38 +166,57 @@ async def run_agent(node: str, backend: GpuBackend, kubeconfig: str | None, resy
         return True, "ok"
 
     def ready() -> tuple[bool, str]:
+        if not checked and not stop.is_set():
+            return False, "checking what the API server serves (the log says why it takes long)"
         last = REGISTRY.get_sample_value("gpuslice_agent_last_publish_success_timestamp_seconds", {"node": node}) or 0.0
-        starting = plugin_settings is not None and plugin is None
-        return publish_ready(last, time.time(), ready_within, plugin_starting=starting, stopping=stop.is_set())
+        return publish_ready(last, time.time(), settings.readiness_window, plugin_starting=plugin is None,
+                             stopping=stop.is_set())
 
+    # A backend that needs no API server (NVML, or fake GPUs given) says what is wrong with it first.
+    needs_node = settings.backend == "fake" and settings.fake_gpus is None
+    backend = None if needs_node else await choose_backend(None, settings)
+    gpus = await asyncio.to_thread(backend.discover) if backend is not None else []
     # Served before the kubelet plugin starts: /healthz answers while it recovers, /readyz says why not yet.
-    metrics = await serve_metrics(metrics_port, alive=alive, ready=ready) if metrics_port else None
-    health = HealthMonitor(node, backend, gpus, health_settings or HealthSettings(), on_change=wake.set)
-    async with await KubeClient.from_kubeconfig(kubeconfig) as kube:
-        await health.check()  # the first publish already carries what is wrong now
-        # The kubelet plugin registers only once the node matches its checkpoints (NodePlugin.start).
-        plugin = await NodePlugin.start(node, kube, backend, gpus, plugin_settings, health) if plugin_settings else None
-        watches = AgentWatches(kube, node, wake, stop)
-        watches.start()
-        publisher = asyncio.create_task(publish_loop(kube, node, gpus, wake, stop, resync, watches, plugin,
-                                                     health.taints))
-        helpers.append(asyncio.create_task(health.run(kube, stop)))
-        if plugin is not None:
-            helpers.append(asyncio.create_task(stale_claims_loop(plugin, stop, resync)))
-        try:
-            await stop.wait()
-        finally:
-            stop.set()
-            wake.set()
-            if plugin is not None:  # unregister first: the kubelet stops calling before anything else goes
+    metrics = await serve_metrics(settings.metrics_port, alive=alive, ready=ready) if settings.metrics_port else None
+    try:
+        async with await KubeClient.from_kubeconfig(settings.kubeconfig,
+                                                    request_timeout=settings.request_timeout) as kube:
+            if backend is None:
+                backend = await choose_backend(kube, settings)
+                gpus = await asyncio.to_thread(backend.discover)
+            log.info("GPUs discovered", node=node, backend=backend.name,
+                     gpus=[(g.index, g.product_name) for g in gpus])
+            NODE_GPUS.labels(node).set(len(gpus))
+            verdict = await check_cluster(kube, node, stop, settings.max_backoff)
+            if verdict is None:
+                return  # stopped while the server could not be asked
+            checked = True
+            modes_out = unsupported(verdict)
+            health = HealthMonitor(node, backend, gpus, settings.health, on_change=wake.set)
+            await health.check()  # the first publish already carries what is wrong now
+            # The kubelet plugin registers only once the node matches its checkpoints (NodePlugin.start).
+            plugin = await NodePlugin.start(node, kube, backend, gpus, settings.plugin, health)
+            watches = AgentWatches(kube, node, wake, stop)
+            watches.start()
+            publisher = asyncio.create_task(publish_loop(kube, settings, gpus, wake, stop, watches, plugin,
+                                                         health.taints, modes_out))
+            helpers.append(asyncio.create_task(health.run(kube, stop)))
+            helpers.append(asyncio.create_task(stale_claims_loop(plugin, stop, settings.resync)))
+            try:
+                await stop.wait()
+            finally:
+                stop.set()
+                wake.set()
+                # Unregister first: the kubelet stops calling before anything else goes.
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(SHUTDOWN_GRACE / 2):
+                    async with asyncio.timeout(settings.shutdown_grace / 2):
                         await plugin.stop()
-            # A cycle under way may finish; a request to an apiserver going down with us must not
-            # keep the agent alive for long.
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(publisher, SHUTDOWN_GRACE)
-            await asyncio.gather(*helpers, return_exceptions=True)
-            await watches.close()
-            if metrics is not None:
-                await metrics.cleanup()
+                # A cycle under way may finish; a request to an apiserver going down with us must not
+                # keep the agent alive for long.
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(publisher, settings.shutdown_grace)
+                await asyncio.gather(*helpers, return_exceptions=True)
+                await watches.close()
+    finally:
+        if metrics is not None:
+            await metrics.cleanup()

@@ -1,8 +1,20 @@
-"""The node agent's settings that are not about the kubelet plugin (see ``kubeletplugin.settings``)."""
+"""Everything the node agent can be told, in one place (flags and ``GPUSLICE_*`` environment variables).
+
+``AgentSettings`` is the documented model (``docs/configuration.md`` is generated from it);
+``HealthSettings`` and ``kubeletplugin.settings.PluginSettings`` are the parts the health monitor
+and the kubelet plugin take, derived from it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from gpuslice.agent.kubeletplugin.settings import PluginSettings
+from gpuslice.settings import ProcessSettings
 
 
 @dataclass(frozen=True)
@@ -12,3 +24,69 @@ class HealthSettings:
 
     interval: float = 2.0  # seconds between polls of the backend
     recovery: float = 300.0
+
+
+_PLUGIN, _HEALTH = PluginSettings(), HealthSettings()
+
+
+class AgentSettings(ProcessSettings):
+    node: str = Field(description=(
+        "This node's name: the agent publishes only its pool and may write only its own node's slices"
+        " (a DaemonSet sets it from spec.nodeName)."), json_schema_extra={"env_aliases": ["NODE_NAME"]})
+    backend: Literal["nvml", "fake"] = Field(default="nvml", description=(
+        "Where GPUs come from: nvml (the NVIDIA driver) or fake (kind and the dev cluster; state in state_dir)."))
+    fake_gpus: str | None = Field(default=None, description=(
+        "Fake backend: MODEL:COUNT[,MODEL:COUNT]; unset: the node's gpuslice.dev/fake-gpu-* labels."))
+    nvidia_cdi_dir: tuple[Path, ...] = Field(default=(), description=(
+        "NVML backend: where the NVIDIA Container Toolkit's CDI spec is (repeat the flag; in the variable,"
+        " separated by ':'); unset: /etc/cdi, then /var/run/cdi."))
+    metrics_port: int | None = Field(default=None, description=(
+        "Serve /metrics, /healthz and /readyz on this port; off when unset (the probes need it)."))
+    kubelet_registrar_dir: Path = Field(default=_PLUGIN.registrar_dir, description=(
+        "The kubelet's plugin registry: the plugin's registration socket goes here."))
+    kubelet_plugins_dir: Path = Field(default=_PLUGIN.plugins_dir, description=(
+        "The kubelet's plugins directory: the service socket goes in its gpu.gpuslice.dev/."))
+    cdi_dir: Path = Field(default=_PLUGIN.cdi_dir, description=(
+        "Where the container runtime reads CDI specs (containerd 2's default): one spec per prepared claim."))
+    state_dir: Path | None = Field(default=None, description=(
+        "Claim checkpoints, the record of what was published, fake GPU state; unset: the driver's directory"
+        " under kubelet_plugins_dir, which survives the agent's restarts with the node."))
+    resync: float = Field(default=60.0, gt=0, description=(
+        "Seconds between full checks of the pool when nothing wakes the agent; also how often claims the"
+        " kubelet never unprepared are swept. Watches wake it at once on every change that matters."))
+    debounce: float = Field(default=0.3, ge=0, description=(
+        "Seconds a wake-up waits for more events, so that a burst (a policy edit, a node relabelled) costs"
+        " one publish cycle."))
+    max_backoff: float = Field(default=10.0, gt=0, description=(
+        "Seconds between tries of a failing publish cycle, at most (from 1 s, doubling); news from the"
+        " watches cuts the wait short."))
+    ready_within: float = Field(default=120.0, gt=0, description=(
+        "/readyz fails when no publish cycle has succeeded for this many seconds (or 3 resyncs, if longer):"
+        " an agent that cannot publish is not ready, even if it is alive."))
+    health_interval: float = Field(default=_HEALTH.interval, gt=0, description=(
+        "Seconds between checks of the GPUs' health (NVML events and queries)."))
+    health_recovery: float = Field(default=_HEALTH.recovery, ge=0, description=(
+        "Seconds an unhealthy GPU must go without a fault before its taint is lifted: a flapping GPU does"
+        " not churn the slices."))
+
+    @model_validator(mode="after")
+    def _fields(self) -> AgentSettings:
+        if not self.node.strip():
+            raise ValueError("node is empty: pass --node or set NODE_NAME (a DaemonSet: from spec.nodeName)")
+        if self.fake_gpus is not None and self.backend != "fake":
+            raise ValueError("--fake-gpus is for --backend fake")
+        if self.nvidia_cdi_dir and self.backend != "nvml":
+            raise ValueError("--nvidia-cdi-dir is for --backend nvml")
+        return self
+
+    @property
+    def plugin(self) -> PluginSettings:
+        return PluginSettings(self.kubelet_registrar_dir, self.kubelet_plugins_dir, self.cdi_dir, self.state_dir)
+
+    @property
+    def health(self) -> HealthSettings:
+        return HealthSettings(self.health_interval, self.health_recovery)
+
+    @property
+    def readiness_window(self) -> float:
+        return max(self.ready_within, 3 * self.resync)

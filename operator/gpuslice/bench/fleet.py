@@ -18,7 +18,10 @@ from pathlib import Path
 
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.agent.run import publish_loop
+from gpuslice.agent.settings import AgentSettings
+from gpuslice.agent.startup import check_cluster, unsupported
 from gpuslice.agent.watches import AgentWatches
+from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
 
 
@@ -43,8 +46,15 @@ class Fleet:
             watches = AgentWatches(kube, node, wake, self.stop)
             watches.start()
             self.watches.append(watches)
-            self.tasks.append(asyncio.create_task(
-                publish_loop(kube, node, gpus, wake, self.stop, self.resync, watches)))
+            self.tasks.append(asyncio.create_task(self._agent(kube, node, gpus, wake, watches)))
+
+    async def _agent(self, kube: KubeClient, node: str, gpus: list[Gpu], wake: asyncio.Event,
+                     watches: AgentWatches) -> None:
+        """What ``run_agent`` does after discovery, without the kubelet plugin: check the server, then publish."""
+        verdict = await check_cluster(kube, node, self.stop)
+        if verdict is not None:
+            await publish_loop(kube, AgentSettings(node=node, backend="fake", resync=self.resync), gpus, wake,
+                               self.stop, watches, modes_out=unsupported(verdict))
 
     async def close(self) -> None:
         self.stop.set()

@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Literal
-
 from pydantic import Field, model_validator
 
-from gpuslice.settings import Settings
-
-LogLevel = Literal["debug", "info", "warning", "error"]
-LogFormat = Literal["auto", "json", "console"]
+from gpuslice.settings import ProcessSettings
 
 
-class ControllerSettings(Settings):
-    kubeconfig: Path | None = Field(default=None, description=(
-        "Kubeconfig to use; without one, the pod's ServiceAccount, then $KUBECONFIG or ~/.kube/config."))
-    metrics_port: int | None = Field(default=None, description=(
-        "Serve Prometheus metrics on this port (/metrics); off when unset."))
+class ControllerSettings(ProcessSettings):
     liveness_port: int | None = Field(default=None, description=(
         "Serve Kopf's liveness probe on this port (/healthz); off when unset."))
-    log_level: LogLevel = Field(default="info", description="Least severe log lines written.")
-    log_format: LogFormat = Field(default="auto", description=(
-        "json: one JSON object a line (what log collectors parse); console: lines for a person; auto: console"
-        " on a terminal, JSON otherwise (a container)."))
     status_interval: float = Field(default=10.0, gt=0, description=(
         "Seconds between checks of each policy's status; a check computes from memory and writes only when"
         " something it reads changed, so a short interval costs little."))
@@ -34,12 +20,6 @@ class ControllerSettings(Settings):
         "Seconds before a failed converge is tried again; doubles with each failure of the same generation."))
     last_retry: float = Field(default=300.0, gt=0, description=(
         "Seconds between tries at most: bad input is retried now and then, never in a loop."))
-    request_timeout: float = Field(default=60.0, gt=0, description=(
-        "Seconds one API request may take, connection included: a half-open connection must not hang a"
-        " reconcile that holds its policy's lock."))
-    shutdown_grace: float = Field(default=10.0, gt=0, description=(
-        "Seconds from SIGTERM to a forced exit: a request to an API server going down with us must not keep"
-        " the process alive for minutes."))
     leader_election: bool = Field(default=True, description=(
         "Act only while holding the Lease gpuslice-system/gpuslice-controller, so that a second copy (two"
         " replicas, or one on a laptop) waits instead of acting at the same time."))

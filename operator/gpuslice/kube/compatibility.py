@@ -39,6 +39,8 @@ async def check_fields(kube: KubeClient, node: str, verdict: Verdict) -> Verdict
         except AlreadyExists:
             returned.append(None)  # a pool with 99 slices is not ours to judge by; the other one says enough
         except KubeError as error:
+            if error.transient:
+                raise  # not an answer about the fields: asked again
             return judge_features(Verdict(verdict.version, (*verdict.problems, (
                 f"the server refuses a dry-run ResourceSlice with the fields gpuslice writes: {error.message}"),),
                 verdict.warnings), [])

@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import MutableMapping
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 
-LogFormat = Literal["auto", "json", "console"]
+from gpuslice.settings import LogFormat
+
 LEVELS = ("debug", "info", "warning", "error")
 # Kopf's kinds -> the field our own log lines use for the same object.
 _FIELDS = {"GpuSlicePolicy": "policy", "Node": "node", "ResourceClaim": "claim", "Namespace": "tenant"}

@@ -1,0 +1,139 @@
+"""The agent's start: its settings from flags and variables, and its check of the API server."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from click.testing import CliRunner
+
+from gpuslice.agent.publisher import sort_policies
+from gpuslice.agent.settings import AgentSettings
+from gpuslice.agent.startup import AgentStopped, check_cluster, unsupported
+from gpuslice.cli import main
+from gpuslice.dra.support import NEEDED_RESOURCES
+from gpuslice.kube.client import Forbidden, KubeClient, NotFound, NotReady, ServerError
+
+
+def test_every_flag_is_a_variable_and_node_name_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[AgentSettings] = []
+
+    async def run_agent(settings: AgentSettings) -> None:
+        seen.append(settings)
+
+    monkeypatch.setattr("gpuslice.agent.run.run_agent", run_agent)
+    runner = CliRunner()
+    result = runner.invoke(main, ["agent"], env={"NODE_NAME": "n1", "GPUSLICE_RESYNC": "5",
+                                                 "GPUSLICE_LOG_LEVEL": "debug",
+                                                 "GPUSLICE_NVIDIA_CDI_DIR": "/etc/cdi:/run/cdi"})
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["agent", "--node", "n2", "--resync", "7", "--backend", "fake"],
+                           env={"NODE_NAME": "n1", "GPUSLICE_RESYNC": "5"})
+    assert result.exit_code == 0, result.output
+    first, second = seen
+    assert (first.node, first.resync, first.log_level) == ("n1", 5.0, "debug")
+    assert first.nvidia_cdi_dir == (Path("/etc/cdi"), Path("/run/cdi"))
+    assert (second.node, second.resync, second.backend) == ("n2", 7.0, "fake"), "a flag wins over its variable"
+    assert first.plugin.registrar_dir == Path("/var/lib/kubelet/plugins_registry")
+    assert first.health.interval == 2.0
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    ([], "Missing option '--node'"),
+    (["--node", "n1", "--fake-gpus", "h100-80gb:1"], "Error: --fake-gpus is for --backend fake"),
+    (["--node", "n1", "--resync", "0"], "--resync: Input should be greater than 0"),
+    (["--node", "n1", "--log-level", "loud"], "Invalid value for '--log-level'"),
+])
+def test_bad_settings_are_refused_naming_the_flag(args: list[str], words: str) -> None:
+    result = CliRunner().invoke(main, ["agent", *args], env={"NODE_NAME": ""} if not args else {})
+    assert result.exit_code == 2
+    assert words in result.output, result.output
+
+
+class Server:
+    """/version, discovery, the Node and the dry-run slices, as a server with ``drops`` gates off."""
+
+    def __init__(self, minor: str = "37", drops: tuple[str, ...] = (), failures: list[Exception] | None = None,
+                 refuse: Exception | None = None) -> None:
+        self.minor, self.drops, self.failures, self.refuse = minor, drops, failures or [], refuse
+        self.requests = 0
+
+    async def get(self, path: str) -> dict[str, Any]:
+        self.requests += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        if self.refuse is not None:
+            raise self.refuse
+        return {
+            "/version": {"major": "1", "minor": self.minor, "gitVersion": f"v1.{self.minor}.2"},
+            "/apis": {"groups": [{"name": "resource.k8s.io", "versions": [{"version": "v1"}]}]},
+            "/apis/resource.k8s.io/v1": {"resources": [{"name": r} for r in NEEDED_RESOURCES]},
+            "/api/v1/nodes/n1": {"metadata": {"name": "n1", "uid": "u1"}},
+        }[path]
+
+    async def create(self, path: str, body: dict[str, Any], **query: Any) -> dict[str, Any]:
+        assert query == {"dryRun": "All"}, "the probe never stores anything"
+        assert body["spec"]["nodeName"] == "n1" and body["metadata"]["name"].endswith("-99")
+        returned = copy.deepcopy(body)
+        for device in returned["spec"].get("devices", []):
+            for gate, field in (("partitionable", "consumesCounters"), ("taints", "taints"),
+                                ("consumable", "allowMultipleAllocations")):
+                if gate in self.drops:
+                    device.pop(field, None)
+        return returned
+
+
+async def test_a_server_that_serves_everything_passes() -> None:
+    verdict = await check_cluster(cast(KubeClient, Server()), "n1", asyncio.Event())
+    assert verdict is not None and verdict.ok and unsupported(verdict) == {}
+
+
+async def test_a_server_that_cannot_answer_yet_is_asked_again() -> None:
+    server = Server(failures=[ServerError(503, "ServiceUnavailable", "etcd", None),
+                              NotReady(403, "Forbidden", "not yet ready to handle request", None),
+                              NotFound(404, "NotFound", 'nodes "n1" not found', None)])
+    verdict = await check_cluster(cast(KubeClient, server), "n1", asyncio.Event(), max_backoff=0.01)
+    assert verdict is not None and verdict.ok
+    assert server.requests > 3
+
+
+async def test_a_stopped_agent_stops_asking() -> None:
+    stop = asyncio.Event()
+    stop.set()
+    assert await check_cluster(cast(KubeClient, Server(failures=[ServerError(503, "x", "y", None)])), "n1",
+                               stop) is None
+
+
+@pytest.mark.parametrize(("server", "words"), [
+    (Server(minor="35"), "Kubernetes v1.35.2 is too old for gpuslice"),
+    (Server(drops=("taints",)), "turn on the feature gate DRADeviceTaints"),
+    (Server(refuse=Forbidden(403, "Forbidden", 'nodes "n1" is forbidden: User "x" cannot get', None)),
+     "the API server could not be asked what it serves"),
+])
+async def test_a_server_that_cannot_serve_gpuslice_stops_the_agent(server: Server, words: str) -> None:
+    with pytest.raises(AgentStopped, match=words):
+        await check_cluster(cast(KubeClient, server), "n1", asyncio.Event())
+
+
+def _policy(name: str, mode: str) -> dict[str, Any]:
+    slicing: dict[str, Any] = {"mode": mode}
+    slicing.update({"mig": {"profiles": ["1g.10gb"]}} if mode == "mig" else {"sliceSize": "10Gi"})
+    return {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy",
+            "metadata": {"name": name, "generation": 1},
+            "spec": {"slicing": slicing, "tenants": [{"namespace": "t"}]},
+            "status": {"observedGeneration": 1, "conditions": [
+                {"type": "Valid", "status": "True", "reason": "Valid", "message": "", "lastTransitionTime":
+                 "2026-01-01T00:00:00Z"}]}}
+
+
+async def test_modes_a_server_drops_the_fields_of_are_left_out() -> None:
+    verdict = await check_cluster(cast(KubeClient, Server(drops=("consumable",))), "n1", asyncio.Event())
+    assert verdict is not None and verdict.ok
+    modes = unsupported(verdict)
+    assert set(modes) == {"shared"} and "DRAConsumableCapacity" in modes["shared"]
+    policies = sort_policies([_policy("mem", "memory"), _policy("sh", "shared"), _policy("mig", "mig")], modes)
+    assert [p.name for p in policies.plannable] == ["mem", "mig"]
+    assert "DRAConsumableCapacity" in policies.frozen["sh"]
