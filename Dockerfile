@@ -8,10 +8,11 @@ ARG BASE=python:3.12-slim-bookworm
 FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/gpuslice
-# The dependencies first, in a layer that changes only with pyproject.toml.
-COPY pyproject.toml /src/
+# The dependencies first, in a layer that changes only with pyproject.toml and the pins. No extras:
+# the controller and the agent need neither rich nor kubernetes-asyncio (see pyproject.toml).
+COPY pyproject.toml constraints.txt /src/
 RUN mkdir -p /src/operator/gpuslice && touch /src/operator/gpuslice/__init__.py /src/README.md \
- && /opt/gpuslice/bin/pip install /src \
+ && /opt/gpuslice/bin/pip install -c /src/constraints.txt /src \
  && /opt/gpuslice/bin/pip uninstall --yes gpuslice \
  && rm -rf /src/operator /src/build /src/README.md
 COPY README.md /src/

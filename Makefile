@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 PYTEST ?= $(BIN)/pytest
 
 .DEFAULT_GOAL := help
-.PHONY: help venv kube-bin lint test test-unit test-cluster test-faults demo crds protos bench clean manifests \
+.PHONY: help venv kube-bin lint test test-unit test-cluster test-faults demo crds protos bench clean manifests constraints \
         kustomize image \
         kind-up kind-deploy kind-demo kind-undeploy kind-down undeploy kind-images test-kind
 
@@ -42,13 +42,24 @@ help:
 	@echo "make kind-undeploy uninstall gpuslice from kind, leaving nothing behind (make kind-down: delete the cluster)"
 	@echo "make image         build the gpuslice image ($(IMAGE))"
 	@echo "make manifests     regenerate manifests/base/static.yaml and install.yaml"
+	@echo "make constraints   re-pin constraints.txt: what the image installs (runtime dependencies, no extras)"
 
-$(STAMP): pyproject.toml
-	@echo ">> setting up $(VENV): gpuslice and its dev tools"
+$(STAMP): pyproject.toml constraints.txt
+	@echo ">> setting up $(VENV): gpuslice and its dev tools (runtime dependencies pinned by constraints.txt, as in the image)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade pip
-	@$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
+
+# The image's pins: a fresh venv with gpuslice's runtime dependencies only, frozen.
+constraints:
+	@echo ">> constraints.txt: resolving pyproject.toml's runtime dependencies in a fresh venv"
+	@rm -rf .constraints-venv && $(PYTHON) -m venv .constraints-venv
+	@.constraints-venv/bin/python -m pip install --quiet --upgrade pip
+	@.constraints-venv/bin/python -m pip install --quiet .
+	@{ sed -n '/^#/p' constraints.txt; .constraints-venv/bin/python -m pip freeze --exclude gpuslice; } > constraints.txt.new
+	@mv constraints.txt.new constraints.txt && rm -rf .constraints-venv build
+	@git diff --stat -- constraints.txt
 
 venv: $(STAMP)
 

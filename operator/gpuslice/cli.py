@@ -14,6 +14,7 @@ import pydantic
 from gpuslice import __version__
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.controller.settings import ControllerSettings
+from gpuslice.inspect.extra import need_cli_extra
 from gpuslice.settings import KUBECONFIG_HELP, Settings, markdown, options
 
 # Every process's settings, by the name docs/configuration.md gives it.
@@ -28,11 +29,15 @@ class LazyGroup(click.Group):
                                       "fake-gpu": "gpuslice.fakegpu:fake_gpu",
                                       "status": "gpuslice.inspect.commands:status",
                                       "why": "gpuslice.inspect.commands:why"}
+    EXTRA: ClassVar[dict[str, tuple[str, ...]]] = {"dev-cluster": ("rich", "cryptography"), "status": ("rich",),
+                                                   "why": ("rich",)}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.LAZY])
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.EXTRA and not ctx.resilient_parsing:
+            need_cli_extra(f"gpuslice {name}", self.EXTRA[name])
         if name in self.LAZY:
             module, _, attribute = self.LAZY[name].partition(":")
             command: click.Command = getattr(importlib.import_module(module), attribute)
@@ -65,11 +70,12 @@ def controller(**values: Any) -> None:
     """Run the policy controller: GpuSlicePolicy -> DeviceClass, claim templates, quota, Events and status.
     Every flag is also an environment variable (GPUSLICE_<FLAG>); docs/configuration.md lists them."""
     from gpuslice.controller.run import ControllerStopped, run_controller
+    from gpuslice.kube.transport import KubeconfigError
 
     settings = _settings(ControllerSettings, values)
     try:
         asyncio.run(run_controller(settings))
-    except ControllerStopped as error:
+    except (ControllerStopped, KubeconfigError) as error:
         click.echo(f"controller: {error}", err=True)
         sys.exit(1)
 
@@ -90,11 +96,12 @@ def agent(**values: Any) -> None:
     from gpuslice.agent.gpus import GpuBackendError
     from gpuslice.agent.kubeletplugin.settings import PluginPathError
     from gpuslice.agent.run import AgentStopped, run_agent
+    from gpuslice.kube.transport import KubeconfigError
 
     settings = _settings(AgentSettings, values)
     try:
         asyncio.run(run_agent(settings))
-    except (GpuBackendError, PluginPathError, AgentStopped) as error:
+    except (GpuBackendError, PluginPathError, AgentStopped, KubeconfigError) as error:
         click.echo(f"agent: {error}", err=True)
         sys.exit(1)
 
@@ -120,6 +127,7 @@ def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, .
     """Print the ResourceSlices a node agent would publish for these policies, no cluster needed
     (with --cluster: what an edit would do to the live cluster)."""
     if cluster:
+        need_cli_extra("gpuslice plan --cluster")
         if previous:
             raise click.UsageError("--from is for a plan without a cluster; with --cluster the policies as they are"
                                    " now come from the cluster.")
@@ -144,6 +152,7 @@ def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, .
 def demo(state_dir: Path | None) -> None:
     """A real control plane with two fake GPU nodes, their pod runners and gpuslice: apply example policies,
     run tenant pods on their slices, show what each received."""
+    need_cli_extra("gpuslice demo", ("rich", "cryptography"))
     from rich.console import Console
 
     from gpuslice.demo import SHAPES, demo_state_dir, run_demo

@@ -17,6 +17,7 @@ import kopf
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
 from gpuslice.controller.changes import Changes
+from gpuslice.controller.login import counted_session
 from gpuslice.controller.reconcile import Context, World, reconcile, report_deleting
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import start_context
@@ -88,12 +89,10 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
             await memo.ctx.kube.close()
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        if kubeconfig is None:
-            in_cluster = kopf.login_with_service_account(**kwargs)
-            if in_cluster is not None:
-                return in_cluster
-        return kopf.login_with_kubeconfig(**kwargs)
+    async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
+        info = kopf.login_with_service_account(**kwargs) if kubeconfig is None else None
+        info = info or kopf.login_with_kubeconfig(**kwargs)
+        return counted_session(info) if info is not None else None
 
     @kopf.index(*POLICY, registry=registry, id="policy_index")
     def policy_index(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:

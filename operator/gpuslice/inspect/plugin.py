@@ -1,7 +1,7 @@
 """``kubectl gpuslice status|why|plan``: the inspecting commands as a kubectl plugin.
 
 kubectl runs any ``kubectl-<name>`` on the PATH as ``kubectl <name>``; installing
-gpuslice (``pipx install gpuslice``) puts ``kubectl-gpuslice`` there. Here ``plan``
+gpuslice with its cli extra (``pipx install 'gpuslice[cli]'``) puts ``kubectl-gpuslice`` there. Here ``plan``
 always means the live cluster (``gpuslice plan --cluster``).
 """
 
@@ -13,6 +13,7 @@ import click
 
 from gpuslice import __version__
 from gpuslice.inspect.commands import cluster_plan, status, why
+from gpuslice.inspect.extra import need_cli_extra
 from gpuslice.settings import KUBECONFIG_HELP
 
 
@@ -39,4 +40,9 @@ def plan(files: tuple[str, ...], kubeconfig: str | None, output: str) -> None:
 
 def run() -> None:
     """The ``kubectl-gpuslice`` entry point: help and errors name the command as kubectl users type it."""
+    try:
+        need_cli_extra("kubectl gpuslice")
+    except click.ClickException as error:
+        error.show()
+        raise SystemExit(error.exit_code) from None
     main(prog_name="kubectl gpuslice")

@@ -7,6 +7,9 @@ server answers. Counted per attempt: a request retried twice counts three times.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import aiohttp
 from prometheus_client import Counter
 
 API_REQUESTS = Counter("gpuslice_api_requests", "API requests by verb and outcome (each attempt).",
@@ -53,3 +56,24 @@ def outcome(status: int | None) -> str:
 
 def count(method: str, path: str, content_type: str, query: dict[str, object], status: int | None) -> None:
     API_REQUESTS.labels(_component, verb(method, path, content_type, query), outcome(status)).inc()
+
+
+def trace_config() -> aiohttp.TraceConfig:
+    """Counts the requests of an aiohttp session gpuslice's client does not make (Kopf's, in the
+    controller) the same way as its own: once per attempt, a watch once when it opens."""
+
+    def _count(params: aiohttp.TraceRequestEndParams | aiohttp.TraceRequestExceptionParams,
+               status: int | None) -> None:
+        count(params.method, params.url.path, params.headers.get("Content-Type", ""), dict(params.url.query), status)
+
+    async def ended(_: aiohttp.ClientSession, __: SimpleNamespace, params: aiohttp.TraceRequestEndParams) -> None:
+        _count(params, params.response.status)
+
+    async def failed(_: aiohttp.ClientSession, __: SimpleNamespace,
+                     params: aiohttp.TraceRequestExceptionParams) -> None:
+        _count(params, None)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_end.append(ended)
+    trace.on_request_exception.append(failed)
+    return trace

@@ -32,6 +32,10 @@ TOKEN_REREAD = 60.0  # seconds: bound ServiceAccount tokens are rotated by the k
 Query = Mapping[str, str | int | bool]
 
 
+class KubeconfigError(ValueError):
+    """No credentials could be loaded; the message says why and what to do."""
+
+
 class ApiError(Exception):
     """The API server answered with an error status; ``body`` is its Status object if it sent one."""
 
@@ -180,8 +184,17 @@ class LibraryTransport:
 
     @classmethod
     async def load(cls, path: Path | str | None) -> LibraryTransport:
-        from kubernetes_asyncio import config as kube_config
-        from kubernetes_asyncio.client import ApiClient, Configuration
+        if path is not None and not Path(path).expanduser().is_file():  # noqa: ASYNC240 (once, at start)
+            raise KubeconfigError(f"kubeconfig {path} does not exist")
+        try:
+            from kubernetes_asyncio import config as kube_config
+            from kubernetes_asyncio.client import ApiClient, Configuration
+        except ImportError:
+            where = f"kubeconfig {path}" if path is not None else "$KUBECONFIG (or ~/.kube/config)"
+            raise KubeconfigError(
+                f"no ServiceAccount token, and {where} is missing or needs kubernetes-asyncio (an exec or"
+                " auth-provider plugin, or several files to merge), which is not installed: pip install"
+                " 'gpuslice[cli]'") from None
 
         configuration = Configuration()
         if path is None:

@@ -75,6 +75,11 @@ async def test_every_metric_the_dashboard_and_alerts_use_is_served(
     assert missing == [], "metrics the dashboard or the alerts use that no process serves:\n" + "\n".join(missing)
     assert unmatched == []
 
+    # Kopf's own requests are counted with the controller's: the controller's client never watches.
+    requests = {dict(k)["verb"]: v for k, v in samples(controller_text, "gpuslice_api_requests_total").items()
+                if dict(k)["component"] == "controller" and dict(k)["outcome"] == "ok"}
+    assert requests.get("watch", 0) >= 3, f"Kopf's watches (policies, namespaces, quotas...) are not counted: {requests}"
+
     # The per-tenant series are the policy's own status.
     status = (await kube.get(f"{POLICIES}/{name}"))["status"]
     [tenant] = status["tenants"]

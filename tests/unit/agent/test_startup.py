@@ -76,7 +76,8 @@ class Server:
 
     async def create(self, path: str, body: dict[str, Any], **query: Any) -> dict[str, Any]:
         assert query == {"dryRun": "All"}, "the probe never stores anything"
-        assert body["spec"]["nodeName"] == "n1" and body["metadata"]["name"].endswith("-99")
+        assert body["spec"]["nodeName"] == "n1"
+        assert body["metadata"]["name"].endswith("-99")
         returned = copy.deepcopy(body)
         for device in returned["spec"].get("devices", []):
             for gate, field in (("partitionable", "consumesCounters"), ("taints", "taints"),
@@ -88,7 +89,9 @@ class Server:
 
 async def test_a_server_that_serves_everything_passes() -> None:
     verdict = await check_cluster(cast(KubeClient, Server()), "n1", asyncio.Event())
-    assert verdict is not None and verdict.ok and unsupported(verdict) == {}
+    assert verdict is not None
+    assert verdict.ok
+    assert unsupported(verdict) == {}
 
 
 async def test_a_server_that_cannot_answer_yet_is_asked_again() -> None:
@@ -96,7 +99,8 @@ async def test_a_server_that_cannot_answer_yet_is_asked_again() -> None:
                               NotReady(403, "Forbidden", "not yet ready to handle request", None),
                               NotFound(404, "NotFound", 'nodes "n1" not found', None)])
     verdict = await check_cluster(cast(KubeClient, server), "n1", asyncio.Event(), max_backoff=0.01)
-    assert verdict is not None and verdict.ok
+    assert verdict is not None
+    assert verdict.ok
     assert server.requests > 3
 
 
@@ -131,9 +135,11 @@ def _policy(name: str, mode: str) -> dict[str, Any]:
 
 async def test_modes_a_server_drops_the_fields_of_are_left_out() -> None:
     verdict = await check_cluster(cast(KubeClient, Server(drops=("consumable",))), "n1", asyncio.Event())
-    assert verdict is not None and verdict.ok
+    assert verdict is not None
+    assert verdict.ok
     modes = unsupported(verdict)
-    assert set(modes) == {"shared"} and "DRAConsumableCapacity" in modes["shared"]
+    assert set(modes) == {"shared"}
+    assert "DRAConsumableCapacity" in modes["shared"]
     policies = sort_policies([_policy("mem", "memory"), _policy("sh", "shared"), _policy("mig", "mig")], modes)
     assert [p.name for p in policies.plannable] == ["mem", "mig"]
     assert "DRAConsumableCapacity" in policies.frozen["sh"]

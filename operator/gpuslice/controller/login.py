@@ -1,0 +1,28 @@
+"""Kopf's connection, on a session whose requests ``gpuslice_api_requests_total`` counts.
+
+Kopf makes most of the controller's API requests (its watches, its patches of the policies'
+finalizers and annotations); left to itself it builds its own aiohttp session, which no one
+counts. A login handler may hand Kopf a session instead (``kopf.AiohttpSession``): this one is
+built as Kopf builds its own (same TLS, headers, proxy, unlimited connections), plus a trace
+that counts each request as gpuslice's own client does. Kopf closes it when it logs in again.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+import kopf
+
+from gpuslice import __version__
+from gpuslice.kube.metrics import trace_config
+
+
+def counted_session(info: kopf.ConnectionInfo) -> kopf.AiohttpSession:
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, ssl=info.as_ssl_context()),
+        headers={**info.as_http_headers(), "User-Agent": f"gpuslice-controller/{__version__} (kopf)"},
+        proxy=info.proxy_url,
+        trust_env=info.trust_env,
+        trace_configs=[trace_config()],
+    )
+    return kopf.AiohttpSession(aiohttp_session=session, server=info.server, priority=info.priority,
+                               default_namespace=info.default_namespace, expiration=info.expiration)
