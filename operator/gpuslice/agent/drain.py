@@ -42,9 +42,27 @@ PROBE = "gpuslice-drain-probe"  # ConfigMap whose create the agents dry-run
 MARKER = "gpuslice-drain: "  # how the admission rule's message begins, then "pool/device ..."
 RETENTION = 600.0  # seconds a removed device stays listed
 RECHECK = 0.5  # seconds between cycles while a listed device waits for the rule to be in force
+# The API server drops a rule's messageExpression longer than 5 KiB for its static message, which
+# names no device (k8s.io/apiserver, celconfig.MaxEvaluatedMessageExpressionSizeBytes): a probe
+# asks about as many devices as the refusal can name, with room for the words around them.
+PROBE_BYTES = 4 * 1024
 CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
 CONFIGMAP_PATH = f"{CONFIGMAPS}/{DRAINING}"
 log = structlog.get_logger(__name__)
+
+
+def probe_batches(node: str, names: list[str]) -> list[list[str]]:
+    """``names`` in order, cut so that the refusal of each batch ("pool/device ...") fits PROBE_BYTES."""
+    batches: list[list[str]] = []
+    size = 0
+    for name in names:
+        ref = len(f"{node}/{name} ".encode())
+        if not batches or size + ref > PROBE_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(name)
+        size += ref
+    return batches
 
 
 def field_manager(node: str) -> str:
@@ -78,8 +96,7 @@ class Drains:
     async def refused(self, kube: KubeClient, node: str, candidates: set[str]) -> set[str]:
         """The candidates no claim can be allocated any more: the probe's dry run is refused for them."""
         confirmed: set[str] = set()
-        asked = sorted(candidates & self.listed)
-        if asked:
+        for asked in probe_batches(node, sorted(candidates & self.listed)):
             probe = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": PROBE, "namespace": NAMESPACE},
                      "data": {"pool": node, "devices": " ".join(asked)}}
             try:
@@ -87,11 +104,12 @@ class Drains:
             except KubeError as error:
                 if MARKER in error.message:
                     said = error.message.split(MARKER, 1)[1].split(" are ", 1)[0].split()
-                    confirmed = {ref.split("/", 1)[1] for ref in said if ref.startswith(f"{node}/")} & set(asked)
+                    confirmed |= {ref.split("/", 1)[1] for ref in said if ref.startswith(f"{node}/")} & set(asked)
                 elif error.transient:
                     raise
                 else:
                     self._warn(f"the drain probe failed: {error}")
+                    break
         self.waiting = bool((candidates & self.listed) - confirmed)  # held devices (tainted, unlisted) wait on claims
         return confirmed
 

@@ -91,3 +91,26 @@ async def test_a_missing_drain_list_fails_safe() -> None:
     await drains.load(cast(KubeClient, Kube()), "n1")
     assert drains.warned
     assert drains.listed == set()
+
+
+async def test_many_devices_are_asked_about_in_probes_whose_refusal_the_server_can_word() -> None:
+    """The API server words a refusal only up to 5 KiB; past that it names no device at all."""
+    names = [f"gpu-{i:08x}-mem-1gi-{j}" for i in range(8) for j in range(40)]
+
+    class Rule:
+        def __init__(self) -> None:
+            self.asked: list[list[str]] = []
+
+        async def create(self, path: str, body: dict[str, Any], **query: Any) -> dict[str, Any]:
+            asked = body["data"]["devices"].split()
+            self.asked.append(asked)
+            message = f"{MARKER}{' '.join(f'n1/{d}' for d in asked)} are being changed or removed by gpuslice"
+            assert len(message.encode()) <= 5 * 1024 - 100, "the server would drop this message for its static one"
+            raise Forbidden(403, "Forbidden", message, None)
+
+    rule = Rule()
+    drains = Drains(listed=set(names))
+    assert await drains.refused(cast(KubeClient, rule), "n1", set(names)) == set(names)
+    assert len(rule.asked) > 1
+    assert sorted(d for batch in rule.asked for d in batch) == sorted(names)
+    assert drains.due_in() is None
