@@ -21,6 +21,17 @@ from gpuslice.settings import KUBECONFIG_HELP, Settings, markdown, options
 DOCUMENTED: dict[str, type[Settings]] = {"controller": ControllerSettings, "agent": AgentSettings}
 
 
+def _needs_extra(name: str, missing: click.ClickException) -> click.Command:
+    """Listed in help like any command; running it says how to get the extra."""
+
+    def fail(**_: Any) -> None:
+        raise missing
+
+    return click.Command(name, callback=fail, help=f"(needs the cli extra: pip install 'gpuslice[cli]') {name}",
+                         context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                           "help_option_names": []})
+
+
 class LazyGroup(click.Group):
     """Subcommands imported when they run: ``gpuslice controller`` and ``gpuslice agent`` never load
     the dev cluster (certificates, process supervision) or rich."""
@@ -36,8 +47,11 @@ class LazyGroup(click.Group):
         return sorted([*super().list_commands(ctx), *self.LAZY])
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name in self.EXTRA and not ctx.resilient_parsing:
-            need_cli_extra(f"gpuslice {name}", self.EXTRA[name])
+        if name in self.EXTRA:
+            try:
+                need_cli_extra(f"gpuslice {name}", self.EXTRA[name])
+            except click.ClickException as missing:
+                return _needs_extra(name, missing)
         if name in self.LAZY:
             module, _, attribute = self.LAZY[name].partition(":")
             command: click.Command = getattr(importlib.import_module(module), attribute)

@@ -27,7 +27,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Settings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # No infinite or NaN timers: a debounce of inf would never publish, a backoff of nan never retry.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     @classmethod
     def env_name(cls, field: str) -> str:
@@ -43,7 +44,7 @@ class ProcessSettings(Settings):
 
     kubeconfig: Path | None = Field(default=None, description=(
         "Kubeconfig to use; without one, the pod's ServiceAccount, then $KUBECONFIG or ~/.kube/config."))
-    metrics_port: int | None = Field(default=None, description=(
+    metrics_port: int | None = Field(default=None, ge=1, le=65535, description=(
         "Serve Prometheus metrics on this port (/metrics); off when unset."))
     log_level: LogLevel = Field(default="info", description="Least severe log lines written.")
     log_format: LogFormat = Field(default="auto", description=(

@@ -9,6 +9,7 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -90,10 +91,17 @@ def test_controller_and_agent_run_without_the_cli_extra_and_load_no_dev_code() -
     assert done.stdout.strip() == "[]"
 
 
-def test_a_command_that_needs_the_extra_says_how_to_get_it() -> None:
-    code = "from gpuslice.cli import main\nmain(['status'])"
-    done = _without_the_cli_extra(code)
+@pytest.mark.parametrize("args", [["status"], ["status", "--help"], ["dev-cluster", "up"]])
+def test_a_command_that_needs_the_extra_says_how_to_get_it(args: list[str]) -> None:
+    done = _without_the_cli_extra(f"from gpuslice.cli import main\nmain({args!r})")
     assert done.returncode == 1
-    assert "`gpuslice status` needs the cli extra" in done.stderr
+    assert f"`gpuslice {args[0]}` needs the cli extra" in done.stderr
     assert "pipx install 'gpuslice[cli]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_help_lists_every_command_without_the_extra() -> None:
+    done = _without_the_cli_extra("from gpuslice.cli import main\nmain(['--help'])")
+    assert done.returncode == 0, done.stderr
+    for command in ("agent", "controller", "status", "why", "dev-cluster"):
+        assert f"  {command}" in done.stdout

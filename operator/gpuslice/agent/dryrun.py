@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN
+from gpuslice.dra.support import lost_fields, lost_gates
 from gpuslice.kube.client import BadRequest, Forbidden, Invalid, KubeClient, KubeError
 from gpuslice.kube.paths import object_path
 
@@ -77,14 +78,23 @@ class Refusals:
 
 async def dry_run(kube: KubeClient, manifests: Iterable[dict[str, Any]], field_manager: str) -> dict[str, KubeError]:
     """The slices the server refuses, with its answer; empty when it would store them all."""
-    refused = {}
+    refused: dict[str, KubeError] = {}
     for manifest in manifests:
+        name = manifest["metadata"]["name"]
         try:
-            await kube.apply(object_path(manifest), manifest, field_manager=field_manager, dry_run=True)
+            answer = await kube.apply(object_path(manifest), manifest, field_manager=field_manager, dry_run=True)
         except KubeError as error:
             if not is_refusal(error):
                 raise
-            refused[manifest["metadata"]["name"]] = error
+            refused[name] = error
+            continue
+        lost = lost_fields(manifest["spec"], (answer or {}).get("spec") or {}) if isinstance(answer, dict) else []
+        if lost:  # accepted, but not as sent: as good as refused, and the devices say whose
+            fields = sorted({f"spec.devices[{i}].{field}" if i is not None else f"spec.{field}" for i, field in lost})
+            refused[name] = Invalid(422, "FieldsDropped", (
+                f"the API server drops {', '.join(fields[:3])}{' ...' if len(fields) > 3 else ''} of slice {name}"
+                f" without an error: turn on the feature gate {' and '.join(lost_gates(lost))} on every apiserver"
+                " and the scheduler"), {"details": {"causes": [{"field": f} for f in fields]}})
     return refused
 
 

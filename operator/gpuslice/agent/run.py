@@ -27,7 +27,14 @@ from gpuslice.agent.kubeletplugin.node import NodePlugin
 from gpuslice.agent.kubeletplugin.recovery import collect_stale
 from gpuslice.agent.publisher import CYCLES, publish
 from gpuslice.agent.settings import AgentSettings
-from gpuslice.agent.startup import AgentStopped, check_cluster, choose_backend, unsupported
+from gpuslice.agent.startup import (
+    AgentStopped,
+    check_cluster,
+    choose_backend,
+    fake_gpus_of,
+    unsupported,
+    until_answered,
+)
 from gpuslice.agent.watches import AgentWatches
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
@@ -140,7 +147,14 @@ async def stale_claims_loop(plugin: NodePlugin, stop: asyncio.Event, every: floa
 
 async def run_agent(settings: AgentSettings) -> None:
     """The agent, until SIGTERM. Raises :class:`AgentStopped` (and the backend's and the plugin's
-    own errors) with what to change when it cannot run here."""
+    own errors) with what to change when it cannot start here.
+
+    The kubelet plugin starts before the API server is checked: it needs only the node's own
+    checkpoints, and the kubelet must be able to unprepare what it prepared even while the server
+    is away, or refuses gpuslice. A server that cannot serve gpuslice (too old, RBAC, device
+    taints dropped) is checked again every ``resync``; meanwhile nothing is published and
+    ``/readyz`` says why. Exiting instead would unregister the plugin, and the kubelet then
+    deletes the node's slices."""
     configure_logging(settings.log_level, settings.log_format)
     node = settings.node
     if settings.kubeconfig:
@@ -154,7 +168,7 @@ async def run_agent(settings: AgentSettings) -> None:
     publisher: asyncio.Task[None] | None = None
     helpers: list[asyncio.Task[None]] = []
     plugin: NodePlugin | None = None
-    checked = False
+    waiting_for = "discovering the GPUs"
 
     def alive() -> tuple[bool, str]:
         if stop.is_set():
@@ -166,15 +180,15 @@ async def run_agent(settings: AgentSettings) -> None:
         return True, "ok"
 
     def ready() -> tuple[bool, str]:
-        if not checked and not stop.is_set():
-            return False, "checking what the API server serves (the log says why it takes long)"
+        if publisher is None and not stop.is_set():
+            return False, waiting_for
         last = REGISTRY.get_sample_value("gpuslice_agent_last_publish_success_timestamp_seconds", {"node": node}) or 0.0
         return publish_ready(last, time.time(), settings.readiness_window, plugin_starting=plugin is None,
                              stopping=stop.is_set())
 
     # A backend that needs no API server (NVML, or fake GPUs given) says what is wrong with it first.
     needs_node = settings.backend == "fake" and settings.fake_gpus is None
-    backend = None if needs_node else await choose_backend(None, settings)
+    backend = None if needs_node else choose_backend(settings)
     gpus = await asyncio.to_thread(backend.discover) if backend is not None else []
     # Served before the kubelet plugin starts: /healthz answers while it recovers, /readyz says why not yet.
     metrics = await serve_metrics(settings.metrics_port, alive=alive, ready=ready) if settings.metrics_port else None
@@ -182,27 +196,42 @@ async def run_agent(settings: AgentSettings) -> None:
         async with await KubeClient.from_kubeconfig(settings.kubeconfig,
                                                     request_timeout=settings.request_timeout) as kube:
             if backend is None:
-                backend = await choose_backend(kube, settings)
+                waiting_for = "reading the node's fake GPUs from its labels (the log says why it takes long)"
+                spec = await until_answered(lambda: fake_gpus_of(kube, node), stop, node,
+                                            "reading the node's fake GPU labels", settings.max_backoff)
+                if spec is None:
+                    return  # stopped first
+                backend = choose_backend(settings, spec)
                 gpus = await asyncio.to_thread(backend.discover)
             log.info("GPUs discovered", node=node, backend=backend.name,
                      gpus=[(g.index, g.product_name) for g in gpus])
             NODE_GPUS.labels(node).set(len(gpus))
-            verdict = await check_cluster(kube, node, stop, settings.max_backoff)
-            if verdict is None:
-                return  # stopped while the server could not be asked
-            checked = True
-            modes_out = unsupported(verdict)
             health = HealthMonitor(node, backend, gpus, settings.health, on_change=wake.set)
             await health.check()  # the first publish already carries what is wrong now
             # The kubelet plugin registers only once the node matches its checkpoints (NodePlugin.start).
+            waiting_for = "the kubelet plugin is starting (recovering its checkpoints)"
             plugin = await NodePlugin.start(node, kube, backend, gpus, settings.plugin, health)
             watches = AgentWatches(kube, node, wake, stop)
-            watches.start()
-            publisher = asyncio.create_task(publish_loop(kube, settings, gpus, wake, stop, watches, plugin,
-                                                         health.taints, modes_out))
-            helpers.append(asyncio.create_task(health.run(kube, stop)))
-            helpers.append(asyncio.create_task(stale_claims_loop(plugin, stop, settings.resync)))
             try:
+                verdict = None
+                while verdict is None and not stop.is_set():
+                    waiting_for = "checking what the API server serves (the log says why it takes long)"
+                    try:
+                        verdict = await check_cluster(kube, node, stop, settings.max_backoff)
+                    except AgentStopped as error:
+                        waiting_for = f"this cluster cannot serve gpuslice, nothing is published: {error}"
+                        log.error("this cluster cannot serve gpuslice: nothing is published; the kubelet plugin"
+                                  " keeps serving what it prepared; will check again", node=node, problem=str(error),
+                                  retry_in=settings.resync)
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(settings.resync):
+                                await stop.wait()
+                if verdict is not None:
+                    watches.start()
+                    publisher = asyncio.create_task(publish_loop(kube, settings, gpus, wake, stop, watches, plugin,
+                                                                 health.taints, unsupported(verdict)))
+                    helpers.append(asyncio.create_task(health.run(kube, stop)))
+                    helpers.append(asyncio.create_task(stale_claims_loop(plugin, stop, settings.resync)))
                 await stop.wait()
             finally:
                 stop.set()
@@ -213,8 +242,9 @@ async def run_agent(settings: AgentSettings) -> None:
                         await plugin.stop()
                 # A cycle under way may finish; a request to an apiserver going down with us must not
                 # keep the agent alive for long.
-                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                    await asyncio.wait_for(publisher, settings.shutdown_grace)
+                if publisher is not None:
+                    with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                        await asyncio.wait_for(publisher, settings.shutdown_grace)
                 await asyncio.gather(*helpers, return_exceptions=True)
                 await watches.close()
     finally:

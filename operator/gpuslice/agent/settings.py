@@ -7,11 +7,12 @@ and the kubelet plugin take, derived from it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gpuslice.agent.kubeletplugin.settings import PluginSettings
 from gpuslice.settings import ProcessSettings
@@ -27,6 +28,7 @@ class HealthSettings:
 
 
 _PLUGIN, _HEALTH = PluginSettings(), HealthSettings()
+NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class AgentSettings(ProcessSettings):
@@ -40,7 +42,7 @@ class AgentSettings(ProcessSettings):
     nvidia_cdi_dir: tuple[Path, ...] = Field(default=(), description=(
         "NVML backend: where the NVIDIA Container Toolkit's CDI spec is (repeat the flag; in the variable,"
         " separated by ':'); unset: /etc/cdi, then /var/run/cdi."))
-    metrics_port: int | None = Field(default=None, description=(
+    metrics_port: int | None = Field(default=None, ge=1, le=65535, description=(
         "Serve /metrics, /healthz and /readyz on this port; off when unset (the probes need it)."))
     kubelet_registrar_dir: Path = Field(default=_PLUGIN.registrar_dir, description=(
         "The kubelet's plugin registry: the plugin's registration socket goes here."))
@@ -57,7 +59,7 @@ class AgentSettings(ProcessSettings):
     debounce: float = Field(default=0.3, ge=0, description=(
         "Seconds a wake-up waits for more events, so that a burst (a policy edit, a node relabelled) costs"
         " one publish cycle."))
-    max_backoff: float = Field(default=10.0, gt=0, description=(
+    max_backoff: float = Field(default=10.0, ge=1, description=(
         "Seconds between tries of a failing publish cycle, at most (from 1 s, doubling); news from the"
         " watches cuts the wait short."))
     ready_within: float = Field(default=120.0, gt=0, description=(
@@ -69,10 +71,17 @@ class AgentSettings(ProcessSettings):
         "Seconds an unhealthy GPU must go without a fault before its taint is lifted: a flapping GPU does"
         " not churn the slices."))
 
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, node: str) -> str:
+        # It goes into API paths and slice names: only what Kubernetes allows a Node's name (a DNS subdomain).
+        if len(node) > 253 or not NODE_NAME.fullmatch(node):
+            raise ValueError(f"{node!r} is not a Node's name (lowercase letters, digits, '-' and '.'): pass --node or"
+                             " set NODE_NAME (a DaemonSet: from spec.nodeName)")
+        return node
+
     @model_validator(mode="after")
     def _fields(self) -> AgentSettings:
-        if not self.node.strip():
-            raise ValueError("node is empty: pass --node or set NODE_NAME (a DaemonSet: from spec.nodeName)")
         if self.fake_gpus is not None and self.backend != "fake":
             raise ValueError("--fake-gpus is for --backend fake")
         if self.nvidia_cdi_dir and self.backend != "nvml":

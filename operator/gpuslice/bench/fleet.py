@@ -19,7 +19,7 @@ from pathlib import Path
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.agent.run import publish_loop
 from gpuslice.agent.settings import AgentSettings
-from gpuslice.agent.startup import check_cluster, unsupported
+from gpuslice.agent.startup import AgentStopped, check_cluster, unsupported
 from gpuslice.agent.watches import AgentWatches
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
@@ -51,7 +51,11 @@ class Fleet:
     async def _agent(self, kube: KubeClient, node: str, gpus: list[Gpu], wake: asyncio.Event,
                      watches: AgentWatches) -> None:
         """What ``run_agent`` does after discovery, without the kubelet plugin: check the server, then publish."""
-        verdict = await check_cluster(kube, node, self.stop)
+        try:
+            verdict = await check_cluster(kube, node, self.stop)
+        except AgentStopped as error:
+            print(f"bench: agent {node} publishes nothing, as a real one would not: {error}", flush=True)
+            return
         if verdict is not None:
             await publish_loop(kube, AgentSettings(node=node, backend="fake", resync=self.resync), gpus, wake,
                                self.stop, watches, modes_out=unsupported(verdict))

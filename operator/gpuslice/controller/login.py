@@ -5,6 +5,10 @@ finalizers and annotations); left to itself it builds its own aiohttp session, w
 counts. A login handler may hand Kopf a session instead (``kopf.AiohttpSession``): this one is
 built as Kopf builds its own (same TLS, headers, proxy, unlimited connections), plus a trace
 that counts each request as gpuslice's own client does. Kopf closes it when it logs in again.
+
+The same credentials get the same session object: Kopf refuses a login equal to one the server
+already rejected (401), which it tells by comparing them, and a new session each time would never
+compare equal, so a rejected token would make every watcher log in again without pause.
 """
 
 from __future__ import annotations
@@ -15,8 +19,13 @@ import kopf
 from gpuslice import __version__
 from gpuslice.kube.metrics import trace_config
 
+_SESSIONS: dict[kopf.ConnectionInfo, kopf.AiohttpSession] = {}
+
 
 def counted_session(info: kopf.ConnectionInfo) -> kopf.AiohttpSession:
+    known = _SESSIONS.get(info)
+    if known is not None:
+        return known
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, ssl=info.as_ssl_context()),
         headers={**info.as_http_headers(), "User-Agent": f"gpuslice-controller/{__version__} (kopf)"},
@@ -24,5 +33,6 @@ def counted_session(info: kopf.ConnectionInfo) -> kopf.AiohttpSession:
         trust_env=info.trust_env,
         trace_configs=[trace_config()],
     )
-    return kopf.AiohttpSession(aiohttp_session=session, server=info.server, priority=info.priority,
-                               default_namespace=info.default_namespace, expiration=info.expiration)
+    _SESSIONS[info] = kopf.AiohttpSession(aiohttp_session=session, server=info.server, priority=info.priority,
+                                          default_namespace=info.default_namespace, expiration=info.expiration)
+    return _SESSIONS[info]

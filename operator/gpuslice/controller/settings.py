@@ -8,7 +8,7 @@ from gpuslice.settings import ProcessSettings
 
 
 class ControllerSettings(ProcessSettings):
-    liveness_port: int | None = Field(default=None, description=(
+    liveness_port: int | None = Field(default=None, ge=1, le=65535, description=(
         "Serve Kopf's liveness probe on this port (/healthz); off when unset."))
     status_interval: float = Field(default=10.0, gt=0, description=(
         "Seconds between checks of each policy's status; a check computes from memory and writes only when"

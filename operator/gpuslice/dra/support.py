@@ -137,3 +137,33 @@ def judge_features(verdict: Verdict, gone: Sequence[str]) -> Verdict:
         else:
             warnings.append(f"{words}; policies in {' and '.join(feature.modes)} mode publish nothing here")
     return Verdict(verdict.version, tuple(problems), tuple(warnings), tuple(gone))
+
+
+# A field the agent writes -> the key of FEATURES whose gate, when off, makes the server drop it.
+GATED_FIELDS = {"consumesCounters": "partitionable", "taints": "taints", "allowMultipleAllocations": "consumable"}
+
+
+def lost_fields(sent: Mapping[str, Any], returned: Mapping[str, Any]) -> list[tuple[int | None, str]]:
+    """(device index, field) of what the server dropped from a slice it accepted (``spec`` of each);
+    index None for the slice's ``sharedCounters``. A feature gate that is off on the answering
+    apiserver drops its fields without an error, and a device without its counters or taints is
+    unsafe: the check runs on every dry run, not only the probe at start."""
+    lost: list[tuple[int | None, str]] = []
+    if sent.get("sharedCounters") and not returned.get("sharedCounters"):
+        lost.append((None, "sharedCounters"))
+    back = returned.get("devices") or []
+    for index, device in enumerate(sent.get("devices") or []):
+        answer = back[index] if index < len(back) and back[index].get("name") == device.get("name") else {}
+        lost += [(index, key) for key in GATED_FIELDS if device.get(key) and not answer.get(key)]
+        for name, capacity in (device.get("capacity") or {}).items():
+            if capacity.get("requestPolicy") and not ((answer.get("capacity") or {}).get(name) or {}).get(
+                    "requestPolicy"):
+                lost.append((index, f"capacity[{name}].requestPolicy"))
+    return lost
+
+
+def lost_gates(lost: Sequence[tuple[int | None, str]]) -> list[str]:
+    """The feature gates to turn on, for what ``lost_fields`` found."""
+    keys = {GATED_FIELDS.get(field, "partitionable" if field == "sharedCounters" else "consumable")
+            for _, field in lost}
+    return sorted(FEATURES[key].gate for key in keys)

@@ -20,6 +20,7 @@ def need_cli_extra(command: str, modules: tuple[str, ...] = ("rich",)) -> None:
     missing = [m for m in modules if _absent(m)]
     if missing:
         raise click.ClickException(
-            f"`{command}` needs the cli extra ({', '.join(missing)} is not installed here): pipx install"
+            f"`{command}` needs the cli extra ({' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not"
+            " installed here): pipx install"
             " 'gpuslice[cli]' (or pip install 'gpuslice[cli]'). The gpuslice image has only the controller and"
             " the agent.")

@@ -7,6 +7,7 @@ server answers. Counted per attempt: a request retried twice counts three times.
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import aiohttp
@@ -71,7 +72,8 @@ def trace_config() -> aiohttp.TraceConfig:
 
     async def failed(_: aiohttp.ClientSession, __: SimpleNamespace,
                      params: aiohttp.TraceRequestExceptionParams) -> None:
-        _count(params, None)
+        if not isinstance(params.exception, asyncio.CancelledError):  # stopped by us, not the server's doing
+            _count(params, None)
 
     trace = aiohttp.TraceConfig()
     trace.on_request_end.append(ended)

@@ -184,8 +184,6 @@ class LibraryTransport:
 
     @classmethod
     async def load(cls, path: Path | str | None) -> LibraryTransport:
-        if path is not None and not Path(path).expanduser().is_file():  # noqa: ASYNC240 (once, at start)
-            raise KubeconfigError(f"kubeconfig {path} does not exist")
         try:
             from kubernetes_asyncio import config as kube_config
             from kubernetes_asyncio.client import ApiClient, Configuration
@@ -259,7 +257,15 @@ def credentials_for(path: Path | str | None) -> Credentials | None:
 async def connect(path: Path | str | None = None) -> Transport:
     """A transport for ``path`` (a kubeconfig); without one, the pod's ServiceAccount, then
     $KUBECONFIG (its first file) or ~/.kube/config."""
-    credentials = credentials_for(path)  # a few small local files, read once at start
+    try:
+        credentials = credentials_for(path)  # a few small local files, read once at start
+    except KubeconfigError:
+        raise
+    except OSError as error:
+        raise KubeconfigError(f"kubeconfig {path or '$KUBECONFIG'}: {error.strerror or error}"
+                              f" ({error.filename or path})") from None
+    except (ValueError, yaml.YAMLError) as error:  # not YAML, or no such context, user or cluster
+        raise KubeconfigError(f"kubeconfig {path or '$KUBECONFIG'}: {error}") from None
     if credentials is None:
         return await LibraryTransport.load(path)
     return AiohttpTransport(credentials)

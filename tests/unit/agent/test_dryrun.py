@@ -99,3 +99,26 @@ async def test_an_api_server_not_ready_to_judge_refuses_nothing() -> None:
     server = Server({"b"}, error=NotReady)
     with pytest.raises(NotReady):
         await dry_run(cast(KubeClient, server), [slice_of("d0", [device("b1", "b")])], "m")
+
+
+async def test_a_field_the_server_drops_without_an_error_counts_as_a_refusal() -> None:
+    """A feature gate off on the apiserver that answers: devices without their counters would let the
+    scheduler hand out a GPU's memory twice, so they are not written."""
+    safe = {**device("a1", "a"), "consumesCounters": [{"counterSet": "gpu-1", "counters": {"memory": {"value": "1G"}}}]}
+    shared = {**device("b1", "b"), "allowMultipleAllocations": True,
+              "capacity": {"memory": {"value": "80G", "requestPolicy": {"default": "1G"}}}}
+
+    class Gated(Server):
+        async def apply(self, path: str, body: dict[str, Any], *, field_manager: str, force: bool = True,
+                        dry_run: bool = False) -> dict[str, Any]:
+            stored = {**body, "spec": {**body["spec"], "devices": [
+                {k: v for k, v in d.items() if k != "consumesCounters"} for d in body["spec"].get("devices") or []]}}
+            return stored
+
+    manifests = [slice_of("d0", [safe, shared])]
+    kube = cast(KubeClient, Gated(set()))
+    refused = await dry_run(kube, manifests, "m")
+    assert "spec.devices[0].consumesCounters" in refused["d0"].message
+    assert "DRAPartitionableDevices" in refused["d0"].message
+    assert set(await refused_policies(kube, manifests, refused, "m")) == {"a"}, "only the policy that lost a field"
+    assert await dry_run(cast(KubeClient, Server(set())), manifests, "m") == {}, "kept as sent: nothing refused"

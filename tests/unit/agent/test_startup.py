@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from gpuslice.agent.publisher import sort_policies
 from gpuslice.agent.settings import AgentSettings
-from gpuslice.agent.startup import AgentStopped, check_cluster, unsupported
+from gpuslice.agent.startup import AgentStopped, check_cluster, unsupported, until_answered
 from gpuslice.cli import main
 from gpuslice.dra.support import NEEDED_RESOURCES
 from gpuslice.kube.client import Forbidden, KubeClient, NotFound, NotReady, ServerError
@@ -46,6 +46,9 @@ def test_every_flag_is_a_variable_and_node_name_is_read(monkeypatch: pytest.Monk
     (["--node", "n1", "--fake-gpus", "h100-80gb:1"], "Error: --fake-gpus is for --backend fake"),
     (["--node", "n1", "--resync", "0"], "--resync: Input should be greater than 0"),
     (["--node", "n1", "--log-level", "loud"], "Invalid value for '--log-level'"),
+    (["--node", "n1/../x"], "'n1/../x' is not a Node's name"),
+    (["--node", "n1", "--metrics-port", "0"], "--metrics-port: Input should be greater than or equal to 1"),
+    (["--node", "n1", "--debounce", "inf"], "--debounce: Input should be a finite number"),
 ])
 def test_bad_settings_are_refused_naming_the_flag(args: list[str], words: str) -> None:
     result = CliRunner().invoke(main, ["agent", *args], env={"NODE_NAME": ""} if not args else {})
@@ -115,7 +118,7 @@ async def test_a_stopped_agent_stops_asking() -> None:
     (Server(minor="35"), "Kubernetes v1.35.2 is too old for gpuslice"),
     (Server(drops=("taints",)), "turn on the feature gate DRADeviceTaints"),
     (Server(refuse=Forbidden(403, "Forbidden", 'nodes "n1" is forbidden: User "x" cannot get', None)),
-     "the API server could not be asked what it serves"),
+     "checking what the API server serves: the API server refused"),
 ])
 async def test_a_server_that_cannot_serve_gpuslice_stops_the_agent(server: Server, words: str) -> None:
     with pytest.raises(AgentStopped, match=words):
@@ -143,3 +146,15 @@ async def test_modes_a_server_drops_the_fields_of_are_left_out() -> None:
     policies = sort_policies([_policy("mem", "memory"), _policy("sh", "shared"), _policy("mig", "mig")], modes)
     assert [p.name for p in policies.plannable] == ["mem", "mig"]
     assert "DRAConsumableCapacity" in policies.frozen["sh"]
+
+
+async def test_a_stop_ends_a_request_that_hangs() -> None:
+    """SIGTERM must not wait for an API server that never answers (the shutdown grace is 10 s)."""
+    stop = asyncio.Event()
+
+    async def hangs() -> None:
+        await asyncio.sleep(3600)
+
+    asyncio.get_running_loop().call_later(0.1, stop.set)
+    async with asyncio.timeout(2):
+        assert await until_answered(hangs, stop, "n1", "asking") is None

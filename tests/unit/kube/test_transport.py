@@ -6,6 +6,7 @@ import base64
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -67,3 +68,14 @@ def test_the_agent_does_not_import_kubernetes_asyncio() -> None:
     code = "import sys, gpuslice.agent.run; print('kubernetes_asyncio' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(("make", "words"), [
+    (lambda p: p / "absent", "No such file or directory"),
+    (lambda p: p, "Is a directory"),
+    (lambda p: (p / "bad").write_text("{{{") and p / "bad", "kubeconfig"),
+])
+async def test_a_bad_kubeconfig_is_an_error_that_names_it(tmp_path: Path, make: Any, words: str) -> None:
+    path = make(tmp_path)
+    with pytest.raises(transport.KubeconfigError, match=words):
+        await transport.connect(path)
