@@ -159,9 +159,11 @@ async def test_the_drain_list_refuses_allocations_and_each_agent_writes_only_its
                        dryRun="All")
 
     # The rule itself, as the scheduler meets it: allocating a listed device is refused, another is not.
+    # A class named as gpuslice's are (no policy owns it): once a controller test has installed the
+    # admission policies, gpuslice-device-classes refuses gpuslice devices through any other class.
     claim = await kube.create(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "any"}}]}}})
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "unowned.gpuslice.dev"}}]}}})
 
     def allocating(device: str) -> dict[str, Any]:
         return {**claim, "status": {"allocation": {"devices": {"results": [
