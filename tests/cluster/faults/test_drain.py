@@ -44,6 +44,16 @@ async def decided(cluster: DevCluster, count: int) -> None:
 Change = Callable[[KubeClient, str], Awaitable[None]]
 
 
+async def alone_on(kube: KubeClient, node: str, policy: str) -> None:
+    """Until the earlier tests' policies have left ``node``: their namespaces go after them, and
+    devices still held there share the GPUs' counters, so the scheduler could not place the pods."""
+    async def alone() -> bool:
+        found = await devices(kube, node)
+        return found is not None and set(of_policy(found, policy)) == set(found)
+
+    await wait_for(alone, within=180, what=f"the devices of earlier tests' policies to leave {node}")
+
+
 async def resize(kube: KubeClient, policy: str) -> None:
     await kube.merge_patch(f"{POLICIES}/{policy}", {"spec": {"slicing": {"sliceSize": "20G"}}})
 
@@ -64,6 +74,7 @@ async def test_no_device_is_allocated_after_it_went_while_the_schedulers_writes_
     node = NODES[0]
     policy = await fpolicy(fns, node, {"mode": "memory", "sliceSize": "10G"})
     old = await wait_devices(fkube, node, policy, 16, "-10g-")
+    await alone_on(fkube, node, policy)
     proxy = faults_cluster.proxy
     assert proxy is not None
     proxy.hold()
@@ -106,6 +117,7 @@ async def stall_during_resize(faults_cluster: DevCluster, fkube: KubeClient, fns
     node = NODES[1]
     policy = await fpolicy(fns, node, {"mode": "memory", "sliceSize": "10G"})
     old = await wait_devices(fkube, node, policy, 16, "-10g-")
+    await alone_on(fkube, node, policy)
     await create_pods(fkube, fns, "gpu-slice", PODS)
     await resize(fkube, policy)
 
