@@ -41,12 +41,15 @@ async def until_answered(ask: Callable[[], Awaitable[T]], stop: asyncio.Event, n
     delay = 1.0
     while not stop.is_set():
         asking, stopping = asyncio.ensure_future(ask()), asyncio.ensure_future(stop.wait())
-        await asyncio.wait({asking, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        if not asking.done():
-            asking.cancel()
-            with contextlib.suppress(BaseException):
-                await asking
+        try:
+            await asyncio.wait({asking, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # stopped, or cancelled from outside: the request in flight goes too
+            stopping.cancel()
+            if not asking.done():
+                asking.cancel()
+                with contextlib.suppress(BaseException):
+                    await asking
+        if asking.cancelled():
             return None
         try:
             return asking.result()

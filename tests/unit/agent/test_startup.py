@@ -158,3 +158,21 @@ async def test_a_stop_ends_a_request_that_hangs() -> None:
     asyncio.get_running_loop().call_later(0.1, stop.set)
     async with asyncio.timeout(2):
         assert await until_answered(hangs, stop, "n1", "asking") is None
+
+
+async def test_cancelled_from_outside_the_request_goes_too() -> None:
+    started, ended = asyncio.Event(), asyncio.Event()
+
+    async def hangs() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            ended.set()
+
+    task = asyncio.create_task(until_answered(hangs, asyncio.Event(), "n1", "asking"))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ended.is_set(), "no request left behind, to fail later unretrieved"
