@@ -32,6 +32,7 @@ from gpuslice.agent.startup import (
     check_cluster,
     choose_backend,
     fake_gpus_of,
+    spread,
     unsupported,
     until_answered,
 )
@@ -112,7 +113,7 @@ async def publish_loop(kube: KubeClient, settings: AgentSettings, gpus: list[Gpu
             # server is back, and that wakes the next try at once.
             wake.clear()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(backoff):
+                async with asyncio.timeout(spread(backoff)):
                     await wake.wait()
             backoff = min(backoff * 2, settings.max_backoff)
             wake.set()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -31,6 +32,11 @@ T = TypeVar("T")
 
 class AgentStopped(Exception):
     """The agent cannot run on this cluster or node; the message says why and what to change."""
+
+
+def spread(seconds: float) -> float:
+    """``seconds`` give or take half: retries of many agents spread out instead of arriving together."""
+    return seconds * random.uniform(0.5, 1.5)
 
 
 async def until_answered(ask: Callable[[], Awaitable[T]], stop: asyncio.Event, node: str, what: str,
@@ -59,10 +65,12 @@ async def until_answered(ask: Callable[[], Awaitable[T]], stop: asyncio.Event, n
             reason = str(error)
         except (aiohttp.ClientError, TimeoutError, ConnectionError) as error:
             reason = str(error) or type(error).__name__
+        # Jittered: after an outage a fleet's agents must not ask again in step.
+        wait = spread(delay)
         log.warning(f"{what}: the API server cannot answer yet; will ask again", node=node, error=reason,
-                    retry_in=delay)
+                    retry_in=round(wait, 1))
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(delay):
+            async with asyncio.timeout(wait):
                 await stop.wait()
         delay = min(delay * 2, max_backoff)
     return None

@@ -176,3 +176,11 @@ async def test_cancelled_from_outside_the_request_goes_too() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert ended.is_set(), "no request left behind, to fail later unretrieved"
+
+
+def test_retries_are_spread_so_a_fleet_does_not_ask_in_step() -> None:
+    from gpuslice.agent.startup import spread
+
+    waits = {round(spread(8.0), 3) for _ in range(50)}
+    assert len(waits) > 10
+    assert all(4.0 <= w <= 12.0 for w in waits)
