@@ -36,6 +36,15 @@ class BenchError(Exception):
     """The bench could not measure something; the message says what and where to look."""
 
 
+class BenchPartial(Exception):
+    """A figure failed part-way: ``measured`` is what it had (kept in results.json beside the error)."""
+
+    def __init__(self, measured: dict[str, Any], error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.measured = measured
+        self.error = error
+
+
 async def wait_until(check: Callable[[], Awaitable[Any]], within: float, what: str, every: float = 0.5) -> Any:
     """Poll ``check`` until truthy; a BenchError naming ``what`` after ``within`` seconds."""
     deadline = time.monotonic() + within
@@ -163,6 +172,21 @@ class BenchCluster:
             await component.stop()
             self.dev.components.remove(component)
             del self.agents[node]
+
+    def post_mortem(self) -> str:
+        """After a failure: which processes exited (with their logs' last lines) and this process's
+        open files against its limit, the two causes a lost connection has had at fleet scale."""
+        import resource
+
+        from gpuslice.devcluster.process import log_tail
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        found = [f"bench process: {len(os.listdir('/proc/self/fd'))} open files (limit {soft})"]
+        for c in self.dev.components:
+            if c.process is not None and not c.running:
+                found.append(f"{c.name} exited with {c.process.returncode}; its log ends:\n"
+                             f"{log_tail(c.log_path, 10)}")
+        return "\n".join(found)
 
     async def stop(self) -> None:
         if self.kube is not None:

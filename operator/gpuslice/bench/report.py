@@ -116,8 +116,12 @@ def render_text(results: Mapping[str, Any]) -> str:
     figures = results["figures"]
     lines = [f"gpuslice bench — {results['meta'].get('when', '')}",
              f"machine: {results['meta'].get('machine', '')}", f"versions: {results['meta'].get('versions', '')}", ""]
+    for name, error in (results.get("failed") or {}).items():
+        lines.append(f"FAILED: {name}: {error}")
+    if results.get("failed"):
+        lines.append("")
     packing = figures.get("packing")
-    if packing:
+    if packing and "modes" in packing:
         lines.append(f"1. Packing: {packing['trace']['pods']} inference pods ({packing['trace']['total_gib']} GiB"
                      f" asked) on {packing['gpus']} x {packing['gpu']}; optimum {packing['optimum_gib']} GiB"
                      f" ({'exact' if packing['optimum_proven'] else 'upper bound'})")
@@ -142,7 +146,7 @@ def render_text(results: Mapping[str, Any]) -> str:
             lines.append(f"   note: {note}")
         lines.append("")
     scale = figures.get("scale")
-    if scale:
+    if scale and "nodes" in scale:
         lines.append(f"3. Scale: {scale['nodes']} nodes x {scale['gpus_per_node']} GPUs, {scale['policies']} policies,"
                      f" {scale['namespaces']} tenant namespaces ({scale['harness']})")
         for key, label in (("converge_seconds", "policies applied -> every pool published and policy Ready (s)"),
@@ -170,7 +174,7 @@ def render_text(results: Mapping[str, Any]) -> str:
             lines.append(f"     steady      {verb_resource:<58} {count}")
         lines.append("")
     planner = figures.get("planner")
-    if planner:
+    if planner and "plan_node_ms" in planner:
         lines.append("4. Planner speed")
         for mode, ms in planner["plan_node_ms"].items():
             lines.append(f"   plan one node of 8 GPUs, {mode:<31} {ms:>8.2f} ms")

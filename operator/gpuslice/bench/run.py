@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import structlog
 
 from gpuslice import __version__
-from gpuslice.bench.harness import BenchCluster
+from gpuslice.bench.harness import BenchCluster, BenchPartial
 from gpuslice.bench.report import headline, regressions, render_text, trim_history, verdicts
 from gpuslice.bench.trace import TraceSpec
 
@@ -66,14 +67,43 @@ def git_commit() -> str:
         return "unknown"
 
 
-async def measure(size: Size, only: tuple[str, ...], state_dir: Path) -> tuple[dict[str, Any], str]:
+def failure(error: BaseException) -> str:
+    """One line for results.json: the exception's type and message (aiohttp's include the OS error)."""
+    return f"{type(error).__name__}: {error}"[:2000]
+
+
+async def measure(size: Size, only: tuple[str, ...], state_dir: Path,
+                  save: Callable[[dict[str, Any], str], None]) -> tuple[dict[str, Any], str]:
+    """Each figure in turn. A figure that fails is recorded as ``{"error": ...}`` (with what it had
+    measured, where it keeps that) and the next one still runs; ``save`` is called after each, so a
+    run stopped later keeps what it measured."""
     figures: dict[str, Any] = {}
     kubernetes = ""
+
+    cluster: BenchCluster | None = None
+
+    async def figure(name: str, run: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        try:
+            figures[name] = await run()
+        except BenchPartial as partial:
+            figures[name] = {**partial.measured, "error": failure(partial.error)}
+        except Exception as error:  # any failure is this figure's, reported; the next figure runs
+            figures[name] = {"error": failure(error)}
+        if "error" in figures[name]:
+            say(f"{name}: FAILED: {figures[name]['error']}")
+            if cluster is not None:
+                figures[name]["post_mortem"] = cluster.post_mortem()
+                say(figures[name]["post_mortem"])
+        save(figures, kubernetes)
+
     if "planner" in only:
         from gpuslice.bench.planner_figure import planner_figure
 
-        say("planner: timing the pure planner")
-        figures["planner"] = planner_figure()
+        async def planner() -> dict[str, Any]:
+            say("planner: timing the pure planner")
+            return planner_figure()
+
+        await figure("planner", planner)
     if not {"packing", "scheduler", "scale"} & set(only):
         return figures, kubernetes
     cluster = BenchCluster(state_dir, say)
@@ -84,54 +114,47 @@ async def measure(size: Size, only: tuple[str, ...], state_dir: Path) -> tuple[d
         if "packing" in only:
             from gpuslice.bench.packing_figure import packing_figure
 
-            figures["packing"] = await packing_figure(cluster, TraceSpec(), say)
+            await figure("packing", lambda: packing_figure(cluster, TraceSpec(), say))
         if "scheduler" in only:
             from gpuslice.bench.scheduler_figure import scheduler_figure
 
             fleets = tuple(int(n) for n in os.environ.get("BENCH_FLEETS", "").split(",") if n) or size.fleet_sizes
             layouts = tuple(x for x in os.environ.get("BENCH_LAYOUTS", "").split(",") if x)
             profile = Path(os.environ["BENCH_PROFILE"]) if os.environ.get("BENCH_PROFILE") else None
-            figures["scheduler"] = await scheduler_figure(
-                cluster, fleets, int(os.environ.get("BENCH_SAME_PODS", size.same_pods)), say, layouts, profile)
+            same_pods = int(os.environ.get("BENCH_SAME_PODS", size.same_pods))
+            await figure("scheduler", lambda: scheduler_figure(cluster, fleets, same_pods, say, layouts, profile))
         if "scale" in only:
             from gpuslice.bench.scale_figure import scale_figure
 
-            # A controller started now has seen nothing of the figures before: its peak RSS is this figure's.
-            await cluster.stop_controller()
-            await cluster.start_controller()
             nodes, policies, namespaces, steady = (
                 (int(x) for x in os.environ["BENCH_SCALE"].split(",")) if os.environ.get("BENCH_SCALE")
                 else (size.scale_nodes, size.scale_policies, size.scale_namespaces, int(size.steady_seconds)))
-            figures["scale"] = await scale_figure(cluster, nodes, policies, namespaces, float(steady), say)
+
+            async def scale() -> dict[str, Any]:
+                # A controller started now has seen nothing of the figures before: its peak RSS is this figure's.
+                await cluster.stop_controller()
+                await cluster.start_controller()
+                return await scale_figure(cluster, nodes, policies, namespaces, float(steady), say)
+
+            await figure("scale", scale)
     finally:
         await cluster.stop()
     return figures, kubernetes
 
 
-def main() -> None:
-    size = SIZES[os.environ.get("BENCH_SIZE", "full")]
-    only = tuple(f for f in os.environ.get("BENCH_ONLY", ",".join(FIGURES)).split(",") if f)
-    out = Path(os.environ.get("BENCH_DIR", "bench"))
-    # The fleet harness runs hundreds of agents in this process: their warnings (a policy not judged
-    # yet, a retried request) would drown the report.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
-    load_before = os.getloadavg()
-    if size.name == "full" and load_before[0] > 1.5:
-        say(f"warning: load average {load_before[0]:.1f} before the run: the machine is busy, figures will be off")
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="gpuslice-bench-") as state:
-        figures, kubernetes = asyncio.run(measure(size, only, Path(state)))
-    elapsed = time.monotonic() - started
-    if "scheduler" in figures:
+def assemble(size: Size, only: tuple[str, ...], figures: dict[str, Any], kubernetes: str,
+             load_before: tuple[float, float, float], elapsed: float, complete: bool) -> dict[str, Any]:
+    """results.json: the figures, their verdicts and how and where they were taken."""
+    import kopf
+
+    if isinstance(figures.get("scheduler"), dict):
         figures["scheduler"]["notes"] = [
             "claims are made before the pods; the agents publish each layout and stop before the pods come",
         ]
-    import kopf
-
     results: dict[str, Any] = {
         "meta": {
             "when": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "size": size.name, "figures": list(only), "seconds": round(elapsed),
+            "size": size.name, "figures": list(only), "seconds": round(elapsed), "complete": complete,
             "machine": machine(),
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
@@ -140,18 +163,44 @@ def main() -> None:
                         f" kopf {getattr(kopf, '__version__', '?')}",
         },
         "figures": figures,
+        "failed": {name: f["error"] for name, f in figures.items() if isinstance(f, dict) and "error" in f},
     }
     results["verdicts"] = verdicts(figures)
+    return results
+
+
+def main() -> None:
+    size = SIZES[os.environ.get("BENCH_SIZE", "full")]
+    only = tuple(f for f in os.environ.get("BENCH_ONLY", ",".join(FIGURES)).split(",") if f)
+    out = Path(os.environ.get("BENCH_DIR", "bench"))
+    results_path = out / f"results{'' if size.name == 'full' else '-' + size.name}.json"
+    # The fleet harness runs hundreds of agents in this process: their warnings (a policy not judged
+    # yet, a retried request) would drown the report.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    load_before = os.getloadavg()
+    if size.name == "full" and load_before[0] > 1.5:
+        say(f"warning: load average {load_before[0]:.1f} before the run: the machine is busy, figures will be off")
+    started = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save(figures: dict[str, Any], kubernetes: str) -> None:
+        """What is measured so far, marked incomplete: a run stopped later still leaves it."""
+        partial = assemble(size, only, figures, kubernetes, load_before, time.monotonic() - started, False)
+        results_path.write_text(json.dumps(partial, indent=1))
+
+    with tempfile.TemporaryDirectory(prefix="gpuslice-bench-") as state:
+        figures, kubernetes = asyncio.run(measure(size, only, Path(state), save))
+    elapsed = time.monotonic() - started
+    results = assemble(size, only, figures, kubernetes, load_before, elapsed, True)
     history_path = out / "history.json"
     history = json.loads(history_path.read_text()) if history_path.exists() else []
     flat = headline(figures)
     previous = next((h for h in reversed(history) if h.get("size") == size.name), None)
     results["regressions"] = regressions(flat, previous["figures"]) if previous else []
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"results{'' if size.name == 'full' else '-' + size.name}.json").write_text(json.dumps(results, indent=1))
+    results_path.write_text(json.dumps(results, indent=1))
     entry = {"when": results["meta"]["when"], "commit": git_commit(), "size": size.name, "figures": flat}
     history_path.write_text(json.dumps(trim_history(history, entry), indent=1))
-    if "packing" in figures:
+    if "modes" in (figures.get("packing") or {}):
         from gpuslice.bench.plot import packing_plot
 
         plotted = packing_plot(figures["packing"], out / "packing.png")
@@ -159,6 +208,9 @@ def main() -> None:
             say("no matplotlib: the packing plot was not drawn (pip install -e '.[bench]')")
     print(render_text(results))
     print(f"\nmake bench took {elapsed / 60:.1f} min ({size.name} size); results in {out}/")
+    if results["failed"]:
+        sys.exit(f"make bench: {', '.join(results['failed'])} failed (see above; what was measured is in"
+                 f" {results_path})")
 
 
 if __name__ == "__main__":

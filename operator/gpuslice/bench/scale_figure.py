@@ -17,6 +17,7 @@ from gpuslice.bench.harness import (
     WRITE_VERBS,
     BenchCluster,
     BenchError,
+    BenchPartial,
     cpu_seconds,
     create,
     gather_limited,
@@ -83,10 +84,15 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
     kubeconfigs = {}
     for n in names:
         kubeconfigs[n] = await cluster.agent_kubeconfig(n)
+    result: dict[str, Any] = {
+        "nodes": nodes, "gpus_per_node": 8, "policies": policies, "namespaces": namespaces,
+        "harness": f"{nodes} agents' loops in one process (own clients, tokens and watches), plus one real"
+                   " agent process on one more node",
+    }
     harness_cpu0 = _own_cpu()
     fleet = await start_fleet(kubeconfigs)
-    real = await cluster.start_agent(REAL_AGENT_NODE)
     try:
+        real = await cluster.start_agent(REAL_AGENT_NODE)
         await asyncio.sleep(5)  # the agents' first (empty) cycles
         per_policy = max(1, namespaces // policies)
         bodies = [scale_policy(i, tenants[(i * per_policy) % namespaces:][:per_policy] or tenants[:1])
@@ -94,7 +100,7 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
         controller = cluster.controller.pid if cluster.controller else None
         if controller is None:
             raise BenchError("the controller is not running")
-        before = await cluster.request_totals()
+        before = await retry(cluster.request_totals)
         controller_cpu0, harness_cpu1 = cpu_seconds(controller), _own_cpu()
         started = time.monotonic()
         await gather_limited((create(cluster.api, POLICIES, b) for b in bodies), 8)
@@ -106,6 +112,7 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
                                         "generation": 1}}
             per_node = expected_devices([live], members[0], {POOL_LABEL: pool}) if members else 0
             want[body["metadata"]["name"]] = per_node * len(members)
+        result["devices"] = sum(want.values())
 
         async def converged() -> bool:
             live = await cluster.api.list(POLICIES)
@@ -121,30 +128,28 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
 
         await wait_until(converged, 3600, "every pool published and every policy Ready", every=2.0)
         converge_seconds = time.monotonic() - started
-        after = await cluster.request_totals()
+        after = await retry(cluster.request_totals)
         controller_cpu1, harness_cpu2 = cpu_seconds(controller), _own_cpu()
         converge = _delta(after, before)
         say(f"scale: converged in {converge_seconds:.1f} s with {sum(converge.values())} API requests")
-        await asyncio.sleep(15)  # past debounce, drains and the controller's first status refresh
-        steady0 = await cluster.request_totals()
-        controller_cpu2, harness_cpu3 = cpu_seconds(controller), _own_cpu()
-        await asyncio.sleep(steady_seconds)
-        steady = _delta(await cluster.request_totals(), steady0)
-        controller_cpu3, harness_cpu4 = cpu_seconds(controller), _own_cpu()
-        say(f"scale: {steady_seconds:.0f} s of steady state, {_writes(steady, True)} writes by gpuslice")
-        if real.pid is None:
-            raise BenchError("the real agent is not running")
-        edit = await _edit_every_policy(cluster, bodies, say)
-        taint = await _taint_one_policy(cluster, bodies, want, say)
-        result = {
-            "nodes": nodes, "gpus_per_node": 8, "policies": policies, "namespaces": namespaces,
-            "harness": f"{nodes} agents' loops in one process (own clients, tokens and watches), plus one real"
-                       " agent process on one more node",
-            "devices": sum(want.values()),
+        result.update({
             "converge_seconds": round(converge_seconds, 1),
             "converge_requests": sum(converge.values()),
             "converge_writes": _writes(converge, True),
             "converge_by_resource": dict(list(_by_resource(converge).items())[:12]),
+            "controller_cpu_converge_s": round(controller_cpu1 - controller_cpu0, 2),
+            "agents_cpu_converge_s": round(harness_cpu2 - harness_cpu1, 2),
+        })
+        await asyncio.sleep(15)  # past debounce, drains and the controller's first status refresh
+        steady0 = await retry(cluster.request_totals)
+        controller_cpu2, harness_cpu3 = cpu_seconds(controller), _own_cpu()
+        await asyncio.sleep(steady_seconds)
+        steady = _delta(await retry(cluster.request_totals), steady0)
+        controller_cpu3, harness_cpu4 = cpu_seconds(controller), _own_cpu()
+        say(f"scale: {steady_seconds:.0f} s of steady state, {_writes(steady, True)} writes by gpuslice")
+        if real.pid is None:
+            raise BenchError("the real agent is not running")
+        result.update({
             "steady_seconds": steady_seconds,
             "steady_requests": sum(steady.values()),
             "steady_writes": _writes(steady, True),
@@ -152,13 +157,16 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
             "steady_by_resource": _by_resource(steady),
             "controller_peak_rss_mib": round(peak_rss_mib(controller), 1),
             "agent_peak_rss_mib": round(peak_rss_mib(real.pid), 1),
-            "controller_cpu_converge_s": round(controller_cpu1 - controller_cpu0, 2),
             "controller_cpu_steady_s": round(controller_cpu3 - controller_cpu2, 2),
-            "agents_cpu_converge_s": round(harness_cpu2 - harness_cpu1, 2),
             "agents_cpu_steady_s": round(harness_cpu4 - harness_cpu3, 2),
-            "harness_cpu_s": round(_own_cpu() - harness_cpu0, 1),
-            **edit, **taint,
-        }
+        })
+        result.update(await _edit_every_policy(cluster, bodies, say))
+        result.update(await _taint_one_policy(cluster, bodies, want, say))
+        result["harness_cpu_s"] = round(_own_cpu() - harness_cpu0, 1)
+    except Exception as error:
+        if len(result) > 5:  # more than the sizes: something was measured
+            raise BenchPartial(result, error) from error
+        raise
     finally:
         await fleet.close()
         await cluster.stop_agents()

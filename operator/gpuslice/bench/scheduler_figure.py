@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.bench.fleet import start_fleet
-from gpuslice.bench.harness import SLICES, BenchCluster, pprof_top, scheduler_profile
+from gpuslice.bench.harness import SLICES, BenchCluster, BenchPartial, pprof_top, scheduler_profile
 from gpuslice.bench.layouts import Layout, cost_layouts
 from gpuslice.bench.workload import apply_layout, clear_layout, create_claims, ensure_namespace, place_pods
 from gpuslice.dra.names import DRIVER
@@ -121,6 +121,10 @@ async def scheduler_figure(cluster: BenchCluster, fleet_sizes: Sequence[int], sa
             say(f"scheduler: {row['fleet']}, {layout.name}: {placement.bound}/{scenario.pods} pods bound,"
                 f" {row['ms_per_pod']:.2f} ms CPU per pod, {row['pods_per_s']} pods/s")
             await clear_layout(cluster, layout, NAMESPACE, list(nodes), devices_gone=_drop_devices)
+    except Exception as error:
+        if measured:
+            raise BenchPartial(summarize(measured), error) from error
+        raise
     finally:
         await cluster.delete_nodes(list(nodes))
         await _drop_devices(cluster)
