@@ -22,6 +22,7 @@ from prometheus_client import REGISTRY, Gauge, Histogram
 
 from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import Refusals
+from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.health import HealthMonitor
 from gpuslice.agent.kubeletplugin.node import NodePlugin
 from gpuslice.agent.kubeletplugin.recovery import collect_stale
@@ -33,10 +34,10 @@ from gpuslice.agent.startup import (
     choose_backend,
     fake_gpus_of,
     spread,
-    unsupported,
     until_answered,
 )
 from gpuslice.agent.watches import AgentWatches
+from gpuslice.dra.support import Verdict
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.observability.logging import configure_logging
@@ -83,14 +84,14 @@ async def publish_loop(kube: KubeClient, settings: AgentSettings, gpus: list[Gpu
             try:
                 if plugin is None:
                     result = await publish(kube, node, gpus, drains, refusals, view, statuses=statuses(),
-                                           unsupported=modes_out or {})
+                                           unsupported=modes_out)
                 else:
                     # The wait for the lock (a prepare under way) is not the cycle's: timed once it is held.
                     async with plugin.pool_lock:
                         started = time.monotonic()
                         result = await publish(kube, node, gpus, drains, refusals, view,
                                                holds=plugin.preparer.held_devices(), record=plugin.record,
-                                               statuses=statuses(), mig=plugin.mig, unsupported=modes_out or {})
+                                               statuses=statuses(), mig=plugin.mig, unsupported=modes_out)
             finally:
                 PUBLISH_DURATION.observe(time.monotonic() - started)
             LAST_SUCCESS.labels(node).set(time.time())
@@ -146,6 +147,111 @@ async def stale_claims_loop(plugin: NodePlugin, stop: asyncio.Event, every: floa
                 await stop.wait()
 
 
+class _Agent:
+    """One agent process's phases (discover, plugin, server check, loops, shutdown) and what its
+    /healthz and /readyz read of them."""
+
+    def __init__(self, settings: AgentSettings) -> None:
+        self.settings = settings
+        self.stop, self.wake = asyncio.Event(), asyncio.Event()
+        self.wake.set()
+        self.publisher: asyncio.Task[None] | None = None
+        self.helpers: list[asyncio.Task[None]] = []
+        self.plugin: NodePlugin | None = None
+        self.waiting_for = "discovering the GPUs"
+
+    def alive(self) -> tuple[bool, str]:
+        if self.stop.is_set():
+            return True, "ok"  # stopping: the tasks end on purpose
+        if self.publisher is not None and self.publisher.done():
+            return False, "the publish loop has stopped"
+        if any(task.done() for task in self.helpers):
+            return False, "the GPU health monitor or the stale-claims sweeper has stopped"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        if self.publisher is None and not self.stop.is_set():
+            return False, self.waiting_for
+        last = REGISTRY.get_sample_value("gpuslice_agent_last_publish_success_timestamp_seconds",
+                                         {"node": self.settings.node}) or 0.0
+        return publish_ready(last, time.time(), self.settings.readiness_window, plugin_starting=self.plugin is None,
+                             stopping=self.stop.is_set())
+
+    async def discover(self, kube: KubeClient, backend: GpuBackend | None,
+                       gpus: list[Gpu]) -> tuple[GpuBackend, list[Gpu]] | None:
+        """The backend and its GPUs; a fake backend without ``--fake-gpus`` reads them from the
+        Node's labels (None: stopped first)."""
+        settings, node = self.settings, self.settings.node
+        if backend is None:
+            self.waiting_for = "reading the node's fake GPUs from its labels (the log says why it takes long)"
+            spec = await until_answered(lambda: fake_gpus_of(kube, node), self.stop, node,
+                                        "reading the node's fake GPU labels", settings.max_backoff)
+            if spec is None:
+                return None
+            backend = choose_backend(settings, spec)
+            gpus = await asyncio.to_thread(backend.discover)
+        log.info("GPUs discovered", node=node, backend=backend.name, gpus=[(g.index, g.product_name) for g in gpus])
+        NODE_GPUS.labels(node).set(len(gpus))
+        return backend, gpus
+
+    async def server_verdict(self, kube: KubeClient) -> Verdict | None:
+        """The server's verdict once it can serve gpuslice, checked again every ``resync`` until
+        then (None: stopped first)."""
+        settings = self.settings
+        while not self.stop.is_set():
+            self.waiting_for = "checking what the API server serves (the log says why it takes long)"
+            try:
+                return await check_cluster(kube, settings.node, self.stop, settings.max_backoff)
+            except AgentStopped as error:
+                self.waiting_for = f"this cluster cannot serve gpuslice, nothing is published: {error}"
+                log.error("this cluster cannot serve gpuslice: nothing is published; the kubelet plugin keeps"
+                          " serving what it prepared; will check again", node=settings.node, problem=str(error),
+                          retry_in=settings.resync)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(settings.resync):
+                        await self.stop.wait()
+        return None
+
+    async def serve(self, kube: KubeClient, backend: GpuBackend, gpus: list[Gpu]) -> None:
+        """The kubelet plugin, then (once the server can serve gpuslice) the publisher and its
+        helpers, until SIGTERM; then everything stops, the plugin first."""
+        settings, node = self.settings, self.settings.node
+        health = HealthMonitor(node, backend, gpus, settings.health, on_change=self.wake.set)
+        await health.check()  # the first publish already carries what is wrong now
+        # The kubelet plugin registers only once the node matches its checkpoints (NodePlugin.start).
+        self.waiting_for = "the kubelet plugin is starting (recovering its checkpoints)"
+        plugin = self.plugin = await NodePlugin.start(node, kube, backend, gpus, settings.plugin, health)
+        watches = AgentWatches(kube, node, self.wake, self.stop)
+        try:
+            verdict = await self.server_verdict(kube)
+            if verdict is not None:
+                watches.start()
+                self.publisher = asyncio.create_task(publish_loop(
+                    kube, settings, gpus, self.wake, self.stop, watches, plugin, health.taints,
+                    verdict.unsupported_modes()))
+                self.helpers.append(asyncio.create_task(health.run(kube, self.stop)))
+                self.helpers.append(asyncio.create_task(stale_claims_loop(plugin, self.stop, settings.resync)))
+            await self.stop.wait()
+        finally:
+            await self.shutdown(plugin, watches)
+
+    async def shutdown(self, plugin: NodePlugin, watches: AgentWatches) -> None:
+        self.stop.set()
+        self.wake.set()
+        grace = self.settings.shutdown_grace
+        # Unregister first: the kubelet stops calling before anything else goes.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace / 2):
+                await plugin.stop()
+        # A cycle under way may finish; a request to an apiserver going down with us must not keep
+        # the agent alive for long.
+        if self.publisher is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self.publisher, grace)
+        await asyncio.gather(*self.helpers, return_exceptions=True)
+        await watches.close()
+
+
 async def run_agent(settings: AgentSettings) -> None:
     """The agent, until SIGTERM. Raises :class:`AgentStopped` (and the backend's and the plugin's
     own errors) with what to change when it cannot start here.
@@ -157,97 +263,26 @@ async def run_agent(settings: AgentSettings) -> None:
     ``/readyz`` says why. Exiting instead would unregister the plugin, and the kubelet then
     deletes the node's slices."""
     configure_logging(settings.log_level, settings.log_format)
-    node = settings.node
     if settings.kubeconfig:
         os.environ["KUBECONFIG"] = str(settings.kubeconfig)
-    stop, wake = asyncio.Event(), asyncio.Event()
-    wake.set()
+    agent = _Agent(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, agent.stop.set)
     announce("agent")
-    publisher: asyncio.Task[None] | None = None
-    helpers: list[asyncio.Task[None]] = []
-    plugin: NodePlugin | None = None
-    waiting_for = "discovering the GPUs"
-
-    def alive() -> tuple[bool, str]:
-        if stop.is_set():
-            return True, "ok"  # stopping: the tasks end on purpose
-        if publisher is not None and publisher.done():
-            return False, "the publish loop has stopped"
-        if any(task.done() for task in helpers):
-            return False, "the GPU health monitor or the stale-claims sweeper has stopped"
-        return True, "ok"
-
-    def ready() -> tuple[bool, str]:
-        if publisher is None and not stop.is_set():
-            return False, waiting_for
-        last = REGISTRY.get_sample_value("gpuslice_agent_last_publish_success_timestamp_seconds", {"node": node}) or 0.0
-        return publish_ready(last, time.time(), settings.readiness_window, plugin_starting=plugin is None,
-                             stopping=stop.is_set())
-
     # A backend that needs no API server (NVML, or fake GPUs given) says what is wrong with it first.
     needs_node = settings.backend == "fake" and settings.fake_gpus is None
     backend = None if needs_node else choose_backend(settings)
     gpus = await asyncio.to_thread(backend.discover) if backend is not None else []
     # Served before the kubelet plugin starts: /healthz answers while it recovers, /readyz says why not yet.
-    metrics = await serve_metrics(settings.metrics_port, alive=alive, ready=ready) if settings.metrics_port else None
+    metrics = (await serve_metrics(settings.metrics_port, alive=agent.alive, ready=agent.ready)
+               if settings.metrics_port else None)
     try:
         async with await KubeClient.from_kubeconfig(settings.kubeconfig,
                                                     request_timeout=settings.request_timeout) as kube:
-            if backend is None:
-                waiting_for = "reading the node's fake GPUs from its labels (the log says why it takes long)"
-                spec = await until_answered(lambda: fake_gpus_of(kube, node), stop, node,
-                                            "reading the node's fake GPU labels", settings.max_backoff)
-                if spec is None:
-                    return  # stopped first
-                backend = choose_backend(settings, spec)
-                gpus = await asyncio.to_thread(backend.discover)
-            log.info("GPUs discovered", node=node, backend=backend.name,
-                     gpus=[(g.index, g.product_name) for g in gpus])
-            NODE_GPUS.labels(node).set(len(gpus))
-            health = HealthMonitor(node, backend, gpus, settings.health, on_change=wake.set)
-            await health.check()  # the first publish already carries what is wrong now
-            # The kubelet plugin registers only once the node matches its checkpoints (NodePlugin.start).
-            waiting_for = "the kubelet plugin is starting (recovering its checkpoints)"
-            plugin = await NodePlugin.start(node, kube, backend, gpus, settings.plugin, health)
-            watches = AgentWatches(kube, node, wake, stop)
-            try:
-                verdict = None
-                while verdict is None and not stop.is_set():
-                    waiting_for = "checking what the API server serves (the log says why it takes long)"
-                    try:
-                        verdict = await check_cluster(kube, node, stop, settings.max_backoff)
-                    except AgentStopped as error:
-                        waiting_for = f"this cluster cannot serve gpuslice, nothing is published: {error}"
-                        log.error("this cluster cannot serve gpuslice: nothing is published; the kubelet plugin"
-                                  " keeps serving what it prepared; will check again", node=node, problem=str(error),
-                                  retry_in=settings.resync)
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout(settings.resync):
-                                await stop.wait()
-                if verdict is not None:
-                    watches.start()
-                    publisher = asyncio.create_task(publish_loop(kube, settings, gpus, wake, stop, watches, plugin,
-                                                                 health.taints, unsupported(verdict)))
-                    helpers.append(asyncio.create_task(health.run(kube, stop)))
-                    helpers.append(asyncio.create_task(stale_claims_loop(plugin, stop, settings.resync)))
-                await stop.wait()
-            finally:
-                stop.set()
-                wake.set()
-                # Unregister first: the kubelet stops calling before anything else goes.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(settings.shutdown_grace / 2):
-                        await plugin.stop()
-                # A cycle under way may finish; a request to an apiserver going down with us must not
-                # keep the agent alive for long.
-                if publisher is not None:
-                    with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                        await asyncio.wait_for(publisher, settings.shutdown_grace)
-                await asyncio.gather(*helpers, return_exceptions=True)
-                await watches.close()
+            found = await agent.discover(kube, backend, gpus)
+            if found is not None:
+                await agent.serve(kube, *found)
     finally:
         if metrics is not None:
             await metrics.cleanup()

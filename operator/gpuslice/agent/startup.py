@@ -21,7 +21,7 @@ import structlog
 
 from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.settings import AgentSettings
-from gpuslice.dra.support import FEATURES, Verdict
+from gpuslice.dra.support import Verdict
 from gpuslice.inventory.nodes import FAKE_COUNT, FAKE_MODEL
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.kube.compatibility import check_fields, check_server
@@ -94,17 +94,6 @@ async def check_cluster(kube: KubeClient, node: str, stop: asyncio.Event, max_ba
     log.info("server check passed", node=node, version=verdict.version,
              unsupported_modes=sorted(verdict.unsupported_modes()))
     return verdict
-
-
-def unsupported(verdict: Verdict) -> dict[str, str]:
-    """Slicing mode -> why the server cannot serve it (the feature gate to turn on)."""
-    reasons: dict[str, str] = {}
-    for key in verdict.missing:
-        feature = FEATURES[key]
-        for mode in feature.modes:
-            reasons.setdefault(mode, f"the API server drops the fields of {feature.what}; turn on the feature gate"
-                                     f" {feature.gate} on the apiserver and scheduler")
-    return reasons
 
 
 async def fake_gpus_of(kube: KubeClient, node: str) -> str:

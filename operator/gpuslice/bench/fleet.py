@@ -19,7 +19,7 @@ from pathlib import Path
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.agent.run import publish_loop
 from gpuslice.agent.settings import AgentSettings
-from gpuslice.agent.startup import AgentStopped, check_cluster, unsupported
+from gpuslice.agent.startup import AgentStopped, check_cluster
 from gpuslice.agent.watches import AgentWatches
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
@@ -58,7 +58,7 @@ class Fleet:
             return
         if verdict is not None:
             await publish_loop(kube, AgentSettings(node=node, backend="fake", resync=self.resync), gpus, wake,
-                               self.stop, watches, modes_out=unsupported(verdict))
+                               self.stop, watches, modes_out=verdict.unsupported_modes())
 
     async def close(self) -> None:
         self.stop.set()

@@ -27,6 +27,12 @@ class Feature:
     what: str
     modes: tuple[str, ...]  # the slicing modes that cannot work without it (all: every mode)
 
+    @property
+    def dropped(self) -> str:
+        """What a server with the gate off does, and the fix: the one wording every check uses."""
+        return (f"the API server drops the fields of {self.what}: turn on the feature gate {self.gate} on every"
+                " apiserver and the scheduler")
+
 
 FEATURES = {
     "partitionable": Feature("DRAPartitionableDevices", "partitionable devices (KEP-4815: counter sets)",
@@ -57,8 +63,13 @@ class Verdict:
     def ok(self) -> bool:
         return not self.problems
 
-    def unsupported_modes(self) -> set[str]:
-        return {mode for key in self.missing for mode in FEATURES[key].modes}
+    def unsupported_modes(self) -> dict[str, str]:
+        """Slicing mode -> why this server cannot serve it (the first missing feature it needs)."""
+        reasons: dict[str, str] = {}
+        for key in self.missing:
+            for mode in FEATURES[key].modes:
+                reasons.setdefault(mode, FEATURES[key].dropped)
+        return reasons
 
 
 def minor_of(version: Mapping[str, Any]) -> tuple[int, int] | None:
@@ -130,17 +141,16 @@ def judge_features(verdict: Verdict, gone: Sequence[str]) -> Verdict:
     warnings = list(verdict.warnings)
     for key in gone:
         feature = FEATURES[key]
-        words = (f"the server drops the fields of {feature.what}: turn on the feature gate {feature.gate} on"
-                 f" the apiserver and scheduler")
         if key == "taints":
-            problems.append(f"{words}; gpuslice cannot drain or hold a device without them")
+            problems.append(f"{feature.dropped}; gpuslice cannot drain or hold a device without them")
         else:
-            warnings.append(f"{words}; policies in {' and '.join(feature.modes)} mode publish nothing here")
+            warnings.append(f"{feature.dropped}; policies in {' and '.join(feature.modes)} mode publish nothing here")
     return Verdict(verdict.version, tuple(problems), tuple(warnings), tuple(gone))
 
 
 # A field the agent writes -> the key of FEATURES whose gate, when off, makes the server drop it.
-GATED_FIELDS = {"consumesCounters": "partitionable", "taints": "taints", "allowMultipleAllocations": "consumable"}
+GATED_FIELDS = {"consumesCounters": "partitionable", "taints": "taints", "allowMultipleAllocations": "consumable",
+                "sharedCounters": "partitionable", "requestPolicy": "consumable"}
 
 
 def lost_fields(sent: Mapping[str, Any], returned: Mapping[str, Any]) -> list[tuple[int | None, str]]:
@@ -154,7 +164,8 @@ def lost_fields(sent: Mapping[str, Any], returned: Mapping[str, Any]) -> list[tu
     back = returned.get("devices") or []
     for index, device in enumerate(sent.get("devices") or []):
         answer = back[index] if index < len(back) and back[index].get("name") == device.get("name") else {}
-        lost += [(index, key) for key in GATED_FIELDS if device.get(key) and not answer.get(key)]
+        lost += [(index, key) for key in ("consumesCounters", "taints", "allowMultipleAllocations")
+                 if device.get(key) and not answer.get(key)]
         for name, capacity in (device.get("capacity") or {}).items():
             if capacity.get("requestPolicy") and not ((answer.get("capacity") or {}).get(name) or {}).get(
                     "requestPolicy"):
@@ -164,6 +175,4 @@ def lost_fields(sent: Mapping[str, Any], returned: Mapping[str, Any]) -> list[tu
 
 def lost_gates(lost: Sequence[tuple[int | None, str]]) -> list[str]:
     """The feature gates to turn on, for what ``lost_fields`` found."""
-    keys = {GATED_FIELDS.get(field, "partitionable" if field == "sharedCounters" else "consumable")
-            for _, field in lost}
-    return sorted(FEATURES[key].gate for key in keys)
+    return sorted({FEATURES[GATED_FIELDS[field.rsplit(".", 1)[-1]]].gate for _, field in lost})

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from gpuslice.agent.publisher import sort_policies
 from gpuslice.agent.settings import AgentSettings
-from gpuslice.agent.startup import AgentStopped, check_cluster, unsupported, until_answered
+from gpuslice.agent.startup import AgentStopped, check_cluster, until_answered
 from gpuslice.cli import main
 from gpuslice.dra.support import NEEDED_RESOURCES
 from gpuslice.kube.client import Forbidden, KubeClient, NotFound, NotReady, ServerError
@@ -94,7 +94,7 @@ async def test_a_server_that_serves_everything_passes() -> None:
     verdict = await check_cluster(cast(KubeClient, Server()), "n1", asyncio.Event())
     assert verdict is not None
     assert verdict.ok
-    assert unsupported(verdict) == {}
+    assert verdict.unsupported_modes() == {}
 
 
 async def test_a_server_that_cannot_answer_yet_is_asked_again() -> None:
@@ -140,7 +140,7 @@ async def test_modes_a_server_drops_the_fields_of_are_left_out() -> None:
     verdict = await check_cluster(cast(KubeClient, Server(drops=("consumable",))), "n1", asyncio.Event())
     assert verdict is not None
     assert verdict.ok
-    modes = unsupported(verdict)
+    modes = verdict.unsupported_modes()
     assert set(modes) == {"shared"}
     assert "DRAConsumableCapacity" in modes["shared"]
     policies = sort_policies([_policy("mem", "memory"), _policy("sh", "shared"), _policy("mig", "mig")], modes)

@@ -58,7 +58,8 @@ def test_dropped_fields_name_their_feature_and_gate() -> None:
     assert not verdict.ok, "without device taints nothing can be drained or held"
     assert "DRADeviceTaints" in verdict.problems[0]
     assert any("DRAPartitionableDevices" in w and "memory and mig mode" in w for w in verdict.warnings)
-    assert verdict.unsupported_modes() == {"memory", "mig", "shared"}
+    assert set(verdict.unsupported_modes()) == {"memory", "mig", "shared"}
+    assert "DRAPartitionableDevices" in verdict.unsupported_modes()["memory"]
 
 
 def test_consumable_capacity_alone_costs_shared_mode_only() -> None:
@@ -66,4 +67,4 @@ def test_consumable_capacity_alone_costs_shared_mode_only() -> None:
     stripped = [{k: v for k, v in d.items() if k != "allowMultipleAllocations"} for d in devices]
     verdict = judge_features(judge_server(version("37"), V1), dropped(*_returned(counters, stripped)))
     assert verdict.ok
-    assert verdict.unsupported_modes() == {"shared"}
+    assert set(verdict.unsupported_modes()) == {"shared"}
