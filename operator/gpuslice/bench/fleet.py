@@ -37,6 +37,15 @@ class Fleet:
     watches: list[AgentWatches] = field(default_factory=list)
 
     async def start(self) -> None:
+        """Every agent, or (when one cannot start: say, no file descriptor left) none: a fleet half
+        started would go on running into the next figure."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
         for node, kubeconfig in self.kubeconfigs.items():
             kube = await KubeClient.from_kubeconfig(kubeconfig)
             self.clients.append(kube)

@@ -25,6 +25,7 @@ from gpuslice.devcluster.ports import free_port
 from gpuslice.devcluster.process import Component
 from gpuslice.dra.names import DRIVER
 from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.watch import list_all
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
@@ -39,10 +40,11 @@ class BenchError(Exception):
 class BenchPartial(Exception):
     """A figure failed part-way: ``measured`` is what it had (kept in results.json beside the error)."""
 
-    def __init__(self, measured: dict[str, Any], error: BaseException) -> None:
+    def __init__(self, measured: dict[str, Any], error: BaseException, post_mortem: str = "") -> None:
         super().__init__(f"{type(error).__name__}: {error}")
         self.measured = measured
         self.error = error
+        self.post_mortem = post_mortem
 
 
 async def wait_until(check: Callable[[], Awaitable[Any]], within: float, what: str, every: float = 0.5) -> Any:
@@ -180,13 +182,58 @@ class BenchCluster:
 
         from gpuslice.devcluster.process import log_tail
 
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        found = [f"bench process: {len(os.listdir('/proc/self/fd'))} open files (limit {soft})"]
+        found = []
+        try:
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+            found.append(f"bench process: {len(os.listdir('/proc/self/fd'))} open files (limit {soft})")
+        except OSError as error:
+            found.append(f"bench process: open files unknown ({error})")
         for c in self.dev.components:
             if c.process is not None and not c.running:
                 found.append(f"{c.name} exited with {c.process.returncode}; its log ends:\n"
                              f"{log_tail(c.log_path, 10)}")
         return "\n".join(found)
+
+    def failed(self, measured: dict[str, Any], error: BaseException) -> BenchPartial:
+        """What a figure raises when it fails: what it measured, and the post-mortem taken now,
+        before its clean-up stops the processes that may be the cause."""
+        return BenchPartial(measured, error, self.post_mortem())
+
+    async def reset(self) -> None:
+        """After a failed figure, what it made goes (agents, pods, claims, namespaces, policies,
+        nodes, slices, the whole-GPU class), so the next figure starts on an empty cluster
+        rather than failing on what this one left."""
+        await self.stop_agents()
+        api = self.api
+        namespaces = [n["metadata"]["name"] for n in await api.list("/api/v1/namespaces")
+                      if n["metadata"]["name"].startswith("bench-")]
+        for namespace in namespaces:
+            claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+            with contextlib.suppress(KubeError):
+                await api.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)
+            with contextlib.suppress(KubeError):
+                await api.delete(claims)
+            for claim in await api.list(claims):
+                with contextlib.suppress(KubeError):
+                    await api.merge_patch(f"{claims}/{claim['metadata']['name']}", {"metadata": {"finalizers": None}})
+            with contextlib.suppress(KubeError):
+                await api.delete(f"/api/v1/namespaces/{namespace}")
+        with contextlib.suppress(KubeError):
+            await api.delete(POLICIES)
+        await self.delete_nodes([n["metadata"]["name"] for n in await api.list("/api/v1/nodes")])
+        from gpuslice.bench.layouts import WHOLE_CLASS
+
+        with contextlib.suppress(KubeError):
+            await api.delete(f"/apis/resource.k8s.io/v1/deviceclasses/{WHOLE_CLASS}")
+
+        async def empty() -> bool:
+            # A deleting policy waits until no slice publishes its devices; no agent removes them now.
+            with contextlib.suppress(KubeError):
+                await api.delete(SLICES)
+            left = [n for n in await api.list("/api/v1/namespaces") if n["metadata"]["name"] in namespaces]
+            return not left and not await api.list(POLICIES)
+
+        await wait_until(empty, 600, "what the failed figure made to be deleted", every=2.0)
 
     async def stop(self) -> None:
         if self.kube is not None:
@@ -218,7 +265,9 @@ class BenchCluster:
         return parse_request_totals(text if isinstance(text, str) else str(text))
 
     async def our_slices(self) -> list[dict[str, Any]]:
-        return await self.api.list(SLICES, fieldSelector=f"spec.driver={DRIVER}")
+        """gpuslice's slices, in pages: one list of a thousand nodes' slices is ~60 MB, more than
+        this process (busy with the fleet's agents) reads within a request's timeout."""
+        return (await list_all(self.api, SLICES, {"fieldSelector": f"spec.driver={DRIVER}"}, 100))[0]
 
 
 T = TypeVar("T")

@@ -53,6 +53,8 @@ async def packing_figure(cluster: BenchCluster, spec: TraceSpec, say: Callable[[
             say(f"packing: {layout.name}: {len(placement.allocations)} pods, {used / GIB:.0f} GiB used,"
                 f" {allocated / GIB:.0f} GiB allocated")
             await clear_layout(cluster, layout, NAMESPACE, NODES)
+    except Exception as error:
+        raise cluster.failed({"modes_measured": modes}, error) from error
     finally:
         await cluster.stop_agents()
         await cluster.delete_nodes(NODES)

@@ -52,18 +52,28 @@ def lookup(figures: Mapping[str, Any], key: str) -> Any:
     return node
 
 
+def failed(figures: Mapping[str, Any], key: str) -> bool:
+    """Whether the figure a dotted key belongs to failed (what it measured before is not judged)."""
+    figure = figures.get(key.split(".", 1)[0])
+    return isinstance(figure, Mapping) and "error" in figure
+
+
 def verdicts(figures: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each target met, not met, or None: not measured, or its figure failed part-way (a partial
+    figure's numbers are shown, never judged)."""
     found = []
     for target in TARGETS:
         value = lookup(figures, target.key)
         number = float(value) if isinstance(value, int | float) else None
+        broken = failed(figures, target.key)
         found.append({"key": target.key, "label": target.label, "target": f"{target.op} {target.limit:g}{target.unit}",
-                      "value": number, "met": target.met(number)})
+                      "value": number, "met": None if broken else target.met(number), "failed": broken})
     return found
 
 
 def headline(figures: Mapping[str, Any]) -> dict[str, float]:
-    """The numbers the history keeps, flat."""
+    """The numbers the history keeps, flat; none of a failed figure (it is no baseline)."""
+    figures = {name: f for name, f in figures.items() if not failed(figures, name)}
     keys = [t.key for t in TARGETS] + [
         "packing.modes.whole.pods_placed", "packing.modes.shared.pods_placed", "packing.modes.memory.pods_placed",
         "packing.modes.mig-static.pods_placed", "scale.converge_seconds", "scale.converge_requests",
@@ -97,6 +107,16 @@ def regressions(current: Mapping[str, float], previous: Mapping[str, float]) -> 
     return found
 
 
+def latest(history: Sequence[Mapping[str, Any]], size: str) -> dict[str, float]:
+    """Each figure's latest value among the runs of ``size``: a run that failed or skipped a figure
+    leaves that figure's baseline where it was."""
+    found: dict[str, float] = {}
+    for run in history:
+        if run.get("size") == size:
+            found.update(run.get("figures") or {})
+    return found
+
+
 def trim_history(history: Sequence[Mapping[str, Any]], entry: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [dict(h) for h in [*history, entry][-HISTORY_KEEP:]]
 
@@ -107,7 +127,13 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def verdict_word(met: bool | None) -> str:
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
+def verdict_word(met: bool | None, broken: bool = False) -> str:
+    if broken:
+        return "FAILED"
     return {True: "MET", False: "NOT MET", None: "not measured"}[met]
 
 
@@ -140,7 +166,7 @@ def render_text(results: Mapping[str, Any]) -> str:
         for view in ("same_fleet", "same_pods"):
             for row in scheduler.get(view) or []:
                 lines.append(f"   {view:<10} {row['fleet']:<16} {row['layout']:<14} {row['pods']:>6}"
-                             f" {row['devices']:>8} {row['ms_per_pod']:>8.2f} {row['vs_whole']:>8.2f}x"
+                             f" {row['devices']:>8} {row['ms_per_pod']:>8.2f} {_ratio(row['vs_whole']):>9}"
                              f" {row['pods_per_s']:>7.1f}")
         for note in scheduler.get("notes") or []:
             lines.append(f"   note: {note}")
@@ -184,7 +210,8 @@ def render_text(results: Mapping[str, Any]) -> str:
     lines.append("Targets")
     for v in results["verdicts"]:
         value = "—" if v["value"] is None else _fmt(v["value"])
-        lines.append(f"   {verdict_word(v['met']):<13} {v['label']:<66} {value:>8} (target {v['target']})")
+        lines.append(f"   {verdict_word(v['met'], v.get('failed', False)):<13} {v['label']:<66} {value:>8}"
+                     f" (target {v['target']})")
     if results.get("regressions"):
         lines.append("")
         lines.append("Regressions since the previous run")

@@ -21,7 +21,7 @@ import structlog
 
 from gpuslice import __version__
 from gpuslice.bench.harness import BenchCluster, BenchPartial
-from gpuslice.bench.report import headline, regressions, render_text, trim_history, verdicts
+from gpuslice.bench.report import headline, latest, regressions, render_text, trim_history, verdicts
 from gpuslice.bench.trace import TraceSpec
 
 FIGURES = ("packing", "scheduler", "scale", "planner")
@@ -86,15 +86,17 @@ async def measure(size: Size, only: tuple[str, ...], state_dir: Path,
         try:
             figures[name] = await run()
         except BenchPartial as partial:
-            figures[name] = {**partial.measured, "error": failure(partial.error)}
+            figures[name] = {**partial.measured, "error": failure(partial.error), "post_mortem": partial.post_mortem}
         except Exception as error:  # any failure is this figure's, reported; the next figure runs
-            figures[name] = {"error": failure(error)}
-        if "error" in figures[name]:
-            say(f"{name}: FAILED: {figures[name]['error']}")
-            if cluster is not None:
-                figures[name]["post_mortem"] = cluster.post_mortem()
-                say(figures[name]["post_mortem"])
+            figures[name] = {"error": failure(error), "post_mortem": cluster.post_mortem() if cluster else ""}
         save(figures, kubernetes)
+        if "error" in figures[name]:
+            say(f"{name}: FAILED: {figures[name]['error']}\n{figures[name]['post_mortem']}")
+            if cluster is not None:
+                try:
+                    await cluster.reset()
+                except Exception as error:  # the next figures will say what is wrong with the cluster
+                    say(f"{name}: cleaning up after it failed: {failure(error)}")
 
     if "planner" in only:
         from gpuslice.bench.planner_figure import planner_figure
@@ -195,10 +197,10 @@ def main() -> None:
     history_path = out / "history.json"
     history = json.loads(history_path.read_text()) if history_path.exists() else []
     flat = headline(figures)
-    previous = next((h for h in reversed(history) if h.get("size") == size.name), None)
-    results["regressions"] = regressions(flat, previous["figures"]) if previous else []
+    results["regressions"] = regressions(flat, latest(history, size.name))
     results_path.write_text(json.dumps(results, indent=1))
-    entry = {"when": results["meta"]["when"], "commit": git_commit(), "size": size.name, "figures": flat}
+    entry = {"when": results["meta"]["when"], "commit": git_commit(), "size": size.name, "figures": flat,
+             "failed": sorted(results["failed"])}
     history_path.write_text(json.dumps(trim_history(history, entry), indent=1))
     if "modes" in (figures.get("packing") or {}):
         from gpuslice.bench.plot import packing_plot

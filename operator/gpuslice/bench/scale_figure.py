@@ -17,7 +17,6 @@ from gpuslice.bench.harness import (
     WRITE_VERBS,
     BenchCluster,
     BenchError,
-    BenchPartial,
     cpu_seconds,
     create,
     gather_limited,
@@ -114,17 +113,23 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
             want[body["metadata"]["name"]] = per_node * len(members)
         result["devices"] = sum(want.values())
 
+        last_said = time.monotonic()
+
         async def converged() -> bool:
+            nonlocal last_said
             live = await cluster.api.list(POLICIES)
-            ready = all(any(c.get("type") == "Ready" and c.get("status") == "True"
+            ready = sum(any(c.get("type") == "Ready" and c.get("status") == "True"
                             for c in (p.get("status") or {}).get("conditions") or []) for p in live)
-            if not ready or len(live) != len(bodies):
-                return False
             counts: Counter[str] = Counter()
-            for s in await cluster.our_slices():
-                for d in s["spec"].get("devices") or []:
-                    counts[d["attributes"]["gpuslice.dev/policy"]["string"]] += 1
-            return all(counts[name] == n for name, n in want.items())
+            if ready == len(bodies) or time.monotonic() - last_said > 60:
+                for s in await cluster.our_slices():
+                    for d in s["spec"].get("devices") or []:
+                        counts[d["attributes"]["gpuslice.dev/policy"]["string"]] += 1
+            if time.monotonic() - last_said > 60:
+                last_said = time.monotonic()
+                say(f"scale: {ready} of {len(bodies)} policies Ready, {sum(counts.values())} of"
+                    f" {sum(want.values())} devices published")
+            return ready == len(bodies) and all(counts[name] == n for name, n in want.items())
 
         await wait_until(converged, 3600, "every pool published and every policy Ready", every=2.0)
         converge_seconds = time.monotonic() - started
@@ -164,9 +169,7 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
         result.update(await _taint_one_policy(cluster, bodies, want, say))
         result["harness_cpu_s"] = round(_own_cpu() - harness_cpu0, 1)
     except Exception as error:
-        if len(result) > 5:  # more than the sizes: something was measured
-            raise BenchPartial(result, error) from error
-        raise
+        raise cluster.failed(result, error) from error
     finally:
         await fleet.close()
         await cluster.stop_agents()

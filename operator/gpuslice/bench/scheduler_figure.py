@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.bench.fleet import start_fleet
-from gpuslice.bench.harness import SLICES, BenchCluster, BenchPartial, pprof_top, scheduler_profile
+from gpuslice.bench.harness import SLICES, BenchCluster, pprof_top, scheduler_profile
 from gpuslice.bench.layouts import Layout, cost_layouts
 from gpuslice.bench.workload import apply_layout, clear_layout, create_claims, ensure_namespace, place_pods
 from gpuslice.dra.names import DRIVER
@@ -122,9 +122,7 @@ async def scheduler_figure(cluster: BenchCluster, fleet_sizes: Sequence[int], sa
                 f" {row['ms_per_pod']:.2f} ms CPU per pod, {row['pods_per_s']} pods/s")
             await clear_layout(cluster, layout, NAMESPACE, list(nodes), devices_gone=_drop_devices)
     except Exception as error:
-        if measured:
-            raise BenchPartial(summarize(measured), error) from error
-        raise
+        raise cluster.failed(summarize(measured) if measured else {}, error) from error
     finally:
         await cluster.delete_nodes(list(nodes))
         await _drop_devices(cluster)
@@ -134,18 +132,24 @@ async def scheduler_figure(cluster: BenchCluster, fleet_sizes: Sequence[int], sa
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Ratios to whole-GPU devices, per view; the worst layout per view is the figure's verdict."""
     same_fleet, same_pods = [], []
+
+    def ratio(row: dict[str, Any], base: dict[str, Any] | None) -> float | None:
+        return round(row["ms_per_pod"] / base["ms_per_pod"], 2) if base and base["ms_per_pod"] > 0 else None
+
     for row in rows:
         if "same_fleet" in row["views"]:
             base = next((r for r in rows if r["layout"] == "whole" and r["nodes"] == row["nodes"]
                          and "same_fleet" in r["views"]), None)
-            same_fleet.append({**row, "vs_whole": round(row["ms_per_pod"] / base["ms_per_pod"], 2) if base else 0.0})
+            same_fleet.append({**row, "vs_whole": ratio(row, base)})
         if "same_pods" in row["views"]:
             base = next((r for r in rows if r["layout"] == "whole" and "same_pods" in r["views"]), None)
-            same_pods.append({**row, "vs_whole": round(row["ms_per_pod"] / base["ms_per_pod"], 2) if base else 0.0})
+            same_pods.append({**row, "vs_whole": ratio(row, base)})
 
     def worst(view: list[dict[str, Any]]) -> float | None:
+        """The worst ratio, or None (not measured) when a layout has none: a run that lost its
+        whole-GPU baseline must not read as a layout costing nothing."""
         ratios = [r["vs_whole"] for r in view if r["layout"] != "whole"]
-        return max(ratios) if ratios else None
+        return max(ratios) if ratios and None not in ratios else None
 
     return {"same_fleet": same_fleet, "same_pods": same_pods, "worst_ratio_same_fleet": worst(same_fleet),
             "worst_ratio_same_pods": worst(same_pods)}

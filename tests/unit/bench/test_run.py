@@ -10,7 +10,8 @@ import pytest
 
 from gpuslice.bench import planner_figure as planner_module
 from gpuslice.bench import run
-from gpuslice.bench.report import render_text, verdicts
+from gpuslice.bench.report import headline, latest, render_text, verdicts
+from gpuslice.bench.scheduler_figure import summarize
 
 
 def test_a_failed_figure_is_saved_with_its_error_and_the_run_goes_on(monkeypatch: pytest.MonkeyPatch,
@@ -23,7 +24,7 @@ def test_a_failed_figure_is_saved_with_its_error_and_the_run_goes_on(monkeypatch
     figures, _ = asyncio.run(run.measure(run.SIZES["small"], ("planner",), tmp_path,
                                          lambda f, _k: saved.append(dict(f))))
     assert figures["planner"] == {"error": "ConnectionError: Cannot connect to host 127.0.0.1:6443 [Too many open"
-                                           " files]"}
+                                           " files]", "post_mortem": ""}
     assert saved == [figures]
 
 
@@ -38,3 +39,39 @@ def test_the_report_names_a_failed_figure_and_keeps_what_it_measured() -> None:
     assert "FAILED: scale: BenchError: timed out" in text
     assert "91.50" in text  # what it measured before failing is shown
     assert verdicts(results["figures"])[0]["met"] is None
+
+
+def test_what_a_failed_figure_measured_is_never_judged_met() -> None:
+    """The steady-state figures of a scale run that then failed (editing, tainting) are shown, not judged."""
+    partial = {"nodes": 10, "gpus_per_node": 8, "policies": 2, "namespaces": 4, "harness": "h", "steady_writes": 0,
+               "controller_peak_rss_mib": 120.0, "agent_peak_rss_mib": 70.0, "error": "BenchError: taint timed out"}
+    found = {v["key"]: v for v in verdicts({"scale": partial})}
+    assert found["scale.steady_writes"]["value"] == 0
+    assert found["scale.steady_writes"]["met"] is None
+    assert found["scale.steady_writes"]["failed"] is True
+    text = render_text({"meta": {}, "figures": {"scale": partial}, "verdicts": list(found.values()),
+                        "failed": {"scale": partial["error"]}})
+    assert "FAILED        scale: API writes in steady state" in text
+    assert "MET" not in text.replace("NOT MET", "")
+
+
+def test_a_scheduler_run_without_its_whole_gpu_baseline_is_not_measured() -> None:
+    """A layout's ratio needs whole GPUs on the same fleet: without them (that run failed) the
+    figure is not measured, never a ratio of 0 that would read as met."""
+    row = {"nodes": 8, "fleet": "8 nodes x 8", "layout": "memory-1", "title": "t", "pods": 512, "bound": 512,
+           "devices": 64, "views": ["same_fleet", "same_pods"], "scheduler_cpu_s": 3.0, "ms_per_pod": 5.9,
+           "create_s": 1.0, "bind_s": 2.0, "pods_per_s": 256.0}
+    summary = summarize([row])
+    assert summary["same_fleet"][0]["vs_whole"] is None
+    assert summary["worst_ratio_same_fleet"] is None
+    assert summary["worst_ratio_same_pods"] is None
+    whole = {**row, "layout": "whole", "ms_per_pod": 5.0}
+    assert summarize([row, whole])["worst_ratio_same_fleet"] == 1.18
+
+
+def test_the_baseline_of_a_figure_is_its_last_run_that_measured_it() -> None:
+    history = [{"size": "full", "figures": {"a": 1.0, "b": 2.0}}, {"size": "small", "figures": {"a": 9.0}},
+               {"size": "full", "figures": {"b": 3.0}, "failed": ["a"]}]
+    assert latest(history, "full") == {"a": 1.0, "b": 3.0}
+    failed_figures = {"scale": {"converge_seconds": 1.0, "error": "x"}, "planner": {"validate_10k_gpus_ms": 5.0}}
+    assert headline(failed_figures) == {"planner.validate_10k_gpus_ms": 5.0}
