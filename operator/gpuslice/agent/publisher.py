@@ -99,24 +99,42 @@ async def read_policies(kube: KubeClient, unsupported: Mapping[str, str] | None 
     return sort_policies(await kube.list("/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"), unsupported)
 
 
-def sort_policies(bodies: Iterable[dict[str, Any]], unsupported: Mapping[str, str] | None = None) -> Policies:
+def _parse(body: dict[str, Any]) -> GpuSlicePolicy | str:
+    """The policy, or why it does not parse."""
+    try:
+        return GpuSlicePolicy.from_body(body)
+    except pydantic.ValidationError as error:
+        return f"it does not parse: {error.errors()[0]['msg'] if error.errors() else error}"
+
+
+def sort_policies(bodies: Iterable[dict[str, Any]], unsupported: Mapping[str, str] | None = None,
+                  parsed: dict[str, tuple[str, Any]] | None = None) -> Policies:
     """``unsupported``: slicing mode -> why this API server cannot serve it; such policies keep what
-    they published (nothing, on a new node) rather than publish devices the server would mangle."""
+    they published (nothing, on a new node) rather than publish devices the server would mangle.
+    ``parsed``: the agent's policies parsed at their resourceVersion, reused while it is the same
+    (the models are frozen) and kept to the policies there are."""
     plannable, frozen = [], {}
+    seen = set()
     for body in bodies:
-        name = body["metadata"]["name"]
+        name, version = body["metadata"]["name"], body["metadata"].get("resourceVersion")
+        seen.add(name)
         if body["metadata"].get("deletionTimestamp"):
             continue  # going away: its free devices go, allocated ones wait for their claims
-        try:
-            policy = GpuSlicePolicy.from_body(body)
-        except pydantic.ValidationError as error:
-            frozen[name] = f"it does not parse: {error.errors()[0]['msg'] if error.errors() else error}"
+        hit = parsed.get(name) if parsed is not None and version else None
+        policy = hit[1] if hit is not None and hit[0] == version else _parse(body)
+        if parsed is not None and version:
+            parsed[name] = (version, policy)
+        if isinstance(policy, str):
+            frozen[name] = policy
             continue
         reason = (unsupported or {}).get(policy.spec.slicing.mode) or _not_yet_valid(policy)
         if reason is None:
             plannable.append(policy)
         else:
             frozen[name] = reason
+    if parsed is not None:
+        for name in set(parsed) - seen:
+            del parsed[name]
     return Policies(plannable, frozen)
 
 
@@ -171,7 +189,7 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         if view.node is None:
             raise KubeError(404, "NotFound", f'nodes "{node}" not found', None)
         node_body = view.node
-        policies = sort_policies(view.policies.values(), unsupported)
+        policies = sort_policies(view.policies.values(), unsupported, view.parsed)
     else:
         node_body = await kube.get(f"/api/v1/nodes/{node}")
         policies = await read_policies(kube, unsupported)

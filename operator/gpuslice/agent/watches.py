@@ -50,6 +50,9 @@ class AgentView:
     """The policies and the agent's Node as its watches last saw them."""
 
     policies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Name -> (resourceVersion, the parsed policy or why it does not parse): parsing and judging a
+    # policy is most of a cycle's CPU, and a policy changes far less often than cycles run.
+    parsed: dict[str, tuple[str, Any]] = field(default_factory=dict)
     node: dict[str, Any] | None = None
     policies_listed: asyncio.Event = field(default_factory=asyncio.Event)
     node_listed: asyncio.Event = field(default_factory=asyncio.Event)
