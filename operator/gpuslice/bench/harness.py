@@ -140,8 +140,11 @@ class BenchCluster:
 
     async def start_controller(self) -> Component:
         assert self.controller_kubeconfig is not None
+        # The Lease a real install has (15 s, renewed within 10): the dev cluster's short one for fault
+        # tests (4 s) runs out while a thousand agents load the apiserver, and the controller then
+        # writes nothing.
         component = gpuslice_install.controller_component(
-            self.controller_kubeconfig, self.dev.state.logs / "gpuslice-controller.log", free_port())
+            self.controller_kubeconfig, self.dev.state.logs / "gpuslice-controller.log", free_port(), lease=())
         await component.start()
         self.dev.components.append(component)
         await component.wait_healthy()

@@ -92,7 +92,8 @@ async def measure(size: Size, only: tuple[str, ...], state_dir: Path,
         save(figures, kubernetes)
         if "error" in figures[name]:
             say(f"{name}: FAILED: {figures[name]['error']}\n{figures[name]['post_mortem']}")
-            if cluster is not None:
+            later = [f for f in ("packing", "scheduler", "scale") if f in only and f not in figures]
+            if cluster is not None and later:
                 try:
                     await cluster.reset()
                 except Exception as error:  # the next figures will say what is wrong with the cluster

@@ -80,9 +80,11 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
         await create(cluster.api, "/api/v1/namespaces", {"metadata": {"name": name}})
 
     await gather_limited((make_ns(n) for n in tenants), 16)
+    say(f"scale: {nodes} nodes and {namespaces} namespaces made; making each agent's node-bound identity")
     kubeconfigs = {}
     for n in names:
         kubeconfigs[n] = await cluster.agent_kubeconfig(n)
+    say(f"scale: starting {nodes} agents in this process and one real agent process")
     result: dict[str, Any] = {
         "nodes": nodes, "gpus_per_node": 8, "policies": policies, "namespaces": namespaces,
         "harness": f"{nodes} agents' loops in one process (own clients, tokens and watches), plus one real"
@@ -101,6 +103,7 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
             raise BenchError("the controller is not running")
         before = await retry(cluster.request_totals)
         controller_cpu0, harness_cpu1 = cpu_seconds(controller), _own_cpu()
+        say(f"scale: applying {policies} policies")
         started = time.monotonic()
         await gather_limited((create(cluster.api, POLICIES, b) for b in bodies), 8)
         want = {}

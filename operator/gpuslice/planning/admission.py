@@ -5,8 +5,10 @@
   template when it is created, and each claim again when the scheduler writes its
   allocation (``resourceclaims/status``): that write is the only way a claim gets a
   device, so tenancy holds whatever the claim's history (made before the policy
-  existed, or before its namespace left ``spec.tenants``). A claim's spec is immutable,
-  so other updates (e.g. the finalizer kube-controller-manager removes) pass.
+  existed, or before its namespace left ``spec.tenants``), and once more whenever the
+  scheduler reserves an allocated claim for one more pod, so a removed tenant starts no new
+  pod on a claim it still holds. A claim's spec is immutable, so other updates (e.g. the
+  finalizer kube-controller-manager removes, a pod's reservation it drops) pass.
 - ``gpuslice-admin-access-label``: only the controller may turn on a namespace's
   admin-access label, through every path that can set it.
 - ``gpuslice-controller-writes``: the controller's own writes are limited to objects that
@@ -115,6 +117,13 @@ def tenancy_policy() -> Manifest:
         # A claim is judged when it is made and when it is allocated; any other update of it (its
         # spec is immutable) passes, so a claim of a removed tenant can still be released and deleted.
         ("judged", "request.operation == 'CREATE' || variables.allocating"),
+        # The scheduler reserving an allocated claim for one more pod: whose namespace may still use
+        # the policy's devices is judged again, so a removed tenant starts no new pod on what it holds.
+        ("reserving", "request.operation == 'UPDATE' && has(object.status) && has(object.status.reservedFor)"
+                      " && object.status.reservedFor.exists(r, !(has(oldObject.status)"
+                      " && has(oldObject.status.reservedFor)"
+                      " && oldObject.status.reservedFor.exists(o, o.uid == r.uid)))"),
+        ("used", "variables.judged || variables.reserving"),
         ("spec", "variables.isTemplate ? object.spec.spec : object.spec"),
         ("requests", "has(variables.spec.devices) && has(variables.spec.devices.requests)"
                      " ? variables.spec.devices.requests : []"),
@@ -155,13 +164,14 @@ def tenancy_policy() -> Manifest:
             lambda x: f"has({x}.tolerations) && {x}.tolerations.exists(t, {_bad_toleration('t')})")),
         ("overStep", "params.spec.slicing.mode == 'shared' && variables.limited && "
                      + _any_request(lambda x: "!" + _capacity_within_step(x))),
-        ("who", "(variables.isTemplate ? 'ResourceClaimTemplate ' : (request.operation == 'UPDATE'"
-                " ? 'allocation of ResourceClaim ' : 'ResourceClaim ')) + (has(object.metadata.name)"
+        ("who", "(variables.isTemplate ? 'ResourceClaimTemplate ' : (variables.allocating"
+                " ? 'allocation of ResourceClaim ' : (request.operation == 'UPDATE' ? 'a new pod of ResourceClaim '"
+                " : 'ResourceClaim '))) + (has(object.metadata.name)"
                 " && object.metadata.name != '' ? object.metadata.name : object.metadata.generateName)"),
     ]
     policy = f"' + {_POLICY} + '"
     validations = [
-        ("!variables.judged || !variables.usesClass || variables.tenant || variables.adminNamespace",
+        ("!variables.used || !variables.usesClass || variables.tenant || variables.adminNamespace",
          f"variables.who + ': namespace ' + request.namespace + ' {TENANCY_DENIAL} {policy}, so it may not use"
          f" the DeviceClasses of that policy; ask the platform team to add it to spec.tenants of GpuSlicePolicy"
          f" {policy}'"),
@@ -188,11 +198,11 @@ def tenancy_policy() -> Manifest:
          f"variables.who + ': the claim was made before the quota of namespace ' + request.namespace + ' for"
          f" GpuSlicePolicy {policy} existed (' + variables.record[0].since + '), so that quota never counted"
          f" it and it is never allocated: delete it and make it again'"),
-        ("!variables.judged || !variables.usesClass || variables.tenant || !variables.adminNamespace"
+        ("!variables.used || !variables.usesClass || variables.tenant || !variables.adminNamespace"
          " || variables.onlyAdminAccess",
          f"variables.who + ': namespace ' + request.namespace + ' may use devices of GpuSlicePolicy {policy}"
          f" only with adminAccess: true (it is one of spec.adminAccess.namespaces, not of spec.tenants)'"),
-        ("!variables.judged || !variables.wantsAdminAccess || variables.adminNamespace",
+        ("!variables.used || !variables.wantsAdminAccess || variables.adminNamespace",
          f"variables.who + ': namespace ' + request.namespace + ' may not request adminAccess to devices of"
          f" GpuSlicePolicy {policy}; only spec.adminAccess.namespaces of that policy may'"),
         ("!variables.judged || !variables.badToleration",

@@ -92,16 +92,23 @@ async def test_claims_made_before_the_policy_get_nothing_outside_its_rules(
     assert await allocation(kube, tenant, "tolerant") is None
 
 
-async def test_an_allocation_left_outside_the_tenants_is_reported_and_released(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespaces: Callable[..., Awaitable[str]],
-) -> None:
+async def _two_tenants_on_a_node(kube: KubeClient, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+                                 namespaces: Callable[..., Awaitable[str]]) -> tuple[str, str, str]:
+    """Tenants ``leaving`` and ``staying`` of a 10G memory policy on one H100 node, published."""
     leaving, staying = await namespaces("leaving"), await namespaces("staying")
     node = await gpu_node("h100-80gb", 1)
     name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
                                "slicing": {"mode": "memory", "sliceSize": "10G"},
                                "tenants": [{"namespace": leaving}, {"namespace": staying}]}))["metadata"]["name"]
     await published(kube, node.name, 8)
+    return leaving, staying, name
+
+
+async def test_an_allocation_left_outside_the_tenants_is_reported_and_released(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    leaving, staying, name = await _two_tenants_on_a_node(kube, make_policy, gpu_node, namespaces)
     await wait_for(lambda: get_or_none(kube, f"{RESOURCE}/namespaces/{leaving}/resourceclaimtemplates/gpu-slice"),
                    what="the template")
     await kube.create(f"/api/v1/namespaces/{leaving}/pods", pod_with_claim("worker", "gpu-slice"))
@@ -131,6 +138,55 @@ async def test_an_allocation_left_outside_the_tenants_is_reported_and_released(
         return not (body.get("status") or {}).get("foreignClaims") and condition(body, "Degraded")["status"] == "False"
 
     await wait_for(cleared, within=30, what="the report to clear")
+
+
+async def test_a_removed_tenant_starts_no_new_pod_on_a_claim_it_holds(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    """A claim made by hand outlives its pods: once its namespace is no longer a tenant, the
+    scheduler's reservation of it for one more pod is refused (the pod waits, its Events say why),
+    while the pod that already had it keeps it and the claim can still be released."""
+    leaving, staying, name = await _two_tenants_on_a_node(kube, make_policy, gpu_node, namespaces)
+    claims = f"{RESOURCE}/namespaces/{leaving}/resourceclaims"
+    await wait_for(lambda: _created(kube, claims, claim("held", f"{name}.gpuslice.dev")), within=30,
+                   what="the tenant's claim to be admitted")
+    await kube.create(f"/api/v1/namespaces/{leaving}/pods", pod_using("first", "held"))
+
+    async def reserved() -> list[str] | None:
+        status = (await kube.get(f"{claims}/held")).get("status") or {}
+        return [r["name"] for r in status.get("reservedFor") or []] if status.get("allocation") else None
+
+    assert await wait_for(reserved, within=60, what="the claim to be allocated to the first pod") == ["first"]
+    await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"tenants": [{"namespace": staying}]}})
+    await wait_for(lambda: _judged(kube, name), within=30, what="the edit to be judged")
+
+    await kube.create(f"/api/v1/namespaces/{leaving}/pods", pod_using("second", "held"))
+    message = await pod_event(kube, leaving, "second", f"is not a tenant of GpuSlicePolicy {name}")
+    assert f"a new pod of ResourceClaim held: namespace {leaving} is not a tenant" in message
+    assert await reserved() == ["first"], "the refused pod got no share of the claim"
+    pod = await kube.get(f"/api/v1/namespaces/{leaving}/pods/second")
+    assert not pod["spec"].get("nodeName"), "the refused pod was not bound"
+
+    # The pod that had the claim keeps it; once it goes, the claim is released and can be deleted.
+    for pod_name in ("first", "second"):
+        await kube.delete(f"/api/v1/namespaces/{leaving}/pods/{pod_name}", gracePeriodSeconds=0)
+    await kube.delete(f"{claims}/held")
+    await wait_for(lambda: _absent(kube, f"{claims}/held"), within=60, what="the claim to be released and deleted")
+
+
+async def _created(kube: KubeClient, path: str, body: dict[str, Any]) -> bool:
+    """Create once the admission rule lets it (the policy's params reach the apiserver a moment later)."""
+    try:
+        await kube.create(path, body)
+    except KubeError as error:
+        return error.status == 409  # made by an earlier try
+    return True
+
+
+async def _judged(kube: KubeClient, name: str) -> bool:
+    body = await kube.get(f"{POLICIES}/{name}")
+    return (body.get("status") or {}).get("observedGeneration") == body["metadata"]["generation"]
 
 
 async def _absent(kube: KubeClient, path: str) -> bool:
