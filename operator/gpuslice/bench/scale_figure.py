@@ -154,7 +154,9 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
         await asyncio.sleep(steady_seconds)
         steady = _delta(await retry(cluster.request_totals), steady0)
         controller_cpu3, harness_cpu4 = cpu_seconds(controller), _own_cpu()
-        say(f"scale: {steady_seconds:.0f} s of steady state, {_writes(steady, True)} writes by gpuslice")
+        writes = {k: n for k, n in _by_resource(steady).items() if k.split()[0] in WRITE_VERBS}
+        say(f"scale: {steady_seconds:.0f} s of steady state, {_writes(steady, True)} writes by gpuslice"
+            f" (all writes: {writes or 'none'})")
         if real.pid is None:
             raise BenchError("the real agent is not running")
         result.update({

@@ -33,6 +33,7 @@ class Changes:
     claim_devices: dict[tuple[str, str], tuple[DeviceRef, ...]] = field(default_factory=dict)
     node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     shared: dict[str, object] = field(default_factory=dict)
+    nodes_version: int = 0  # bumped by every change of a node's labels (what the inventory reads)
 
     def everything(self) -> None:
         self.epoch += 1
@@ -67,9 +68,11 @@ class Changes:
         """``labels`` None: the node is gone."""
         if labels is None:
             if self.node_labels.pop(name, None) is not None:
+                self.nodes_version += 1
                 self.everything()
         elif self.node_labels.get(name) != labels:
             self.node_labels[name] = dict(labels)
+            self.nodes_version += 1
             self.everything()
 
     def shared_seen(self, key: str, view: object | None) -> None:

@@ -15,16 +15,18 @@ from typing import Any
 import kopf
 
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
+from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
 from gpuslice.controller.changes import Changes
 from gpuslice.controller.login import counted_session
-from gpuslice.controller.reconcile import Context, World, reconcile, report_deleting
+from gpuslice.controller.reconcile import Context, reconcile, report_deleting
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import start_context
 from gpuslice.controller.tenancy import QuotaView
+from gpuslice.controller.world import FleetMemo, World, parse_policy
 from gpuslice.dra.names import DRIVER, LABEL_POLICY
 from gpuslice.kube.client import EndlessBackoff, KubeClient, KubeError
-from gpuslice.planning.usage import ClaimView, SliceView
+from gpuslice.planning.usage import ClaimView, SliceView, slice_policies
 
 POLICY = (GROUP, VERSION, PLURAL)
 
@@ -37,7 +39,7 @@ def _one_per_key(index: Any) -> dict[Any, Any]:
     return {key: value for key, store in index.items() for value in store}
 
 
-def world(kwargs: dict[str, Any]) -> World:
+def world(kwargs: dict[str, Any], memo: FleetMemo | None = None, nodes_version: int | None = None) -> World:
     return World(
         policies=_one_per_key(kwargs["policy_index"]),
         namespaces=_one_per_key(kwargs["namespace_index"]),
@@ -46,6 +48,11 @@ def world(kwargs: dict[str, Any]) -> World:
         claims=[c for c in _values(kwargs["claim_index"]) if c is not None],
         foreign_classes={k: v for k, v in _one_per_key(kwargs["class_index"]).items() if v is not False},
         quotas=_one_per_key(kwargs["quota_index"]),
+        slice_pools=kwargs["slice_index"],
+        policy_pools=kwargs["policy_pool_index"],
+        parsed=_one_per_key(kwargs["parsed_index"]),
+        nodes_version=nodes_version,
+        memo=memo,
     )
 
 
@@ -65,6 +72,10 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
     registry = kopf.OperatorRegistry()
     ours = settings
     changes = Changes()
+    fleet = FleetMemo()
+
+    def current(kwargs: dict[str, Any]) -> World:
+        return world(kwargs, fleet, changes.nodes_version)
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -75,6 +86,9 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
         settings.scanning.disabled = True  # no CRD/namespace scanning: no RBAC for it needed
         settings.posting.level = 30  # warnings and errors only; our own Events say the rest
         settings.watching.server_timeout = 600
+        # Lists (at start, and after a watch's 410 Gone) in pages of 500, as client-go's reflector:
+        # a thousand nodes' slices are one ~60 MB answer otherwise, parsed at once.
+        settings.watching.chunk_size = 500
         settings.networking.request_timeout = ours.request_timeout
         settings.networking.error_backoffs = EndlessBackoff()  # back within 5 s of the API server
         settings.execution.default_backoff = 5
@@ -97,6 +111,11 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
     @kopf.index(*POLICY, registry=registry, id="policy_index")
     def policy_index(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
         return {name: dict(body)}
+
+    @kopf.index(*POLICY, registry=registry, id="parsed_index")
+    def parsed_index(name: str, body: kopf.Body, **_: Any) -> dict[str, GpuSlicePolicy | None]:
+        """Each policy parsed once per change: every reconcile judges it against all the others."""
+        return {name: parse_policy(body)}
 
     @kopf.index("v1", "namespaces", registry=registry, id="namespace_index")
     def namespace_index(name: str, labels: kopf.Labels, uid: str | None, status: kopf.Status,
@@ -129,10 +148,18 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
 
     @kopf.index("resource.k8s.io", "v1", "resourceslices", registry=registry, id="slice_index",
                 when=lambda spec, **_: spec.get("driver") == DRIVER)
-    def slice_index(name: str, spec: kopf.Spec, **_: Any) -> dict[str, SliceView]:
+    def slice_index(spec: kopf.Spec, **_: Any) -> dict[str, SliceView]:
+        """Our slices by pool (a Store holds each of a pool's slices)."""
         view = SliceView.from_slice(spec)
         changes.slice_seen(view)
-        return {name: view}
+        return {view.pool: view}
+
+    @kopf.index("resource.k8s.io", "v1", "resourceslices", registry=registry, id="policy_pool_index",
+                when=lambda spec, **_: spec.get("driver") == DRIVER)
+    def policy_pool_index(spec: kopf.Spec, **_: Any) -> dict[str, str]:
+        """The pool of each slice, under every policy it publishes devices of."""
+        pool = str((spec.get("pool") or {}).get("name", ""))
+        return {policy: pool for policy in slice_policies(spec)}
 
     @kopf.index("resource.k8s.io", "v1", "resourceclaims", registry=registry, id="claim_index")
     def claim_index(namespace: str | None, name: str, status: kopf.Status, **_: Any) -> dict[tuple[str, str], Any]:
@@ -151,7 +178,7 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
     async def policy_changed(body: kopf.Body, memo: kopf.Memo, retry: int, **kwargs: Any) -> None:
         changes.everything()  # policies are judged against each other
         # A retry converges only when the backoff is up: the status timer may have tried meanwhile.
-        await reconcile(memo.ctx, body, world(kwargs), converge_objects=retry == 0 or memo.ctx.due(body.meta.name))
+        await reconcile(memo.ctx, body, current(kwargs), converge_objects=retry == 0 or memo.ctx.due(body.meta.name))
 
     @kopf.timer(*POLICY, registry=registry, interval=settings.status_interval,
                 initial_delay=settings.status_interval)
@@ -167,7 +194,7 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
                 and name not in ctx.clock_waits):
             return  # nothing this policy's status reads has changed since its last refresh
         try:
-            await reconcile(memo.ctx, body, world(kwargs), converge_objects=False)
+            await reconcile(memo.ctx, body, current(kwargs), converge_objects=False)
         except BaseException:
             changes.mark([name])
             raise
@@ -175,7 +202,7 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
     @kopf.timer(*POLICY, registry=registry, interval=settings.drift_interval,
                 initial_delay=settings.drift_interval)
     async def repair_drift(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-        await reconcile(memo.ctx, body, world(kwargs))
+        await reconcile(memo.ctx, body, current(kwargs))
 
     @kopf.on.event("v1", "namespaces", registry=registry)
     async def namespace_event(name: str, type: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
@@ -183,15 +210,15 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
             changes.shared_seen(f"namespace/{name}", None)
         if type != "ADDED" or "ctx" not in memo:
             return
-        current = world(kwargs)
+        now = current(kwargs)
         affected = []
-        for body in current.policies.values():
+        for body in now.policies.values():
             spec = body.get("spec") or {}
             named = {t.get("namespace") for t in spec.get("tenants") or []}
             named |= set((spec.get("adminAccess") or {}).get("namespaces") or [])
             if name in named:
                 affected.append(body)
-        await _reconcile_each(memo.ctx, affected, current)
+        await _reconcile_each(memo.ctx, affected, now)
 
     @kopf.on.event("resource.k8s.io", "v1", "resourceslices", registry=registry,
                    when=lambda spec, **_: spec.get("driver") == DRIVER)
@@ -201,9 +228,9 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
         changes.slice_seen(view)  # a deleted slice's devices count too
         if type is None or "ctx" not in memo:
             return  # the initial listing: resume handlers cover it
-        current = world(kwargs)
+        now = current(kwargs)
         names = sorted({policy for _, policy in view.devices if policy})
-        await _reconcile_each(memo.ctx, [current.policies[n] for n in names if n in current.policies], current)
+        await _reconcile_each(memo.ctx, [now.policies[n] for n in names if n in now.policies], now)
 
     @kopf.on.event("v1", "resourcequotas", registry=registry, labels={LABEL_POLICY: kopf.PRESENT})
     async def quota_event(namespace: str | None, name: str, labels: kopf.Labels, meta: kopf.Meta,
@@ -218,11 +245,11 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
         if ctx.quotas_seen.get(key) == seen:
             return  # only its usage changed
         ctx.quotas_seen[key] = seen
-        current = world(kwargs)
-        body = current.policies.get(labels[LABEL_POLICY])
+        now = current(kwargs)
+        body = now.policies.get(labels[LABEL_POLICY])
         if body is not None:
             with contextlib.suppress(KubeError, kopf.TemporaryError):
-                await reconcile(ctx, body, current, converge_objects=False)
+                await reconcile(ctx, body, now, converge_objects=False)
 
     @kopf.on.delete(*POLICY, registry=registry)
     async def policy_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
@@ -230,12 +257,12 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
         # Under the policy's lock: a reconcile already running on the old body must not put the
         # admin-access label back after it is removed here.
         async with ctx.lock(name):
-            current = world(kwargs)
-            waiting = await report_deleting(ctx, body, current)
+            now = current(kwargs)
+            waiting = await report_deleting(ctx, body, now)
             if waiting:
                 raise kopf.TemporaryError(waiting, delay=5)
             mine = ctx.label_records.get(name, frozenset((body.get("status") or {}).get("adminAccessLabels") or []))
-            plan = plan_labels(set(), current.namespaces, mine, current.label_records(ctx, but=name))
+            plan = plan_labels(set(), now.namespaces, mine, now.label_records(ctx.label_records, but=name))
 
             async def record(_: list[str]) -> None:
                 return None  # the record goes with the policy

@@ -20,20 +20,18 @@ import structlog
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.api.status import AdmittedTenant
-from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
+from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
 from gpuslice.controller.apply import LIMIT_KINDS, REST_KINDS, converge
 from gpuslice.controller.events import post_event
 from gpuslice.controller.metrics import POLICY_METRICS, RECONCILE_DURATION, RECONCILES, PolicyFigures
 from gpuslice.controller.status import TENANCY_NOT_ENFORCED, Findings, build_status, status_body
 from gpuslice.controller.tenancy import QuotaView, admitted_tenants, tenancy_unenforced
+from gpuslice.controller.world import World
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
-from gpuslice.inventory.nodes import node_gpus
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.cluster_objects import desired_objects
 from gpuslice.planning.kinds import DeviceKind, device_kinds
 from gpuslice.planning.usage import (
-    ClaimView,
-    SliceView,
     device_info,
     devices_by_policy,
     failed_devices,
@@ -43,7 +41,7 @@ from gpuslice.planning.usage import (
     unhealthy_devices,
     usage,
 )
-from gpuslice.planning.validation import Problem, Selection, select, validate
+from gpuslice.planning.validation import Problem, validate
 
 log = structlog.get_logger(__name__)
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
@@ -114,54 +112,6 @@ class Context:
         self.failures.pop(policy, None)
         self.retry_at.pop(policy, None)
         self.unconverged.discard(policy)
-
-
-@dataclass(frozen=True)
-class World:
-    """The controller's view of the cluster, from its watches (no API calls)."""
-
-    policies: Mapping[str, Mapping[str, Any]]
-    namespaces: Mapping[str, NamespaceView]
-    nodes: Mapping[str, Mapping[str, str]]
-    slices: Sequence[SliceView]
-    claims: Sequence[ClaimView]
-    # DeviceClasses gpuslice did not make: name -> extendedResourceName (None when it has none)
-    foreign_classes: Mapping[str, str | None] = field(default_factory=dict)
-    # gpuslice's ResourceQuotas by (namespace, name): what each enforces now
-    quotas: Mapping[tuple[str, str], QuotaView] = field(default_factory=dict)
-
-    def inventory(self) -> list[tuple[dict[str, str], Any]]:
-        found = []
-        for name, labels in sorted(self.nodes.items()):
-            gpus = node_gpus(name, labels)
-            if gpus is not None:
-                found.append((dict(labels), gpus))
-        return found
-
-    def parsed_policies(self) -> list[GpuSlicePolicy]:
-        parsed = []
-        for body in self.policies.values():
-            try:
-                policy = GpuSlicePolicy.from_body(body)
-            except pydantic.ValidationError:
-                continue
-            if not policy.metadata.deletion_timestamp:
-                parsed.append(policy)
-        return parsed
-
-    def foreign_extended(self) -> dict[str, str]:
-        return {ext: name for name, ext in sorted(self.foreign_classes.items()) if ext}
-
-    def label_records(self, ctx: Context, but: str) -> set[str]:
-        """Namespaces other policies recorded as labelled by gpuslice."""
-        found: set[str] = set()
-        for name, body in self.policies.items():
-            if name != but:
-                recorded = ctx.label_records.get(name)
-                if recorded is None:
-                    recorded = frozenset((body.get("status") or {}).get("adminAccessLabels") or [])
-                found |= recorded
-        return found
 
 
 def _now() -> str:
@@ -246,13 +196,13 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         return
     if policy.metadata.deletion_timestamp:
         return
-    inventory = world.inventory()
-    selection = select(policy, inventory)
-    others = [(p, select(p, inventory)) for p in world.parsed_policies() if p.name != policy.name]
+    selection = world.selection(policy)
+    others = [(p, world.selection(p)) for p in world.parsed_policies() if p.name != policy.name]
     problems = validate(policy, selection, others, foreign_extended=world.foreign_extended(),
                         controller_namespace=ctx.namespace)
     kinds = device_kinds(policy, selection)
-    devices = devices_by_policy(world.slices).get(policy.name, set())
+    mine = world.slices_of(policy.name)
+    devices = devices_by_policy(mine).get(policy.name, set())
     errors: list[str] = []
     taken: list[str] = []
     # Removals and changed limits take effect at once (the admission policy also reads spec.tenants);
@@ -270,7 +220,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         errors, taken = limits.errors + rest.errors, limits.taken + rest.taken
         try:
             plan = plan_labels(set(policy.spec.admin_access.namespaces), world.namespaces, _records(ctx, policy)[0],
-                               world.label_records(ctx, but=policy.name))
+                               world.label_records(ctx.label_records, but=policy.name))
             await sync_admin_labels(ctx.kube, policy.name, plan, _records(ctx, policy)[0],
                                     lambda record: _write_records(ctx, policy, labels=frozenset(record)))
         except KubeError as error:
@@ -292,15 +242,15 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
             problems = [Problem(TENANCY_NOT_ENFORCED, unenforced)]
     # Held back for a claim, not merely draining for a few seconds before a change (no news).
     allocated = {ref for claim in world.claims for ref in claim.devices}
-    tainted = devices & pending_devices(world.slices)
+    tainted = devices & pending_devices(mine)
     pending = len(tainted & allocated)
     tenants, admins = {t.namespace for t in policy.spec.tenants}, set(policy.spec.admin_access.namespaces)
     findings = Findings(
-        problems, selection, len(devices), usage(devices, world.claims, device_info(world.slices)), errors,
+        problems, selection, len(devices), usage(devices, world.claims, device_info(mine)), errors,
         pending=pending, kinds=kinds, taken=taken, foreign=foreign_claims(devices, world.claims, tenants, admins),
         draining=len(tainted - allocated),
-        mig_failed=len(devices & failed_devices(world.slices)),
-        unhealthy=len(devices & unhealthy_devices(world.slices)),
+        mig_failed=len(devices & failed_devices(mine)),
+        unhealthy=len(devices & unhealthy_devices(mine)),
     )
     labels, admitted = _records(ctx, policy)
     await write_status(ctx, policy, findings, labels, admitted)
@@ -370,9 +320,10 @@ async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -
     published would be open to any namespace (its DeviceClass lingers until garbage collection,
     a late scheduler write is no longer judged)."""
     name = body["metadata"]["name"]
-    devices = devices_by_policy(world.slices).get(name, set())
+    mine = world.slices_of(name)
+    devices = devices_by_policy(mine).get(name, set())
     held = usage(devices, world.claims)
-    nodes = sorted({ref.pool for ref in published_by_policy(world.slices).get(name, set())})
+    nodes = sorted({ref.pool for ref in published_by_policy(mine).get(name, set())})
     if not held.holding_claims and not nodes:
         return None
     try:
@@ -380,8 +331,7 @@ async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -
     except pydantic.ValidationError:
         policy = None  # a spec that never parsed: nothing to report on, deletion still waits
     if policy is not None:
-        inventory = world.inventory()
-        findings = Findings(list[Problem](), select(policy, inventory) if inventory else Selection(()),
+        findings = Findings(list[Problem](), world.selection(policy),
                             len(devices), held, deleting=True, publishing_nodes=nodes)
         await write_status(ctx, policy, findings)
     if held.holding_claims:

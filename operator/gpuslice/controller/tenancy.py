@@ -2,7 +2,7 @@
 apiserver enforces the rule before a policy is called Valid.
 
 The rule itself is the static admission policy ``gpuslice-tenancy`` (manifests/admission.yaml,
-built in planning.admission). Two things here feed and check it:
+built in planning.tenancy_rule). Two things here feed and check it:
 
 - ``status.admittedTenants``: a tenant namespace is admitted (by UID) only once the policy has
   been converged for it; a limited tenant only for the kinds of device its quota has *in force*
@@ -31,9 +31,9 @@ from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.dra.names import quota_resource
 from gpuslice.dra.quantity import parse_quantity
 from gpuslice.kube.client import KubeClient, KubeError, NotReady
-from gpuslice.planning.admission import TENANCY, TENANCY_DENIAL
 from gpuslice.planning.cluster_objects import quota_name
 from gpuslice.planning.kinds import DeviceKind, quota
+from gpuslice.planning.tenancy_rule import TENANCY, TENANCY_DENIAL
 
 # A claim's creationTimestamp has whole seconds: one made in the second its tenant's quota was made
 # cannot be told from one made just before, so a tenant is admitted only once that second is over.

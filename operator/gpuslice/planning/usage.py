@@ -90,6 +90,17 @@ class SliceView:
                    int(pool.get("resourceSliceCount", 1)), tuple(info), frozenset(failed), frozenset(unhealthy))
 
 
+def slice_policies(spec: Mapping[str, Any]) -> frozenset[str]:
+    """The policies whose devices one of our ResourceSlices publishes (read without building a
+    SliceView: the controller indexes every slice by them)."""
+    found = set()
+    for device in spec.get("devices") or []:
+        attribute = (device.get("attributes") or {}).get(f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}") or {}
+        if attribute.get("string"):
+            found.add(str(attribute["string"]))
+    return frozenset(found)
+
+
 @dataclass(frozen=True)
 class ClaimResult:
     """One of our devices in a claim's allocation."""

@@ -16,8 +16,9 @@ import kopf
 import pytest
 
 from gpuslice.controller.admin_access import NamespaceView
-from gpuslice.controller.reconcile import LAST_RETRY, TRANSIENT_RETRY, Context, World, reconcile
+from gpuslice.controller.reconcile import LAST_RETRY, TRANSIENT_RETRY, Context, reconcile
 from gpuslice.controller.tenancy import QuotaView
+from gpuslice.controller.world import World
 from gpuslice.dra.names import quota_resource
 from gpuslice.kube.client import KubeClient, KubeError, ServerError
 

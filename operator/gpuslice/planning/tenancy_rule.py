@@ -1,0 +1,220 @@
+"""The tenancy rule, ``gpuslice-tenancy``: one ValidatingAdmissionPolicy that takes every
+GpuSlicePolicy as its parameter (``paramKind``), so the controller writes no admission objects.
+
+It judges each ResourceClaim and template when it is created, and each claim again when the
+scheduler writes its allocation (``resourceclaims/status``): that write is the only way a claim
+gets a device, so tenancy holds whatever the claim's history (made before the policy existed, or
+before its namespace left ``spec.tenants``). It judges once more whenever the scheduler reserves
+an allocated claim for one more pod, so a removed tenant starts no new pod on a claim it still
+holds. A claim's spec is immutable, so other updates (the finalizer kube-controller-manager
+removes, a pod's reservation it drops) pass, and a removed tenant can still release and delete
+what it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpuslice.api.policy import GROUP, KIND, VERSION
+from gpuslice.dra.names import ATTRIBUTE_DOMAIN, MANAGED_BY
+from gpuslice.planning.cluster_objects import Manifest
+
+ADMISSION_V1 = "admissionregistration.k8s.io/v1"
+TENANCY = "gpuslice-tenancy"
+TENANCY_DENIAL = "is not a tenant of GpuSlicePolicy"  # what the controller's dry-run probe expects
+
+_POLICY = "params.metadata.name"
+
+
+def _ours(x: str) -> str:
+    """Whether request (or subrequest) ``x`` names a DeviceClass of the parameter policy."""
+    return f"({x}.deviceClassName == variables.primaryClass || {x}.deviceClassName.endsWith(variables.classSuffix))"
+
+
+def _any_request(predicate: Callable[[str], str]) -> str:
+    """Some request of the policy's classes (exactly, or a subrequest of firstAvailable) for which
+    ``predicate`` (given the request's CEL name) holds."""
+    return (
+        f"variables.requests.exists(r, (has(r.exactly) && {_ours('r.exactly')} && {predicate('r.exactly')})"
+        f" || (has(r.firstAvailable) && r.firstAvailable.exists(s, {_ours('s')} && {predicate('s')})))"
+    )
+
+
+def _every_request(predicate: Callable[[str], str]) -> str:
+    """Every request of the policy's classes (exactly, or a subrequest of firstAvailable) satisfies
+    ``predicate``."""
+    return (
+        f"variables.requests.all(r, (!has(r.exactly) || !{_ours('r.exactly')} || {predicate('r.exactly')})"
+        f" && (!has(r.firstAvailable) || r.firstAvailable.all(s, !{_ours('s')} || {predicate('s')})))"
+    )
+
+
+def _same_limits(recorded: str, spec: str) -> str:
+    """The recorded limits equal the spec's: each field absent from both or equal in both."""
+    scalars = " && ".join(f"(has({recorded}.{f}) ? {recorded}.{f} : -1) == (has({spec}.{f}) ? {spec}.{f} : -1)"
+                          for f in ("maxSlices", "maxFullGpus"))
+    mig = "maxMigDevices"
+    maps = (f"has({recorded}.{mig}) == has({spec}.{mig}) && (!has({spec}.{mig})"
+            f" || (size({recorded}.{mig}) == size({spec}.{mig})"
+            f" && {spec}.{mig}.all(k, k in {recorded}.{mig} && {recorded}.{mig}[k] == {spec}.{mig}[k])))")
+    return f"{scalars} && {maps}"
+
+
+def _bad_toleration(t: str) -> str:
+    """A toleration tenants may not have: of everything, of a gpuslice.dev/ key that is not one of
+    the policy's taints, or of a policy taint that is not tolerable."""
+    return (
+        f"(!has({t}.key) || {t}.key == ''"
+        f" || ({t}.key.startsWith('{ATTRIBUTE_DOMAIN}/') && !variables.taints.exists(k, k.key == {t}.key))"
+        f" || variables.taints.exists(k, k.key == {t}.key && !(has(k.tolerable) && k.tolerable)"
+        f" && (!has({t}.effect) || {t}.effect == '' || {t}.effect == k.effect)))"
+    )
+
+
+def _capacity_within_step(x: str) -> str:
+    return (
+        f"(!has({x}.capacity) || !has({x}.capacity.requests) || {x}.capacity.requests.all(c, c == 'memory'"
+        f" && quantity(string({x}.capacity.requests[c])).compareTo(quantity(params.spec.slicing.sliceSize)) <= 0))"
+    )
+
+
+def tenancy_policy() -> Manifest:
+    tenants = "(has(params.spec.tenants) ? params.spec.tenants : [])"
+    variables = [
+        ("isTemplate", "request.resource.resource == 'resourceclaimtemplates'"),
+        # The only UPDATE matched is of resourceclaims/status (request.subResource is absent, not
+        # empty, on the main resource).
+        ("allocating", "request.operation == 'UPDATE' && has(object.status) && has(object.status.allocation)"
+                       " && !(has(oldObject.status) && has(oldObject.status.allocation))"),
+        # A claim is judged when it is made and when it is allocated; any other update of it (its
+        # spec is immutable) passes, so a claim of a removed tenant can still be released and deleted.
+        ("judged", "request.operation == 'CREATE' || variables.allocating"),
+        # The scheduler reserving an allocated claim for one more pod: whose namespace may still use
+        # the policy's devices is judged again, so a removed tenant starts no new pod on what it holds.
+        ("reserving", "request.operation == 'UPDATE' && has(object.status) && has(object.status.reservedFor)"
+                      " && object.status.reservedFor.exists(r, !(has(oldObject.status)"
+                      " && has(oldObject.status.reservedFor)"
+                      " && oldObject.status.reservedFor.exists(o, o.uid == r.uid)))"),
+        ("used", "variables.judged || variables.reserving"),
+        ("spec", "variables.isTemplate ? object.spec.spec : object.spec"),
+        ("requests", "has(variables.spec.devices) && has(variables.spec.devices.requests)"
+                     " ? variables.spec.devices.requests : []"),
+        ("primaryClass", f"{_POLICY} + '.{GROUP}'"),
+        ("classSuffix", f"'.' + {_POLICY} + '.{GROUP}'"),
+        ("usesClass", _any_request(lambda _: "true")),
+        ("tenant", f"{tenants}.exists(t, t.namespace == request.namespace)"),
+        ("limited", f"{tenants}.exists(t, t.namespace == request.namespace"
+                    " && (has(t.maxSlices) || has(t.maxFullGpus) || has(t.maxMigDevices)))"),
+        ("specTenant", f"{tenants}.filter(t, t.namespace == request.namespace)"),
+        # Only the namespaces the controller admitted, by UID: a tenant added a moment ago, or a
+        # tenant namespace deleted and made again, waits for its quota. (dyn: the apiserver declares
+        # the field "UID" but serves it as "uid".)
+        ("record", "has(params.status) && has(params.status.admittedTenants)"
+                   " ? params.status.admittedTenants.filter(a, a.namespace == request.namespace"
+                   " && a.uid == dyn(namespaceObject.metadata).uid) : []"),
+        ("admitted", "variables.tenant && size(variables.record) > 0"),
+        # A limited tenant's record says which limits its quota enforces, which classes it counts, and
+        # since when: claims are admitted only under the limits the spec says now, of a class counted,
+        # and (at allocation) only if made after the quota, which alone guarantees they were counted.
+        ("limitsInForce", "!variables.limited || (size(variables.record) > 0 && has(variables.record[0].limits)"
+                          " && " + _same_limits("variables.record[0].limits", "variables.specTenant[0]") + ")"),
+        ("classesInForce", "!variables.limited || (size(variables.record) > 0 && has(variables.record[0].classes)"
+                           " && " + _every_request(lambda x: f"{x}.deviceClassName in variables.record[0].classes")
+                           + ")"),
+        ("madeUnderQuota", "!variables.limited || variables.isTemplate || (size(variables.record) > 0"
+                           " && has(variables.record[0].since) && timestamp(string(object.metadata.creationTimestamp))"
+                           " > timestamp(variables.record[0].since))"),
+        ("adminNamespace", "has(params.spec.adminAccess) && has(params.spec.adminAccess.namespaces)"
+                           " && request.namespace in params.spec.adminAccess.namespaces"),
+        ("wantsAdminAccess", "variables.requests.exists(r, has(r.exactly) && " + _ours("r.exactly")
+                             + " && has(r.exactly.adminAccess) && r.exactly.adminAccess)"),
+        ("onlyAdminAccess", "variables.requests.all(r, !(has(r.firstAvailable) && r.firstAvailable.exists(s, "
+                            + _ours("s") + ")) && (!(has(r.exactly) && " + _ours("r.exactly")
+                            + ") || (has(r.exactly.adminAccess) && r.exactly.adminAccess)))"),
+        ("taints", "has(params.spec.taints) ? params.spec.taints : []"),
+        ("badToleration", _any_request(
+            lambda x: f"has({x}.tolerations) && {x}.tolerations.exists(t, {_bad_toleration('t')})")),
+        ("overStep", "params.spec.slicing.mode == 'shared' && variables.limited && "
+                     + _any_request(lambda x: "!" + _capacity_within_step(x))),
+        ("who", "(variables.isTemplate ? 'ResourceClaimTemplate ' : (variables.allocating"
+                " ? 'allocation of ResourceClaim ' : (request.operation == 'UPDATE' ? 'a new pod of ResourceClaim '"
+                " : 'ResourceClaim '))) + (has(object.metadata.name)"
+                " && object.metadata.name != '' ? object.metadata.name : object.metadata.generateName)"),
+    ]
+    policy = f"' + {_POLICY} + '"
+    validations = [
+        ("!variables.used || !variables.usesClass || variables.tenant || variables.adminNamespace",
+         f"variables.who + ': namespace ' + request.namespace + ' {TENANCY_DENIAL} {policy}, so it may not use"
+         f" the DeviceClasses of that policy; ask the platform team to add it to spec.tenants of GpuSlicePolicy"
+         f" {policy}'"),
+        ("!variables.judged || !variables.usesClass || !variables.tenant || variables.isTemplate"
+         " || variables.admitted || (variables.adminNamespace && variables.onlyAdminAccess)",
+         f"variables.who + ': namespace ' + request.namespace + ' is a tenant of GpuSlicePolicy {policy}, but"
+         f" gpuslice has not put its quota in place yet (see status.admittedTenants of the policy); try again"
+         f" in a moment'"),
+        ("!variables.judged || !variables.usesClass || !variables.admitted || variables.isTemplate"
+         " || (variables.adminNamespace && variables.onlyAdminAccess) || variables.limitsInForce",
+         f"variables.who + ': the limits of namespace ' + request.namespace + ' in GpuSlicePolicy {policy}"
+         f" changed, and gpuslice has not yet put them in force in its quota (see status.admittedTenants of the"
+         f" policy); try again in a moment'"),
+        ("!variables.judged || !variables.usesClass || !variables.admitted || variables.isTemplate"
+         " || (variables.adminNamespace && variables.onlyAdminAccess) || !variables.limitsInForce"
+         " || variables.classesInForce",
+         f"variables.who + ': the quota of namespace ' + request.namespace + ' for GpuSlicePolicy {policy}"
+         f" does not count this DeviceClass yet (a kind of device the policy does not offer, or offers only"
+         f" since a moment ago; it counts ' + variables.record[0].classes.join(', ') + '); ask for one of"
+         f" those, or try again once the policy offers it'"),
+        ("!variables.judged || !variables.usesClass || !variables.admitted || variables.isTemplate"
+         " || (variables.adminNamespace && variables.onlyAdminAccess) || !variables.limitsInForce"
+         " || !variables.classesInForce || variables.madeUnderQuota",
+         f"variables.who + ': the claim was made before the quota of namespace ' + request.namespace + ' for"
+         f" GpuSlicePolicy {policy} existed (' + variables.record[0].since + '), so that quota never counted"
+         f" it and it is never allocated: delete it and make it again'"),
+        ("!variables.used || !variables.usesClass || variables.tenant || !variables.adminNamespace"
+         " || variables.onlyAdminAccess",
+         f"variables.who + ': namespace ' + request.namespace + ' may use devices of GpuSlicePolicy {policy}"
+         f" only with adminAccess: true (it is one of spec.adminAccess.namespaces, not of spec.tenants)'"),
+        ("!variables.used || !variables.wantsAdminAccess || variables.adminNamespace",
+         f"variables.who + ': namespace ' + request.namespace + ' may not request adminAccess to devices of"
+         f" GpuSlicePolicy {policy}; only spec.adminAccess.namespaces of that policy may'"),
+        ("!variables.judged || !variables.badToleration",
+         f"variables.who + ': a request for devices of GpuSlicePolicy {policy} tolerates a taint that tenants"
+         f" may not tolerate: every taint (operator Exists without a key), the taints gpuslice sets"
+         f" ({ATTRIBUTE_DOMAIN}/pending-change and every other {ATTRIBUTE_DOMAIN}/ key: devices held back,"
+         f" draining, reconfiguring or unhealthy), or a taint of spec.taints without tolerable: true;"
+         f" remove that toleration'"),
+        ("!variables.judged || !variables.overStep",
+         f"variables.who + ': namespace ' + request.namespace + ' has a limit in GpuSlicePolicy {policy}, so"
+         f" each allocation of its shared devices is one sliceSize (' + params.spec.slicing.sliceSize + '):"
+         f" remove capacity.requests or ask for at most that much of memory (count: N gives N of them)'"),
+    ]
+    return {
+        "apiVersion": ADMISSION_V1, "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": TENANCY, "labels": dict(MANAGED_BY)},
+        "spec": {
+            "failurePolicy": "Fail",
+            "paramKind": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND},
+            "matchConstraints": {
+                "matchPolicy": "Equivalent",
+                "resourceRules": [
+                    {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+                     "resources": ["resourceclaims", "resourceclaimtemplates"]},
+                    {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                     "resources": ["resourceclaims/status"]},
+                ],
+            },
+            "variables": [{"name": n, "expression": e} for n, e in variables],
+            "validations": [{"expression": e, "messageExpression": m, "reason": "Forbidden"} for e, m in validations],
+        },
+    }
+
+
+def tenancy_binding() -> Manifest:
+    """One binding for every policy: the selector matches them all, and with none there is
+    nothing to enforce."""
+    return {
+        "apiVersion": ADMISSION_V1, "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": TENANCY, "labels": dict(MANAGED_BY)},
+        "spec": {"policyName": TENANCY, "validationActions": ["Deny"],
+                 "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"}},
+    }

@@ -1,0 +1,88 @@
+"""The controller's World answers from its indexes what it would answer from the whole fleet, and
+keeps what it works out from the nodes only while they and the policy's spec are unchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuslice.controller.world import FleetMemo, World, parse_policy
+from gpuslice.devcluster.nodes import fake_gpu_node
+from gpuslice.planning.usage import SliceView, devices_by_policy, slice_policies
+
+
+def body(name: str, pool: str, generation: int = 1) -> dict[str, Any]:
+    return {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy",
+            "metadata": {"name": name, "uid": f"u-{name}", "generation": generation,
+                         "creationTimestamp": "2026-11-29T10:00:00Z"},
+            "spec": {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "tenants": [{"namespace": "a"}],
+                     "nodeSelector": {"matchLabels": {"pool": pool}}}}
+
+
+def nodes(count: int) -> dict[str, dict[str, str]]:
+    found = {}
+    for i in range(count):
+        labels = fake_gpu_node(f"n{i}", "h100-80gb", 8)["metadata"]["labels"]
+        found[f"n{i}"] = {**labels, "pool": "x" if i % 2 else "y"}
+    return found
+
+
+def slice_spec(pool: str, generation: int, count: int, devices: list[tuple[str, str]]) -> dict[str, Any]:
+    return {"pool": {"name": pool, "generation": generation, "resourceSliceCount": count},
+            "devices": [{"name": d, "attributes": {"gpuslice.dev/policy": {"string": p}}} for d, p in devices]}
+
+
+def test_a_policy_reads_every_slice_of_its_pools_and_only_those() -> None:
+    specs = [
+        slice_spec("n0", 2, 2, [("a0", "x")]),
+        slice_spec("n0", 2, 2, [("b0", "y")]),  # same pool, other policy: decides n0 is complete
+        slice_spec("n0", 1, 1, [("old", "x")]),  # an older generation, not counted
+        slice_spec("n1", 3, 2, [("a1", "x")]),  # incomplete: its second slice is missing
+        slice_spec("n2", 1, 1, [("c2", "y")]),
+    ]
+    views = [SliceView.from_slice(s) for s in specs]
+    pools: dict[str, list[SliceView]] = {}
+    policy_pools: dict[str, list[str]] = {}
+    for spec, view in zip(specs, views, strict=True):
+        pools.setdefault(view.pool, []).append(view)
+        for name in slice_policies(spec):
+            policy_pools.setdefault(name, []).append(view.pool)
+    indexed = World(policies={}, namespaces={}, nodes={}, slices=views, claims=[], slice_pools=pools,
+                    policy_pools=policy_pools)
+    by_hand = World(policies={}, namespaces={}, nodes={}, slices=views, claims=[])
+    for name in ("x", "y", "z"):
+        assert devices_by_policy(indexed.slices_of(name)).get(name) == devices_by_policy(views).get(name)
+        assert sorted(map(repr, indexed.slices_of(name))) == sorted(map(repr, by_hand.slices_of(name)))
+    assert {v.pool for v in indexed.slices_of("x")} == {"n0", "n1"}
+    assert indexed.slices_of("z") == []
+
+
+def test_a_selection_is_kept_until_the_nodes_or_the_spec_change() -> None:
+    memo = FleetMemo()
+    fleet = nodes(4)
+    policy = parse_policy(body("x", "x"))
+    assert policy is not None
+    first = World(policies={}, namespaces={}, nodes=fleet, slices=[], claims=[], nodes_version=1, memo=memo)
+    assert [g.node for g in first.selection(policy).gpus] == ["n1", "n3"]
+    # The same nodes (version) but another dict: the memo answers, even where the labels now differ.
+    moved = {**fleet, "n0": {**fleet["n0"], "pool": "x"}}
+    same = World(policies={}, namespaces={}, nodes=moved, slices=[], claims=[], nodes_version=1, memo=memo)
+    assert [g.node for g in same.selection(policy).gpus] == ["n1", "n3"]
+    # A node's labels changed (Changes bumped the version): worked out again.
+    later = World(policies={}, namespaces={}, nodes=moved, slices=[], claims=[], nodes_version=2, memo=memo)
+    assert [g.node for g in later.selection(policy).gpus] == ["n0", "n1", "n3"]
+    # The policy's spec changed (a new generation): worked out again.
+    edited = parse_policy(body("x", "y", generation=2))
+    assert edited is not None
+    assert [g.node for g in later.selection(edited).gpus] == ["n2"]
+
+
+def test_a_policy_that_does_not_parse_is_left_out_of_the_others() -> None:
+    bad = body("bad", "x")
+    bad["spec"]["slicing"] = {"mode": "nonsense"}
+    good = body("good", "x")
+    parsed = {"good": parse_policy(good), "bad": parse_policy(bad)}
+    assert parsed["bad"] is None
+    for world in (World(policies={"good": good, "bad": bad}, namespaces={}, nodes={}, slices=[], claims=[]),
+                  World(policies={"good": good, "bad": bad}, namespaces={}, nodes={}, slices=[], claims=[],
+                        parsed=parsed)):
+        assert [p.name for p in world.parsed_policies()] == ["good"]
