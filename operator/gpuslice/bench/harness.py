@@ -267,6 +267,15 @@ class BenchCluster:
         text = await self.api.request("GET", "/metrics", accept="text/plain")
         return parse_request_totals(text if isinstance(text, str) else str(text))
 
+    async def our_events(self) -> int:
+        """How many times gpuslice has posted an Event (each repeat counted): Events are written by
+        everyone (kube-scheduler refreshes its event series every 6 minutes), so the apiserver's
+        count of writes to them says nothing of ours."""
+        events = (await list_all(self.api, "/api/v1/events", None, 500))[0]
+        return sum(int(e.get("count") or 1) for e in events
+                   if str((e.get("source") or {}).get("component") or e.get("reportingComponent") or "")
+                   .startswith("gpuslice"))
+
     async def our_slices(self) -> list[dict[str, Any]]:
         """gpuslice's slices, in pages: one list of a thousand nodes' slices is ~60 MB, more than
         this process (busy with the fleet's agents) reads within a request's timeout."""
