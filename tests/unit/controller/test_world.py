@@ -63,7 +63,8 @@ def test_a_selection_is_kept_until_the_nodes_or_the_spec_change() -> None:
     assert policy is not None
     first = World(policies={}, namespaces={}, nodes=fleet, slices=[], claims=[], nodes_version=1, memo=memo)
     assert [g.node for g in first.selection(policy).gpus] == ["n1", "n3"]
-    # The same nodes (version) but another dict: the memo answers, even where the labels now differ.
+    # The same version: the memo answers (the version moves only once the node index holds the
+    # labels it stands for: handlers.node_event), here even though the labels differ.
     moved = {**fleet, "n0": {**fleet["n0"], "pool": "x"}}
     same = World(policies={}, namespaces={}, nodes=moved, slices=[], claims=[], nodes_version=1, memo=memo)
     assert [g.node for g in same.selection(policy).gpus] == ["n1", "n3"]
