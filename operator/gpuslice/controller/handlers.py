@@ -151,9 +151,9 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
     @kopf.index("resource.k8s.io", "v1", "resourceslices", registry=registry, id="slice_index",
                 when=lambda spec, **_: spec.get("driver") == DRIVER)
     def slice_index(spec: kopf.Spec, **_: Any) -> dict[str, SliceView]:
-        """Our slices by pool (a Store holds each of a pool's slices)."""
+        """Our slices by pool (a Store holds each of a pool's slices). What changed is noted by
+        slice_event, which Kopf runs after this index is updated, for every event."""
         view = SliceView.from_slice(spec)
-        changes.slice_seen(view)
         return {view.pool: view}
 
     @kopf.index("resource.k8s.io", "v1", "resourceslices", registry=registry, id="policy_pool_index",
