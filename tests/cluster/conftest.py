@@ -53,10 +53,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = outcome.get_result()
     if report.when != "call" or not report.failed:
         return
-    for value in getattr(item, "funcargs", {}).values():
+    paths: list[Path] = []
+    for name, value in getattr(item, "funcargs", {}).items():
         if isinstance(value, DevCluster):
-            for path in sorted(value.state.logs.glob("gpuslice-*.log")):
-                report.sections.append((f"{path.name} (warnings and errors, last {LOG_TAIL})", _log_tail(path)))
+            paths += sorted(value.state.logs.glob("gpuslice-*.log"))
+        elif isinstance(getattr(value, "log", None), Path) and name == "controller":  # ControllerProcess
+            paths.append(value.log)
+        elif name == "tmp_path" and isinstance(value, Path):  # the test's own agents (gpu_node)
+            paths += sorted(value.glob("agent-*.log"))
+    for path in paths:
+        if path.is_file():
+            report.sections.append((f"{path.name} (warnings and errors, last {LOG_TAIL})", _log_tail(path)))
 
 
 @pytest.fixture(scope="session")

@@ -56,6 +56,15 @@ def world(kwargs: dict[str, Any], memo: FleetMemo | None = None, nodes_version: 
     )
 
 
+def _orphaned(body: kopf.Body, kwargs: dict[str, Any]) -> bool:
+    """A timer of a policy that is gone. Kopf stops a policy's timers when it sees the deletion
+    begin, which its finalizer makes sure of; a policy deleted before Kopf put the finalizer on it
+    (created and deleted at once) vanishes unseen, and its timers would go on converging its
+    objects again from the last body, for good. Such a timer does nothing."""
+    name, uid = body["metadata"]["name"], body["metadata"].get("uid")
+    return not any((seen.get("metadata") or {}).get("uid") == uid for seen in kwargs["policy_index"].get(name, ()))
+
+
 async def _reconcile_each(ctx: Context, bodies: list[Any], current: World, *, converge_objects: bool = True) -> None:
     """Reconcile every policy an event touches; one failing does not keep the others waiting
     (it is logged, and the status timer converges it again)."""
@@ -185,6 +194,8 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
     @kopf.timer(*POLICY, registry=registry, interval=settings.status_interval,
                 initial_delay=settings.status_interval)
     async def refresh_status(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+        if _orphaned(body, kwargs):
+            return
         name = body["metadata"]["name"]
         judged = (body.get("status") or {}).get("observedGeneration") == body["metadata"].get("generation")
         ctx: Context = memo.ctx
@@ -204,6 +215,8 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
     @kopf.timer(*POLICY, registry=registry, interval=settings.drift_interval,
                 initial_delay=settings.drift_interval)
     async def repair_drift(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+        if _orphaned(body, kwargs):
+            return
         await reconcile(memo.ctx, body, current(kwargs))
 
     @kopf.on.event("v1", "namespaces", registry=registry)

@@ -216,11 +216,17 @@ async def test_nothing_is_published_until_tenancy_is_enforced(
         name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
                                    "slicing": {"mode": "memory", "sliceSize": "10G"}}))["metadata"]["name"]
 
+        seen: list[dict[str, Any]] = []
+
         async def not_enforced() -> dict[str, Any] | None:
             body = await kube.get(f"{POLICIES}/{name}")
-            return body if condition(body, "Valid").get("reason") == "TenancyNotEnforced" else None
+            seen[:] = [condition(body, "Valid")]
+            return body if seen[0].get("reason") == "TenancyNotEnforced" else None
 
-        body = await wait_for(not_enforced, what="Valid=False, TenancyNotEnforced")
+        try:
+            body = await wait_for(not_enforced, what="Valid=False, TenancyNotEnforced")
+        except AssertionError as error:
+            raise AssertionError(f"{error}; Valid was {seen}") from None
         assert condition(body, "Valid")["status"] == "False"
         assert "the apiserver admitted a dry-run ResourceClaim" in condition(body, "Valid")["message"]
         assert "Apply manifests/admission.yaml" in condition(body, "Valid")["message"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.conftest import ClusterObjects
+from tests.cluster.controller.test_leader import entries
 from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
 from tests.cluster.kubeutil import RESOURCE, pod_claim, pod_with_claim, policy_devices, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
@@ -226,3 +227,27 @@ async def test_restart_mid_reconcile_converges_without_duplicates_or_writes(
     await reconciled(kube, probe)
     await asyncio.sleep(2)
     assert await versions() == before, "a restarted controller must not rewrite objects that are already right"
+
+
+async def test_a_policy_deleted_before_the_controller_saw_it_leaves_nothing_behind(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, unique: str,
+) -> None:
+    """Created and deleted while the controller was frozen, the policy never got the finalizer
+    that makes Kopf stop its timers: they must not converge its objects again, ever."""
+    name = f"p-{unique}-gone"
+    body = {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy", "metadata": {"name": name},
+            "spec": {"nodeSelector": NO_NODES, "slicing": MEMORY}}
+    controller.pause()
+    try:
+        await kube.create(POLICIES, body)
+        await kube.delete(f"{POLICIES}/{name}")
+    finally:
+        controller.resume()
+    # A policy made after it proves the controller has handled the events before it; its status
+    # timer's first tick (status_interval, 10 s) is when the gone one's would have converged.
+    probe = (await make_policy({"nodeSelector": NO_NODES, "slicing": MEMORY}, suffix="-probe"))["metadata"]["name"]
+    await reconciled(kube, probe)
+    await asyncio.sleep(15)
+    said = [e for e in entries(controller.log_text()) if e.get("policy") == name]
+    assert said == [], f"the controller acted on a policy that is gone: {said[:3]}"
+    assert await absent(kube, f"{RESOURCE}/deviceclasses/{name}.gpuslice.dev")
