@@ -224,7 +224,7 @@ async def test_nothing_is_published_until_tenancy_is_enforced(
             return body if seen[0].get("reason") == "TenancyNotEnforced" else None
 
         try:
-            body = await wait_for(not_enforced, what="Valid=False, TenancyNotEnforced")
+            body = await wait_for(not_enforced, within=60, what="Valid=False, TenancyNotEnforced")
         except AssertionError as error:
             raise AssertionError(f"{error}; Valid was {seen}") from None
         assert condition(body, "Valid")["status"] == "False"
