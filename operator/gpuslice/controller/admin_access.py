@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Set
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -28,6 +29,10 @@ class NamespaceView:
     labels: Mapping[str, str]
     active: bool  # False while terminating
     uid: str = ""
+
+    @classmethod
+    def from_namespace(cls, labels: Mapping[str, str], uid: str | None, status: Mapping[str, Any]) -> NamespaceView:
+        return cls(dict(labels), status.get("phase") != "Terminating", uid or "")
 
     @property
     def labelled(self) -> bool:

@@ -12,6 +12,10 @@ a policy only when something did (or its last reconcile failed):
   phase, a DeviceClass of someone else's, or any policy created, changed or deleted (validation
   judges policies against each other): every policy.
 
+Each is noted by an event handler, which Kopf runs on the event loop once its index holds the
+new object. Noted from an index handler (a thread, before Kopf stores what it returns), a refresh
+in between took the note and read the old object, and nothing noted it again.
+
 The drift timer still reconciles every policy fully every 120 s, whatever changed.
 """
 

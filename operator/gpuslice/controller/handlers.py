@@ -56,6 +56,11 @@ def world(kwargs: dict[str, Any], memo: FleetMemo | None = None, nodes_version: 
     )
 
 
+def _class_value(labels: kopf.Labels, spec: kopf.Spec) -> str | bool | None:
+    """A DeviceClass's extended resource; False for one of ours (only others' can conflict)."""
+    return False if LABEL_POLICY in labels else spec.get("extendedResourceName")
+
+
 def _orphaned(body: kopf.Body, kwargs: dict[str, Any]) -> bool:
     """A timer of a policy that is gone. Kopf stops a policy's timers when it sees the deletion
     begin, which its finalizer makes sure of; a policy deleted before Kopf put the finalizer on it
@@ -129,16 +134,19 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
     @kopf.index("v1", "namespaces", registry=registry, id="namespace_index")
     def namespace_index(name: str, labels: kopf.Labels, uid: str | None, status: kopf.Status,
                         **_: Any) -> dict[str, NamespaceView]:
-        view = NamespaceView(dict(labels), status.get("phase") != "Terminating", uid or "")
-        changes.shared_seen(f"namespace/{name}", view)
-        return {name: view}
+        """What changed is noted by namespace_event, which Kopf runs once this index holds it: noted
+        from here (a thread, before Kopf stores the result), a refresh in between took the note
+        and read the old namespace, and nothing noted it again."""
+        return {name: NamespaceView.from_namespace(labels, uid, status)}
 
     @kopf.index("resource.k8s.io", "v1", "deviceclasses", registry=registry, id="class_index")
     def class_index(name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any) -> dict[str, str | bool | None]:
         """DeviceClasses gpuslice did not make, with their extended resource (ours map to False)."""
-        value = False if LABEL_POLICY in labels else spec.get("extendedResourceName")
-        changes.shared_seen(f"deviceclass/{name}", value)
-        return {name: value}
+        return {name: _class_value(labels, spec)}
+
+    @kopf.on.event("resource.k8s.io", "v1", "deviceclasses", registry=registry)
+    async def class_event(name: str, labels: kopf.Labels, spec: kopf.Spec, type: str | None, **_: Any) -> None:
+        changes.shared_seen(f"deviceclass/{name}", None if type == "DELETED" else _class_value(labels, spec))
 
     @kopf.index("v1", "resourcequotas", registry=registry, id="quota_index", labels={LABEL_POLICY: kopf.PRESENT})
     def quota_index(namespace: str | None, name: str, labels: kopf.Labels, meta: kopf.Meta, status: kopf.Status,
@@ -174,14 +182,13 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
 
     @kopf.index("resource.k8s.io", "v1", "resourceclaims", registry=registry, id="claim_index")
     def claim_index(namespace: str | None, name: str, status: kopf.Status, **_: Any) -> dict[tuple[str, str], Any]:
-        view = ClaimView.from_claim(namespace or "", name, status)
-        changes.claim_seen((namespace or "", name), view)
-        return {(namespace or "", name): view}
+        return {(namespace or "", name): ClaimView.from_claim(namespace or "", name, status)}
 
     @kopf.on.event("resource.k8s.io", "v1", "resourceclaims", registry=registry)
-    def claim_event(namespace: str | None, name: str, type: str | None, **_: Any) -> None:
-        if type == "DELETED":
-            changes.claim_seen((namespace or "", name), None)
+    async def claim_event(namespace: str | None, name: str, status: kopf.Status, type: str | None, **_: Any) -> None:
+        """Noted once claim_index holds the claim (as namespace_event), on the event loop."""
+        key = (namespace or "", name)
+        changes.claim_seen(key, None if type == "DELETED" else ClaimView.from_claim(key[0], name, status))
 
     @kopf.on.resume(*POLICY, registry=registry)
     @kopf.on.create(*POLICY, registry=registry)
@@ -208,6 +215,11 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
             return  # nothing this policy's status reads has changed since its last refresh
         try:
             await reconcile(memo.ctx, body, current(kwargs), converge_objects=False)
+        except kopf.TemporaryError:
+            # Logged by reconcile; its delay is the converge's backoff (up to --last-retry), which
+            # Kopf would sleep this timer for. The next tick looks again, and ctx.due says whether
+            # to converge: a failed tenancy probe is asked again every tick.
+            changes.mark([name])
         except BaseException:
             changes.mark([name])
             raise
@@ -217,12 +229,14 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
     async def repair_drift(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
         if _orphaned(body, kwargs):
             return
-        await reconcile(memo.ctx, body, current(kwargs))
+        with contextlib.suppress(kopf.TemporaryError):  # logged; not a delay for this timer (refresh_status)
+            await reconcile(memo.ctx, body, current(kwargs))
 
     @kopf.on.event("v1", "namespaces", registry=registry)
-    async def namespace_event(name: str, type: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
-        if type == "DELETED":
-            changes.shared_seen(f"namespace/{name}", None)
+    async def namespace_event(name: str, labels: kopf.Labels, uid: str | None, status: kopf.Status,
+                              type: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
+        changes.shared_seen(f"namespace/{name}",
+                            None if type == "DELETED" else NamespaceView.from_namespace(labels, uid, status))
         if type != "ADDED" or "ctx" not in memo:
             return
         now = current(kwargs)
@@ -260,14 +274,18 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
         ctx: Context = memo.ctx
         key = (namespace or "", name)
         seen = None if type == "DELETED" else QuotaView.from_quota(labels[LABEL_POLICY], meta, status)
-        if ctx.quotas_seen.get(key) == seen:
+        before = ctx.quotas_seen.pop(key, False)  # False: never seen (None would be a deleted one)
+        if seen is not None:
+            ctx.quotas_seen[key] = seen
+        if before == seen:
             return  # only its usage changed
-        ctx.quotas_seen[key] = seen
         now = current(kwargs)
         body = now.policies.get(labels[LABEL_POLICY])
         if body is not None:
-            with contextlib.suppress(KubeError, kopf.TemporaryError):
+            try:
                 await reconcile(ctx, body, now, converge_objects=False)
+            except (KubeError, kopf.TemporaryError):
+                changes.mark([labels[LABEL_POLICY]])  # the status timer looks again; this event will not
 
     @kopf.on.delete(*POLICY, registry=registry)
     async def policy_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:

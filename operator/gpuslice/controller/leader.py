@@ -131,12 +131,22 @@ class LeaderElector:
         self._renewed_at = self.clock()
         return True
 
+    async def attempt(self) -> bool:
+        """One :meth:`try_acquire_or_renew`, bounded by ``renew_deadline`` as client-go bounds it:
+        a request that hangs (60 s, the client's timeout) would otherwise keep this copy from trying
+        again, and from writing, for that long."""
+        try:
+            return await asyncio.wait_for(self.try_acquire_or_renew(), self.renew_deadline)
+        except TimeoutError:
+            raise KubeError(0, "Timeout", f"no answer about the Lease within {self.renew_deadline} s",
+                            None) from None
+
     async def acquire(self, stop: asyncio.Event) -> bool:
         """Wait until this copy holds the Lease; False when ``stop`` came first."""
         waiting_logged = False
         while not stop.is_set():
             try:
-                if await self.try_acquire_or_renew():
+                if await self.attempt():
                     log.info("leading: this controller acts", holder=self.holder,
                              lease=f"{self.namespace}/{LEASE_NAME}")
                     return True
@@ -165,7 +175,7 @@ class LeaderElector:
             except TimeoutError:
                 pass
             try:
-                renewed = await self.try_acquire_or_renew()
+                renewed = await self.attempt()
             except KubeError as error:
                 if not self.leading() and not stopped_writing:
                     log.warning("the leader Lease could not be renewed in time: no writes until it is",

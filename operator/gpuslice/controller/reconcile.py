@@ -73,11 +73,14 @@ class Context:
     admitted: dict[str, list[AdmittedTenant]] = field(default_factory=dict)
     # The last tenancy probe per policy: (generation, what is wrong or None when enforced).
     tenancy: dict[str, tuple[int, str | None]] = field(default_factory=dict)
-    # What each gpuslice quota enforced when last seen (None: deleted), to act only when that changes.
-    quotas_seen: dict[tuple[str, str], QuotaView | None] = field(default_factory=dict)
+    # What each live gpuslice quota enforced when last seen, to act only when that changes.
+    quotas_seen: dict[tuple[str, str], QuotaView] = field(default_factory=dict)
     # Policies with a tenant that waits only for its quota's second to pass, longer than a reconcile
     # waits (a clock behind the apiserver's): the status timer refreshes these though nothing changed.
     clock_waits: set[str] = field(default_factory=set)
+    # The newest generation reconciled per policy (by uid): an event handler that held a body
+    # across awaits (one policy after another) must not converge an older spec over a newer one.
+    newest: dict[str, tuple[str, int]] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
     first_retry: float = FIRST_RETRY  # ControllerSettings.first_retry
     last_retry: float = LAST_RETRY
@@ -87,7 +90,8 @@ class Context:
 
     def forget(self, policy: str) -> None:
         """A deleted policy's bookkeeping goes with it."""
-        for store in (self.locks, self.failures, self.retry_at, self.label_records, self.admitted, self.tenancy):
+        for store in (self.locks, self.failures, self.retry_at, self.label_records, self.admitted, self.tenancy,
+                      self.newest):
             store.pop(policy, None)
         self.unconverged.discard(policy)
         self.clock_waits.discard(policy)
@@ -127,7 +131,12 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, conv
     # update handler did) is converged and probed now, rather than reported as unverified.
     unprobed = ctx.tenancy.get(name, (None, None))[0] != generation
     converge_objects = converge_objects or unprobed or (name in ctx.unconverged and ctx.due(name))
+    uid = str(body["metadata"].get("uid") or "")
     async with ctx.lock(name):
+        seen_uid, seen = ctx.newest.get(name, (uid, generation))
+        if seen_uid == uid and generation < seen:
+            return  # an older body than one already reconciled: the newer one's work stands
+        ctx.newest[name] = (uid, generation)
         started = time.monotonic()
         try:
             await _reconcile(ctx, body, world, converge_objects)
@@ -205,6 +214,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     devices = devices_by_policy(mine).get(policy.name, set())
     errors: list[str] = []
     taken: list[str] = []
+    unanswered: KubeError | None = None
     # Removals and changed limits take effect at once (the admission policy also reads spec.tenants);
     # additions wait for a converge, and limited tenants for their quota to be in force (a quota's
     # change of status.hard brings the controller back here: quota_event).
@@ -225,19 +235,21 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
                                     lambda record: _write_records(ctx, policy, labels=frozenset(record)))
         except KubeError as error:
             errors.append(f"labelling admin-access namespaces: {error.message}")
-        unenforced = await tenancy_unenforced(ctx.kube, ctx.namespace, policy.name, kinds[0].class_name)
-        ctx.tenancy[policy.name] = (policy.metadata.generation, unenforced)
+        unanswered = await _probe(ctx, policy, kinds[0].class_name)
     else:
         await _admit(ctx, policy, world, kinds)
         if not problems and ctx.tenancy.get(policy.name, (-1, None))[1] and (
                 ctx.tenancy[policy.name][0] == policy.metadata.generation):
             # This generation's probe failed: probe again (a dry run), not only at the next converge.
-            unenforced = await tenancy_unenforced(ctx.kube, ctx.namespace, policy.name, kinds[0].class_name)
-            ctx.tenancy[policy.name] = (policy.metadata.generation, unenforced)
+            unanswered = await _probe(ctx, policy, kinds[0].class_name)
+    if unanswered is not None and policy.status.observed_generation == policy.metadata.generation:
+        raise unanswered  # the status already judged this generation: it stands until an answer comes
     if not problems:
         generation, unenforced = ctx.tenancy.get(policy.name, (-1, None))
         if generation != policy.metadata.generation:
             unenforced = "gpuslice has not yet verified that tenancy is enforced for this generation of the policy."
+            if unanswered is not None:
+                unenforced += f" The dry-run probe got no verdict yet: {unanswered}."
         if unenforced:
             problems = [Problem(TENANCY_NOT_ENFORCED, unenforced)]
     # Held back for a claim, not merely draining for a few seconds before a change (no news).
@@ -254,10 +266,28 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     )
     labels, admitted = _records(ctx, policy)
     await write_status(ctx, policy, findings, labels, admitted)
+    if unanswered is not None:
+        raise unanswered  # retried after the (transient) failure's backoff
     unproven = [p.message for p in problems if p.reason == TENANCY_NOT_ENFORCED]
     if converge_objects and (errors or taken or unproven):
         # Bounded backoff (reconcile): bad input is tried again now and then, never in a loop.
         raise ConvergeFailed("; ".join([*errors, *(f"{t} exists and is not gpuslice's" for t in taken), *unproven]))
+
+
+async def _probe(ctx: Context, policy: GpuSlicePolicy, class_name: str) -> KubeError | None:
+    """Probe tenancy for this generation of ``policy``. A transient failure (the API server busy,
+    restarting or not yet ready) is no verdict: it is returned, to be raised once the status is
+    written. A status that judged this generation stands (a restarted controller and API server
+    must not withdraw every policy's devices); one that has not judged it yet says that it is
+    unverified, and why (a new policy showed no Valid condition at all until an answer came)."""
+    try:
+        unenforced = await tenancy_unenforced(ctx.kube, ctx.namespace, policy.name, class_name)
+    except KubeError as error:
+        if not error.transient:
+            raise
+        return error
+    ctx.tenancy[policy.name] = (policy.metadata.generation, unenforced)
+    return None
 
 
 async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings,

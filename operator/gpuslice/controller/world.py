@@ -72,9 +72,12 @@ class World:
             return [v for v in self.slices if v.pool in pools]
         return [v for pool in sorted(set(self.policy_pools.get(policy, ()))) for v in self.slice_pools.get(pool, ())]
 
+    def _version(self) -> tuple[int, int] | None:
+        return None if self.nodes_version is None else (self.nodes_version, len(self.nodes))
+
     def inventory(self) -> Inventory:
         """Every node with GPUs we can see, with its labels."""
-        version = None if self.nodes_version is None else (self.nodes_version, len(self.nodes))
+        version = self._version()
         if self.memo is not None and version is not None and self.memo.nodes_version == version:
             return self.memo.inventory
         found = []
@@ -82,7 +85,10 @@ class World:
             gpus = node_gpus(name, labels)
             if gpus is not None:
                 found.append((dict(labels), gpus))
-        if self.memo is not None and version is not None:
+        if self.memo is not None and version is not None and (
+                self.memo.nodes_version is None or version[0] >= self.memo.nodes_version[0]):
+            # Only forward: a World made before an await, used after a newer one was kept, keeps
+            # its older answer to itself.
             self.memo.nodes_version, self.memo.inventory = version, found
             self.memo.selections.clear()
         return found
@@ -90,8 +96,8 @@ class World:
     def selection(self, policy: GpuSlicePolicy) -> Selection:
         """The nodes and GPUs ``policy`` selects."""
         inventory = self.inventory()
-        if self.memo is None or self.nodes_version is None:
-            return select(policy, inventory)
+        if self.memo is None or self.nodes_version is None or self.memo.nodes_version != self._version():
+            return select(policy, inventory)  # no memo, or one kept for other nodes than this World's
         spec = (policy.metadata.uid, policy.metadata.generation)
         kept = self.memo.selections.get(policy.name)
         if kept is None or kept[0] != spec or not spec[0]:

@@ -135,22 +135,44 @@ class Unready(Refuses):
                         " Kind=GpuSlicePolicy'", None)
 
 
+JUDGED = {**POLICY, "status": {"observedGeneration": 1, "conditions": [
+    {"type": "Valid", "status": "True", "reason": "SpecValid", "message": "",
+     "lastTransitionTime": "2026-11-29T10:00:00Z", "observedGeneration": 1}]}}
+
+
 async def test_an_api_server_that_is_not_ready_is_asked_again_soon_and_nothing_is_reported_of_it() -> None:
+    """A restarted controller and API server: the verdict the status holds for this generation
+    stands (reporting it unverified would have every agent withdraw the policy's devices)."""
     kube, clock = Unready(), Clock()
     ctx = Context(kube=cast(KubeClient, kube), username="u", clock=clock)
     delays = []
     for _ in range(6):
         with pytest.raises(kopf.TemporaryError) as failed:
-            await reconcile(ctx, POLICY, WORLD)
+            await reconcile(ctx, JUDGED, WORLD)
         delays.append(failed.value.delay)
     assert delays == [2.0, 4.0, 8.0, TRANSIENT_RETRY, TRANSIENT_RETRY, TRANSIENT_RETRY]
     # The writes work again; the tenancy rule cannot be evaluated yet: asked again soon, and the
     # policy is not reported as unenforced meanwhile.
     kube.refuse = False
     with pytest.raises(kopf.TemporaryError, match="failed to configure") as failed:
-        await reconcile(ctx, POLICY, WORLD)
+        await reconcile(ctx, JUDGED, WORLD)
     assert failed.value.delay == TRANSIENT_RETRY
     assert not [p for p in kube.statuses if "TenancyNotEnforced" in str(p)]
+
+
+async def test_a_new_policy_whose_probe_gets_no_verdict_says_it_is_unverified_and_why() -> None:
+    """Never judged, it has nothing to keep: its status says why there is no verdict yet (it showed
+    no Valid condition at all until an answer came)."""
+    kube, clock = Unready(), Clock()
+    kube.refuse = False
+    ctx = Context(kube=cast(KubeClient, kube), username="u", clock=clock)
+    with pytest.raises(kopf.TemporaryError, match="failed to configure") as failed:
+        await reconcile(ctx, POLICY, WORLD)
+    assert failed.value.delay == 2.0
+    valid = next(c for p in kube.statuses for c in (p["status"].get("conditions") or []) if c["type"] == "Valid")
+    assert (valid["status"], valid["reason"]) == ("False", "TenancyNotEnforced")
+    assert "not yet verified" in valid["message"]
+    assert "failed to configure binding" in valid["message"]
 
 
 async def test_a_tenant_waiting_on_a_clock_far_behind_is_looked_at_again_by_the_status_timer() -> None:

@@ -77,6 +77,21 @@ def test_a_selection_is_kept_until_the_nodes_or_the_spec_change() -> None:
     assert [g.node for g in later.selection(edited).gpus] == ["n2"]
 
 
+def test_a_world_older_than_the_memo_neither_reads_nor_overwrites_it() -> None:
+    """A handler that made its World before an await uses it after a newer one filled the memo."""
+    memo = FleetMemo()
+    fleet = nodes(4)
+    moved = {**fleet, "n0": {**fleet["n0"], "pool": "x"}}
+    policy = parse_policy(body("x", "x"))
+    assert policy is not None
+    old = World(policies={}, namespaces={}, nodes=fleet, slices=[], claims=[], nodes_version=1, memo=memo)
+    new = World(policies={}, namespaces={}, nodes=moved, slices=[], claims=[], nodes_version=2, memo=memo)
+    assert [g.node for g in new.selection(policy).gpus] == ["n0", "n1", "n3"]
+    assert [g.node for g in old.selection(policy).gpus] == ["n1", "n3"]  # its own nodes, worked out
+    assert memo.nodes_version == (2, 4)
+    assert [g.node for g in new.selection(policy).gpus] == ["n0", "n1", "n3"], "the memo kept the newer answer"
+
+
 def test_a_policy_that_does_not_parse_is_left_out_of_the_others() -> None:
     bad = body("bad", "x")
     bad["spec"]["slicing"] = {"mode": "nonsense"}

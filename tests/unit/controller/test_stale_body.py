@@ -1,0 +1,38 @@
+"""An event handler reconciles one policy after another, each from the body it read at the start;
+a user's edit in between has already been reconciled from the newer body. The older one must not
+converge its spec over it (a tenant just removed would get its template and quota back)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from gpuslice.controller.reconcile import Context, reconcile
+from gpuslice.controller.world import World
+from gpuslice.kube.client import KubeClient
+from tests.unit.controller.test_retry import POLICY, WORLD, Refuses, templates
+
+
+def edited(generation: int, tenants: list[str], uid: str = "u-1") -> dict[str, Any]:
+    return {**POLICY, "metadata": {**POLICY["metadata"], "generation": generation, "uid": uid},
+            "spec": {**POLICY["spec"], "tenants": [{"namespace": t} for t in tenants]}}
+
+
+async def test_an_older_body_than_one_reconciled_changes_nothing() -> None:
+    kube = Refuses()
+    kube.refuse = False
+    ctx = Context(kube=cast(KubeClient, kube), username="u")
+    world = World(**{**WORLD.__dict__, "namespaces": {**WORLD.namespaces, "b": WORLD.namespaces["a"]}})
+    await reconcile(ctx, edited(2, ["a"]), world)  # the edit removed tenant b
+    kube.applied.clear()
+    await reconcile(ctx, edited(1, ["a", "b"]), world)  # the handler's body from before the edit
+    assert templates(kube) == []
+
+
+async def test_a_policy_made_again_under_its_name_is_reconciled_from_its_first_generation() -> None:
+    kube = Refuses()
+    kube.refuse = False
+    ctx = Context(kube=cast(KubeClient, kube), username="u")
+    await reconcile(ctx, edited(5, ["a"]), WORLD)
+    kube.applied.clear()
+    await reconcile(ctx, edited(1, ["a"], uid="u-2"), WORLD)
+    assert templates(kube) == ["/apis/resource.k8s.io/v1/namespaces/a/resourceclaimtemplates/gpu-slice"]
