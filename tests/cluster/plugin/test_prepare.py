@@ -4,14 +4,19 @@ container receives the GPUSLICE_* variables of the device it was allocated."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
-from gpuslice.kube.client import KubeClient
+from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.planning.tenancy_rule import TENANCY, tenancy_binding
 from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
-from tests.cluster.kubeutil import RESOURCE, pod_claim
+from tests.cluster.controller.test_tenancy import claim
+from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.plugin.conftest import PluginNodeFactory, event_with, exec_env, gone, pod_phase, running, until
+
+VAP = "/apis/admissionregistration.k8s.io/v1"
 
 
 async def allocated_device(kube: KubeClient, namespace: str, pod: str) -> dict[str, Any]:
@@ -149,3 +154,51 @@ async def test_claim_of_a_device_no_longer_published_is_refused_at_prepare(
     assert node.checkpoints() == []
     assert node.agent.running
     await kube.delete(f"/api/v1/namespaces/{namespace}/pods/late", gracePeriodSeconds=0)
+
+
+async def test_a_non_tenant_allocated_while_the_tenancy_rule_was_away_gets_no_device(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
+    namespace: str, namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    """A hostile tenant in the window an admin's mistake opens: the tenancy rule's binding is
+    deleted, and before the controller probes again the scheduler allocates a published slice to a
+    namespace that is not a tenant. The kubelet plugin, reading the policy at prepare time, gives
+    it to no container, and the pod's Events say why."""
+    node = await plugin_node("h100-80gb", 1)
+    stranger = await namespaces("stranger")
+    policy = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
+    await published(kube, node.name, 8)
+    klass = f"{policy}.gpuslice.dev"
+    binding = f"{VAP}/validatingadmissionpolicybindings/{TENANCY}"
+
+    async def admitted() -> bool:  # a dry-run claim of the stranger's: does the rule judge it?
+        try:
+            await kube.request("POST", f"{RESOURCE}/namespaces/{stranger}/resourceclaims", claim("probe", klass),
+                               query={"dryRun": "All"})
+        except KubeError:
+            return False
+        return True
+
+    await kube.delete(binding)
+    try:
+        await wait_for(admitted, what="the tenancy binding to stop applying")
+        await kube.create(f"{RESOURCE}/namespaces/{stranger}/resourceclaims", claim("taken", klass))
+        await kube.create(f"/api/v1/namespaces/{stranger}/pods", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "intruder"},
+            "spec": {"containers": [{"name": "c", "image": PAUSE_IMAGE, "resources": {"claims": [{"name": "gpu"}]}}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "taken"}]}})
+        event = await event_with(kube, stranger, "intruder", "is not in its spec.tenants")
+        assert f"claim {stranger}/taken was allocated devices of GpuSlicePolicy {policy}" in event["message"]
+        taken = await kube.get(f"{RESOURCE}/namespaces/{stranger}/resourceclaims/taken")
+        assert taken["status"]["allocation"], "the scheduler allocated it: only the plugin stood in the way"
+        assert await pod_phase(kube, stranger, "intruder") != "Running"
+        assert node.recorded(stranger, "intruder") is None, "no container got the device"
+        assert node.cdi_specs() == []
+        assert [c for c in node.checkpoints() if c["uid"] == taken["metadata"]["uid"]] == []
+    finally:
+        await kube.apply(binding, tenancy_binding(), field_manager="gpuslice-tests")
+        await wait_for(lambda: _refused(admitted), what="the tenancy binding to apply again")
+
+
+async def _refused(admitted: Callable[[], Awaitable[bool]]) -> bool:
+    return not await admitted()

@@ -27,3 +27,8 @@ class DeviceUnusable(PluginError):
 
 class UnprepareFailed(PluginError):
     """Something prepare made could not be removed; the kubelet retries."""
+
+
+class NotATenant(PluginError):
+    """The claim's namespace may not use the devices it was allocated: the tenancy rule did not judge
+    the allocation (its binding gone, say) or its policy changed since. No container gets them."""

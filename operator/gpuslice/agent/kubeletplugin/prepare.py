@@ -28,11 +28,13 @@ from gpuslice.agent.kubeletplugin.errors import (
     DeviceNotPublished,
     DeviceUnusable,
     NotAllocated,
+    NotATenant,
     PluginError,
     UnprepareFailed,
 )
 from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.kubeletplugin.modes import prep_of
+from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.dra import cdi
 from gpuslice.dra.names import DRIVER
 from gpuslice.kube.client import KubeClient, KubeError
@@ -42,6 +44,7 @@ from gpuslice.planning.modes import environment
 
 log = structlog.get_logger(__name__)
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+POLICIES = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,7 @@ class Preparer:
                     " drain removed it after the scheduler chose it); it is not given to any container. Delete the"
                     " pod (and the claim, unless a template made it) so that the scheduler allocates a published"
                     " device.")
+            await self._check_tenancy(claim, results, published)
             static = self.static_gpus()
             devices = []
             for result in results:
@@ -152,6 +156,36 @@ class Preparer:
             await asyncio.to_thread(self.checkpoints.write, checkpoint)
         kill_point("prepare-started")
         return checkpoint, {d.device: published[d.device] for d in devices}
+
+    async def _check_tenancy(self, claim: ClaimRef, results: list[dict[str, Any]],
+                             published: dict[str, Device]) -> None:
+        """The line behind the tenancy rule: the claim's namespace must be one the device's policy
+        names now (``spec.tenants``; for an admin-access request ``spec.adminAccess.namespaces``),
+        read from the API server, not from a cache. The rule judges the allocation when the
+        scheduler writes it; this holds when it did not (its binding deleted, and the controller not
+        yet probing again) and when the policy dropped the namespace since (no new pod starts on a
+        claim it still holds). A claim already prepared keeps its answer (``prepare``)."""
+        wanted = sorted({(published[str(r["device"])].policy, bool(r.get("adminAccess"))) for r in results})
+        for policy, admin in wanted:
+            try:
+                body = await self.kube.get(f"{POLICIES}/{policy}")
+            except KubeError as error:
+                if error.status == 404:
+                    raise NotATenant(f"claim {claim} was allocated devices of GpuSlicePolicy {policy}, which no"
+                                     " longer exists; they are given to no container. Delete the pod.") from None
+                raise
+            spec = body.get("spec") or {}
+            if admin:
+                allowed = set((spec.get("adminAccess") or {}).get("namespaces") or [])
+                field = "spec.adminAccess.namespaces"
+            else:
+                allowed = {str(t.get("namespace")) for t in spec.get("tenants") or []}
+                field = "spec.tenants"
+            if claim.namespace not in allowed:
+                raise NotATenant(
+                    f"claim {claim} was allocated {'admin access to ' if admin else ''}devices of GpuSlicePolicy"
+                    f" {policy}, but namespace {claim.namespace} is not in its {field}; they are given to no"
+                    f" container. Ask the policy's owner to add {claim.namespace} to {field}, or delete the pod.")
 
     async def _finish(self, claim: ClaimRef, checkpoint: ClaimCheckpoint,
                       devices: dict[str, Device]) -> list[PreparedDevice]:
