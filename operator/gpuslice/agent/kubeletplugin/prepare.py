@@ -97,6 +97,7 @@ class Preparer:
             results = await self._our_results(claim)
             checkpoint, devices = await self._start(claim, results)
             try:
+                await self._check_tenancy(claim, results, devices)  # its reads hold no lock
                 return await self._finish(claim, checkpoint, devices)
             except BaseException:
                 log.warning("prepare failed; undoing what it made", claim=str(claim), uid=claim.uid)
@@ -140,7 +141,6 @@ class Preparer:
                     " drain removed it after the scheduler chose it); it is not given to any container. Delete the"
                     " pod (and the claim, unless a template made it) so that the scheduler allocates a published"
                     " device.")
-            await self._check_tenancy(claim, results, published)
             static = self.static_gpus()
             devices = []
             for result in results:
@@ -163,17 +163,21 @@ class Preparer:
         names now (``spec.tenants``; for an admin-access request ``spec.adminAccess.namespaces``),
         read from the API server, not from a cache. The rule judges the allocation when the
         scheduler writes it; this holds when it did not (its binding deleted, and the controller not
-        yet probing again) and when the policy dropped the namespace since (no new pod starts on a
-        claim it still holds). A claim already prepared keeps its answer (``prepare``)."""
+        yet probing again) and when the policy dropped the namespace since. It checks membership
+        only: the rule's other clauses (limits, UIDs, taints) and a second pod on a claim already
+        prepared on this node are the rule's alone. A claim already prepared keeps its answer."""
         wanted = sorted({(published[str(r["device"])].policy, bool(r.get("adminAccess"))) for r in results})
         for policy, admin in wanted:
             try:
                 body = await self.kube.get(f"{POLICIES}/{policy}")
             except KubeError as error:
                 if error.status == 404:
-                    raise NotATenant(f"claim {claim} was allocated devices of GpuSlicePolicy {policy}, which no"
-                                     " longer exists; they are given to no container. Delete the pod.") from None
-                raise
+                    raise NotATenant(f"claim {claim} was allocated devices of GpuSlicePolicy {policy}, which does"
+                                     " not exist now; they are given to no container (if the policy is being"
+                                     " replaced, the kubelet's retry succeeds once it is back; else delete the"
+                                     " pod).") from None
+                raise PluginError(f"claim {claim}: reading GpuSlicePolicy {policy}, whose devices it was"
+                                  f" allocated, failed ({error}); the kubelet retries.") from error
             spec = body.get("spec") or {}
             if admin:
                 allowed = set((spec.get("adminAccess") or {}).get("namespaces") or [])
