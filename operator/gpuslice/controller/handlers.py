@@ -134,9 +134,7 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
     @kopf.index("v1", "namespaces", registry=registry, id="namespace_index")
     def namespace_index(name: str, labels: kopf.Labels, uid: str | None, status: kopf.Status,
                         **_: Any) -> dict[str, NamespaceView]:
-        """What changed is noted by namespace_event, which Kopf runs once this index holds it: noted
-        from here (a thread, before Kopf stores the result), a refresh in between took the note
-        and read the old namespace, and nothing noted it again."""
+        """What changed is noted by namespace_event, once this index holds it (changes.py says why)."""
         return {name: NamespaceView.from_namespace(labels, uid, status)}
 
     @kopf.index("resource.k8s.io", "v1", "deviceclasses", registry=registry, id="class_index")
@@ -186,7 +184,7 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
 
     @kopf.on.event("resource.k8s.io", "v1", "resourceclaims", registry=registry)
     async def claim_event(namespace: str | None, name: str, status: kopf.Status, type: str | None, **_: Any) -> None:
-        """Noted once claim_index holds the claim (as namespace_event), on the event loop."""
+        """Noted once claim_index holds the claim (changes.py says why)."""
         key = (namespace or "", name)
         changes.claim_seen(key, None if type == "DELETED" else ClaimView.from_claim(key[0], name, status))
 

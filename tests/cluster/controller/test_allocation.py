@@ -14,7 +14,7 @@ from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
 from tests.cluster.agent.test_publishing import pool_devices as published_now
 from tests.cluster.agent.test_publishing import published
 from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
-from tests.cluster.controller.test_tenancy import claim
+from tests.cluster.controller.test_tenancy import claim, dry_run_admitted
 from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
@@ -203,15 +203,8 @@ async def test_nothing_is_published_until_tenancy_is_enforced(
         canary = (await make_policy({"nodeSelector": NO_NODES, "slicing": {"mode": "memory", "sliceSize": "10Gi"}},
                                     suffix="-canary"))["metadata"]["name"]
 
-        async def unenforced() -> bool:  # the apiserver has dropped the binding
-            try:
-                await kube.request("POST", f"{RESOURCE}/namespaces/gpuslice-system/resourceclaims",
-                                   claim("probe", f"{canary}.gpuslice.dev"), query={"dryRun": "All"})
-            except KubeError:
-                return False
-            return True
-
-        await wait_for(unenforced, what="the tenancy binding to stop applying")
+        await wait_for(lambda: dry_run_admitted(kube, "gpuslice-system", f"{canary}.gpuslice.dev"),
+                       what="the tenancy binding to stop applying")
         node = await gpu_node("h100-80gb", 1)
         name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
                                    "slicing": {"mode": "memory", "sliceSize": "10G"}}))["metadata"]["name"]

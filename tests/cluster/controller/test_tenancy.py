@@ -25,6 +25,16 @@ def claim(name: str, device_class: str, admin: bool = False) -> dict[str, Any]:
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
 
 
+async def dry_run_admitted(kube: KubeClient, namespace: str, device_class: str) -> bool:
+    """Whether the apiserver admits a dry-run claim of ``device_class`` from ``namespace``."""
+    try:
+        await kube.request("POST", f"{RESOURCE}/namespaces/{namespace}/resourceclaims", claim("probe", device_class),
+                           query={"dryRun": "All"})
+    except KubeError:
+        return False
+    return True
+
+
 async def ready_policy(kube: KubeClient, make_policy: PolicyFactory, spec: dict[str, Any], suffix: str = "") -> str:
     """Create a policy and wait until the controller has proved its tenancy is enforced (Valid)."""
     name = (await make_policy({"nodeSelector": NO_NODES, "slicing": {"mode": "memory", "sliceSize": "10Gi"}, **spec},

@@ -8,11 +8,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import KubeClient
 from gpuslice.planning.tenancy_rule import TENANCY, tenancy_binding
 from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
-from tests.cluster.controller.test_tenancy import claim
-from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, wait_for
+from tests.cluster.controller.test_allocation import pod_using
+from tests.cluster.controller.test_tenancy import claim, dry_run_admitted
+from tests.cluster.kubeutil import RESOURCE, pod_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.plugin.conftest import PluginNodeFactory, event_with, exec_env, gone, pod_phase, running, until
 
@@ -172,21 +173,13 @@ async def test_a_non_tenant_allocated_while_the_tenancy_rule_was_away_gets_no_de
     binding = f"{VAP}/validatingadmissionpolicybindings/{TENANCY}"
 
     async def admitted() -> bool:  # a dry-run claim of the stranger's: does the rule judge it?
-        try:
-            await kube.request("POST", f"{RESOURCE}/namespaces/{stranger}/resourceclaims", claim("probe", klass),
-                               query={"dryRun": "All"})
-        except KubeError:
-            return False
-        return True
+        return await dry_run_admitted(kube, stranger, klass)
 
     await kube.delete(binding)
     try:
         await wait_for(admitted, what="the tenancy binding to stop applying")
         await kube.create(f"{RESOURCE}/namespaces/{stranger}/resourceclaims", claim("taken", klass))
-        await kube.create(f"/api/v1/namespaces/{stranger}/pods", {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "intruder"},
-            "spec": {"containers": [{"name": "c", "image": PAUSE_IMAGE, "resources": {"claims": [{"name": "gpu"}]}}],
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "taken"}]}})
+        await kube.create(f"/api/v1/namespaces/{stranger}/pods", pod_using("intruder", "taken"))
         event = await event_with(kube, stranger, "intruder", "is not in its spec.tenants")
         assert f"claim {stranger}/taken was allocated devices of GpuSlicePolicy {policy}" in event["message"]
         taken = await kube.get(f"{RESOURCE}/namespaces/{stranger}/resourceclaims/taken")

@@ -158,7 +158,7 @@ class Preparer:
         return checkpoint, {d.device: published[d.device] for d in devices}
 
     async def _check_tenancy(self, claim: ClaimRef, results: list[dict[str, Any]],
-                             published: dict[str, Device]) -> None:
+                             devices: dict[str, Device]) -> None:
         """The line behind the tenancy rule: the claim's namespace must be one the device's policy
         names now (``spec.tenants``; for an admin-access request ``spec.adminAccess.namespaces``),
         read from the API server, not from a cache. The rule judges the allocation when the
@@ -166,7 +166,7 @@ class Preparer:
         yet probing again) and when the policy dropped the namespace since. It checks membership
         only: the rule's other clauses (limits, UIDs, taints) and a second pod on a claim already
         prepared on this node are the rule's alone. A claim already prepared keeps its answer."""
-        wanted = sorted({(published[str(r["device"])].policy, bool(r.get("adminAccess"))) for r in results})
+        wanted = sorted({(devices[str(r["device"])].policy, bool(r.get("adminAccess"))) for r in results})
         for policy, admin in wanted:
             try:
                 body = await self.kube.get(f"{POLICIES}/{policy}")
