@@ -2,13 +2,14 @@
 # Uninstall gpuslice and leave nothing behind:   hack/uninstall.sh [OVERLAY]   (make undeploy)
 # The order matters:
 #  1. The policies, while the controller still runs: its finalizer holds each one until no claim
-#     holds its devices (delete those workloads first), it removes the admin-access labels it set,
-#     and owner references take the DeviceClasses, claim templates, quotas and taint rules with
-#     the policy. Once the controller is gone, no finalizer is left to block the CRD.
+#     holds its devices (delete those workloads first), it removes the admin-access and tenancy
+#     labels it set, and owner references take the DeviceClasses, claim templates, quotas and
+#     taint rules with the policy. Once the controller is gone, no finalizer is left to block the CRD.
 #  2. The controller and the agents, waiting until their pods are gone (foreground), so no agent
 #     publishes again after step 5.
-#  3. The admission policies (manifests/admission.yaml and the agents' own-node policy), before
-#     the CRD: without it, the tenancy policy would refuse every ResourceClaim (it fails closed).
+#  3. The admission policies (manifests/admission.yaml and the agents' own rules), and any tenancy
+#     label left on a namespace (set by hand: the controller takes off those it set). Any order
+#     would leave other drivers' claims working (README, "Its CRD missing"); this one leaves nothing.
 #  4. Everything else the overlay installed: RBAC, the CRD, the namespace.
 #  5. What outlives the objects above by design: the agents' ResourceSlices (owned by their Node;
 #     the agents delete them when no policy is left, and the kubelet drops a driver's slices 30 s
@@ -37,10 +38,11 @@ fi
 echo "uninstall: stopping the controller and the node agents"
 k -n gpuslice-system delete daemonset/gpuslice-agent deployment/gpuslice-controller \
   --cascade=foreground --ignore-not-found --wait --timeout="${TIMEOUT}s"
-echo "uninstall: deleting the admission policies, before the CRD they read"
+echo "uninstall: deleting the admission policies and any tenancy label left"
 for selector in app.kubernetes.io/part-of=gpuslice app.kubernetes.io/managed-by=gpuslice; do
   k delete validatingadmissionpolicybindings,validatingadmissionpolicies -l "$selector" --ignore-not-found
 done
+k label namespaces -l gpuslice.dev/tenancy gpuslice.dev/tenancy- >/dev/null
 echo "uninstall: deleting what $OVERLAY installed"
 k delete -k "$OVERLAY" --ignore-not-found --wait --timeout="${TIMEOUT}s"
 echo "uninstall: deleting any ResourceSlice the agents left"

@@ -37,8 +37,7 @@ async def apply_manifests(kube: KubeClient, text: str) -> None:
             await kube.apply(object_path(doc), doc, field_manager="gpuslice-tests")
 
 
-@pytest.fixture(scope="session")
-async def controller_kubeconfig(cluster: DevCluster, kube: KubeClient, tmp_path_factory: pytest.TempPathFactory) -> Path:
+async def write_controller_kubeconfig(cluster: DevCluster, kube: KubeClient, directory: Path) -> Path:
     """A kubeconfig with a token of the controller's ServiceAccount (manifests/controller-rbac.yaml)."""
     await apply_manifests(kube, RBAC.read_text())
     token = await kube.create(
@@ -53,9 +52,14 @@ async def controller_kubeconfig(cluster: DevCluster, kube: KubeClient, tmp_path_
         "contexts": [{"name": "controller", "context": {"cluster": admin["clusters"][0]["name"], "user": "gpuslice-controller"}}],
         "current-context": "controller",
     }
-    path = tmp_path_factory.mktemp("controller") / "kubeconfig"
+    path = directory / "kubeconfig"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+@pytest.fixture(scope="session")
+async def controller_kubeconfig(cluster: DevCluster, kube: KubeClient, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return await write_controller_kubeconfig(cluster, kube, tmp_path_factory.mktemp("controller"))
 
 
 class ControllerProcess:
@@ -191,3 +195,31 @@ async def namespaces(kube: KubeClient, unique: str) -> AsyncIterator[Callable[..
     yield create
     for name in created:
         await delete_namespace(kube, name)
+
+
+async def judged_before_the_policy(kube: KubeClient, make_policy: PolicyFactory, namespaces: list[str],
+                                   klass: str) -> None:
+    """Make ``namespaces`` tenants of another policy (on no node), so that they are labelled
+    gpuslice.dev/tenancy=judged and claims of ``klass`` (a policy that does not exist yet) can be
+    made there: the one way claims can be made before their policy. Anywhere else, a claim of a
+    gpuslice class in a namespace no policy names is refused when it is made, checked here first."""
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "early-probe"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": klass}}]}}}
+    for namespace in namespaces:
+        with pytest.raises(KubeError) as refused:
+            await kube.create(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", body, dryRun="All")
+        assert "gpuslice-non-tenants" in refused.value.message, refused.value.message
+        assert "is not a tenant" in refused.value.message
+    # Its own template name: two policies may not make the same template in a namespace.
+    await make_policy({"nodeSelector": {"matchLabels": {"gpuslice.dev/no-such-node": "true"}},
+                       "slicing": {"mode": "memory", "sliceSize": "10G"}, "claimTemplateName": "other-slice",
+                       "tenants": [{"namespace": n} for n in namespaces]}, "-other")
+
+    async def labelled() -> bool:
+        for namespace in namespaces:
+            labels = (await kube.get(f"/api/v1/namespaces/{namespace}"))["metadata"].get("labels") or {}
+            if labels.get("gpuslice.dev/tenancy") != "judged":
+                return False
+        return True
+
+    await wait_for(labelled, within=30, what=f"namespaces {namespaces} to be labelled as judged")

@@ -23,6 +23,7 @@ from gpuslice.controller.reconcile import Context, reconcile, report_deleting
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import start_context
 from gpuslice.controller.tenancy import QuotaView
+from gpuslice.controller.tenancy_labels import judged, named_namespaces, sync_tenancy_labels
 from gpuslice.controller.world import FleetMemo, World, parse_policy
 from gpuslice.dra.names import DRIVER, LABEL_POLICY
 from gpuslice.kube.client import EndlessBackoff, KubeClient, KubeError
@@ -233,11 +234,20 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
     @kopf.on.event("v1", "namespaces", registry=registry)
     async def namespace_event(name: str, labels: kopf.Labels, uid: str | None, status: kopf.Status,
                               type: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
-        changes.shared_seen(f"namespace/{name}",
-                            None if type == "DELETED" else NamespaceView.from_namespace(labels, uid, status))
-        if type != "ADDED" or "ctx" not in memo:
+        view = None if type == "DELETED" else NamespaceView.from_namespace(labels, uid, status)
+        changes.shared_seen(f"namespace/{name}", view)
+        if type is None or view is None or "ctx" not in memo:
             return
         now = current(kwargs)
+        ctx: Context = memo.ctx
+        if view.active and judged(view) != (name in named_namespaces(now.policies.values(), ctx.namespace)):
+            # A tenancy label someone else took off (or put on): put it as the policies say. An added
+            # namespace a policy names is labelled by the converge below.
+            with contextlib.suppress(KubeError):  # the drift converge tries again
+                await sync_tenancy_labels(ctx.kube, ctx.tenancy_labels, {name: view},
+                                          named_namespaces(now.policies.values(), ctx.namespace))
+        if type != "ADDED":
+            return
         affected = []
         for body in now.policies.values():
             spec = body.get("spec") or {}
@@ -302,6 +312,11 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
                 return None  # the record goes with the policy
 
             await sync_admin_labels(ctx.kube, name, plan, mine, record)
+            # The namespaces only this policy named lose their tenancy label before it goes: with
+            # the CRD deleted next, none is left routed to a rule whose parameter is gone.
+            others = (b for n, b in now.policies.items() if n != name)
+            await sync_tenancy_labels(ctx.kube, ctx.tenancy_labels, now.namespaces,
+                                      named_namespaces(others, ctx.namespace))
         ctx.forget(name)
         changes.forget(name)
         changes.everything()  # a conflict it caused may be gone

@@ -26,6 +26,7 @@ from gpuslice.controller.events import post_event
 from gpuslice.controller.metrics import POLICY_METRICS, RECONCILE_DURATION, RECONCILES, PolicyFigures
 from gpuslice.controller.status import TENANCY_NOT_ENFORCED, Findings, build_status, status_body
 from gpuslice.controller.tenancy import QuotaView, admitted_tenants, tenancy_unenforced
+from gpuslice.controller.tenancy_labels import named_namespaces, sync_tenancy_labels
 from gpuslice.controller.world import World
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import KubeClient, KubeError
@@ -81,6 +82,7 @@ class Context:
     # The newest generation reconciled per policy (by uid): an event handler that held a body
     # across awaits (one policy after another) must not converge an older spec over a newer one.
     newest: dict[str, tuple[str, int]] = field(default_factory=dict)
+    tenancy_labels: asyncio.Lock = field(default_factory=asyncio.Lock)  # controller.tenancy_labels
     clock: Callable[[], float] = time.monotonic
     first_retry: float = FIRST_RETRY  # ControllerSettings.first_retry
     last_retry: float = LAST_RETRY
@@ -218,6 +220,12 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     # Removals and changed limits take effect at once (the admission policy also reads spec.tenants);
     # additions wait for a converge, and limited tenants for their quota to be in force (a quota's
     # change of status.hard brings the controller back here: quota_event).
+    labelling: list[str] = []
+    if converge_objects:
+        # First, whatever the verdict: the label routes a namespace's claims to the rule that judges
+        # them against the policies (tenancy_labels), and an added tenant's claims are then told
+        # that its quota is on the way rather than that it is no tenant.
+        labelling = await _sync_tenancy_labels(ctx, world)
     if not problems and converge_objects:
         active = {n for n, view in world.namespaces.items() if view.active}
         desired = desired_objects(policy, active)
@@ -227,7 +235,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         # prunes those an earlier version made.
         rest = await converge(ctx.kube, policy.name, desired.rest(),
                               [*REST_KINDS, (ctx.taint_rule_api, "DeviceTaintRule")])
-        errors, taken = limits.errors + rest.errors, limits.taken + rest.taken
+        errors, taken = labelling + limits.errors + rest.errors, limits.taken + rest.taken
         try:
             plan = plan_labels(set(policy.spec.admin_access.namespaces), world.namespaces, _records(ctx, policy)[0],
                                world.label_records(ctx.label_records, but=policy.name))
@@ -272,6 +280,17 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     if converge_objects and (errors or taken or unproven):
         # Bounded backoff (reconcile): bad input is tried again now and then, never in a loop.
         raise ConvergeFailed("; ".join([*errors, *(f"{t} exists and is not gpuslice's" for t in taken), *unproven]))
+
+
+async def _sync_tenancy_labels(ctx: Context, world: World) -> list[str]:
+    """The tenancy labels of every namespace, as every policy names them; what failed, if anything
+    (the converge is then tried again)."""
+    try:
+        await sync_tenancy_labels(ctx.kube, ctx.tenancy_labels, world.namespaces,
+                                  named_namespaces(world.policies.values(), ctx.namespace))
+    except KubeError as error:
+        return [f"labelling tenant namespaces: {error.message}"]
+    return []
 
 
 async def _probe(ctx: Context, policy: GpuSlicePolicy, class_name: str) -> KubeError | None:

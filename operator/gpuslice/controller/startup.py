@@ -10,7 +10,7 @@ import structlog
 from gpuslice.controller.apply import FIELD_MANAGER
 from gpuslice.controller.reconcile import Context
 from gpuslice.controller.settings import ControllerSettings
-from gpuslice.dra.names import CONTROLLER_NAMESPACE
+from gpuslice.dra.names import CONTROLLER_NAMESPACE, TENANCY_JUDGED, TENANCY_LABEL
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.discovery import served_resources
 from gpuslice.planning.admission import ADMIN_LABEL_GUARD
@@ -64,6 +64,14 @@ async def start_context(kube: KubeClient, settings: ControllerSettings) -> Conte
         await kube.close()
         raise
     namespace = own_namespace(username)
+    try:
+        # Its tenancy probe is judged by gpuslice-tenancy only in a labelled namespace (tenancy_labels);
+        # labelled before any policy is probed, so the first probe is not answered by another rule.
+        await kube.merge_patch(f"/api/v1/namespaces/{namespace}",
+                               {"metadata": {"labels": {TENANCY_LABEL: TENANCY_JUDGED}}})
+    except KubeError as error:
+        log.warning("could not label the controller's namespace; the converges try again", namespace=namespace,
+                    error=str(error))
     log.info("controller started", username=username, namespace=namespace, field_manager=FIELD_MANAGER,
              taint_rule_api=taint_api)
     return Context(kube=kube, username=username, namespace=namespace, taint_rule_api=taint_api,

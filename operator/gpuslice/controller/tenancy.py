@@ -13,8 +13,11 @@ built in planning.tenancy_rule). Two things here feed and check it:
   admission policy refuses claims under limits the spec no longer says, of a kind the quota does
   not count yet, and allocations of claims made before the quota existed;
 - the probe: a dry-run claim for the policy's class from the controller's own namespace, which
-  can never be a tenant. Only a refusal proves the apiserver enforces tenancy for this policy
-  now; a timer would only guess.
+  can never be a tenant, and which the controller labels so that ``gpuslice-tenancy`` judges it.
+  Only that rule's refusal proves the apiserver enforces tenancy for this policy now; a timer
+  would only guess. The rule for every namespace no policy names, ``gpuslice-non-tenants``, has
+  no parameter and is the same for every policy: the probe checks that it and its binding are
+  in place (a dry run there would need a namespace the controller may not write in).
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ from gpuslice.api.status import AdmittedTenant, LimitsInForce
 from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.dra.names import quota_resource
 from gpuslice.dra.quantity import parse_quantity
-from gpuslice.kube.client import KubeClient, KubeError, NotReady
+from gpuslice.kube.client import KubeClient, KubeError, NotFound, NotReady
 from gpuslice.planning.cluster_objects import quota_name
 from gpuslice.planning.kinds import DeviceKind, quota
-from gpuslice.planning.tenancy_rule import TENANCY, TENANCY_DENIAL
+from gpuslice.planning.tenancy_rule import NON_TENANTS, TENANCY, TENANCY_DENIAL
+
+ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
 
 # A claim's creationTimestamp has whole seconds: one made in the second its tenant's quota was made
 # cannot be told from one made just before, so a tenant is admitted only once that second is over.
@@ -134,23 +139,41 @@ def probe_claim(class_name: str) -> dict[str, Any]:
 
 
 async def tenancy_unenforced(kube: KubeClient, namespace: str, policy: str, class_name: str) -> str | None:
-    """None when the apiserver refuses a non-tenant a claim of ``class_name``; else what is wrong."""
-    fix = (f" Apply manifests/admission.yaml (the ValidatingAdmissionPolicy {TENANCY} and its binding) after"
-           " crds/; until tenancy is enforced, no node agent publishes this policy's devices.")
+    """None when the apiserver's tenancy rule refuses a non-tenant a claim of ``class_name`` and the
+    rule for namespaces no policy names is in place; else what is wrong."""
+    fix = (f" Apply manifests/admission.yaml (the ValidatingAdmissionPolicies {TENANCY} and {NON_TENANTS}"
+           " and their bindings) after crds/; until tenancy is enforced, no node agent publishes this"
+           " policy's devices.")
+    rule = f"ValidatingAdmissionPolicy '{TENANCY}'"
     try:
         await kube.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
                            probe_claim(class_name), query={"dryRun": "All"})
     except KubeError as error:
         if error.transient:
             raise  # e.g. an API server just started, its admission not ready yet: ask again soon
-        if f"ValidatingAdmissionPolicy '{TENANCY}'" in error.message and "failed to configure" in error.message:
+        if rule in error.message and "failed to configure" in error.message:
             # The rule is there and fails closed, but the API server cannot evaluate it yet: after a
             # restart its REST mapper learns the GpuSlicePolicy CRD (the rule's paramKind) within 30 s.
             raise NotReady(error.status, error.reason, error.message, error.body) from error
-        if TENANCY_DENIAL in error.message and f"GpuSlicePolicy {policy}" in error.message:
-            return None
+        if rule in error.message and TENANCY_DENIAL in error.message and f"GpuSlicePolicy {policy}" in error.message:
+            return await _non_tenants_missing(kube, fix)
         return (f"gpuslice could not prove that tenancy is enforced: a dry-run ResourceClaim for DeviceClass"
                 f" {class_name} from namespace {namespace} (never a tenant) got {error.status} {error.reason}:"
                 f" {error.message}.{fix}")
     return (f"tenancy is not enforced: the apiserver admitted a dry-run ResourceClaim for DeviceClass {class_name}"
             f" from namespace {namespace}, which is not a tenant.{fix}")
+
+
+async def _non_tenants_missing(kube: KubeClient, fix: str) -> str | None:
+    """What is wrong with ``gpuslice-non-tenants`` (the rule and its Deny binding), or None."""
+    try:
+        await kube.get(f"{ADMISSION_API}/validatingadmissionpolicies/{NON_TENANTS}")
+        binding = await kube.get(f"{ADMISSION_API}/validatingadmissionpolicybindings/{NON_TENANTS}")
+    except NotFound as error:
+        return (f"tenancy is not enforced in namespaces no policy names: {error.message}, so any of them could"
+                f" claim this policy's devices.{fix}")
+    spec = binding.get("spec") or {}
+    if spec.get("policyName") != NON_TENANTS or "Deny" not in (spec.get("validationActions") or []):
+        return (f"tenancy is not enforced in namespaces no policy names: the ValidatingAdmissionPolicyBinding"
+                f" {NON_TENANTS} does not bind that policy with validationActions [Deny].{fix}")
+    return None

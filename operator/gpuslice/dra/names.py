@@ -14,6 +14,11 @@ ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 # Where the controller runs, and the one namespace that can never be a tenant: the controller
 # proves that tenancy is enforced by being refused a (dry-run) claim there.
 CONTROLLER_NAMESPACE = "gpuslice-system"
+# The namespaces whose claims of gpuslice's DeviceClasses the tenancy rule judges against every
+# GpuSlicePolicy (its parameters) carry this label: those some policy names, and the controller's
+# own. Everywhere else a rule without parameters refuses them (planning.tenancy_rule says why).
+TENANCY_LABEL = "gpuslice.dev/tenancy"
+TENANCY_JUDGED = "judged"
 # Taints the node agent puts on devices to keep new claims off them (a held change, a drain,
 # MIG reconfiguration, health). Tenants may never tolerate these, nor any other gpuslice.dev/ key
 # that is not one of their policy's own tolerable taints.

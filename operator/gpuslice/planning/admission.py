@@ -1,7 +1,13 @@
 """gpuslice's static admission policies: installed once from manifests/admission.yaml.
 
+Each judges only what concerns gpuslice (its ``matchConditions``, and for the one with a parameter
+its ``namespaceSelector``): every other claim, allocation, namespace and object in the cluster is
+never evaluated, and never refused when gpuslice, its controller or its CRD is missing.
+
 - ``gpuslice-tenancy`` (``planning/tenancy_rule.py``): who may use each policy's devices, and
-  within which limits; every GpuSlicePolicy is its parameter.
+  within which limits; every GpuSlicePolicy is its parameter. It judges the namespaces labelled
+  ``gpuslice.dev/tenancy=judged``, and ``gpuslice-non-tenants`` (no parameter) refuses gpuslice's
+  claims in every other namespace (the module says why it takes two).
 - ``gpuslice-admin-access-label``: only the controller may turn on a namespace's
   admin-access label, through every path that can set it.
 - ``gpuslice-controller-writes``: the controller's own writes are limited to objects that
@@ -22,15 +28,29 @@ from __future__ import annotations
 import yaml
 
 from gpuslice.api.policy import GROUP
-from gpuslice.dra.names import ADMIN_ACCESS_LABEL, CONTROLLER_NAMESPACE, DRIVER, LABEL_POLICY, MANAGED_BY
+from gpuslice.dra.names import (
+    ADMIN_ACCESS_LABEL,
+    CONTROLLER_NAMESPACE,
+    DRIVER,
+    LABEL_POLICY,
+    MANAGED_BY,
+    TENANCY_LABEL,
+)
 from gpuslice.planning.cluster_objects import Manifest
-from gpuslice.planning.tenancy_rule import ADMISSION_V1, TENANCY, tenancy_binding, tenancy_policy
+from gpuslice.planning.tenancy_rule import (
+    ADMISSION_V1,
+    NON_TENANTS,
+    TENANCY,
+    non_tenants_policy,
+    tenancy_binding,
+    tenancy_policy,
+)
 
 CONTROLLER_USER = f"system:serviceaccount:{CONTROLLER_NAMESPACE}:gpuslice-controller"
 ADMIN_LABEL_GUARD = "gpuslice-admin-access-label"
 CONTROLLER_WRITES = "gpuslice-controller-writes"
 DEVICE_CLASSES = "gpuslice-device-classes"
-STATIC_POLICIES = (TENANCY, ADMIN_LABEL_GUARD, CONTROLLER_WRITES, DEVICE_CLASSES)
+STATIC_POLICIES = (TENANCY, NON_TENANTS, ADMIN_LABEL_GUARD, CONTROLLER_WRITES, DEVICE_CLASSES)
 
 
 def admin_access_guard(controller_user: str = CONTROLLER_USER) -> Manifest:
@@ -38,6 +58,8 @@ def admin_access_guard(controller_user: str = CONTROLLER_USER) -> Manifest:
     grant themselves admin access; the policies' spec.adminAccess is the one way. The label can be
     set through the namespace, its status and its finalize subresources: all are guarded."""
     value = ("has({o}.metadata.labels) && '{l}' in {o}.metadata.labels ? {o}.metadata.labels['{l}'] : ''")
+    new = value.format(o="object", l=ADMIN_ACCESS_LABEL)
+    old = f"oldObject == null ? '' : ({value.format(o='oldObject', l=ADMIN_ACCESS_LABEL)})"
     return {
         "apiVersion": ADMISSION_V1, "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": ADMIN_LABEL_GUARD, "labels": dict(MANAGED_BY)},
@@ -47,10 +69,12 @@ def admin_access_guard(controller_user: str = CONTROLLER_USER) -> Manifest:
                 "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
                 "resources": ["namespaces", "namespaces/status", "namespaces/finalize"],
             }]},
+            # Only a write that turns the label on is judged: every other namespace write never is.
+            "matchConditions": [{"name": "turns-admin-access-on",
+                                 "expression": f"({new}) == 'true' && ({old}) != 'true'"}],
             "variables": [
-                {"name": "newValue", "expression": value.format(o="object", l=ADMIN_ACCESS_LABEL)},
-                {"name": "oldValue",
-                 "expression": f"oldObject == null ? '' : ({value.format(o='oldObject', l=ADMIN_ACCESS_LABEL)})"},
+                {"name": "newValue", "expression": new},
+                {"name": "oldValue", "expression": old},
             ],
             "validations": [{
                 "expression": (
@@ -81,7 +105,7 @@ def controller_writes(controller_user: str = CONTROLLER_USER) -> Manifest:
     owned_kinds = ["deviceclasses", "resourceclaimtemplates", "devicetaintrules", "resourcequotas"]
     labels = "has({o}.metadata.labels) ? {o}.metadata.labels : {{}}"
     annotations = "has({o}.metadata.annotations) ? {o}.metadata.annotations : {{}}"
-    label = ADMIN_ACCESS_LABEL
+    mine = [ADMIN_ACCESS_LABEL, TENANCY_LABEL]
     return {
         "apiVersion": ADMISSION_V1, "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": CONTROLLER_WRITES, "labels": dict(MANAGED_BY)},
@@ -119,12 +143,12 @@ def controller_writes(controller_user: str = CONTROLLER_USER) -> Manifest:
                                        f" *.{GROUP}, quotas and taint rules gpuslice-*), not ' + variables.name"),
                  "reason": "Forbidden"},
                 {"expression": ("request.resource.resource != 'namespaces' || ("
-                                f"variables.newLabels.all(k, k == '{label}' || (k in variables.oldLabels"
+                                f"variables.newLabels.all(k, k in {mine} || (k in variables.oldLabels"
                                 " && variables.oldLabels[k] == variables.newLabels[k]))"
-                                f" && variables.oldLabels.all(k, k == '{label}' || k in variables.newLabels)"
+                                f" && variables.oldLabels.all(k, k in {mine} || k in variables.newLabels)"
                                 f" && ({annotations.format(o='object')}) == ({annotations.format(o='oldObject')}))"),
-                 "messageExpression": ("'the gpuslice controller may change only the label"
-                                       f" {label} of namespace ' + variables.name"),
+                 "messageExpression": ("'the gpuslice controller may change only the labels"
+                                       f" {' and '.join(mine)} of namespace ' + variables.name"),
                  "reason": "Forbidden"},
                 {"expression": "request.resource.resource != 'resourceclaims' || request.dryRun",
                  "message": "the gpuslice controller may create ResourceClaims only as a dry run (its tenancy probe)",
@@ -153,10 +177,12 @@ def device_classes_policy() -> Manifest:
                 {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["UPDATE"],
                  "resources": ["resourceclaims/status"]},
             ]},
-            "matchConditions": [{"name": "allocates", "expression": (
+            # Only an allocation of gpuslice's devices is judged: every other claim write never is.
+            "matchConditions": [{"name": "allocates-gpuslice-devices", "expression": (
                 "has(object.status) && has(object.status.allocation) && has(object.status.allocation.devices)"
                 " && has(object.status.allocation.devices.results)"
-                " && !(has(oldObject.status) && has(oldObject.status.allocation))")}],
+                " && !(has(oldObject.status) && has(oldObject.status.allocation))"
+                f" && object.status.allocation.devices.results.exists(r, r.driver == '{DRIVER}')")}],
             "variables": [
                 {"name": "requests", "expression": "has(object.spec.devices) && has(object.spec.devices.requests)"
                                                    " ? object.spec.devices.requests : []"},
@@ -186,7 +212,8 @@ def binding(policy: str) -> Manifest:
 
 
 def static_manifests(controller_user: str = CONTROLLER_USER) -> list[Manifest]:
-    return [tenancy_policy(), tenancy_binding(), admin_access_guard(controller_user), binding(ADMIN_LABEL_GUARD),
+    return [tenancy_policy(), tenancy_binding(), non_tenants_policy(), binding(NON_TENANTS),
+            admin_access_guard(controller_user), binding(ADMIN_LABEL_GUARD),
             controller_writes(controller_user), binding(CONTROLLER_WRITES),
             device_classes_policy(), binding(DEVICE_CLASSES)]
 
@@ -194,12 +221,15 @@ def static_manifests(controller_user: str = CONTROLLER_USER) -> list[Manifest]:
 def admission_yaml(controller_user: str = CONTROLLER_USER) -> str:
     header = (
         "# Generated from operator/gpuslice/planning/admission.py by `make crds`; do not edit here.\n"
-        "# gpuslice's admission policies: tenancy (every GpuSlicePolicy is a parameter), the admin-access\n"
-        "# label guard, the limits on the controller's own writes, and gpuslice's devices only through\n"
-        "# gpuslice's DeviceClasses. Apply after crds/: with the\n"
-        "# GpuSlicePolicy CRD missing, the tenancy policy refuses every ResourceClaim (it fails closed).\n"
-        f"# The controller's identity, {controller_user}, is named in the second and third:\n"
-        "# to run it as another identity, replace that username (docs/controller.md).\n"
+        "# gpuslice's admission policies: tenancy (every GpuSlicePolicy is a parameter; it judges the\n"
+        "# namespaces labelled gpuslice.dev/tenancy=judged), gpuslice's claims refused in every other\n"
+        "# namespace, the admin-access label guard, the limits on the controller's own writes, and\n"
+        "# gpuslice's devices only through gpuslice's DeviceClasses. Each judges only gpuslice's claims\n"
+        "# and allocations (matchConditions): with gpuslice's CRD or controller missing, every other\n"
+        "# claim in the cluster is still admitted. Apply after crds/.\n"
+        f"# The controller's identity, {controller_user}, is named in the admin-access\n"
+        "# label guard and the controller's write limits: to run it as another identity, replace that\n"
+        "# username (docs/controller.md).\n"
     )
     documents = [yaml.safe_dump(m, sort_keys=False, width=100) for m in static_manifests(controller_user)]
     return header + "---\n".join(documents)

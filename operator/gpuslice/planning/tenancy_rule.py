@@ -9,19 +9,91 @@ an allocated claim for one more pod, so a removed tenant starts no new pod on a 
 holds. A claim's spec is immutable, so other updates (the finalizer kube-controller-manager
 removes, a pod's reservation it drops) pass, and a removed tenant can still release and delete
 what it holds.
+
+It judges only claims and templates that name one of gpuslice's DeviceClasses (``*.gpuslice.dev``,
+in ``exactly`` or any ``firstAvailable`` subrequest), and only in the namespaces labelled
+``gpuslice.dev/tenancy=judged``. The label is needed because the API server resolves a policy's
+parameters before it evaluates its ``matchConditions`` (k8s.io/apiserver,
+``admission/plugin/policy/validating/dispatcher.go``): while the GpuSlicePolicy CRD is missing, or
+not yet learnt by an API server that just restarted, a rule with that parameter refuses everything
+its match constraints match, whatever its match conditions say. So its ``namespaceSelector`` keeps
+it to the namespaces the controller labels (every namespace a policy names, and its own), and
+``gpuslice-non-tenants``, which has no parameter, refuses gpuslice's claims in every other
+namespace: no policy names them, so none is a tenant. Both refuse a non-tenant; the label decides
+only which rule says so, and claims of every other driver are never judged by either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from gpuslice.api.policy import GROUP, KIND, VERSION
-from gpuslice.dra.names import ATTRIBUTE_DOMAIN, MANAGED_BY
+from gpuslice.dra.names import ATTRIBUTE_DOMAIN, MANAGED_BY, TENANCY_JUDGED, TENANCY_LABEL
 from gpuslice.planning.cluster_objects import Manifest
 
 ADMISSION_V1 = "admissionregistration.k8s.io/v1"
 TENANCY = "gpuslice-tenancy"
+NON_TENANTS = "gpuslice-non-tenants"
 TENANCY_DENIAL = "is not a tenant of GpuSlicePolicy"  # what the controller's dry-run probe expects
+
+# The three moments a claim is judged: made, allocated, reserved for one more pod. Any other update
+# of a claim (its spec is immutable) is never judged. (The only UPDATE matched is of
+# resourceclaims/status; request.subResource is absent, not empty, on the main resource.)
+_ALLOCATING = ("(request.operation == 'UPDATE' && has(object.status) && has(object.status.allocation)"
+               " && !(has(oldObject.status) && has(oldObject.status.allocation)))")
+_RESERVING = ("(request.operation == 'UPDATE' && has(object.status) && has(object.status.reservedFor)"
+              " && object.status.reservedFor.exists(r, !(has(oldObject.status) && has(oldObject.status.reservedFor)"
+              " && oldObject.status.reservedFor.exists(o, o.uid == r.uid))))")
+_JUDGED_MOMENT = f"request.operation == 'CREATE' || {_ALLOCATING} || {_RESERVING}"
+_SPEC = "(request.resource.resource == 'resourceclaimtemplates' ? object.spec.spec : object.spec)"
+_GPUSLICE_CLASS = f"endsWith('.{GROUP}')"
+# Whether the claim or template names any of gpuslice's DeviceClasses: what scopes every rule here.
+_NAMES_GPUSLICE_CLASS = (
+    f"[{_SPEC}].exists(s, has(s.devices) && has(s.devices.requests) && s.devices.requests.exists(r,"
+    f" (has(r.exactly) && r.exactly.deviceClassName.{_GPUSLICE_CLASS})"
+    f" || (has(r.firstAvailable) && r.firstAvailable.exists(f, f.deviceClassName.{_GPUSLICE_CLASS}))))"
+)
+
+
+def _scope(namespaces: dict[str, Any]) -> dict[str, Any]:
+    """Claims and templates made, claims allocated or reserved, in ``namespaces``, that name one of
+    gpuslice's DeviceClasses: the match constraints and conditions of both rules."""
+    return {
+        "matchConstraints": {"matchPolicy": "Equivalent", "namespaceSelector": namespaces, "resourceRules": [
+            {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
+             "resources": ["resourceclaims", "resourceclaimtemplates"]},
+            {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["UPDATE"],
+             "resources": ["resourceclaims/status"]},
+        ]},
+        "matchConditions": [{"name": "judged-moment", "expression": _JUDGED_MOMENT},
+                            {"name": "names-a-gpuslice-class", "expression": _NAMES_GPUSLICE_CLASS}],
+    }
+
+
+def judged_namespaces() -> dict[str, Any]:
+    return {"matchLabels": {TENANCY_LABEL: TENANCY_JUDGED}}
+
+
+def other_namespaces() -> dict[str, Any]:
+    """Exactly the namespaces ``judged_namespaces`` does not select (NotIn matches a missing key)."""
+    return {"matchExpressions": [{"key": TENANCY_LABEL, "operator": "NotIn", "values": [TENANCY_JUDGED]}]}
+
+
+def _claim_variables() -> list[tuple[str, str]]:
+    """What both rules call the claim: its kind, the moment, its requests, and ``who`` for messages."""
+    return [
+        ("isTemplate", "request.resource.resource == 'resourceclaimtemplates'"),
+        ("allocating", _ALLOCATING),
+        ("reserving", _RESERVING),
+        ("spec", "variables.isTemplate ? object.spec.spec : object.spec"),
+        ("requests", "has(variables.spec.devices) && has(variables.spec.devices.requests)"
+                     " ? variables.spec.devices.requests : []"),
+        ("who", "(variables.isTemplate ? 'ResourceClaimTemplate ' : (variables.allocating"
+                " ? 'allocation of ResourceClaim ' : (request.operation == 'UPDATE' ? 'a new pod of ResourceClaim '"
+                " : 'ResourceClaim '))) + (has(object.metadata.name)"
+                " && object.metadata.name != '' ? object.metadata.name : object.metadata.generateName)"),
+    ]
 
 _POLICY = "params.metadata.name"
 
@@ -81,24 +153,12 @@ def _capacity_within_step(x: str) -> str:
 def tenancy_policy() -> Manifest:
     tenants = "(has(params.spec.tenants) ? params.spec.tenants : [])"
     variables = [
-        ("isTemplate", "request.resource.resource == 'resourceclaimtemplates'"),
-        # The only UPDATE matched is of resourceclaims/status (request.subResource is absent, not
-        # empty, on the main resource).
-        ("allocating", "request.operation == 'UPDATE' && has(object.status) && has(object.status.allocation)"
-                       " && !(has(oldObject.status) && has(oldObject.status.allocation))"),
-        # A claim is judged when it is made and when it is allocated; any other update of it (its
-        # spec is immutable) passes, so a claim of a removed tenant can still be released and deleted.
+        *_claim_variables(),
+        # A claim is judged in full when it is made and when it is allocated; when the scheduler
+        # reserves an allocated claim for one more pod, whose namespace may still use the policy's
+        # devices is judged again, so a removed tenant starts no new pod on what it holds.
         ("judged", "request.operation == 'CREATE' || variables.allocating"),
-        # The scheduler reserving an allocated claim for one more pod: whose namespace may still use
-        # the policy's devices is judged again, so a removed tenant starts no new pod on what it holds.
-        ("reserving", "request.operation == 'UPDATE' && has(object.status) && has(object.status.reservedFor)"
-                      " && object.status.reservedFor.exists(r, !(has(oldObject.status)"
-                      " && has(oldObject.status.reservedFor)"
-                      " && oldObject.status.reservedFor.exists(o, o.uid == r.uid)))"),
         ("used", "variables.judged || variables.reserving"),
-        ("spec", "variables.isTemplate ? object.spec.spec : object.spec"),
-        ("requests", "has(variables.spec.devices) && has(variables.spec.devices.requests)"
-                     " ? variables.spec.devices.requests : []"),
         ("primaryClass", f"{_POLICY} + '.{GROUP}'"),
         ("classSuffix", f"'.' + {_POLICY} + '.{GROUP}'"),
         ("usesClass", _any_request(lambda _: "true")),
@@ -136,10 +196,6 @@ def tenancy_policy() -> Manifest:
             lambda x: f"has({x}.tolerations) && {x}.tolerations.exists(t, {_bad_toleration('t')})")),
         ("overStep", "params.spec.slicing.mode == 'shared' && variables.limited && "
                      + _any_request(lambda x: "!" + _capacity_within_step(x))),
-        ("who", "(variables.isTemplate ? 'ResourceClaimTemplate ' : (variables.allocating"
-                " ? 'allocation of ResourceClaim ' : (request.operation == 'UPDATE' ? 'a new pod of ResourceClaim '"
-                " : 'ResourceClaim '))) + (has(object.metadata.name)"
-                " && object.metadata.name != '' ? object.metadata.name : object.metadata.generateName)"),
     ]
     policy = f"' + {_POLICY} + '"
     validations = [
@@ -194,15 +250,7 @@ def tenancy_policy() -> Manifest:
         "spec": {
             "failurePolicy": "Fail",
             "paramKind": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND},
-            "matchConstraints": {
-                "matchPolicy": "Equivalent",
-                "resourceRules": [
-                    {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE"],
-                     "resources": ["resourceclaims", "resourceclaimtemplates"]},
-                    {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["UPDATE"],
-                     "resources": ["resourceclaims/status"]},
-                ],
-            },
+            **_scope(judged_namespaces()),
             "variables": [{"name": n, "expression": e} for n, e in variables],
             "validations": [{"expression": e, "messageExpression": m, "reason": "Forbidden"} for e, m in validations],
         },
@@ -217,4 +265,40 @@ def tenancy_binding() -> Manifest:
         "metadata": {"name": TENANCY, "labels": dict(MANAGED_BY)},
         "spec": {"policyName": TENANCY, "validationActions": ["Deny"],
                  "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"}},
+    }
+
+
+def non_tenants_policy() -> Manifest:
+    """``gpuslice-non-tenants``: a claim or template of gpuslice's DeviceClasses in a namespace no
+    policy names is refused when it is made, allocated or reserved for a pod. It has no parameter,
+    so it holds (and judges nothing of anyone else's) with the GpuSlicePolicy CRD gone. The
+    policy a class belongs to is read from its name: ``[<kind>.]<policy>.gpuslice.dev``, and
+    policy names are DNS labels (planning.kinds)."""
+    ours = f"deviceClassName.{_GPUSLICE_CLASS}"
+    variables = [
+        *_claim_variables(),
+        ("exact", f"variables.requests.filter(r, has(r.exactly) && r.exactly.{ours})"
+                  ".map(r, r.exactly.deviceClassName)"),
+        ("listed", f"variables.requests.filter(r, has(r.firstAvailable) && r.firstAvailable.exists(s, s.{ours}))"
+                   f".map(r, r.firstAvailable.filter(s, s.{ours})[0].deviceClassName)"),
+        ("className", "size(variables.exact) > 0 ? variables.exact[0] : variables.listed[0]"),
+        ("parts", "variables.className.split('.')"),
+        ("policy", "variables.parts[size(variables.parts) - 3]"),
+    ]
+    message = (
+        f"variables.who + ': namespace ' + request.namespace + ' {TENANCY_DENIAL} ' + variables.policy"
+        " + ', so it may not use the DeviceClasses of that policy; ask the platform team to add it to"
+        " spec.tenants of GpuSlicePolicy ' + variables.policy + ' (the gpuslice controller then labels it"
+        f" {TENANCY_LABEL}={TENANCY_JUDGED}; no claim of a gpuslice DeviceClass is admitted in a namespace"
+        " without that label)'"
+    )
+    return {
+        "apiVersion": ADMISSION_V1, "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": NON_TENANTS, "labels": dict(MANAGED_BY)},
+        "spec": {
+            "failurePolicy": "Fail",
+            **_scope(other_namespaces()),
+            "variables": [{"name": n, "expression": e} for n, e in variables],
+            "validations": [{"expression": "false", "messageExpression": message, "reason": "Forbidden"}],
+        },
     }

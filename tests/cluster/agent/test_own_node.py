@@ -160,19 +160,26 @@ async def test_the_drain_list_refuses_allocations_and_each_agent_writes_only_its
 
     # The rule itself, as the scheduler meets it: allocating a listed device is refused, another is not.
     # A class named as gpuslice's are (no policy owns it): once a controller test has installed the
-    # admission policies, gpuslice-device-classes refuses gpuslice devices through any other class.
-    claim = await kube.create(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"},
+    # admission policies, gpuslice-device-classes refuses gpuslice devices through any other class,
+    # and gpuslice-non-tenants every gpuslice class in a namespace no policy names. The drain rule
+    # judges the namespaces labelled gpuslice.dev/tenancy=judged: gpuslice-system is one, always.
+    claims = "/apis/resource.k8s.io/v1/namespaces/gpuslice-system/resourceclaims"
+    name = f"drain-{namespace}"
+    claim = await kube.create(claims, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "unowned.gpuslice.dev"}}]}}})
 
     def allocating(device: str) -> dict[str, Any]:
         return {**claim, "status": {"allocation": {"devices": {"results": [
             {"request": "gpu", "driver": "gpu.gpuslice.dev", "pool": a_node, "device": device}]}}}}
 
-    status = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/c/status"
-    with pytest.raises(Forbidden, match=f"gpuslice-drain: {a_node}/dev-2 are being changed or removed"):
-        await kube.replace(status, allocating("dev-2"))
-    await kube.replace(status, allocating("dev-3"))
+    status = f"{claims}/{name}/status"
+    try:
+        with pytest.raises(Forbidden, match=f"gpuslice-drain: {a_node}/dev-2 are being changed or removed"):
+            await kube.replace(status, allocating("dev-2"))
+        await kube.replace(status, allocating("dev-3"))
+    finally:
+        await kube.delete(f"{claims}/{name}")
 
     await a.apply(DRAINING, entry(a_node, ""), field_manager=f"gpuslice-agent-{a_node}")
     await ab.apply(DRAINING, entry(ab_node, ""), field_manager=f"gpuslice-agent-{ab_node}")

@@ -9,14 +9,15 @@ from typing import Any
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
-from gpuslice.planning.tenancy_rule import TENANCY, tenancy_binding
+from gpuslice.planning.admission import binding as binding_of
+from gpuslice.planning.tenancy_rule import NON_TENANTS, TENANCY, tenancy_binding
 from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
 from tests.cluster.agent.test_publishing import pool_devices as published_now
 from tests.cluster.agent.test_publishing import published
 from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
 from tests.cluster.controller.test_tenancy import claim, dry_run_admitted
 from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_claim, wait_for
-from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, judged_before_the_policy
 
 __all__ = ["agent_rbac", "gpu_node"]  # fixtures of the agent tier, used here
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
@@ -54,9 +55,11 @@ async def test_claims_made_before_the_policy_get_nothing_outside_its_rules(
 ) -> None:
     """A claim made before the policy existed (or in the seconds before its admission rule was in
     force) carries the finalizer from the start, so the scheduler writes only its status: that
-    write is refused, the pod waits, and its Events say why."""
+    write is refused, the pod waits, and its Events say why. (Such a claim can be made only in a
+    namespace some other policy names: anywhere else it is refused when made.)"""
     tenant, stranger = await namespaces("tenant"), await namespaces("stranger")
     klass = f"p-{unique}.gpuslice.dev"  # the class of the policy make_policy creates below
+    await judged_before_the_policy(kube, make_policy, [tenant, stranger], klass)
     for ns, name, body in ((stranger, "early", claim("early", klass)),
                            (tenant, "tolerant", claim("tolerant", klass))):
         if name == "tolerant":
@@ -235,6 +238,32 @@ async def test_nothing_is_published_until_tenancy_is_enforced(
 
     await wait_for(enforced, within=90, what="Valid once the binding is back (after the backoff)")
     await published(kube, node.name, 8)
+
+
+async def test_tenancy_is_not_enforced_without_the_rule_for_namespaces_no_policy_names(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+) -> None:
+    """The probe in the controller's namespace proves the rule with the parameter; the rule for the
+    other namespaces is the same for every policy, and the probe checks that it is bound."""
+    binding = f"{VAP}/validatingadmissionpolicybindings/{NON_TENANTS}"
+    await kube.delete(binding)
+    try:
+        name = (await make_policy({"nodeSelector": NO_NODES, "slicing": {"mode": "memory", "sliceSize": "10Gi"}},
+                                  suffix="-gate"))["metadata"]["name"]
+
+        async def not_enforced() -> dict[str, Any] | None:
+            body = await kube.get(f"{POLICIES}/{name}")
+            return body if condition(body, "Valid").get("reason") == "TenancyNotEnforced" else None
+
+        body = await wait_for(not_enforced, within=60, what="Valid=False, TenancyNotEnforced")
+        assert "not enforced in namespaces no policy names" in condition(body, "Valid")["message"]
+    finally:
+        await kube.apply(binding, binding_of(NON_TENANTS), field_manager="gpuslice-tests")
+
+    async def enforced() -> bool:
+        return condition(await kube.get(f"{POLICIES}/{name}"), "Valid").get("status") == "True"
+
+    await wait_for(enforced, within=90, what="Valid once the binding is back")
 
 
 async def test_a_deleted_policy_stays_until_its_devices_are_gone(

@@ -20,7 +20,7 @@ from tests.cluster.conftest import ClusterObjects
 from tests.cluster.controller.test_allocation import allocation, event_saying, pod_event, pod_using
 from tests.cluster.controller.test_objects import get_or_none
 from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_claim, wait_for
-from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, judged_before_the_policy
 
 __all__ = ["agent_rbac", "gpu_node"]
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
@@ -268,9 +268,11 @@ async def test_claims_made_before_the_policy_are_never_allocated_to_a_limited_te
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
     namespace: str, unique: str,
 ) -> None:
-    """Before the policy exists nothing judges a claim of its (predictable) class, and no quota
-    counts it. Made early, such claims would all be allocated once the tenant is admitted, far
-    beyond maxSlices. Only claims made after the tenant's quota exist are ever allocated to it."""
+    """Before the policy exists nothing judges a claim of its (predictable) class in a namespace
+    another policy names, and no quota counts it. Made early, such claims would all be allocated
+    once the tenant is admitted, far beyond maxSlices. Only claims made after the tenant's quota
+    exist are ever allocated to it."""
+    await judged_before_the_policy(kube, make_policy, [namespace], f"p-{unique}.gpuslice.dev")
     early = [f"early-{i}" for i in range(3)]
     for name in early:
         assert await attempt(kube, namespace, name, f"p-{unique}.gpuslice.dev") is None

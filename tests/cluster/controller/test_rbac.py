@@ -66,18 +66,18 @@ async def test_only_gpuslices_own_device_classes_quotas_and_templates(
     await refused(as_controller.create(f"/api/v1/namespaces/{ns}/resourcequotas", quota), "may write only its own names")
 
 
-async def test_namespaces_only_in_the_admin_access_label(
+async def test_namespaces_only_in_the_admin_access_and_tenancy_labels(
     as_controller: KubeClient, namespaces: Callable[..., Awaitable[str]],
 ) -> None:
     ns = await namespaces("labels")
     await refused(as_controller.merge_patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"team": "x"}}}),
-                  f"may change only the label resource.kubernetes.io/admin-access of namespace {ns}")
+                  "may change only the labels resource.kubernetes.io/admin-access and gpuslice.dev/tenancy"
+                  f" of namespace {ns}")
     await refused(as_controller.merge_patch(f"/api/v1/namespaces/{ns}", {"metadata": {"annotations": {"a": "b"}}}),
-                  "may change only the label")
-    await as_controller.merge_patch(f"/api/v1/namespaces/{ns}",
-                                    {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}})
-    await as_controller.merge_patch(f"/api/v1/namespaces/{ns}",
-                                    {"metadata": {"labels": {"resource.kubernetes.io/admin-access": None}}})
+                  "may change only the labels")
+    for label, value in (("resource.kubernetes.io/admin-access", "true"), ("gpuslice.dev/tenancy", "judged")):
+        await as_controller.merge_patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {label: value}}})
+        await as_controller.merge_patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {label: None}}})
     await refused(as_controller.delete(f"/api/v1/namespaces/{ns}"), "forbidden")
 
 

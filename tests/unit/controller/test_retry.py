@@ -41,6 +41,10 @@ class Refuses:
         return []
 
     async def get(self, path: str, **query: Any) -> dict[str, Any]:
+        if path.endswith("/validatingadmissionpolicybindings/gpuslice-non-tenants"):
+            return {"spec": {"policyName": "gpuslice-non-tenants", "validationActions": ["Deny"]}}
+        if path.endswith("/validatingadmissionpolicies/gpuslice-non-tenants"):
+            return {"spec": {}}
         raise KubeError(404, "NotFound", "not found", None)
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
@@ -50,8 +54,9 @@ class Refuses:
         return body
 
     async def request(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
-        raise KubeError(403, "Forbidden", "ResourceClaim probe: namespace gpuslice-system is not a tenant of"
-                        " GpuSlicePolicy team-a, so ...", None)
+        raise KubeError(403, "Forbidden", "resourceclaims.resource.k8s.io is forbidden: ValidatingAdmissionPolicy"
+                        " 'gpuslice-tenancy' with binding 'gpuslice-tenancy' denied request: ResourceClaim probe:"
+                        " namespace gpuslice-system is not a tenant of GpuSlicePolicy team-a, so ...", None)
 
 
 POLICY = {
@@ -125,7 +130,8 @@ class Unready(Refuses):
         return await super().apply(path, body, field_manager=field_manager, force=force)
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
-        self.statuses.append(patch)
+        if path.endswith("/status"):
+            self.statuses.append(patch)
         return patch
 
     async def request(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:

@@ -5,12 +5,28 @@ it names the controller where it must. What they admit is tested against the rea
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from gpuslice.planning.admission import CONTROLLER_USER, admission_yaml, static_manifests
+from gpuslice.planning.admission import (
+    ADMIN_LABEL_GUARD,
+    CONTROLLER_USER,
+    CONTROLLER_WRITES,
+    admission_yaml,
+    static_manifests,
+)
+from gpuslice.planning.tenancy_rule import judged_namespaces, other_namespaces
 
-COMMITTED = Path(__file__).resolve().parents[3] / "manifests" / "admission.yaml"
+MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
+COMMITTED = MANIFESTS / "admission.yaml"
+
+
+def _policies() -> dict[str, dict[str, Any]]:
+    """Every ValidatingAdmissionPolicy gpuslice installs: the generated ones and the agent's."""
+    found = [d for d in yaml.safe_load_all((MANIFESTS / "agent-rbac.yaml").read_text()) if d]
+    found += static_manifests()
+    return {d["metadata"]["name"]: d for d in found if d["kind"] == "ValidatingAdmissionPolicy"}
 
 
 def test_committed_admission_manifest_is_not_stale() -> None:
@@ -28,10 +44,47 @@ def test_one_tenancy_policy_for_every_gpuslice_policy() -> None:
 
 
 def test_guard_and_write_limits_name_the_controller_and_another_identity_can_be_generated() -> None:
-    _, _, guard, _, writes, *_ = static_manifests()
+    by_name = {m["metadata"]["name"]: m for m in static_manifests() if m["kind"] == "ValidatingAdmissionPolicy"}
+    guard, writes = by_name[ADMIN_LABEL_GUARD], by_name[CONTROLLER_WRITES]
     assert f"request.userInfo.username == '{CONTROLLER_USER}'" in guard["spec"]["validations"][0]["expression"]
     assert guard["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == [
         "namespaces", "namespaces/status", "namespaces/finalize"]
     assert writes["spec"]["matchConditions"][0]["expression"] == f"request.userInfo.username == '{CONTROLLER_USER}'"
     other = yaml.safe_load_all(admission_yaml("system:serviceaccount:ops:gpuslice"))
     assert "system:serviceaccount:ops:gpuslice" in str(list(other))
+
+
+def test_every_admission_policy_judges_only_what_concerns_gpuslice() -> None:
+    """Every rule has match conditions, so nothing else in the cluster is evaluated. A rule with a
+    parameter also confines itself to the labelled namespaces: the API server resolves parameters
+    before match conditions, so it would refuse everything it matches while its parameter kind is
+    not served (the CRD deleted, or not yet learnt after a restart)."""
+    policies = _policies()
+    assert len(policies) >= 7, sorted(policies)
+    for name, policy in policies.items():
+        spec = policy["spec"]
+        assert spec.get("matchConditions"), f"{name} judges everything it matches: give it matchConditions"
+        if "paramKind" in spec:
+            assert spec["matchConstraints"].get("namespaceSelector") == judged_namespaces(), (
+                f"{name} has a parameter: it must judge only namespaces labelled as gpuslice.dev/tenancy=judged")
+            assert all(r["resources"] != ["*"] for r in spec["matchConstraints"]["resourceRules"]), name
+
+
+def test_the_tenancy_rule_and_the_non_tenants_rule_split_every_namespace_between_them() -> None:
+    policies = _policies()
+    tenancy, gate = policies["gpuslice-tenancy"]["spec"], policies["gpuslice-non-tenants"]["spec"]
+    assert "paramKind" not in gate
+    assert tenancy["matchConstraints"]["namespaceSelector"] == {"matchLabels": {"gpuslice.dev/tenancy": "judged"}}
+    # NotIn matches a namespace without the label too: together they select every namespace once.
+    assert gate["matchConstraints"]["namespaceSelector"] == other_namespaces() == {"matchExpressions": [
+        {"key": "gpuslice.dev/tenancy", "operator": "NotIn", "values": ["judged"]}]}
+    assert tenancy["matchConstraints"]["resourceRules"] == gate["matchConstraints"]["resourceRules"]
+    assert tenancy["matchConditions"] == gate["matchConditions"]
+    assert [v["expression"] for v in gate["validations"]] == ["false"]
+
+
+def test_the_controller_namespace_is_judged_by_the_rules_with_parameters() -> None:
+    """Both probes (the controller's tenancy probe, the agents' drain probe) are made there."""
+    for file in ("controller-rbac.yaml", "agent-rbac.yaml"):
+        namespace = next(d for d in yaml.safe_load_all((MANIFESTS / file).read_text()) if d and d["kind"] == "Namespace")
+        assert namespace["metadata"]["labels"] == {"gpuslice.dev/tenancy": "judged"}, file

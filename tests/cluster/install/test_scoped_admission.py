@@ -1,0 +1,297 @@
+"""gpuslice never judges, and never refuses, what it does not own: another DRA driver's claims and
+allocations pass none of gpuslice's admission rules.
+
+A control plane of its own, with the controller as its own process
+under its ServiceAccount, one fake node, and a second driver made by hand: a DeviceClass, a
+ResourceSlice of four devices, claims and pods that the real scheduler allocates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuslice.devcluster import binaries
+from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
+from gpuslice.kube.client import KubeClient, KubeError, NotFound
+from gpuslice.planning.admission import static_manifests
+from tests.cluster.kubeutil import create_namespace, wait_for
+from tests.cluster.operator_fixtures import (
+    ADMISSION,
+    MANIFESTS,
+    ControllerProcess,
+    apply_manifests,
+    write_controller_kubeconfig,
+)
+
+CRD = Path(__file__).resolve().parents[3] / "crds" / "gpuslicepolicies.gpuslice.dev.yaml"
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gpuslicepolicies.gpuslice.dev"
+POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+RESOURCE = "/apis/resource.k8s.io/v1"
+ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
+OTHER_DRIVER = "nic.example.com"
+NODE = "gpu-node-1"
+TENANCY_LABEL = "gpuslice.dev/tenancy"
+
+
+@pytest.fixture(scope="module")
+async def scluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DevCluster]:
+    found = await binaries.resolve(build_if_missing=False)
+    spec = ClusterSpec(tmp_path_factory.mktemp("scoped-admission"), nodes=1, gpus_per_node=2)
+    async with DevCluster(spec, binaries=found) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+async def skube(scluster: DevCluster) -> AsyncIterator[KubeClient]:
+    async with await KubeClient.from_kubeconfig(scluster.kubeconfig) as client:
+        yield client
+
+
+async def install_crd(kube: KubeClient) -> None:
+    await kube.apply(CRD_PATH, yaml.safe_load(CRD.read_text()), field_manager="gpuslice-tests")
+
+    async def served() -> bool:
+        try:
+            listing = await kube.get("/apis/gpuslice.dev/v1alpha1")
+        except NotFound:
+            return False
+        return any(r["name"] == "gpuslicepolicies" for r in listing.get("resources", []))
+
+    await wait_for(served, within=60, what="the GpuSlicePolicy CRD to be served")
+
+
+@pytest.fixture(scope="module")
+async def installed(scluster: DevCluster, skube: KubeClient,
+                    tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ControllerProcess]:
+    """gpuslice as a user installs it (CRD, RBAC of both components, admission), and its controller."""
+    await install_crd(skube)
+    kubeconfig = await write_controller_kubeconfig(scluster, skube, tmp_path_factory.mktemp("scoped-controller"))
+    await apply_manifests(skube, (MANIFESTS / "agent-rbac.yaml").read_text())
+    await apply_manifests(skube, ADMISSION.read_text())
+    controller = ControllerProcess(kubeconfig, tmp_path_factory.mktemp("scoped-log") / "controller.log")
+    controller.start()
+    await wait_for(lambda: _logged(controller, "controller started"), within=60, what="the controller to start")
+    yield controller
+    await controller.stop()
+
+
+async def _logged(controller: ControllerProcess, text: str) -> bool:
+    return text in controller.log_text()
+
+
+@pytest.fixture(scope="module")
+async def other_driver(skube: KubeClient) -> str:
+    """A second DRA driver's class and devices on the node, as any vendor's driver would publish."""
+    await skube.apply(f"{RESOURCE}/deviceclasses/{OTHER_DRIVER}", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": OTHER_DRIVER},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{OTHER_DRIVER}"'}}]},
+    }, field_manager="gpuslice-tests")
+    await skube.apply(f"{RESOURCE}/resourceslices/nic-{NODE}", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"nic-{NODE}"},
+        "spec": {"driver": OTHER_DRIVER, "nodeName": NODE, "pool": {"name": NODE, "generation": 1,
+                                                                    "resourceSliceCount": 1},
+                 "devices": [{"name": f"nic-{i}"} for i in range(4)]},
+    }, field_manager="gpuslice-tests")
+    return OTHER_DRIVER
+
+
+def _claim(name: str, device_class: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "a", "exactly": {"deviceClassName": device_class}}]}}}
+
+
+async def allocated_to_a_pod(kube: KubeClient, namespace: str, device_class: str) -> dict[str, Any]:
+    """Make a claim of ``device_class`` and a pod that uses it; the real scheduler allocates it and
+    writes the allocation (which admission judges). Both are deleted afterwards."""
+    name = f"c-{uuid.uuid4().hex[:6]}"
+    await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaims", _claim(name, device_class))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+           "spec": {"tolerations": [{"operator": "Exists"}],
+                    "resourceClaims": [{"name": "dev", "resourceClaimName": name}],
+                    "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "dev"}]}}]}}
+    await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+    path = f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}"
+    claim: dict[str, Any] = {}
+
+    async def allocated() -> bool:
+        nonlocal claim
+        claim = await kube.get(path)
+        return bool((claim.get("status") or {}).get("allocation"))
+
+    try:
+        await wait_for(allocated, within=60, what=f"the scheduler to allocate {namespace}/{name} ({device_class})")
+    finally:
+        with contextlib.suppress(KubeError):
+            await kube.delete(f"/api/v1/namespaces/{namespace}/pods/{name}", gracePeriodSeconds=0)
+        with contextlib.suppress(KubeError):
+            await kube.delete(path)
+    return claim
+
+
+async def refused(kube: KubeClient, namespace: str, device_class: str) -> str:
+    try:
+        await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaims",
+                          _claim(f"r-{uuid.uuid4().hex[:6]}", device_class), dryRun="All")
+    except KubeError as error:
+        return error.message
+    raise AssertionError(f"a claim of {device_class} in {namespace} was admitted")
+
+
+async def admitted(kube: KubeClient, namespace: str, device_class: str) -> bool:
+    try:
+        await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaims",
+                          _claim(f"a-{uuid.uuid4().hex[:6]}", device_class), dryRun="All")
+    except KubeError:
+        return False
+    return True
+
+
+async def labelled(kube: KubeClient, namespace: str) -> bool:
+    labels = (await kube.get(f"/api/v1/namespaces/{namespace}"))["metadata"].get("labels") or {}
+    return labels.get(TENANCY_LABEL) == "judged"
+
+
+@pytest.fixture(scope="module")
+async def tenant(skube: KubeClient, installed: ControllerProcess) -> str:
+    return await create_namespace(skube, "scoped-tenant")
+
+
+@pytest.fixture(scope="module")
+async def stranger(skube: KubeClient, installed: ControllerProcess) -> str:
+    return await create_namespace(skube, "scoped-stranger")
+
+
+async def make_policy(kube: KubeClient, tenant: str) -> None:
+    await kube.apply(f"{POLICIES}/scoped", {
+        "apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy", "metadata": {"name": "scoped"},
+        "spec": {"slicing": {"mode": "memory", "sliceSize": "10G"}, "tenants": [{"namespace": tenant}],
+                 "claimTemplateName": "gpu-slice"},
+    }, field_manager="gpuslice-tests")
+
+    async def valid() -> bool:
+        body = await kube.get(f"{POLICIES}/scoped")
+        conditions = {c["type"]: c for c in (body.get("status") or {}).get("conditions") or []}
+        return conditions.get("Valid", {}).get("status") == "True"
+
+    await wait_for(valid, within=120, what="policy scoped to be Valid (its tenancy probe answered)")
+    await wait_for(lambda: labelled(kube, tenant), within=30, what=f"{tenant} to be labelled")
+
+
+def _documents(kind: str) -> dict[str, dict[str, Any]]:
+    """gpuslice's admission objects of ``kind`` by name: the generated ones and the agent's."""
+    found = [m for m in static_manifests() if m["kind"] == kind]
+    found += [d for d in yaml.safe_load_all((MANIFESTS / "agent-rbac.yaml").read_text()) if d and d["kind"] == kind]
+    return {d["metadata"]["name"]: d for d in found}
+
+
+def _copy_of(name: str) -> list[dict[str, Any]]:
+    """A copy of rule ``name`` with its scope (match constraints and conditions, parameter, binding)
+    and one validation that always refuses, saying so: a request it refuses was evaluated by
+    gpuslice's CEL beyond the match conditions, which are all gpuslice ever asks of others'."""
+    rule = copy.deepcopy(_documents("ValidatingAdmissionPolicy")[name])
+    rule["metadata"] = {"name": f"evaluated-{name}"}
+    rule["spec"].pop("variables", None)
+    rule["spec"]["validations"] = [{"expression": "false", "message": f"evaluated by a copy of {name}"}]
+    binding = copy.deepcopy(_documents("ValidatingAdmissionPolicyBinding")[name])
+    binding["metadata"] = {"name": f"evaluated-{name}"}
+    binding["spec"]["policyName"] = f"evaluated-{name}"
+    return [rule, binding]
+
+
+def _path(doc: dict[str, Any]) -> str:
+    kind = "validatingadmissionpolicies" if doc["kind"] == "ValidatingAdmissionPolicy" else (
+        "validatingadmissionpolicybindings")
+    return f"{ADMISSION_API}/{kind}/{doc['metadata']['name']}"
+
+
+async def _message_of(attempt: Any) -> str:
+    try:
+        await attempt
+    except KubeError as error:
+        return error.message
+    return ""
+
+
+async def _allocate_gpuslice_device_by_hand(kube: KubeClient, namespace: str) -> str:
+    """An allocation of one of gpuslice's devices written as the scheduler would (what the device-class
+    and drain rules judge); the message it was refused with."""
+    name = f"h-{uuid.uuid4().hex[:6]}"
+    path = f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}"
+    claim = await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaims", _claim(name, OTHER_DRIVER))
+    claim["status"] = {"allocation": {"devices": {"results": [
+        {"request": "a", "driver": "gpu.gpuslice.dev", "pool": NODE, "device": "gpu-0"}]}}}
+    try:
+        return await _message_of(kube.replace(f"{path}/status", claim))
+    finally:
+        with contextlib.suppress(KubeError):
+            await kube.delete(path)
+
+
+# For each rule that judges claims: where a gpuslice request it judges is made (its copy must refuse it).
+JUDGES_CLAIMS = ("gpuslice-tenancy", "gpuslice-non-tenants", "gpuslice-device-classes", "gpuslice-drain")
+
+
+async def test_other_drivers_claims_are_never_evaluated_by_gpuslices_rules(
+        skube: KubeClient, installed: ControllerProcess, other_driver: str, tenant: str, stranger: str) -> None:
+    """One rule at a time, with gpuslice's own bindings of those rules out of the way (so a refusal
+    can only come from the copy): the copy refuses a gpuslice request it judges, and another
+    driver's claims, made and allocated by the real scheduler in a tenant's namespace and in one no
+    policy names, pass it."""
+    await make_policy(skube, tenant)
+    assert set(JUDGES_CLAIMS) <= set(_documents("ValidatingAdmissionPolicy")), "a rule was renamed"
+    bindings = _documents("ValidatingAdmissionPolicyBinding")
+    ours = {n: await skube.get(_path(bindings[n])) for n in JUDGES_CLAIMS}
+    for binding in ours.values():
+        await skube.delete(_path(binding))
+    try:
+        for name in JUDGES_CLAIMS:
+            copies = _copy_of(name)
+            for doc in copies:
+                await skube.apply(_path(doc), doc, field_manager="gpuslice-tests")
+
+            async def judged(name: str = name) -> bool:
+                if name == "gpuslice-tenancy":
+                    message = await _message_of(admitted_or_raise(skube, tenant, "scoped.gpuslice.dev"))
+                elif name == "gpuslice-non-tenants":
+                    message = await _message_of(admitted_or_raise(skube, stranger, "scoped.gpuslice.dev"))
+                else:
+                    message = await _allocate_gpuslice_device_by_hand(skube, tenant)
+                return f"evaluated by a copy of {name}" in message
+
+            try:
+                await wait_for(judged, within=60, what=f"the copy of {name} to judge what its rule judges")
+                for namespace in (tenant, stranger):
+                    claim = await allocated_to_a_pod(skube, namespace, other_driver)
+                    results = claim["status"]["allocation"]["devices"]["results"]
+                    assert [r["driver"] for r in results] == [other_driver]
+            finally:
+                for doc in reversed(copies):
+                    with contextlib.suppress(KubeError):
+                        await skube.delete(_path(doc))
+    finally:
+        for name in JUDGES_CLAIMS:
+            binding = {k: v for k, v in ours[name].items() if k != "status"}
+            binding["metadata"] = {"name": name, "labels": ours[name]["metadata"].get("labels") or {}}
+            await skube.apply(_path(binding), binding, field_manager="gpuslice-tests")
+    # And with gpuslice's own rules back: the same, and the stranger refused gpuslice's class again.
+
+    async def stranger_refused() -> bool:
+        message = await _message_of(admitted_or_raise(skube, stranger, "scoped.gpuslice.dev"))
+        return "is not a tenant of GpuSlicePolicy scoped" in message
+
+    await wait_for(stranger_refused, within=30, what="gpuslice's own rules to be in force again")
+    for namespace in (tenant, stranger):
+        await allocated_to_a_pod(skube, namespace, other_driver)
+
+
+async def admitted_or_raise(kube: KubeClient, namespace: str, device_class: str) -> None:
+    await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaims",
+                      _claim(f"p-{uuid.uuid4().hex[:6]}", device_class), dryRun="All")
