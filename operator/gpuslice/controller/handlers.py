@@ -8,6 +8,7 @@ indexed or observed: no timer, daemon or finalizer ever touches them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,6 +19,7 @@ from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
 from gpuslice.controller.changes import Changes
+from gpuslice.controller.crd import crd_leaving as crd_is_leaving
 from gpuslice.controller.login import counted_session
 from gpuslice.controller.reconcile import Context, reconcile, report_deleting
 from gpuslice.controller.settings import ControllerSettings
@@ -81,8 +83,10 @@ async def _reconcile_each(ctx: Context, bodies: list[Any], current: World, *, co
             continue
 
 
-def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[KubeClient]]) -> kopf.OperatorRegistry:
-    """``client`` makes the API client reconciles write with (the leader's guarded one)."""
+def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[KubeClient]],
+                   crd_leaving: asyncio.Event | None = None) -> kopf.OperatorRegistry:
+    """``client`` makes the API client reconciles write with (the leader's guarded one);
+    ``crd_leaving`` is set when the last policy went with its CRD being deleted (controller.crd)."""
     kubeconfig = settings.kubeconfig
     registry = kopf.OperatorRegistry()
     ours = settings
@@ -294,6 +298,14 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
                 await reconcile(ctx, body, now, converge_objects=False)
             except (KubeError, kopf.TemporaryError):
                 changes.mark([labels[LABEL_POLICY]])  # the status timer looks again; this event will not
+
+    @kopf.on.event(*POLICY, registry=registry)
+    async def policy_event(type: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
+        """The last policy gone: if its CRD is being deleted, Kopf must stop before the CRD goes."""
+        if type == "DELETED" and crd_leaving is not None and not kwargs["policy_index"] and "ctx" in memo:
+            with contextlib.suppress(KubeError):  # the periodic check asks again
+                if await crd_is_leaving(memo.ctx.kube):
+                    crd_leaving.set()
 
     @kopf.on.delete(*POLICY, registry=registry)
     async def policy_deleted(name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:

@@ -8,7 +8,9 @@ that counts each request as gpuslice's own client does. Kopf closes it when it l
 
 The same credentials get the same session object: Kopf refuses a login equal to one the server
 already rejected (401), which it tells by comparing them, and a new session each time would never
-compare equal, so a rejected token would make every watcher log in again without pause.
+compare equal, so a rejected token would make every watcher log in again without pause. A session
+Kopf has closed (when it stopped: the controller runs Kopf again once its CRD is back) is not
+handed out again.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ _SESSIONS: dict[kopf.ConnectionInfo, kopf.AiohttpSession] = {}
 
 def counted_session(info: kopf.ConnectionInfo) -> kopf.AiohttpSession:
     known = _SESSIONS.get(info)
-    if known is not None:
+    if known is not None and not known.aiohttp_session.closed:
         return known
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, ssl=info.as_ssl_context()),

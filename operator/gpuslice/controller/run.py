@@ -6,15 +6,19 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Awaitable, Callable
 
 import kopf
 import structlog
 
+from gpuslice.controller.admin_access import NamespaceView
+from gpuslice.controller.crd import CRD_NAME, FIX, CrdState, crd_state, until_crd_leaves, wait_for_crd
 from gpuslice.controller.handlers import build_registry
 from gpuslice.controller.leader import GuardedClient, LeaderElector, WriteGuard, identity
 from gpuslice.controller.metrics import LEADER
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import check_label_guard, own_namespace, whoami
+from gpuslice.controller.tenancy_labels import sync_tenancy_labels
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.compatibility import check_server
 from gpuslice.kube.transport import connect
@@ -70,7 +74,7 @@ async def run_controller(settings: ControllerSettings) -> None:
             if not await elector.acquire(stop):
                 return  # stopped while waiting for the Lease
             LEADER.set(1)
-        await _operate(settings, elector, stop)
+        await _operate(settings, elector, stop, namespace)
         if elector is not None and elector.lost.is_set():
             raise ControllerStopped("lost the leader Lease; exiting so that this copy waits for it again")
     finally:
@@ -83,9 +87,11 @@ async def run_controller(settings: ControllerSettings) -> None:
                 await runner.cleanup()
 
 
-async def _operate(settings: ControllerSettings, elector: LeaderElector | None, stop: asyncio.Event) -> None:
-    """Kopf, until ``stop`` or until the Lease is lost (then at once: no write after it)."""
-    operator_stop = asyncio.Event()
+async def _operate(settings: ControllerSettings, elector: LeaderElector | None, stop: asyncio.Event,
+                   namespace: str) -> None:
+    """Kopf while the GpuSlicePolicy CRD is served, waiting for it while it is not (controller.crd),
+    until ``stop`` or until the Lease is lost (then at once: no write after it)."""
+    halt = asyncio.Event()
     keeper = asyncio.create_task(elector.keep(stop)) if elector is not None else None
     guard = WriteGuard(elector) if elector is not None else None
     if guard is not None:
@@ -97,21 +103,20 @@ async def _operate(settings: ControllerSettings, elector: LeaderElector | None, 
             return KubeClient(transport, timeout=settings.request_timeout)
         return GuardedClient(transport, elector, timeout=settings.request_timeout)
 
-    async def stopper() -> None:
+    async def halter() -> None:
         await _wait_any(stop, *([elector.lost] if elector is not None else []))
-        operator_stop.set()
+        halt.set()
 
-    watcher = asyncio.create_task(stopper())
+    watcher = asyncio.create_task(halter())
+    kube = await client()
+    lock = asyncio.Lock()
     try:
-        await kopf.operator(
-            registry=build_registry(settings, client),
-            clusterwide=True,
-            standalone=True,
-            stop_flag=operator_stop,
-            liveness_endpoint=f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None,
-        )
+        while await wait_for_crd(kube, halt, lambda: _unlabel_all(kube, lock, namespace)):
+            if not await _run_kopf(settings, client, kube, halt):
+                break
     finally:
         watcher.cancel()
+        await kube.close()
         if guard is not None:
             guard.uninstall()
         if keeper is not None:
@@ -120,3 +125,43 @@ async def _operate(settings: ControllerSettings, elector: LeaderElector | None, 
                 keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
+
+
+async def _unlabel_all(kube: KubeClient, lock: asyncio.Lock, own: str) -> None:
+    """With no CRD no policy names a namespace: every tenancy label but the controller's own goes."""
+    namespaces = {ns["metadata"]["name"]: NamespaceView.from_namespace(
+        (ns["metadata"].get("labels") or {}), ns["metadata"].get("uid"), ns.get("status") or {})
+        for ns in await kube.list("/api/v1/namespaces")}
+    await sync_tenancy_labels(kube, lock, namespaces, {own})
+
+
+async def _run_kopf(settings: ControllerSettings, client: Callable[[], Awaitable[KubeClient]], kube: KubeClient,
+                    halt: asyncio.Event) -> bool:
+    """Kopf until ``halt``, or until the CRD leaves (controller.crd): then True (wait for it again)."""
+    operator_stop, leaving = asyncio.Event(), asyncio.Event()
+
+    async def stopper() -> None:
+        await _wait_any(halt, leaving)
+        operator_stop.set()
+
+    tasks = [asyncio.create_task(stopper()),
+             asyncio.create_task(until_crd_leaves(kube, leaving, settings.crd_interval))]
+    try:
+        await kopf.operator(
+            registry=build_registry(settings, client, leaving),
+            clusterwide=True,
+            standalone=True,
+            stop_flag=operator_stop,
+            liveness_endpoint=f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None,
+        )
+    except Exception:
+        with contextlib.suppress(KubeError):
+            if not halt.is_set() and await crd_state(kube) is not CrdState.SERVED:
+                log.warning("Kopf stopped: the GpuSlicePolicy CRD is no longer served; waiting for it",
+                            crd=CRD_NAME, fix=FIX)
+                return True
+        raise
+    finally:
+        for task in tasks:
+            task.cancel()
+    return leaving.is_set() and not halt.is_set()

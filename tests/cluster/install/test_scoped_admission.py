@@ -1,7 +1,8 @@
 """gpuslice never judges, and never refuses, what it does not own: another DRA driver's claims and
-allocations pass none of gpuslice's admission rules.
+allocations pass none of gpuslice's admission rules, with gpuslice running, with its CRD deleted
+under a running controller, and with its CRD gone while the controller was away.
 
-A control plane of its own, with the controller as its own process
+A control plane of its own (its CRD is deleted here), with the controller as its own process
 under its ServiceAccount, one fake node, and a second driver made by hand: a DeviceClass, a
 ResourceSlice of four devices, claims and pods that the real scheduler allocates.
 """
@@ -295,3 +296,85 @@ async def test_other_drivers_claims_are_never_evaluated_by_gpuslices_rules(
 async def admitted_or_raise(kube: KubeClient, namespace: str, device_class: str) -> None:
     await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaims",
                       _claim(f"p-{uuid.uuid4().hex[:6]}", device_class), dryRun="All")
+
+
+async def test_other_claims_keep_working_when_the_crd_is_deleted_under_the_controller(
+        skube: KubeClient, installed: ControllerProcess, other_driver: str, tenant: str, stranger: str) -> None:
+    await make_policy(skube, tenant)
+    await skube.delete(CRD_PATH)
+
+    async def crd_gone() -> bool:
+        try:
+            await skube.get(CRD_PATH)
+        except NotFound:
+            return True
+        return False
+
+    # The controller deletes the policy as any deletion (its finalizer), and takes the tenancy label
+    # off the namespaces only it named before it goes; then it waits for the CRD instead of exiting.
+    await wait_for(crd_gone, within=90, what="the CRD and its policies to be deleted")
+    assert not await labelled(skube, tenant)
+    await wait_for(lambda: _logged(installed, "is not served: waiting for it"), within=30,
+                   what="the controller to say it waits for its CRD")
+    assert installed.process is not None
+    assert installed.process.poll() is None, "the controller exited when its CRD went"
+    for namespace in (tenant, stranger):
+        await allocated_to_a_pod(skube, namespace, other_driver)
+        # gpuslice's own classes stay refused wherever no policy names the namespace.
+        assert "is not a tenant of GpuSlicePolicy scoped" in await refused(skube, namespace, "scoped.gpuslice.dev")
+
+    # The CRD back: the controller starts Kopf again, and the policy converges as new.
+    await install_crd(skube)
+    await make_policy(skube, tenant)
+    assert await admitted(skube, tenant, other_driver)
+
+
+async def test_a_controller_that_finds_no_crd_takes_the_tenancy_labels_off(
+        scluster: DevCluster, skube: KubeClient, installed: ControllerProcess, other_driver: str, tenant: str,
+        stranger: str) -> None:
+    """The CRD deleted while the controller is away: its policies keep their finalizers and the CRD
+    stays (terminating, still served), so the tenancy rule still judges and other claims pass. Only
+    if someone then strips the finalizers does the CRD go with the label still on the tenant's
+    namespace. An API server that starts without the CRD cannot configure the tenancy rule, which
+    then refuses everything it matches: only in that labelled namespace, never elsewhere. The
+    controller, once back, finds no CRD and takes the labels off."""
+    await make_policy(skube, tenant)
+    await installed.stop()
+    await skube.delete(CRD_PATH)
+    await wait_for(lambda: _terminating(skube), within=30, what="the CRD to be terminating")
+    assert await admitted(skube, tenant, other_driver), "with its CRD terminating, gpuslice refused another driver"
+    assert await labelled(skube, tenant)
+
+    await skube.merge_patch(f"{POLICIES}/scoped", {"metadata": {"finalizers": None}})
+
+    async def crd_gone() -> bool:
+        try:
+            await skube.get(CRD_PATH)
+        except NotFound:
+            return True
+        return False
+
+    await wait_for(crd_gone, within=60, what="the CRD to go once its policy's finalizer is stripped")
+    await scluster.restart("kube-apiserver")
+    # The rule with a parameter refuses all it matches, and it matches only the labelled namespace.
+    await wait_for(lambda: _refused_for_configuration(skube, tenant), within=60,
+                   what="the tenancy rule to refuse for want of its parameter kind")
+    assert await admitted(skube, stranger, other_driver), "a namespace no policy names was refused"
+    installed.start()
+    await wait_for(lambda: admitted(skube, tenant, other_driver), within=60,
+                   what="the controller to take the tenancy label off, and the other driver's claim admitted")
+    assert not await labelled(skube, tenant)
+    assert await labelled(skube, "gpuslice-system")
+    await install_crd(skube)  # for whatever runs after
+
+
+async def _terminating(kube: KubeClient) -> bool:
+    return bool((await kube.get(CRD_PATH))["metadata"].get("deletionTimestamp"))
+
+
+async def _refused_for_configuration(kube: KubeClient, namespace: str) -> bool:
+    try:
+        message = await refused(kube, namespace, OTHER_DRIVER)
+    except AssertionError:
+        return False
+    return "gpuslice-tenancy" in message and "failed to configure" in message

@@ -1,12 +1,18 @@
-"""The tenancy label goes on exactly the namespaces some policy names and the controller's own
-(what it does against a real API server: tests/cluster/install/test_scoped_admission.py)."""
+"""The tenancy label goes on exactly the namespaces some policy names and the controller's own,
+and the controller waits for its CRD instead of exiting (what each does against a real API server:
+tests/cluster/install/test_scoped_admission.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, cast
+
+import pytest
 
 from gpuslice.controller.admin_access import NamespaceView
+from gpuslice.controller.crd import CRD_PATH, CrdState, crd_leaving, crd_state, wait_for_crd
 from gpuslice.controller.tenancy_labels import named_namespaces, plan_tenancy_labels
+from gpuslice.kube.client import Forbidden, KubeClient, NotFound, ServerError
 
 
 def _policy(tenants: list[str], admins: list[str] = (), deleting: bool = False) -> dict[str, Any]:  # type: ignore[assignment]
@@ -36,3 +42,82 @@ def test_labels_follow_what_is_wanted_and_terminating_namespaces_are_left_alone(
                   "going": _ns(True, active=False), "coming": _ns(False, active=False)}
     label, unlabel = plan_tenancy_labels(namespaces, {"a", "b", "coming", "missing"})
     assert (label, unlabel) == (["a"], ["stale"])
+
+
+class _Server:
+    """Answers what the controller asks about its CRD (the CRD object, and discovery) from a script."""
+
+    def __init__(self, *answers: Any, discovery: Any = None, policies: int = 0) -> None:
+        self.answers = list(answers)
+        self.discovery = discovery
+        self.policies = [{"metadata": {"name": f"p{i}"}} for i in range(policies)]
+        self.asked = 0
+
+    async def get(self, path: str, **_: Any) -> dict[str, Any]:
+        if path == "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies":
+            return {"items": self.policies}
+        if path == "/apis/gpuslice.dev/v1alpha1":
+            answer = self.discovery
+        else:
+            assert path == CRD_PATH
+            self.asked += 1
+            answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return cast(dict[str, Any], answer)
+
+
+MISSING = NotFound(404, "NotFound", "not found", None)
+BUSY = ServerError(503, "ServiceUnavailable", "busy", None)
+ESTABLISHED = {"metadata": {}, "status": {"conditions": [{"type": "Established", "status": "True"}]}}
+DELETING = {"metadata": {"deletionTimestamp": "2026-12-02T00:00:00Z"}, "status": ESTABLISHED["status"]}
+SERVED = {"resources": [{"name": "gpuslicepolicies"}, {"name": "gpuslicepolicies/status"}]}
+
+
+async def test_the_crd_is_served_once_established_and_not_while_it_is_deleted() -> None:
+    assert await crd_state(cast(KubeClient, _Server(ESTABLISHED))) is CrdState.SERVED
+    assert await crd_state(cast(KubeClient, _Server(DELETING))) is CrdState.LEAVING
+    assert await crd_state(cast(KubeClient, _Server({"metadata": {}}))) is CrdState.MISSING  # not established
+    assert await crd_state(cast(KubeClient, _Server(MISSING))) is CrdState.MISSING
+
+
+async def test_without_the_permission_to_read_the_crd_discovery_answers() -> None:
+    forbidden = Forbidden(403, "Forbidden", "forbidden", None)
+    assert await crd_state(cast(KubeClient, _Server(forbidden, discovery=SERVED))) is CrdState.SERVED
+    assert await crd_state(cast(KubeClient, _Server(forbidden, discovery=MISSING))) is CrdState.MISSING
+
+
+async def test_the_controller_waits_for_its_crd_and_clears_labels_meanwhile() -> None:
+    server = _Server(MISSING, BUSY, DELETING, ESTABLISHED)
+    cleared: list[int] = []
+
+    async def clear() -> None:
+        cleared.append(server.asked)
+
+    served = await wait_for_crd(cast(KubeClient, server), asyncio.Event(), clear, first=0.01, cap=0.02)
+    assert served
+    assert server.asked == 4
+    assert cleared == [1, 3]  # each time it was found missing or leaving; a failed question is no answer
+
+
+async def test_waiting_for_the_crd_ends_when_the_controller_stops() -> None:
+    stop = asyncio.Event()
+
+    async def clear() -> None:
+        stop.set()
+
+    assert not await asyncio.wait_for(wait_for_crd(cast(KubeClient, _Server(MISSING)), stop, clear, first=5), 2)
+
+
+async def test_a_failed_question_is_no_answer() -> None:
+    with pytest.raises(ServerError):
+        await crd_state(cast(KubeClient, _Server(BUSY)))
+
+
+async def test_kopf_stops_once_a_crd_being_deleted_has_no_policy_left() -> None:
+    """Before the API server removes it (within seconds of the last policy going): Kopf's watch must
+    not see it go."""
+    assert not await crd_leaving(cast(KubeClient, _Server(ESTABLISHED)))
+    assert not await crd_leaving(cast(KubeClient, _Server(DELETING, policies=1)))  # still finalizing them
+    assert await crd_leaving(cast(KubeClient, _Server(DELETING, policies=0)))
+    assert await crd_leaving(cast(KubeClient, _Server(MISSING)))
