@@ -53,6 +53,9 @@ class AgentSettings(ProcessSettings):
     state_dir: Path | None = Field(default=None, description=(
         "Claim checkpoints, the record of what was published, fake GPU state; unset: the driver's directory"
         " under kubelet_plugins_dir, which survives the agent's restarts with the node."))
+    boot_id_file: Path = Field(default=_PLUGIN.boot_id_file, description=(
+        "Where the node's boot ID is read (the kernel's, the same in every container): claim checkpoints"
+        " from an earlier boot are undone, since what they record did not survive the reboot."))
     resync: float = Field(default=60.0, gt=0, description=(
         "Seconds between full checks of the pool when nothing wakes the agent; also how often claims the"
         " kubelet never unprepared are swept. Watches wake it at once on every change that matters."))
@@ -90,7 +93,8 @@ class AgentSettings(ProcessSettings):
 
     @property
     def plugin(self) -> PluginSettings:
-        return PluginSettings(self.kubelet_registrar_dir, self.kubelet_plugins_dir, self.cdi_dir, self.state_dir)
+        return PluginSettings(self.kubelet_registrar_dir, self.kubelet_plugins_dir, self.cdi_dir, self.state_dir,
+                              self.boot_id_file)
 
     @property
     def health(self) -> HealthSettings:

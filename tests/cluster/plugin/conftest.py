@@ -47,9 +47,13 @@ class PluginNode:
     def agent_log(self) -> str:
         return (self.logs / f"agent-{self.name}.log").read_text(errors="replace")
 
-    async def start_agent(self, kill_at: str | None = None, wait: bool = True) -> None:
-        """Start the agent (with a test kill point armed, if given: it then dies there)."""
+    async def start_agent(self, kill_at: str | None = None, wait: bool = True, boot_id: str | None = None) -> None:
+        """Start the agent (with a test kill point armed, if given: it then dies there; with
+        ``boot_id``, as if the node had booted again: it reads that as the kernel's boot ID)."""
         env = {**os.environ, "GPUSLICE_TEST_KILL_AT": kill_at} if kill_at else None
+        if boot_id is not None:
+            (self.root / "boot_id").write_text(boot_id + "\n")
+            env = {**(env or os.environ), "GPUSLICE_BOOT_ID_FILE": str(self.root / "boot_id")}
         self.agent = self._agent_component(env)
         await self.agent.start()
         if wait:

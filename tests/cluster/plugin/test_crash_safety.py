@@ -233,3 +233,31 @@ async def test_killed_after_destroying_the_instance_at_unprepare_the_retry_finis
     assert node.checkpoints() == []
     assert node.cdi_specs() == []
     assert node.mig_instances() == []
+
+
+async def test_checkpoints_from_before_a_reboot_are_undone_not_answered_from(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
+    namespace: str,
+) -> None:
+    """A node booted again (its kernel's boot ID changed): the dynamic MIG instance and CDI spec a
+    completed checkpoint records did not survive on a real GPU, so recovery undoes the checkpoint
+    (the fake GPU's instance, which did survive, is destroyed) rather than let the kubelet's next
+    prepare be answered from it."""
+    node = await plugin_node("a100-40gb", 1)
+    await tenant_policy(make_policy, namespace, node.name, {"mode": "mig", "mig": {"profiles": ["3g.20gb"]}})
+    await published(kube, node.name, 2)
+    await node.agent.stop()
+    await node.start_agent(boot_id="boot-before")
+    await create_pods(kube, namespace, "gpu-slice", ["m"])
+    await running(kube, namespace, ["m"], within=90)
+    [checkpoint] = node.checkpoints()
+    assert (checkpoint["version"], checkpoint["phase"], checkpoint["boot_id"]) == (2, "completed", "boot-before")
+    assert len(node.mig_instances()) == 1
+    assert len(node.cdi_specs()) == 1
+
+    await node.agent.stop()
+    await node.start_agent(boot_id="boot-after")
+    assert "the node booted since these claims were prepared" in node.agent_log
+    assert node.checkpoints() == []
+    assert node.cdi_specs() == []
+    assert node.mig_instances() == [], "what the checkpoint recorded is undone"

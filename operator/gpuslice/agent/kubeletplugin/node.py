@@ -14,7 +14,7 @@ import structlog
 from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.health import HealthMonitor
 from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
-from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints
+from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints, read_boot_id
 from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.kubeletplugin.health import health_stream
 from gpuslice.agent.kubeletplugin.prepare import Preparer
@@ -61,7 +61,8 @@ class NodePlugin:
         state.mkdir(parents=True, exist_ok=True)
         ops = GpuOps(backend, gpus)
         mig = MigManager(node, ops, state)
-        preparer = Preparer(node, kube, ops, Checkpoints(state), CdiDirectory(settings.cdi_dir), asyncio.Lock(),
+        preparer = Preparer(node, kube, ops, Checkpoints(state, read_boot_id(settings.boot_id_file)),
+                            CdiDirectory(settings.cdi_dir), asyncio.Lock(),
                             static_gpus=mig.static_gpus)
         record = PublishedRecord(state)
         await recover(preparer, mig_gpus(record))

@@ -1,6 +1,8 @@
 """At start, and now and then: make the node match the checkpoints.
 
-A prepare the agent did not finish (its checkpoint says ``started``) is undone: the
+A checkpoint from an earlier boot of the node is undone whatever its phase: its MIG instance
+and CDI spec did not survive the reboot, and the kubelet's next prepare must make them again
+rather than be answered from it. A prepare the agent did not finish (``started``) is undone: the
 MIG instance it may have made is destroyed and its CDI spec removed. A CDI spec of
 ours that no ``completed`` checkpoint backs is removed. On GPUs that serve dynamic
 MIG, an instance no checkpoint backs is destroyed: its placement is published as
@@ -26,6 +28,7 @@ log = structlog.get_logger(__name__)
 @dataclass
 class Recovered:
     undone: list[str] = field(default_factory=list)  # unfinished prepares, by claim
+    rebooted: list[str] = field(default_factory=list)  # claims prepared before the node last booted
     specs_removed: list[str] = field(default_factory=list)  # claim UIDs
     instances_destroyed: list[str] = field(default_factory=list)  # "<gpu>/<profile>@<start>"
     stale: list[str] = field(default_factory=list)  # completed claims whose ResourceClaim is gone
@@ -39,7 +42,10 @@ def _backs(checkpoint: ClaimCheckpoint, gpu: str, profile: str, start: int) -> b
 async def recover(preparer: Preparer, dynamic_mig_gpus: set[str]) -> Recovered:
     found = Recovered()
     for checkpoint in preparer.checkpoints.all():
-        if checkpoint.phase == "started":
+        if preparer.checkpoints.from_earlier_boot(checkpoint):
+            await preparer.undo(checkpoint)
+            found.rebooted.append(checkpoint.key)
+        elif checkpoint.phase == "started":
             await preparer.undo(checkpoint)
             found.undone.append(checkpoint.key)
     completed = preparer.checkpoints.all()
@@ -61,6 +67,9 @@ async def recover(preparer: Preparer, dynamic_mig_gpus: set[str]) -> Recovered:
             except GpuBackendError as error:
                 log.error("could not clear MIG instances no claim backs; will try again at the next start",
                           gpu=uuid, error=str(error))
+    if found.rebooted:
+        log.warning("the node booted since these claims were prepared; what they recorded is undone and the"
+                    " kubelet's next prepare makes it again", claims=found.rebooted)
     if found.undone or found.specs_removed or found.instances_destroyed:
         log.warning("recovered from an unclean stop", unfinished_prepares_undone=found.undone,
                     cdi_specs_removed=found.specs_removed, mig_instances_destroyed=found.instances_destroyed)

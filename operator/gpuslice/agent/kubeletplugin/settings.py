@@ -51,12 +51,14 @@ class PluginSettings:
     The defaults are a kubelet's and containerd's; the dev cluster gives each fake node its own.
     ``state_dir`` holds the claims' checkpoints, the record of what was published and, with the
     fake backend, the fake GPUs' state (default: the driver's directory under ``plugins_dir``).
+    ``boot_id_file`` is where the node's boot ID is read, to tell checkpoints from an earlier boot.
     """
 
     registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     cdi_dir: Path = Path("/var/run/cdi")
     state_dir: Path | None = None
+    boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
 
     @property
     def paths(self) -> PluginPaths:
