@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,13 +30,19 @@ from gpuslice.agent.gpus.nvidia_cdi import (
     mig_capability_nodes,
     parse_mig_minors,
 )
-from gpuslice.inventory.catalog import MigProfile
+from gpuslice.inventory.catalog import Engines, MigProfile
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.inventory.pci import PciAddressError, normalized_bus_id, pcie_root
 from gpuslice.planning.grants import Grant
 
 log = structlog.get_logger(__name__)
+# go-nvlib's strings for NVML's enums (pkg/nvlib/device/device.go: GetArchitectureAsString,
+# GetBrandAsString), which NVIDIA's DRA driver publishes as `architecture` and `brand`.
 ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
-                 8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 13: "Rubin"}
+                 8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 13: "Rubin", 0xFFFFFFFF: "Unknown"}
+BRANDS = {0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan", 7: "NvidiaVApps",
+          8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming", 12: "QuadroRTX",
+          13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX"}
 MAX_PLACEMENTS = 16
 MAX_INSTANCES = 8
 # Application errors, not the GPU's (the NVIDIA DRA driver ignores the same): graphics engine
@@ -55,13 +62,13 @@ class NvmlBackend:
     name = "nvml"
 
     def __init__(self, nvml: ModuleType | None = None, cdi_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS,
-                 mig_minors: Path = MIG_MINORS) -> None:
+                 mig_minors: Path = MIG_MINORS, sysfs: Path = Path("/sys")) -> None:
         if nvml is None:
             import pynvml
 
             nvml = pynvml
         self.nvml: Any = nvml  # pynvml is untyped; the stand-in in tests is a plain module
-        self.cdi_dirs, self.mig_minors = cdi_dirs, mig_minors
+        self.cdi_dirs, self.mig_minors, self.sysfs = cdi_dirs, mig_minors, sysfs
         self._profile_ids: dict[tuple[str, str], int] = {}  # (GPU UUID, profile) -> NVML profile enum
         self._events: dict[str, Fault] = {}
         self._events_lock = threading.Lock()
@@ -90,9 +97,12 @@ class NvmlBackend:
                 " the agent publishes once NVML reads cleanly.")
         with self._session("reading the GPUs", hint) as nvml:
             driver = _text(nvml.nvmlSystemGetDriverVersion())
-            return [self._gpu(index, driver) for index in range(nvml.nvmlDeviceGetCount())]
+            cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
+            # As NVIDIA's DRA driver formats it (nvlib.go): 13000 -> 13.0.
+            cuda_version = f"{cuda // 1000}.{cuda % 1000 // 10}"
+            return [self._gpu(index, driver, cuda_version) for index in range(nvml.nvmlDeviceGetCount())]
 
-    def _gpu(self, index: int, driver: str) -> Gpu:
+    def _gpu(self, index: int, driver: str, cuda: str) -> Gpu:
         nvml = self.nvml
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         major, minor_cc = nvml.nvmlDeviceGetCudaComputeCapability(handle)
@@ -103,20 +113,39 @@ class NvmlBackend:
         except nvml.NVMLError_NotSupported:
             pass
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        raw_bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+        try:
+            bus_id = normalized_bus_id(raw_bus_id)
+        except PciAddressError as error:
+            raise GpuBackendError(f"GPU {index} ({uuid}): {error}; NVML answered something this agent cannot"
+                                  " publish as resource.kubernetes.io/pciBusID.") from error
         return Gpu(
             index=index,
             uuid=uuid,
             product_name=_text(nvml.nvmlDeviceGetName(handle)),
             memory=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
-            pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo(handle).busId),
-            architecture=ARCHITECTURES.get(nvml.nvmlDeviceGetArchitecture(handle), "unknown"),
+            pci_bus_id=bus_id,
+            architecture=ARCHITECTURES.get(int(nvml.nvmlDeviceGetArchitecture(handle)), "Unknown"),
             compute_capability=f"{major}.{minor_cc}",
             driver_version=driver,
             minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
             mig_capable=mig_capable,
             mig_enabled=mig_enabled,
             mig_profiles=self._mig_profiles(handle, uuid) if mig_capable else (),
+            brand=BRANDS.get(int(nvml.nvmlDeviceGetBrand(handle)), "Unknown"),
+            cuda_driver_version=cuda,
+            pcie_root=self._pcie_root(bus_id),
         )
+
+    def _pcie_root(self, bus_id: str) -> str | None:
+        """As deviceattribute.GetPCIeRootAttributeByPCIBusID: None (no attribute) where sysfs
+        cannot say (a VM without the PCI hierarchy, sysfs not mounted)."""
+        try:
+            return pcie_root(bus_id, os.readlink(self.sysfs / "bus" / "pci" / "devices" / bus_id))
+        except (OSError, PciAddressError) as error:
+            log.info("no PCIe root for a GPU (its resource.kubernetes.io/pcieRoot attribute is left out)",
+                     pci_bus_id=bus_id, error=str(error))
+            return None
 
     def _mig_profiles(self, handle: Any, uuid: str) -> tuple[MigProfile, ...]:
         nvml = self.nvml
@@ -141,6 +170,8 @@ class NvmlBackend:
                 size=found[0][1] if found else 0,
                 starts=tuple(start for start, _ in found),
                 media="+me" in name,
+                engines=Engines(int(info.multiprocessorCount), int(info.copyEngineCount), int(info.decoderCount),
+                                int(info.encoderCount), int(info.jpegCount), int(info.ofaCount)),
             ))
         return tuple(profiles)
 
@@ -231,7 +262,9 @@ class NvmlBackend:
             info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
             placement = nvml.c_nvmlGpuInstancePlacement_t()
             placement.start, placement.size = start, profile.size
-            gpu_instance = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, info.id, placement)
+            # NVML takes a pointer, and pynvml passes the argument on as is: by value, the
+            # structure's bytes would be read as an address.
+            gpu_instance = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, info.id, ctypes.byref(placement))
             try:
                 ci_info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
                     gpu_instance, getattr(nvml, ci_profile), nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
