@@ -104,7 +104,8 @@ class GpuSelector(ApiModel):
     """Which GPUs on the selected nodes this policy slices; empty selects all of them."""
 
     products: list[Text] = Field(default_factory=list, max_length=32, description=(
-        "GPU product names as NVML reports them, e.g. \"NVIDIA H100 80GB HBM3\"; empty means any."))
+        "GPU product names, as NVML reports them (\"NVIDIA H100 80GB HBM3\") or as GPU Feature Discovery"
+        " labels them (\"NVIDIA-H100-80GB-HBM3\"): both spellings are one product; empty means any."))
     min_memory: str | None = Field(default=None, max_length=32, description=(
         "Only GPUs with at least this much memory, e.g. 40Gi."))
 

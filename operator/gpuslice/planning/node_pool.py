@@ -18,6 +18,7 @@ from typing import Any
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.inventory.nodes import same_product
 from gpuslice.planning.devices import CounterSet, gpu_tag
 from gpuslice.planning.devices import Device as TypedDevice
 from gpuslice.planning.modes import mode_of
@@ -56,7 +57,7 @@ def selects(policy: GpuSlicePolicy, labels: Mapping[str, str], gpu: Gpu) -> bool
     spec = policy.spec
     if not spec.node_selector.matches(dict(labels)):
         return False
-    if spec.gpu_selector.products and gpu.product_name not in spec.gpu_selector.products:
+    if spec.gpu_selector.products and not any(same_product(gpu.product_name, p) for p in spec.gpu_selector.products):
         return False
     return gpu.memory >= spec.gpu_selector.min_memory_bytes
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import PENDING_TAINT_KEY
-from gpuslice.inventory.catalog import MODELS
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.inventory.nodes import catalog_model
 from gpuslice.planning.node_pool import plan_node_pool
 from gpuslice.planning.pool_safety import make_safe, normalized
 from gpuslice.planning.published import Holder, Pool, PublishedDevice, gpu_memory
@@ -77,7 +77,7 @@ def gpus_from_devices(devices: Sequence[PublishedDevice], pool: Pool) -> list[Gp
     for uuid, mine in by_uuid.items():
         first = mine[0].device
         facts = first.facts  # what the agent published of the GPU (planning.attributes)
-        model = next((m for m in MODELS.values() if m.product_name == first.product_name), None)
+        model = catalog_model(first.product_name)
         found.append(Gpu(
             index=first.gpu_index, uuid=uuid, product_name=first.product_name,
             memory=gpu_memory(mine, pool.counter_sets), pci_bus_id=first.pci_bus_id,
