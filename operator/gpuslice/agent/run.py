@@ -22,6 +22,7 @@ from prometheus_client import REGISTRY, Gauge, Histogram
 
 from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import Refusals
+from gpuslice.agent.events import node_ref, record_event
 from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.health import HealthMonitor
 from gpuslice.agent.kubeletplugin.node import NodePlugin
@@ -194,6 +195,30 @@ class _Agent:
         NODE_GPUS.labels(node).set(len(gpus))
         return backend, gpus
 
+    async def containers_servable(self, kube: KubeClient, backend: GpuBackend) -> bool:
+        """Whether containers can be given this node's devices, asked again every ``resync`` until
+        they can (False: stopped first). Until then nothing is published (a pod scheduled here could
+        not start), ``/readyz`` says why and an Event on the Node says it once."""
+        settings, told = self.settings, False
+        while not self.stop.is_set():
+            problems = await asyncio.to_thread(backend.container_problems)
+            if not problems:
+                if told:
+                    log.info("containers can be given this node's GPUs now; publishing", node=settings.node)
+                return True
+            reason = "; ".join(problems)
+            self.waiting_for = f"containers cannot be given this node's GPUs, nothing is published: {reason}"
+            log.error("containers cannot be given this node's GPUs: nothing is published; will check again",
+                      node=settings.node, problem=reason, retry_in=settings.resync)
+            if not told:
+                await record_event(kube, settings.node, node_ref(settings.node), "GpuContainerSetupMissing",
+                                   f"gpuslice publishes no device on this node: {reason}")
+                told = True
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(settings.resync):
+                    await self.stop.wait()
+        return False
+
     async def server_verdict(self, kube: KubeClient) -> Verdict | None:
         """The server's verdict once it can serve gpuslice, checked again every ``resync`` until
         then (None: stopped first)."""
@@ -223,7 +248,7 @@ class _Agent:
         plugin = self.plugin = await NodePlugin.start(node, kube, backend, gpus, settings.plugin, health)
         watches = AgentWatches(kube, node, self.wake, self.stop)
         try:
-            verdict = await self.server_verdict(kube)
+            verdict = await self.server_verdict(kube) if await self.containers_servable(kube, backend) else None
             if verdict is not None:
                 watches.start()
                 self.publisher = asyncio.create_task(publish_loop(

@@ -127,38 +127,3 @@ def test_a_lost_gpu_and_xid_events_are_faults(a100s: FakeLibNvml) -> None:
     assert backend._fault_of(event(eventType=xid, eventData=13)) is None, "an application's own error is no GPU fault"
     ecc = pynvml.nvmlEventTypeDoubleBitEccError
     assert backend._fault_of(event(eventType=ecc, eventData=0)).kind == "ecc"  # type: ignore[union-attr]
-
-
-def test_containers_get_the_nvidia_toolkits_cdi_devices(a100s: FakeLibNvml, tmp_path: Any) -> None:
-    from gpuslice.agent.gpus import MigInstance
-    from gpuslice.agent.gpus.fake import FakeBackend
-    from gpuslice.planning.grants import Grant
-    from gpuslice.planning.node_pool import plan_node_pool
-    from tests.unit.planning.test_node_pool import policy
-
-    specs = tmp_path / "cdi"
-    specs.mkdir()
-    (specs / "nvidia.yaml").write_text(
-        f"cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: {a100s.gpus[0].uuid}\n- name: '0'\n"
-        "- name: '1'\n- name: MIG-static\ncontainerEdits: {}\n")
-    minors = tmp_path / "mig-minors"
-    minors.write_text("config 1\nmonitor 2\ngpu1/gi3/access 30\ngpu1/gi3/ci0/access 31\n")
-    backend = NvmlBackend(pynvml, cdi_dirs=(specs,), mig_minors=minors)
-    gpus = backend.discover()
-    [device] = plan_node_pool({}, [gpus[0]], [policy("p", {"mode": "shared", "sliceSize": "5Gi"})]).typed
-    grant = Grant("ns/c", "gpu", device)
-    assert backend.access(grant, gpus[0], None).cdi_ids == (f"nvidia.com/gpu={gpus[0].uuid}",), "by UUID first"
-    assert backend.access(grant, gpus[1], None).cdi_ids == ("nvidia.com/gpu=1",), "else by index"
-
-    dynamic = MigInstance(gpus[1].uuid, "1g.5gb", 2, 1, gi=3, ci=0, uuid="MIG-new")
-    access = backend.access(grant, gpus[1], dynamic)
-    assert access.cdi_ids == ("nvidia.com/gpu=1",)
-    assert [n.path for n in access.device_nodes] == ["/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"]
-    assert access.env == {"CUDA_VISIBLE_DEVICES": "MIG-new"}
-    static = MigInstance(gpus[1].uuid, "1g.5gb", 2, 1, gi=3, ci=0, uuid="MIG-static")
-    assert backend.access(grant, gpus[1], static).cdi_ids == ("nvidia.com/gpu=MIG-static",)
-
-    bare = NvmlBackend(pynvml, cdi_dirs=(tmp_path / "none",), mig_minors=minors)
-    with pytest.raises(GpuBackendError, match=r"no NVIDIA Container Toolkit CDI spec .* names GPU 0.*nvidia-ctk cdi"):
-        bare.access(grant, gpus[0], None)
-    assert FakeBackend("n", [("l4", 1)]).access(grant, gpus[0], None).cdi_ids == ()

@@ -159,6 +159,9 @@ class FakeBackend:
     def access(self, grant: Grant, gpu: Gpu, instance: MigInstance | None) -> Access:
         return Access()
 
+    def container_problems(self) -> list[str]:
+        return []
+
     def _gpu_state(self, state: FakeState, gpu: Gpu) -> FakeGpu:
         return state.gpus.setdefault(gpu.index, FakeGpu(mig_enabled=gpu.mig_enabled))
 

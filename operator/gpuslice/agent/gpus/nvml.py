@@ -22,13 +22,15 @@ from typing import Any
 import structlog
 
 from gpuslice.agent.gpus import Access, Fault, GpuBackendError, MigInstance
-from gpuslice.agent.gpus.nvidia_cdi import (
-    DEFAULT_SPEC_DIRS,
-    MIG_MINORS,
+from gpuslice.agent.gpus.nvidia_cdi import DEFAULT_SPEC_DIRS, host_facts, load_toolkit
+from gpuslice.dra.nvidia_cdi import (
+    GpuRef,
+    HostFacts,
+    MigRef,
     NvidiaCdiError,
-    ToolkitSpecs,
-    mig_capability_nodes,
-    parse_mig_minors,
+    common_edits,
+    mig_edits,
+    whole_gpu_edits,
 )
 from gpuslice.inventory.catalog import Engines, MigProfile
 from gpuslice.inventory.gpus import Gpu
@@ -62,13 +64,13 @@ class NvmlBackend:
     name = "nvml"
 
     def __init__(self, nvml: ModuleType | None = None, cdi_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS,
-                 mig_minors: Path = MIG_MINORS, sysfs: Path = Path("/sys")) -> None:
+                 dev: Path = Path("/dev"), proc: Path = Path("/proc"), sysfs: Path = Path("/sys")) -> None:
         if nvml is None:
             import pynvml
 
             nvml = pynvml
         self.nvml: Any = nvml  # pynvml is untyped; the stand-in in tests is a plain module
-        self.cdi_dirs, self.mig_minors, self.sysfs = cdi_dirs, mig_minors, sysfs
+        self.cdi_dirs, self.dev, self.proc, self.sysfs = cdi_dirs, dev, proc, sysfs
         self._profile_ids: dict[tuple[str, str], int] = {}  # (GPU UUID, profile) -> NVML profile enum
         self._events: dict[str, Fault] = {}
         self._events_lock = threading.Lock()
@@ -359,17 +361,27 @@ class NvmlBackend:
 
     # What a container needs
 
+    def host(self, gpus: list[Gpu]) -> HostFacts:
+        return host_facts([g.pci_bus_id for g in gpus], [g.minor for g in gpus], self.dev, self.proc, self.sysfs)
+
     def access(self, grant: Grant, gpu: Gpu, instance: MigInstance | None) -> Access:
-        specs = ToolkitSpecs.load(self.cdi_dirs)
+        """The claim's own CDI edits for the device, by the NVIDIA Container Toolkit's rules
+        (``dra.nvidia_cdi``), and the toolkit spec's common edits."""
+        toolkit, host = load_toolkit(self.cdi_dirs), self.host([gpu])
+        ref = GpuRef(gpu.uuid, gpu.index, gpu.minor, gpu.pci_bus_id)
         try:
-            parent = specs.gpu(gpu.uuid, gpu.index, self.cdi_dirs)
+            common, version = common_edits(toolkit, host)
             if instance is None:
-                return Access(cdi_ids=(parent,))
-            known = specs.mig(instance.uuid, gpu.index, None) if instance.uuid else None
-            if known is not None:
-                return Access(cdi_ids=(known,))
-            minors = parse_mig_minors(self.mig_minors.read_text())
-            nodes = mig_capability_nodes(minors, gpu.minor, instance.gi, instance.ci)
-            return Access(cdi_ids=(parent,), device_nodes=nodes, env={"CUDA_VISIBLE_DEVICES": instance.uuid})
-        except (NvidiaCdiError, OSError) as error:
+                found = whole_gpu_edits(toolkit, ref, host)
+            else:
+                found = mig_edits(toolkit, ref, MigRef(instance.uuid, instance.profile, instance.gi, instance.ci), host)
+        except NvidiaCdiError as error:
             raise GpuBackendError(str(error)) from error
+        return Access(found.edits, common, version)
+
+    def container_problems(self) -> list[str]:
+        try:
+            load_toolkit(self.cdi_dirs).common()
+        except NvidiaCdiError as error:
+            return [str(error)]
+        return []
