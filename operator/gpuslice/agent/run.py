@@ -20,6 +20,7 @@ import aiohttp
 import structlog
 from prometheus_client import REGISTRY, Gauge, Histogram
 
+from gpuslice.agent.coexistence import OtherDrivers
 from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import Refusals
 from gpuslice.agent.events import node_ref, record_event
@@ -69,7 +70,7 @@ async def publish_loop(kube: KubeClient, settings: AgentSettings, gpus: list[Gpu
     ``modes_out``, the slicing modes this server cannot serve, and why (their policies publish
     nothing new here)."""
     node, resync, backoff = settings.node, settings.resync, 1.0
-    drains, refusals = Drains(), Refusals()
+    drains, refusals, others = Drains(), Refusals(), OtherDrivers()
     while not stop.is_set():
         due = drains.due_in()
         with contextlib.suppress(TimeoutError):
@@ -85,14 +86,15 @@ async def publish_loop(kube: KubeClient, settings: AgentSettings, gpus: list[Gpu
             try:
                 if plugin is None:
                     result = await publish(kube, node, gpus, drains, refusals, view, statuses=statuses(),
-                                           unsupported=modes_out)
+                                           unsupported=modes_out, others=others)
                 else:
                     # The wait for the lock (a prepare under way) is not the cycle's: timed once it is held.
                     async with plugin.pool_lock:
                         started = time.monotonic()
                         result = await publish(kube, node, gpus, drains, refusals, view,
                                                holds=plugin.preparer.held_devices(), record=plugin.record,
-                                               statuses=statuses(), mig=plugin.mig, unsupported=modes_out)
+                                               statuses=statuses(), mig=plugin.mig, unsupported=modes_out,
+                                               others=others)
             finally:
                 PUBLISH_DURATION.observe(time.monotonic() - started)
             LAST_SUCCESS.labels(node).set(time.time())

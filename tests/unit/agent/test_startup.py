@@ -192,7 +192,8 @@ async def test_a_node_whose_containers_cannot_get_its_gpus_publishes_nothing_unt
     from gpuslice.agent.run import _Agent
 
     class Backend:
-        answers = [["no NVIDIA Container Toolkit CDI spec ..."], ["still none"], []]
+        def __init__(self) -> None:
+            self.answers = [["no NVIDIA Container Toolkit CDI spec ..."], ["still none"], []]
 
         def container_problems(self) -> list[str]:
             return self.answers.pop(0)
