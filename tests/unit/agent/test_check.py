@@ -45,9 +45,11 @@ def test_an_h200_node_is_described_and_nothing_is_written(tmp_path: Path) -> Non
     assert "memory 143771 MiB (catalog 143771 MiB: same)" in text
     assert "PCI bus id 0000:18:00.0, PCIe root" in text
     assert '"cudaComputeCapability": {"version": "9.0.0"}' in text
-    assert "1g.18gb+me" in text and "placements 0+1, 1+1" in text
+    assert "1g.18gb+me" in text
+    assert "placements 0+1, 1+1" in text
     assert "instances now: 1" in text
-    assert "a dynamic MIG instance" in text and "nvidia-cap" in text
+    assert "a dynamic MIG instance" in text
+    assert "nvidia-cap" in text
     assert "common edits each claim's spec copies" in text
     assert text.rstrip().endswith("== 0 problems"), text[-2000:]
     assert code == 0
