@@ -161,3 +161,14 @@ def test_a_claim_spec_carries_the_common_edits_once_at_the_version_they_need() -
     assert spec["cdiVersion"] == "0.8.0"
     assert spec["containerEdits"]["hooks"] == [dict(h) for h in common.hooks], "hooks kept once, in order"
     assert cdi.claim_spec({}, None)["cdiVersion"] == cdi.CDI_VERSION
+
+
+def test_visible_devices_is_void_even_when_an_older_spec_does_not_say_it(lib: FakeLibNvml, tmp_path: Path) -> None:
+    """NVIDIA_VISIBLE_DEVICES=void keeps the legacy hook from adding every GPU to a container whose
+    image says NVIDIA_VISIBLE_DEVICES=all (CUDA images do); toolkits before wrapper.go's did not write it."""
+    spec = yaml.safe_load(cdi_fixtures.device_plugin(lib.gpus[0].uuid))
+    del spec["containerEdits"]["env"]
+    node = Node(tmp_path, {"nvidia.yaml": yaml.safe_dump(spec)})
+    access = node.backend.access(node.grant(node.gpus[0]), node.gpus[0], None)
+    assert access.common is not None
+    assert access.common.env == {"NVIDIA_VISIBLE_DEVICES": "void"}
