@@ -103,7 +103,12 @@ def settings_docs() -> None:
 
 @main.command()
 @options(AgentSettings)
-def agent(**values: Any) -> None:
+@click.option("--check", is_flag=True, help=(
+    "Read-only GPU check (--backend nvml): print the GPUs, the attributes of each kind of device, the MIG"
+    " profiles and instances, NVML's memory against the catalog and the CDI edits each device would get, then"
+    " exit (1 if something is wrong). Only NVML queries: no MIG mode or GPU setting is changed, nothing is"
+    " written, no API server is needed."))
+def agent(check: bool, **values: Any) -> None:
     """Run the node agent: discover GPUs, publish this node's pool of slices, and serve the kubelet
     plugin that prepares them for pods. Every flag is also an environment variable (GPUSLICE_<FLAG>);
     docs/configuration.md lists them."""
@@ -113,6 +118,14 @@ def agent(**values: Any) -> None:
     from gpuslice.kube.transport import KubeconfigError
 
     settings = _settings(AgentSettings, values)
+    if check:
+        if settings.backend != "nvml":
+            raise click.UsageError("--check reads real GPUs: use it with --backend nvml")
+        import pynvml
+
+        from gpuslice.agent.check import run_check
+
+        sys.exit(run_check(pynvml, settings.nvidia_cdi_dir or None, click.echo))
     try:
         asyncio.run(run_agent(settings))
     except (GpuBackendError, PluginPathError, AgentStopped, KubeconfigError) as error:

@@ -18,6 +18,7 @@ import pydantic
 import structlog
 from prometheus_client import Counter, Gauge
 
+from gpuslice.agent.coexistence import OtherDrivers
 from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import GenerationRefused, Refusals, dry_run, refused_policies
 from gpuslice.agent.mig_manager import MigManager
@@ -30,6 +31,7 @@ from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.watch import list_all
 from gpuslice.observability.failpoints import failpoint
+from gpuslice.planning.coexistence import other_driver_gpus, taken_gpus
 from gpuslice.planning.node_pool import NodePlan, plan_node_pool
 from gpuslice.planning.pool_safety import SafePlan, changing, make_safe, normalized, with_statuses
 from gpuslice.planning.taints import Taint, status_taints_by_gpu
@@ -169,7 +171,8 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
                   refusals: Refusals | None = None, view: AgentView | None = None, *,
                   holds: Set[str] = frozenset(), record: PublishedRecord | None = None,
                   statuses: Mapping[str, Sequence[Taint]] | None = None,
-                  mig: MigManager | None = None, unsupported: Mapping[str, str] | None = None) -> PublishResult:
+                  mig: MigManager | None = None, unsupported: Mapping[str, str] | None = None,
+                  others: OtherDrivers | None = None) -> PublishResult:
     """One cycle. ``drains``: free devices change only once no claim can get them any more (see
     agent.drain); ``refusals``: the policies whose devices the API server refused (agent.dryrun).
     With a synced ``view``, the policies and the Node come from the agent's watches; without,
@@ -181,7 +184,8 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
     taints by GPU UUID (unhealthy) laid onto every device of the GPU, held ones included; ``mig``,
     which makes static MIG layouts real (``mig_manager``: it adjusts the plan, adds its taints, and
     reconfigures a drained GPU after the write). ``unsupported``: slicing mode -> why the API
-    server cannot serve it (``agent.startup``).
+    server cannot serve it (``agent.startup``). A GPU another DRA driver publishes on the node is
+    left out (its allocated devices held as any GPU's that went), and ``others`` tells people.
     """
     drains = drains if drains is not None else Drains()
     refusals = refusals if refusals is not None else Refusals()
@@ -194,8 +198,14 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         node_body = await kube.get(f"/api/v1/nodes/{node}")
         policies = await read_policies(kube, unsupported)
     labels = node_body["metadata"].get("labels") or {}
-    existing = [s for s in await kube.list(SLICES, fieldSelector=f"spec.nodeName={node},spec.driver={DRIVER}")
-                if s["spec"]["pool"]["name"] == node]
+    # Every driver's slices on this node, in one read: ours, and the GPUs other drivers publish,
+    # which this node's pool leaves out (planning.coexistence).
+    on_node = await kube.list(SLICES, fieldSelector=f"spec.nodeName={node}")
+    existing = [s for s in on_node if s["spec"].get("driver") == DRIVER and s["spec"]["pool"]["name"] == node]
+    taken = taken_gpus(gpus, [other_driver_gpus(s["spec"]) for s in on_node if s["spec"].get("driver") != DRIVER])
+    if others is not None:
+        await others.report(kube, node, gpus, taken)
+    gpus = [g for g in gpus if g.uuid not in taken]
     published = [d for s in existing for d in s["spec"].get("devices") or []]
     counter_sets = [c for s in existing for c in s["spec"].get("sharedCounters") or []]
     last = record.load() if record is not None else None

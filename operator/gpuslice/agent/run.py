@@ -20,8 +20,10 @@ import aiohttp
 import structlog
 from prometheus_client import REGISTRY, Gauge, Histogram
 
+from gpuslice.agent.coexistence import OtherDrivers
 from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import Refusals
+from gpuslice.agent.events import node_ref, record_event
 from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.health import HealthMonitor
 from gpuslice.agent.kubeletplugin.node import NodePlugin
@@ -68,7 +70,7 @@ async def publish_loop(kube: KubeClient, settings: AgentSettings, gpus: list[Gpu
     ``modes_out``, the slicing modes this server cannot serve, and why (their policies publish
     nothing new here)."""
     node, resync, backoff = settings.node, settings.resync, 1.0
-    drains, refusals = Drains(), Refusals()
+    drains, refusals, others = Drains(), Refusals(), OtherDrivers()
     while not stop.is_set():
         due = drains.due_in()
         with contextlib.suppress(TimeoutError):
@@ -84,14 +86,15 @@ async def publish_loop(kube: KubeClient, settings: AgentSettings, gpus: list[Gpu
             try:
                 if plugin is None:
                     result = await publish(kube, node, gpus, drains, refusals, view, statuses=statuses(),
-                                           unsupported=modes_out)
+                                           unsupported=modes_out, others=others)
                 else:
                     # The wait for the lock (a prepare under way) is not the cycle's: timed once it is held.
                     async with plugin.pool_lock:
                         started = time.monotonic()
                         result = await publish(kube, node, gpus, drains, refusals, view,
                                                holds=plugin.preparer.held_devices(), record=plugin.record,
-                                               statuses=statuses(), mig=plugin.mig, unsupported=modes_out)
+                                               statuses=statuses(), mig=plugin.mig, unsupported=modes_out,
+                                               others=others)
             finally:
                 PUBLISH_DURATION.observe(time.monotonic() - started)
             LAST_SUCCESS.labels(node).set(time.time())
@@ -194,6 +197,30 @@ class _Agent:
         NODE_GPUS.labels(node).set(len(gpus))
         return backend, gpus
 
+    async def containers_servable(self, kube: KubeClient, backend: GpuBackend) -> bool:
+        """Whether containers can be given this node's devices, asked again every ``resync`` until
+        they can (False: stopped first). Until then nothing is published (a pod scheduled here could
+        not start), ``/readyz`` says why and an Event on the Node says it once."""
+        settings, told = self.settings, False
+        while not self.stop.is_set():
+            problems = await asyncio.to_thread(backend.container_problems)
+            if not problems:
+                if told:
+                    log.info("containers can be given this node's GPUs now; publishing", node=settings.node)
+                return True
+            reason = "; ".join(problems)
+            self.waiting_for = f"containers cannot be given this node's GPUs, nothing is published: {reason}"
+            log.error("containers cannot be given this node's GPUs: nothing is published; will check again",
+                      node=settings.node, problem=reason, retry_in=settings.resync)
+            if not told:
+                await record_event(kube, settings.node, node_ref(settings.node), "GpuContainerSetupMissing",
+                                   f"gpuslice publishes no device on this node: {reason}")
+                told = True
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(settings.resync):
+                    await self.stop.wait()
+        return False
+
     async def server_verdict(self, kube: KubeClient) -> Verdict | None:
         """The server's verdict once it can serve gpuslice, checked again every ``resync`` until
         then (None: stopped first)."""
@@ -223,7 +250,7 @@ class _Agent:
         plugin = self.plugin = await NodePlugin.start(node, kube, backend, gpus, settings.plugin, health)
         watches = AgentWatches(kube, node, self.wake, self.stop)
         try:
-            verdict = await self.server_verdict(kube)
+            verdict = await self.server_verdict(kube) if await self.containers_servable(kube, backend) else None
             if verdict is not None:
                 watches.start()
                 self.publisher = asyncio.create_task(publish_loop(

@@ -5,8 +5,9 @@
   or new, matches this node; then once per burst, at a random moment within ``policy_jitter``
   seconds: agents a policy concerns read their own slices over a second or two instead of in
   the same instant, and read nothing else (the policy and the Node come from these watches).
-- Its own Node (``metadata.name``) and its own ResourceSlices (``spec.nodeName``, an indexed
-  field): the API server sends nothing about other nodes.
+- Its own Node (``metadata.name``) and the ResourceSlices on it (``spec.nodeName``, an indexed
+  field): the API server sends nothing about other nodes. Its own slices wake it when someone
+  else changed them; other drivers' slices when the GPUs they name change (``planning.coexistence``).
 - ResourceClaims only while the agent holds back a change for a claim (``want_claims``):
   claims cannot be selected by pool on the server, so a cluster-wide claim watch costs every
   agent every claim change in the cluster. While nothing waits for a claim, no claim event
@@ -29,6 +30,7 @@ from gpuslice.api.policy import LabelSelector
 from gpuslice.dra.names import DRIVER
 from gpuslice.kube.client import KubeClient
 from gpuslice.kube.watch import watch
+from gpuslice.planning.coexistence import OtherDriverGpus, other_driver_gpus
 
 log = structlog.get_logger(__name__)
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
@@ -74,6 +76,7 @@ class AgentWatches:
         self._in_pool: set[tuple[str, str]] = set()
         self._listed_policies: set[str] = set()
         self._policy_wake: asyncio.TimerHandle | None = None
+        self._others: dict[str, OtherDriverGpus] = {}  # other drivers' slices on this node, by name
 
     def start(self) -> None:
         self._tasks = [
@@ -165,8 +168,21 @@ class AgentWatches:
             self.wake.set()
 
     def _slice_event(self, kind: str | None, body: dict[str, Any]) -> None:
-        if kind is not None and (body.get("spec") or {}).get("driver") == DRIVER:
+        if kind is None:
+            return
+        if (body.get("spec") or {}).get("driver") == DRIVER:
             self.wake.set()  # someone changed or removed our slices: put them back
+        else:
+            # Another driver's slice on this node: the GPUs it names are left out of (or come back
+            # to) this node's pool; anything else about it changes nothing here.
+            name = str(body["metadata"]["name"])
+            after = None if kind == "DELETED" else other_driver_gpus(body.get("spec") or {})
+            if self._others.get(name) != after:
+                self.wake.set()
+            if after is None:
+                self._others.pop(name, None)
+            else:
+                self._others[name] = after
 
     def _claim_event(self, kind: str | None, body: dict[str, Any]) -> None:
         key = (body["metadata"].get("namespace") or "", body["metadata"]["name"])

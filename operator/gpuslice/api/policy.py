@@ -32,6 +32,7 @@ QUALIFIED_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 TAINT_KEY = rf"^({SUBDOMAIN}/)?{QUALIFIED_NAME}$"
 LABEL_VALUE = rf"^{QUALIFIED_NAME}$"
+NVIDIA_RESOURCE = r"^([^/]*\.)?nvidia\.com/"  # the device plugin's resources (and any of NVIDIA's domain)
 # The apiserver checks "requests.<extendedResourceName>" as a qualified name: its domain, with the
 # 9 characters of "requests.", may have at most 253.
 EXTENDED = rf"^{SUBDOMAIN}/{QUALIFIED_NAME}$"
@@ -104,7 +105,8 @@ class GpuSelector(ApiModel):
     """Which GPUs on the selected nodes this policy slices; empty selects all of them."""
 
     products: list[Text] = Field(default_factory=list, max_length=32, description=(
-        "GPU product names as NVML reports them, e.g. \"NVIDIA H100 80GB HBM3\"; empty means any."))
+        "GPU product names, as NVML reports them (\"NVIDIA H100 80GB HBM3\") or as GPU Feature Discovery"
+        " labels them (\"NVIDIA-H100-80GB-HBM3\"): both spellings are one product; empty means any."))
     min_memory: str | None = Field(default=None, max_length=32, description=(
         "Only GPUs with at least this much memory, e.g. 40Gi."))
 
@@ -328,6 +330,15 @@ class GpuSlicePolicySpec(ApiModel):
              lambda s: s.extended_resource_name is None
              or ("kubernetes.io/" not in s.extended_resource_name
                  and not s.extended_resource_name.startswith("requests.")), ".extendedResourceName"),
+        # A pod asking nvidia.com/gpu: 1 expects a whole GPU on every node: the device plugin (and
+        # NVIDIA's DRA driver's gpu.nvidia.com class, its chart's deviceclass-gpu.yaml) serve that
+        # name. A slice under it would be a whole GPU on one node and 10G on the next.
+        Rule(f"!has(self.extendedResourceName) || !self.extendedResourceName.matches({cel_regex(NVIDIA_RESOURCE)})",
+             "extendedResourceName may not be one of NVIDIA's device plugin (nvidia.com/gpu, nvidia.com/mig-1g.10gb,"
+             " any name in the nvidia.com domain): pods asking for it expect what the device plugin gives, a whole"
+             " GPU or a MIG device, on every node; use your own domain, e.g. example.com/gpu-slice",
+             lambda s: s.extended_resource_name is None
+             or re.match(NVIDIA_RESOURCE, s.extended_resource_name) is None, ".extendedResourceName"),
         Rule("self.slicing.mode != 'mig' || !has(self.tenants)"
              " || self.tenants.all(t, !has(t.maxSlices) && !has(t.maxFullGpus))",
              "in mig mode, limit tenants per MIG profile with tenants[].maxMigDevices, e.g."

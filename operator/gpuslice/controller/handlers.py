@@ -29,6 +29,7 @@ from gpuslice.controller.tenancy_labels import judged, named_namespaces, sync_te
 from gpuslice.controller.world import FleetMemo, World, parse_policy
 from gpuslice.dra.names import DRIVER, LABEL_POLICY
 from gpuslice.kube.client import EndlessBackoff, KubeClient, KubeError
+from gpuslice.planning.coexistence import other_driver_gpus
 from gpuslice.planning.usage import ClaimView, SliceView, slice_policies
 
 POLICY = (GROUP, VERSION, PLURAL)
@@ -56,6 +57,7 @@ def world(kwargs: dict[str, Any], memo: FleetMemo | None = None, nodes_version: 
         parsed=_one_per_key(kwargs["parsed_index"]),
         nodes_version=nodes_version,
         memo=memo,
+        other_drivers={node: list(store) for node, store in kwargs["other_driver_index"].items()},
     )
 
 
@@ -182,6 +184,21 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
         """The pool of each slice, under every policy it publishes devices of."""
         pool = str((spec.get("pool") or {}).get("name", ""))
         return {policy: pool for policy in slice_policies(spec)}
+
+    @kopf.index("resource.k8s.io", "v1", "resourceslices", registry=registry, id="other_driver_index",
+                when=lambda spec, **_: spec.get("driver") != DRIVER and bool(spec.get("nodeName")))
+    def other_driver_index(spec: kopf.Spec, **_: Any) -> dict[str, tuple[str, int]]:
+        """Other drivers' slices that name GPUs, by node (planning.coexistence)."""
+        found = other_driver_gpus(spec)
+        return {str(spec["nodeName"]): (found.driver, found.gpu_devices)} if found.gpu_devices else {}
+
+    @kopf.on.event("resource.k8s.io", "v1", "resourceslices", registry=registry,
+                   when=lambda spec, **_: spec.get("driver") != DRIVER and bool(spec.get("nodeName")))
+    async def other_driver_event(name: str, spec: kopf.Spec, type: str | None, **_: Any) -> None:
+        """Another driver's GPUs came or went on a node: every policy's status may say so."""
+        found = other_driver_gpus(spec)
+        seen = (spec.get("nodeName"), found.driver, found.gpu_devices) if found.gpu_devices else None
+        changes.shared_seen(f"resourceslice/{name}", None if type == "DELETED" else seen)
 
     @kopf.index("resource.k8s.io", "v1", "resourceclaims", registry=registry, id="claim_index")
     def claim_index(namespace: str | None, name: str, status: kopf.Status, **_: Any) -> dict[tuple[str, str], Any]:

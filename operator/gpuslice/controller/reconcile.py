@@ -31,6 +31,7 @@ from gpuslice.controller.world import World
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.cluster_objects import desired_objects
+from gpuslice.planning.coexistence import mig_manager_active
 from gpuslice.planning.kinds import DeviceKind, device_kinds
 from gpuslice.planning.usage import (
     device_info,
@@ -271,6 +272,9 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         draining=len(tainted - allocated),
         mig_failed=len(devices & failed_devices(mine)),
         unhealthy=len(devices & unhealthy_devices(mine)),
+        other_drivers=world.other_drivers_on(selection.nodes),
+        mig_manager_nodes=sorted(n for n in selection.nodes if policy.spec.slicing.mode == "mig"
+                                 and mig_manager_active(world.nodes.get(n, {}))),
     )
     labels, admitted = _records(ctx, policy)
     await write_status(ctx, policy, findings, labels, admitted)

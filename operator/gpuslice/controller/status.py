@@ -40,6 +40,8 @@ class Findings:
     mig_failed: int = 0  # devices of GPUs whose MIG reconfiguration failed (agents taint them mig-failed)
     unhealthy: int = 0  # devices of GPUs the agents found unhealthy
     publishing_nodes: Sequence[str] = ()  # while deleting: nodes whose agents still publish its devices
+    other_drivers: Sequence[str] = ()  # selected nodes where another DRA driver publishes GPUs
+    mig_manager_nodes: Sequence[str] = ()  # selected nodes where the GPU Operator's MIG manager runs (mig mode)
 
 
 def _condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
@@ -104,6 +106,19 @@ def conditions(f: Findings) -> list[Condition]:
         degraded = _condition("Degraded", True, "GpuUnhealthy",
                               f"{f.unhealthy} devices are on GPUs their node agent found unhealthy; they are tainted"
                               " gpuslice.dev/unhealthy (the node's Events say which GPU and why).")
+    elif f.other_drivers:
+        degraded = _condition("Degraded", True, "GpusOfAnotherDriver",
+                              f"Another DRA driver publishes GPUs on nodes this policy selects: "
+                              f"{'; '.join(f.other_drivers[:10])}. gpuslice's agent there publishes no GPU that"
+                              " driver publishes (same UUID or PCI bus id), so a GPU is never allocated twice; turn"
+                              " one driver off on each node (docs/nvidia.md#sharing-a-cluster). The nodes' Events"
+                              " say which GPUs.")
+    elif f.mig_manager_nodes:
+        degraded = _condition("Degraded", True, "MigManagerActive",
+                              f"The GPU Operator's MIG manager runs on {', '.join(f.mig_manager_nodes[:10])}"
+                              " (nvidia.com/gpu.deploy.mig-manager=true) and would undo this policy's MIG instances,"
+                              " so gpuslice publishes none of its devices there; label those nodes"
+                              " nvidia.com/gpu.deploy.mig-manager=false to let gpuslice manage MIG.")
     elif f.pending:
         degraded = _condition("Degraded", True, "ChangePending",
                               f"{f.pending} allocated devices keep their old shape until their claims are released;"

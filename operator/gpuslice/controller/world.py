@@ -63,6 +63,16 @@ class World:
     # the nodes is kept between reconciles.
     nodes_version: int | None = None
     memo: FleetMemo | None = None
+    # Other DRA drivers' slices that name GPUs, by node: (driver, devices naming a GPU or MIG UUID).
+    other_drivers: Mapping[str, Collection[tuple[str, int]]] = field(default_factory=dict)
+
+    def other_drivers_on(self, nodes: Collection[str]) -> list[str]:
+        """``node: driver (N GPU devices)`` for each of ``nodes`` where another driver publishes GPUs."""
+        found: dict[tuple[str, str], int] = {}
+        for node in sorted(nodes):
+            for driver, count in self.other_drivers.get(node, ()):
+                found[(node, driver)] = found.get((node, driver), 0) + count
+        return [f"{node}: {driver} ({count} GPU devices)" for (node, driver), count in found.items()]
 
     def slices_of(self, policy: str) -> list[SliceView]:
         """Every slice of every pool that publishes a device of ``policy``: all of a pool's slices,

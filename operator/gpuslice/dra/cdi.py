@@ -25,33 +25,99 @@ _DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 
 @dataclass(frozen=True)
 class DeviceNode:
-    """A device node the container gets (``/dev/nvidia-caps/nvidia-cap12``)."""
+    """A device node the container gets (``/dev/nvidia0``). With ``type``, ``major`` and ``minor``
+    the runtime makes the node in the container without looking at the host (how NVIDIA's DRA
+    driver grants MIG capability nodes a host may not have: its ``cdi.go``)."""
 
     path: str
     host_path: str | None = None
+    type: str | None = None
+    major: int | None = None
+    minor: int | None = None
+    file_mode: int | None = None
+    permissions: str | None = None
 
     def manifest(self) -> dict[str, Any]:
         node: dict[str, Any] = {"path": self.path}
         if self.host_path and self.host_path != self.path:
             node["hostPath"] = self.host_path
+        for key, value in (("type", self.type), ("major", self.major), ("minor", self.minor),
+                           ("fileMode", self.file_mode), ("permissions", self.permissions)):
+            if value is not None:
+                node[key] = value
         return node
+
+    @classmethod
+    def from_spec(cls, node: Mapping[str, Any]) -> DeviceNode:
+        """A ``deviceNodes`` entry of someone else's spec, as written there."""
+        def number(key: str) -> int | None:
+            value = node.get(key)
+            return int(value) if isinstance(value, int) else None
+
+        return cls(str(node.get("path", "")), node.get("hostPath"), node.get("type"), number("major"),
+                   number("minor"), number("fileMode"), node.get("permissions"))
 
 
 @dataclass(frozen=True)
 class ContainerEdits:
-    """What a CDI device adds to a container: environment and device nodes (sorted, so that the
-    same grant always yields the same file)."""
+    """What a CDI device (or a spec, for any of its devices) adds to a container. Environment
+    and device nodes are sorted (one node per path), so that the same grant always yields the same
+    file; hooks and mounts keep the order they were given in (the NVIDIA toolkit's hooks run in
+    order: symlinks before the ld cache update), as the spec they were copied from wrote them."""
 
     env: Mapping[str, str] = field(default_factory=dict)
     device_nodes: Sequence[DeviceNode] = ()
+    hooks: Sequence[Mapping[str, Any]] = ()
+    mounts: Sequence[Mapping[str, Any]] = ()
+    additional_gids: Sequence[int] = ()
 
     def manifest(self) -> dict[str, Any]:
         edits: dict[str, Any] = {}
         if self.env:
             edits["env"] = [f"{k}={v}" for k, v in sorted(self.env.items())]
         if self.device_nodes:
-            edits["deviceNodes"] = [n.manifest() for n in sorted(self.device_nodes, key=lambda n: n.path)]
+            by_path = {n.path: n for n in self.device_nodes}
+            edits["deviceNodes"] = [by_path[p].manifest() for p in sorted(by_path)]
+        if self.hooks:
+            edits["hooks"] = [dict(h) for h in self.hooks]
+        if self.mounts:
+            edits["mounts"] = [dict(m) for m in self.mounts]
+        if self.additional_gids:
+            edits["additionalGids"] = list(self.additional_gids)
         return edits
+
+    def __add__(self, other: ContainerEdits) -> ContainerEdits:
+        """Both sets of edits (``other``'s variables win; hooks and mounts seen twice are kept once)."""
+        return ContainerEdits(
+            env={**self.env, **other.env}, device_nodes=(*self.device_nodes, *other.device_nodes),
+            hooks=_unique((*self.hooks, *other.hooks)), mounts=_unique((*self.mounts, *other.mounts)),
+            additional_gids=tuple(dict.fromkeys((*self.additional_gids, *other.additional_gids))))
+
+    @classmethod
+    def from_spec(cls, edits: Mapping[str, Any]) -> ContainerEdits:
+        """A ``containerEdits`` of someone else's spec (only what CDI defines; intelRdt and
+        netDevices, which no NVIDIA spec writes, are not carried)."""
+        env = dict(str(e).split("=", 1) for e in edits.get("env") or [] if "=" in str(e))
+        return cls(env=env, device_nodes=tuple(DeviceNode.from_spec(n) for n in edits.get("deviceNodes") or []),
+                   hooks=tuple(edits.get("hooks") or ()), mounts=tuple(edits.get("mounts") or ()),
+                   additional_gids=tuple(int(g) for g in edits.get("additionalGids") or ()))
+
+
+def _unique(items: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    seen: list[Mapping[str, Any]] = []
+    for item in items:
+        if item not in seen:
+            seen.append(item)
+    return tuple(seen)
+
+
+def newer_version(*versions: str) -> str:
+    """The newest CDI version (``0.6.0`` < ``0.8.0`` < ``1.0.0``): a spec that carries another
+    spec's edits must say at least that spec's version."""
+    def key(version: str) -> tuple[int, ...]:
+        return tuple(int(p) if p.isdigit() else 0 for p in version.split("."))
+
+    return max(versions, key=key)
 
 
 def device_name(claim_uid: str, device: str) -> str:
@@ -78,11 +144,13 @@ def claim_uid_of(file_name: str) -> str | None:
     return file_name[len(SPEC_PREFIX):-len(".json")] or None
 
 
-def claim_spec(devices: Mapping[str, ContainerEdits], common: ContainerEdits | None = None) -> dict[str, Any]:
+def claim_spec(devices: Mapping[str, ContainerEdits], common: ContainerEdits | None = None,
+               version: str = CDI_VERSION) -> dict[str, Any]:
     """The spec of one claim: ``devices`` by CDI name; ``common`` edits apply whenever any of them
-    is injected."""
+    is injected; ``version``, at least ``CDI_VERSION`` (higher when edits copied from a newer spec
+    need it)."""
     spec: dict[str, Any] = {
-        "cdiVersion": CDI_VERSION,
+        "cdiVersion": newer_version(CDI_VERSION, version),
         "kind": KIND,
         "devices": [{"name": name, "containerEdits": edits.manifest()} for name, edits in sorted(devices.items())],
     }

@@ -1,4 +1,7 @@
-"""One physical GPU as the node agent sees it, whichever backend found it."""
+"""One physical GPU as the node agent sees it, whichever backend found it.
+
+``pci_bus_id`` is in the standard form (``0000:3b:00.0``, ``inventory.pci``), never NVML's.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +24,11 @@ class Gpu:
     mig_capable: bool = False
     mig_enabled: bool = False
     mig_profiles: tuple[MigProfile, ...] = ()
+    # NVIDIA's device attributes (planning.attributes): go-nvlib's brand string, the CUDA version
+    # the driver supports ("13.0"), and the PCIe root complex (None where sysfs does not say).
+    brand: str = "Unknown"
+    cuda_driver_version: str = ""
+    pcie_root: str | None = None
 
     def mig_profile(self, name: str) -> MigProfile | None:
         return next((p for p in self.mig_profiles if p.name == name), None)

@@ -21,15 +21,18 @@ from typing import Any, Literal
 
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, short_hash
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
+from gpuslice.inventory.catalog import Engines
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.inventory.pci import PCI_BUS_ID_ATTRIBUTE as PCI_BUS_ID
+from gpuslice.planning.attributes import GpuFacts, mig_capacities, nvidia_attributes, read_engines, read_facts
 
 Mode = Literal["memory", "shared", "mig"]
 MODES: tuple[Mode, ...] = ("memory", "shared", "mig")
-PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 # The agent's own taint on a device whose change waits (planning.usage.PENDING_TAINT_KEY, set by
 # pool_safety): a state of the device, not part of what the device is.
 PENDING_CHANGE_TAINT = f"{ATTRIBUTE_DOMAIN}/pending-change"
 _HEX8 = re.compile(r"^[0-9a-f]{8}$")
+NO_FACTS = GpuFacts()
 
 
 def gpu_tag(uuid: str) -> str:
@@ -89,6 +92,8 @@ class Device:
     # The policy's spec.taints (key, value, effect): on the device itself, so they reach the
     # scheduler with the device and cost no object of their own (KEP-5055 device taints).
     taints: tuple[tuple[str, str, str], ...] = ()
+    facts: GpuFacts = NO_FACTS  # the GPU's NVIDIA attributes (planning.attributes)
+    engines: Engines | None = None  # a MIG device's share of the GPU's engines (NVIDIA's capacities)
 
     @property
     def whole_gpu(self) -> bool:
@@ -101,8 +106,9 @@ class Device:
             f"{ATTRIBUTE_DOMAIN}/mode": _attr(self.mode),
             f"{ATTRIBUTE_DOMAIN}/productName": _attr(self.product_name[:64]),
             f"{ATTRIBUTE_DOMAIN}/index": _attr(self.gpu_index),
-            PCI_BUS_ID: _attr(self.pci_bus_id),
             f"{ATTRIBUTE_DOMAIN}/{'uuid' if self.whole_gpu else 'parentUUID'}": _attr(self.gpu_uuid),
+            **nvidia_attributes(self.kind, self.gpu_uuid, self.gpu_index, self.product_name, self.pci_bus_id,
+                                self.facts, self.profile),
         }
         if self.kind == "full":
             attributes[f"{ATTRIBUTE_DOMAIN}/sliceSize"] = _attr("full")
@@ -119,7 +125,7 @@ class Device:
             device["capacity"] = {"memory": {"value": format_bytes(self.memory), "requestPolicy": {
                 "default": step, "validRange": {"min": step, "step": step}}}}
         else:
-            device["capacity"] = {"memory": {"value": format_bytes(self.memory)}}
+            device["capacity"] = {"memory": {"value": format_bytes(self.memory)}, **mig_capacities(self.engines)}
         if self.counter_set is not None:
             device["consumesCounters"] = [{"counterSet": self.counter_set,
                                            "counters": {k: {"value": v} for k, v in self.counters}}]
@@ -141,8 +147,9 @@ class Device:
         start, span = _read(attributes, "placementStart"), _read(attributes, "placementSize")
         kind = {"memory": "full" if size == "full" else "slice", "shared": "shared"}.get(str(mode), str(profile))
         uses = (body.get("consumesCounters") or [{}])[0]
+        capacity = body.get("capacity") or {}
         try:
-            memory = quantity_bytes(str(((body.get("capacity") or {}).get("memory") or {}).get("value", "0")))
+            memory = quantity_bytes(str((capacity.get("memory") or {}).get("value", "0")))
         except ValueError:
             return None
         return cls(
@@ -156,13 +163,14 @@ class Device:
             counters=tuple(sorted((k, str(v.get("value"))) for k, v in (uses.get("counters") or {}).items())),
             taints=tuple((str(t.get("key", "")), str(t.get("value", "")), str(t.get("effect", "")))
                          for t in body.get("taints") or [] if t.get("key") != PENDING_CHANGE_TAINT),
+            facts=read_facts(attributes), engines=read_engines(capacity),
         )
 
 
 def gpu_ref(gpu: Gpu) -> dict[str, Any]:
     """The fields every device of ``gpu`` repeats (keyword arguments of :class:`Device`)."""
     return {"gpu_uuid": gpu.uuid, "gpu_index": gpu.index, "product_name": gpu.product_name,
-            "pci_bus_id": gpu.pci_bus_id}
+            "pci_bus_id": gpu.pci_bus_id, "facts": GpuFacts.of(gpu)}
 
 
 def device_name(gpu: Gpu, policy: str, what: str) -> str:

@@ -74,7 +74,7 @@ def device_kinds(policy: GpuSlicePolicy, selection: Selection) -> list[DeviceKin
         found = [DeviceKind(SLICE, device_class_name(name), slicing.slice_bytes,
                             _selector(name, mode="memory", sliceSize=slicing.slice_size), "")]
         if slicing.allow_full_gpu:
-            largest = max((g.memory for g in selection.gpus), default=0)
+            largest = max((g.memory for g in selection.gpus if g.memory is not None), default=0)
             found.append(DeviceKind(FULL, f"{FULL}.{device_class_name(name)}", largest,
                                     _selector(name, mode="memory", sliceSize="full"), f"-{FULL}"))
         return found

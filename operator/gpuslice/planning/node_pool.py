@@ -18,6 +18,8 @@ from typing import Any
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.inventory.nodes import same_product
+from gpuslice.planning.coexistence import MIG_MANAGER_LABEL, mig_manager_active
 from gpuslice.planning.devices import CounterSet, gpu_tag
 from gpuslice.planning.devices import Device as TypedDevice
 from gpuslice.planning.modes import mode_of
@@ -56,7 +58,7 @@ def selects(policy: GpuSlicePolicy, labels: Mapping[str, str], gpu: Gpu) -> bool
     spec = policy.spec
     if not spec.node_selector.matches(dict(labels)):
         return False
-    if spec.gpu_selector.products and gpu.product_name not in spec.gpu_selector.products:
+    if spec.gpu_selector.products and not any(same_product(gpu.product_name, p) for p in spec.gpu_selector.products):
         return False
     return gpu.memory >= spec.gpu_selector.min_memory_bytes
 
@@ -105,6 +107,11 @@ def plan_node_pool(labels: Mapping[str, str], gpus: Sequence[Gpu], policies: Ite
         if not takers or gpu_tag(gpu.uuid) in clashing:
             continue
         mode = mode_of(takers[0])
+        if mode.name == "mig" and mig_manager_active(labels):
+            notes.append(f"{takers[0].name}: GPU {gpu.index} is on a node where the GPU Operator's MIG manager is"
+                         f" active ({MIG_MANAGER_LABEL}=true), which would undo this policy's MIG instances; set"
+                         f" {MIG_MANAGER_LABEL}=false on the node")
+            continue
         # An exclusive mode's GPU serves one policy; memory-mode policies share theirs.
         sharing = takers[:1] if mode.exclusive else [p for p in takers if p.spec.slicing.mode == mode.name]
         notes += [f"{p.name}: GPU {gpu.index} is taken by {takers[0].name} ({mode.name} mode)"

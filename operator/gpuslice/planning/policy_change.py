@@ -16,8 +16,8 @@ from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import PENDING_TAINT_KEY
-from gpuslice.inventory.catalog import MODELS
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.inventory.nodes import catalog_model
 from gpuslice.planning.node_pool import plan_node_pool
 from gpuslice.planning.pool_safety import make_safe, normalized
 from gpuslice.planning.published import Holder, Pool, PublishedDevice, gpu_memory
@@ -76,14 +76,18 @@ def gpus_from_devices(devices: Sequence[PublishedDevice], pool: Pool) -> list[Gp
     found = []
     for uuid, mine in by_uuid.items():
         first = mine[0].device
-        model = next((m for m in MODELS.values() if m.product_name == first.product_name), None)
+        facts = first.facts  # what the agent published of the GPU (planning.attributes)
+        model = catalog_model(first.product_name)
         found.append(Gpu(
             index=first.gpu_index, uuid=uuid, product_name=first.product_name,
             memory=gpu_memory(mine, pool.counter_sets), pci_bus_id=first.pci_bus_id,
-            architecture=model.architecture if model else "", compute_capability=model.compute_capability if model
-            else "", driver_version="", minor=first.gpu_index,
+            architecture=facts.architecture or (model.architecture if model else ""),
+            compute_capability=facts.compute_capability or (model.compute_capability if model else ""),
+            driver_version=facts.driver_version,
+            minor=facts.minor if facts.minor is not None else first.gpu_index,
             mig_capable=bool(model and model.mig_capable), mig_enabled=bool(model and model.mig_capable),
-            mig_profiles=model.mig_profiles if model else ()))
+            mig_profiles=model.mig_profiles if model else (), brand=facts.brand or "Unknown",
+            cuda_driver_version=facts.cuda_driver_version, pcie_root=facts.pcie_root))
     return sorted(found, key=lambda g: g.index)
 
 

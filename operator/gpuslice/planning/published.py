@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from gpuslice.dra.names import DRIVER, PENDING_TAINT_KEY, SAFETY_TAINT_KEYS
 from gpuslice.dra.quantity import quantity_bytes
-from gpuslice.inventory.catalog import MODELS
+from gpuslice.inventory.nodes import catalog_model
 from gpuslice.planning.devices import Device
 
 Body = Mapping[str, Any]
@@ -223,7 +223,7 @@ def gpu_memory(devices: Iterable[PublishedDevice], counter_sets: Mapping[str, Ma
     if whole:
         return max(whole)
     product = devices[0].device.product_name if devices else ""
-    model = next((m for m in MODELS.values() if m.product_name == product), None)
+    model = catalog_model(product)
     if model is not None:
         return model.memory
     return max((d.device.memory for d in devices), default=0)

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.inventory.nodes import NodeGpus
+from gpuslice.inventory.nodes import NodeGpus, product_key
 
 # Slices of one GPU in memory mode: enough for any real sharing (MIG has 7, MPS 48 clients), and
 # a bound on what a tiny sliceSize would make the agent publish and the scheduler consider.
@@ -34,7 +34,13 @@ class Selection:
 
     @property
     def gpu_count(self) -> int:
-        return sum(g.count for g in self.gpus)
+        """GPUs the labels count (a node under GFD's single MIG strategy counts none: they do not say)."""
+        return sum(g.count or 0 for g in self.gpus)
+
+    @property
+    def sized(self) -> tuple[NodeGpus, ...]:
+        """The selected GPUs whose memory is known (judged by size; the others by their agent)."""
+        return tuple(g for g in self.gpus if g.memory is not None)
 
     @property
     def nodes(self) -> frozenset[str]:
@@ -48,10 +54,10 @@ def select(policy: GpuSlicePolicy, inventory: Iterable[tuple[dict[str, str], Nod
     for labels, gpus in inventory:
         if not policy.spec.node_selector.matches(labels):
             continue
-        if gpu_selector.products and gpus.product_name not in gpu_selector.products:
+        if gpu_selector.products and gpus.product not in {product_key(p) for p in gpu_selector.products}:
             continue
-        if gpus.memory < gpu_selector.min_memory_bytes:
-            continue
+        if gpus.memory is not None and gpus.memory < gpu_selector.min_memory_bytes:
+            continue  # unknown memory: the node's agent, which reads NVML, leaves small GPUs out
         chosen.append(gpus)
     return Selection(tuple(sorted(chosen, key=lambda g: g.node)))
 

@@ -48,7 +48,7 @@ def gpu_counts(nodes: Sequence[Body]) -> dict[str, int]:
     for node in nodes:
         name = str(node["metadata"]["name"])
         found = node_gpus(name, node["metadata"].get("labels") or {})
-        if found is not None:
+        if found is not None and found.count is not None:
             counts[name] = found.count
     return counts
 

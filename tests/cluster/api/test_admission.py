@@ -87,6 +87,10 @@ BAD: dict[str, tuple[Any, ...]] = {
         _with("extendedResourceName", "nvidia.kubernetes.io/gpu"), "may not be in the kubernetes.io domain"),
     "extended resource with requests. prefix": (
         _with("extendedResourceName", "requests.example.com/gpu"), "may not be in the kubernetes.io domain"),
+    "the device plugin's extended resource": (
+        _with("extendedResourceName", "nvidia.com/gpu"), "may not be one of NVIDIA's device plugin"),
+    "the device plugin's MIG resource": (
+        _with("extendedResourceName", "nvidia.com/mig-1g.10gb"), "may not be one of NVIDIA's device plugin"),
     "extended resource domain too long": (
         _with("extendedResourceName", "a" * 245 + "/gpu"), "extendedResourceName must look like"),
     "the controller's namespace as a tenant": (

@@ -184,3 +184,34 @@ def test_retries_are_spread_so_a_fleet_does_not_ask_in_step() -> None:
     waits = {round(spread(8.0), 3) for _ in range(50)}
     assert len(waits) > 10
     assert all(4.0 <= w <= 12.0 for w in waits)
+
+
+async def test_a_node_whose_containers_cannot_get_its_gpus_publishes_nothing_until_they_can() -> None:
+    """No NVIDIA toolkit spec with the driver's libraries: the agent says so at start (/readyz, a
+    Node Event) and waits before publishing, rather than failing every prepare."""
+    from gpuslice.agent.run import _Agent
+
+    class Backend:
+        def __init__(self) -> None:
+            self.answers = [["no NVIDIA Container Toolkit CDI spec ..."], ["still none"], []]
+
+        def container_problems(self) -> list[str]:
+            return self.answers.pop(0)
+
+    events: list[tuple[str, dict[str, Any]]] = []
+
+    class Kube:
+        async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+            events.append((path, body))
+            return body
+
+    agent = _Agent(AgentSettings(node="n1", backend="fake", fake_gpus="l4:1", resync=0.05))
+    waiting = asyncio.ensure_future(agent.containers_servable(cast(KubeClient, Kube()), cast(Any, Backend())))
+    await asyncio.sleep(0.02)
+    ready, why = agent.ready()
+    assert not ready
+    assert why.startswith("containers cannot be given this node's GPUs, nothing is published: no NVIDIA")
+    assert await asyncio.wait_for(waiting, 5) is True
+    [(path, event)] = events  # said once, not at every check
+    assert path == "/api/v1/namespaces/default/events"
+    assert (event["reason"], event["involvedObject"]["kind"]) == ("GpuContainerSetupMissing", "Node")

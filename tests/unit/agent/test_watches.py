@@ -54,3 +54,28 @@ async def test_only_policies_that_select_the_node_wake_its_agent() -> None:
     await asyncio.sleep(0.01)
     assert wake.is_set()
     await watches.close()
+
+
+async def test_another_drivers_slices_wake_the_agent_only_when_the_gpus_they_name_change() -> None:
+    import asyncio
+
+    from gpuslice.agent.watches import AgentWatches
+
+    wake, stop = asyncio.Event(), asyncio.Event()
+    watches = AgentWatches(None, "n1", wake, stop)  # type: ignore[arg-type]
+
+    def other(uuid: str, generation: int) -> dict[str, object]:
+        return {"metadata": {"name": "n1-gpu.nvidia.com-x", "resourceVersion": str(generation)},
+                "spec": {"driver": "gpu.nvidia.com", "nodeName": "n1", "pool": {"generation": generation},
+                         "devices": [{"name": "gpu-0", "attributes": {"uuid": {"string": uuid}}}]}}
+
+    watches._slice_event("ADDED", other("GPU-1", 1))
+    assert wake.is_set()
+    wake.clear()
+    watches._slice_event("MODIFIED", other("GPU-1", 2))
+    assert not wake.is_set(), "a new generation naming the same GPUs changes nothing here"
+    watches._slice_event("MODIFIED", other("GPU-2", 3))
+    assert wake.is_set()
+    wake.clear()
+    watches._slice_event("DELETED", other("GPU-2", 3))
+    assert wake.is_set(), "its GPUs may be published again"

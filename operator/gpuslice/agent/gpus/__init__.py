@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpuslice.dra.cdi import DeviceNode
+from gpuslice.dra.cdi import CDI_VERSION, ContainerEdits
 from gpuslice.inventory.catalog import MigProfile
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.grants import Grant
@@ -48,12 +48,14 @@ class MigInstance:
 
 @dataclass(frozen=True)
 class Access:
-    """What a container needs to use a device, beyond gpuslice's ``GPUSLICE_*`` variables: CDI ids
-    of other specs (the NVIDIA Container Toolkit's) and device nodes of our own."""
+    """What a container needs to use a device, beyond gpuslice's ``GPUSLICE_*`` variables, written
+    into the claim's own CDI spec: the device's edits (on NVIDIA nodes its device nodes), the edits
+    every device of the claim shares (the NVIDIA Container Toolkit's libraries and hooks), and the
+    CDI version those need."""
 
-    cdi_ids: tuple[str, ...] = ()
-    device_nodes: tuple[DeviceNode, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
+    edits: ContainerEdits = field(default_factory=ContainerEdits)
+    common: ContainerEdits | None = None
+    cdi_version: str = CDI_VERSION
 
 
 class GpuBackend(Protocol):
@@ -87,4 +89,9 @@ class GpuBackend(Protocol):
 
     def access(self, grant: Grant, gpu: Gpu, instance: MigInstance | None) -> Access:
         """What a container needs to reach ``grant``'s device (see :class:`Access`)."""
+        ...
+
+    def container_problems(self) -> list[str]:
+        """What keeps a container from being given this node's devices at all (checked at start,
+        so that the first prepare is not where it shows); empty when nothing does."""
         ...

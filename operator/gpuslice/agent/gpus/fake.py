@@ -43,6 +43,9 @@ def parse_fake_gpus(text: str) -> list[tuple[str, int]]:
     return parsed
 
 
+FAKE_DRIVER, FAKE_CUDA = "580.95.05", "13.0"  # an R580 driver, and the CUDA version it supports
+
+
 def fake_uuid(node: str, index: int) -> str:
     seed = hashlib.sha256(f"{node}/{index}".encode()).digest()[:16]
     return f"GPU-{uuid.UUID(bytes=seed)}"
@@ -62,19 +65,23 @@ class FakeBackend:
             model = MODELS[model_key]
             for _ in range(count):
                 index = len(found)
+                bus = 0x18 + 0x10 * index
                 found.append(Gpu(
                     index=index,
                     uuid=fake_uuid(self.node, index),
                     product_name=model.product_name,
                     memory=model.memory,
-                    pci_bus_id=f"0000:{0x18 + 0x10 * index:02x}:00.0",
+                    pci_bus_id=f"0000:{bus:02x}:00.0",
                     architecture=model.architecture,
                     compute_capability=model.compute_capability,
-                    driver_version="580.95.05",
+                    driver_version=FAKE_DRIVER,
                     minor=index,
                     mig_capable=model.mig_capable,
                     mig_enabled=model.mig_capable,
                     mig_profiles=model.mig_profiles,
+                    brand=model.brand,
+                    cuda_driver_version=FAKE_CUDA,
+                    pcie_root=f"pci0000:{bus - 1:02x}",  # each GPU behind its own root port, as on HGX boards
                 ))
         # A GPU first seen comes up as the catalog says (MIG-capable ones in MIG mode); after that
         # its state file knows better.
@@ -151,6 +158,9 @@ class FakeBackend:
 
     def access(self, grant: Grant, gpu: Gpu, instance: MigInstance | None) -> Access:
         return Access()
+
+    def container_problems(self) -> list[str]:
+        return []
 
     def _gpu_state(self, state: FakeState, gpu: Gpu) -> FakeGpu:
         return state.gpus.setdefault(gpu.index, FakeGpu(mig_enabled=gpu.mig_enabled))

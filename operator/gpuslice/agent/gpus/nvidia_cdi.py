@@ -1,98 +1,81 @@
-"""What the NVIDIA Container Toolkit already tells the runtime: its CDI spec, and MIG capability nodes.
+"""Reading what ``dra.nvidia_cdi`` needs from the node: the NVIDIA Container Toolkit's CDI specs
+and the device facts of /dev, /proc and /sys.
 
-gpuslice does not list driver libraries or device nodes itself. The node's toolkit
-spec (``nvidia-ctk cdi generate``, or the GPU Operator) names every GPU (and the MIG
-devices that existed when it was written) by index and, with the ``uuid`` naming
-strategy, by UUID; a device of it brings the driver's libraries and the GPU's nodes.
-A dynamic MIG instance is newer than that spec: the container gets its parent GPU's
-device plus the two capability nodes that grant the GPU instance and the compute
-instance (``/proc/driver/nvidia-caps/mig-minors`` says which).
+gpuslice reads the toolkit's specs and never runs ``nvidia-ctk cdi generate`` itself. NVIDIA's DRA
+driver generates in process (``cmd/gpu-kubelet-plugin/cdi.go``, nvcdi as a Go library, its common
+edits cached for five minutes because they do not change with the device): what it generates per
+device is what ``dra.nvidia_cdi`` makes from NVML's minor number, ``mig-minors`` and sysfs, and what
+it generates for all devices is the toolkit spec's common edits. Running the binary at prepare would
+add the toolkit and the driver's file tree to the agent's image and seconds to every prepare, for
+the same answer; a node without any spec says so at start (``NvmlBackend.container_problems``).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from gpuslice.dra.cdi import DeviceNode
+from gpuslice.dra.cdi import CDI_VERSION, ContainerEdits
+from gpuslice.dra.nvidia_cdi import (
+    ACCEPTED,
+    CONTROL_NODES,
+    HostFacts,
+    Toolkit,
+    ToolkitSpec,
+    parse_device_major,
+    parse_mig_minors,
+)
 
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
-MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
-CAPS_DEVICE_DIR = "/dev/nvidia-caps"
 
 
-class NvidiaCdiError(Exception):
-    pass
-
-
-@dataclass(frozen=True)
-class ToolkitSpecs:
-    """The toolkit's CDI devices found on the node: qualified id by device name."""
-
-    ids: dict[str, str]
-
-    @classmethod
-    def load(cls, directories: Iterable[Path]) -> ToolkitSpecs:
-        ids: dict[str, str] = {}
-        for directory in directories:
-            if not directory.is_dir():
+def load_toolkit(directories: Iterable[Path]) -> Toolkit:
+    """The toolkit's specs in ``directories`` (``.json``/``.yaml``; a file that does not parse is
+    another driver's problem, which the runtime reports)."""
+    directories = tuple(directories)
+    specs = []
+    for directory in directories:
+        if not directory.is_dir():
+            continue
+        for path in sorted(directory.iterdir()):
+            if path.suffix not in (".json", ".yaml", ".yml"):
                 continue
-            for path in sorted(directory.iterdir()):
-                if path.suffix not in (".json", ".yaml", ".yml"):
-                    continue
-                try:
-                    spec = (json.loads(path.read_text()) if path.suffix == ".json"
-                            else yaml.safe_load(path.read_text()))
-                except (OSError, ValueError, yaml.YAMLError):
-                    continue  # another driver's problem; the runtime reports it
-                kind = str((spec or {}).get("kind", "")) if isinstance(spec, dict) else ""
-                if not kind.startswith("nvidia.com/"):
-                    continue
-                for device in spec.get("devices") or []:
-                    name = str(device.get("name", ""))
-                    if name:
-                        ids.setdefault(name, f"{kind}={name}")
-        return cls(ids)
-
-    def gpu(self, uuid: str, index: int, directories: Iterable[Path]) -> str:
-        """The id of a whole GPU, by UUID (preferred: indexes move) or by index."""
-        for name in (uuid, str(index)):
-            if name in self.ids:
-                return self.ids[name]
-        where = ", ".join(str(d) for d in directories)
-        raise NvidiaCdiError(
-            f"no NVIDIA Container Toolkit CDI spec in {where} names GPU {index} ({uuid}). Generate one, e.g."
-            " `nvidia-ctk cdi generate --device-name-strategy=uuid --output=/var/run/cdi/nvidia.yaml`"
-            " (the GPU Operator does this), and enable CDI in the container runtime.")
-
-    def mig(self, uuid: str, gpu_index: int, mig_index: int | None) -> str | None:
-        """The id of a MIG device the spec already names (a static layout's, made before the spec was)."""
-        for name in (uuid, f"{gpu_index}:{mig_index}" if mig_index is not None else ""):
-            if name and name in self.ids:
-                return self.ids[name]
-        return None
+            try:
+                text = path.read_text()
+                spec = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+            except (OSError, ValueError, yaml.YAMLError):
+                continue
+            if not isinstance(spec, dict) or spec.get("kind") not in ACCEPTED:
+                continue
+            devices = {str(d.get("name")): ContainerEdits.from_spec(d.get("containerEdits") or {})
+                       for d in spec.get("devices") or [] if isinstance(d, dict) and d.get("name")}
+            specs.append(ToolkitSpec(str(path), str(spec["kind"]), str(spec.get("cdiVersion") or CDI_VERSION),
+                                     ContainerEdits.from_spec(spec.get("containerEdits") or {}), devices))
+    return Toolkit(specs, " and ".join(str(d) for d in directories) or "(no directory)")
 
 
-def parse_mig_minors(text: str) -> dict[str, int]:
-    """``gpu0/gi1/access 12`` lines -> {"gpu0/gi1/access": 12}."""
-    minors = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            minors[parts[0]] = int(parts[1])
-    return minors
-
-
-def mig_capability_nodes(minors: dict[str, int], gpu_minor: int, gi: int, ci: int) -> tuple[DeviceNode, ...]:
-    """The two capability device nodes that let a container use GPU instance ``gi``'s compute
-    instance ``ci`` on the GPU with minor number ``gpu_minor``."""
-    keys = (f"gpu{gpu_minor}/gi{gi}/access", f"gpu{gpu_minor}/gi{gi}/ci{ci}/access")
-    missing = [k for k in keys if k not in minors]
-    if missing:
-        raise NvidiaCdiError(f"{MIG_MINORS} lists no capability for {', '.join(missing)}; the NVIDIA driver does not"
-                             " expose this MIG instance (is nvidia-caps loaded?).")
-    return tuple(DeviceNode(f"{CAPS_DEVICE_DIR}/nvidia-cap{minors[k]}") for k in keys)
+def host_facts(bus_ids: Iterable[str], minors: Iterable[int], dev: Path = Path("/dev"),
+               proc: Path = Path("/proc"), sys: Path = Path("/sys")) -> HostFacts:
+    """What the node's files say about the GPUs with these PCI bus ids and minor numbers."""
+    wanted = [*CONTROL_NODES, *(f"/dev/nvidia{m}" for m in minors)]
+    existing = frozenset(p for p in wanted if (dev / p.removeprefix("/dev/")).exists())
+    try:
+        mig_minors: dict[str, int] | None = parse_mig_minors(
+            (proc / "driver/nvidia-caps/mig-minors").read_text())
+    except OSError:
+        mig_minors = None
+    try:
+        major = parse_device_major((proc / "devices").read_text())
+    except OSError:
+        major = None
+    drm: dict[str, tuple[str, ...]] = {}
+    for bus_id in bus_ids:
+        try:
+            names = sorted(p.name for p in (sys / "bus/pci/devices" / bus_id / "drm").iterdir())
+        except OSError:
+            names = []
+        drm[bus_id] = tuple(f"/dev/dri/{n}" for n in names if (dev / "dri" / n).exists())
+    return HostFacts(existing, mig_minors, major, drm)

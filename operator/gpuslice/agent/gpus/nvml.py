@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,21 +22,29 @@ from typing import Any
 import structlog
 
 from gpuslice.agent.gpus import Access, Fault, GpuBackendError, MigInstance
-from gpuslice.agent.gpus.nvidia_cdi import (
-    DEFAULT_SPEC_DIRS,
-    MIG_MINORS,
+from gpuslice.agent.gpus.nvidia_cdi import DEFAULT_SPEC_DIRS, host_facts, load_toolkit
+from gpuslice.dra.nvidia_cdi import (
+    GpuRef,
+    HostFacts,
+    MigRef,
     NvidiaCdiError,
-    ToolkitSpecs,
-    mig_capability_nodes,
-    parse_mig_minors,
+    common_edits,
+    mig_edits,
+    whole_gpu_edits,
 )
-from gpuslice.inventory.catalog import MigProfile
+from gpuslice.inventory.catalog import Engines, MigProfile
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.inventory.pci import PciAddressError, normalized_bus_id, pcie_root
 from gpuslice.planning.grants import Grant
 
 log = structlog.get_logger(__name__)
+# go-nvlib's strings for NVML's enums (pkg/nvlib/device/device.go: GetArchitectureAsString,
+# GetBrandAsString), which NVIDIA's DRA driver publishes as `architecture` and `brand`.
 ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
-                 8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 13: "Rubin"}
+                 8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 13: "Rubin", 0xFFFFFFFF: "Unknown"}
+BRANDS = {0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan", 7: "NvidiaVApps",
+          8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming", 12: "QuadroRTX",
+          13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX"}
 MAX_PLACEMENTS = 16
 MAX_INSTANCES = 8
 # Application errors, not the GPU's (the NVIDIA DRA driver ignores the same): graphics engine
@@ -55,13 +64,13 @@ class NvmlBackend:
     name = "nvml"
 
     def __init__(self, nvml: ModuleType | None = None, cdi_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS,
-                 mig_minors: Path = MIG_MINORS) -> None:
+                 dev: Path = Path("/dev"), proc: Path = Path("/proc"), sysfs: Path = Path("/sys")) -> None:
         if nvml is None:
             import pynvml
 
             nvml = pynvml
         self.nvml: Any = nvml  # pynvml is untyped; the stand-in in tests is a plain module
-        self.cdi_dirs, self.mig_minors = cdi_dirs, mig_minors
+        self.cdi_dirs, self.dev, self.proc, self.sysfs = cdi_dirs, dev, proc, sysfs
         self._profile_ids: dict[tuple[str, str], int] = {}  # (GPU UUID, profile) -> NVML profile enum
         self._events: dict[str, Fault] = {}
         self._events_lock = threading.Lock()
@@ -90,9 +99,12 @@ class NvmlBackend:
                 " the agent publishes once NVML reads cleanly.")
         with self._session("reading the GPUs", hint) as nvml:
             driver = _text(nvml.nvmlSystemGetDriverVersion())
-            return [self._gpu(index, driver) for index in range(nvml.nvmlDeviceGetCount())]
+            cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
+            # As NVIDIA's DRA driver formats it (nvlib.go): 13000 -> 13.0.
+            cuda_version = f"{cuda // 1000}.{cuda % 1000 // 10}"
+            return [self._gpu(index, driver, cuda_version) for index in range(nvml.nvmlDeviceGetCount())]
 
-    def _gpu(self, index: int, driver: str) -> Gpu:
+    def _gpu(self, index: int, driver: str, cuda: str) -> Gpu:
         nvml = self.nvml
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         major, minor_cc = nvml.nvmlDeviceGetCudaComputeCapability(handle)
@@ -103,20 +115,39 @@ class NvmlBackend:
         except nvml.NVMLError_NotSupported:
             pass
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        raw_bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+        try:
+            bus_id = normalized_bus_id(raw_bus_id)
+        except PciAddressError as error:
+            raise GpuBackendError(f"GPU {index} ({uuid}): {error}; NVML answered something this agent cannot"
+                                  " publish as resource.kubernetes.io/pciBusID.") from error
         return Gpu(
             index=index,
             uuid=uuid,
             product_name=_text(nvml.nvmlDeviceGetName(handle)),
             memory=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
-            pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo(handle).busId),
-            architecture=ARCHITECTURES.get(nvml.nvmlDeviceGetArchitecture(handle), "unknown"),
+            pci_bus_id=bus_id,
+            architecture=ARCHITECTURES.get(int(nvml.nvmlDeviceGetArchitecture(handle)), "Unknown"),
             compute_capability=f"{major}.{minor_cc}",
             driver_version=driver,
             minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
             mig_capable=mig_capable,
             mig_enabled=mig_enabled,
             mig_profiles=self._mig_profiles(handle, uuid) if mig_capable else (),
+            brand=BRANDS.get(int(nvml.nvmlDeviceGetBrand(handle)), "Unknown"),
+            cuda_driver_version=cuda,
+            pcie_root=self._pcie_root(bus_id),
         )
+
+    def _pcie_root(self, bus_id: str) -> str | None:
+        """As deviceattribute.GetPCIeRootAttributeByPCIBusID: None (no attribute) where sysfs
+        cannot say (a VM without the PCI hierarchy, sysfs not mounted)."""
+        try:
+            return pcie_root(bus_id, os.readlink(self.sysfs / "bus" / "pci" / "devices" / bus_id))
+        except (OSError, PciAddressError) as error:
+            log.info("no PCIe root for a GPU (its resource.kubernetes.io/pcieRoot attribute is left out)",
+                     pci_bus_id=bus_id, error=str(error))
+            return None
 
     def _mig_profiles(self, handle: Any, uuid: str) -> tuple[MigProfile, ...]:
         nvml = self.nvml
@@ -141,6 +172,8 @@ class NvmlBackend:
                 size=found[0][1] if found else 0,
                 starts=tuple(start for start, _ in found),
                 media="+me" in name,
+                engines=Engines(int(info.multiprocessorCount), int(info.copyEngineCount), int(info.decoderCount),
+                                int(info.encoderCount), int(info.jpegCount), int(info.ofaCount)),
             ))
         return tuple(profiles)
 
@@ -231,7 +264,9 @@ class NvmlBackend:
             info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
             placement = nvml.c_nvmlGpuInstancePlacement_t()
             placement.start, placement.size = start, profile.size
-            gpu_instance = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, info.id, placement)
+            # NVML takes a pointer, and pynvml passes the argument on as is: by value, the
+            # structure's bytes would be read as an address.
+            gpu_instance = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, info.id, ctypes.byref(placement))
             try:
                 ci_info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
                     gpu_instance, getattr(nvml, ci_profile), nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
@@ -326,17 +361,27 @@ class NvmlBackend:
 
     # What a container needs
 
+    def host(self, gpus: list[Gpu]) -> HostFacts:
+        return host_facts([g.pci_bus_id for g in gpus], [g.minor for g in gpus], self.dev, self.proc, self.sysfs)
+
     def access(self, grant: Grant, gpu: Gpu, instance: MigInstance | None) -> Access:
-        specs = ToolkitSpecs.load(self.cdi_dirs)
+        """The claim's own CDI edits for the device, by the NVIDIA Container Toolkit's rules
+        (``dra.nvidia_cdi``), and the toolkit spec's common edits."""
+        toolkit, host = load_toolkit(self.cdi_dirs), self.host([gpu])
+        ref = GpuRef(gpu.uuid, gpu.index, gpu.minor, gpu.pci_bus_id)
         try:
-            parent = specs.gpu(gpu.uuid, gpu.index, self.cdi_dirs)
+            common, version = common_edits(toolkit, host)
             if instance is None:
-                return Access(cdi_ids=(parent,))
-            known = specs.mig(instance.uuid, gpu.index, None) if instance.uuid else None
-            if known is not None:
-                return Access(cdi_ids=(known,))
-            minors = parse_mig_minors(self.mig_minors.read_text())
-            nodes = mig_capability_nodes(minors, gpu.minor, instance.gi, instance.ci)
-            return Access(cdi_ids=(parent,), device_nodes=nodes, env={"CUDA_VISIBLE_DEVICES": instance.uuid})
-        except (NvidiaCdiError, OSError) as error:
+                found = whole_gpu_edits(toolkit, ref, host)
+            else:
+                found = mig_edits(toolkit, ref, MigRef(instance.uuid, instance.profile, instance.gi, instance.ci), host)
+        except NvidiaCdiError as error:
             raise GpuBackendError(str(error)) from error
+        return Access(found.edits, common, version)
+
+    def container_problems(self) -> list[str]:
+        try:
+            load_toolkit(self.cdi_dirs).common()
+        except NvidiaCdiError as error:
+            return [str(error)]
+        return []

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
 
-from gpuslice.agent.gpus import GpuBackendError, MigInstance
+from gpuslice.agent.gpus import Access, GpuBackendError, MigInstance
 from gpuslice.agent.killpoints import kill_point
 from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
 from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints, ClaimCheckpoint, PreparedDevice
@@ -195,6 +195,7 @@ class Preparer:
                       devices: dict[str, Device]) -> list[PreparedDevice]:
         edits: dict[str, cdi.ContainerEdits] = {}
         done = []
+        shared, version = cdi.ContainerEdits(), cdi.CDI_VERSION
         for record in checkpoint.devices:
             instance = await prep_of(record.mode).prepare(self.ops, record)
             if instance is not None and record.mig is not None:
@@ -203,11 +204,13 @@ class Preparer:
             device = devices[record.device]
             name = cdi.device_name(claim.uid, record.device)
             access = await self._access(claim, record, device, instance)
-            edits[name] = access[1]
-            done.append(record.model_copy(update={"cdi_ids": [cdi.qualified(name), *access[0]]}))
-        common = cdi.ContainerEdits(env=prefixed({"CLAIM": str(claim), "DEVICES": ",".join(
+            edits[name] = access.edits
+            if access.common is not None:  # the NVIDIA toolkit's libraries and hooks, once per claim
+                shared, version = shared + access.common, cdi.newer_version(version, access.cdi_version)
+            done.append(record.model_copy(update={"cdi_ids": [cdi.qualified(name)]}))
+        common = shared + cdi.ContainerEdits(env=prefixed({"CLAIM": str(claim), "DEVICES": ",".join(
             r.device for r in done)}))
-        spec = cdi.claim_spec(edits, common)
+        spec = cdi.claim_spec(edits, common, version)
         spec_file = await asyncio.to_thread(self.cdi.write, claim.uid, spec) if done else None
         kill_point("prepare-cdi-written")
         completed = checkpoint.model_copy(update={"phase": "completed", "devices": done, "cdi_spec": spec_file})
@@ -216,7 +219,9 @@ class Preparer:
         return done
 
     async def _access(self, claim: ClaimRef, record: PreparedDevice, device: Device,
-                      instance: MigInstance | None) -> tuple[list[str], cdi.ContainerEdits]:
+                      instance: MigInstance | None) -> Access:
+        """The device's edits: its ``GPUSLICE_*`` variables and what the backend gives (on NVIDIA
+        nodes its device nodes; the toolkit's common edits come back separately)."""
         grant = Grant(claim=str(claim), request=record.request, device=device, share_id=record.share_id,
                       consumed_memory=record.consumed_memory, admin_access=record.admin_access,
                       mig_uuid=instance.uuid if instance else None)
@@ -225,8 +230,7 @@ class Preparer:
             access = await self.ops.call(self.ops.backend.access, grant, gpu, instance)
         except GpuBackendError as error:
             raise DeviceUnusable(f"device {record.device} of claim {claim}: {error}") from error
-        env = {**environment(grant), **access.env}
-        return list(access.cdi_ids), cdi.ContainerEdits(env=env, device_nodes=access.device_nodes)
+        return replace(access, edits=cdi.ContainerEdits(env=environment(grant)) + access.edits)
 
     # Unprepare and undo
 

@@ -69,25 +69,26 @@ def slice_fit_problems(policy: GpuSlicePolicy, selection: Selection, max_slices:
     """sliceSize against every selected GPU: it must fit the smallest, and (memory mode) not cut
     the largest into more than ``max_slices``."""
     slicing = policy.spec.slicing
-    if not selection.gpus:
+    sized = [(g, g.memory) for g in selection.sized if g.memory is not None]
+    if not sized:
         return []
-    smallest = min(selection.gpus, key=lambda g: (g.memory, g.node))
-    largest = max(selection.gpus, key=lambda g: (g.memory, g.node))
-    if slicing.slice_bytes > smallest.memory:
+    smallest, smallest_memory = min(sized, key=lambda s: (s[1], s[0].node))
+    largest, largest_memory = max(sized, key=lambda s: (s[1], s[0].node))
+    if slicing.slice_bytes > smallest_memory:
         return [Problem(
             "SliceLargerThanGpu",
             f"slicing.sliceSize {slicing.slice_size} is larger than {smallest.product_name} on {smallest.node}"
-            f" ({format_bytes(smallest.memory)}), which the policy selects; choose a sliceSize of at most"
-            f" {format_bytes(smallest.memory)}, or leave such GPUs out with spec.gpuSelector"
+            f" ({format_bytes(smallest_memory)}), which the policy selects; choose a sliceSize of at most"
+            f" {format_bytes(smallest_memory)}, or leave such GPUs out with spec.gpuSelector"
             f" (e.g. minMemory: {slicing.slice_size}).",
         )]
-    if max_slices is not None and largest.memory // slicing.slice_bytes > max_slices:
-        least = -(-largest.memory // max_slices)
+    if max_slices is not None and largest_memory // slicing.slice_bytes > max_slices:
+        least = -(-largest_memory // max_slices)
         least = -(-least // MI) * MI
         return [Problem(
             "TooManySlices",
-            f"slicing.sliceSize {slicing.slice_size} cuts {largest.product_name} ({format_bytes(largest.memory)}"
-            f" on {largest.node}) into {largest.memory // slicing.slice_bytes} slices; at most"
+            f"slicing.sliceSize {slicing.slice_size} cuts {largest.product_name} ({format_bytes(largest_memory)}"
+            f" on {largest.node}) into {largest_memory // slicing.slice_bytes} slices; at most"
             f" {max_slices} per GPU are published; choose a sliceSize of at least {format_bytes(least)}.",
         )]
     return []

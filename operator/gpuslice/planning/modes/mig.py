@@ -35,7 +35,7 @@ def mig_device(gpu: Gpu, policy: GpuSlicePolicy, profile: MigProfile, start: int
     return Device(
         name=mig_device_name(gpu_tag(gpu.uuid), profile.name, start), policy=policy.name, mode="mig",
         kind=profile.name, memory=profile.memory, profile=profile.name, placement=(start, profile.size),
-        counter_set=counter_set_name(gpu), counters=tuple(sorted(counters)), **gpu_ref(gpu),
+        counter_set=counter_set_name(gpu), counters=tuple(sorted(counters)), engines=profile.engines, **gpu_ref(gpu),
     )
 
 

@@ -47,15 +47,16 @@ class SharedMode:
 
     def fit_problems(self, policy: GpuSlicePolicy, selection: Selection) -> list[Problem]:
         problems = slice_fit_problems(policy, selection, max_slices=None)
-        if problems or not selection.gpus:
+        sized = [(g, g.memory) for g in selection.sized if g.memory is not None]
+        if problems or not sized:
             return problems
-        smallest = min(selection.gpus, key=lambda g: (g.memory, g.node))
-        if 2 * policy.spec.slicing.slice_bytes > smallest.memory:
-            half = format_bytes(smallest.memory // 2 // 1024**2 * 1024**2)
+        smallest, smallest_memory = min(sized, key=lambda s: (s[1], s[0].node))
+        if 2 * policy.spec.slicing.slice_bytes > smallest_memory:
+            half = format_bytes(smallest_memory // 2 // 1024**2 * 1024**2)
             return [Problem(
                 "SliceTooLargeToShare",
                 f"slicing.sliceSize {policy.spec.slicing.slice_size} is more than half of {smallest.product_name} on"
-                f" {smallest.node} ({format_bytes(smallest.memory)}): a shared device's capacity must hold at least"
+                f" {smallest.node} ({format_bytes(smallest_memory)}): a shared device's capacity must hold at least"
                 f" two sliceSize steps (the apiserver refuses it otherwise); choose a sliceSize of at most {half},"
                 " or use mode memory for whole GPUs.",
             )]

@@ -1,0 +1,69 @@
+#!/bin/sh
+# The read-only GPU check, from a plain checkout: what gpuslice sees on this machine's NVIDIA GPUs
+# (NVML and the NVIDIA Container Toolkit's CDI specs), written to the file given as $1.
+#
+#   hack/nvidia/device-check.sh /tmp/gpu-check.txt
+#
+# It never changes a GPU: `gpuslice agent --backend nvml --check` lets through only NVML queries
+# (docs/nvidia.md lists them), and the nvidia-smi commands below only list. No cluster, no network:
+# gpuslice is installed with `pip install .` into a virtual environment that sees the system's
+# packages (nvidia-ml-py and the rest may already be there); without pip's dependencies at hand,
+# install them first, or set GPUSLICE_PYTHON to a Python that has gpuslice.
+set -eu
+out=${1:?usage: hack/nvidia/device-check.sh OUTPUT_FILE}
+here=$(cd "$(dirname "$0")/../.." && pwd)
+case $out in /*) ;; *) out="$(pwd)/$out" ;; esac
+
+python=${GPUSLICE_PYTHON:-}
+if [ -z "$python" ]; then
+  if python3 -c 'import gpuslice.agent.check' 2>/dev/null; then
+    python=python3
+  else
+    # `pip install .` into a venv that sees the system's packages; offline, without its dependencies
+    # (the check needs only click, pydantic, structlog, pyyaml and nvidia-ml-py).
+    venv=${GPUSLICE_CHECK_VENV:-$here/.venv-device-check}
+    [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
+    "$venv/bin/python" -c 'import gpuslice.agent.check' 2>/dev/null \
+      || "$venv/bin/python" -m pip install --quiet "$here" 2>/dev/null \
+      || "$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation "$here" 2>/dev/null \
+      || true
+    python=$venv/bin/python
+    if ! "$python" -c 'import gpuslice.agent.check' 2>/dev/null; then
+      # No pip install possible here (no network, no setuptools): the checkout itself, on the system's packages.
+      export PYTHONPATH="$here/operator${PYTHONPATH:+:$PYTHONPATH}"
+      python=python3
+    fi
+  fi
+fi
+if ! "$python" -c 'import gpuslice.agent.check' 2>"$out"; then
+  echo "gpuslice's check cannot start (see $out): it needs click, pydantic, structlog, pyyaml and nvidia-ml-py" >&2
+  exit 1
+fi
+
+{
+  echo "# gpuslice device check, $(date -u +%Y-%m-%dT%H:%M:%SZ), host $(uname -n), kernel $(uname -r)"
+  echo "# checkout: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown), python: $("$python" -V 2>&1)"
+  echo
+  status=0
+  "$python" -m gpuslice agent --backend nvml --check --node device-check || status=$?
+  echo
+  echo "# exit status of the check: $status (0: nothing wrong)"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    # Listings only, to set the check's figures against nvidia-smi's own.
+    for args in "-L" \
+        "--query-gpu=index,name,uuid,pci.bus_id,memory.total,mig.mode.current,mig.mode.pending,driver_version --format=csv" \
+        "mig -lgip" "mig -lgipp" "mig -lgi" "mig -lci"; do
+      echo
+      echo "# nvidia-smi $args"
+      # shellcheck disable=SC2086
+      nvidia-smi $args 2>&1 || true
+    done
+  fi
+  echo
+  echo "# CDI specs"
+  for dir in /etc/cdi /var/run/cdi; do
+    [ -d "$dir" ] && ls -l "$dir" 2>&1
+  done
+  true
+} > "$out" 2>&1
+echo "device check written to $out"

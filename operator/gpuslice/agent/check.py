@@ -1,0 +1,265 @@
+"""``gpuslice agent --backend nvml --check``: what gpuslice would see and publish on this machine,
+read from NVML and the node's files, changing nothing.
+
+The first thing to run on a machine with an NVIDIA GPU (``hack/nvidia/device-check.sh`` runs it
+from a plain checkout). It prints the inventory, every attribute each kind of device would carry,
+the MIG profiles and placements NVML reports and the instances that exist, NVML's memory figures
+against the catalog's, the NVIDIA Container Toolkit's CDI specs and the edits each kind of device
+would get, and ends with what is wrong. It needs no API server and reads no cluster.
+
+**It cannot write to a GPU**: the backend is given :class:`ReadOnlyNvml`, which lets through only
+the NVML functions in ``READ_CALLS`` (queries) and raises on any other, so a MIG mode switch or an
+instance created by mistake fails before it reaches the driver. Nothing else is written either:
+no CDI spec, no checkpoint, no state file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any, cast
+
+from gpuslice import __version__
+from gpuslice.agent.gpus import GpuBackendError
+from gpuslice.agent.gpus.nvidia_cdi import DEFAULT_SPEC_DIRS, load_toolkit
+from gpuslice.agent.gpus.nvml import NvmlBackend
+from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.dra.nvidia_cdi import (
+    CONTROL_NODES,
+    GpuRef,
+    HostFacts,
+    MigRef,
+    NvidiaCdiError,
+    common_edits,
+    mig_edits,
+    whole_gpu_edits,
+)
+from gpuslice.inventory.catalog import MI
+from gpuslice.inventory.gpus import Gpu
+from gpuslice.inventory.nodes import catalog_model, product_key
+from gpuslice.planning.node_pool import plan_node_pool
+
+# The NVML functions the check may call: queries only (the backend's discovery and its listing of
+# MIG instances). docs/nvidia.md lists them.
+READ_CALLS = frozenset({
+    "nvmlInit", "nvmlShutdown", "nvmlSystemGetDriverVersion", "nvmlSystemGetCudaDriverVersion",
+    "nvmlSystemGetNVMLVersion", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetHandleByUUID",
+    "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetBrand", "nvmlDeviceGetArchitecture",
+    "nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetMinorNumber", "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetPciInfo", "nvmlDeviceGetMigMode", "nvmlDeviceGetGpuInstanceProfileInfo",
+    "nvmlDeviceGetGpuInstancePossiblePlacements", "nvmlDeviceGetGpuInstances", "nvmlGpuInstanceGetInfo",
+    "nvmlGpuInstanceGetComputeInstanceProfileInfo", "nvmlGpuInstanceGetComputeInstances",
+    "nvmlComputeInstanceGetInfo", "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId",
+})
+_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z_][A-Za-z0-9_]{0,31}$")
+_SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")
+
+
+class WriteRefused(RuntimeError):
+    """The check tried an NVML call that is not a query."""
+
+
+class ReadOnlyNvml:
+    """pynvml, with only its query functions: constants, types and error classes pass through."""
+
+    def __init__(self, nvml: ModuleType) -> None:
+        self._nvml = nvml
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._nvml, name)
+        if not (name.startswith("nvml") and callable(value)):
+            return value
+        if name not in READ_CALLS:
+            raise WriteRefused(f"the read-only check may not call {name}: it is not a query of the GPU")
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return value(*args, **kwargs)
+
+        return call
+
+
+def _policy(name: str, slicing: dict[str, Any]) -> GpuSlicePolicy:
+    return GpuSlicePolicy.model_validate({"metadata": {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z"},
+                                          "spec": {"slicing": slicing}})
+
+
+def attribute_problems(device: dict[str, Any]) -> list[str]:
+    """What the API server would refuse in a device's attributes and capacities (resource.k8s.io/v1)."""
+    problems = []
+    attributes, capacity = device.get("attributes") or {}, device.get("capacity") or {}
+    if len(attributes) + len(capacity) > 32:
+        problems.append(f"{len(attributes) + len(capacity)} attributes and capacities (at most 32)")
+    for name, value in attributes.items():
+        if not _NAME.match(name):
+            problems.append(f"attribute name {name!r} is not a C identifier of at most 32 characters")
+        text = value.get("string", value.get("version"))
+        if isinstance(text, str) and len(text) > 64:
+            problems.append(f"{name}: {text!r} is longer than 64 characters")
+        if "version" in value and not _SEMVER.match(str(value["version"])):
+            problems.append(f"{name}: {value['version']!r} is not semver 2.0")
+    return problems
+
+
+class Report:
+    def __init__(self, out: Callable[[str], None]) -> None:
+        self.out = out
+        self.problems: list[str] = []
+
+    def line(self, text: str = "") -> None:
+        self.out(text)
+
+    def problem(self, text: str) -> None:
+        self.problems.append(text)
+        self.out(f"  PROBLEM: {text}")
+
+
+def _inventory(report: Report, gpus: list[Gpu]) -> None:
+    report.line(f"== Inventory: {len(gpus)} GPUs")
+    for gpu in gpus:
+        model = catalog_model(gpu.product_name)
+        report.line(f"GPU {gpu.index} (minor {gpu.minor}) {gpu.uuid}")
+        report.line(f"  product {gpu.product_name!r}; GFD labels it {product_key(gpu.product_name)!r}; catalog:"
+                    f" {model.key if model else 'not in the catalog (the controller judges it by its labels)'}")
+        report.line(f"  memory {gpu.memory // MI} MiB" + (
+            f" (catalog {model.memory // MI} MiB: {'same' if model.memory == gpu.memory else 'DIFFERS'})"
+            if model else ""))
+        if model is not None and model.memory != gpu.memory:
+            report.problem(f"GPU {gpu.index}: NVML reports {gpu.memory // MI} MiB, the catalog's {model.key}"
+                           f" {model.memory // MI} MiB: the fake backend and the controller's judgement are off")
+        report.line(f"  {gpu.brand}, {gpu.architecture}, compute capability {gpu.compute_capability}, driver"
+                    f" {gpu.driver_version}, CUDA {gpu.cuda_driver_version}")
+        report.line(f"  PCI bus id {gpu.pci_bus_id}, PCIe root {gpu.pcie_root or '(none: sysfs did not say)'}")
+        report.line(f"  MIG: {'capable' if gpu.mig_capable else 'not supported'}"
+                    + (f", mode {'enabled' if gpu.mig_enabled else 'disabled'}" if gpu.mig_capable else ""))
+
+
+def _mig(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
+    report.line("== MIG profiles and placements NVML reports")
+    for gpu in (g for g in gpus if g.mig_capable):
+        model = catalog_model(gpu.product_name)
+        report.line(f"GPU {gpu.index} ({gpu.product_name}):")
+        for profile in gpu.mig_profiles:
+            engines = profile.engines
+            shown = (f"{engines.multiprocessors} SMs, CE {engines.copy_engines}, DEC {engines.decoders}, ENC"
+                     f" {engines.encoders}, JPEG {engines.jpeg_engines}, OFA {engines.ofa_engines}" if engines else "")
+            report.line(f"  {profile.name:<14} {profile.memory // MI:>7} MiB  up to {profile.max_count}  {shown}"
+                        f"  placements {', '.join(f'{s}+{profile.size}' for s in profile.starts)}")
+            if model is None:
+                continue
+            known = model.mig_profile(profile.name)
+            if known is None:
+                report.problem(f"GPU {gpu.index}: profile {profile.name} is not in the catalog's {model.key}")
+            elif known != profile:
+                report.problem(f"GPU {gpu.index}: profile {profile.name} differs from the catalog's {model.key}"
+                               f" (NVML {profile}; catalog {known})")
+        if model is not None:
+            for missing in {p.name for p in model.mig_profiles} - {p.name for p in gpu.mig_profiles}:
+                report.problem(f"GPU {gpu.index}: the catalog's {model.key} has {missing}, NVML does not")
+        instances = backend.mig_instances(gpu) if gpu.mig_enabled else []
+        report.line(f"  instances now: {len(instances)}" + ("" if gpu.mig_enabled else " (MIG mode is off)"))
+        for i in instances:
+            report.line(f"    {i.profile} at {i.start}+{i.size}: GPU instance {i.gi}, compute instance {i.ci},"
+                        f" {i.uuid}")
+
+
+def _attributes(report: Report, gpus: list[Gpu]) -> None:
+    report.line("== Attributes each kind of device would carry (as published in its ResourceSlice)")
+    policies = [_policy("check-memory", {"mode": "memory", "sliceSize": "4Gi", "allowFullGpu": True}),
+                _policy("check-shared", {"mode": "shared", "sliceSize": "4Gi"})]
+    for gpu in gpus[:1] + [g for g in gpus[1:] if g.product_name != gpus[0].product_name]:
+        kinds: dict[str, dict[str, Any]] = {}
+        trial = [replace(gpu, mig_enabled=False)]
+        for policy in policies:
+            for device in plan_node_pool({}, trial, [policy]).devices:
+                kinds.setdefault(device["attributes"]["type"]["string"], device)
+        if gpu.mig_profiles:
+            mig = _policy("check-mig", {"mode": "mig", "mig": {"profiles": [p.name for p in gpu.mig_profiles]}})
+            for device in plan_node_pool({}, [gpu], [mig]).devices:
+                kinds.setdefault(f"mig {device['attributes']['profile']['string']}", device)
+        for kind, device in kinds.items():
+            report.line(f"GPU {gpu.index}, {kind} device {device['name']}:")
+            report.line("  " + json.dumps({"attributes": device["attributes"], "capacity": device["capacity"]},
+                                          sort_keys=True))
+            for problem in attribute_problems(device):
+                report.problem(f"GPU {gpu.index} {kind} device: {problem}")
+
+
+def _cdi(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
+    report.line("== CDI: the NVIDIA Container Toolkit's specs and what each kind of device would get")
+    toolkit = load_toolkit(backend.cdi_dirs)
+    host: HostFacts = backend.host(gpus)
+    report.line(f"specs in {toolkit.searched}: " + (", ".join(
+        f"{s.path} ({s.kind}, cdiVersion {s.version}, {len(s.devices)} devices, {len(s.common.mounts)} mounts,"
+        f" {len(s.common.hooks)} hooks)" for s in toolkit.specs) or "none"))
+    report.line(f"control nodes present: {', '.join(p for p in CONTROL_NODES if p in host.existing) or 'none'};"
+                f" mig-minors: {'present' if host.mig_minors is not None else 'absent'}; nvidia-caps major:"
+                f" {host.caps_major}")
+    try:
+        common, version = common_edits(toolkit, host)
+        report.line(f"common edits each claim's spec copies (cdiVersion {version}):")
+        report.line("  " + json.dumps(common.manifest(), sort_keys=True))
+    except NvidiaCdiError as error:
+        report.problem(str(error))
+    for gpu in gpus:
+        ref = GpuRef(gpu.uuid, gpu.index, gpu.minor, gpu.pci_bus_id)
+        found = whole_gpu_edits(toolkit, ref, host)
+        report.line(f"GPU {gpu.index}, a whole GPU, memory slice or shared device ({found.source}):")
+        report.line("  " + json.dumps(found.edits.manifest(), sort_keys=True))
+        if not gpu.mig_capable:
+            continue
+        try:
+            instances = backend.mig_instances(gpu) if gpu.mig_enabled else []
+            for i in instances:
+                edits = mig_edits(toolkit, ref, MigRef(i.uuid, i.profile, i.gi, i.ci), host)
+                report.line(f"GPU {gpu.index}, MIG instance {i.profile} at {i.start} ({edits.source}):")
+                report.line("  " + json.dumps(edits.edits.manifest(), sort_keys=True))
+            # A dynamic instance gets its GPU and compute instance ids when it is made; GPU instance 1,
+            # compute instance 0 is what the first one on an empty GPU gets.
+            example = mig_edits(toolkit, ref, MigRef("", gpu.mig_profiles[0].name if gpu.mig_profiles else "", 1, 0),
+                                host)
+            report.line(f"GPU {gpu.index}, a dynamic MIG instance (for example GPU instance 1, compute instance 0;"
+                        f" {example.source}):")
+            report.line("  " + json.dumps(example.edits.manifest(), sort_keys=True))
+        except (NvidiaCdiError, GpuBackendError) as error:
+            report.problem(f"GPU {gpu.index} MIG devices: {error}")
+
+
+def run_check(nvml: ModuleType, cdi_dirs: Iterable[Path] | None, out: Callable[[str], None] = print,
+              **host: Path) -> int:
+    """Print the check; 0 when nothing is wrong, 1 otherwise. ``host``: other roots for /dev, /proc
+    and /sys (tests)."""
+    guarded = ReadOnlyNvml(nvml)
+    backend = NvmlBackend(cast(ModuleType, guarded), cdi_dirs=tuple(cdi_dirs or DEFAULT_SPEC_DIRS), **host)
+    report = Report(out)
+    report.line(f"gpuslice {__version__} read-only GPU check (nvidia-ml-py"
+                f" {getattr(nvml, '__version__', None) or _version('nvidia-ml-py')}); nothing is written")
+    report.line("skipped: everything that needs an API server (the Node's GFD labels, policies, other drivers'"
+                " ResourceSlices); this check reads NVML and this machine's files only")
+    try:
+        gpus = backend.discover()
+    except GpuBackendError as error:
+        report.problem(str(error))
+        return 1
+    for part in (_inventory, _attributes):
+        part(report, gpus)
+    for io_part in (_mig, _cdi):
+        io_part(report, backend, gpus)
+    report.line(f"== NVML calls made: {', '.join(sorted(set(guarded.calls)))}")
+    report.line(f"== {len(report.problems)} problems" + "".join(f"\n- {p}" for p in report.problems))
+    return 1 if report.problems else 0
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "?"

@@ -1,0 +1,58 @@
+"""Saying so when another DRA driver publishes this node's GPUs (the refusal itself is the
+publisher's: ``planning.coexistence.taken_gpus``): a Warning Event on the Node when a GPU is
+taken, a Normal one when it is free again, a metric per GPU, and the log."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+
+import structlog
+from prometheus_client import Gauge
+
+from gpuslice.agent.events import node_ref, record_event
+from gpuslice.inventory.gpus import Gpu
+from gpuslice.kube.client import KubeClient
+
+log = structlog.get_logger(__name__)
+TAKEN = Gauge("gpuslice_agent_gpus_of_another_driver",
+              "1 for each GPU another DRA driver publishes on this node (gpuslice publishes none of its devices).",
+              ["node", "gpu", "driver"])
+
+
+class OtherDrivers:
+    """The GPUs other drivers held at the last cycle, so that only changes are told."""
+
+    def __init__(self) -> None:
+        self.taken: dict[str, tuple[str, str]] = {}
+
+    async def report(self, kube: KubeClient | None, node: str, gpus: Sequence[Gpu],
+                     taken: Mapping[str, tuple[str, str]]) -> None:
+        by_uuid = {g.uuid: g for g in gpus}
+        for uuid, (driver, how) in sorted(taken.items()):
+            if self.taken.get(uuid) == (driver, how):
+                continue
+            gpu = by_uuid.get(uuid)
+            where = f"GPU {gpu.index} ({uuid}, {gpu.pci_bus_id})" if gpu else f"GPU {uuid}"
+            message = (f"{where} is published by DRA driver {driver} too (same {how}), so gpuslice publishes none of"
+                       " its devices: a GPU two drivers publish could be allocated twice. Its devices already"
+                       " allocated stay until their claims are released. Turn one driver off on this node"
+                       " (docs/nvidia.md#sharing-a-cluster).")
+            log.warning("GPU published by another DRA driver; gpuslice leaves it out", node=node, gpu=uuid,
+                        driver=driver, same=how)
+            TAKEN.labels(node=node, gpu=uuid, driver=driver).set(1)
+            await record_event(kube, node, node_ref(node), "GpuPublishedByAnotherDriver", message)
+        for uuid, (driver, _) in sorted(self.taken.items()):
+            if uuid in taken:
+                if taken[uuid][0] != driver:
+                    with contextlib.suppress(KeyError):
+                        TAKEN.remove(node, uuid, driver)
+                continue
+            with contextlib.suppress(KeyError):
+                TAKEN.remove(node, uuid, driver)
+            log.info("GPU no longer published by another DRA driver; gpuslice publishes it again", node=node,
+                     gpu=uuid, driver=driver)
+            await record_event(kube, node, node_ref(node), "GpuFreeOfAnotherDriver",
+                               f"GPU {uuid} is no longer published by DRA driver {driver}; gpuslice publishes it"
+                               " again.", "Normal")
+        self.taken = dict(taken)

@@ -1,0 +1,93 @@
+"""The read-only GPU check, on the stand-in NVML library under the real pynvml: what it prints, and
+that it cannot change a GPU."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pynvml
+import pytest
+from click.testing import CliRunner
+
+from gpuslice.agent.check import READ_CALLS, ReadOnlyNvml, WriteRefused, run_check
+from gpuslice.agent.gpus.nvml import NvmlBackend
+from gpuslice.cli import main
+from gpuslice.inventory.catalog import MI
+from tests.unit.agent import cdi_fixtures
+from tests.unit.agent.libnvml import FakeLibNvml, installed
+
+
+def check(lib: FakeLibNvml, root: Path, spec: str | None) -> tuple[int, str]:
+    cdi = root / "cdi"
+    cdi.mkdir()
+    if spec is not None:
+        (cdi / "nvidia.yaml").write_text(spec)
+    lines: list[str] = []
+    with installed(lib):
+        backend = NvmlBackend(pynvml)
+        for gpu in backend.discover():  # an instance made beforehand, as an operator's layout would be
+            if gpu.mig_enabled:
+                backend.create_mig(gpu, gpu.mig_profiles[0], 0)
+        lib.calls.clear()
+        code = run_check(pynvml, [cdi], lines.append, **cdi_fixtures.host(root))
+    return code, "\n".join(lines)
+
+
+def test_an_h200_node_is_described_and_nothing_is_written(tmp_path: Path) -> None:
+    lib = FakeLibNvml([("h200-141gb", False), ("h200-141gb", True)])
+    code, text = check(lib, tmp_path, cdi_fixtures.nvml_mode(lib.gpus[0].uuid, "MIG-none"))
+    assert lib.writes == [], "the check made no call that changes a GPU"
+    assert set(lib.calls) - {"nvmlInitWithFlags", "nvmlShutdown"} <= {
+        f"{c}_v2" for c in READ_CALLS} | {f"{c}V" for c in READ_CALLS} | {f"{c}_v3" for c in READ_CALLS} | READ_CALLS
+    assert "GPU 0 (minor 0)" in text
+    assert "product 'NVIDIA H200'; GFD labels it 'NVIDIA-H200'; catalog: h200-141gb" in text
+    assert "memory 143771 MiB (catalog 143771 MiB: same)" in text
+    assert "PCI bus id 0000:18:00.0, PCIe root" in text
+    assert '"cudaComputeCapability": {"version": "9.0.0"}' in text
+    assert "1g.18gb+me" in text
+    assert "placements 0+1, 1+1" in text
+    assert "instances now: 1" in text
+    assert "a dynamic MIG instance" in text
+    assert "nvidia-cap" in text
+    assert "common edits each claim's spec copies" in text
+    assert text.rstrip().endswith("== 0 problems"), text[-2000:]
+    assert code == 0
+
+
+def test_what_differs_from_the_catalog_and_a_missing_spec_are_problems(tmp_path: Path) -> None:
+    lib = FakeLibNvml([("h100-80gb", False)])
+    lib.gpus[0].model = replace(lib.gpus[0].model, memory=81920 * MI)  # as a different driver might say
+    code, text = check(lib, tmp_path, None)
+    assert code == 1
+    assert "NVML reports 81920 MiB, the catalog's h100-80gb 81559 MiB" in text
+    assert "holds the driver's libraries and hooks" in text
+
+
+def test_a_write_never_reaches_the_gpu(tmp_path: Path) -> None:
+    lib = FakeLibNvml([("a100-40gb", False)])
+    with installed(lib):
+        backend = NvmlBackend(ReadOnlyNvml(pynvml))  # type: ignore[arg-type]
+        [gpu] = backend.discover()
+        with pytest.raises(WriteRefused, match="nvmlDeviceSetMigMode"):
+            backend.set_mig_mode(gpu, True)
+        with pytest.raises(WriteRefused, match="nvmlDeviceCreateGpuInstanceWithPlacement"):
+            backend.create_mig(replace(gpu, mig_enabled=True), gpu.mig_profiles[0], 0)
+    assert lib.writes == []
+    assert lib.gpus[0].mig_mode == 0, "MIG mode untouched"
+
+
+def test_the_agent_command_runs_the_check_without_a_cluster(tmp_path: Path) -> None:
+    lib = FakeLibNvml([("l4", False)])
+    (tmp_path / "cdi").mkdir()
+    (tmp_path / "cdi" / "nvidia.yaml").write_text(cdi_fixtures.device_plugin(lib.gpus[0].uuid))
+    with installed(lib):
+        result = CliRunner().invoke(main, ["agent", "--backend", "nvml", "--check", "--node", "gpu-host",
+                                           "--nvidia-cdi-dir", str(tmp_path / "cdi")], env={"KUBECONFIG": "/nowhere"})
+    assert "skipped: everything that needs an API server" in result.output
+    assert "NVIDIA L4" in result.output
+    assert result.exit_code == 0, result.output
+    assert lib.writes == []
+    refused = CliRunner().invoke(main, ["agent", "--backend", "fake", "--check", "--node", "x"])
+    assert refused.exit_code == 2
+    assert "--check reads real GPUs" in refused.output
