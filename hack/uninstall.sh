@@ -9,7 +9,9 @@
 #     publishes again after step 5.
 #  3. The admission policies (manifests/admission.yaml and the agents' own-node policy), before
 #     the CRD: without it, the tenancy policy would refuse every ResourceClaim (it fails closed).
-#  4. Everything else the overlay installed: RBAC, the CRD, the namespace.
+#  4. The agents' drain lists (ConfigMaps gpuslice-draining-<node>, one per node that was draining,
+#     made by the agents, not by the overlay), then everything else the overlay installed: RBAC,
+#     the CRD, the namespace.
 #  5. What outlives the objects above by design: the agents' ResourceSlices (owned by their Node;
 #     the agents delete them when no policy is left, and the kubelet drops a driver's slices 30 s
 #     after its plugin goes).
@@ -41,6 +43,9 @@ echo "uninstall: deleting the admission policies, before the CRD they read"
 for selector in app.kubernetes.io/part-of=gpuslice app.kubernetes.io/managed-by=gpuslice; do
   k delete validatingadmissionpolicybindings,validatingadmissionpolicies -l "$selector" --ignore-not-found
 done
+echo "uninstall: deleting the node agents' drain lists"
+k -n gpuslice-system delete configmaps -l gpuslice.dev/drain-list --ignore-not-found
+k -n gpuslice-system delete configmap gpuslice-draining --ignore-not-found  # the one list of earlier versions
 echo "uninstall: deleting what $OVERLAY installed"
 k delete -k "$OVERLAY" --ignore-not-found --wait --timeout="${TIMEOUT}s"
 echo "uninstall: deleting any ResourceSlice the agents left"
