@@ -47,7 +47,7 @@ class TenantStatus(ApiModel):
         " allocation consumed."))
     limit_bytes: int | None = Field(default=None, description=(
         "Most GPU memory it may hold: the sum over kinds of quota x the kind's memory (a whole GPU"
-        " counts as the largest GPU the policy selects); unset means no limit."))
+        " counts as the largest GPU the policy selects), at most 2^63-1; unset means no limit."))
     kinds: list[KindUsage] = Field(default_factory=list, description=(
         "Per kind of device: what it holds and its quota."))
 

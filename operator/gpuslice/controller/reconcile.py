@@ -24,7 +24,7 @@ from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
 from gpuslice.controller.apply import LIMIT_KINDS, REST_KINDS, converge
 from gpuslice.controller.events import post_event
 from gpuslice.controller.metrics import POLICY_METRICS, RECONCILE_DURATION, RECONCILES, PolicyFigures
-from gpuslice.controller.status import TENANCY_NOT_ENFORCED, Findings, build_status, status_body
+from gpuslice.controller.status import STATUS_REFUSED, TENANCY_NOT_ENFORCED, Findings, build_status, status_body
 from gpuslice.controller.tenancy import QuotaView, admitted_tenants, tenancy_unenforced
 from gpuslice.controller.world import World
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
@@ -144,7 +144,9 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, conv
         except (KubeError, ConvergeFailed) as error:
             RECONCILES.labels(result="error").inc()
             transient = isinstance(error, KubeError) and error.transient
-            delay = ctx.failed(name, generation, transient) if converge_objects else ctx.first_retry
+            # Every failure counts, a status write's too: a status the API server refuses (or a
+            # refresh that keeps failing) is tried again after a growing delay, never every 2 s.
+            delay = ctx.failed(name, generation, transient)
             log.warning("reconcile failed; will retry", policy=name, error=str(error), retry_in=delay)
             raise kopf.TemporaryError(str(error), delay=delay) from error
         finally:
@@ -303,7 +305,18 @@ async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings,
     old = policy.status.model_dump(by_alias=True, exclude_none=True, mode="json")
     if new == old:
         return
-    await ctx.kube.merge_patch(f"{POLICIES}/{policy.name}/status", {"status": new})
+    try:
+        await ctx.kube.merge_patch(f"{POLICIES}/{policy.name}/status", {"status": new})
+    except KubeError as error:
+        if not error.transient:
+            # The policy must say why it has no verdict: the condition alone, which the API server
+            # takes whatever else it refused (the failure still counts in the backoff).
+            await _write_verdict_only(ctx, policy.name, old, policy.metadata.generation, STATUS_REFUSED, (
+                f"The API server refused the status gpuslice worked out for GpuSlicePolicy {policy.name}:"
+                f" {error.message}. Without it the policy's devices stay as they are and nothing new is"
+                " published; gpuslice tries again with a growing delay. Change the spec field the message"
+                " names; if the spec is valid, this is a gpuslice bug: report it with this message."))
+        raise
     was = {c.type: c for c in policy.status.conditions}
     now = {c.type: c for c in status.conditions}
     for kind, event_type in (("Valid", "Warning"), ("Degraded", "Warning")):
@@ -326,20 +339,29 @@ def parse_problem(name: str, error: pydantic.ValidationError) -> str:
 
 async def _write_invalid_shape(ctx: Context, body: Mapping[str, Any], message: str) -> None:
     """Valid=False for a spec that does not parse; written once, not on every status refresh."""
-    name = body["metadata"]["name"]
-    status = body.get("status") or {}
+    await _write_verdict_only(ctx, body["metadata"]["name"], body.get("status") or {},
+                              body["metadata"].get("generation"), "InvalidSpec", message)
+
+
+async def _write_verdict_only(ctx: Context, name: str, status: Mapping[str, Any], generation: int | None,
+                              reason: str, message: str) -> None:
+    """Valid=False with ``reason`` at ``generation``, and nothing else of the status changed: for when
+    the full status cannot be worked out (a spec that does not parse) or written (the API server
+    refused it). Written once, not on every try."""
     old: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Valid"), {})
-    generation = body["metadata"].get("generation")
-    if (old.get("reason"), old.get("message"), status.get("observedGeneration")) == (
-            "InvalidSpec", message[:2000], generation):
+    recorded = (old.get("reason"), old.get("message"), status.get("observedGeneration"))
+    if recorded == (reason, message[:2000], generation):
         return
-    log.warning("policy does not parse", policy=name, error=message)
+    log.warning("policy has no verdict", policy=name, reason=reason, error=message)
     since = old.get("lastTransitionTime") if old.get("status") == "False" else None
-    condition = {"type": "Valid", "status": "False", "reason": "InvalidSpec", "message": message[:2000],
+    condition = {"type": "Valid", "status": "False", "reason": reason, "message": message[:2000],
                  "lastTransitionTime": since or _now()}
     others = [c for c in status.get("conditions") or [] if c.get("type") != "Valid"]
-    await ctx.kube.merge_patch(f"{POLICIES}/{name}/status", {"status": {
-        "observedGeneration": generation, "conditions": [condition, *others]}})
+    try:
+        await ctx.kube.merge_patch(f"{POLICIES}/{name}/status", {"status": {
+            "observedGeneration": generation, "conditions": [condition, *others]}})
+    except KubeError as error:
+        log.error("the policy's verdict could not be written either", policy=name, error=str(error))
 
 
 async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -> str | None:

@@ -20,6 +20,7 @@ from gpuslice.planning.usage import Usage
 from gpuslice.planning.validation import Problem, Selection
 
 TENANCY_NOT_ENFORCED = "TenancyNotEnforced"
+STATUS_REFUSED = "StatusRefused"  # the API server refused the status worked out (only Valid is written)
 
 
 @dataclass(frozen=True)
