@@ -29,7 +29,7 @@ from gpuslice.controller.tenancy import QuotaView, admitted_tenants, tenancy_une
 from gpuslice.controller.world import World
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import KubeClient, KubeError
-from gpuslice.planning.cluster_objects import desired_objects
+from gpuslice.planning.cluster_objects import DeviceRef, desired_objects
 from gpuslice.planning.kinds import DeviceKind, device_kinds
 from gpuslice.planning.usage import (
     device_info,
@@ -208,9 +208,10 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     if policy.metadata.deletion_timestamp:
         return
     selection = world.selection(policy)
+    nodes = world.nodes_selected(policy)
     others = [(p, world.selection(p)) for p in world.parsed_policies() if p.name != policy.name]
     problems = validate(policy, selection, others, foreign_extended=world.foreign_extended(),
-                        controller_namespace=ctx.namespace)
+                        controller_namespace=ctx.namespace, selected_nodes=len(nodes))
     kinds = device_kinds(policy, selection)
     mine = world.slices_of(policy.name)
     devices = devices_by_policy(mine).get(policy.name, set())
@@ -265,6 +266,10 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         draining=len(tainted - allocated),
         mig_failed=len(devices & failed_devices(mine)),
         unhealthy=len(devices & unhealthy_devices(mine)),
+        # The record the tenancy rule reads moves with valid specs only: a frozen policy's devices
+        # stay where they were, and so do the nodes they may be allocated on.
+        selected_nodes=None if problems else nodes,
+        unselected=_unselected(policy, nodes, devices - tainted),
     )
     labels, admitted = _records(ctx, policy)
     await write_status(ctx, policy, findings, labels, admitted)
@@ -274,6 +279,14 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     if converge_objects and (errors or taken or unproven):
         # Bounded backoff (reconcile): bad input is tried again now and then, never in a loop.
         raise ConvergeFailed("; ".join([*errors, *(f"{t} exists and is not gpuslice's" for t in taken), *unproven]))
+
+
+def _unselected(policy: GpuSlicePolicy, nodes: Sequence[str], devices: set[DeviceRef]) -> list[str]:
+    """Nodes that publish devices of ``policy`` (untainted: an agent removing them taints them first)
+    though the policy selects them neither now nor in its record: a node agent publishing what its
+    policy does not give it (a compromised node). The tenancy rule refuses their allocation."""
+    known = set(nodes) | set(policy.status.selected_nodes)
+    return sorted({ref.pool for ref in devices if ref.pool not in known})
 
 
 async def _probe(ctx: Context, policy: GpuSlicePolicy, class_name: str) -> KubeError | None:
@@ -375,13 +388,21 @@ async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -
     mine = world.slices_of(name)
     devices = devices_by_policy(mine).get(name, set())
     held = usage(devices, world.claims)
-    nodes = sorted({ref.pool for ref in published_by_policy(mine).get(name, set())})
-    if not held.holding_claims and not nodes:
-        return None
     try:
         policy = GpuSlicePolicy.from_body(body)
     except pydantic.ValidationError:
         policy = None  # a spec that never parsed: nothing to report on, deletion still waits
+    publishing = {ref.pool for ref in published_by_policy(mine).get(name, set())}
+    # Only the nodes the policy selects now hold it: a node that publishes its devices anyway (a
+    # compromised agent) must not keep it from going, for good; nor one taken out of its selection
+    # since (whose agent drains them: the drain rule, not the policy, keeps them from claims).
+    selected = set(world.nodes_selected(policy)) if policy else publishing
+    nodes = sorted(publishing & selected)
+    if publishing - selected:
+        log.warning("deletion does not wait for nodes the policy does not select", policy=name,
+                    nodes=sorted(publishing - selected))
+    if not held.holding_claims and not nodes:
+        return None
     if policy is not None:
         findings = Findings(list[Problem](), world.selection(policy),
                             len(devices), held, deleting=True, publishing_nodes=nodes)

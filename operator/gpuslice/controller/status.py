@@ -41,6 +41,8 @@ class Findings:
     mig_failed: int = 0  # devices of GPUs whose MIG reconfiguration failed (agents taint them mig-failed)
     unhealthy: int = 0  # devices of GPUs the agents found unhealthy
     publishing_nodes: Sequence[str] = ()  # while deleting: nodes whose agents still publish its devices
+    selected_nodes: Sequence[str] | None = None  # the nodes to record (None: keep the record, not valid now)
+    unselected: Sequence[str] = ()  # nodes publishing its devices that it does not select
 
 
 def _condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
@@ -91,6 +93,14 @@ def conditions(f: Findings) -> list[Condition]:
                               f"{len(f.foreign)} claims outside spec.tenants hold devices of this policy (allocated"
                               f" before their namespace left spec.tenants): {', '.join(f.foreign[:10])}. No new"
                               " allocation outside the tenants is admitted; delete these claims to return the devices.")
+    elif f.unselected:
+        degraded = _condition("Degraded", True, "DevicesOnUnselectedNodes",
+                              f"{len(f.unselected)} nodes this policy does not select publish devices of it:"
+                              f" {', '.join(f.unselected[:10])}. The tenancy rule refuses to allocate them (they"
+                              " are not in status.selectedNodes) and deletion does not wait for them. A node agent"
+                              " publishes devices only of the policies that select its node: check those nodes"
+                              " (a compromised node, or an agent of another version) and delete their gpuslice"
+                              " ResourceSlices.")
     elif f.taken:
         degraded = _condition("Degraded", True, "NameTaken",
                               f"{'; '.join(f.taken)}: made by someone else before gpuslice, so gpuslice leaves it"
@@ -148,6 +158,7 @@ def build_status(policy: GpuSlicePolicy, f: Findings, now: str) -> GpuSlicePolic
         slices=SliceCounts(published=f.published, allocated=f.usage.allocated),
         tenants=tenants,
         holding_claims=f.usage.holding_claims if f.deleting else [],
+        selected_nodes=list(f.selected_nodes if f.selected_nodes is not None else policy.status.selected_nodes),
     )
 
 
