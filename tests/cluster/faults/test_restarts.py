@@ -10,7 +10,6 @@ import contextlib
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.devcluster.process import Component
 from gpuslice.kube.client import KubeClient, NotFound
-from tests.cluster.faults.conftest import NODES, PolicyMaker
+from tests.cluster.faults.conftest import API_SERVER_MAPPER, NODES, RECOVERY, PolicyMaker
 from tests.cluster.faults.invariants import InvariantChecker, complete_pools
 from tests.cluster.faults.ops import (
     POLICIES,
@@ -34,13 +33,6 @@ from tests.cluster.faults.ops import (
     wait_devices,
 )
 from tests.cluster.kubeutil import create_namespace, delete_namespace, wait_for
-
-RECOVERY = 30.0  # seconds the controller and the agents may take once the API server is back
-# A restarted API server refreshes its admission REST mapper every 30 s: until it has learnt the
-# GpuSlicePolicy CRD, the tenancy rule (whose paramKind it is) fails closed and cannot be probed,
-# so an edit made at once is judged (and then published) only after that (and a retry, 10 s at most).
-API_SERVER_MAPPER = 30.0
-CONTROLLER_MANAGER_BACK = 90.0  # seconds kube-controller-manager may take to act again after an API server restart
 
 
 async def restart_armed(component: Component, failpoints: str | None) -> None:
@@ -132,28 +124,6 @@ async def test_the_controller_and_agents_recover_from_an_api_server_restart_by_t
     assert before <= set(of_policy(await settled_devices(fkube, node), policy)), "the allocated 10G slices were kept"
     assert {d["device"] for d in await allocated(fkube, fns, pods)} == before
     print(f"recovery after the API server restart: agent {resized:.1f} s, controller {controlled:.1f} s")
-
-
-async def controller_manager_back(kube: KubeClient) -> None:
-    """The restart is over for the next test only once kube-controller-manager acts again. Its
-    informers (the ServiceAccount controller's among them) list again only when client-go's
-    reflector backoff is up, 30 s at most jittered to 60 s (and the restarted API server's authorizer
-    may refuse them for a moment first): a namespace made at once may wait longer than the 30 s that
-    tests give its default ServiceAccount. A canary namespace shows when it is over."""
-    name = f"f-canary-{os.urandom(3).hex()}"
-    try:
-        await create_namespace(kube, name, within=CONTROLLER_MANAGER_BACK)
-    finally:
-        with contextlib.suppress(NotFound):
-            await kube.delete(f"/api/v1/namespaces/{name}")
-
-
-@pytest.fixture
-async def kube_controller_manager_back(fkube: KubeClient) -> AsyncIterator[None]:
-    """For a test that restarts the API server: its teardown, pass or fail, waits for
-    kube-controller-manager to act again (``controller_manager_back``)."""
-    yield
-    await controller_manager_back(fkube)
 
 
 async def test_an_agent_killed_between_the_writes_of_a_generation_converges_without_losing_allocations(
@@ -254,4 +224,3 @@ async def _owned(kube: KubeClient, policy: str) -> Counter[tuple[str, str, str]]
         for item in await kube.list(path, labelSelector=f"gpuslice.dev/policy={policy}"):
             found[(kind, item["metadata"].get("namespace", ""), item["metadata"]["name"])] += 1
     return found
-
