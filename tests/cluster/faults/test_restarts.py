@@ -24,6 +24,7 @@ from tests.cluster.faults.ops import (
     RESOURCE,
     agent_metrics,
     allocated,
+    alone_on,
     create_pods,
     devices,
     of_policy,
@@ -224,3 +225,52 @@ async def _owned(kube: KubeClient, policy: str) -> Counter[tuple[str, str, str]]
         for item in await kube.list(path, labelSelector=f"gpuslice.dev/policy={policy}"):
             found[(kind, item["metadata"].get("namespace", ""), item["metadata"]["name"])] += 1
     return found
+
+
+
+async def test_an_agent_killed_before_saving_its_record_and_wiped_keeps_the_device_a_claim_got(
+    faults_cluster: DevCluster, fkube: KubeClient, fns: str, fpolicy: PolicyMaker, invariants: InvariantChecker,
+) -> None:
+    """T9 of the December hostile review. The agent saves what it published (published.json), and
+    republishes from it when the kubelet has wiped its pool. Killed after writing a generation but
+    before saving it, then wiped, then the plan changed: a device a claim got from that generation
+    was in neither the record nor the pool, so nothing held it, and it vanished under its claim.
+    The record of a generation is now saved before the generation is written."""
+    node = NODES[1]
+    agent = faults_cluster.component(f"gpuslice-agent-{node}")
+    policy = await fpolicy(fns, node, {"mode": "memory", "sliceSize": "20G"})
+    await wait_devices(fkube, node, policy, 8, "-20g-")
+    await alone_on(fkube, node, policy)
+    try:
+        await restart_armed(agent, "agent.pool-written=kill")
+        await fkube.merge_patch(f"{POLICIES}/{policy}", {"spec": {"slicing": {"sliceSize": "40G"}}})
+        await killed(agent)  # the generation with the 40G devices is written, its record not saved (before)
+        await wait_devices(fkube, node, policy, 4, "-40g-")
+        invariants.expect_wipe(node)
+        await create_pods(fkube, fns, "gpu-slice", ["t9"])
+        [result] = await settled(fkube, fns, ["t9"])
+        got = result["device"]
+        assert "-40g-" in got, "allocated from the generation the agent wrote last"
+
+        # The kubelet wipes a driver's slices 30 s after its plugin went away (the plugin tier shows it
+        # with the pod runner; this tier runs no kubelet): its deletes, made here.
+        for item in await pool_slices(fkube, node):
+            await fkube.delete(f"{RESOURCE}/resourceslices/{item['metadata']['name']}")
+        # The plan changes while the agent is away: the 40G devices are to go.
+        await fkube.merge_patch(f"{POLICIES}/{policy}", {"spec": {"slicing": {"sliceSize": "20G"}}})
+    finally:
+        await restart_armed(agent, None)
+
+    async def held() -> dict[str, Any] | None:
+        device = of_policy(await devices(fkube, node), policy).get(got)
+        taints = [t["key"] for t in (device or {}).get("taints") or []]
+        return device if "gpuslice.dev/pending-change" in taints else None
+
+    await wait_for(held, within=60, what=f"the restarted agent to publish {got} again, held for its claim")
+    # The new plan around it: all eight 20G slices (the GPU's counters keep the held 40G from being
+    # counted twice), and the other 40G devices gone.
+    await wait_devices(fkube, node, policy, 8, "-20g-")
+    await wait_devices(fkube, node, policy, 1, "-40g-")
+    await invariants.check()
+    invariants.assert_held()
+    assert {d["device"] for d in await allocated(fkube, fns, ["t9"])} == {got}
