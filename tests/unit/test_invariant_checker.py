@@ -114,3 +114,18 @@ async def test_without_the_excuse_a_pool_that_vanishes_is_caught() -> None:
     cluster.slices = []
     await checker.check()
     assert checker.violations
+
+
+async def test_admin_access_takes_nothing_so_it_is_in_neither_invariant() -> None:
+    cluster = Snapshots()
+    checker = InvariantChecker(cast(KubeClient, cluster))
+    ten = pool("10G")
+    watch = claim("watch", *names(ten))
+    for result in watch["status"]["allocation"]["devices"]["results"]:
+        result["adminAccess"] = True
+    cluster.slices, cluster.claims = ten, [watch, claim("a", *names(ten))]
+    await checker.check()
+    assert checker.violations == [], "watching the devices a claim has is no over-allocation"
+    cluster.slices, cluster.claims = pool("20G", generation=2), [watch]
+    await checker.check()
+    assert checker.violations == [], "nor are the devices it watched held back"

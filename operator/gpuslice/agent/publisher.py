@@ -65,13 +65,14 @@ class PublishResult:
 
 async def allocated_devices(kube: KubeClient, node: str) -> set[str]:
     """Names of this pool's devices that some claim has allocated (every claim, in pages:
-    the API server cannot select claims by pool)."""
+    the API server cannot select claims by pool). Not with admin access: that takes no device
+    from anyone (the scheduler counts nothing taken), so it holds back no change of one."""
     found = set()
     claims, _ = await list_all(kube, "/apis/resource.k8s.io/v1/resourceclaims")
     for claim in claims:
         allocation = (claim.get("status") or {}).get("allocation") or {}
         for result in (allocation.get("devices") or {}).get("results") or []:
-            if result.get("driver") == DRIVER and result.get("pool") == node:
+            if result.get("driver") == DRIVER and result.get("pool") == node and not result.get("adminAccess"):
                 found.add(str(result["device"]))
     return found
 

@@ -256,7 +256,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         if unenforced:
             problems = [Problem(TENANCY_NOT_ENFORCED, unenforced)]
     # Held back for a claim, not merely draining for a few seconds before a change (no news).
-    allocated = {ref for claim in world.claims for ref in claim.devices}
+    allocated = {ref for claim in world.claims for ref in claim.taken}  # admin access holds nothing back
     tainted = devices & pending_devices(mine)
     pending = len(tainted & allocated)
     tenants, admins = {t.namespace for t in policy.spec.tenants}, set(policy.spec.admin_access.namespaces)

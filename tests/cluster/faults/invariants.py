@@ -13,6 +13,9 @@ the scheduler counts it: its highest generation, and only when that generation i
   pool with the content it had when first seen allocated. Taints are not content: a held
   device legitimately gains ``gpuslice.dev/pending-change``, and health taints may come.
 
+A result with ``adminAccess: true`` takes no device (the scheduler counts nothing taken) and holds
+nothing back (docs/agent.md): it is in neither invariant.
+
 A pool the kubelet wiped (a fault a test injects: the plugin away for 30 s) has no slices at all
 until its agent publishes it again; while it has none, the test says so (``expect_wipe``) and its
 devices are not counted missing. Once it has slices again, every check applies to it.
@@ -113,7 +116,7 @@ class InvariantChecker:
             allocation = (claim.get("status") or {}).get("allocation") or {}
             who = f"{claim['metadata']['namespace']}/{claim['metadata']['name']}"
             for result in (allocation.get("devices") or {}).get("results") or []:
-                if result.get("driver") != DRIVER:
+                if result.get("driver") != DRIVER or result.get("adminAccess"):
                     continue
                 pool, name = result["pool"], result["device"]
                 key = (claim["metadata"]["uid"], pool, name)
