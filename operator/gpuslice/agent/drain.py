@@ -104,6 +104,7 @@ class Drains:
     warned: bool = False
     recheck: Backoff = field(default_factory=lambda: Backoff(RECHECK, MAX_RECHECK))
     progressed: bool = False  # since the last due_in: devices newly listed, or newly refused
+    refused_before: set[str] = field(default_factory=set)  # what the last probe showed refused
 
     async def load(self, kube: KubeClient, node: str, now: float | None = None) -> None:
         """Read this node's entry (an operator may have edited it; a restarted agent finds its own)."""
@@ -135,7 +136,8 @@ class Drains:
                     self._warn(f"the drain probe failed: {error}")
                     break
         waiting = (candidates & self.listed) - confirmed  # held devices (tainted, unlisted) wait on claims
-        self.progressed |= bool(confirmed)
+        self.progressed |= bool(confirmed - self.refused_before)  # a device refused again is no news
+        self.refused_before = confirmed
         self.waiting = bool(waiting)
         if waiting and self.recheck.current >= self.recheck.limit:
             self._warn(f"{len(waiting)} listed devices are still not refused to claims by the API server"

@@ -187,3 +187,15 @@ async def test_many_devices_are_asked_about_in_probes_whose_refusal_the_server_c
     assert len(rule.asked) > 1
     assert sorted(d for batch in rule.asked for d in batch) == sorted(names)
     assert drains.due_in() is None
+
+
+async def test_a_device_refused_again_and_again_is_no_progress() -> None:
+    """Only news shortens the wait: a device the probe keeps refusing (it waits on something else,
+    e.g. a GPU's other devices) does not make the agent ask twice a second."""
+    refusal = Forbidden(403, "Forbidden", f"denied: {MARKER}n1/a are being changed", None)
+    drains = Drains(listed={"a", "b"}, recheck=Backoff(RECHECK, 60.0))
+    for _ in range(6):
+        await drains.refused(cast(KubeClient, Probe(refusal)), "n1", {"a", "b"})
+        wait = drains.due_in()
+    assert wait is not None
+    assert wait >= 0.5 * RECHECK * 2**5, "b still waits, and a refused again is nothing new"
