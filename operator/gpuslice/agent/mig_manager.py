@@ -32,6 +32,7 @@ from typing import Any
 
 import structlog
 
+from gpuslice.agent.backoff import spread
 from gpuslice.agent.events import policy_ref, record_event
 from gpuslice.agent.files import write_atomic
 from gpuslice.agent.gpus import GpuBackendError
@@ -54,6 +55,7 @@ class Failure:
     generation: int
     at: float
     message: str
+    wait: float = 0.0  # seconds from ``at`` before the same generation is tried again (jittered)
 
 
 @dataclass
@@ -166,7 +168,7 @@ class MigManager:
         if failure is None or pending is None:
             return False
         same_spec = (failure.policy, failure.generation) == (pending.policy.name, pending.policy.metadata.generation)
-        return same_spec and now - failure.at < self.retry_after
+        return same_spec and now - failure.at < (failure.wait or self.retry_after)
 
     def draining_devices(self, published: Iterable[dict[str, Any]]) -> set[str]:
         """Published devices of GPUs that drain for a reconfiguration: they go on the drain list."""
@@ -206,12 +208,12 @@ class MigManager:
                 rollback = await self._undo(gpu, done)
                 message = (f"{where} could not be reconfigured to the layout of policy {pending.policy.name}"
                            f" ({_layout(pending.target.instances)}): {error}. {rollback} Its devices carry"
-                           f" {MIG_FAILED_TAINT_KEY}; the agent tries again after {self.retry_after:g} s or when the"
-                           " policy changes.")
+                           f" {MIG_FAILED_TAINT_KEY}; the agent tries again after about {self.retry_after:g} s or"
+                           " when the policy changes.")
                 log.error("MIG reconfiguration failed", node=self.node, gpu=uuid, policy=pending.policy.name,
                           error=str(error), rollback=rollback)
                 self.failed[uuid] = Failure(pending.policy.name, pending.policy.metadata.generation,
-                                            time.monotonic(), message)
+                                            time.monotonic(), message, spread(self.retry_after))
                 self.draining = None
                 await record_event(kube, self.node, policy_ref(pending.policy.name, pending.policy.metadata.uid),
                                    "MigReconfigurationFailed", message)

@@ -20,7 +20,8 @@ from gpuslice.planning.status_report import Snapshot
 
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 RESOURCE = "/apis/resource.k8s.io/v1"
-DRAINING = f"/api/v1/namespaces/{CONTROLLER_NAMESPACE}/configmaps/gpuslice-draining"
+CONFIGMAPS = f"/api/v1/namespaces/{CONTROLLER_NAMESPACE}/configmaps"
+DRAIN_LABEL = "gpuslice.dev/drain-list=true"  # one drain object per draining node (agent.drain)
 VIEWER = "gpuslice-viewer (manifests/viewer-rbac.yaml)"
 
 
@@ -76,8 +77,12 @@ async def read_snapshot(kube: KubeClient) -> Snapshot:
         _list(kube, "Nodes", "/api/v1/nodes"),
     )
     rules = await _taint_rules(kube, notes)
-    draining = await _optional(kube.get(DRAINING), "the agents' drain record (ConfigMap gpuslice-draining)", notes)
-    listed = {node: str(names).split() for node, names in ((draining or {}).get("data") or {}).items()}
+    drains = await _optional(kube.list(CONFIGMAPS, labelSelector=DRAIN_LABEL),
+                             "the agents' drain lists (ConfigMaps gpuslice-draining-<node> in gpuslice-system)", notes)
+    listed = {}
+    for body in drains or []:  # each object counts only for the node it is named after, as the rule reads it
+        node = body["metadata"]["name"].removeprefix("gpuslice-draining-")
+        listed[node] = str((body.get("data") or {}).get(node) or "").split()
     return Snapshot(policies, slices, claims, nodes, rules, listed, tuple(notes))
 
 

@@ -257,5 +257,6 @@ class Preparer:
 
     def held_devices(self) -> set[str]:
         """Devices of this pool that a local checkpoint names (prepared, or being prepared): the
-        publisher treats them as allocated even before the claim's status says so."""
-        return {d.device for c in self.checkpoints.all() for d in c.devices}
+        publisher treats them as allocated even before the claim's status says so. Not those
+        prepared with admin access, which takes no device and holds nothing back."""
+        return {d.device for c in self.checkpoints.all() for d in c.devices if not d.admin_access}
