@@ -18,7 +18,9 @@ DOCKER       ?= docker
 KIND_CLUSTER ?= gpuslice
 KIND_CONFIG  ?= kind/cluster.yaml
 KIND_CNI     ?=
-IMAGE        ?= gpuslice:0.1.0
+# The one version (operator/gpuslice/__init__.py): the image tag, the manifests' images, the chart.
+VERSION      := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' operator/gpuslice/__init__.py)
+IMAGE        ?= gpuslice:$(VERSION)
 IMAGE_BASE   ?=
 TENANT_IMAGE ?= gpuslice-tenant:0.1.0
 TENANT_BASE  ?=
@@ -40,7 +42,7 @@ help:
 	@echo "make kind-deploy   build the gpuslice image, load it into kind, install the kind overlay"
 	@echo "make kind-demo     the example policies and a tenant pod of each mode on kind"
 	@echo "make kind-undeploy uninstall gpuslice from kind, leaving nothing behind (make kind-down: delete the cluster)"
-	@echo "make image         build the gpuslice image ($(IMAGE))"
+	@echo "make image         build the gpuslice image ($(IMAGE)): amd64 and arm64 with buildx, else this host's"
 	@echo "make manifests     regenerate manifests/base/static.yaml and install.yaml"
 	@echo "make constraints   re-pin constraints.txt: what the image installs (runtime dependencies, no extras)"
 
@@ -127,9 +129,10 @@ manifests: kustomize
 	@echo ">> rendering manifests/base/static.yaml and install.yaml"
 	@$(BIN)/python hack/manifests.py --kustomize "$$($(BIN)/python hack/kind/build.py kustomize)"
 
+# amd64 and arm64 with buildx where it can (PUSH=1 pushes them), else this host's architecture.
 image:
 	@echo ">> gpuslice image $(IMAGE)"
-	$(DOCKER) build -t $(IMAGE) $(if $(IMAGE_BASE),--build-arg BASE=$(IMAGE_BASE)) .
+	@DOCKER=$(DOCKER) IMAGE=$(IMAGE) IMAGE_BASE=$(IMAGE_BASE) hack/image.sh
 
 # kind: three commands from a clone to tenant pods on their slices (README, "Trying it on kind").
 kind-up:
