@@ -3,13 +3,15 @@ tested this way; everything above it runs on the fake backend)."""
 
 from __future__ import annotations
 
+import ctypes
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuslice.agent.gpus import GpuBackendError
-from gpuslice.agent.gpus.nvml import NvmlBackend
+from gpuslice.agent.gpus.nvml import NVML_LIBRARY, NvmlBackend, load_nvml_from
 
 
 def stand_in(mig: bool = True, fail_init: bool = False) -> types.ModuleType:
@@ -280,3 +282,30 @@ def test_containers_get_the_nvidia_toolkits_cdi_devices(tmp_path: Any) -> None:
     with pytest.raises(GpuBackendError, match=r"no NVIDIA Container Toolkit CDI spec .* names GPU 0.*nvidia-ctk cdi"):
         bare.access(grant, gpus[0], None)
     assert FakeBackend("n", [("l4", 1)]).access(grant, gpus[0], None).cdi_ids == ()
+
+
+def test_nvml_is_loaded_from_the_drivers_root_where_the_driver_keeps_it(tmp_path: Path) -> None:
+    # The GPU Operator's containerized driver (/run/nvidia/driver) on Ubuntu, mounted in the agent.
+    library = tmp_path / "usr/lib/x86_64-linux-gnu" / NVML_LIBRARY
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"")
+    loaded: list[tuple[str, int]] = []
+    assert load_nvml_from(tmp_path, lambda path, mode: loaded.append((path, mode))) == library
+    assert loaded == [(str(library), ctypes.RTLD_GLOBAL)]
+
+
+def test_a_drivers_root_without_nvml_says_where_it_looked_and_what_to_set(tmp_path: Path) -> None:
+    with pytest.raises(GpuBackendError) as refused:
+        load_nvml_from(tmp_path)
+    assert f"no libnvidia-ml.so.1 under --nvidia-driver-root {tmp_path}" in str(refused.value)
+    assert "usr/lib64" in str(refused.value)
+    assert "/run/nvidia/driver" in str(refused.value)
+
+
+def test_a_file_that_is_no_library_is_refused_with_its_path(tmp_path: Path) -> None:
+    library = tmp_path / "usr/lib64" / NVML_LIBRARY
+    library.parent.mkdir(parents=True)
+    library.write_text("not an ELF file")
+    with pytest.raises(GpuBackendError) as refused:
+        NvmlBackend(stand_in(), driver_root=tmp_path)  # the real loader, on a file it cannot load
+    assert f"could not load NVML from {library}" in str(refused.value)
