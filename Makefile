@@ -74,7 +74,7 @@ lint: $(STAMP)
 	@$(BIN)/ruff check operator tests hack
 	@echo ">> mypy --strict"
 	@$(BIN)/mypy
-	@$(BIN)/mypy --strict hack/kind/build.py hack/manifests.py
+	@$(BIN)/mypy --strict hack/kind/build.py hack/manifests.py hack/chart.py
 	@echo ">> import-linter (layer contracts)"
 	@cd operator && ../$(BIN)/lint-imports ../pyproject.toml
 	@echo ">> gofmt, go vet (hack/kind, hack/kube: the pod runner and nodebins)"
@@ -83,7 +83,8 @@ lint: $(STAMP)
 	@cd hack/kind && GOTOOLCHAIN=local GOFLAGS=-modcacherw nice -n 10 go vet ./...
 	@cd hack/kube && GOTOOLCHAIN=local GOFLAGS=-modcacherw nice -n 10 go vet ./...
 
-test-unit: $(STAMP)
+# kustomize: the chart and install.yaml are checked against what it renders now.
+test-unit: $(STAMP) kustomize
 	@echo ">> unit tests"
 	@$(PYTEST) tests/unit
 
