@@ -12,8 +12,8 @@ fails when the committed chart is not what this renders.
 What only the chart has: ``values.schema.json`` (generated with the values), ``nvidiaDriverRoot``,
 and, written by hand in the chart (no GENERATED line): ``_helpers.tpl``, ``NOTES.txt``, the
 release namespace's check, and a pre-delete hook that deletes the GpuSlicePolicies while the
-controller still runs (the first step of ``hack/uninstall.sh``; Helm deletes the rest, admission
-policies first, and never the CRD).
+controller still runs (the first step of ``hack/uninstall.sh``; Helm deletes the rest, and never
+the CRD, so the admission policies never outlive it).
 """
 
 from __future__ import annotations
