@@ -109,7 +109,7 @@ async def monitoring_crds(kube: KubeClient) -> AsyncIterator[list[str]]:
         for name in names:
             crd = await kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
             if not any(c["type"] == "Established" and c["status"] == "True"
-                       for c in crd.get("status", {}).get("conditions", [])):
+                       for c in (crd.get("status") or {}).get("conditions") or []):  # null while new
                 return False
         return True
 
