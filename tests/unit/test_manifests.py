@@ -10,16 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.hacktools import hack_tool
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def kustomize() -> str:
-    """kustomize as `make kustomize` built it (cached; `make test-unit` builds it first)."""
-    built = subprocess.run([sys.executable, str(REPO / "hack/kind/build.py"), "kustomize"],
-                           capture_output=True, text=True, check=False)
-    assert built.returncode == 0, f"building kustomize failed:\n{built.stderr}"
-    return built.stdout.strip()
+    return hack_tool("kustomize")
 
 
 def test_static_manifests_are_fresh() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,8 +19,9 @@ import pytest
 import yaml
 
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.install.test_manifests import path_of, render
+from tests.cluster.install.test_manifests import path_of, refused_by_dry_run, render
 from tests.cluster.kubeutil import wait_for
+from tests.hacktools import hack_tool
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts/gpuslice"
@@ -29,17 +29,9 @@ EVERYTHING_ON = ["--set", "metrics.serviceMonitor.enabled=true,metrics.prometheu
                  "metrics.dashboard.enabled=true,networkPolicy.enabled=true"]
 
 
-def built(target: str) -> str:
-    """A tool hack/kind/build.py builds alone and caches (helm, monitoring-crds)."""
-    done = subprocess.run([sys.executable, str(REPO / "hack/kind/build.py"), target], capture_output=True, text=True,
-                          check=False)
-    assert done.returncode == 0, f"building {target} failed:\n{done.stderr}"
-    return done.stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def helm() -> str:
-    return built("helm")
+    return hack_tool("helm")
 
 
 def template(helm: str, *args: str) -> list[dict[str, Any]]:
@@ -101,7 +93,7 @@ def crds_of(directory: str) -> list[dict[str, Any]]:
 async def monitoring_crds(kube: KubeClient) -> AsyncIterator[list[str]]:
     """The Prometheus Operator's ServiceMonitor, PodMonitor and PrometheusRule CRDs, from its module."""
     names = []
-    for crd in crds_of(built("monitoring-crds")):
+    for crd in crds_of(hack_tool("monitoring-crds")):
         await kube.apply(path_of(crd), crd, field_manager="gpuslice-tests")
         names.append(crd["metadata"]["name"])
 
@@ -130,18 +122,10 @@ async def test_everything_the_chart_renders_passes_a_server_side_dry_run(
     assert {"ServiceMonitor", "PrometheusRule", "Service", "NetworkPolicy", "PodDisruptionBudget", "Job"} <= kinds
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuslice-system"}}
     await kube.apply(path_of(namespace), namespace, field_manager="gpuslice-install-check")
-    failures = []
-    for doc in objects:
-        try:
-            await kube.request("PATCH", path_of(doc), doc, content_type="application/apply-patch+yaml",
-                               query={"fieldManager": "gpuslice-install-check", "force": True, "dryRun": "All"})
-        except KubeError as error:
-            failures.append(f"{doc['kind']} {doc['metadata']['name']}: {error}")
+    failures = await refused_by_dry_run(kube, objects)
     assert not failures, "the apiserver refused:\n" + "\n".join(failures)
     # The operator's schema judges our objects: a ServiceMonitor without its endpoints' port is refused.
     [monitor] = [d for d in objects if d["kind"] == "ServiceMonitor" and d["metadata"]["name"] == "gpuslice-agent"]
     broken = {**monitor, "spec": {**monitor["spec"], "endpoints": [{"interval": "not a duration"}]}}
-    with pytest.raises(KubeError) as refused:
-        await kube.request("PATCH", path_of(broken), broken, content_type="application/apply-patch+yaml",
-                           query={"fieldManager": "gpuslice-install-check", "force": True, "dryRun": "All"})
-    assert refused.value.status == 422, refused.value
+    [refusal] = await refused_by_dry_run(kube, [broken])
+    assert ": 422 Invalid: " in refusal, refusal

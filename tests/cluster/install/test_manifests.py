@@ -35,6 +35,18 @@ def path_of(doc: dict[str, Any]) -> str:
     return f"{prefix}{namespace}/{plural}/{meta['name']}"
 
 
+async def refused_by_dry_run(kube: KubeClient, objects: list[dict[str, Any]]) -> list[str]:
+    """Each object server-side applied as a dry run; what the apiserver refused, and why."""
+    failures = []
+    for doc in objects:
+        try:
+            await kube.request("PATCH", path_of(doc), doc, content_type="application/apply-patch+yaml",
+                               query={"fieldManager": "gpuslice-install-check", "force": True, "dryRun": "All"})
+        except KubeError as error:
+            failures.append(f"{doc['kind']} {doc['metadata']['name']}: {error}")
+    return failures
+
+
 def pod_template(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return next(d for d in objects if d["kind"] == kind)["spec"]["template"]
 
@@ -54,13 +66,7 @@ async def test_every_object_passes_a_server_side_dry_run(kube: KubeClient, kusto
     # Namespaced objects are judged in their namespace, so that one is created for real first.
     for namespace in (d for d in objects if d["kind"] == "Namespace"):
         await kube.apply(path_of(namespace), namespace, field_manager="gpuslice-install-check")
-    failures = []
-    for doc in objects:
-        try:
-            await kube.request("PATCH", path_of(doc), doc, content_type="application/apply-patch+yaml",
-                               query={"fieldManager": "gpuslice-install-check", "force": True, "dryRun": "All"})
-        except KubeError as error:
-            failures.append(f"{doc['kind']} {doc['metadata']['name']}: {error}")
+    failures = await refused_by_dry_run(kube, objects)
     assert not failures, f"{kustomization}: the apiserver refused:\n" + "\n".join(failures)
 
 
