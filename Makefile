@@ -43,7 +43,7 @@ help:
 	@echo "make kind-demo     the example policies and a tenant pod of each mode on kind"
 	@echo "make kind-undeploy uninstall gpuslice from kind, leaving nothing behind (make kind-down: delete the cluster)"
 	@echo "make image         build the gpuslice image ($(IMAGE)): amd64 and arm64 with buildx, else this host's"
-	@echo "make manifests     regenerate manifests/base/static.yaml and install.yaml"
+	@echo "make manifests     regenerate manifests/base/static.yaml, the monitoring component, install.yaml and charts/gpuslice"
 	@echo "make constraints   re-pin constraints.txt: what the image installs (runtime dependencies, no extras)"
 
 $(STAMP): pyproject.toml constraints.txt
@@ -127,7 +127,7 @@ kustomize: $(STAMP)
 	@$(BIN)/python hack/kind/build.py kustomize >/dev/null
 
 manifests: kustomize
-	@echo ">> rendering manifests/base/static.yaml and install.yaml"
+	@echo ">> rendering manifests/base/static.yaml, the monitoring component, install.yaml and charts/gpuslice"
 	@$(BIN)/python hack/manifests.py --kustomize "$$($(BIN)/python hack/kind/build.py kustomize)"
 
 # amd64 and arm64 with buildx where it can (PUSH=1 pushes them), else this host's architecture.
