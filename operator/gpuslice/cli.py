@@ -39,7 +39,8 @@ class LazyGroup(click.Group):
     LAZY: ClassVar[dict[str, str]] = {"dev-cluster": "gpuslice.devcluster.command:dev_cluster",
                                       "fake-gpu": "gpuslice.fakegpu:fake_gpu",
                                       "status": "gpuslice.inspect.commands:status",
-                                      "why": "gpuslice.inspect.commands:why"}
+                                      "why": "gpuslice.inspect.commands:why",
+                                      "delete-policies": "gpuslice.uninstall:delete_policies"}
     EXTRA: ClassVar[dict[str, tuple[str, ...]]] = {"dev-cluster": ("rich", "cryptography"), "status": ("rich",),
                                                    "why": ("rich",)}
 

@@ -43,6 +43,10 @@ class AgentSettings(ProcessSettings):
         "NVML backend: where the NVIDIA Container Toolkit's CDI specs are (nvidia.com/gpu,"
         " management.nvidia.com/gpu or k8s.device-plugin.nvidia.com/gpu), whose libraries and hooks each claim's"
         " spec copies (repeat the flag; in the variable, separated by ':'); unset: /etc/cdi, then /var/run/cdi."))
+    nvidia_driver_root: Path | None = Field(default=None, description=(
+        "NVML backend: the NVIDIA driver's root as mounted in the agent's container (the host's / or the GPU"
+        " Operator's /run/nvidia/driver; the chart's nvidiaDriverRoot): NVML is loaded from it. Unset: from"
+        " the library path, where the NVIDIA Container Toolkit's runtime puts it."))
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description=(
         "Serve /metrics, /healthz and /readyz on this port; off when unset (the probes need it)."))
     kubelet_registrar_dir: Path = Field(default=_PLUGIN.registrar_dir, description=(
@@ -90,6 +94,8 @@ class AgentSettings(ProcessSettings):
             raise ValueError("--fake-gpus is for --backend fake")
         if self.nvidia_cdi_dir and self.backend != "nvml":
             raise ValueError("--nvidia-cdi-dir is for --backend nvml")
+        if self.nvidia_driver_root is not None and self.backend != "nvml":
+            raise ValueError("--nvidia-driver-root is for --backend nvml")
         return self
 
     @property

@@ -101,9 +101,11 @@ async def fake_gpus_of(kube: KubeClient, node: str) -> str:
 def choose_backend(settings: AgentSettings, fake_gpus: str | None = None) -> GpuBackend:
     """The GPUs' backend; ``fake_gpus`` (MODEL:COUNT,...) when the fake one's come from the Node."""
     if settings.backend == "nvml":
+        from gpuslice.agent.gpus.nvidia_cdi import DEFAULT_SPEC_DIRS
         from gpuslice.agent.gpus.nvml import NvmlBackend
 
-        return NvmlBackend(cdi_dirs=settings.nvidia_cdi_dir) if settings.nvidia_cdi_dir else NvmlBackend()
+        return NvmlBackend(cdi_dirs=settings.nvidia_cdi_dir or DEFAULT_SPEC_DIRS,
+                           driver_root=settings.nvidia_driver_root)
     from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 
     spec = fake_gpus or settings.fake_gpus

@@ -4,6 +4,7 @@ adapter is tested this way; everything above it runs on the fake backend."""
 
 from __future__ import annotations
 
+import ctypes
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pynvml
 import pytest
 
 from gpuslice.agent.gpus import GpuBackendError
-from gpuslice.agent.gpus.nvml import NvmlBackend
+from gpuslice.agent.gpus.nvml import NVML_LIBRARY, NvmlBackend, load_nvml_from
 from gpuslice.inventory.catalog import MODELS
 from tests.unit.agent.libnvml import FakeLibNvml, installed
 
@@ -127,3 +128,30 @@ def test_a_lost_gpu_and_xid_events_are_faults(a100s: FakeLibNvml) -> None:
     assert backend._fault_of(event(eventType=xid, eventData=13)) is None, "an application's own error is no GPU fault"
     ecc = pynvml.nvmlEventTypeDoubleBitEccError
     assert backend._fault_of(event(eventType=ecc, eventData=0)).kind == "ecc"  # type: ignore[union-attr]
+
+
+def test_nvml_is_loaded_from_the_drivers_root_where_the_driver_keeps_it(tmp_path: Path) -> None:
+    # The GPU Operator's containerized driver (/run/nvidia/driver) on Ubuntu, mounted in the agent.
+    library = tmp_path / "usr/lib/x86_64-linux-gnu" / NVML_LIBRARY
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"")
+    loaded: list[tuple[str, int]] = []
+    assert load_nvml_from(tmp_path, lambda path, mode: loaded.append((path, mode))) == library
+    assert loaded == [(str(library), ctypes.RTLD_GLOBAL)]
+
+
+def test_a_drivers_root_without_nvml_says_where_it_looked_and_what_to_set(tmp_path: Path) -> None:
+    with pytest.raises(GpuBackendError) as refused:
+        load_nvml_from(tmp_path)
+    assert f"no libnvidia-ml.so.1 under --nvidia-driver-root {tmp_path}" in str(refused.value)
+    assert "usr/lib64" in str(refused.value)
+    assert "/run/nvidia/driver" in str(refused.value)
+
+
+def test_a_file_that_is_no_library_is_refused_with_its_path(tmp_path: Path) -> None:
+    library = tmp_path / "usr/lib64" / NVML_LIBRARY
+    library.parent.mkdir(parents=True)
+    library.write_text("not an ELF file")
+    with pytest.raises(GpuBackendError) as refused:
+        NvmlBackend(pynvml, driver_root=tmp_path)  # the real loader, on a file it cannot load
+    assert f"could not load NVML from {library}" in str(refused.value)

@@ -14,7 +14,7 @@ import contextlib
 import ctypes
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -56,6 +56,34 @@ COMPUTE_PROFILES = {1: "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE", 2: "NVML_COMPUTE
                     7: "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE"}
 
 
+# Where a driver's root holds libnvidia-ml.so.1 (Debian/Ubuntu per architecture, RHEL, the rest).
+NVML_LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib",
+                     "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "lib64", "lib")
+NVML_LIBRARY = "libnvidia-ml.so.1"
+
+
+def load_nvml_from(root: Path, loader: Callable[..., Any] = ctypes.CDLL) -> Path:
+    """Load NVML from a driver's root (``--nvidia-driver-root``), before pynvml asks for it.
+
+    pynvml opens ``libnvidia-ml.so.1`` by that name; the dynamic loader answers such a request with
+    a library already loaded under that soname, so loading the root's copy first makes pynvml use it
+    without the library path naming the root (NVIDIA's own DRA driver finds it the same way)."""
+    for directory in NVML_LIBRARY_DIRS:
+        path = root / directory / NVML_LIBRARY
+        if path.exists():
+            try:
+                loader(str(path), mode=ctypes.RTLD_GLOBAL)
+            except OSError as error:
+                raise GpuBackendError(f"could not load NVML from {path} ({error}): is --nvidia-driver-root"
+                                      f" ({root}) the driver's root, for this architecture?") from error
+            log.info("NVML loaded from the driver's root", path=str(path))
+            return path
+    raise GpuBackendError(
+        f"no {NVML_LIBRARY} under --nvidia-driver-root {root} (looked in {', '.join(NVML_LIBRARY_DIRS)}): set it to"
+        " where the driver is on the host, as mounted in the agent (/ for a driver installed on the node,"
+        " /run/nvidia/driver for the GPU Operator's), or leave it unset to use the NVIDIA Container Toolkit's.")
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -64,7 +92,10 @@ class NvmlBackend:
     name = "nvml"
 
     def __init__(self, nvml: ModuleType | None = None, cdi_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS,
-                 dev: Path = Path("/dev"), proc: Path = Path("/proc"), sysfs: Path = Path("/sys")) -> None:
+                 dev: Path = Path("/dev"), proc: Path = Path("/proc"), sysfs: Path = Path("/sys"),
+                 driver_root: Path | None = None) -> None:
+        if driver_root is not None:
+            load_nvml_from(driver_root)
         if nvml is None:
             import pynvml
 
