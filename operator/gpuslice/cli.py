@@ -15,6 +15,7 @@ from gpuslice import __version__
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.inspect.extra import need_cli_extra
+from gpuslice.kube.useragent import set_component
 from gpuslice.settings import KUBECONFIG_HELP, Settings, markdown, options
 
 # Every process's settings, by the name docs/configuration.md gives it.
@@ -76,6 +77,7 @@ def _settings(model: type[S], values: dict[str, Any]) -> S:
 @click.version_option(__version__, prog_name="gpuslice")
 def main() -> None:
     """gpuslice: per-tenant GPU slicing policy as native Kubernetes DRA."""
+    set_component("gpuslice-cli")  # the User-Agent; `controller` and `agent` name themselves
 
 
 @main.command()
@@ -84,8 +86,9 @@ def controller(**values: Any) -> None:
     """Run the policy controller: GpuSlicePolicy -> DeviceClass, claim templates, quota, Events and status.
     Every flag is also an environment variable (GPUSLICE_<FLAG>); docs/configuration.md lists them."""
     from gpuslice.controller.run import ControllerStopped, run_controller
-    from gpuslice.kube.transport import KubeconfigError
+    from gpuslice.kube.kubeconfig import KubeconfigError
 
+    set_component("gpuslice-controller")
     settings = _settings(ControllerSettings, values)
     try:
         asyncio.run(run_controller(settings))
@@ -110,8 +113,9 @@ def agent(**values: Any) -> None:
     from gpuslice.agent.gpus import GpuBackendError
     from gpuslice.agent.kubeletplugin.settings import PluginPathError
     from gpuslice.agent.run import AgentStopped, run_agent
-    from gpuslice.kube.transport import KubeconfigError
+    from gpuslice.kube.kubeconfig import KubeconfigError
 
+    set_component("gpuslice-agent")
     settings = _settings(AgentSettings, values)
     try:
         asyncio.run(run_agent(settings))

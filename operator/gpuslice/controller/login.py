@@ -13,11 +13,13 @@ compare equal, so a rejected token would make every watcher log in again without
 
 from __future__ import annotations
 
+from importlib.metadata import version
+
 import aiohttp
 import kopf
 
-from gpuslice import __version__
 from gpuslice.kube.metrics import trace_config
+from gpuslice.kube.useragent import user_agent
 
 _SESSIONS: dict[kopf.ConnectionInfo, kopf.AiohttpSession] = {}
 
@@ -28,7 +30,7 @@ def counted_session(info: kopf.ConnectionInfo) -> kopf.AiohttpSession:
         return known
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, ssl=info.as_ssl_context()),
-        headers={**info.as_http_headers(), "User-Agent": f"gpuslice-controller/{__version__} (kopf)"},
+        headers={**info.as_http_headers(), "User-Agent": user_agent(f"kopf/{version('kopf')}", "gpuslice-controller")},
         proxy=info.proxy_url,
         trust_env=info.trust_env,
         trace_configs=[trace_config()],

@@ -14,6 +14,7 @@ import click
 from gpuslice import __version__
 from gpuslice.inspect.commands import cluster_plan, status, why
 from gpuslice.inspect.extra import need_cli_extra
+from gpuslice.kube.useragent import set_component
 from gpuslice.settings import KUBECONFIG_HELP
 
 
@@ -40,6 +41,7 @@ def plan(files: tuple[str, ...], kubeconfig: str | None, output: str) -> None:
 
 def run() -> None:
     """The ``kubectl-gpuslice`` entry point: help and errors name the command as kubectl users type it."""
+    set_component("gpuslice-cli")
     try:
         need_cli_extra("kubectl gpuslice")
     except click.ClickException as error:

@@ -1,81 +1,339 @@
-"""Credentials read from kubeconfigs and the pod's ServiceAccount, without kubernetes_asyncio."""
+"""Each kubeconfig case against loopback servers: what the API server (and the proxy) really saw.
+
+The server is an HTTPS server on 127.0.0.1 with a certificate from a test CA; the proxy an HTTP
+CONNECT proxy on 127.0.0.1 that tunnels names it knows (``apiserver.test``) to this machine.
+"""
 
 from __future__ import annotations
 
 import base64
-import subprocess
-import sys
+import json
+import re
+import ssl
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
-import yaml
 
+from gpuslice import __version__
 from gpuslice.devcluster.pki import CertificateAuthority
-from gpuslice.kube import transport
+from gpuslice.kube import useragent
+from gpuslice.kube.client import KubeClient, Unauthorized
+from gpuslice.kube.kubeconfig import KubeconfigError, resolve
+from gpuslice.kube.transport import AiohttpTransport, connect
+from tests.unit.kube.loopback import (
+    ApiServer,
+    Check,
+    ConnectProxy,
+    LoopbackResolver,
+    Seen,
+    ca_data,
+    kubeconfig,
+    write_plugin,
+)
+
+NAME = "apiserver.test"  # stands for this machine: to the proxy, and to LoopbackResolver
+Serve = Callable[..., Awaitable[ApiServer]]
 
 
-def _kubeconfig(path: Path, user: dict[str, object], cluster: dict[str, object] | None = None) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "k", "cluster": cluster or {"server": "https://127.0.0.1:6443/"}}],
-        "users": [{"name": "u", "user": user}],
-        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-    }))
-    return path
+@pytest.fixture(scope="module")
+def ca() -> CertificateAuthority:
+    return CertificateAuthority.create()
 
 
-def test_client_certificates_and_ca_from_data_or_files(tmp_path: Path) -> None:
-    ca = CertificateAuthority.create()
-    client = ca.issue_client("someone", ("group",))
-    (tmp_path / "ca.crt").write_bytes(ca.pair.cert_pem)
-    (tmp_path / "tls.key").write_bytes(client.key_pem)
-    path = _kubeconfig(tmp_path / "config", {
-        "client-certificate-data": base64.b64encode(client.cert_pem).decode(), "client-key": "tls.key",
-    }, {"server": "https://127.0.0.1:6443/", "certificate-authority": "ca.crt"})
-    found = transport.from_kubeconfig_file(path)
-    assert found is not None
-    assert (found.server, found.ca_pem, found.cert_pem, found.key_pem) == (
-        "https://127.0.0.1:6443", ca.pair.cert_pem, client.cert_pem, client.key_pem)
-    context = transport.ssl_context(found)  # the pair loads; no file of it is left behind
-    assert context.verify_mode.name == "CERT_REQUIRED"
+@pytest.fixture
+async def serve(ca: CertificateAuthority, tmp_path: Path) -> AsyncIterator[Serve]:
+    started: list[ApiServer] = []
+
+    async def start(hosts: tuple[str, ...] = ("127.0.0.1", NAME), *, require_client_cert: bool = False,
+                    check: Check | None = None) -> ApiServer:
+        directory = tmp_path / f"server-{len(started)}"
+        directory.mkdir()
+        server = await ApiServer(ca, list(hosts), require_client_cert, check).start(directory)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        await server.stop()
 
 
-def test_tokens_and_token_files(tmp_path: Path) -> None:
-    (tmp_path / "token").write_text("t-from-file\n")
-    found = transport.from_kubeconfig_file(_kubeconfig(tmp_path / "config", {"tokenFile": "token"}))
-    assert found is not None
-    assert found.token_file == tmp_path / "token"
-    found = transport.from_kubeconfig_file(_kubeconfig(tmp_path / "config", {"token": "abc"}))
-    assert found is not None
-    assert found.token == "abc"
+@pytest.fixture
+async def proxy() -> AsyncIterator[ConnectProxy]:
+    server = await ConnectProxy({NAME}).start()
+    yield server
+    await server.stop()
 
 
-def test_plugins_are_left_to_kubernetes_asyncio(tmp_path: Path) -> None:
-    path = _kubeconfig(tmp_path / "config", {"exec": {"command": "aws", "apiVersion": "client.authentication.k8s.io/v1"}})
-    assert transport.from_kubeconfig_file(path) is None
+def config(tmp_path: Path, ca: CertificateAuthority, server: str, *, cluster: Mapping[str, Any] | None = None,
+           user: Mapping[str, Any] | None = None, namespace: str | None = None) -> Path:
+    context = {"cluster": "c", "user": "u", **({"namespace": namespace} if namespace else {})}
+    return kubeconfig(tmp_path / "kubeconfig", current="ctx", contexts={"ctx": context},
+                      clusters={"c": {"server": server, "certificate-authority-data": ca_data(ca), **(cluster or {})}},
+                      users={"u": dict({"token": "secret"} if user is None else user)})
 
 
-def test_a_missing_context_is_named(tmp_path: Path) -> None:
-    path = tmp_path / "config"
-    path.write_text(yaml.safe_dump({"current-context": "nope", "contexts": []}))
-    with pytest.raises(ValueError, match="no context named 'nope'"):
-        transport.from_kubeconfig_file(path)
+async def get(path: Path, *, environ: Mapping[str, str] | None = None,
+              resolver: aiohttp.abc.AbstractResolver | None = None, times: int = 1) -> None:
+    """GET a list through a transport for ``path``, as the client does."""
+    transport = AiohttpTransport(resolve(path, environ={}), environ=environ or {}, resolver=resolver)
+    try:
+        for _ in range(times):
+            await transport.request("GET", "/api/v1/namespaces", None, {}, "application/json", "application/json", 10)
+    finally:
+        await transport.close()
 
 
-def test_the_agent_does_not_import_kubernetes_asyncio() -> None:
-    """It is 60 MiB of generated models; the agent runs on every GPU node."""
-    code = "import sys, gpuslice.agent.run; print('kubernetes_asyncio' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True).stdout.strip() == "False"
+# --- TLS: a server certificate for another name, reached through tls-server-name -------------------
+
+async def test_tls_server_name_checks_the_certificate_against_that_name(
+        ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
+    api = await serve(("kubernetes.internal.example",))  # not 127.0.0.1: what an SNI-routed front sees
+    url = f"https://127.0.0.1:{api.port}"
+    with pytest.raises(aiohttp.ClientConnectorCertificateError, match=r"127\.0\.0\.1"):
+        await get(config(tmp_path, ca, url))
+    assert api.seen == []
+    await get(config(tmp_path, ca, url, cluster={"tls-server-name": "kubernetes.internal.example"}))
+    assert api.paths == ["/api/v1/namespaces"]
+    with pytest.raises(aiohttp.ClientConnectorCertificateError):  # a wrong name still fails: the name is checked
+        await get(config(tmp_path, ca, url, cluster={"tls-server-name": "other.example"}))
 
 
-@pytest.mark.parametrize(("make", "words"), [
-    (lambda p: p / "absent", "No such file or directory"),
-    (lambda p: p, "Is a directory"),
-    (lambda p: (p / "bad").write_text("{{{") and p / "bad", "kubeconfig"),
+async def test_client_certificate_reaches_a_server_that_requires_one(
+        ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
+    api = await serve(require_client_cert=True)
+    someone = ca.issue_client("someone", ("group",))
+    await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}", user={
+        "client-certificate-data": base64.b64encode(someone.cert_pem).decode(),
+        "client-key-data": base64.b64encode(someone.key_pem).decode()}))
+    assert [s.client_cn for s in api.seen] == ["someone"]
+
+
+# --- proxies: proxy-url, HTTPS_PROXY and NO_PROXY, as client-go honours them ------------------------
+
+async def test_proxy_url_tunnels_every_request(ca: CertificateAuthority, serve: Serve, proxy: ConnectProxy,
+                                               tmp_path: Path) -> None:
+    api = await serve()
+    path = config(tmp_path, ca, f"https://{NAME}:{api.port}", cluster={"proxy-url": proxy.url})
+    await get(path, environ={"NO_PROXY": "*"})  # the kubeconfig's proxy is not the environment's to waive
+    assert [target for target, _ in proxy.asked] == [f"{NAME}:{api.port}"]
+    assert api.paths == ["/api/v1/namespaces"]
+
+
+@pytest.mark.parametrize("variable", ["HTTPS_PROXY", "https_proxy"])
+async def test_https_proxy_from_the_environment(ca: CertificateAuthority, serve: Serve, proxy: ConnectProxy,
+                                                tmp_path: Path, variable: str) -> None:
+    api = await serve()
+    path = config(tmp_path, ca, f"https://{NAME}:{api.port}")
+    await get(path, environ={variable: f"127.0.0.1:{proxy.port}", "HTTP_PROXY": "http://127.0.0.1:9"})
+    assert [target for target, _ in proxy.asked] == [f"{NAME}:{api.port}"]
+    assert api.paths == ["/api/v1/namespaces"]
+
+
+async def test_proxy_credentials_go_to_the_proxy(ca: CertificateAuthority, serve: Serve, proxy: ConnectProxy,
+                                                 tmp_path: Path) -> None:
+    api = await serve()
+    await get(config(tmp_path, ca, f"https://{NAME}:{api.port}",
+                     cluster={"proxy-url": f"http://jane:pw@127.0.0.1:{proxy.port}"}))
+    (_, lines), = proxy.asked
+    assert f"Proxy-Authorization: Basic {base64.b64encode(b'jane:pw').decode()}" in lines
+
+
+@pytest.mark.parametrize("no_proxy", [NAME, ".test", "*", f"other.example, {NAME}", "test"])
+async def test_no_proxy_sends_the_server_direct(ca: CertificateAuthority, serve: Serve, proxy: ConnectProxy,
+                                                tmp_path: Path, no_proxy: str) -> None:
+    api = await serve()
+    path = config(tmp_path, ca, f"https://{NAME}:{api.port}")
+    resolver = LoopbackResolver({NAME})
+    await get(path, environ={"HTTPS_PROXY": proxy.url, "NO_PROXY": no_proxy}, resolver=resolver)
+    assert proxy.asked == []
+    assert api.paths == ["/api/v1/namespaces"]
+    await get(path, environ={"HTTPS_PROXY": proxy.url, "NO_PROXY": "other.example,10.0.0.0/8"}, resolver=resolver)
+    assert len(proxy.asked) == 1  # the same server, not exempted: through the proxy
+
+
+async def test_loopback_is_never_proxied_from_the_environment(ca: CertificateAuthority, serve: Serve,
+                                                              proxy: ConnectProxy, tmp_path: Path) -> None:
+    api = await serve()
+    await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}"), environ={"HTTPS_PROXY": proxy.url})
+    assert proxy.asked == []
+    assert api.paths == ["/api/v1/namespaces"]
+
+
+# --- who the requests are from ------------------------------------------------------------------------
+
+async def test_impersonation_headers_reach_the_server(ca: CertificateAuthority, serve: Serve,
+                                                      tmp_path: Path) -> None:
+    api = await serve()
+    await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}", user={
+        "token": "admin-token", "as": "jane", "as-uid": "u-42", "as-groups": ["dev", "system:authenticated"],
+        "as-user-extra": {"scopes": ["view", "edit"], "acme.com/project id": ["p1"]}}))
+    (seen,) = api.seen
+    assert seen.one("Authorization") == "Bearer admin-token"
+    assert seen.one("Impersonate-User") == "jane"
+    assert seen.one("Impersonate-Uid") == "u-42"
+    assert seen.all("Impersonate-Group") == ["dev", "system:authenticated"]
+    assert seen.all("Impersonate-Extra-scopes") == ["view", "edit"]
+    assert seen.all("Impersonate-Extra-acme.com%2Fproject%20id") == ["p1"]  # client-go's escaping
+
+
+async def test_no_impersonation_no_headers(ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
+    api = await serve()
+    await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}"))
+    assert not [k for k, _ in api.seen[0].headers if k.lower().startswith("impersonate-")]
+
+
+@pytest.mark.parametrize(("user", "header"), [
+    ({"username": "jane", "password": "pw"}, f"Basic {base64.b64encode(b'jane:pw').decode()}"),
+    ({"token": "old", "tokenFile": "TOKEN_FILE"}, "Bearer from-file"),
+    ({}, None),
 ])
-async def test_a_bad_kubeconfig_is_an_error_that_names_it(tmp_path: Path, make: Any, words: str) -> None:
-    path = make(tmp_path)
-    with pytest.raises(transport.KubeconfigError, match=words):
-        await transport.connect(path)
+async def test_the_authorization_header(ca: CertificateAuthority, serve: Serve, tmp_path: Path,
+                                        user: dict[str, str], header: str | None) -> None:
+    api = await serve()
+    (tmp_path / "token").write_text("from-file\n")
+    user = {k: str(tmp_path / "token") if v == "TOKEN_FILE" else v for k, v in user.items()}
+    await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}", user=user))
+    assert api.seen[0].one("Authorization") == header
+
+
+async def test_user_agent_names_the_component(ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
+    api = await serve()
+    path = config(tmp_path, ca, f"https://127.0.0.1:{api.port}")
+    try:
+        for component in ("gpuslice-controller", "gpuslice-agent", "gpuslice-cli"):
+            useragent.set_component(component)
+            await get(path)
+    finally:
+        useragent.set_component("gpuslice")
+    agents = [s.one("User-Agent") or "" for s in api.seen]
+    for agent, component in zip(agents, ("gpuslice-controller", "gpuslice-agent", "gpuslice-cli"), strict=True):
+        assert re.fullmatch(rf"{component}/{re.escape(__version__)} \((linux|darwin|windows)/[a-z0-9_]+\)", agent)
+
+
+async def test_disable_compression(ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
+    api = await serve()
+    await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}"))
+    await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}", cluster={"disable-compression": True}))
+    assert "gzip" in (api.seen[0].one("Accept-Encoding") or "")
+    assert api.seen[1].one("Accept-Encoding") == "identity"
+
+
+# --- exec credential plugins, run as client-go runs them -----------------------------------------------
+
+def exec_user(plugin: Path, **extra: Any) -> dict[str, Any]:
+    return {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin),
+                     "interactiveMode": "IfAvailable", **extra}}
+
+
+async def test_exec_plugin_token_with_the_cluster_it_asked_for(
+        ca: CertificateAuthority, serve: Serve, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    api = await serve()
+    record = tmp_path / "info.json"
+    plugin = write_plugin(tmp_path / "plugin", f"open({str(record)!r}, 'w').write(json.dumps(info))\n"
+                          "print('Open https://login.example/device and enter ABCD', file=sys.stderr)\n"
+                          "say({'token': 'from-plugin', 'expirationTimestamp': '2999-01-01T00:00:00Z'})\n")
+    path = config(tmp_path, ca, f"https://127.0.0.1:{api.port}", cluster={"tls-server-name": "127.0.0.1"},
+                  user=exec_user(plugin, provideClusterInfo=True, env=[{"name": "AWS_PROFILE", "value": "dev"}]))
+    await get(path, times=2)
+    assert [s.one("Authorization") for s in api.seen] == ["Bearer from-plugin"] * 2
+    info = json.loads(record.read_text())
+    assert info["apiVersion"] == "client.authentication.k8s.io/v1"
+    assert info["spec"]["interactive"] is False  # pytest's stdin is no terminal
+    assert info["spec"]["cluster"] == {"server": f"https://127.0.0.1:{api.port}", "tls-server-name": "127.0.0.1",
+                                       "certificate-authority-data": ca_data(ca)}
+    assert "Open https://login.example/device and enter ABCD" in capfd.readouterr().err  # a prompt is seen
+
+
+async def test_exec_plugin_runs_again_when_its_token_expires_or_is_refused(
+        ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    calls.write_text("0")
+    plugin = write_plugin(tmp_path / "plugin", f"n = int(open({str(calls)!r}).read()) + 1\n"
+                          f"open({str(calls)!r}, 'w').write(str(n))\n"
+                          "say({'token': f't{n}', 'expirationTimestamp': sys.argv[1]})\n")
+
+    def refuse_first(seen: Seen) -> int | None:
+        return 401 if seen.one("Authorization") == "Bearer t1" else None
+
+    api = await serve(check=refuse_first)
+    soon = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 5))  # inside the refresh margin
+    await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}",
+                     user=exec_user(plugin, args=["2999-01-01T00:00:00Z"])))
+    assert [s.one("Authorization") for s in api.seen] == ["Bearer t1", "Bearer t2"]  # 401, then again
+    api.seen.clear()
+    await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}", user=exec_user(plugin, args=[soon])), times=2)
+    assert [s.one("Authorization") for s in api.seen] == ["Bearer t3", "Bearer t4"]  # expiring: fetched anew
+
+
+async def test_exec_plugin_client_certificate(ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
+    api = await serve(require_client_cert=True)
+    pair = ca.issue_client("from-plugin")
+    plugin = write_plugin(tmp_path / "plugin", "say({'clientCertificateData': os.environ['CERT'],"
+                                               " 'clientKeyData': os.environ['KEY']})\n")
+    await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}", user=exec_user(plugin, env=[
+        {"name": "CERT", "value": pair.cert_pem.decode()}, {"name": "KEY", "value": pair.key_pem.decode()}])))
+    assert [s.client_cn for s in api.seen] == ["from-plugin"]
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ("sys.exit(3)", r"failed \(exit status 3\)"),
+    ("print('not json')", "printed no JSON ExecCredential"),
+    ("print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1beta1', 'status': {'token': 't'}}))",
+     "answered in 'client.authentication.k8s.io/v1beta1'"),
+    ("say({})", "returned no token and no certificate"),
+])
+async def test_exec_plugin_failures_are_named(ca: CertificateAuthority, tmp_path: Path, body: str,
+                                              words: str) -> None:
+    plugin = write_plugin(tmp_path / "plugin", body + "\n")
+    with pytest.raises(KubeconfigError, match=f"exec plugin {re.escape(str(plugin))} of user 'u' in .* {words}"):
+        await connect(config(tmp_path, ca, "https://127.0.0.1:1", user=exec_user(plugin)), pod_first=False)
+
+
+async def test_exec_plugin_not_installed_shows_its_install_hint(ca: CertificateAuthority, tmp_path: Path) -> None:
+    path = config(tmp_path, ca, "https://127.0.0.1:1", user={"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1beta1", "command": "gpuslice-test-no-such-plugin",
+        "installHint": "Install it with: brew install no-such-plugin"}})
+    with pytest.raises(KubeconfigError, match=r"could not be run .*\n\nInstall it with: brew install no-such-plugin"):
+        await connect(path, pod_first=False)
+
+
+# --- the oidc auth-provider, through kubernetes_asyncio ----------------------------------------------------
+
+def _jwt(claims: dict[str, Any]) -> str:
+    def part(value: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+    return f"{part({'alg': 'none'})}.{part(claims)}.sig"
+
+
+async def test_oidc_auth_provider_token(ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
+    api = await serve()
+    token = _jwt({"sub": "jane", "exp": int(time.time()) + 3600})
+    await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}", user={"auth-provider": {
+        "name": "oidc", "config": {"id-token": token, "client-id": "k8s", "idp-issuer-url": "https://idp.example"}}}))
+    assert api.seen[0].one("Authorization") == f"Bearer {token}"
+
+
+# --- through KubeClient: the namespace, and a 401 as a typed error --------------------------------------------
+
+async def test_the_client_carries_the_contexts_namespace(ca: CertificateAuthority, serve: Serve,
+                                                         tmp_path: Path) -> None:
+    api = await serve(check=lambda seen: 401)
+    path = config(tmp_path, ca, f"https://127.0.0.1:{api.port}", namespace="team-a")
+    async with await KubeClient.from_kubeconfig(path, pod_first=False) as kube:
+        assert kube.namespace == "team-a"
+        with pytest.raises(Unauthorized):
+            await kube.get("/api/v1/namespaces/team-a/pods/x")
+    assert len(api.seen) == 1  # a fixed token is not sent twice after a 401
+
+
+def test_the_default_tls_is_verified() -> None:
+    from gpuslice.kube.kubeconfig import Credentials
+    from gpuslice.kube.transport import ssl_context
+
+    context = ssl_context(Credentials(server="https://x"))
+    assert (context.verify_mode, context.check_hostname) == (ssl.CERT_REQUIRED, True)
