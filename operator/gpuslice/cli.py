@@ -16,10 +16,11 @@ from gpuslice.agent.settings import AgentSettings
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.inspect.extra import need_cli_extra
 from gpuslice.kube.useragent import set_component
-from gpuslice.settings import KUBECONFIG_HELP, Settings, markdown, options
+from gpuslice.settings import ClusterAccess, Settings, markdown, options
 
 # Every process's settings, by the name docs/configuration.md gives it.
-DOCUMENTED: dict[str, type[Settings]] = {"controller": ControllerSettings, "agent": AgentSettings}
+DOCUMENTED: dict[str, type[Settings]] = {"controller": ControllerSettings, "agent": AgentSettings,
+                                         "cli": ClusterAccess}
 
 
 def _needs_extra(name: str, missing: click.ClickException) -> click.Command:
@@ -136,14 +137,13 @@ def agent(**values: Any) -> None:
 @click.option("--cluster", is_flag=True, help=(
     "Against the live cluster: what applying these (edited or new) policies would add, drain and hold on every"
     " node, from its published devices and claims. Nothing is written."))
-@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, envvar="GPUSLICE_KUBECONFIG",
-              help=f"With --cluster: {KUBECONFIG_HELP}")
+@options(ClusterAccess)
 @click.option("-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text", show_default=True,
               help="With --cluster: how to print the plan.")
 def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, ...], previous: tuple[str, ...],
-         cluster: bool, kubeconfig: str | None, output: str) -> None:
+         cluster: bool, kubeconfig: Path | None, context: str | None, output: str) -> None:
     """Print the ResourceSlices a node agent would publish for these policies, no cluster needed
-    (with --cluster: what an edit would do to the live cluster)."""
+    (with --cluster: what an edit would do to the live cluster; --kubeconfig and --context are for it)."""
     if cluster:
         need_cli_extra("gpuslice plan --cluster")
         if previous:
@@ -151,8 +151,10 @@ def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, .
                                    " now come from the cluster.")
         from gpuslice.inspect.commands import cluster_plan
 
-        cluster_plan(kubeconfig, [Path(f) for f in files], output)
+        cluster_plan(ClusterAccess(kubeconfig=kubeconfig, context=context), [Path(f) for f in files], output)
         return
+    if context is not None:
+        raise click.UsageError("--context is for a plan against a cluster (--cluster).")
     from gpuslice.preview import PlanError, preview
 
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
+from dataclasses import replace
 from typing import Any
 
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRIVER
@@ -81,11 +82,9 @@ async def read_snapshot(kube: KubeClient) -> Snapshot:
     return Snapshot(policies, slices, claims, nodes, rules, listed, tuple(notes))
 
 
-async def read_facts(kube: KubeClient, namespace: str, name: str) -> Facts:
-    """The pod ``namespace/name`` (or, when there is none, the ResourceClaim of that name) and what
-    the namespace holds that bears on it."""
+async def namespace_facts(kube: KubeClient, namespace: str) -> Facts:
+    """What ``namespace`` holds that bears on a pod of it waiting for a device (no pod yet)."""
     ns = f"/api/v1/namespaces/{namespace}"
-    pod = await _optional(kube.get(f"{ns}/pods/{name}"), f"pod {namespace}/{name}", [])
     claims = {c["metadata"]["name"]: c for c in await _list(
         kube, f"ResourceClaims in {namespace}", f"{RESOURCE}/namespaces/{namespace}/resourceclaims")}
     templates = {t["metadata"]["name"]: t for t in await _list(
@@ -94,5 +93,22 @@ async def read_facts(kube: KubeClient, namespace: str, name: str) -> Facts:
     events = await _list(kube, f"Events in {namespace}", f"{ns}/events")
     namespace_body = await _optional(kube.get(ns), f"namespace {namespace}", [])
     classes = {c["metadata"]["name"]: c for c in await _list(kube, "DeviceClasses", f"{RESOURCE}/deviceclasses")}
-    return Facts(namespace, pod, None if pod is not None else name, claims, templates, quotas,
+    return Facts(namespace, None, None, claims, templates, quotas,
                  str(((namespace_body or {}).get("metadata") or {}).get("uid", "")), events, classes)
+
+
+async def read_facts(kube: KubeClient, namespace: str, name: str) -> Facts:
+    """The pod ``namespace/name`` (or, when there is none, the ResourceClaim of that name) and what
+    the namespace holds that bears on it."""
+    pod = await _optional(kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}"), f"pod {namespace}/{name}", [])
+    facts = await namespace_facts(kube, namespace)
+    return replace(facts, pod=pod, claim_name=None if pod is not None else name)
+
+
+async def pending_pods(kube: KubeClient, namespace: str | None) -> list[dict[str, Any]]:
+    """The Pending pods of ``namespace`` (None: of every namespace), oldest first."""
+    path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+    pods = await _list(kube, f"pods in {namespace}" if namespace else "pods", path,
+                       fieldSelector="status.phase=Pending")
+    return sorted(pods, key=lambda p: (str(p["metadata"].get("creationTimestamp", "")),
+                                       str(p["metadata"]["namespace"]), str(p["metadata"]["name"])))

@@ -1,0 +1,137 @@
+"""``gpuslice status|why|plan --cluster`` and ``kubectl gpuslice`` as processes, against a loopback API
+server: which kubeconfig, context and namespace they use, what they say when there is none, and that
+no debug line reaches the terminal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gpuslice.devcluster.pki import CertificateAuthority
+from tests.unit.kube.loopback import ApiServer, ca_data, kubeconfig
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def ca() -> CertificateAuthority:
+    return CertificateAuthority.create()
+
+
+@pytest.fixture
+async def api(ca: CertificateAuthority, tmp_path: Path) -> AsyncIterator[ApiServer]:
+    server = await ApiServer(ca, ["127.0.0.1"]).start(tmp_path)
+    yield server
+    await server.stop()
+
+
+def two_contexts(path: Path, ca: CertificateAuthority, port: int) -> Path:
+    """``dev`` (current) reaches nothing; ``prod`` reaches the loopback server, in namespace team-a."""
+    return kubeconfig(path, current="dev",
+                      contexts={"dev": {"cluster": "dev", "user": "u"},
+                                "prod": {"cluster": "prod", "user": "u", "namespace": "team-a"}},
+                      clusters={"dev": {"server": "https://127.0.0.1:1"},
+                                "prod": {"server": f"https://127.0.0.1:{port}",
+                                         "certificate-authority-data": ca_data(ca)}},
+                      users={"u": {"token": "t"}})
+
+
+async def run(*args: str, home: Path, environ: dict[str, str] | None = None,
+              program: str = "gpuslice") -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "GPUSLICE_"))}
+    env.update({"HOME": str(home), **(environ or {})})
+    process = await asyncio.create_subprocess_exec(str(BIN / program), *args, env=env,
+                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def test_why_takes_the_contexts_namespace(api: ApiServer, ca: CertificateAuthority, tmp_path: Path) -> None:
+    path = two_contexts(tmp_path / "config", ca, api.port)
+    rc, out, err = await run("why", "trainer", "--context", "prod", "-o", "json", "--kubeconfig", str(path),
+                             home=tmp_path)
+    assert rc == 1, err  # no such pod: the answer says so, and so does the exit status
+    assert json.loads(out)["subject"] == "team-a/trainer"
+    assert "/api/v1/namespaces/team-a/pods/trainer" in api.paths
+    rc, out, _ = await run("why", "trainer", "-n", "other", "--context", "prod", "-o", "json", "--kubeconfig",
+                           str(path), home=tmp_path)
+    assert json.loads(out)["subject"] == "other/trainer"  # -n wins over the context
+
+
+async def test_why_without_a_pod_lists_a_namespace_or_all(api: ApiServer, ca: CertificateAuthority,
+                                                          tmp_path: Path) -> None:
+    path = two_contexts(tmp_path / "config", ca, api.port)
+    rc, out, err = await run("why", "--context", "prod", "-o", "json", home=tmp_path,
+                             environ={"KUBECONFIG": str(path)})
+    assert (rc, json.loads(out)) == (0, []), err
+    assert "/api/v1/namespaces/team-a/pods?fieldSelector=status.phase%3DPending" in api.paths
+    rc, out, _ = await run("why", "-A", "--context", "prod", home=tmp_path, environ={"KUBECONFIG": str(path)})
+    assert "/api/v1/pods?fieldSelector=status.phase%3DPending" in api.paths
+    assert "No Pending pod in any namespace asks for a gpuslice device." in out
+    rc, _, err = await run("why", "trainer", "-A", home=tmp_path, environ={"KUBECONFIG": str(path)})
+    assert rc == 2
+    assert "cannot be looked up by name across all namespaces" in err
+
+
+async def test_the_kubectl_plugin_and_plan_take_the_context_too(api: ApiServer, ca: CertificateAuthority,
+                                                                tmp_path: Path) -> None:
+    path = two_contexts(tmp_path / "config", ca, api.port)
+    rc, _, err = await run("status", "-o", "json", "--context", "prod", "--kubeconfig", str(path),
+                           home=tmp_path, program="kubectl-gpuslice")
+    assert rc == 0, err
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("apiVersion: gpuslice.dev/v1alpha1\nkind: GpuSlicePolicy\nmetadata: {name: p}\n"
+                      "spec: {slicing: {mode: memory, sliceSize: 10G}, tenants: [{namespace: a}]}\n")
+    rc, _, err = await run("plan", "-f", str(policy), "-o", "json", "--context", "prod", home=tmp_path,
+                             program="kubectl-gpuslice", environ={"KUBECONFIG": str(path)})
+    assert rc == 0, err
+    rc, _, err = await run("plan", "--cluster", "-f", str(policy), "-o", "json", "--context", "prod",
+                             home=tmp_path, environ={"GPUSLICE_KUBECONFIG": str(path)})
+    assert rc == 0, err
+    agents = {s.one("User-Agent") or "" for s in api.seen}
+    assert agents
+    assert all(a.startswith("gpuslice-cli/") for a in agents), agents
+
+
+async def test_home_kubeconfig_is_read_and_the_flag_wins(api: ApiServer, ca: CertificateAuthority,
+                                                         tmp_path: Path) -> None:
+    (tmp_path / ".kube").mkdir()
+    two_contexts(tmp_path / ".kube" / "config", ca, api.port)
+    rc, _, err = await run("status", "-o", "json", "--context", "prod", home=tmp_path)
+    assert rc == 0, err
+    rc, _, err = await run("status", "--context", "prod", "--kubeconfig", str(tmp_path / "absent"), home=tmp_path)
+    assert rc == 1
+    assert "absent (given with --kubeconfig) does not exist" in err
+
+
+async def test_no_kubeconfig_and_no_pod_says_exactly_that(tmp_path: Path) -> None:
+    rc, out, err = await run("status", home=tmp_path)
+    assert (rc, out) == (1, "")
+    assert err.startswith("gpuslice: no kubeconfig found (~/.kube/config: no such file) and not in a pod"), err
+    assert "Config not found" not in err  # kubernetes_asyncio's words are gone
+    assert "kube-config" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+async def test_an_unreachable_server_prints_one_line_and_no_debug(ca: CertificateAuthority, tmp_path: Path) -> None:
+    path = two_contexts(tmp_path / "config", ca, 1)
+    rc, out, err = await run("why", "default/x", "--kubeconfig", str(path), home=tmp_path)
+    assert (rc, out) == (1, "")
+    assert "debug" not in err.lower()
+    assert "retrying" not in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+async def test_a_refused_field_is_named(ca: CertificateAuthority, tmp_path: Path) -> None:
+    path = kubeconfig(tmp_path / "config", current="c", contexts={"c": {"cluster": "c", "user": "u"}},
+                      clusters={"c": {"server": "https://127.0.0.1:1"}},
+                      users={"u": {"token": "t", "as-groups": ["admins"]}})
+    rc, _, err = await run("status", "--kubeconfig", str(path), home=tmp_path)
+    assert rc == 1
+    assert "as-uid, as-groups or as-user-extra without as" in err
