@@ -87,7 +87,7 @@ def controller(**values: Any) -> None:
     """Run the policy controller: GpuSlicePolicy -> DeviceClass, claim templates, quota, Events and status.
     Every flag is also an environment variable (GPUSLICE_<FLAG>); docs/configuration.md lists them."""
     from gpuslice.controller.run import ControllerStopped, run_controller
-    from gpuslice.kube.kubeconfig import KubeconfigError
+    from gpuslice.kube.credentials import KubeconfigError
 
     set_component("gpuslice-controller")
     settings = _settings(ControllerSettings, values)
@@ -114,7 +114,7 @@ def agent(**values: Any) -> None:
     from gpuslice.agent.gpus import GpuBackendError
     from gpuslice.agent.kubeletplugin.settings import PluginPathError
     from gpuslice.agent.run import AgentStopped, run_agent
-    from gpuslice.kube.kubeconfig import KubeconfigError
+    from gpuslice.kube.credentials import KubeconfigError
 
     set_component("gpuslice-agent")
     settings = _settings(AgentSettings, values)

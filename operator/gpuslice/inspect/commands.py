@@ -18,7 +18,7 @@ import yaml
 
 from gpuslice.inspect.snapshot import InspectError, namespace_facts, pending_pods, read_facts, read_snapshot
 from gpuslice.kube.client import KubeClient
-from gpuslice.kube.kubeconfig import KubeconfigError
+from gpuslice.kube.credentials import KubeconfigError
 from gpuslice.planning.occupancy import as_json
 from gpuslice.planning.status_report import StatusReport, status_report
 from gpuslice.settings import ClusterAccess, options

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuslice.kube.kubeconfig import Credentials, ExecPlugin, KubeconfigError
+from gpuslice.kube.credentials import Credentials, ExecPlugin, KubeconfigError
 
 TOKEN_REREAD = 60.0  # seconds: bound ServiceAccount tokens are rotated by the kubelet
 EXPIRY_MARGIN = 10.0  # seconds: fetch a new credential this long before the old one expires

@@ -14,7 +14,8 @@ import ipaddress
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from gpuslice.kube.kubeconfig import PROXY_SCHEMES, KubeconfigError
+from gpuslice.kube.credentials import KubeconfigError
+from gpuslice.kube.kubeconfig_fields import PROXY_SCHEMES
 
 DEFAULT_PORTS = {"http": "80", "https": "443"}
 

@@ -24,7 +24,8 @@ from typing import Any, Protocol
 import aiohttp
 
 from gpuslice.kube.auth import Auth, auth_for
-from gpuslice.kube.kubeconfig import Credentials, KubeconfigError, resolve
+from gpuslice.kube.credentials import Credentials, KubeconfigError
+from gpuslice.kube.kubeconfig import resolve
 from gpuslice.kube.proxy import proxy_for
 from gpuslice.kube.useragent import user_agent
 

@@ -25,7 +25,7 @@ from gpuslice.kube.client import (
     TooManyRequests,
     Unreachable,
 )
-from gpuslice.kube.kubeconfig import Credentials
+from gpuslice.kube.credentials import Credentials
 from gpuslice.kube.transport import AiohttpTransport
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

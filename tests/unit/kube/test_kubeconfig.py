@@ -13,7 +13,8 @@ import pytest
 
 from gpuslice.devcluster.pki import CertificateAuthority
 from gpuslice.kube import kubeconfig
-from gpuslice.kube.kubeconfig import KubeconfigError, resolve
+from gpuslice.kube.credentials import Impersonation, KubeconfigError
+from gpuslice.kube.kubeconfig import resolve
 from gpuslice.kube.transport import ssl_context
 from tests.unit.kube.loopback import kubeconfig as write
 
@@ -188,7 +189,7 @@ def test_every_supported_field_is_read(tmp_path: Path) -> None:
              "as-user-extra": {"scopes": ["a", "b"]}}))
     assert (found.tls_server_name, found.proxy_url, found.disable_compression, found.cluster_extension) == (
         "api.internal", "http://proxy:3128", True, {"audience": "x"})
-    assert found.impersonate == kubeconfig.Impersonation("jane", "42", ("dev", "ops"), (("scopes", ("a", "b")),))
+    assert found.impersonate == Impersonation("jane", "42", ("dev", "ops"), (("scopes", ("a", "b")),))
 
 
 @pytest.mark.parametrize(("cluster", "user", "context", "words"), [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuslice.kube.kubeconfig import KubeconfigError
+from gpuslice.kube.credentials import KubeconfigError
 from gpuslice.kube.proxy import proxy_for
 
 P = "http://proxy:3128"

@@ -22,7 +22,8 @@ from gpuslice import __version__
 from gpuslice.devcluster.pki import CertificateAuthority
 from gpuslice.kube import useragent
 from gpuslice.kube.client import KubeClient, Unauthorized
-from gpuslice.kube.kubeconfig import KubeconfigError, resolve
+from gpuslice.kube.credentials import KubeconfigError
+from gpuslice.kube.kubeconfig import resolve
 from gpuslice.kube.transport import AiohttpTransport, connect
 from tests.unit.kube.loopback import (
     ApiServer,
@@ -332,7 +333,7 @@ async def test_the_client_carries_the_contexts_namespace(ca: CertificateAuthorit
 
 
 def test_the_default_tls_is_verified() -> None:
-    from gpuslice.kube.kubeconfig import Credentials
+    from gpuslice.kube.credentials import Credentials
     from gpuslice.kube.transport import ssl_context
 
     context = ssl_context(Credentials(server="https://x"))
