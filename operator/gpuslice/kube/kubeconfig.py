@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from gpuslice.kube.credentials import Credentials, KubeconfigError
-from gpuslice.kube.kubeconfig_fields import CONTEXT_FIELDS, cluster_fields, refuse_unknown, user_fields
+from gpuslice.kube.kubeconfig_fields import CONTEXT_FIELDS, cluster_fields, refuse_unknown, text, user_fields
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 DEFAULT_KUBECONFIG = "~/.kube/config"
@@ -126,8 +126,9 @@ def select(config: Kubeconfig, context: str | None) -> Credentials:
         raise KubeconfigError(f"kubeconfig {config.describe()} has no context {name!r} (it has:"
                               f" {', '.join(sorted(config.contexts)) or 'none'})")
     ctx = config.contexts[name]
-    refuse_unknown(ctx, CONTEXT_FIELDS, f"context {name!r} in {config.origin[('contexts', name)]}")
-    cluster_name, user_name = str(ctx.get("cluster") or ""), str(ctx.get("user") or "")
+    where = f"context {name!r} in {config.origin[('contexts', name)]}"
+    refuse_unknown(ctx, CONTEXT_FIELDS, where)
+    cluster_name, user_name = text(ctx, "cluster", where), text(ctx, "user", where)
     if cluster_name not in config.clusters:
         raise KubeconfigError(f"context {name!r} names cluster {cluster_name!r}, which kubeconfig"
                               f" {config.describe()} does not have")
@@ -138,7 +139,7 @@ def select(config: Kubeconfig, context: str | None) -> Credentials:
                              f"cluster {cluster_name!r} in {config.origin[('clusters', cluster_name)]}")
     user = user_fields(config.users[user_name], f"user {user_name!r} in {config.origin[('users', user_name)]}") \
         if user_name else {}
-    return Credentials(namespace=str(ctx.get("namespace") or "default"),
+    return Credentials(namespace=text(ctx, "namespace", where) or "default",
                        source=f"context {name!r} of {config.describe()}", **cluster, **user)
 
 

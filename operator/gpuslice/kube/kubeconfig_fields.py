@@ -44,87 +44,134 @@ def refuse_unknown(entry: Mapping[str, Any], known: frozenset[str], where: str) 
             " remove it, or use a context without it (--context)")
 
 
+def _wrong(where: str, label: str, want: str, value: Any, fix: str = "") -> KubeconfigError:
+    return KubeconfigError(f"{where}: {label} must be {want}, not {value!r} ({type(value).__name__}{fix}); kubectl"
+                           " refuses it too")
+
+
+def flag(entry: Mapping[str, Any], key: str, where: str, label: str | None = None) -> bool:
+    """A bool field: only a YAML true or false. A quoted "false" is a string, and read as a truth
+    value it would turn ``insecure-skip-tls-verify`` on."""
+    value = entry.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _wrong(where, label or key, "true or false", value, ": write true or false without quotes")
+    return value
+
+
+def text(entry: Mapping[str, Any], key: str, where: str, label: str | None = None) -> str:
+    """A string field ("" when absent): a number or a bool where a string belongs is refused, as Go's
+    decoder of kubeconfigs refuses it."""
+    value = entry.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _wrong(where, label or key, "a string", value)
+    return value
+
+
+def texts(entry: Mapping[str, Any], key: str, where: str, label: str | None = None) -> tuple[str, ...]:
+    """A list of strings: a lone string is not split into its characters."""
+    value = entry.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise _wrong(where, label or key, "a list of strings", value)
+    return tuple(value)
+
+
 def _data_or_file(entry: Mapping[str, Any], key: str, where: str) -> bytes | None:
-    data, file = entry.get(f"{key}-data"), entry.get(key)
+    data, file = text(entry, f"{key}-data", where), text(entry, key, where)
     if data and file:
         raise KubeconfigError(f"{where}: {key}-data and {key} are both set; keep one (kubectl refuses both)")
     if data:
         try:
-            return base64.b64decode(str(data), validate=True)
+            return base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
             raise KubeconfigError(f"{where}: {key}-data is not base64") from None
     if file:
         try:
-            return Path(str(file)).read_bytes()
+            return Path(file).read_bytes()
         except OSError as error:
             raise KubeconfigError(f"{where}: {key} {file}: {error.strerror or error}") from None
     return None
 
 
 def _proxy(cluster: Mapping[str, Any], where: str) -> str | None:
-    url = cluster.get("proxy-url")
+    url = text(cluster, "proxy-url", where)
     if not url:
         return None
-    parts = urlsplit(str(url))
+    parts = urlsplit(url)
     if parts.scheme not in PROXY_SCHEMES or not parts.hostname:
         raise KubeconfigError(f"{where}: proxy-url {url!r}: gpuslice's client goes through http:// and https://"
                               " proxies only (kubectl also speaks socks5); use an HTTP proxy or kubectl")
-    return str(url)
+    return url
 
 
 def _impersonation(user: Mapping[str, Any], where: str) -> Impersonation | None:
-    name = user.get("as")
+    name, uid, groups = text(user, "as", where), text(user, "as-uid", where), texts(user, "as-groups", where)
+    extra = user.get("as-user-extra") or {}
+    if not isinstance(extra, dict) or not all(isinstance(k, str) and isinstance(vs, list)
+                                              and all(isinstance(v, str) for v in vs) for k, vs in extra.items()):
+        raise _wrong(where, "as-user-extra", "a mapping of each key to a list of strings", extra)
     if not name:
-        if user.get("as-uid") or user.get("as-groups") or user.get("as-user-extra"):
+        if uid or groups or extra:
             raise KubeconfigError(f"{where}: as-uid, as-groups or as-user-extra without as: impersonating a group"
                                   " or uid needs a user to impersonate (kubectl refuses it too)")
         return None
-    extra = user.get("as-user-extra") or {}
-    if not isinstance(extra, dict):
-        raise KubeconfigError(f"{where}: as-user-extra must map each key to a list of values")
-    return Impersonation(str(name), str(user.get("as-uid") or ""), tuple(str(g) for g in user.get("as-groups") or ()),
-                         tuple((str(k), tuple(str(v) for v in (vs if isinstance(vs, list) else [vs])))
-                               for k, vs in sorted(extra.items())))
+    return Impersonation(name, uid, groups, tuple((k, tuple(vs)) for k, vs in sorted(extra.items())))
 
 
 def _exec_plugin(config: Any, where: str) -> ExecPlugin:
     if not isinstance(config, dict):
         raise KubeconfigError(f"{where}.exec must be a mapping")
     refuse_unknown(config, EXEC_FIELDS, f"{where}.exec")
-    version = str(config.get("apiVersion") or "")
+    version = text(config, "apiVersion", where, "exec.apiVersion")
     if version not in EXEC_VERSIONS:
         raise KubeconfigError(f"{where}.exec.apiVersion {version!r}: use one of {', '.join(EXEC_VERSIONS)}"
                               " (v1alpha1 was removed in Kubernetes 1.24)")
-    if not config.get("command"):
+    command = text(config, "command", where, "exec.command")
+    if not command:
         raise KubeconfigError(f"{where}.exec.command is not set")
-    mode = str(config.get("interactiveMode") or ("" if version.endswith("/v1") else "IfAvailable"))
+    mode = text(config, "interactiveMode", where, "exec.interactiveMode") or (
+        "" if version.endswith("/v1") else "IfAvailable")
     if mode not in ("Never", "IfAvailable", "Always"):
         raise KubeconfigError(f"{where}.exec.interactiveMode {mode!r}: use Never, IfAvailable or Always (required"
                               " with client.authentication.k8s.io/v1)")
+    listed = config.get("env") or []
+    if not isinstance(listed, list):
+        raise _wrong(where, "exec.env", "a list of name and value entries", listed)
     env = []
-    for item in config.get("env") or []:
-        if not isinstance(item, dict) or not item.get("name"):
-            raise KubeconfigError(f"{where}.exec.env: every entry needs a name and a value")
-        env.append((str(item["name"]), str(item.get("value") or "")))
-    return ExecPlugin(str(config["command"]), version, where, tuple(str(a) for a in config.get("args") or ()),
-                      tuple(env), str(config.get("installHint") or ""), bool(config.get("provideClusterInfo")), mode)
+    for index, item in enumerate(listed):
+        label = f"exec.env[{index}]"
+        if not isinstance(item, dict) or not text(item, "name", where, f"{label}.name"):
+            raise KubeconfigError(f"{where}.{label}: every entry needs a name and a value")
+        env.append((text(item, "name", where, f"{label}.name"), text(item, "value", where, f"{label}.value")))
+    return ExecPlugin(command, version, where, texts(config, "args", where, "exec.args"), tuple(env),
+                      text(config, "installHint", where, "exec.installHint"),
+                      flag(config, "provideClusterInfo", where, "exec.provideClusterInfo"), mode)
 
 
 def _auth_provider(config: Any, where: str) -> Mapping[str, Any]:
-    name = str((config or {}).get("name") or "") if isinstance(config, dict) else ""
+    name = text(config, "name", where, "auth-provider.name") if isinstance(config, dict) else ""
     if name in REMOVED_PROVIDERS:
         raise KubeconfigError(f"{where}: the {name} auth-provider was removed from kubectl and client-go;"
                               f" {REMOVED_PROVIDERS[name]}")
     if name != "oidc":
         raise KubeconfigError(f"{where}: auth-provider {name!r} is not one kubectl knows (only oidc is left;"
                               " use an exec credential plugin)")
+    settings = config.get("config") or {}
+    if not isinstance(settings, dict) or not all(isinstance(v, str) for v in settings.values()):
+        raise _wrong(where, "auth-provider.config", "a mapping of names to strings", settings)
     return dict(config)
 
 
 def user_fields(user: Mapping[str, Any], where: str) -> dict[str, Any]:
     refuse_unknown(user, USER_FIELDS, where)
-    methods = [m for m, present in (("token", user.get("token") or user.get("tokenFile")),
-                                    ("basic", user.get("username") or user.get("password")),
+    token, token_file = text(user, "token", where), text(user, "tokenFile", where)
+    username, password = text(user, "username", where), text(user, "password", where)
+    methods = [m for m, present in (("token", token or token_file), ("basic", username or password),
                                     ("exec", user.get("exec")), ("auth-provider", user.get("auth-provider")))
                if present]
     if len(methods) > 1:
@@ -133,14 +180,10 @@ def user_fields(user: Mapping[str, Any], where: str) -> dict[str, Any]:
     cert, key = _data_or_file(user, "client-certificate", where), _data_or_file(user, "client-key", where)
     if bool(cert) != bool(key):
         raise KubeconfigError(f"{where}: a client certificate needs its key, and a key its certificate")
-    token_file = user.get("tokenFile")
-    basic = None
-    if "basic" in methods:
-        basic = (str(user.get("username") or ""), str(user.get("password") or ""))
     return {
-        "token": str(user["token"]) if user.get("token") else None,
-        "token_file": Path(str(token_file)) if token_file else None,
-        "basic": basic, "cert_pem": cert, "key_pem": key,
+        "token": token or None,
+        "token_file": Path(token_file) if token_file else None,
+        "basic": (username, password) if "basic" in methods else None, "cert_pem": cert, "key_pem": key,
         "impersonate": _impersonation(user, where),
         "exec_plugin": _exec_plugin(user["exec"], where) if user.get("exec") else None,
         "auth_provider": _auth_provider(user["auth-provider"], where) if user.get("auth-provider") else None,
@@ -150,17 +193,18 @@ def user_fields(user: Mapping[str, Any], where: str) -> dict[str, Any]:
 def cluster_fields(cluster: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The Credentials fields a cluster entry gives."""
     refuse_unknown(cluster, CLUSTER_FIELDS, where)
-    if not cluster.get("server"):
+    server = text(cluster, "server", where)
+    if not server:
         raise KubeconfigError(f"{where} has no server")
     ca = _data_or_file(cluster, "certificate-authority", where)
-    insecure = bool(cluster.get("insecure-skip-tls-verify"))
+    insecure = flag(cluster, "insecure-skip-tls-verify", where)
     if insecure and ca:
         raise KubeconfigError(f"{where}: insecure-skip-tls-verify with a certificate authority; keep one (kubectl"
                               " refuses both)")
     return {
-        "server": str(cluster["server"]).rstrip("/"), "ca_pem": ca, "insecure": insecure,
-        "tls_server_name": str(cluster["tls-server-name"]) if cluster.get("tls-server-name") else None,
-        "proxy_url": _proxy(cluster, where), "disable_compression": bool(cluster.get("disable-compression")),
+        "server": server.rstrip("/"), "ca_pem": ca, "insecure": insecure,
+        "tls_server_name": text(cluster, "tls-server-name", where) or None,
+        "proxy_url": _proxy(cluster, where), "disable_compression": flag(cluster, "disable-compression", where),
         "cluster_extension": next((e.get("extension") for e in cluster.get("extensions") or []
                                    if isinstance(e, dict) and e.get("name") == "client.authentication.k8s.io/exec"),
                                   None),

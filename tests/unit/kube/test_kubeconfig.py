@@ -221,6 +221,47 @@ def test_what_gpuslice_does_not_do_is_refused_by_name(tmp_path: Path, cluster: d
         resolve(path)
 
 
+EXEC = {"command": "x", "apiVersion": "client.authentication.k8s.io/v1", "interactiveMode": "Never"}
+
+
+@pytest.mark.parametrize(("cluster", "user", "words"), [
+    # A quoted "false" is a string: read as a truth value it would turn TLS verification off.
+    ({"insecure-skip-tls-verify": "false"}, {}, "insecure-skip-tls-verify must be true or false, not 'false'"),
+    ({"insecure-skip-tls-verify": 0}, {}, "insecure-skip-tls-verify must be true or false, not 0"),
+    ({"disable-compression": "no"}, {}, "disable-compression must be true or false"),
+    ({"server": 6443}, {}, "server must be a string, not 6443"),
+    ({"tls-server-name": ["a"]}, {}, "tls-server-name must be a string"),
+    ({}, {"exec": {**EXEC, "provideClusterInfo": "false"}}, r"exec\.provideClusterInfo must be true or false"),
+    ({}, {"as": "jane", "as-groups": "admins"}, "as-groups must be a list of strings, not 'admins'"),
+    ({}, {"as": "jane", "as-groups": ["a", 1]}, "as-groups must be a list of strings"),
+    ({}, {"as": "jane", "as-user-extra": {"scopes": "view"}}, "as-user-extra must be a mapping of each key to a list of strings"),
+    ({}, {"as": "jane", "as-user-extra": ["scopes"]}, "as-user-extra must be a mapping of each key to a list of strings"),
+    ({}, {"exec": {**EXEC, "args": "--profile dev"}}, r"exec\.args must be a list of strings, not '--profile dev'"),
+    ({}, {"exec": {**EXEC, "env": {"AWS_PROFILE": "dev"}}}, r"exec\.env must be a list of name and value"),
+    ({}, {"exec": {**EXEC, "env": [{"name": "N", "value": 1}]}}, r"exec\.env\[0\]\.value must be a string"),
+    ({}, {"exec": {**EXEC, "command": ["aws", "eks"]}}, r"exec\.command must be a string"),
+    ({}, {"token": 12345}, "token must be a string, not 12345"),
+    ({}, {"as": True}, "as must be a string"),
+    ({}, {"auth-provider": {"name": "oidc", "config": ["id-token"]}}, "auth-provider.config must be a mapping of names to strings"),
+])
+def test_a_field_of_the_wrong_type_is_refused_by_name(tmp_path: Path, cluster: dict[str, Any], user: dict[str, Any],
+                                                      words: str) -> None:
+    """kubectl decodes a kubeconfig into typed fields and refuses a string where a bool or a list
+    belongs; read loosely, a quoted "false" would turn TLS verification off."""
+    path = write(tmp_path / "config", current="one", contexts={"one": {"cluster": "one", "user": "one"}},
+                 clusters={"one": {"server": "https://x.example", **cluster}}, users={"one": user})
+    with pytest.raises(KubeconfigError, match=f"(cluster|user) 'one' in {tmp_path / 'config'}.*{words}"):
+        resolve(path)
+
+
+def test_real_booleans_and_lists_are_read(tmp_path: Path) -> None:
+    found = resolve(simple(tmp_path / "config", cluster={"insecure-skip-tls-verify": False,
+                                                         "disable-compression": False},
+                           user={"token": "t", "as": "jane", "as-groups": []}))
+    assert (found.insecure, found.disable_compression, found.impersonate) == (False, False, Impersonation("jane"))
+    assert resolve(simple(tmp_path / "config", cluster={"insecure-skip-tls-verify": True})).insecure is True
+
+
 def test_only_the_chosen_contexts_fields_are_judged(tmp_path: Path) -> None:
     path = write(tmp_path / "config", current="good",
                  contexts={"good": {"cluster": "good", "user": "good"}, "odd": {"cluster": "odd", "user": "odd"}},
