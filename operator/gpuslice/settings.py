@@ -45,7 +45,7 @@ class ProcessSettings(Settings):
     """What both long-running processes (controller and agent) are told alike."""
 
     kubeconfig: Path | None = Field(default=None, description=(
-        "Kubeconfig file to use; without one, the pod's ServiceAccount (first, as Kopf's login in the same process),"
+        "Kubeconfig file to use; without one, the pod's ServiceAccount (first: in a pod, a process acts as its own),"
         " then the files $KUBECONFIG lists (merged as kubectl merges them), else ~/.kube/config."))
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description=(
         "Serve Prometheus metrics on this port (/metrics); off when unset."))

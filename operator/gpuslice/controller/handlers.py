@@ -18,7 +18,7 @@ from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
 from gpuslice.controller.changes import Changes
-from gpuslice.controller.login import counted_session
+from gpuslice.controller.login import kopf_session
 from gpuslice.controller.reconcile import Context, reconcile, report_deleting
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import start_context
@@ -117,10 +117,9 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
             await memo.ctx.kube.close()
 
     @kopf.on.login(registry=registry)
-    async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
-        info = kopf.login_with_service_account(**kwargs) if kubeconfig is None else None
-        info = info or kopf.login_with_kubeconfig(**kwargs)
-        return counted_session(info) if info is not None else None
+    async def login(**_: Any) -> kopf.AiohttpSession:
+        """The same identity as gpuslice's own client (controller/login.py says why not Kopf's login)."""
+        return await kopf_session(kubeconfig)
 
     @kopf.index(*POLICY, registry=registry, id="policy_index")
     def policy_index(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:

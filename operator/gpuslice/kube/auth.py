@@ -39,6 +39,10 @@ class Auth(Protocol):
     def client_pair(self) -> tuple[bytes, bytes] | None:
         """A client certificate and key the credential brings (an exec plugin's), else None."""
 
+    def expiry(self) -> float | None:
+        """When the current credential must be fetched again (a Unix time), or None: it is kept
+        until refused (a token file is re-read every minute on its own)."""
+
 
 class StaticAuth:
     def __init__(self, value: str | None) -> None:
@@ -51,6 +55,9 @@ class StaticAuth:
         return False
 
     def client_pair(self) -> tuple[bytes, bytes] | None:
+        return None
+
+    def expiry(self) -> float | None:
         return None
 
 
@@ -182,6 +189,9 @@ class ExecAuth:
     def client_pair(self) -> tuple[bytes, bytes] | None:
         return self.pair
 
+    def expiry(self) -> float | None:
+        return self.expires
+
 
 class OidcAuth:
     """The ``oidc`` auth-provider, read and refreshed by kubernetes_asyncio (the ``cli`` extra)."""
@@ -220,6 +230,9 @@ class OidcAuth:
         return self.value != old
 
     def client_pair(self) -> tuple[bytes, bytes] | None:
+        return None
+
+    def expiry(self) -> float | None:
         return None
 
 

@@ -6,7 +6,7 @@ first file that names a cluster, user or context wins it, and the first that set
 ``current-context`` wins that; a relative path is relative to the file that holds it. Only when
 no file gives anything (none exists, or all are empty) does the CLI fall back to the pod's
 ServiceAccount, as kubectl does. The controller and agent try their pod's ServiceAccount first
-(see :func:`resolve`), as Kopf's login does in the same process.
+(see :func:`resolve`); the controller's Kopf session is built from the same credentials.
 
 Every field of the chosen context, cluster and user is either honoured or refused with a
 message that names it (``kubeconfig_fields``).
@@ -163,7 +163,7 @@ def resolve(explicit: Path | str | None = None, context: str | None = None, *, p
             environ: Mapping[str, str] | None = None, account: Path | None = None) -> Credentials:
     """The credentials to use: ``--kubeconfig``, then $KUBECONFIG, then ~/.kube/config, then the
     pod's ServiceAccount (kubectl's order). ``pod_first``: the pod's ServiceAccount before any
-    kubeconfig but ``explicit`` (the controller's and the agent's order, Kopf's too)."""
+    kubeconfig but ``explicit`` (the controller's and the agent's order)."""
     environ = os.environ if environ is None else environ
     if pod_first and explicit is None and context is None:
         found = in_cluster(environ, account)

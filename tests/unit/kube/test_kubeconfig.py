@@ -15,7 +15,7 @@ from gpuslice.devcluster.pki import CertificateAuthority
 from gpuslice.kube import kubeconfig
 from gpuslice.kube.credentials import Impersonation, KubeconfigError
 from gpuslice.kube.kubeconfig import resolve
-from gpuslice.kube.transport import ssl_context
+from gpuslice.kube.tls import ssl_context
 from tests.unit.kube.loopback import kubeconfig as write
 
 

@@ -334,7 +334,7 @@ async def test_the_client_carries_the_contexts_namespace(ca: CertificateAuthorit
 
 def test_the_default_tls_is_verified() -> None:
     from gpuslice.kube.credentials import Credentials
-    from gpuslice.kube.transport import ssl_context
+    from gpuslice.kube.tls import ssl_context
 
     context = ssl_context(Credentials(server="https://x"))
     assert (context.verify_mode, context.check_hostname) == (ssl.CERT_REQUIRED, True)
