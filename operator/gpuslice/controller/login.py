@@ -13,7 +13,8 @@ Kopf logs in again when a session expires or is refused (401):
 - An exec credential's session expires with it (``expirationTimestamp``, 10 s early), so Kopf
   logs in again in time and gets a session with the new token or client certificate.
 - On every login after the first the credential is fetched anew (an exec plugin run, a token file
-  re-read, an oidc token refreshed) if the one last handed to Kopf is still the current one.
+  re-read, an oidc token refreshed) if the one last handed to Kopf is still the current one
+  (client-go's maybeRefreshCreds).
 - The same credentials give back the same session object: Kopf refuses a login equal to one the
   server already rejected, which it tells by comparing them, and a new session each time would
   never compare equal, so a rejected token would make every watcher log in again without pause.
@@ -30,7 +31,7 @@ from typing import Any
 
 import kopf
 
-from gpuslice.kube.auth import EXPIRY_MARGIN, Auth, auth_for
+from gpuslice.kube.auth import EXPIRY_MARGIN, Auth, Used, auth_for
 from gpuslice.kube.credentials import Credentials
 from gpuslice.kube.kubeconfig import resolve
 from gpuslice.kube.metrics import trace_config
@@ -51,6 +52,7 @@ class KopfLogin:
         self.credentials: Credentials | None = None
         self.auth: Auth | None = None
         self.sessions: dict[tuple[Any, ...], kopf.AiohttpSession] = {}
+        self.handed: Used | None = None  # the credential of the last session handed to Kopf
 
     def _source(self) -> tuple[Credentials, Auth]:
         if self.credentials is None or self.auth is None:
@@ -59,11 +61,11 @@ class KopfLogin:
         return self.credentials, self.auth
 
     async def session(self) -> kopf.AiohttpSession:
-        first = self.auth is None
         credentials, auth = self._source()
-        if not first:
-            await auth.refresh()  # the last session expired or was refused
+        if self.handed is not None:
+            await auth.refresh(self.handed)  # the last session expired or was refused
         value, pair, expiry = await auth.header(), auth.client_pair(), auth.expiry()
+        self.handed = (value, pair)
         key = (value, pair, expiry)
         known = self.sessions.get(key)
         now = time.time()

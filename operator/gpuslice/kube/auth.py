@@ -27,16 +27,20 @@ from gpuslice.kube.credentials import Credentials, ExecPlugin, KubeconfigError
 
 TOKEN_REREAD = 60.0  # seconds: bound ServiceAccount tokens are rotated by the kubelet
 EXPIRY_MARGIN = 10.0  # seconds: fetch a new credential this long before the old one expires
+Pair = tuple[bytes, bytes]
+Used = tuple[str | None, Pair | None]  # the Authorization value and client pair a request was sent with
 
 
 class Auth(Protocol):
     async def header(self) -> str | None:
         """The Authorization header's value, or None to send none."""
 
-    async def refresh(self) -> bool:
-        """After a 401: True when new credentials were got and the request may be tried again."""
+    async def refresh(self, used: Used) -> bool:
+        """After a 401 for a request sent with ``used`` (its Authorization and client pair): fetch
+        a new credential unless another request did since, as client-go's maybeRefreshCreds; True
+        when the current one differs from ``used``, so that the request may be tried again."""
 
-    def client_pair(self) -> tuple[bytes, bytes] | None:
+    def client_pair(self) -> Pair | None:
         """A client certificate and key the credential brings (an exec plugin's), else None."""
 
     def expiry(self) -> float | None:
@@ -51,10 +55,10 @@ class StaticAuth:
     async def header(self) -> str | None:
         return self.value
 
-    async def refresh(self) -> bool:
+    async def refresh(self, used: Used) -> bool:
         return False
 
-    def client_pair(self) -> tuple[bytes, bytes] | None:
+    def client_pair(self) -> Pair | None:
         return None
 
     def expiry(self) -> float | None:
@@ -84,9 +88,9 @@ class TokenFileAuth(StaticAuth):
             self.value = self._read()
         return self.value
 
-    async def refresh(self) -> bool:
-        old, self.value = self.value, self._read()
-        return self.value != old
+    async def refresh(self, used: Used) -> bool:
+        self.value = self._read()
+        return self.value != used[0]
 
 
 def _cluster_info(credentials: Credentials) -> dict[str, Any]:
@@ -123,7 +127,7 @@ class ExecAuth:
     def __init__(self, plugin: ExecPlugin, credentials: Credentials) -> None:
         self.plugin, self.credentials = plugin, credentials
         self.token: str | None = None
-        self.pair: tuple[bytes, bytes] | None = None
+        self.pair: Pair | None = None
         self.expires: float | None = None
         self.fetched = False
         self._lock = asyncio.Lock()
@@ -181,12 +185,16 @@ class ExecAuth:
                 await self.fetch()
         return f"Bearer {self.token}" if self.token else None
 
-    async def refresh(self) -> bool:
-        async with self._lock:
-            await self.fetch()
-        return True
+    def _current(self) -> Used:
+        return (f"Bearer {self.token}" if self.token else None), self.pair
 
-    def client_pair(self) -> tuple[bytes, bytes] | None:
+    async def refresh(self, used: Used) -> bool:
+        async with self._lock:
+            if self._current() == used:  # still the one refused: nobody fetched a new one meanwhile
+                await self.fetch()
+            return self._current() != used
+
+    def client_pair(self) -> Pair | None:
         return self.pair
 
     def expiry(self) -> float | None:
@@ -208,6 +216,7 @@ class OidcAuth:
             "users": [{"name": "u", "user": {"auth-provider": dict(provider)}}],
         })
         self.value: str | None = None
+        self._lock = asyncio.Lock()
 
     async def _load(self) -> str | None:
         from kubernetes_asyncio.client import Configuration
@@ -225,11 +234,13 @@ class OidcAuth:
             self.value = await self._load()
         return self.value
 
-    async def refresh(self) -> bool:
-        old, self.value = self.value, await self._load()
-        return self.value != old
+    async def refresh(self, used: Used) -> bool:
+        async with self._lock:
+            if self.value == used[0]:
+                self.value = await self._load()
+            return self.value != used[0]
 
-    def client_pair(self) -> tuple[bytes, bytes] | None:
+    def client_pair(self) -> Pair | None:
         return None
 
     def expiry(self) -> float | None:

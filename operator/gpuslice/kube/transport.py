@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from gpuslice.kube.auth import Auth, auth_for
+from gpuslice.kube.auth import Auth, Used, auth_for
 from gpuslice.kube.credentials import Credentials, KubeconfigError
 from gpuslice.kube.kubeconfig import resolve
 from gpuslice.kube.session import open_session
@@ -70,9 +70,9 @@ class AiohttpTransport:
         return open_session(self.credentials, self.auth.header, self._pair, agent=user_agent(),
                             environ=self._environ, resolver=self._resolver)
 
-    async def _headers(self, content_type: str, accept: str) -> list[tuple[str, str]]:
-        """The request's own headers, Authorization among them (so that a 401 knows which credential
-        it refused); the session adds impersonation and the rest."""
+    async def _headers(self, content_type: str, accept: str) -> tuple[list[tuple[str, str]], Used]:
+        """The request's own headers, Authorization among them, and the credential they carry (for
+        ``Auth.refresh`` after a 401); the session adds impersonation and the rest."""
         value = await self.auth.header()
         pair = self.auth.client_pair()
         if pair != self._pair:  # an exec plugin's certificate, new or renewed: new connections
@@ -82,7 +82,7 @@ class AiohttpTransport:
         found = [("Content-Type", content_type), ("Accept", accept)]
         if value:
             found.append(("Authorization", value))
-        return found
+        return found, (value, pair)
 
     @staticmethod
     def _params(query: Query) -> list[tuple[str, str]]:
@@ -91,13 +91,13 @@ class AiohttpTransport:
     async def request(self, method: str, path: str, body: Any, query: Query, content_type: str, accept: str,
                       seconds: float) -> Any:
         for retry in (False, True):
-            headers = await self._headers(content_type, accept)  # first: it may replace the session
+            headers, used = await self._headers(content_type, accept)  # first: it may replace the session
             async with self._session.request(
                 method, self.credentials.server + path, data=None if body is None else json.dumps(body),
                 headers=headers, timeout=aiohttp.ClientTimeout(total=seconds), params=self._params(query),
             ) as response:
                 data = await response.read()
-                if response.status == 401 and not retry and await self.auth.refresh():
+                if response.status == 401 and not retry and await self.auth.refresh(used):
                     continue  # an expired plugin credential or rotated token: once more with the new one
                 if response.status >= 400:
                     raise ApiError(response.status, response.reason or "", data, dict(response.headers))
@@ -112,7 +112,7 @@ class AiohttpTransport:
     async def stream(self, path: str, query: Query, connect_timeout: float,
                      read_timeout: float) -> AsyncIterator[AsyncIterator[bytes]]:
         timeout = aiohttp.ClientTimeout(connect=connect_timeout, sock_connect=connect_timeout, sock_read=read_timeout)
-        headers = await self._headers("application/json", "application/json")  # first: it may replace the session
+        headers, _ = await self._headers("application/json", "application/json")  # first: it may replace the session
         async with self._session.get(self.credentials.server + path, headers=headers, timeout=timeout,
                                      params=self._params(query)) as response:
             if response.status >= 400:

@@ -6,6 +6,7 @@ CONNECT proxy on 127.0.0.1 that tunnels names it knows (``apiserver.test``) to t
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
@@ -24,7 +25,7 @@ from gpuslice.kube import useragent
 from gpuslice.kube.client import KubeClient, Unauthorized
 from gpuslice.kube.credentials import KubeconfigError
 from gpuslice.kube.kubeconfig import resolve
-from gpuslice.kube.transport import AiohttpTransport, connect
+from gpuslice.kube.transport import AiohttpTransport, ApiError, connect
 from tests.unit.kube.loopback import (
     ApiServer,
     Check,
@@ -268,6 +269,41 @@ async def test_exec_plugin_runs_again_when_its_token_expires_or_is_refused(
     api.seen.clear()
     await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}", user=exec_user(plugin, args=[soon])), times=2)
     assert [s.one("Authorization") for s in api.seen] == ["Bearer t3", "Bearer t4"]  # expiring: fetched anew
+
+
+def counting_plugin(directory: Path, token: str = "t{n}") -> Path:
+    """An exec plugin that counts its runs in ``calls``; its token is ``token`` with n the run."""
+    calls = directory / "calls"
+    calls.write_text("0")
+    return write_plugin(directory / "plugin", f"n = int(open({str(calls)!r}).read()) + 1\n"
+                        f"open({str(calls)!r}, 'w').write(str(n))\n"
+                        f"say({{'token': f{token!r}}})\n")
+
+
+async def test_concurrent_401s_run_the_plugin_once(ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
+    """client-go's maybeRefreshCreds: a refused credential is fetched anew only if it is still the
+    current one; the requests refused with it at the same time retry with the one already fetched."""
+    plugin = counting_plugin(tmp_path)
+    api = await serve(check=lambda seen: 401 if seen.one("Authorization") == "Bearer t1" else None)
+    transport = AiohttpTransport(resolve(config(tmp_path, ca, f"https://127.0.0.1:{api.port}",
+                                                user=exec_user(plugin)), environ={}), environ={})
+    try:
+        await asyncio.gather(*(transport.request("GET", "/api/v1/namespaces", None, {}, "application/json",
+                                                 "application/json", 10) for _ in range(4)))
+    finally:
+        await transport.close()
+    assert (tmp_path / "calls").read_text() == "2"  # once, then once after the 401s (not four times)
+    assert sorted(s.one("Authorization") or "" for s in api.seen) == ["Bearer t1"] * 4 + ["Bearer t2"] * 4
+
+
+async def test_a_plugin_that_gives_the_refused_token_again_is_not_retried(
+        ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
+    plugin = counting_plugin(tmp_path, token="same")
+    api = await serve(check=lambda seen: 401)
+    with pytest.raises(ApiError, match="401"):
+        await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}", user=exec_user(plugin)))
+    assert len(api.seen) == 1  # the same token would be refused again
+    assert (tmp_path / "calls").read_text() == "2"
 
 
 async def test_exec_plugin_client_certificate(ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
