@@ -8,7 +8,8 @@
   ``KUBERNETES_EXEC_INFO`` carries the cluster when ``provideClusterInfo`` asks; its credential is
   kept until its ``expirationTimestamp`` and fetched again after a 401.
 - The ``oidc`` auth-provider: kubernetes_asyncio (the ``cli`` extra) reads and refreshes its token,
-  imported only then. gcp and azure, removed from client-go, are refused in ``kubeconfig``.
+  imported only then; a refreshed token is written back to its kubeconfig (``persist``). gcp and
+  azure, removed from client-go, are refused in ``kubeconfig_fields``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuslice.kube.credentials import Credentials, ExecPlugin, KubeconfigError
+from gpuslice.kube.persist import persist_auth_provider
 
 TOKEN_REREAD = 60.0  # seconds: bound ServiceAccount tokens are rotated by the kubelet
 EXPIRY_MARGIN = 10.0  # seconds: fetch a new credential this long before the old one expires
@@ -210,11 +212,17 @@ class OidcAuth:
         except ImportError:
             raise KubeconfigError(f"{credentials.source} uses the oidc auth-provider, which gpuslice reads through"
                                   " kubernetes-asyncio, not installed here: pip install 'gpuslice[cli]'") from None
+        origin = credentials.user_origin
+
+        def persist(config: dict[str, Any]) -> None:  # called by the loader after each refresh
+            if origin is not None:
+                persist_auth_provider(*origin, config["users"][0]["user"]["auth-provider"]["config"])
+
         self.loader = KubeConfigLoader(config_dict={
             "current-context": "c", "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
             "clusters": [{"name": "k", "cluster": {"server": credentials.server}}],
             "users": [{"name": "u", "user": {"auth-provider": dict(provider)}}],
-        })
+        }, config_persister=persist)
         self.value: str | None = None
         self._lock = asyncio.Lock()
 

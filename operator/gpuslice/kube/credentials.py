@@ -76,3 +76,4 @@ class Credentials:
     cluster_extension: Any = field(default=None, hash=False, compare=False)  # for provideClusterInfo
     namespace: str = "default"
     source: str = ""  # "context C of FILE" or "the pod's ServiceAccount", for messages
+    user_origin: tuple[Path, str] | None = None  # the file that defines the user, and its name

@@ -140,7 +140,9 @@ def select(config: Kubeconfig, context: str | None) -> Credentials:
     user = user_fields(config.users[user_name], f"user {user_name!r} in {config.origin[('users', user_name)]}") \
         if user_name else {}
     return Credentials(namespace=text(ctx, "namespace", where) or "default",
-                       source=f"context {name!r} of {config.describe()}", **cluster, **user)
+                       source=f"context {name!r} of {config.describe()}",
+                       user_origin=(config.origin[("users", user_name)], user_name) if user_name else None,
+                       **cluster, **user)
 
 
 def in_cluster(environ: Mapping[str, str] | None = None, account: Path | None = None) -> Credentials | None:

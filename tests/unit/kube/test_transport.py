@@ -18,6 +18,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
+from aiohttp import web
 
 from gpuslice import __version__
 from gpuslice.devcluster.pki import CertificateAuthority
@@ -353,6 +355,61 @@ async def test_oidc_auth_provider_token(ca: CertificateAuthority, serve: Serve, 
     await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}", user={"auth-provider": {
         "name": "oidc", "config": {"id-token": token, "client-id": "k8s", "idp-issuer-url": "https://idp.example"}}}))
     assert api.seen[0].one("Authorization") == f"Bearer {token}"
+
+
+async def test_a_refreshed_oidc_token_is_written_back_to_the_file_that_holds_the_user(
+        ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
+    """As client-go's persister: the user entry of the file that defines it, and nothing else of
+    that file or the other files, changes; the refresh token the provider rotated is kept."""
+    fresh = _jwt({"sub": "jane", "exp": int(time.time()) + 3600})
+    asked: list[str] = []
+
+    async def discovery(request: web.Request) -> web.Response:
+        return web.json_response({"token_endpoint": f"http://127.0.0.1:{request.url.port}/token"})
+
+    async def token(request: web.Request) -> web.Response:
+        asked.append((await request.post())["refresh_token"])  # type: ignore[arg-type]
+        return web.json_response({"id_token": fresh, "refresh_token": "r2"})
+
+    app = web.Application()
+    app.router.add_get("/.well-known/openid-configuration", discovery)
+    app.router.add_post("/token", token)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    issuer = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        api = await serve()
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        (tmp_path / "b" / "ca.crt").write_bytes(ca.pair.cert_pem)
+        first = kubeconfig(tmp_path / "a" / "config", current="ctx", contexts={"ctx": {"cluster": "c", "user": "jane"}},
+                           clusters={}, users={})
+        provider = {"name": "oidc", "config": {
+            "id-token": _jwt({"sub": "jane", "exp": int(time.time()) - 60}), "refresh-token": "r1",
+            "client-id": "k8s", "client-secret": "s", "idp-issuer-url": issuer}}
+        second = kubeconfig(tmp_path / "b" / "config", contexts={},
+                            clusters={"c": {"server": f"https://127.0.0.1:{api.port}", "certificate-authority": "ca.crt"}},
+                            users={"jane": {"auth-provider": provider}, "other": {"token": "t"}})
+        second.chmod(0o600)
+        before_first = first.read_text()
+        transport = AiohttpTransport(resolve(environ={"KUBECONFIG": f"{first}:{second}"}), environ={})
+        try:
+            await transport.request("GET", "/api/v1/namespaces", None, {}, "application/json", "application/json", 10)
+        finally:
+            await transport.close()
+    finally:
+        await runner.cleanup()
+    assert asked == ["r1"]
+    assert api.seen[0].one("Authorization") == f"Bearer {fresh}"
+    written = yaml.safe_load(second.read_text())
+    users = {u["name"]: u["user"] for u in written["users"]}
+    assert users["jane"]["auth-provider"]["config"] == {**provider["config"], "id-token": fresh, "refresh-token": "r2"}
+    assert users["other"] == {"token": "t"}
+    assert written["clusters"][0]["cluster"]["certificate-authority"] == "ca.crt"  # still relative
+    assert first.read_text() == before_first
+    assert second.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["ca.crt", "config"]  # no lock left behind
 
 
 # --- through KubeClient: the namespace, and a 401 as a typed error --------------------------------------------
