@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime
 import json
 import os
@@ -29,6 +30,10 @@ from gpuslice.kube.persist import persist_auth_provider
 
 TOKEN_REREAD = 60.0  # seconds: bound ServiceAccount tokens are rotated by the kubelet
 EXPIRY_MARGIN = 10.0  # seconds: fetch a new credential this long before the old one expires
+# seconds a plugin may take when no terminal can answer it (a controller's, a script's); longer than
+# the browser logins of kubelogin (180 s), so only one that hangs is stopped. client-go waits for
+# ever; a hung plugin would then stall every request, which wait for its lock.
+EXEC_TIMEOUT = 300.0
 Pair = tuple[bytes, bytes]
 Used = tuple[str | None, Pair | None]  # the Authorization value and client pair a request was sent with
 
@@ -157,7 +162,18 @@ class ExecAuth:
             hint = f"\n\n{plugin.install_hint}" if plugin.install_hint else ""
             raise KubeconfigError(f"exec plugin {plugin.command} of {where} could not be run"
                                   f" ({error.strerror or error}){hint}") from None
-        out, _ = await process.communicate()
+        try:
+            out, _ = await asyncio.wait_for(process.communicate(), None if interactive else EXEC_TIMEOUT)
+        except TimeoutError:
+            raise KubeconfigError(
+                f"exec plugin {plugin.command} of {where} gave no credential within {EXEC_TIMEOUT:g} s and was"
+                " stopped (standard input is not a terminal, so it cannot be waiting for an answer there); run it"
+                " by hand to see what it waits for") from None
+        finally:
+            if process.returncode is None:  # timed out, or the request was cancelled: the plugin goes too
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
         if process.returncode:
             raise KubeconfigError(f"exec plugin {plugin.command} of {where} failed (exit status"
                                   f" {process.returncode}); what it printed is above")

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import re
+import signal
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -23,7 +25,7 @@ from aiohttp import web
 
 from gpuslice import __version__
 from gpuslice.devcluster.pki import CertificateAuthority
-from gpuslice.kube import useragent
+from gpuslice.kube import auth, useragent
 from gpuslice.kube.client import KubeClient, Unauthorized
 from gpuslice.kube.credentials import KubeconfigError
 from gpuslice.kube.kubeconfig import resolve
@@ -330,6 +332,48 @@ async def test_exec_plugin_failures_are_named(ca: CertificateAuthority, tmp_path
     plugin = write_plugin(tmp_path / "plugin", body + "\n")
     with pytest.raises(KubeconfigError, match=f"exec plugin {re.escape(str(plugin))} of user 'u' in .* {words}"):
         await connect(config(tmp_path, ca, "https://127.0.0.1:1", user=exec_user(plugin)), pod_first=False)
+
+
+def hanging_plugin(directory: Path) -> tuple[Path, Path]:
+    """A plugin that writes its pid and then waits for ever (a login nobody answers)."""
+    pid = directory / "pid"
+    return write_plugin(directory / "plugin", f"open({str(pid)!r}, 'w').write(str(os.getpid()))\n"
+                        "import time\ntime.sleep(3600)\n"), pid
+
+
+def gone(pid_file: Path) -> bool:
+    pid = int(pid_file.read_text())
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    os.kill(pid, signal.SIGKILL)  # a failing run of this test leaves nothing behind
+    return False
+
+
+async def test_a_plugin_that_never_answers_is_stopped_and_named(ca: CertificateAuthority, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(auth, "EXEC_TIMEOUT", 0.5)
+    plugin, pid = hanging_plugin(tmp_path)
+    with pytest.raises(KubeconfigError, match=rf"exec plugin {re.escape(str(plugin))} of user 'u' in .* gave no"
+                                              r" credential within 0\.5 s and was stopped"):
+        await asyncio.wait_for(connect(config(tmp_path, ca, "https://127.0.0.1:1", user=exec_user(plugin)),
+                                       pod_first=False), 10)
+    assert gone(pid)
+
+
+async def test_a_cancelled_request_stops_its_plugin(ca: CertificateAuthority, tmp_path: Path) -> None:
+    plugin, pid = hanging_plugin(tmp_path)
+    task = asyncio.create_task(connect(config(tmp_path, ca, "https://127.0.0.1:1", user=exec_user(plugin)),
+                                       pod_first=False))
+    for _ in range(200):
+        if pid.exists() and pid.read_text():
+            break
+        await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert gone(pid)
 
 
 async def test_exec_plugin_not_installed_shows_its_install_hint(ca: CertificateAuthority, tmp_path: Path) -> None:
