@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from gpuslice.kube.credentials import Credentials, ExecPlugin, KubeconfigError
 from gpuslice.kube.persist import persist_auth_provider
+from gpuslice.kube.tls import ssl_context
 
 TOKEN_REREAD = 60.0  # seconds: bound ServiceAccount tokens are rotated by the kubelet
 EXPIRY_MARGIN = 10.0  # seconds: fetch a new credential this long before the old one expires
@@ -192,8 +193,11 @@ class ExecAuth:
         if bool(cert) != bool(key):
             raise KubeconfigError(f"exec plugin {plugin.command} of {where} returned a certificate or a key, not"
                                   " both")
-        self.token = str(token) if token else None
-        self.pair = (str(cert).encode(), str(key).encode()) if cert else None
+        pair = (str(cert).encode(), str(key).encode()) if cert else None
+        if pair is not None:  # unusable, it is named here rather than at the first connection
+            ssl_context(self.credentials, pair, f"exec plugin {plugin.command} of {where}: the clientCertificateData"
+                                                " and clientKeyData it returned")
+        self.token, self.pair = (str(token) if token else None), pair
         self.expires = _expiry(status.get("expirationTimestamp"), where)
         self.fetched = True
 

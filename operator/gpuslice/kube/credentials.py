@@ -77,3 +77,5 @@ class Credentials:
     namespace: str = "default"
     source: str = ""  # "context C of FILE" or "the pod's ServiceAccount", for messages
     user_origin: tuple[Path, str] | None = None  # the file that defines the user, and its name
+    ca_origin: str = ""  # "certificate-authority FILE of cluster C in KUBECONFIG", for messages
+    pair_origin: str = ""  # the same for the client certificate and key

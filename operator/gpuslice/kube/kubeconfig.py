@@ -24,6 +24,7 @@ import yaml
 
 from gpuslice.kube.credentials import Credentials, KubeconfigError
 from gpuslice.kube.kubeconfig_fields import CONTEXT_FIELDS, cluster_fields, refuse_unknown, text, user_fields
+from gpuslice.kube.tls import check
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 DEFAULT_KUBECONFIG = "~/.kube/config"
@@ -157,16 +158,23 @@ def in_cluster(environ: Mapping[str, str] | None = None, account: Path | None = 
     if not namespace and (account / "namespace").is_file():
         namespace = (account / "namespace").read_text().strip()
     return Credentials(server=f"https://{host}:{port}", ca_pem=(account / "ca.crt").read_bytes(),
-                       token_file=account / "token", namespace=namespace or "default",
-                       source=f"the pod's ServiceAccount ({account})")
+                       ca_origin=f"the pod's ServiceAccount: {account / 'ca.crt'}", token_file=account / "token",
+                       namespace=namespace or "default", source=f"the pod's ServiceAccount ({account})")
 
 
 def resolve(explicit: Path | str | None = None, context: str | None = None, *, pod_first: bool = False,
             environ: Mapping[str, str] | None = None, account: Path | None = None) -> Credentials:
     """The credentials to use: ``--kubeconfig``, then $KUBECONFIG, then ~/.kube/config, then the
     pod's ServiceAccount (kubectl's order). ``pod_first``: the pod's ServiceAccount before any
-    kubeconfig but ``explicit`` (the controller's and the agent's order)."""
-    environ = os.environ if environ is None else environ
+    kubeconfig but ``explicit`` (the controller's and the agent's order). Their TLS material is
+    checked here, so that a bad CA or key is named before any request."""
+    found = _resolve(explicit, context, pod_first, os.environ if environ is None else environ, account)
+    check(found)
+    return found
+
+
+def _resolve(explicit: Path | str | None, context: str | None, pod_first: bool, environ: Mapping[str, str],
+             account: Path | None) -> Credentials:
     if pod_first and explicit is None and context is None:
         found = in_cluster(environ, account)
         if found is not None:

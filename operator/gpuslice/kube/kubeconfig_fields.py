@@ -81,21 +81,22 @@ def texts(entry: Mapping[str, Any], key: str, where: str, label: str | None = No
     return tuple(value)
 
 
-def _data_or_file(entry: Mapping[str, Any], key: str, where: str) -> bytes | None:
+def _data_or_file(entry: Mapping[str, Any], key: str, where: str) -> tuple[bytes | None, str]:
+    """The bytes of ``KEY-data`` or of the file ``KEY`` names, and which it was (for messages)."""
     data, file = text(entry, f"{key}-data", where), text(entry, key, where)
     if data and file:
         raise KubeconfigError(f"{where}: {key}-data and {key} are both set; keep one (kubectl refuses both)")
     if data:
         try:
-            return base64.b64decode(data, validate=True)
+            return base64.b64decode(data, validate=True), f"{key}-data"
         except (binascii.Error, ValueError):
             raise KubeconfigError(f"{where}: {key}-data is not base64") from None
     if file:
         try:
-            return Path(file).read_bytes()
+            return Path(file).read_bytes(), f"{key} {file}"
         except OSError as error:
             raise KubeconfigError(f"{where}: {key} {file}: {error.strerror or error}") from None
-    return None
+    return None, ""
 
 
 def _proxy(cluster: Mapping[str, Any], where: str) -> str | None:
@@ -177,13 +178,15 @@ def user_fields(user: Mapping[str, Any], where: str) -> dict[str, Any]:
     if len(methods) > 1:
         raise KubeconfigError(f"{where}: more than one way to authenticate ({', '.join(methods)}); keep one"
                               " (kubectl refuses this too)")
-    cert, key = _data_or_file(user, "client-certificate", where), _data_or_file(user, "client-key", where)
+    (cert, cert_field), (key, key_field) = (_data_or_file(user, "client-certificate", where),
+                                            _data_or_file(user, "client-key", where))
     if bool(cert) != bool(key):
         raise KubeconfigError(f"{where}: a client certificate needs its key, and a key its certificate")
     return {
         "token": token or None,
         "token_file": Path(token_file) if token_file else None,
         "basic": (username, password) if "basic" in methods else None, "cert_pem": cert, "key_pem": key,
+        "pair_origin": f"{where}: {cert_field} and {key_field}" if cert else "",
         "impersonate": _impersonation(user, where),
         "exec_plugin": _exec_plugin(user["exec"], where) if user.get("exec") else None,
         "auth_provider": _auth_provider(user["auth-provider"], where) if user.get("auth-provider") else None,
@@ -196,13 +199,13 @@ def cluster_fields(cluster: Mapping[str, Any], where: str) -> dict[str, Any]:
     server = text(cluster, "server", where)
     if not server:
         raise KubeconfigError(f"{where} has no server")
-    ca = _data_or_file(cluster, "certificate-authority", where)
+    ca, ca_field = _data_or_file(cluster, "certificate-authority", where)
     insecure = flag(cluster, "insecure-skip-tls-verify", where)
     if insecure and ca:
         raise KubeconfigError(f"{where}: insecure-skip-tls-verify with a certificate authority; keep one (kubectl"
                               " refuses both)")
     return {
-        "server": server.rstrip("/"), "ca_pem": ca, "insecure": insecure,
+        "server": server.rstrip("/"), "ca_pem": ca, "ca_origin": f"{where}: {ca_field}", "insecure": insecure,
         "tls_server_name": text(cluster, "tls-server-name", where) or None,
         "proxy_url": _proxy(cluster, where), "disable_compression": flag(cluster, "disable-compression", where),
         "cluster_extension": next((e.get("extension") for e in cluster.get("extensions") or []

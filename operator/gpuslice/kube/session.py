@@ -58,7 +58,7 @@ def open_session(credentials: Credentials, header: Header, pair: tuple[bytes, by
     over the kubeconfig's. ``limit=0`` for Kopf's (unlimited connections, as Kopf's own)."""
     proxy = proxy_for(credentials.server, credentials.proxy_url, os.environ if environ is None else environ)
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(ssl=ssl_context(credentials, *(pair or (None, None))), resolver=resolver,
-                                       limit=limit),
+        connector=aiohttp.TCPConnector(ssl=ssl_context(credentials, pair, "the exec plugin's client certificate"),
+                                       resolver=resolver, limit=limit),
         headers={"User-Agent": agent}, proxy=proxy, middlewares=(identity_middleware(credentials, header),),
         trace_configs=list(trace_configs) or None)

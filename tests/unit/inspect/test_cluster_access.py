@@ -135,3 +135,14 @@ async def test_a_refused_field_is_named(ca: CertificateAuthority, tmp_path: Path
     rc, _, err = await run("status", "--kubeconfig", str(path), home=tmp_path)
     assert rc == 1
     assert "as-uid, as-groups or as-user-extra without as" in err
+
+
+async def test_bad_tls_material_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    path = kubeconfig(tmp_path / "config", current="c", contexts={"c": {"cluster": "c", "user": "u"}},
+                      clusters={"c": {"server": "https://127.0.0.1:1", "certificate-authority-data": "AAAA"}},
+                      users={"u": {"token": "t"}})
+    for command in (["status"], ["controller"]):
+        rc, _, err = await run(*command, "--kubeconfig", str(path), home=tmp_path)
+        assert rc == 1, err
+        assert "certificate-authority-data: not PEM" in err
+        assert "Traceback" not in err

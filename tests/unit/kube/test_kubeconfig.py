@@ -181,6 +181,52 @@ def test_client_certificates_and_ca_from_data_or_files(tmp_path: Path) -> None:
     assert context.verify_mode.name == "CERT_REQUIRED"
 
 
+def _encrypted(pem: bytes) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(pem, None)
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.BestAvailableEncryption(b"pass-phrase"))
+
+
+def _der(pem: bytes) -> bytes:
+    import ssl
+
+    return ssl.PEM_cert_to_DER_cert(pem.decode())
+
+
+@pytest.mark.parametrize(("cluster", "user", "words"), [
+    # kubectl reads PEM only; the ssl module took DER for a str and failed with UnicodeDecodeError
+    (lambda ca, d: {"certificate-authority-data": base64.b64encode(_der(ca.pair.cert_pem)).decode()}, None,
+     r"cluster 'one' in .*: certificate-authority-data: not PEM"),
+    (lambda ca, d: {"certificate-authority": str(d / "der.crt")}, None,
+     r"cluster 'one' in .*: certificate-authority .*der\.crt: not PEM"),
+    (lambda ca, d: {"certificate-authority-data": base64.b64encode(b"-----BEGIN CERTIFICATE-----\nAAAA\n"
+                                                                   b"-----END CERTIFICATE-----\n").decode()}, None,
+     r"certificate-authority-data: no certificate authority could be read from it"),
+    (None, lambda client, d: {"client-certificate-data": base64.b64encode(client.cert_pem).decode(),
+                              "client-key": str(d / "encrypted.key")},
+     r"user 'one' in .*: client-certificate-data and client-key .*encrypted\.key: the key is encrypted with a"
+     " pass-phrase"),
+    (None, lambda client, d: {"client-certificate-data": base64.b64encode(client.cert_pem).decode(),
+                              "client-key-data": base64.b64encode(CertificateAuthority.create().pair.key_pem).decode()},
+     r"user 'one' in .*: client-certificate-data and client-key-data: the client certificate and key could not be"
+     " loaded"),
+])
+def test_bad_tls_material_is_named_with_its_field_and_file(tmp_path: Path, cluster: Any, user: Any,
+                                                            words: str) -> None:
+    """Refused while the kubeconfig is read, so ``gpuslice controller`` says so and exits rather
+    than print an ssl traceback, and OpenSSL never asks for a pass-phrase on the terminal."""
+    ca = CertificateAuthority.create()
+    client = ca.issue_client("someone")
+    (tmp_path / "der.crt").write_bytes(_der(ca.pair.cert_pem))
+    (tmp_path / "encrypted.key").write_bytes(_encrypted(client.key_pem))
+    path = simple(tmp_path / "config", cluster=cluster(ca, tmp_path) if cluster else None,
+                  user=user(client, tmp_path) if user else None)
+    with pytest.raises(KubeconfigError, match=words):
+        resolve(path)
+
+
 def test_every_supported_field_is_read(tmp_path: Path) -> None:
     found = resolve(simple(tmp_path / "config", cluster={
         "tls-server-name": "api.internal", "proxy-url": "http://proxy:3128", "disable-compression": True,
@@ -293,3 +339,17 @@ def test_the_agent_does_not_import_kubernetes_asyncio() -> None:
     code = "import sys, gpuslice.agent.run, gpuslice.kube.transport; print('kubernetes_asyncio' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+def test_an_encrypted_key_never_makes_openssl_ask_for_a_pass_phrase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the PEM markers (a format they miss), OpenSSL's own prompt is answered by a callback that
+    refuses: a controller must not block on a terminal, nor a person be asked by surprise."""
+    from gpuslice.kube import tls
+    from gpuslice.kube.credentials import Credentials
+
+    monkeypatch.setattr(tls, "ENCRYPTED", ())
+    client = CertificateAuthority.create().issue_client("someone")
+    credentials = Credentials(server="https://x", cert_pem=client.cert_pem, key_pem=_encrypted(client.key_pem),
+                              pair_origin="user 'u' in FILE: client-key KEY")
+    with pytest.raises(KubeconfigError, match="user 'u' in FILE: client-key KEY: the key is encrypted"):
+        ssl_context(credentials)
