@@ -10,6 +10,7 @@ from typing import Any, ClassVar, TypeVar
 
 import click
 import pydantic
+from click.core import ParameterSource
 
 from gpuslice import __version__
 from gpuslice.agent.settings import AgentSettings
@@ -153,7 +154,8 @@ def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, .
 
         cluster_plan(ClusterAccess(kubeconfig=kubeconfig, context=context), [Path(f) for f in files], output)
         return
-    if context is not None:
+    # Given on the command line it would do nothing; exported (GPUSLICE_CONTEXT) it is for the other commands.
+    if click.get_current_context().get_parameter_source("context") is ParameterSource.COMMANDLINE:
         raise click.UsageError("--context is for a plan against a cluster (--cluster).")
     from gpuslice.preview import PlanError, preview
 

@@ -146,3 +146,20 @@ async def test_bad_tls_material_is_one_line_not_a_traceback(tmp_path: Path) -> N
         assert rc == 1, err
         assert "certificate-authority-data: not PEM" in err
         assert "Traceback" not in err
+
+
+def test_an_exported_context_does_not_break_an_offline_plan(tmp_path: Path) -> None:
+    """GPUSLICE_CONTEXT exported for status and why must not make ``gpuslice plan -f`` (no cluster)
+    fail; only --context given on the command line, where it does nothing, is a usage error."""
+    from click.testing import CliRunner
+
+    from gpuslice.cli import main
+
+    policy = Path(__file__).resolve().parents[3] / "examples" / "policies" / "inference-memory.yaml"
+    runner = CliRunner()
+    done = runner.invoke(main, ["plan", "-f", str(policy)], env={"GPUSLICE_CONTEXT": "prod"})
+    assert done.exit_code == 0, done.output
+    assert "ResourceSlice" in done.output
+    refused = runner.invoke(main, ["plan", "-f", str(policy), "--context", "prod"])
+    assert refused.exit_code == 2
+    assert "--context is for a plan against a cluster" in refused.output
