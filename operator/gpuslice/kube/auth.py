@@ -276,13 +276,18 @@ class OidcAuth:
 
 
 def auth_for(credentials: Credentials) -> Auth:
-    if credentials.exec_plugin is not None:
-        return ExecAuth(credentials.exec_plugin, credentials)
-    if credentials.auth_provider is not None:
-        return OidcAuth(credentials.auth_provider, credentials)
+    """client-go's precedence: a token (or token file), else basic credentials, set the header; an exec
+    plugin only when there is neither and no client certificate (exec.go's UpdateTransportConfig steps
+    aside, so it is never run); the oidc auth-provider only when no header is set yet."""
     if credentials.token_file is not None:
         return TokenFileAuth(credentials.token_file, credentials.token)
+    if credentials.token is not None:
+        return StaticAuth(f"Bearer {credentials.token}")
     if credentials.basic is not None:
         user, password = credentials.basic
         return StaticAuth("Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
-    return StaticAuth(f"Bearer {credentials.token}" if credentials.token else None)
+    if credentials.exec_plugin is not None and credentials.cert_pem is None:
+        return ExecAuth(credentials.exec_plugin, credentials)
+    if credentials.auth_provider is not None:
+        return OidcAuth(credentials.auth_provider, credentials)
+    return StaticAuth(None)

@@ -172,12 +172,13 @@ def user_fields(user: Mapping[str, Any], where: str) -> dict[str, Any]:
     refuse_unknown(user, USER_FIELDS, where)
     token, token_file = text(user, "token", where), text(user, "tokenFile", where)
     username, password = text(user, "username", where), text(user, "password", where)
-    methods = [m for m, present in (("token", token or token_file), ("basic", username or password),
-                                    ("exec", user.get("exec")), ("auth-provider", user.get("auth-provider")))
-               if present]
-    if len(methods) > 1:
-        raise KubeconfigError(f"{where}: more than one way to authenticate ({', '.join(methods)}); keep one"
-                              " (kubectl refuses this too)")
+    # The pairs client-go refuses (clientcmd's validateAuthInfo, transport's HTTPWrappersForConfig,
+    # rest's TransportConfig); for the rest its precedence holds (auth.auth_for).
+    if (token or token_file) and (username or password):
+        raise KubeconfigError(f"{where}: a token and a username or password are both set; keep one (kubectl refuses"
+                              " both)")
+    if user.get("exec") and user.get("auth-provider"):
+        raise KubeconfigError(f"{where}: exec and auth-provider are both set; keep one (kubectl refuses both)")
     (cert, cert_field), (key, key_field) = (_data_or_file(user, "client-certificate", where),
                                             _data_or_file(user, "client-key", where))
     if bool(cert) != bool(key):
@@ -185,7 +186,7 @@ def user_fields(user: Mapping[str, Any], where: str) -> dict[str, Any]:
     return {
         "token": token or None,
         "token_file": Path(token_file) if token_file else None,
-        "basic": (username, password) if "basic" in methods else None, "cert_pem": cert, "key_pem": key,
+        "basic": (username, password) if username or password else None, "cert_pem": cert, "key_pem": key,
         "pair_origin": f"{where}: {cert_field} and {key_field}" if cert else "",
         "impersonate": _impersonation(user, where),
         "exec_plugin": _exec_plugin(user["exec"], where) if user.get("exec") else None,

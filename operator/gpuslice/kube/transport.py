@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from gpuslice.kube.auth import Auth, Used, auth_for
+from gpuslice.kube.auth import Auth, ExecAuth, Used, auth_for
 from gpuslice.kube.credentials import Credentials, KubeconfigError
 from gpuslice.kube.kubeconfig import resolve
 from gpuslice.kube.session import open_session
@@ -144,7 +144,7 @@ async def connect(path: Path | str | None = None, context: str | None = None, *,
         raise KubeconfigError(f"kubeconfig {path or '$KUBECONFIG'}: {error.strerror or error}"
                               f" ({error.filename or path})") from None
     transport = AiohttpTransport(credentials)
-    if credentials.exec_plugin is not None:
+    if isinstance(transport.auth, ExecAuth):
         try:
             await transport._headers("application/json", "application/json")  # run the plugin now: say it fails
         except BaseException:

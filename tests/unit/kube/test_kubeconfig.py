@@ -250,7 +250,11 @@ def test_every_supported_field_is_read(tmp_path: Path) -> None:
     ({}, {"auth-provider": {"name": "gcp"}}, {}, "the gcp auth-provider was removed from kubectl and client-go; use"
                                                  ' the "gke-gcloud-auth-plugin"'),
     ({}, {"auth-provider": {"name": "azure"}}, {}, "azure auth-provider was removed"),
-    ({}, {"token": "t", "username": "u", "password": "p"}, {}, r"more than one way to authenticate \(token, basic\)"),
+    ({}, {"token": "t", "username": "u", "password": "p"}, {}, "a token and a username or password are both set"),
+    ({}, {"tokenFile": "t", "username": "u"}, {}, "a token and a username or password are both set"),
+    ({}, {"auth-provider": {"name": "oidc"}, "exec": {"command": "x", "apiVersion": "client.authentication.k8s.io/v1",
+                                                     "interactiveMode": "Never"}}, {},
+     "exec and auth-provider are both set"),
     ({}, {"exec": {"command": "x", "apiVersion": "client.authentication.k8s.io/v1"}}, {},
      "interactiveMode '': use Never, IfAvailable or Always"),
     ({}, {"exec": {"command": "x", "apiVersion": "client.authentication.k8s.io/v1alpha1"}}, {},

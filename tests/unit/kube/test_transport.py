@@ -376,6 +376,43 @@ async def test_a_cancelled_request_stops_its_plugin(ca: CertificateAuthority, tm
     assert gone(pid)
 
 
+@pytest.mark.parametrize("user", [
+    {"token": "static"},
+    {"tokenFile": "TOKEN_FILE"},
+    {"username": "jane", "password": "pw"},
+    {"client-certificate-data": "CERT", "client-key-data": "KEY"},
+])
+async def test_a_kubeconfig_credential_wins_over_an_exec_plugin_which_is_not_run(
+        ca: CertificateAuthority, serve: Serve, tmp_path: Path, user: dict[str, str]) -> None:
+    """client-go's exec authenticator steps aside when the user has a token, a token file, basic
+    credentials or a client certificate (exec.go UpdateTransportConfig); kubectl does not refuse it."""
+    api = await serve(require_client_cert="CERT" in user.values())
+    (tmp_path / "token").write_text("static\n")
+    pair = ca.issue_client("from-kubeconfig")
+    values = {"TOKEN_FILE": str(tmp_path / "token"), "CERT": base64.b64encode(pair.cert_pem).decode(),
+              "KEY": base64.b64encode(pair.key_pem).decode()}
+    plugin = counting_plugin(tmp_path)
+    await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}",
+                     user={**{k: values.get(v, v) for k, v in user.items()}, **exec_user(plugin)}))
+    assert (tmp_path / "calls").read_text() == "0"  # never run
+    (seen,) = api.seen
+    assert seen.one("Authorization") != "Bearer t1"
+    if "username" in user:
+        assert seen.one("Authorization") == f"Basic {base64.b64encode(b'jane:pw').decode()}"
+    elif "CERT" in user.values():
+        assert (seen.client_cn, seen.one("Authorization")) == ("from-kubeconfig", None)
+    else:
+        assert seen.one("Authorization") == "Bearer static"
+
+
+async def test_a_token_wins_over_the_oidc_auth_provider(ca: CertificateAuthority, serve: Serve,
+                                                        tmp_path: Path) -> None:
+    api = await serve()
+    await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}", user={"token": "static", "auth-provider": {
+        "name": "oidc", "config": {"id-token": "not-a-jwt", "client-id": "k8s", "idp-issuer-url": "https://idp"}}}))
+    assert api.seen[0].one("Authorization") == "Bearer static"
+
+
 async def test_exec_plugin_not_installed_shows_its_install_hint(ca: CertificateAuthority, tmp_path: Path) -> None:
     path = config(tmp_path, ca, "https://127.0.0.1:1", user={"exec": {
         "apiVersion": "client.authentication.k8s.io/v1beta1", "command": "gpuslice-test-no-such-plugin",
