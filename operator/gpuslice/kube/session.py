@@ -24,7 +24,9 @@ from gpuslice.kube.tls import ssl_context
 Header = Callable[[], Awaitable[str | None]]
 
 
-def identity_middleware(credentials: Credentials, header: Header) -> aiohttp.ClientMiddlewareType:
+def identity_middleware(credentials: Credentials, header: Header | None) -> aiohttp.ClientMiddlewareType:
+    """``header``: where the Authorization of a request that brings none comes from (Kopf's); None
+    when every request brings its own (gpuslice's transport, which must know what it sent)."""
     origin = URL(credentials.server).origin()
     fixed = list(credentials.impersonate.headers()) if credentials.impersonate else []
     if credentials.disable_compression:
@@ -37,7 +39,7 @@ def identity_middleware(credentials: Credentials, header: Header) -> aiohttp.Cli
                     request.headers[name] = value
                 else:
                     request.headers.add(name, value)
-            if "Authorization" not in request.headers:
+            if header is not None and "Authorization" not in request.headers:
                 try:
                     authorization = await header()
                 except KubeconfigError as error:  # a token file gone, a plugin failing: retried, as a network fault
@@ -51,7 +53,7 @@ def identity_middleware(credentials: Credentials, header: Header) -> aiohttp.Cli
     return middleware
 
 
-def open_session(credentials: Credentials, header: Header, pair: tuple[bytes, bytes] | None, *, agent: str,
+def open_session(credentials: Credentials, header: Header | None, pair: tuple[bytes, bytes] | None, *, agent: str,
                  environ: Mapping[str, str] | None = None, resolver: aiohttp.abc.AbstractResolver | None = None,
                  trace_configs: Sequence[aiohttp.TraceConfig] = (), limit: int = 100) -> aiohttp.ClientSession:
     """A session to ``credentials.server``. ``pair``: an exec plugin's client certificate and key,

@@ -14,6 +14,7 @@ not lightkube or kr8s, measured on the same cases.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -60,14 +61,14 @@ class AiohttpTransport:
         self._environ, self._resolver = environ, resolver
         self._pair: tuple[bytes, bytes] | None = None
         self._session = self._new_session()
-        self._stale: list[aiohttp.ClientSession] = []
+        self._busy: Counter[aiohttp.ClientSession] = Counter()  # requests running on each session
 
     @property
     def namespace(self) -> str:
         return self.credentials.namespace
 
     def _new_session(self) -> aiohttp.ClientSession:
-        return open_session(self.credentials, self.auth.header, self._pair, agent=user_agent(),
+        return open_session(self.credentials, None, self._pair, agent=user_agent(),
                             environ=self._environ, resolver=self._resolver)
 
     async def _headers(self, content_type: str, accept: str) -> tuple[list[tuple[str, str]], Used]:
@@ -76,13 +77,32 @@ class AiohttpTransport:
         value = await self.auth.header()
         pair = self.auth.client_pair()
         if pair != self._pair:  # an exec plugin's certificate, new or renewed: new connections
-            self._pair = pair
-            self._stale.append(self._session)
+            old, self._pair = self._session, pair
             self._session = self._new_session()
+            if not self._busy[old]:  # else its last request closes it (_using)
+                await old.close()
         found = [("Content-Type", content_type), ("Accept", accept)]
         if value:
             found.append(("Authorization", value))
         return found, (value, pair)
+
+    @asynccontextmanager
+    async def _using(self, content_type: str, accept: str) -> AsyncIterator[tuple[aiohttp.ClientSession,
+                                                                                   list[tuple[str, str]], Used]]:
+        """The session a request runs on, with its headers; a session replaced meanwhile (a renewed
+        client certificate) is closed when its last request ends, as client-go closes the
+        connections of a rotated certificate, rather than kept until the transport closes."""
+        headers, used = await self._headers(content_type, accept)  # first: it may replace the session
+        session = self._session
+        self._busy[session] += 1
+        try:
+            yield session, headers, used
+        finally:
+            self._busy[session] -= 1
+            if not self._busy[session]:
+                del self._busy[session]
+                if session is not self._session:
+                    await session.close()
 
     @staticmethod
     def _params(query: Query) -> list[tuple[str, str]]:
@@ -91,8 +111,7 @@ class AiohttpTransport:
     async def request(self, method: str, path: str, body: Any, query: Query, content_type: str, accept: str,
                       seconds: float) -> Any:
         for retry in (False, True):
-            headers, used = await self._headers(content_type, accept)  # first: it may replace the session
-            async with self._session.request(
+            async with self._using(content_type, accept) as (session, headers, used), session.request(
                 method, self.credentials.server + path, data=None if body is None else json.dumps(body),
                 headers=headers, timeout=aiohttp.ClientTimeout(total=seconds), params=self._params(query),
             ) as response:
@@ -112,15 +131,15 @@ class AiohttpTransport:
     async def stream(self, path: str, query: Query, connect_timeout: float,
                      read_timeout: float) -> AsyncIterator[AsyncIterator[bytes]]:
         timeout = aiohttp.ClientTimeout(connect=connect_timeout, sock_connect=connect_timeout, sock_read=read_timeout)
-        headers, _ = await self._headers("application/json", "application/json")  # first: it may replace the session
-        async with self._session.get(self.credentials.server + path, headers=headers, timeout=timeout,
-                                     params=self._params(query)) as response:
+        async with self._using("application/json", "application/json") as (session, headers, _), session.get(
+                self.credentials.server + path, headers=headers, timeout=timeout, params=self._params(query),
+        ) as response:
             if response.status >= 400:
                 raise ApiError(response.status, response.reason or "", await response.read())
             yield response.content.__aiter__()
 
     async def close(self) -> None:
-        for session in [*self._stale, self._session]:
+        for session in {self._session, *self._busy}:
             await session.close()
 
 

@@ -320,6 +320,37 @@ async def test_exec_plugin_client_certificate(ca: CertificateAuthority, serve: S
     assert [s.client_cn for s in api.seen] == ["from-plugin"]
 
 
+async def test_a_renewed_plugin_certificate_closes_the_old_session_once_its_requests_end(
+        ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
+    """client-go closes the connections of a rotated certificate; the old session is closed as soon
+    as nothing runs on it, not kept until the transport closes."""
+    api = await serve(require_client_cert=True)
+    pairs = [ca.issue_client(f"cert-{n}") for n in (1, 2, 3)]
+    calls = tmp_path / "calls"
+    calls.write_text("0")
+    plugin = write_plugin(tmp_path / "plugin", f"n = int(open({str(calls)!r}).read()) + 1\n"
+                          f"open({str(calls)!r}, 'w').write(str(n))\n"
+                          "say({'clientCertificateData': os.environ[f'CERT{n}'], 'clientKeyData': os.environ[f'KEY{n}'],"
+                          " 'expirationTimestamp': '2000-01-01T00:00:00Z'})\n")  # expired: fetched for each request
+    env = [item for n, pair in enumerate(pairs, 1) for item in (
+        {"name": f"CERT{n}", "value": pair.cert_pem.decode()}, {"name": f"KEY{n}", "value": pair.key_pem.decode()})]
+    transport = AiohttpTransport(resolve(config(tmp_path, ca, f"https://127.0.0.1:{api.port}",
+                                                user=exec_user(plugin, env=env)), environ={}), environ={})
+    try:
+        async with transport.stream("/api/v1/namespaces", {}, 10, 10):
+            first = transport._session
+            await transport.request("GET", "/api/v1/nodes", None, {}, "application/json", "application/json", 10)
+            second = transport._session
+            assert second is not first
+            assert not first.closed  # a stream (a watch) still runs on it
+        assert first.closed
+        await transport.request("GET", "/api/v1/nodes", None, {}, "application/json", "application/json", 10)
+        assert second.closed  # nothing ran on it any more: closed at once
+    finally:
+        await transport.close()
+    assert [s.client_cn for s in api.seen] == ["cert-1", "cert-2", "cert-3"]
+
+
 @pytest.mark.parametrize(("body", "words"), [
     ("sys.exit(3)", r"failed \(exit status 3\)"),
     ("print('not json')", "printed no JSON ExecCredential"),
