@@ -131,12 +131,16 @@ class AiohttpTransport:
     async def stream(self, path: str, query: Query, connect_timeout: float,
                      read_timeout: float) -> AsyncIterator[AsyncIterator[bytes]]:
         timeout = aiohttp.ClientTimeout(connect=connect_timeout, sock_connect=connect_timeout, sock_read=read_timeout)
-        async with self._using("application/json", "application/json") as (session, headers, _), session.get(
-                self.credentials.server + path, headers=headers, timeout=timeout, params=self._params(query),
-        ) as response:
-            if response.status >= 400:
-                raise ApiError(response.status, response.reason or "", await response.read())
-            yield response.content.__aiter__()
+        for retry in (False, True):
+            async with self._using("application/json", "application/json") as (session, headers, used), session.get(
+                    self.credentials.server + path, headers=headers, timeout=timeout, params=self._params(query),
+            ) as response:
+                if response.status == 401 and not retry and await self.auth.refresh(used):
+                    continue  # as request(): once more with the new credential
+                if response.status >= 400:
+                    raise ApiError(response.status, response.reason or "", await response.read())
+                yield response.content.__aiter__()
+                return
 
     async def close(self) -> None:
         for session in {self._session, *self._busy}:

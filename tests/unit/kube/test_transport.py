@@ -300,6 +300,20 @@ async def test_concurrent_401s_run_the_plugin_once(ca: CertificateAuthority, ser
     assert sorted(s.one("Authorization") or "" for s in api.seen) == ["Bearer t1"] * 4 + ["Bearer t2"] * 4
 
 
+async def test_a_watch_refused_with_an_expired_token_opens_again_with_a_new_one(
+        ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
+    plugin = counting_plugin(tmp_path)
+    api = await serve(check=lambda seen: 401 if seen.one("Authorization") == "Bearer t1" else None)
+    transport = AiohttpTransport(resolve(config(tmp_path, ca, f"https://127.0.0.1:{api.port}",
+                                                user=exec_user(plugin)), environ={}), environ={})
+    try:
+        async with transport.stream("/api/v1/namespaces", {"watch": True}, 10, 10) as lines:
+            assert b"List" in b"".join([line async for line in lines])
+    finally:
+        await transport.close()
+    assert [s.one("Authorization") for s in api.seen] == ["Bearer t1", "Bearer t2"]
+
+
 async def test_a_plugin_that_gives_the_refused_token_again_is_not_retried(
         ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
     plugin = counting_plugin(tmp_path, token="same")
