@@ -88,7 +88,8 @@ def _data_or_file(entry: Mapping[str, Any], key: str, where: str) -> tuple[bytes
         raise KubeconfigError(f"{where}: {key}-data and {key} are both set; keep one (kubectl refuses both)")
     if data:
         try:
-            return base64.b64decode(data, validate=True), f"{key}-data"
+            # Go's decoder skips line breaks, and nothing else outside the alphabet.
+            return base64.b64decode(data.replace("\r", "").replace("\n", ""), validate=True), f"{key}-data"
         except (binascii.Error, ValueError):
             raise KubeconfigError(f"{where}: {key}-data is not base64") from None
     if file:

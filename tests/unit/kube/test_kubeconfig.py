@@ -227,6 +227,17 @@ def test_bad_tls_material_is_named_with_its_field_and_file(tmp_path: Path, clust
         resolve(path)
 
 
+def test_base64_data_may_be_wrapped_as_go_reads_it(tmp_path: Path) -> None:
+    """Go's base64 decoder skips line breaks (a CA pasted as wrapped lines) but nothing else."""
+    ca = CertificateAuthority.create()
+    data = base64.b64encode(ca.pair.cert_pem).decode()
+    wrapped = "\r\n".join(data[i:i + 64] for i in range(0, len(data), 64)) + "\n"
+    assert resolve(simple(tmp_path / "config", cluster={"certificate-authority-data": wrapped})).ca_pem == (
+        ca.pair.cert_pem)
+    with pytest.raises(KubeconfigError, match="certificate-authority-data is not base64"):
+        resolve(simple(tmp_path / "config", cluster={"certificate-authority-data": data[:40] + " " + data[40:]}))
+
+
 def test_every_supported_field_is_read(tmp_path: Path) -> None:
     found = resolve(simple(tmp_path / "config", cluster={
         "tls-server-name": "api.internal", "proxy-url": "http://proxy:3128", "disable-compression": True,
