@@ -16,7 +16,14 @@ from typing import Any
 import click
 import yaml
 
-from gpuslice.inspect.snapshot import InspectError, namespace_facts, pending_pods, read_facts, read_snapshot
+from gpuslice.inspect.snapshot import (
+    InspectError,
+    device_classes,
+    namespaces_facts,
+    pending_pods,
+    read_facts,
+    read_snapshot,
+)
 from gpuslice.kube.client import KubeClient
 from gpuslice.kube.credentials import KubeconfigError
 from gpuslice.planning.occupancy import as_json
@@ -116,7 +123,7 @@ async def _diagnose(access: ClusterAccess, target: str | None, namespace: str | 
                     all_namespaces: bool) -> list[Any]:
     """The diagnosis of ``target`` (``NAME`` or ``NAMESPACE/NAME``); without one, of every Pending pod
     that asks for a gpuslice device in ``namespace`` (default: the context's), or everywhere."""
-    from gpuslice.planning.pending import diagnose
+    from gpuslice.planning.pending import asks_for_devices, diagnose
 
     async with await _connect(access) as kube:
         snapshot = await read_snapshot(kube)
@@ -126,7 +133,9 @@ async def _diagnose(access: ClusterAccess, target: str | None, namespace: str | 
             facts = [await read_facts(kube, ns or namespace or kube.namespace, name)]
         else:
             pods = await pending_pods(kube, None if all_namespaces else namespace or kube.namespace)
-            per_namespace = {ns: await namespace_facts(kube, ns) for ns in {p["metadata"]["namespace"] for p in pods}}
+            classes = await device_classes(kube)
+            pods = [p for p in pods if asks_for_devices(p, classes, snapshot.policies)]  # else NoClaims: unlisted
+            per_namespace = await namespaces_facts(kube, (p["metadata"]["namespace"] for p in pods), classes)
             facts = [replace(per_namespace[p["metadata"]["namespace"]], pod=p) for p in pods]
     found = [diagnose(f, snapshot.policies, result.policies, result.map) for f in facts]
     if target is None:  # a listing: only the pods that wait for a gpuslice device

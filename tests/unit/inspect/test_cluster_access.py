@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,3 +164,35 @@ def test_an_exported_context_does_not_break_an_offline_plan(tmp_path: Path) -> N
     refused = runner.invoke(main, ["plan", "-f", str(policy), "--context", "prod"])
     assert refused.exit_code == 2
     assert "--context is for a plan against a cluster" in refused.output
+
+
+def _pending(namespace: str, name: str, **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"namespace": namespace, "name": name, "creationTimestamp": "2026-12-01T00:00:00Z"},
+            "spec": {"containers": [{"name": "main"}], **spec}, "status": {"phase": "Pending"}}
+
+
+async def test_why_everywhere_reads_only_the_namespaces_of_pods_that_ask_for_devices(
+        api: ApiServer, ca: CertificateAuthority, tmp_path: Path) -> None:
+    """``why -A`` on a big cluster: a pod that asks for no device (no claims, no extended resource a
+    DeviceClass serves) costs no request of its namespace, and the DeviceClasses are listed once."""
+    from gpuslice.inspect.commands import _diagnose
+    from gpuslice.settings import ClusterAccess
+
+    limits = {"resources": {"limits": {"example.com/gpu": "1"}}}
+    api.objects = {
+        "/api/v1/pods": [
+            _pending("a", "claims", resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "gpu"}]),
+            _pending("b", "plain"),
+            _pending("c", "extended", containers=[{"name": "main", **limits}]),
+            _pending("d", "device-plugin", containers=[{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]),
+            *(_pending(f"other-{n}", "plain") for n in range(10)),
+        ],
+        "/apis/resource.k8s.io/v1/deviceclasses": [
+            {"metadata": {"name": "x"}, "spec": {"extendedResourceName": "example.com/gpu"}}],
+    }
+    path = two_contexts(tmp_path / "config", ca, api.port)
+    await _diagnose(ClusterAccess(kubeconfig=path, context="prod"), None, None, True)
+    read = {p.split("/")[4] for p in api.paths if p.startswith("/api/v1/namespaces/")} - {"gpuslice-system"}
+    read |= {p.split("/")[5] for p in api.paths if p.startswith("/apis/resource.k8s.io/v1/namespaces/")}
+    assert read == {"a", "c"}
+    assert sum(p.startswith("/apis/resource.k8s.io/v1/deviceclasses") for p in api.paths) == 1

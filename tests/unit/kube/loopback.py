@@ -40,14 +40,15 @@ Check = Callable[[Seen], int | None]  # an HTTP status to answer instead, or Non
 
 @dataclass
 class ApiServer:
-    """Answers every GET of a list with no items, and anything else 404, as a Status; ``check`` may
-    answer otherwise (401 for a token it does not like)."""
+    """Answers every GET of a list with its ``objects`` (none unless given), and anything else 404,
+    as a Status; ``check`` may answer otherwise (401 for a token it does not like)."""
 
     ca: CertificateAuthority
     hosts: list[str]
     require_client_cert: bool = False
     check: Check | None = None
     seen: list[Seen] = field(default_factory=list)
+    objects: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # a list's path: its items
     port: int = 0
     _runner: web.AppRunner | None = None
 
@@ -65,7 +66,8 @@ class ApiServer:
         if request.path.rstrip("/") == "/version":
             return web.json_response({"major": "1", "minor": "37", "gitVersion": "v1.37.2"})
         if request.path.endswith("s") and request.method == "GET":  # a list
-            return web.json_response({"kind": "List", "apiVersion": "v1", "metadata": {}, "items": []})
+            return web.json_response({"kind": "List", "apiVersion": "v1", "metadata": {},
+                                      "items": self.objects.get(request.path, [])})
         return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound",
                                   "message": f"{request.path} not found"}, status=404)
 
