@@ -49,7 +49,7 @@ class ExecPlugin:
     api_version: str
     where: str  # "user NAME of FILE", for messages
     args: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold a cloud's keys
     install_hint: str = ""
     provide_cluster_info: bool = False
     interactive_mode: str = "IfAvailable"
@@ -65,14 +65,14 @@ class Credentials:
     tls_server_name: str | None = None
     proxy_url: str | None = None
     disable_compression: bool = False
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)  # secrets: never in a repr or a traceback
     token_file: Path | None = None
-    basic: tuple[str, str] | None = None
+    basic: tuple[str, str] | None = field(default=None, repr=False)
     cert_pem: bytes | None = None
-    key_pem: bytes | None = None
+    key_pem: bytes | None = field(default=None, repr=False)
     impersonate: Impersonation | None = None
     exec_plugin: ExecPlugin | None = None
-    auth_provider: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)  # oidc
+    auth_provider: Mapping[str, Any] | None = field(default=None, hash=False, compare=False, repr=False)  # oidc
     cluster_extension: Any = field(default=None, hash=False, compare=False)  # for provideClusterInfo
     namespace: str = "default"
     source: str = ""  # "context C of FILE" or "the pod's ServiceAccount", for messages
