@@ -49,6 +49,7 @@ class ApiServer:
     check: Check | None = None
     seen: list[Seen] = field(default_factory=list)
     objects: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # a list's path: its items
+    headers: dict[str, str] = field(default_factory=dict)  # sent with what ``check`` answers (a Location)
     port: int = 0
     _runner: web.AppRunner | None = None
 
@@ -62,7 +63,7 @@ class ApiServer:
         status = self.check(seen) if self.check is not None else None
         if status is not None:
             return web.json_response({"kind": "Status", "code": status, "reason": "Unauthorized",
-                                      "message": "not you"}, status=status)
+                                      "message": "not you"}, status=status, headers=self.headers)
         if request.path.rstrip("/") == "/version":
             return web.json_response({"major": "1", "minor": "37", "gitVersion": "v1.37.2"})
         if request.path.endswith("s") and request.method == "GET":  # a list

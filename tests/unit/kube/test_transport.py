@@ -186,6 +186,22 @@ async def test_impersonation_headers_reach_the_server(ca: CertificateAuthority, 
     assert seen.all("Impersonate-Extra-acme.com%2Fproject%20id") == ["p1"]  # client-go's escaping
 
 
+async def test_a_redirect_elsewhere_gets_no_credentials(ca: CertificateAuthority, serve: Serve,
+                                                        tmp_path: Path) -> None:
+    """The token and the Impersonate-* headers are for the kubeconfig's server only: a redirect to
+    another origin (a front that moved, a hostile one) gets neither."""
+    elsewhere = await serve()
+    api = await serve(check=lambda seen: 307 if seen.path.startswith("/api/v1/namespaces") else None)
+    api.headers = {"Location": f"https://127.0.0.1:{elsewhere.port}/api/v1/nodes"}
+    await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}", user={"token": "admin-token", "as": "jane",
+                                                                        "as-groups": ["dev"]}))
+    (first,) = api.seen
+    assert (first.one("Authorization"), first.one("Impersonate-User")) == ("Bearer admin-token", "jane")
+    (moved,) = elsewhere.seen
+    assert moved.path == "/api/v1/nodes"
+    assert [k for k, _ in moved.headers if k.lower() == "authorization" or k.lower().startswith("impersonate-")] == []
+
+
 async def test_no_impersonation_no_headers(ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
     api = await serve()
     await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}"))
