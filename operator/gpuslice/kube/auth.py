@@ -125,7 +125,10 @@ def _expiry(value: Any, where: str) -> float | None:
     try:
         moment = datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
-        raise KubeconfigError(f"exec plugin of {where}: expirationTimestamp {value!r} is not RFC 3339") from None
+        moment = None
+    if moment is None or moment.tzinfo is None:  # without one, local time or UTC? Go's parser refuses it too
+        raise KubeconfigError(f"exec plugin {where}: expirationTimestamp {value!r} is not RFC 3339 with a time"
+                              " zone (2030-01-01T00:00:00Z)")
     return moment.timestamp()
 
 
@@ -186,6 +189,9 @@ class ExecAuth:
             got = answer.get("apiVersion") if isinstance(answer, dict) else None
             raise KubeconfigError(f"exec plugin {plugin.command} of {where} answered in {got!r}; it is configured"
                                   f" for {plugin.api_version}")
+        if answer.get("kind") != "ExecCredential":
+            raise KubeconfigError(f"exec plugin {plugin.command} of {where} answered with kind {answer.get('kind')!r},"
+                                  " not ExecCredential")
         status = answer.get("status") or {}
         token, cert, key = status.get("token"), status.get("clientCertificateData"), status.get("clientKeyData")
         if not token and not (cert or key):
@@ -198,7 +204,7 @@ class ExecAuth:
             ssl_context(self.credentials, pair, f"exec plugin {plugin.command} of {where}: the clientCertificateData"
                                                 " and clientKeyData it returned")
         self.token, self.pair = (str(token) if token else None), pair
-        self.expires = _expiry(status.get("expirationTimestamp"), where)
+        self.expires = _expiry(status.get("expirationTimestamp"), f"{plugin.command} of {where}")
         self.fetched = True
 
     async def header(self) -> str | None:

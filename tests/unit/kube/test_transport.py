@@ -387,6 +387,11 @@ async def test_a_renewed_plugin_certificate_closes_the_old_session_once_its_requ
     ("print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1beta1', 'status': {'token': 't'}}))",
      "answered in 'client.authentication.k8s.io/v1beta1'"),
     ("say({})", "returned no token and no certificate"),
+    ("print(json.dumps({'apiVersion': info['apiVersion'], 'kind': 'Config', 'status': {'token': 't'}}))",
+     "answered with kind 'Config', not ExecCredential"),
+    # no offset: local time or UTC? Go's RFC 3339 parser refuses it, and so does gpuslice
+    ("say({'token': 't', 'expirationTimestamp': '2999-01-01T00:00:00'})",
+     "expirationTimestamp '2999-01-01T00:00:00' is not RFC 3339 with a time zone"),
 ])
 async def test_exec_plugin_failures_are_named(ca: CertificateAuthority, tmp_path: Path, body: str,
                                               words: str) -> None:
