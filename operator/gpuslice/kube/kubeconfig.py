@@ -23,7 +23,14 @@ from typing import Any
 import yaml
 
 from gpuslice.kube.credentials import Credentials, KubeconfigError
-from gpuslice.kube.kubeconfig_fields import CONTEXT_FIELDS, cluster_fields, refuse_unknown, text, user_fields
+from gpuslice.kube.kubeconfig_fields import (
+    CONTEXT_FIELDS,
+    cluster_fields,
+    refuse_unknown,
+    server_url,
+    text,
+    user_fields,
+)
 from gpuslice.kube.tls import check
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -136,10 +143,12 @@ def select(config: Kubeconfig, context: str | None) -> Credentials:
     if user_name and user_name not in config.users:
         raise KubeconfigError(f"context {name!r} names user {user_name!r}, which kubeconfig {config.describe()}"
                               " does not have")
-    cluster = cluster_fields(config.clusters[cluster_name],
-                             f"cluster {cluster_name!r} in {config.origin[('clusters', cluster_name)]}")
+    cluster_where = f"cluster {cluster_name!r} in {config.origin[('clusters', cluster_name)]}"
+    cluster = cluster_fields(config.clusters[cluster_name], cluster_where)
     user = user_fields(config.users[user_name], f"user {user_name!r} in {config.origin[('users', user_name)]}") \
         if user_name else {}
+    tls = bool(cluster["ca_pem"] or cluster["insecure"] or user.get("cert_pem"))
+    cluster["server"] = server_url(cluster["server"], tls, cluster_where)
     return Credentials(namespace=text(ctx, "namespace", where) or "default",
                        source=f"context {name!r} of {config.describe()}",
                        user_origin=(config.origin[("users", user_name)], user_name) if user_name else None,

@@ -195,6 +195,20 @@ def user_fields(user: Mapping[str, Any], where: str) -> dict[str, Any]:
     }
 
 
+def server_url(server: str, tls: bool, where: str) -> str:
+    """client-go's DefaultServerURL: a ``host:port`` gets https:// when there is TLS to do (a CA, a
+    client certificate, insecure-skip-tls-verify), else http://."""
+    parts = urlsplit(server)
+    if not parts.scheme or not parts.netloc:
+        server = ("https://" if tls else "http://") + server
+        parts = urlsplit(server)
+        if parts.path not in ("", "/"):
+            raise KubeconfigError(f"{where}: server {server.split('://', 1)[1]!r} must be a URL or a host:port pair")
+    if parts.scheme not in ("https", "http"):
+        raise KubeconfigError(f"{where}: server {server!r} must be https:// or http://")
+    return server.rstrip("/")
+
+
 def cluster_fields(cluster: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The Credentials fields a cluster entry gives."""
     refuse_unknown(cluster, CLUSTER_FIELDS, where)
@@ -207,7 +221,7 @@ def cluster_fields(cluster: Mapping[str, Any], where: str) -> dict[str, Any]:
         raise KubeconfigError(f"{where}: insecure-skip-tls-verify with a certificate authority; keep one (kubectl"
                               " refuses both)")
     return {
-        "server": server.rstrip("/"), "ca_pem": ca, "ca_origin": f"{where}: {ca_field}", "insecure": insecure,
+        "server": server, "ca_pem": ca, "ca_origin": f"{where}: {ca_field}", "insecure": insecure,
         "tls_server_name": text(cluster, "tls-server-name", where) or None,
         "proxy_url": _proxy(cluster, where), "disable_compression": flag(cluster, "disable-compression", where),
         "cluster_extension": next((e.get("extension") for e in cluster.get("extensions") or []

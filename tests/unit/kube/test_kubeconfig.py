@@ -238,6 +238,28 @@ def test_base64_data_may_be_wrapped_as_go_reads_it(tmp_path: Path) -> None:
         resolve(simple(tmp_path / "config", cluster={"certificate-authority-data": data[:40] + " " + data[40:]}))
 
 
+def test_a_server_without_a_scheme_gets_client_gos(tmp_path: Path) -> None:
+    """client-go's DefaultServerURL: https:// when there is TLS to do (a CA, a client certificate,
+    insecure-skip-tls-verify), else http://; "127.0.0.1:6443" was sent as a relative URL."""
+    ca = CertificateAuthority.create()
+    client = ca.issue_client("someone")
+    data = base64.b64encode(ca.pair.cert_pem).decode()
+    pair = {"client-certificate-data": base64.b64encode(client.cert_pem).decode(),
+            "client-key-data": base64.b64encode(client.key_pem).decode()}
+    for server, cluster, user, url in [
+        ("127.0.0.1:6443", {"certificate-authority-data": data}, None, "https://127.0.0.1:6443"),
+        ("localhost:6443", {"insecure-skip-tls-verify": True}, None, "https://localhost:6443"),
+        ("api.example:6443", {}, pair, "https://api.example:6443"),
+        ("localhost:8080", {}, None, "http://localhost:8080"),
+        ("https://api.example/prefix", {}, None, "https://api.example/prefix"),
+    ]:
+        assert resolve(simple(tmp_path / "config", server, cluster=cluster, user=user)).server == url
+    for server, words in [("127.0.0.1:6443/prefix", "must be a URL or a host:port pair"),
+                          ("ftp://api.example", "must be https:// or http://")]:
+        with pytest.raises(KubeconfigError, match=f"cluster 'one' in .*: server '{server}' {words}"):
+            resolve(simple(tmp_path / "config", server))
+
+
 def test_every_supported_field_is_read(tmp_path: Path) -> None:
     found = resolve(simple(tmp_path / "config", cluster={
         "tls-server-name": "api.internal", "proxy-url": "http://proxy:3128", "disable-compression": True,
