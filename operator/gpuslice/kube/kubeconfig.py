@@ -163,12 +163,16 @@ def in_cluster(environ: Mapping[str, str] | None = None, account: Path | None = 
     if not host or not port or not (account / "token").is_file():
         return None
     host = f"[{host}]" if ":" in host else host
-    namespace = environ.get("POD_NAMESPACE") or ""
-    if not namespace and (account / "namespace").is_file():
-        namespace = (account / "namespace").read_text().strip()
-    return Credentials(server=f"https://{host}:{port}", ca_pem=(account / "ca.crt").read_bytes(),
-                       ca_origin=f"the pod's ServiceAccount: {account / 'ca.crt'}", token_file=account / "token",
-                       namespace=namespace or "default", source=f"the pod's ServiceAccount ({account})")
+    source = f"the pod's ServiceAccount ({account})"
+    try:
+        namespace = environ.get("POD_NAMESPACE") or ""
+        if not namespace and (account / "namespace").is_file():
+            namespace = (account / "namespace").read_text().strip()
+        ca = (account / "ca.crt").read_bytes()
+    except OSError as error:
+        raise KubeconfigError(f"{source}: {Path(error.filename or '').name}: {error.strerror or error}") from None
+    return Credentials(server=f"https://{host}:{port}", ca_pem=ca, ca_origin=f"{source}: ca.crt",
+                       token_file=account / "token", namespace=namespace or "default", source=source)
 
 
 def resolve(explicit: Path | str | None = None, context: str | None = None, *, pod_first: bool = False,

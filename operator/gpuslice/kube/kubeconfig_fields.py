@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gpuslice.kube.credentials import ExecPlugin, Impersonation, KubeconfigError
+from gpuslice.kube.proxy import supported
 
 # clientcmd's fields (api/v1/types.go). Extensions carry data for tools and plugins; clientcmd
 # itself does nothing with them either.
@@ -26,7 +27,6 @@ CONTEXT_FIELDS = frozenset({"cluster", "user", "namespace", "extensions"})
 EXEC_FIELDS = frozenset({"command", "args", "env", "apiVersion", "installHint", "provideClusterInfo",
                          "interactiveMode"})
 EXEC_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
-PROXY_SCHEMES = ("http", "https")
 # client-go v0.26 removed these two auth providers; its words, so that kubectl and gpuslice agree.
 REMOVED_PROVIDERS = {
     "gcp": 'use the "gke-gcloud-auth-plugin" kubectl/client-go credential plugin instead (see'
@@ -102,13 +102,7 @@ def _data_or_file(entry: Mapping[str, Any], key: str, where: str) -> tuple[bytes
 
 def _proxy(cluster: Mapping[str, Any], where: str) -> str | None:
     url = text(cluster, "proxy-url", where)
-    if not url:
-        return None
-    parts = urlsplit(url)
-    if parts.scheme not in PROXY_SCHEMES or not parts.hostname:
-        raise KubeconfigError(f"{where}: proxy-url {url!r}: gpuslice's client goes through http:// and https://"
-                              " proxies only (kubectl also speaks socks5); use an HTTP proxy or kubectl")
-    return url
+    return supported(url, f"{where}: proxy-url", "use an HTTP proxy, or kubectl") if url else None
 
 
 def _impersonation(user: Mapping[str, Any], where: str) -> Impersonation | None:

@@ -15,9 +15,18 @@ from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from gpuslice.kube.credentials import KubeconfigError
-from gpuslice.kube.kubeconfig_fields import PROXY_SCHEMES
 
 DEFAULT_PORTS = {"http": "80", "https": "443"}
+PROXY_SCHEMES = ("http", "https")
+
+
+def supported(proxy: str, where: str, fix: str) -> str:
+    """``proxy`` if gpuslice's client can go through it, else a KubeconfigError that says so."""
+    parts = urlsplit(proxy)
+    if parts.scheme.lower() not in PROXY_SCHEMES or not parts.hostname:
+        raise KubeconfigError(f"{where} {proxy!r}: gpuslice's client goes through http:// and https:// proxies"
+                              f" only (kubectl also speaks socks5); {fix}")
+    return proxy
 
 
 def _env(environ: Mapping[str, str], name: str) -> str:
@@ -95,9 +104,5 @@ def proxy_for(url: str, proxy_url: str | None, environ: Mapping[str, str]) -> st
         return None
     if _bypassed(host, str(parts.port or DEFAULT_PORTS.get(scheme, "")), _env(environ, "NO_PROXY")):
         return None
-    proxy = proxy if "://" in proxy else f"http://{proxy}"
-    if urlsplit(proxy).scheme.lower() not in PROXY_SCHEMES:
-        raise KubeconfigError(f"the proxy {proxy!r} ($HTTPS_PROXY or $HTTP_PROXY): gpuslice's client goes through"
-                              " http:// and https:// proxies only (kubectl also speaks socks5); use an HTTP proxy,"
-                              " or exempt the API server in $NO_PROXY")
-    return proxy
+    return supported(proxy if "://" in proxy else f"http://{proxy}", "$HTTPS_PROXY or $HTTP_PROXY",
+                     "use an HTTP proxy, or exempt the API server in $NO_PROXY")

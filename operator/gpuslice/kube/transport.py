@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from gpuslice.kube.auth import Auth, ExecAuth, Used, auth_for
-from gpuslice.kube.credentials import Credentials, KubeconfigError
+from gpuslice.kube.credentials import Credentials
 from gpuslice.kube.kubeconfig import resolve
 from gpuslice.kube.session import open_session
 from gpuslice.kube.useragent import user_agent
@@ -86,6 +86,10 @@ class AiohttpTransport:
             found.append(("Authorization", value))
         return found, (value, pair)
 
+    async def authenticate(self) -> None:
+        """Get the credential now (an exec plugin runs) rather than at the first request."""
+        await self._headers("application/json", "application/json")
+
     @asynccontextmanager
     async def _using(self, content_type: str, accept: str) -> AsyncIterator[tuple[aiohttp.ClientSession,
                                                                                    list[tuple[str, str]], Used]]:
@@ -147,29 +151,16 @@ class AiohttpTransport:
             await session.close()
 
 
-def credentials_for(path: Path | str | None, context: str | None = None, *,
-                    pod_first: bool = True) -> Credentials:
-    """What ``connect`` would use (see ``kubeconfig.resolve`` for the order)."""
-    return resolve(path, context, pod_first=pod_first)
-
-
 async def connect(path: Path | str | None = None, context: str | None = None, *,
                   pod_first: bool = True) -> AiohttpTransport:
     """A transport for ``path`` (a kubeconfig) and ``context``. The CLI passes ``pod_first=False``
     for kubectl's order: ``path``, then $KUBECONFIG, then ~/.kube/config, then the pod's
     ServiceAccount. The controller and the agent keep ``pod_first``: the pod's ServiceAccount
     before any kubeconfig but ``path``; the controller's Kopf session is built the same way."""
-    try:
-        credentials = credentials_for(path, context, pod_first=pod_first)  # a few small local files, read once
-    except KubeconfigError:
-        raise
-    except OSError as error:
-        raise KubeconfigError(f"kubeconfig {path or '$KUBECONFIG'}: {error.strerror or error}"
-                              f" ({error.filename or path})") from None
-    transport = AiohttpTransport(credentials)
+    transport = AiohttpTransport(resolve(path, context, pod_first=pod_first))  # a few small local files, read once
     if isinstance(transport.auth, ExecAuth):
         try:
-            await transport._headers("application/json", "application/json")  # run the plugin now: say it fails
+            await transport.authenticate()  # run the plugin now: a failure is said before any request
         except BaseException:
             await transport.close()
             raise

@@ -113,6 +113,14 @@ def test_the_pods_namespace_variable_wins_over_its_file(pod: tuple[dict[str, str
         "https://[fd00::1]:443")
 
 
+def test_a_pod_without_its_ca_says_so(pod: tuple[dict[str, str], Path]) -> None:
+    """Not "kubeconfig $KUBECONFIG: No such file", which sent people looking for a kubeconfig."""
+    environ, account = pod
+    (account / "ca.crt").unlink()
+    with pytest.raises(KubeconfigError, match=rf"the pod's ServiceAccount \({account}\): ca\.crt: No such file"):
+        resolve(environ=environ, account=account, pod_first=True)
+
+
 # --- several files merged as clientcmd merges them ------------------------------------------------
 
 def test_several_files_merge_first_one_wins(tmp_path: Path) -> None:
