@@ -15,6 +15,8 @@ Kopf logs in again when a session expires or is refused (401):
 - On every login after the first the credential is fetched anew (an exec plugin run, a token file
   re-read, an oidc token refreshed) if the one last handed to Kopf is still the current one
   (client-go's maybeRefreshCreds).
+- A CA or client certificate file that changes (read again every minute, as client-go reads
+  them) closes the session, which Kopf takes as a reason to log in again.
 - The same credentials give back the same session object: Kopf refuses a login equal to one the
   server already rejected, which it tells by comparing them, and a new session each time would
   never compare equal, so a rejected token would make every watcher log in again without pause.
@@ -32,10 +34,10 @@ from typing import Any
 import kopf
 
 from gpuslice.kube.auth import EXPIRY_MARGIN, Auth, Used, auth_for
-from gpuslice.kube.credentials import Credentials
 from gpuslice.kube.kubeconfig import resolve
 from gpuslice.kube.metrics import trace_config
 from gpuslice.kube.session import open_session
+from gpuslice.kube.tls import TlsFiles
 from gpuslice.kube.useragent import user_agent
 
 MIN_LIFETIME = 30.0  # seconds: a credential that expires sooner still gets this long (no login loop)
@@ -49,24 +51,25 @@ class KopfLogin:
     def __init__(self, kubeconfig: Path | None, *, environ: dict[str, str] | None = None,
                  account: Path | None = None) -> None:
         self.kubeconfig, self.environ, self.account = kubeconfig, environ, account
-        self.credentials: Credentials | None = None
+        self.files: TlsFiles | None = None
         self.auth: Auth | None = None
         self.sessions: dict[tuple[Any, ...], kopf.AiohttpSession] = {}
         self.handed: Used | None = None  # the credential of the last session handed to Kopf
 
-    def _source(self) -> tuple[Credentials, Auth]:
-        if self.credentials is None or self.auth is None:
-            self.credentials = resolve(self.kubeconfig, pod_first=True, environ=self.environ, account=self.account)
-            self.auth = auth_for(self.credentials)
-        return self.credentials, self.auth
+    def _source(self) -> tuple[TlsFiles, Auth]:
+        if self.files is None or self.auth is None:
+            credentials = resolve(self.kubeconfig, pod_first=True, environ=self.environ, account=self.account)
+            self.files, self.auth = TlsFiles(credentials), auth_for(credentials)
+        return self.files, self.auth
 
     async def session(self) -> kopf.AiohttpSession:
-        credentials, auth = self._source()
+        files, auth = self._source()
         if self.handed is not None:
             await auth.refresh(self.handed)  # the last session expired or was refused
         value, pair, expiry = await auth.header(), auth.client_pair(), auth.expiry()
         self.handed = (value, pair)
-        key = (value, pair, expiry)
+        credentials = files.credentials  # with what its CA and client certificate files hold now
+        key = (value, pair, expiry, credentials.ca_pem, credentials.cert_pem)
         known = self.sessions.get(key)
         now = time.time()
         if known is not None and (known.expiration is None or known.expiration.timestamp() > now):
@@ -74,7 +77,8 @@ class KopfLogin:
         expiration = None if expiry is None else datetime.datetime.fromtimestamp(
             max(expiry - EXPIRY_MARGIN, now + MIN_LIFETIME), datetime.UTC)
         session = open_session(credentials, auth.header, pair, environ=self.environ, trace_configs=[trace_config()],
-                               agent=user_agent(f"kopf/{version('kopf')}", "gpuslice-controller"), limit=0)
+                               agent=user_agent(f"kopf/{version('kopf')}", "gpuslice-controller"), limit=0,
+                               stale=files.reload)
         self.sessions[key] = kopf.AiohttpSession(aiohttp_session=session, server=credentials.server,
                                                  default_namespace=credentials.namespace, expiration=expiration)
         for old in list(self.sessions)[:-KEPT]:

@@ -79,3 +79,7 @@ class Credentials:
     user_origin: tuple[Path, str] | None = None  # the file that defines the user, and its name
     ca_origin: str = ""  # "certificate-authority FILE of cluster C in KUBECONFIG", for messages
     pair_origin: str = ""  # the same for the client certificate and key
+    # The files TLS material was read from, read again when they change (tls.TlsFiles): a CA file,
+    # and a client certificate and key only when both are files, as client-go.
+    ca_file: Path | None = None
+    pair_files: tuple[Path, Path] | None = None

@@ -172,7 +172,8 @@ def in_cluster(environ: Mapping[str, str] | None = None, account: Path | None = 
     except OSError as error:
         raise KubeconfigError(f"{source}: {Path(error.filename or '').name}: {error.strerror or error}") from None
     return Credentials(server=f"https://{host}:{port}", ca_pem=ca, ca_origin=f"{source}: ca.crt",
-                       token_file=account / "token", namespace=namespace or "default", source=source)
+                       ca_file=account / "ca.crt", token_file=account / "token", namespace=namespace or "default",
+                       source=source)
 
 
 def resolve(explicit: Path | str | None = None, context: str | None = None, *, pod_first: bool = False,

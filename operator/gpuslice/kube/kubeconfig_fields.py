@@ -183,6 +183,8 @@ def user_fields(user: Mapping[str, Any], where: str) -> dict[str, Any]:
         "token_file": Path(token_file) if token_file else None,
         "basic": (username, password) if username or password else None, "cert_pem": cert, "key_pem": key,
         "pair_origin": f"{where}: {cert_field} and {key_field}" if cert else "",
+        "pair_files": (Path(text(user, "client-certificate", where)), Path(text(user, "client-key", where)))
+        if text(user, "client-certificate", where) and text(user, "client-key", where) else None,
         "impersonate": _impersonation(user, where),
         "exec_plugin": _exec_plugin(user["exec"], where) if user.get("exec") else None,
         "auth_provider": _auth_provider(user["auth-provider"], where) if user.get("auth-provider") else None,
@@ -216,6 +218,8 @@ def cluster_fields(cluster: Mapping[str, Any], where: str) -> dict[str, Any]:
                               " refuses both)")
     return {
         "server": server, "ca_pem": ca, "ca_origin": f"{where}: {ca_field}", "insecure": insecure,
+        "ca_file": Path(text(cluster, "certificate-authority", where)) if ca_field.startswith("certificate-authority ")
+        else None,
         "tls_server_name": text(cluster, "tls-server-name", where) or None,
         "proxy_url": _proxy(cluster, where), "disable_compression": flag(cluster, "disable-compression", where),
         "cluster_extension": next((e.get("extension") for e in cluster.get("extensions") or []

@@ -55,12 +55,26 @@ def identity_middleware(credentials: Credentials, header: Header | None) -> aioh
 
 def open_session(credentials: Credentials, header: Header | None, pair: tuple[bytes, bytes] | None, *, agent: str,
                  environ: Mapping[str, str] | None = None, resolver: aiohttp.abc.AbstractResolver | None = None,
-                 trace_configs: Sequence[aiohttp.TraceConfig] = (), limit: int = 100) -> aiohttp.ClientSession:
+                 trace_configs: Sequence[aiohttp.TraceConfig] = (), limit: int = 100,
+                 stale: Callable[[], bool] | None = None) -> aiohttp.ClientSession:
     """A session to ``credentials.server``. ``pair``: an exec plugin's client certificate and key,
-    over the kubeconfig's. ``limit=0`` for Kopf's (unlimited connections, as Kopf's own)."""
+    over the kubeconfig's. ``limit=0`` for Kopf's (unlimited connections, as Kopf's own).
+    ``stale``: asked before each request; once True (a TLS file changed), the session closes itself
+    and the request fails with the RuntimeError Kopf takes for a closed session, so that Kopf logs
+    in again and gets a session with the new material."""
     proxy = proxy_for(credentials.server, credentials.proxy_url, os.environ if environ is None else environ)
-    return aiohttp.ClientSession(
+    middlewares = [identity_middleware(credentials, header)]
+    if stale is not None:
+        async def renew(request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
+            if stale():
+                await session.close()
+                raise RuntimeError("the TLS material changed: this session is closed, a new one is needed")
+            return await handler(request)
+
+        middlewares.insert(0, renew)
+    session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(ssl=ssl_context(credentials, pair, "the exec plugin's client certificate"),
                                        resolver=resolver, limit=limit),
-        headers={"User-Agent": agent}, proxy=proxy, middlewares=(identity_middleware(credentials, header),),
+        headers={"User-Agent": agent}, proxy=proxy, middlewares=tuple(middlewares),
         trace_configs=list(trace_configs) or None)
+    return session

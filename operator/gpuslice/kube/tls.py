@@ -12,9 +12,16 @@ from __future__ import annotations
 
 import ssl
 import tempfile
+import time
+from dataclasses import replace
 from pathlib import Path
 
+import structlog
+
 from gpuslice.kube.credentials import Credentials, KubeconfigError
+
+log = structlog.get_logger(__name__)
+TLS_RELOAD = 60.0  # seconds between reads of the CA and client certificate files
 
 Pair = tuple[bytes, bytes]
 ENCRYPTED = (b"ENCRYPTED PRIVATE KEY", b"Proc-Type: 4,ENCRYPTED")
@@ -79,3 +86,42 @@ def check(credentials: Credentials) -> None:
     """Refuse, by name, a CA or client pair that TLS could not use."""
     if credentials.ca_pem or credentials.cert_pem:
         ssl_context(credentials)
+
+
+class TlsFiles:
+    """The files TLS material was read from, read again at most every ``TLS_RELOAD`` seconds, as
+    client-go does (a client certificate and key given as files at each new connection, a CA file
+    every 5 minutes): a renewed certificate (cert-manager, a rotated cluster CA in a pod's
+    ServiceAccount) is used without a restart. A file that cannot be read, or material that cannot
+    be used, keeps the old one, as client-go keeps it (with a warning)."""
+
+    def __init__(self, credentials: Credentials) -> None:
+        self.credentials = credentials
+        self.checked = time.monotonic()
+
+    def reload(self) -> bool:
+        """True when a file changed: ``credentials`` now holds its new content."""
+        old = self.credentials
+        if (old.ca_file is None and old.pair_files is None) or time.monotonic() - self.checked < TLS_RELOAD:
+            return False
+        self.checked = time.monotonic()
+        try:
+            ca = old.ca_file.read_bytes() if old.ca_file is not None else old.ca_pem
+            cert, key = (old.pair_files[0].read_bytes(), old.pair_files[1].read_bytes()) if old.pair_files \
+                else (old.cert_pem, old.key_pem)
+        except OSError as error:
+            log.warning("could not read TLS material again; the old one serves", file=error.filename,
+                        error=error.strerror or str(error))
+            return False
+        if old.ca_file is not None and not ca:
+            return False  # an empty CA file (being written): client-go skips it too
+        if (ca, cert, key) == (old.ca_pem, old.cert_pem, old.key_pem):
+            return False
+        new = replace(old, ca_pem=ca, cert_pem=cert, key_pem=key)
+        try:
+            check(new)
+        except KubeconfigError as error:
+            log.warning("the TLS material changed but cannot be used; the old one serves", error=str(error))
+            return False
+        self.credentials = new
+        return True

@@ -26,6 +26,7 @@ from gpuslice.kube.auth import Auth, ExecAuth, Used, auth_for
 from gpuslice.kube.credentials import Credentials
 from gpuslice.kube.kubeconfig import resolve
 from gpuslice.kube.session import open_session
+from gpuslice.kube.tls import TlsFiles
 from gpuslice.kube.useragent import user_agent
 
 Query = Mapping[str, str | int | bool]
@@ -58,6 +59,7 @@ class AiohttpTransport:
                  resolver: aiohttp.abc.AbstractResolver | None = None) -> None:
         self.credentials = credentials
         self.auth: Auth = auth_for(credentials)
+        self._files = TlsFiles(credentials)
         self._environ, self._resolver = environ, resolver
         self._pair: tuple[bytes, bytes] | None = None
         self._session = self._new_session()
@@ -76,8 +78,9 @@ class AiohttpTransport:
         ``Auth.refresh`` after a 401); the session adds impersonation and the rest."""
         value = await self.auth.header()
         pair = self.auth.client_pair()
-        if pair != self._pair:  # an exec plugin's certificate, new or renewed: new connections
-            old, self._pair = self._session, pair
+        renewed = self._files.reload()  # a CA or client certificate file changed
+        if pair != self._pair or renewed:  # or an exec plugin's certificate, new or renewed: new connections
+            old, self._pair, self.credentials = self._session, pair, self._files.credentials
             self._session = self._new_session()
             if not self._busy[old]:  # else its last request closes it (_using)
                 await old.close()

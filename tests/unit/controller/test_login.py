@@ -23,7 +23,7 @@ from gpuslice.controller import login
 from gpuslice.controller.handlers import build_registry
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.devcluster.pki import CertificateAuthority
-from gpuslice.kube import auth
+from gpuslice.kube import auth, tls
 from tests.unit.kube.loopback import ApiServer, Check, ConnectProxy, Seen, ca_data, kubeconfig, write_plugin
 
 NAME = "apiserver.test"  # the proxy tunnels it to this machine
@@ -185,3 +185,23 @@ async def test_credentials_the_server_rejected_are_given_up_as_kopf_does(
             await get("/api/v1/namespaces")
     assert authorizations(server) == ["Bearer revoked"]
     assert time.monotonic() - started < 10
+
+
+async def test_kopf_logs_in_again_when_the_client_certificate_files_are_renewed(
+        ca: CertificateAuthority, servers: list[ApiServer | ConnectProxy], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    server = await ApiServer(ca, ["127.0.0.1"], require_client_cert=True).start(tmp_path)
+    servers.append(server)
+    first, second = ca.issue_client("first"), ca.issue_client("second")
+    (tmp_path / "tls.crt").write_bytes(first.cert_pem)
+    (tmp_path / "tls.key").write_bytes(first.key_pem)
+    path = config(tmp_path / "kubeconfig", ca, f"https://127.0.0.1:{server.port}",
+                  {"client-certificate": "tls.crt", "client-key": "tls.key"})
+    async with kopf_with(path) as get:
+        await get("/api/v1/namespaces")
+        (tmp_path / "tls.crt").write_bytes(second.cert_pem)
+        (tmp_path / "tls.key").write_bytes(second.key_pem)
+        monkeypatch.setattr(tls, "TLS_RELOAD", 0.0)  # a minute later
+        await get("/api/v1/namespaces")
+        await get("/api/v1/namespaces")
+    assert [s.client_cn for s in server.seen] == ["first", "second", "second"]

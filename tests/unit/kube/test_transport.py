@@ -25,7 +25,7 @@ from aiohttp import web
 
 from gpuslice import __version__
 from gpuslice.devcluster.pki import CertificateAuthority
-from gpuslice.kube import auth, useragent
+from gpuslice.kube import auth, tls, useragent
 from gpuslice.kube.client import KubeClient, Unauthorized
 from gpuslice.kube.credentials import KubeconfigError
 from gpuslice.kube.kubeconfig import resolve
@@ -116,6 +116,36 @@ async def test_client_certificate_reaches_a_server_that_requires_one(
         "client-certificate-data": base64.b64encode(someone.cert_pem).decode(),
         "client-key-data": base64.b64encode(someone.key_pem).decode()}))
     assert [s.client_cn for s in api.seen] == ["someone"]
+
+
+async def test_renewed_certificate_files_are_read_again(ca: CertificateAuthority, serve: Serve, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """As client-go: a client certificate and key given as files, and a CA file (a pod's
+    ca.crt after the cluster CA rotated), are read again; a renewal needs no restart."""
+    api = await serve(require_client_cert=True)
+    (tmp_path / "ca.crt").write_bytes(CertificateAuthority.create().pair.cert_pem)  # not the server's yet
+    for name, pair in (("tls", ca.issue_client("first")),):
+        (tmp_path / f"{name}.crt").write_bytes(pair.cert_pem)
+        (tmp_path / f"{name}.key").write_bytes(pair.key_pem)
+    path = kubeconfig(tmp_path / "kubeconfig", current="ctx", contexts={"ctx": {"cluster": "c", "user": "u"}},
+                      clusters={"c": {"server": f"https://127.0.0.1:{api.port}", "certificate-authority": "ca.crt"}},
+                      users={"u": {"client-certificate": "tls.crt", "client-key": "tls.key"}})
+    transport = AiohttpTransport(resolve(path, environ={}), environ={})
+    try:
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            await transport.request("GET", "/api/v1/nodes", None, {}, "application/json", "application/json", 10)
+        monkeypatch.setattr(tls, "TLS_RELOAD", 0.0)
+        (tmp_path / "ca.crt").write_bytes(ca.pair.cert_pem)
+        await transport.request("GET", "/api/v1/nodes", None, {}, "application/json", "application/json", 10)
+        renewed = ca.issue_client("second")
+        (tmp_path / "tls.crt").write_bytes(renewed.cert_pem)
+        (tmp_path / "tls.key").write_bytes(renewed.key_pem)
+        await transport.request("GET", "/api/v1/nodes", None, {}, "application/json", "application/json", 10)
+        (tmp_path / "tls.key").write_text("half-written")  # unusable: the last good pair serves on
+        await transport.request("GET", "/api/v1/nodes", None, {}, "application/json", "application/json", 10)
+    finally:
+        await transport.close()
+    assert [s.client_cn for s in api.seen] == ["first", "second", "second"]
 
 
 # --- proxies: proxy-url, HTTPS_PROXY and NO_PROXY, as client-go honours them ------------------------
