@@ -106,6 +106,7 @@ class ConnectProxy:
 
     names: set[str]
     asked: list[tuple[str, list[str]]] = field(default_factory=list)  # (host:port, the request's header lines)
+    tls: ssl.SSLContext | None = None  # an https:// proxy
     port: int = 0
     _server: asyncio.Server | None = None
     _open: list[asyncio.StreamWriter] = field(default_factory=list)
@@ -135,7 +136,7 @@ class ConnectProxy:
         await asyncio.gather(self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer))
 
     async def start(self) -> ConnectProxy:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -151,7 +152,7 @@ class ConnectProxy:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
 
 class LoopbackResolver(aiohttp.abc.AbstractResolver):

@@ -159,6 +159,39 @@ async def test_proxy_url_tunnels_every_request(ca: CertificateAuthority, serve: 
     assert api.paths == ["/api/v1/namespaces"]
 
 
+async def test_through_a_proxy_the_tunnel_carries_no_credentials_and_tls_is_the_servers(
+        ca: CertificateAuthority, serve: Serve, proxy: ConnectProxy, tmp_path: Path) -> None:
+    """The CONNECT asks the proxy for the server, with nothing of the user's (the Authorization and
+    Impersonate-* headers go inside the TLS tunnel only); tls-server-name is checked end to end."""
+    api = await serve(("kubernetes.internal.example",))
+    await get(config(tmp_path, ca, f"https://{NAME}:{api.port}", user={"token": "admin-token", "as": "jane"},
+                     cluster={"proxy-url": proxy.url, "tls-server-name": "kubernetes.internal.example"}))
+    (target, lines), = proxy.asked
+    assert target == f"{NAME}:{api.port}"
+    assert not [line for line in lines if line.lower().startswith(("authorization", "impersonate"))]
+    (seen,) = api.seen
+    assert (seen.one("Authorization"), seen.one("Impersonate-User")) == ("Bearer admin-token", "jane")
+
+
+async def test_an_https_proxy(ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
+    """An https:// proxy-url: TLS to the proxy (trusting the kubeconfig's CA, as Go's transport
+    does), then the server's TLS inside the tunnel."""
+    pair = ca.issue_server("proxy", ["127.0.0.1"])
+    (tmp_path / "proxy.crt").write_bytes(pair.cert_pem)
+    (tmp_path / "proxy.key").write_bytes(pair.key_pem)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp_path / "proxy.crt", tmp_path / "proxy.key")
+    secure = await ConnectProxy({NAME}, tls=context).start()
+    try:
+        api = await serve()
+        await get(config(tmp_path, ca, f"https://{NAME}:{api.port}", cluster={"proxy-url": secure.url}))
+    finally:
+        await secure.stop()
+    assert secure.url.startswith("https://")
+    assert [target for target, _ in secure.asked] == [f"{NAME}:{api.port}"]
+    assert api.paths == ["/api/v1/namespaces"]
+
+
 @pytest.mark.parametrize("variable", ["HTTPS_PROXY", "https_proxy"])
 async def test_https_proxy_from_the_environment(ca: CertificateAuthority, serve: Serve, proxy: ConnectProxy,
                                                 tmp_path: Path, variable: str) -> None:
@@ -250,6 +283,28 @@ async def test_the_authorization_header(ca: CertificateAuthority, serve: Serve, 
     user = {k: str(tmp_path / "token") if v == "TOKEN_FILE" else v for k, v in user.items()}
     await get(config(tmp_path, ca, f"https://127.0.0.1:{api.port}", user=user))
     assert api.seen[0].one("Authorization") == header
+
+
+async def test_a_token_file_is_read_again_a_minute_later(ca: CertificateAuthority, serve: Serve, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kubelet rotates a bound ServiceAccount token in place; client-go reads the file every
+    minute, not only after a 401."""
+    api = await serve()
+    (tmp_path / "token").write_text("first\n")
+    clock = [1000.0]
+    monkeypatch.setattr(auth.time, "monotonic", lambda: clock[0])
+    transport = AiohttpTransport(resolve(config(tmp_path, ca, f"https://127.0.0.1:{api.port}",
+                                                user={"tokenFile": str(tmp_path / "token")}), environ={}), environ={})
+    try:
+        for seconds, token in ((0, None), (30, "rotated"), (31, None), (1, None)):
+            clock[0] += seconds
+            if token:
+                (tmp_path / "token").write_text(token + "\n")
+            await transport.request("GET", "/api/v1/nodes", None, {}, "application/json", "application/json", 10)
+    finally:
+        await transport.close()
+    assert [s.one("Authorization") for s in api.seen] == ["Bearer first", "Bearer first", "Bearer rotated",
+                                                          "Bearer rotated"]
 
 
 async def test_user_agent_names_the_component(ca: CertificateAuthority, serve: Serve, tmp_path: Path) -> None:
