@@ -79,6 +79,7 @@ class KopfLogin:
         session = open_session(credentials, auth.header, pair, environ=self.environ, trace_configs=[trace_config()],
                                agent=user_agent(f"kopf/{version('kopf')}", "gpuslice-controller"), limit=0,
                                stale=files.reload)
+        self.sessions.pop(key, None)  # an expired one of the same credentials: the new one is the newest
         self.sessions[key] = kopf.AiohttpSession(aiohttp_session=session, server=credentials.server,
                                                  default_namespace=credentials.namespace, expiration=expiration)
         for old in list(self.sessions)[:-KEPT]:
