@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
-from gpuslice.kube.transport import KubeconfigError
+from gpuslice.kube.credentials import KubeconfigError
 from gpuslice.settings import KUBECONFIG_HELP
 
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
