@@ -34,8 +34,9 @@ def cache_dir() -> Path:
 
 
 # One cluster for the tier, in this order: the image, the kustomize install (used, upgraded and
-# uninstalled), then the Helm chart on what that uninstall left.
-FILES = ("test_image.py", "test_install.py", "test_helm.py")
+# uninstalled), the Helm chart on what that uninstall left, then another driver's claims through
+# a kustomize install and an uninstall in the worst order.
+FILES = ("test_image.py", "test_install.py", "test_helm.py", "test_others.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
