@@ -29,7 +29,7 @@ def reinstalled(kind: Kind) -> Kind:
     # docs/install.md, "Installing again": the kube-apiserver keeps a frozen copy of the drain
     # rule's parameters once the last binding with a ConfigMap parameter went (kubernetes#130887).
     restart_apiserver(kind)
-    kind.make("kind-deploy")
+    kind.make("kind-deploy", IMAGE_BASE=kind.build["pythonBase"], TENANT_BASE=kind.build["busyboxBase"])
     kind.kubectl("apply", "-f", "examples/tenants/namespaces.yaml", "-f", "examples/policies/")
     kind.kubectl("wait", "gsp", "--all", "--for=condition=Ready", "--timeout=300s")
     kind.kubectl("create", "namespace", STRANGER)
