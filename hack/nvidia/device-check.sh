@@ -60,6 +60,12 @@ fi
     done
   fi
   echo
+  echo "# the host's devices (the check, in a container, judges them by /proc/devices and the specs)"
+  grep -E ' (nvidia|drm)' /proc/devices 2>&1 || true
+  # shellcheck disable=SC2012
+  ls -ld /dev/nvidia* /dev/nvidia-caps/* /dev/dri /dev/dri/* /dev/dri/by-path/* /run/nvidia/driver/dev/nvidia* 2>&1 \
+    | head -100 || true
+  echo
   echo "# CDI specs"
   for dir in /etc/cdi /var/run/cdi; do
     [ -d "$dir" ] && ls -l "$dir" 2>&1

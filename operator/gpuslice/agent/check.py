@@ -35,6 +35,7 @@ from gpuslice.dra.nvidia_cdi import (
     MigRef,
     NvidiaCdiError,
     common_edits,
+    device_node,
     mig_edits,
     whole_gpu_edits,
 )
@@ -57,6 +58,7 @@ READ_CALLS = frozenset({
     "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId",
 })
 _NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z_][A-Za-z0-9_]{0,31}$")
+KERNEL_DEVICES = ("nvidia", "nvidia-frontend", "nvidia-uvm", "nvidia-caps", "drm")
 _SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")
 
 
@@ -198,9 +200,17 @@ def _cdi(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
     report.line(f"specs in {toolkit.searched}: " + (", ".join(
         f"{s.path} ({s.kind}, cdiVersion {s.version}, {len(s.devices)} devices, {len(s.common.mounts)} mounts,"
         f" {len(s.common.hooks)} hooks)" for s in toolkit.specs) or "none"))
-    report.line(f"control nodes present: {', '.join(p for p in CONTROL_NODES if p in host.existing) or 'none'};"
-                f" mig-minors: {'present' if host.mig_minors is not None else 'absent'}; nvidia-caps major:"
-                f" {host.caps_major}")
+    roots = ", ".join(sorted(toolkit.dev_roots())) or "?"
+    majors = ", ".join(f"{n} {host.majors[n]}" for n in KERNEL_DEVICES if n in host.majors) or "no NVIDIA device"
+    report.line(f"where the specs say the host keeps its device nodes: {roots}")
+    mig_minors = "present" if host.mig_minors is not None else "absent"
+    report.line(f"kernel (/proc/devices): {majors}; mig-minors: {mig_minors}")
+    for path in CONTROL_NODES:
+        control = device_node(toolkit, host, path)
+        report.line(f"  {path}: " + (f"{json.dumps(control.node.manifest(), sort_keys=True)} ({control.source})"
+                                     if control else "not given (the kernel has no such device, no spec names it)"))
+        if path in host.seen and control is None:
+            report.line("    (this container has it, the kernel does not list it: not given to containers)")
     try:
         common, version = common_edits(toolkit, host)
         report.line(f"common edits each claim's spec copies (cdiVersion {version}):")

@@ -30,19 +30,42 @@ and each device's): the common edits copied from the best spec there is, the dev
 from a spec entry that names exactly that device (by UUID, or by index when its nodes prove it is
 that GPU), and otherwise made by the rules above. The driver's libraries cannot be made: without a
 spec holding common edits a prepare fails and says so.
+
+**Every device node gpuslice writes works where the host keeps its nodes elsewhere.** The runtime
+stats a node's ``hostPath`` (its ``path`` when unset) on the host, and refuses the container when
+that fails unless the node is typed (``type`` and ``major``: CDI's ``fillMissingInfo``,
+``pkg/cdi/container-edits_unix.go``). With the GPU Operator's containerised driver the host has no
+``/dev/nvidia*``: they are under the driver root (the validator's ``getDriverInfo`` makes
+``/run/nvidia/driver`` the dev root, ``cmd/nvidia-validator/driver.go``), and the toolkit's specs
+name them ``hostPath: /run/nvidia/driver/dev/...`` (``toolkit.go`` ``generateCDISpec``,
+``pkg/nvcdi/transform/root``). So a node is copied from a toolkit spec entry of the same path,
+``hostPath`` included (the management spec's ``all`` lists every ``/dev/nvidia*``); otherwise it is
+written typed, ``c`` with the numbers the kernel gives it: the majors of ``/proc/devices``
+(``nvidia``, ``nvidia-uvm``, ``nvidia-caps``), the minors of ``internal/info/proc/devices``
+(``nvidiactl`` 255, ``nvidia-modeset`` 254, ``nvidia-uvm`` 0, ``nvidia-uvm-tools`` 1, a GPU its
+NVML minor) and a DRM node's ``dev`` file in sysfs. Which nodes exist is never judged by the
+agent's own ``/dev`` (it only lends a node's mode): the ``nvidia`` runtime class puts nodes there
+that the host's ``/dev`` may not have.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuslice.dra.cdi import CDI_VERSION, ContainerEdits, DeviceNode, newer_version
 
 ACCEPTED = ("nvidia.com/gpu", "management.nvidia.com/gpu", "k8s.device-plugin.nvidia.com/gpu")
-CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 CAPS_DEVICE_DIR = "/dev/nvidia-caps"
 MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
+# internal/info/proc/devices/devices.go: the /proc/devices name and the minor of each control node.
+# The GPUs' major is "nvidia" since driver 550.40, "nvidia-frontend" before.
+CONTROL_NUMBERS = {"/dev/nvidiactl": ("nvidia", 255), "/dev/nvidia-modeset": ("nvidia", 254),
+                   "/dev/nvidia-uvm": ("nvidia-uvm", 0), "/dev/nvidia-uvm-tools": ("nvidia-uvm", 1)}
+CONTROL_NODES = tuple(CONTROL_NUMBERS)
+GPU_MAJOR_NAMES = ("nvidia", "nvidia-frontend")
+_GPU_NODE = re.compile(r"/dev/nvidia(\d+)")
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 GENERATE = ("`nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml` on the node (NVIDIA Container Toolkit"
             " 1.18+ runs it at boot as the nvidia-cdi-refresh service), or with the GPU Operator keep"
@@ -66,16 +89,26 @@ class ToolkitSpec:
 
 @dataclass(frozen=True)
 class HostFacts:
-    """What the node's /dev, /proc and /sys say (read by the agent).
+    """What the kernel says about the node's devices (read by the agent).
 
-    ``existing``: which of the control and GPU nodes exist; ``mig_minors``: the parsed
-    ``mig-minors`` (None when the file is missing: no MIG here); ``caps_major``: the
-    ``nvidia-caps`` major of ``/proc/devices``; ``drm``: DRM nodes by PCI bus id."""
+    ``majors``: the character devices of ``/proc/devices`` by name; ``mig_minors``: the parsed
+    ``mig-minors`` (None when the file is missing: no MIG here); ``drm``: each GPU's DRM nodes by
+    PCI bus id, typed from sysfs; ``seen``: the character devices the agent's own ``/dev`` has,
+    typed by a stat, for their mode (that the agent has one says nothing of the host's ``/dev``,
+    nor that the kernel still has that device)."""
 
-    existing: frozenset[str] = frozenset()
+    majors: Mapping[str, int] = field(default_factory=dict)
     mig_minors: Mapping[str, int] | None = None
-    caps_major: int | None = None
-    drm: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    drm: Mapping[str, tuple[DeviceNode, ...]] = field(default_factory=dict)
+    seen: Mapping[str, DeviceNode] = field(default_factory=dict)
+
+    def major(self, name: str) -> int | None:
+        names = GPU_MAJOR_NAMES if name in GPU_MAJOR_NAMES else (name,)
+        return next((self.majors[n] for n in names if n in self.majors), None)
+
+    @property
+    def caps_major(self) -> int | None:
+        return self.major("nvidia-caps")
 
 
 @dataclass(frozen=True)
@@ -112,14 +145,14 @@ def parse_mig_minors(text: str) -> dict[str, int]:
     return minors
 
 
-def parse_device_major(proc_devices: str, name: str = "nvidia-caps") -> int | None:
-    """The major of a character device in ``/proc/devices`` (before its block devices)."""
-    chars = proc_devices.split("Block devices:", 1)[0]
-    for line in chars.splitlines():
+def parse_char_devices(proc_devices: str) -> dict[str, int]:
+    """The character devices of ``/proc/devices`` (before its block devices): {name: major}."""
+    majors: dict[str, int] = {}
+    for line in proc_devices.split("Block devices:", 1)[0].splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[1] == name and parts[0].isdigit():
-            return int(parts[0])
-    return None
+        if len(parts) == 2 and parts[0].isdigit():
+            majors.setdefault(parts[1], int(parts[0]))
+    return majors
 
 
 class Toolkit:
@@ -150,16 +183,92 @@ class Toolkit:
                     return Edits(edits, f"{spec.path}: {spec.kind}={name}")
         return None
 
+    def node(self, path: str) -> tuple[DeviceNode, str] | None:
+        """The first entry for ``path`` in a spec (any device's, ``all`` included, or the common
+        edits), as the toolkit wrote it: its ``hostPath`` is where the host has the node."""
+        for spec in self.specs:
+            for name, edits in (("", spec.common), *spec.devices.items()):
+                for node in edits.device_nodes:
+                    if node.path == path:
+                        return node, f"{spec.path}: {f'{spec.kind}={name}' if name else 'common edits'}"
+        return None
+
+    def dev_roots(self) -> set[str]:
+        """Where the specs say the host keeps its device nodes (``/run/nvidia/driver`` for
+        ``hostPath: /run/nvidia/driver/dev/nvidia0``; ``/`` when a node is at its own path)."""
+        roots = set()
+        for node in self._nodes():
+            host = node.host_path or node.path
+            if host.endswith(node.path):
+                roots.add(host[:-len(node.path)] or "/")
+        return roots
+
+    def _nodes(self) -> Iterator[DeviceNode]:
+        for spec in self.specs:
+            for edits in (spec.common, *spec.devices.values()):
+                yield from edits.device_nodes
+
 
 def common_edits(toolkit: Toolkit, host: HostFacts) -> tuple[ContainerEdits, str]:
     """The claim spec's common edits and the CDI version they need: the toolkit's, plus the control
-    nodes it has not (a management spec keeps them in its ``all`` device), plus
-    ``NVIDIA_VISIBLE_DEVICES=void`` where it does not set it."""
+    nodes it has not (a management spec keeps them in its ``all`` device; nvcdi makes all four where
+    their majors exist, ``pkg/system/nvdevices``), plus ``NVIDIA_VISIBLE_DEVICES=void`` where it
+    does not set it."""
     spec = toolkit.common()
     have = {n.path for n in spec.common.device_nodes}
-    control = tuple(DeviceNode(p) for p in CONTROL_NODES if p in host.existing and p not in have)
+    control = tuple(found.node for p in CONTROL_NODES if p not in have and (found := device_node(toolkit, host, p)))
     env = {} if VISIBLE_DEVICES in spec.common.env else {VISIBLE_DEVICES: "void"}
     return spec.common + ContainerEdits(env=env, device_nodes=control), newer_version(CDI_VERSION, spec.version)
+
+
+@dataclass(frozen=True)
+class Node:
+    node: DeviceNode
+    source: str
+
+
+def kernel_node(host: HostFacts, path: str) -> DeviceNode | None:
+    """``path`` typed with the kernel's numbers (None when the kernel has no such device): the
+    runtime makes it in the container without looking for it on the host."""
+    numbers: tuple[int | None, int] | None = None
+    if path in CONTROL_NUMBERS:
+        name, minor = CONTROL_NUMBERS[path]
+        numbers = (host.major(name), minor)
+    elif match := _GPU_NODE.fullmatch(path):
+        numbers = (host.major("nvidia"), int(match[1]))
+    else:
+        drm = next((n for nodes in host.drm.values() for n in nodes if n.path == path), None)
+        if drm is not None:
+            numbers = (drm.major, drm.minor or 0)
+    if numbers is None or numbers[0] is None:
+        return None  # whatever the agent's /dev has: the kernel has no such device
+    seen = host.seen.get(path)
+    if seen is not None and (seen.major, seen.minor) == numbers:
+        return seen  # with the mode the driver gave it
+    return DeviceNode(path, type="c", major=numbers[0], minor=numbers[1])
+
+
+def device_node(toolkit: Toolkit, host: HostFacts, path: str) -> Node | None:
+    """The node at ``path`` as a container gets it: the toolkit's entry (``hostPath`` included),
+    else typed by the kernel's numbers; None when neither knows it."""
+    found = toolkit.node(path)
+    if found is not None:
+        return Node(found[0], found[1])
+    typed = kernel_node(host, path)
+    return Node(typed, "typed from the kernel's numbers") if typed is not None else None
+
+
+def gpu_device_node(toolkit: Toolkit, host: HostFacts, minor: int) -> DeviceNode:
+    found = device_node(toolkit, host, gpu_node(minor))
+    if found is None:
+        raise NvidiaCdiError(f"/proc/devices lists no nvidia character device and no toolkit spec names"
+                             f" {gpu_node(minor)}: the NVIDIA driver is not loaded on this node.")
+    return found.node
+
+
+def drm_nodes(toolkit: Toolkit, host: HostFacts, pci_bus_id: str) -> tuple[DeviceNode, ...]:
+    """The GPU's DRM nodes (sysfs ``/sys/bus/pci/devices/<bus id>/drm``, as ``internal/info/drm``)."""
+    return tuple(found.node for n in host.drm.get(pci_bus_id, ()) if (found := device_node(toolkit, host, n.path)))
 
 
 def gpu_node(minor: int) -> str:
@@ -172,11 +281,12 @@ def whole_gpu_edits(toolkit: Toolkit, gpu: GpuRef, host: HostFacts) -> Edits:
     found = toolkit.device((gpu.uuid, str(gpu.index)), node)
     if found is not None:
         return found
-    nodes = (DeviceNode(node), *(DeviceNode(d) for d in host.drm.get(gpu.pci_bus_id, ())))
+    nodes = (gpu_device_node(toolkit, host, gpu.minor), *drm_nodes(toolkit, host, gpu.pci_bus_id))
     return Edits(ContainerEdits(device_nodes=nodes), "made by nvcdi's rules (no spec entry names this GPU)")
 
 
-def mig_capability_nodes(host: HostFacts, gpu_minor: int, gi: int, ci: int) -> tuple[DeviceNode, ...]:
+def mig_capability_nodes(toolkit: Toolkit, host: HostFacts, gpu_minor: int, gi: int,
+                         ci: int) -> tuple[DeviceNode, ...]:
     """The two capability nodes of GPU instance ``gi``'s compute instance ``ci``, typed so that the
     runtime makes them in the container (a host need not have them: NVIDIA's DRA driver's cdi.go)."""
     if host.mig_minors is None:
@@ -191,8 +301,12 @@ def mig_capability_nodes(host: HostFacts, gpu_minor: int, gi: int, ci: int) -> t
 
     def node(key: str) -> DeviceNode:
         path = f"{CAPS_DEVICE_DIR}/nvidia-cap{minors[key]}"
-        if host.caps_major is None:
-            return DeviceNode(path)  # the runtime stats the host's node
+        if host.caps_major is None:  # no nvidia-caps in /proc/devices: only a spec can say
+            found = toolkit.node(path)
+            if found is None:
+                raise NvidiaCdiError(f"/proc/devices lists no nvidia-caps device and no toolkit spec names {path}:"
+                                     " the runtime could not make the MIG instance's capability node.")
+            return found[0]
         # 0444: the mode nvidia-modprobe gives the capability nodes (what the DRA driver reads back
         # from /proc/driver/nvidia/capabilities/.../access as DeviceFileMode).
         return DeviceNode(path, type="c", major=host.caps_major, minor=minors[key], file_mode=0o444)
@@ -208,8 +322,8 @@ def mig_edits(toolkit: Toolkit, gpu: GpuRef, mig: MigRef, host: HostFacts) -> Ed
         found = toolkit.device((mig.uuid,), node)
         if found is not None:
             return found
-    nodes = [DeviceNode(node), *mig_capability_nodes(host, gpu.minor, mig.gi, mig.ci)]
+    nodes = [gpu_device_node(toolkit, host, gpu.minor), *mig_capability_nodes(toolkit, host, gpu.minor, mig.gi, mig.ci)]
     if "+gfx" in mig.profile:
-        nodes += [DeviceNode(d) for d in host.drm.get(gpu.pci_bus_id, ())]
+        nodes += drm_nodes(toolkit, host, gpu.pci_bus_id)
     return Edits(ContainerEdits(device_nodes=tuple(nodes)),
                  "made by nvcdi's rules (the parent's node and the instance's capability nodes)")

@@ -91,3 +91,14 @@ def test_the_agent_command_runs_the_check_without_a_cluster(tmp_path: Path) -> N
     refused = CliRunner().invoke(main, ["agent", "--backend", "fake", "--check", "--node", "x"])
     assert refused.exit_code == 2
     assert "--check reads real GPUs" in refused.output
+
+
+def test_a_gpu_operator_node_shows_where_the_host_keeps_its_nodes(tmp_path: Path) -> None:
+    lib = FakeLibNvml([("a100-40gb", False), ("a100-40gb", True)])
+    code, text = check(lib, tmp_path, cdi_fixtures.management_mode(cdi_fixtures.OPERATOR_DRIVER_ROOT))
+    assert "where the specs say the host keeps its device nodes: /run/nvidia/driver" in text
+    assert "kernel (/proc/devices): nvidia 195, nvidia-uvm 508, nvidia-caps 234, drm 226" in text
+    assert '/dev/nvidia-uvm: {"fileMode": 438, "hostPath": "/run/nvidia/driver/dev/nvidia-uvm"' in text
+    assert '"hostPath": "/run/nvidia/driver/dev/nvidia0"' in text, "a whole GPU's node, as the toolkit names it"
+    assert text.rstrip().endswith("== 0 problems"), text[-2000:]
+    assert code == 0

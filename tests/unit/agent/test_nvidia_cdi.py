@@ -13,10 +13,10 @@ import pynvml
 import pytest
 import yaml
 
-from gpuslice.agent.gpus import GpuBackendError, MigInstance
+from gpuslice.agent.gpus import GpuBackendError, MigInstance, nvidia_cdi
 from gpuslice.agent.gpus.nvml import NvmlBackend
 from gpuslice.dra import cdi
-from gpuslice.dra.nvidia_cdi import parse_device_major, parse_mig_minors
+from gpuslice.dra.nvidia_cdi import parse_char_devices, parse_mig_minors
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.grants import Grant
 from gpuslice.planning.node_pool import plan_node_pool
@@ -87,7 +87,7 @@ def test_spec_listing_each_device(lib: FakeLibNvml, tmp_path: Path) -> None:
     dynamic = MigInstance(gpu1.uuid, "1g.5gb", 3, 1, gi=2, ci=0, uuid="MIG-new")
     made = nodes(node.backend.access(node.grant(gpu1), gpu1, dynamic).edits)
     gi, ci = node.minor("gpu1/gi2/access"), node.minor("gpu1/gi2/ci0/access")
-    major = parse_device_major((node.paths["proc"] / "devices").read_text())
+    major = parse_char_devices((node.paths["proc"] / "devices").read_text())["nvidia-caps"]
     assert made == [{"path": "/dev/nvidia-caps/nvidia-cap" + str(m), "type": "c", "major": major, "minor": m,
                      "fileMode": 0o444} for m in sorted((gi, ci), key=str)] + [{"path": "/dev/nvidia1"}]
 
@@ -104,16 +104,72 @@ def test_gpu_operators_spec_with_only_all(lib: FakeLibNvml, tmp_path: Path) -> N
     node = Node(tmp_path, {"management.nvidia.com-gpu.yaml": text})
     gpu0, gpu1 = node.gpus
     access = node.backend.access(node.grant(gpu0), gpu0, None)
-    assert nodes(access.edits) == [{"path": "/dev/dri/card1"}, {"path": "/dev/dri/renderD128"},
+    assert nodes(access.edits) == [{"path": "/dev/dri/card1", "type": "c", "major": 226, "minor": 1},
+                                   {"path": "/dev/dri/renderD128", "type": "c", "major": 226, "minor": 128},
                                    {"path": "/dev/nvidia0"}], "GPU 0 only, never the spec's all"
     assert access.common is not None
     common = access.common.manifest()
     assert common["mounts"] == spec_edits(text)["mounts"]
-    assert [n["path"] for n in common["deviceNodes"]] == ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-                                                          "/dev/nvidiactl"], "the control nodes the host has"
+    assert [n["path"] for n in common["deviceNodes"]] == ["/dev/nvidia-modeset", "/dev/nvidia-uvm",
+                                                          "/dev/nvidia-uvm-tools", "/dev/nvidiactl"], "from all"
     assert access.cdi_version == "0.8.0", "the claim spec says the version the copied edits need"
     dynamic = MigInstance(gpu1.uuid, "1g.5gb", 0, 1, gi=1, ci=0, uuid="MIG-new")
     assert [n["path"] for n in nodes(node.backend.access(node.grant(gpu1), gpu1, dynamic).edits)][-1] == "/dev/nvidia1"
+
+
+def containerd_refuses(node: dict[str, Any], host_root: Path) -> str | None:
+    """What containerd's CDI code says of a device node (``fillMissingInfo``, CDI's
+    ``pkg/cdi/container-edits_unix.go``): the host's node at ``hostPath`` (``path`` when unset) is
+    stat'ed, and a node that is not there is refused unless typed (``type`` and a ``major``)."""
+    if (host_root / str(node.get("hostPath") or node["path"]).lstrip("/")).exists():
+        return None
+    if node.get("type") and node.get("major"):
+        return None
+    return f"failed to stat CDI host device {node.get('hostPath') or node['path']!r}"
+
+
+def test_the_gpu_operators_containerised_driver(lib: FakeLibNvml, tmp_path: Path) -> None:
+    """Its host has no /dev/nvidia*, the agent's container has them all: every node a claim's spec
+    names must still be one containerd accepts (the toolkit's entry with its hostPath, or typed)."""
+    text = cdi_fixtures.management_mode(cdi_fixtures.OPERATOR_DRIVER_ROOT)
+    node = Node(tmp_path, {"management.nvidia.com-gpu.yaml": text})
+    host_root = cdi_fixtures.operator_host(tmp_path)
+    gpu0, gpu1 = node.gpus
+    dynamic = MigInstance(gpu1.uuid, "1g.5gb", 3, 1, gi=2, ci=0, uuid="MIG-new")
+    written = [node.backend.access(node.grant(gpu0), gpu0, None), node.backend.access(node.grant(gpu1), gpu1, None),
+               node.backend.access(node.grant(gpu1), gpu1, dynamic)]
+    every = [n for access in written for edits in (access.edits, access.common) if edits for n in nodes(edits)]
+    assert {n["path"] for n in every} >= {"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"}
+    assert [(n["path"], refused) for n in every if (refused := containerd_refuses(n, host_root))] == []
+    management = {n["path"]: n for n in yaml.safe_load(text)["devices"][0]["containerEdits"]["deviceNodes"]}
+    gpu_node = next(n for n in nodes(written[0].edits) if n["path"] == "/dev/nvidia0")
+    assert gpu_node == management["/dev/nvidia0"], "the toolkit's entry, hostPath included"
+    assert written[0].common is not None
+    assert {n["path"]: n for n in nodes(written[0].common)}["/dev/nvidia-uvm"] == management["/dev/nvidia-uvm"]
+
+
+def test_nodes_only_the_agents_container_has_are_not_taken_for_the_hosts(
+        lib: FakeLibNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's /dev (what the nvidia runtime class gave its container) is no evidence of the host's:
+    a node no spec names is written typed with the kernel's numbers, and one the kernel lacks is left out."""
+    def in_container(dev: Path, path: str) -> cdi.DeviceNode | None:  # its /dev's nodes are real devices
+        if not (dev / path.removeprefix("/dev/")).exists() or "dri" in path:
+            return None
+        major, minor = cdi_fixtures._numbers(path)
+        return cdi.DeviceNode(path, type="c", major=major, minor=minor, file_mode=0o666)
+
+    monkeypatch.setattr(nvidia_cdi, "char_device", in_container)
+    node = Node(tmp_path, {"nvidia.yaml": yaml.safe_dump({**yaml.safe_load(cdi_fixtures.device_plugin("GPU-x")),
+                                                          "devices": []})})
+    (node.paths["proc"] / "devices").write_text("Character devices:\n195 nvidia\n226 drm\n\nBlock devices:\n")
+    gpu0 = node.gpus[0]
+    access = node.backend.access(node.grant(gpu0), gpu0, None)
+    assert nodes(access.edits)[-1] == {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0, "fileMode": 0o666}
+    assert access.common is not None
+    control = {n["path"]: n for n in nodes(access.common)}
+    assert "/dev/nvidia-uvm-tools" not in control, "in the agent's /dev, but no nvidia-uvm in /proc/devices"
+    assert control["/dev/nvidia-modeset"] == {"path": "/dev/nvidia-modeset", "type": "c", "major": 195, "minor": 254}
+    assert control["/dev/nvidia-uvm"] == {"path": "/dev/nvidia-uvm"}, "the spec's own common edits, as written"
 
 
 def test_device_plugins_spec(lib: FakeLibNvml, tmp_path: Path) -> None:
