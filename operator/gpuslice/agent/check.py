@@ -227,12 +227,12 @@ def _cdi(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
         try:
             instances = backend.mig_instances(gpu) if gpu.mig_enabled else []
             for i in instances:
-                edits = mig_edits(toolkit, ref, MigRef(i.uuid, i.profile, i.gi, i.ci), host)
+                edits = mig_edits(toolkit, ref, MigRef(i.profile, i.gi, i.ci), host)
                 report.line(f"GPU {gpu.index}, MIG instance {i.profile} at {i.start} ({edits.source}):")
                 report.line("  " + json.dumps(edits.edits.manifest(), sort_keys=True))
             # A dynamic instance gets its GPU and compute instance ids when it is made; GPU instance 1,
             # compute instance 0 is what the first one on an empty GPU gets.
-            example = mig_edits(toolkit, ref, MigRef("", gpu.mig_profiles[0].name if gpu.mig_profiles else "", 1, 0),
+            example = mig_edits(toolkit, ref, MigRef(gpu.mig_profiles[0].name if gpu.mig_profiles else "", 1, 0),
                                 host)
             report.line(f"GPU {gpu.index}, a dynamic MIG instance (for example GPU instance 1, compute instance 0;"
                         f" {example.source}):")

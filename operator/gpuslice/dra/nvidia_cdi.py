@@ -26,10 +26,14 @@ device ``all`` (every node of every GPU: never given to a tenant) and the common
 (``management.go``, ``cmd/nvidia-ctk-installer/toolkit/toolkit.go``); the device plugin writes
 ``k8s.device-plugin.nvidia.com/gpu``. So gpuslice writes each claim's edits itself, as NVIDIA's DRA
 driver does (``cmd/gpu-kubelet-plugin/cdi.go``: one transient spec per claim with the common edits
-and each device's): the common edits copied from the best spec there is, the device's own edits
-from a spec entry that names exactly that device (by UUID, or by index when its nodes prove it is
-that GPU), and otherwise made by the rules above. The driver's libraries cannot be made: without a
-spec holding common edits a prepare fails and says so.
+and each device's): the common edits copied from the best spec there is, a whole GPU's own edits
+from a spec entry that names exactly that GPU (by UUID, or by index when its nodes prove it is that
+GPU), and otherwise made by the rules above. A MIG device's are always made by the rules, never
+taken from its spec entry: nvcdi leaves out a node it cannot find (``internal/discover/mounts.go``,
+"Could not locate"), so the entry of an instance made from a container may lack its capability
+nodes, and NVIDIA's DRA driver builds them itself for that reason (``cdi.go``, "may yield an
+incomplete spec for MIG devices", dra-driver-nvidia-gpu#787). The driver's libraries cannot be
+made: without a spec holding common edits a prepare fails and says so.
 
 **Every device node gpuslice writes works where the host keeps its nodes elsewhere.** The runtime
 stats a node's ``hostPath`` (its ``path`` when unset) on the host, and refuses the container when
@@ -121,7 +125,6 @@ class GpuRef:
 
 @dataclass(frozen=True)
 class MigRef:
-    uuid: str  # "" for an instance not made yet
     profile: str
     gi: int
     ci: int
@@ -315,13 +318,9 @@ def mig_capability_nodes(toolkit: Toolkit, host: HostFacts, gpu_minor: int, gi: 
 
 
 def mig_edits(toolkit: Toolkit, gpu: GpuRef, mig: MigRef, host: HostFacts) -> Edits:
-    """A MIG instance: a static one the spec knows by its UUID is taken from there; any other (a
-    dynamic instance is always newer than the spec) is made by nvcdi's rules."""
-    node = gpu_node(gpu.minor)
-    if mig.uuid:
-        found = toolkit.device((mig.uuid,), node)
-        if found is not None:
-            return found
+    """A MIG instance, static or dynamic: its parent's node and its two capability nodes from
+    ``mig-minors`` (plus the DRM nodes of a ``+gfx`` profile), never its spec entry, which may lack
+    the capability nodes (see the module's doc)."""
     nodes = [gpu_device_node(toolkit, host, gpu.minor), *mig_capability_nodes(toolkit, host, gpu.minor, mig.gi, mig.ci)]
     if "+gfx" in mig.profile:
         nodes += drm_nodes(toolkit, host, gpu.pci_bus_id)

@@ -81,15 +81,37 @@ def test_spec_listing_each_device(lib: FakeLibNvml, tmp_path: Path) -> None:
     assert "CUDA_VISIBLE_DEVICES" not in str(whole), "visibility is the device nodes, as with NVIDIA's tools"
 
     static = MigInstance(gpu1.uuid, "1g.5gb", 0, 1, gi=7, ci=0, uuid=MIG_UUID)
-    assert node.backend.access(node.grant(gpu1), gpu1, static).edits.manifest() == spec_edits(text, MIG_UUID)
+    assert node.backend.access(node.grant(gpu1), gpu1, static).edits.manifest() == {"deviceNodes": mig_nodes(node, 7, 0)}, \
+        "the rules, not the entry"
 
     # A dynamic instance is newer than any spec, and its GPU is in MIG mode (no whole-GPU entry).
     dynamic = MigInstance(gpu1.uuid, "1g.5gb", 3, 1, gi=2, ci=0, uuid="MIG-new")
     made = nodes(node.backend.access(node.grant(gpu1), gpu1, dynamic).edits)
-    gi, ci = node.minor("gpu1/gi2/access"), node.minor("gpu1/gi2/ci0/access")
+    assert made == mig_nodes(node, 2, 0)
+
+
+def mig_nodes(node: Node, gi: int, ci: int) -> list[dict[str, Any]]:
+    """A GPU 1 instance's nodes, in the order gpuslice writes them (by path): its typed capability
+    nodes (mig-minors' gpu1/gi<G>/access, gpu1/gi<G>/ci<C>/access) and the parent's node."""
     major = parse_char_devices((node.paths["proc"] / "devices").read_text())["nvidia-caps"]
-    assert made == [{"path": "/dev/nvidia-caps/nvidia-cap" + str(m), "type": "c", "major": major, "minor": m,
-                     "fileMode": 0o444} for m in sorted((gi, ci), key=str)] + [{"path": "/dev/nvidia1"}]
+    minors = sorted((node.minor(f"gpu1/gi{gi}/access"), node.minor(f"gpu1/gi{gi}/ci{ci}/access")), key=str)
+    return [*({"path": f"/dev/nvidia-caps/nvidia-cap{m}", "type": "c", "major": major, "minor": m, "fileMode": 0o444}
+              for m in minors), {"path": "/dev/nvidia1"}]
+
+
+def test_a_static_mig_instance_gets_its_capability_nodes_when_the_spec_entry_lacks_them(
+        lib: FakeLibNvml, tmp_path: Path) -> None:
+    """nvcdi leaves out a node it cannot find, so an instance made from a container may be listed
+    with its parent's node only (dra-driver-nvidia-gpu#787): the capability nodes come from mig-minors."""
+    spec = yaml.safe_load(cdi_fixtures.nvml_mode(lib.gpus[0].uuid, MIG_UUID))
+    for device in spec["devices"]:
+        if device["name"] in ("1:0", MIG_UUID):
+            device["containerEdits"]["deviceNodes"] = [{"path": "/dev/nvidia1"}]
+    node = Node(tmp_path, {"nvidia.yaml": yaml.safe_dump(spec)})
+    gpu1 = node.gpus[1]
+    static = MigInstance(gpu1.uuid, "1g.5gb", 0, 1, gi=7, ci=0, uuid=MIG_UUID)
+    made = nodes(node.backend.access(node.grant(gpu1), gpu1, static).edits)
+    assert made == mig_nodes(node, 7, 0)
 
 
 def test_spec_that_leaves_out_a_mig_enabled_gpu(lib: FakeLibNvml, tmp_path: Path) -> None:

@@ -374,7 +374,7 @@ class NvmlBackend:
             if instance is None:
                 found = whole_gpu_edits(toolkit, ref, host)
             else:
-                found = mig_edits(toolkit, ref, MigRef(instance.uuid, instance.profile, instance.gi, instance.ci), host)
+                found = mig_edits(toolkit, ref, MigRef(instance.profile, instance.gi, instance.ci), host)
         except NvidiaCdiError as error:
             raise GpuBackendError(str(error)) from error
         return Access(found.edits, common, version)
