@@ -292,22 +292,33 @@ class FakeLibNvml:
         _set(status, OK)
         return OK
 
-    def _nvmlDeviceGetGpuInstanceProfileInfoV(self, handle: Any, enum: int, ref: Any) -> int:
+    def _nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, enum: int, ref: Any) -> int:
+        """v1: on any MIG-capable GPU, whatever its MIG mode; no name in its structure."""
         gpu = self._gpu(handle)
         found = self._profile(gpu, enum) if gpu is not None else None
         if found is None:
             return pynvml.NVML_ERROR_NOT_SUPPORTED
-        position, profile = found
-        info = ref._obj
+        self._profile_info(ref._obj, *found)
+        return OK
+
+    def _nvmlDeviceGetGpuInstanceProfileInfoV(self, handle: Any, enum: int, ref: Any) -> int:
+        """The versioned call: NOT_SUPPORTED "if device doesn't have MIG mode enabled" (nvml.h)."""
+        gpu = self._gpu(handle)
+        found = self._profile(gpu, enum) if gpu is not None else None
+        if gpu is None or found is None or gpu.mig_mode != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        self._profile_info(ref._obj, *found)
+        ref._obj.name = f"MIG {found[1].name}".encode()
+        return OK
+
+    def _profile_info(self, info: Any, position: int, profile: Any) -> None:
         info.id, info.sliceCount, info.instanceCount = PROFILE_IDS[position], profile.compute_slices, profile.max_count
         info.memorySizeMB = profile.memory // 1024**2
-        info.name = f"MIG {profile.name}".encode()
         engines = profile.engines
         if engines is not None:
             info.multiprocessorCount, info.copyEngineCount = engines.multiprocessors, engines.copy_engines
             info.decoderCount, info.encoderCount = engines.decoders, engines.encoders
             info.jpegCount, info.ofaCount = engines.jpeg_engines, engines.ofa_engines
-        return OK
 
     def _nvmlDeviceGetGpuInstancePossiblePlacements_v2(self, handle: Any, profile_id: int, array: Any,
                                                        count: Any) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import threading
 from collections.abc import Iterator
@@ -51,6 +52,14 @@ MAX_INSTANCES = 8
 # exceptions, page faults, preempted or reset channels, a killed context.
 IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 LOST_XIDS = frozenset({79})  # fell off the bus
+# go-nvlib's MIG profile names (pkg/nvlib/device/mig_profile.go, NewMigProfile), as NVIDIA's DRA driver
+# publishes them: GPU slices and attribute by NVML's GPU instance profile enum (3_SLICE_GFX, which
+# go-nvlib does not list yet, named by the same rule).
+GI_PROFILES = {"1_SLICE": (1, ""), "1_SLICE_REV1": (1, "+me"), "1_SLICE_REV2": (1, ""), "1_SLICE_GFX": (1, "+gfx"),
+               "1_SLICE_NO_ME": (1, "-me"), "1_SLICE_ALL_ME": (1, "+me.all"), "2_SLICE": (2, ""),
+               "2_SLICE_REV1": (2, "+me"), "2_SLICE_GFX": (2, "+gfx"), "2_SLICE_NO_ME": (2, "-me"),
+               "2_SLICE_ALL_ME": (2, "+me.all"), "3_SLICE": (3, ""), "3_SLICE_GFX": (3, "+gfx"), "4_SLICE": (4, ""),
+               "4_SLICE_GFX": (4, "+gfx"), "6_SLICE": (6, ""), "7_SLICE": (7, ""), "8_SLICE": (8, "")}
 COMPUTE_PROFILES = {1: "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE", 2: "NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE",
                     3: "NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE", 4: "NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE",
                     7: "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE"}
@@ -58,6 +67,14 @@ COMPUTE_PROFILES = {1: "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE", 2: "NVML_COMPUTE
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def mig_memory_gb(device_memory: int, profile_mb: int) -> int:
+    """go-nvlib's ``getMigMemorySizeGB``: the profile's share of the GPU in eighths, rounded up, times
+    the GPU's whole GiB, rounded half away from zero (Go's math.Round): 71168 MiB of an H200's
+    143771 MiB is 4/8 of 141 GiB, 70.5, so ``3g.71gb``."""
+    fraction = math.ceil(float(profile_mb) * 1024**2 / float(device_memory) * 8) / 8
+    return math.floor(fraction * float((device_memory + 1024**3 - 1) // 1024**3) + 0.5)
 
 
 class NvmlBackend:
@@ -115,6 +132,7 @@ class NvmlBackend:
         except nvml.NVMLError_NotSupported:
             pass
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        memory = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
         raw_bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
         try:
             bus_id = normalized_bus_id(raw_bus_id)
@@ -125,7 +143,7 @@ class NvmlBackend:
             index=index,
             uuid=uuid,
             product_name=_text(nvml.nvmlDeviceGetName(handle)),
-            memory=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+            memory=memory,
             pci_bus_id=bus_id,
             architecture=ARCHITECTURES.get(int(nvml.nvmlDeviceGetArchitecture(handle)), "Unknown"),
             compute_capability=f"{major}.{minor_cc}",
@@ -133,7 +151,7 @@ class NvmlBackend:
             minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
             mig_capable=mig_capable,
             mig_enabled=mig_enabled,
-            mig_profiles=self._mig_profiles(handle, uuid) if mig_capable else (),
+            mig_profiles=self._mig_profiles(handle, uuid, memory) if mig_capable else (),
             brand=BRANDS.get(int(nvml.nvmlDeviceGetBrand(handle)), "Unknown"),
             cuda_driver_version=cuda,
             pcie_root=self._pcie_root(bus_id),
@@ -149,21 +167,32 @@ class NvmlBackend:
                      pci_bus_id=bus_id, error=str(error))
             return None
 
-    def _mig_profiles(self, handle: Any, uuid: str) -> tuple[MigProfile, ...]:
+    def _mig_profiles(self, handle: Any, uuid: str, memory: int) -> tuple[MigProfile, ...]:
+        """The GPU's MIG profiles whatever its MIG mode: NVML's v1 profile query answers on any
+        MIG-capable GPU, its versioned one (pynvml's default) only in MIG mode (nvml.h:
+        NOT_SUPPORTED "if device doesn't have MIG mode enabled"), so v1 as go-nvlib's
+        ``VisitMigProfiles`` and NVIDIA's DRA driver query it, named as go-nvlib names them (v1
+        carries no name). The placements NVML gives regardless of MIG mode (nvml.h)."""
         nvml = self.nvml
+        known = {value: shape for name, shape in GI_PROFILES.items()
+                 if (value := getattr(nvml, f"NVML_GPU_INSTANCE_PROFILE_{name}", None)) is not None}
         profiles = []
         for profile in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
             try:
-                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)
+                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile, version=1)
             except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
                 continue
             if not info.instanceCount:
+                continue
+            if profile not in known:
+                log.warning("a MIG profile this agent cannot name is left out", gpu=uuid, nvml_profile=profile)
                 continue
             placements = (nvml.c_nvmlGpuInstancePlacement_t * MAX_PLACEMENTS)()
             count = ctypes.c_uint(MAX_PLACEMENTS)
             nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, placements, ctypes.byref(count))
             found = [(placements[i].start, placements[i].size) for i in range(count.value)]
-            name = _text(info.name).removeprefix("MIG ").strip()
+            slices, suffix = known[profile]
+            name = f"{slices}g.{mig_memory_gb(memory, int(info.memorySizeMB))}gb{suffix}"
             self._profile_ids[(uuid, name)] = profile
             profiles.append(MigProfile(
                 name=name,
@@ -194,6 +223,8 @@ class NvmlBackend:
                 raise GpuBackendError(
                     f"GPU {gpu.index} ({gpu.uuid}) will switch MIG mode only after a GPU reset (pending mode"
                     f" {pending}); stop its processes and run `nvidia-smi -r -i {gpu.index}`.")
+            # NVML's profile information holds for one MIG mode (nvml.h): read it again for this one.
+            self._mig_profiles(handle, gpu.uuid, int(nvml.nvmlDeviceGetMemoryInfo(handle).total))
 
     def _profile_enum(self, gpu: Gpu, profile: str) -> int:
         found = self._profile_ids.get((gpu.uuid, profile))
@@ -212,7 +243,7 @@ class NvmlBackend:
             for (uuid, name), enum in self._profile_ids.items():
                 if uuid != gpu.uuid:
                     continue
-                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
+                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum, version=1)
                 instances = (nvml.c_nvmlGpuInstance_t * MAX_INSTANCES)()
                 count = ctypes.c_uint(MAX_INSTANCES)
                 nvml.nvmlDeviceGetGpuInstances(handle, info.id, instances, ctypes.byref(count))
@@ -261,7 +292,7 @@ class NvmlBackend:
         with self._session(f"creating a {profile.name} instance at memory slice {start} of GPU {gpu.index}"
                            f" ({gpu.uuid})") as nvml:
             handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
-            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
+            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum, version=1)
             placement = nvml.c_nvmlGpuInstancePlacement_t()
             placement.start, placement.size = start, profile.size
             # NVML takes a pointer, and pynvml passes the argument on as is: by value, the
