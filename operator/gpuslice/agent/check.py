@@ -33,12 +33,12 @@ from gpuslice.dra.nvidia_cdi import (
     GpuRef,
     HostFacts,
     MigRef,
-    NvidiaCdiError,
     common_edits,
     device_node,
     mig_edits,
     whole_gpu_edits,
 )
+from gpuslice.dra.nvidia_toolkit import NvidiaCdiError
 from gpuslice.inventory.catalog import MI
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model, product_key
@@ -195,11 +195,17 @@ def _attributes(report: Report, gpus: list[Gpu]) -> None:
 
 def _cdi(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
     report.line("== CDI: the NVIDIA Container Toolkit's specs and what each kind of device would get")
-    toolkit = load_toolkit(backend.cdi_dirs)
+    driver = gpus[0].driver_version if gpus else None
+    toolkit = load_toolkit(backend.cdi_dirs, driver)
     host: HostFacts = backend.host(gpus)
-    report.line(f"specs in {toolkit.searched}: " + (", ".join(
-        f"{s.path} ({s.kind}, cdiVersion {s.version}, {len(s.devices)} devices, {len(s.common.mounts)} mounts,"
-        f" {len(s.common.hooks)} hooks)" for s in toolkit.specs) or "none"))
+    report.line(f"specs in {toolkit.searched}, best first, for driver {driver}: " + (", ".join(
+        f"{s.path} ({s.kind}, cdiVersion {s.version}, driver {s.driver_version or '(does not say)'},"
+        f" {len(s.devices)} devices, {len(s.common.mounts)} mounts, {len(s.common.hooks)} hooks)"
+        for s in toolkit.specs) or "none"))
+    for spec in toolkit.stale():
+        report.problem(f"{spec.path} is a CDI spec of driver {spec.driver_version}, the driver is {driver}: gpuslice"
+                       " does not copy from it, and containers given its devices would miss their libraries;"
+                       " generate it again or remove it")
     roots = ", ".join(sorted(toolkit.dev_roots())) or "?"
     majors = ", ".join(f"{n} {host.majors[n]}" for n in KERNEL_DEVICES if n in host.majors) or "no NVIDIA device"
     report.line(f"where the specs say the host keeps its device nodes: {roots}")

@@ -43,7 +43,8 @@ class AgentSettings(ProcessSettings):
     nvidia_cdi_dir: tuple[Path, ...] = Field(default=(), description=(
         "NVML backend: where the NVIDIA Container Toolkit's CDI specs are (nvidia.com/gpu,"
         " management.nvidia.com/gpu or k8s.device-plugin.nvidia.com/gpu), whose libraries and hooks each claim's"
-        " spec copies (repeat the flag; in the variable, separated by ':'); unset: /etc/cdi, then /var/run/cdi."))
+        " spec copies (repeat the flag; in the variable, separated by ':'; a later one wins, as in CDI); unset:"
+        " /etc/cdi, then /var/run/cdi."))
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description=(
         "Serve /metrics, /healthz and /readyz on this port; off when unset (the probes need it)."))
     kubelet_registrar_dir: Path = Field(default=_PLUGIN.registrar_dir, description=(

@@ -55,12 +55,12 @@ that the host's ``/dev`` may not have.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuslice.dra.cdi import CDI_VERSION, ContainerEdits, DeviceNode, newer_version
+from gpuslice.dra.nvidia_toolkit import Edits, NvidiaCdiError, Toolkit
 
-ACCEPTED = ("nvidia.com/gpu", "management.nvidia.com/gpu", "k8s.device-plugin.nvidia.com/gpu")
 CAPS_DEVICE_DIR = "/dev/nvidia-caps"
 MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
 # internal/info/proc/devices/devices.go: the /proc/devices name and the minor of each control node.
@@ -71,26 +71,6 @@ CONTROL_NODES = tuple(CONTROL_NUMBERS)
 GPU_MAJOR_NAMES = ("nvidia", "nvidia-frontend")
 _GPU_NODE = re.compile(r"/dev/nvidia(\d+)")
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-GENERATE = ("`nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml` on the node (NVIDIA Container Toolkit"
-            " 1.18+ runs it at boot as the nvidia-cdi-refresh service), or with the GPU Operator keep"
-            " cdi.enabled=true (its toolkit writes /var/run/cdi/management.nvidia.com-gpu.yaml)")
-
-
-class NvidiaCdiError(Exception):
-    """A container cannot be given the device; the message says what is missing and the fix."""
-
-
-@dataclass(frozen=True)
-class ToolkitSpec:
-    """One of the toolkit's spec files."""
-
-    path: str
-    kind: str
-    version: str
-    common: ContainerEdits
-    devices: Mapping[str, ContainerEdits]
-
-
 @dataclass(frozen=True)
 class HostFacts:
     """What the kernel says about the node's devices (read by the agent).
@@ -130,14 +110,6 @@ class MigRef:
     ci: int
 
 
-@dataclass(frozen=True)
-class Edits:
-    """A device's edits, and where they come from (for the check and the logs)."""
-
-    edits: ContainerEdits
-    source: str
-
-
 def parse_mig_minors(text: str) -> dict[str, int]:
     """``gpu0/gi1/access 12`` lines -> {"gpu0/gi1/access": 12} (nvcaps' ``processMinorsFile``)."""
     minors = {}
@@ -156,60 +128,6 @@ def parse_char_devices(proc_devices: str) -> dict[str, int]:
         if len(parts) == 2 and parts[0].isdigit():
             majors.setdefault(parts[1], int(parts[0]))
     return majors
-
-
-class Toolkit:
-    """The toolkit's specs found on the node, best first."""
-
-    def __init__(self, specs: Sequence[ToolkitSpec], searched: str) -> None:
-        self.specs = tuple(sorted(specs, key=lambda s: (ACCEPTED.index(s.kind), s.path)))
-        self.searched = searched
-
-    def common(self) -> ToolkitSpec:
-        """The spec whose common edits every claim copies; NvidiaCdiError when none has any."""
-        for spec in self.specs:
-            if spec.common.mounts or spec.common.hooks:
-                return spec
-        found = ", ".join(f"{s.path} ({s.kind}, no common edits)" for s in self.specs) or "none"
-        raise NvidiaCdiError(
-            f"no NVIDIA Container Toolkit CDI spec in {self.searched} holds the driver's libraries and hooks"
-            f" (specs of kind {', '.join(ACCEPTED)} found: {found}), so a container would get the GPU's device"
-            f" nodes but no libcuda.so, libnvidia-ml.so or nvidia-smi. Generate one: {GENERATE}.")
-
-    def device(self, names: Sequence[str], proof: str) -> Edits | None:
-        """A device entry named one of ``names`` whose nodes include ``proof`` (its ``/dev/nvidia<minor>``:
-        an index-named entry of an older spec may be another GPU now)."""
-        for spec in self.specs:
-            for name in names:
-                edits = spec.devices.get(name)
-                if edits is not None and any(n.path == proof for n in edits.device_nodes):
-                    return Edits(edits, f"{spec.path}: {spec.kind}={name}")
-        return None
-
-    def node(self, path: str) -> tuple[DeviceNode, str] | None:
-        """The first entry for ``path`` in a spec (any device's, ``all`` included, or the common
-        edits), as the toolkit wrote it: its ``hostPath`` is where the host has the node."""
-        for spec in self.specs:
-            for name, edits in (("", spec.common), *spec.devices.items()):
-                for node in edits.device_nodes:
-                    if node.path == path:
-                        return node, f"{spec.path}: {f'{spec.kind}={name}' if name else 'common edits'}"
-        return None
-
-    def dev_roots(self) -> set[str]:
-        """Where the specs say the host keeps its device nodes (``/run/nvidia/driver`` for
-        ``hostPath: /run/nvidia/driver/dev/nvidia0``; ``/`` when a node is at its own path)."""
-        roots = set()
-        for node in self._nodes():
-            host = node.host_path or node.path
-            if host.endswith(node.path):
-                roots.add(host[:-len(node.path)] or "/")
-        return roots
-
-    def _nodes(self) -> Iterator[DeviceNode]:
-        for spec in self.specs:
-            for edits in (spec.common, *spec.devices.values()):
-                yield from edits.device_nodes
 
 
 def common_edits(toolkit: Toolkit, host: HostFacts) -> tuple[ContainerEdits, str]:

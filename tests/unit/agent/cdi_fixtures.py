@@ -45,20 +45,23 @@ def _nodes(*paths: str) -> list[Spec]:
     return [{"path": p} for p in paths]
 
 
-def driver_edits(device_node_hook: bool = True) -> Spec:
-    """``driver-nvml.go``: the libraries, binaries, firmware and IPC socket of driver 580.95.05 as
-    mounts, and the hooks, in the order the generator writes them."""
-    hooks = [_hook("create-symlinks", "--link", f"libcuda.so.1::{LIBS}/libcuda.so"),
-             _hook("enable-cuda-compat", "--host-driver-version=580.95.05"), _hook("update-ldcache", "--folder", LIBS)]
+def driver_edits(device_node_hook: bool = True, driver: str = "580.95.05", compat_hook: bool = True) -> Spec:
+    """``driver-nvml.go``: the libraries, binaries, firmware and IPC socket of ``driver`` as mounts,
+    and the hooks, in the order the generator writes them (``compat_hook``: a management spec has the
+    enable-cuda-compat hook since toolkit 1.20)."""
+    hooks = [_hook("create-symlinks", "--link", f"libcuda.so.1::{LIBS}/libcuda.so")]
+    if compat_hook:
+        hooks.append(_hook("enable-cuda-compat", f"--host-driver-version={driver}"))
+    hooks.append(_hook("update-ldcache", "--folder", LIBS))
     if device_node_hook:  # management mode turns this one off (options.go)
         hooks.append(_hook("disable-device-node-modification"))
     return {"mounts": [_mount(p) for p in (
-        f"{LIBS}/libcuda.so.580.95.05", f"{LIBS}/libnvidia-ml.so.580.95.05",
-        f"{LIBS}/libnvidia-ptxjitcompiler.so.580.95.05", "/usr/bin/nvidia-smi",
-        "/lib/firmware/nvidia/580.95.05/gsp_ga10x.bin", "/run/nvidia-persistenced/socket")], "hooks": hooks}
+        f"{LIBS}/libcuda.so.{driver}", f"{LIBS}/libnvidia-ml.so.{driver}",
+        f"{LIBS}/libnvidia-ptxjitcompiler.so.{driver}", "/usr/bin/nvidia-smi",
+        f"/lib/firmware/nvidia/{driver}/gsp_ga10x.bin", "/run/nvidia-persistenced/socket")], "hooks": hooks}
 
 
-def nvml_mode(gpu0: str, mig_uuid: str) -> str:
+def nvml_mode(gpu0: str, mig_uuid: str, driver: str = "580.95.05") -> str:
     """``nvidia-ctk cdi generate`` (or the nvidia-cdi-refresh service): kind nvidia.com/gpu."""
     gpu0_edits = {"deviceNodes": _nodes("/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD128"),
                   "hooks": [_hook("create-symlinks", "--link", "../card1::/dev/dri/by-path/pci-0000:18:00.0-card")]}
@@ -70,7 +73,7 @@ def nvml_mode(gpu0: str, mig_uuid: str) -> str:
                    "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap66", "/dev/nvidia-caps/nvidia-cap67")}}]
     common = {"env": ["NVIDIA_VISIBLE_DEVICES=void", f"NVIDIA_CTK_LIBCUDA_DIR={LIBS}"],
               "deviceNodes": _nodes("/dev/nvidia-modeset", "/dev/nvidia-uvm-tools", "/dev/nvidia-uvm", "/dev/nvidiactl"),
-              **driver_edits()}
+              **driver_edits(driver=driver)}
     return yaml.safe_dump({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices,
                            "containerEdits": common}, sort_keys=False)
 
@@ -90,7 +93,7 @@ def _numbers(path: str) -> tuple[int, int]:
     return MAJORS["nvidia"], int(name.removeprefix("nvidia"))
 
 
-def management_mode(driver_root: str = "") -> str:
+def management_mode(driver_root: str = "", driver: str = "580.95.05", compat_hook: bool = True) -> str:
     """The GPU Operator's toolkit container (cdi.enabled): kind management.nvidia.com/gpu, device all.
     With ``driver_root`` (the Operator's containerised driver), every host path is under it, and each
     node carries what nvcdi read from it (``fromPathOrDefault``: major, minor, mode; no type)."""
@@ -103,7 +106,8 @@ def management_mode(driver_root: str = "") -> str:
             node.update({"hostPath": f"{driver_root}{node['path']}", "major": major, "minor": minor,
                          "fileMode": 0o666 if "caps" not in node["path"] else 0o444,
                          "permissions": "rwm"})
-    common = {"env": ["NVIDIA_VISIBLE_DEVICES=void"], **driver_edits(device_node_hook=False)}
+    common = {"env": ["NVIDIA_VISIBLE_DEVICES=void"],
+              **driver_edits(device_node_hook=False, driver=driver, compat_hook=compat_hook)}
     if driver_root:
         for mount in common["mounts"]:
             mount["hostPath"] = driver_root + mount["hostPath"]

@@ -47,8 +47,12 @@ class Node:
         return parse_mig_minors((self.paths["proc"] / "driver/nvidia-caps/mig-minors").read_text())[key]
 
     def grant(self, gpu: Gpu) -> Grant:
-        [device] = plan_node_pool({}, [gpu], [policy("p", {"mode": "shared", "sliceSize": "5Gi"})]).typed
-        return Grant("ns/c", "gpu", device)
+        return grant(gpu)
+
+
+def grant(gpu: Gpu) -> Grant:
+    [device] = plan_node_pool({}, [gpu], [policy("p", {"mode": "shared", "sliceSize": "5Gi"})]).typed
+    return Grant("ns/c", "gpu", device)
 
 
 def nodes(edits: cdi.ContainerEdits) -> list[dict[str, Any]]:
@@ -250,3 +254,57 @@ def test_visible_devices_is_void_even_when_an_older_spec_does_not_say_it(lib: Fa
     access = node.backend.access(node.grant(node.gpus[0]), node.gpus[0], None)
     assert access.common is not None
     assert access.common.env == {"NVIDIA_VISIBLE_DEVICES": "void"}
+
+
+def directories(tmp_path: Path, etc: dict[str, str], run: dict[str, str]) -> NvmlBackend:
+    """A backend reading /etc/cdi, then /var/run/cdi (the default order), with these specs in each."""
+    dirs = (tmp_path / "etc/cdi", tmp_path / "var/run/cdi")
+    for directory, specs in zip(dirs, (etc, run), strict=True):
+        directory.mkdir(parents=True)
+        for name, text in specs.items():
+            (directory / name).write_text(text)
+    return NvmlBackend(pynvml, cdi_dirs=dirs, **cdi_fixtures.host(tmp_path))
+
+
+def libraries(backend: NvmlBackend) -> set[str]:
+    [gpu, _] = backend.discover()
+    access = backend.access(grant(gpu), gpu, None)
+    assert access.common is not None
+    return {str(m["hostPath"]).rsplit("/", 1)[-1] for m in access.common.mounts if "libcuda" in str(m["hostPath"])}
+
+
+def test_a_spec_left_from_before_a_driver_upgrade_is_not_copied(lib: FakeLibNvml, tmp_path: Path) -> None:
+    """A stale /etc/cdi/nvidia.yaml of driver 570 next to the refreshed /var/run/cdi one of 580 (NVML's):
+    the claim gets 580's libraries, whichever directory sorts first."""
+    stale = cdi_fixtures.nvml_mode(lib.gpus[0].uuid, MIG_UUID, driver="570.86.15")
+    fresh = cdi_fixtures.nvml_mode(lib.gpus[0].uuid, MIG_UUID)
+    backend = directories(tmp_path, {"nvidia.yaml": stale}, {"nvidia.yaml": fresh})
+    assert libraries(backend) == {"libcuda.so.580.95.05"}
+    assert backend.container_problems() == []
+
+
+def test_of_two_specs_of_the_driver_the_later_directory_wins_as_in_cdi(lib: FakeLibNvml, tmp_path: Path) -> None:
+    etc = cdi_fixtures.nvml_mode(lib.gpus[0].uuid, MIG_UUID).replace(cdi_fixtures.LIBS, "/usr/lib64")
+    backend = directories(tmp_path, {"nvidia.yaml": etc}, {"nvidia.yaml": cdi_fixtures.nvml_mode(lib.gpus[0].uuid,
+                                                                                                 MIG_UUID)})
+    [gpu, _] = backend.discover()
+    common = backend.access(grant(gpu), gpu, None).common
+    assert common is not None
+    assert {str(m["hostPath"]) for m in common.mounts} >= {f"{cdi_fixtures.LIBS}/libcuda.so.580.95.05"}, \
+        "/var/run/cdi's, as CDI's cache prefers it (pkg/cdi/spec-dirs.go)"
+
+
+def test_only_specs_of_another_driver_publish_nothing_and_say_so(lib: FakeLibNvml, tmp_path: Path) -> None:
+    """The GPU Operator's management spec before toolkit 1.20 says its driver only in its libraries' names."""
+    old = cdi_fixtures.management_mode(driver="570.86.15", compat_hook=False)
+    backend = directories(tmp_path, {}, {"management.nvidia.com-gpu.yaml": old})
+    [problem] = backend.container_problems()
+    assert "are for another driver (" in problem
+    assert "(management.nvidia.com/gpu, driver 570.86.15)), the node's is 580.95.05" in problem
+    [gpu, _] = backend.discover()
+    with pytest.raises(GpuBackendError, match=r"are for another driver .*Generate the spec again"):
+        backend.access(grant(gpu), gpu, None)
+    unknown = yaml.safe_load(old)
+    unknown["containerEdits"]["mounts"] = [m for m in unknown["containerEdits"]["mounts"] if ".so." not in m["hostPath"]]
+    (tmp_path / "var/run/cdi/management.nvidia.com-gpu.yaml").write_text(yaml.safe_dump(unknown))
+    assert backend.container_problems() == [], "a spec that does not say its driver is taken"

@@ -22,26 +22,25 @@ import yaml
 
 from gpuslice.dra.cdi import CDI_VERSION, ContainerEdits, DeviceNode
 from gpuslice.dra.nvidia_cdi import (
-    ACCEPTED,
     CAPS_DEVICE_DIR,
     CONTROL_NODES,
     HostFacts,
-    Toolkit,
-    ToolkitSpec,
     gpu_node,
     parse_char_devices,
     parse_mig_minors,
 )
+from gpuslice.dra.nvidia_toolkit import ACCEPTED, Toolkit, ToolkitSpec
 
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 
 
-def load_toolkit(directories: Iterable[Path]) -> Toolkit:
+def load_toolkit(directories: Iterable[Path], driver: str | None = None) -> Toolkit:
     """The toolkit's specs in ``directories`` (``.json``/``.yaml``; a file that does not parse is
-    another driver's problem, which the runtime reports)."""
+    another driver's problem, which the runtime reports), for NVML's ``driver`` version. A later
+    directory has the higher priority, as in CDI (``/var/run/cdi`` over ``/etc/cdi``)."""
     directories = tuple(directories)
     specs = []
-    for directory in directories:
+    for priority, directory in enumerate(directories):
         if not directory.is_dir():
             continue
         for path in sorted(directory.iterdir()):
@@ -57,8 +56,8 @@ def load_toolkit(directories: Iterable[Path]) -> Toolkit:
             devices = {str(d.get("name")): ContainerEdits.from_spec(d.get("containerEdits") or {})
                        for d in spec.get("devices") or [] if isinstance(d, dict) and d.get("name")}
             specs.append(ToolkitSpec(str(path), str(spec["kind"]), str(spec.get("cdiVersion") or CDI_VERSION),
-                                     ContainerEdits.from_spec(spec.get("containerEdits") or {}), devices))
-    return Toolkit(specs, " and ".join(str(d) for d in directories) or "(no directory)")
+                                     ContainerEdits.from_spec(spec.get("containerEdits") or {}), devices, priority))
+    return Toolkit(specs, " and ".join(str(d) for d in directories) or "(no directory)", driver)
 
 
 def host_facts(bus_ids: Iterable[str], minors: Iterable[int], dev: Path = Path("/dev"),

@@ -28,11 +28,11 @@ from gpuslice.dra.nvidia_cdi import (
     GpuRef,
     HostFacts,
     MigRef,
-    NvidiaCdiError,
     common_edits,
     mig_edits,
     whole_gpu_edits,
 )
+from gpuslice.dra.nvidia_toolkit import NvidiaCdiError
 from gpuslice.inventory.catalog import Engines, MigProfile
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.pci import PciAddressError, normalized_bus_id, pcie_root
@@ -398,7 +398,7 @@ class NvmlBackend:
     def access(self, grant: Grant, gpu: Gpu, instance: MigInstance | None) -> Access:
         """The claim's own CDI edits for the device, by the NVIDIA Container Toolkit's rules
         (``dra.nvidia_cdi``), and the toolkit spec's common edits."""
-        toolkit, host = load_toolkit(self.cdi_dirs), self.host([gpu])
+        toolkit, host = load_toolkit(self.cdi_dirs, gpu.driver_version), self.host([gpu])
         ref = GpuRef(gpu.uuid, gpu.index, gpu.minor, gpu.pci_bus_id)
         try:
             common, version = common_edits(toolkit, host)
@@ -411,8 +411,19 @@ class NvmlBackend:
         return Access(found.edits, common, version)
 
     def container_problems(self) -> list[str]:
+        """No toolkit spec with the driver's libraries, or only specs of another driver (a spec left
+        from before a driver upgrade: its libraries are gone)."""
         try:
-            load_toolkit(self.cdi_dirs).common()
+            with self._session("reading the driver's version") as nvml:
+                driver = _text(nvml.nvmlSystemGetDriverVersion())
+        except GpuBackendError as error:
+            return [str(error)]
+        toolkit = load_toolkit(self.cdi_dirs, driver)
+        try:
+            toolkit.common()
         except NvidiaCdiError as error:
             return [str(error)]
+        for spec in toolkit.stale():
+            log.warning("a CDI spec of another driver is left on the node; gpuslice does not use it (generate it"
+                        " again, or remove it)", spec=spec.path, spec_driver=spec.driver_version, driver=driver)
         return []
