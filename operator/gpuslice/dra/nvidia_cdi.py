@@ -57,6 +57,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuslice.dra.cdi import CDI_VERSION, ContainerEdits, DeviceNode, newer_version
 from gpuslice.dra.nvidia_toolkit import Edits, NvidiaCdiError, Toolkit
@@ -71,6 +72,8 @@ CONTROL_NODES = tuple(CONTROL_NUMBERS)
 GPU_MAJOR_NAMES = ("nvidia", "nvidia-frontend")
 _GPU_NODE = re.compile(r"/dev/nvidia(\d+)")
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+LIBCUDA_DIR = "NVIDIA_CTK_LIBCUDA_DIR"
+NODE_MODIFICATION = "disable-device-node-modification"
 @dataclass(frozen=True)
 class HostFacts:
     """What the kernel says about the node's devices (read by the agent).
@@ -133,13 +136,42 @@ def parse_char_devices(proc_devices: str) -> dict[str, int]:
 def common_edits(toolkit: Toolkit, host: HostFacts) -> tuple[ContainerEdits, str]:
     """The claim spec's common edits and the CDI version they need: the toolkit's, plus the control
     nodes it has not (a management spec keeps them in its ``all`` device; nvcdi makes all four where
-    their majors exist, ``pkg/system/nvdevices``), plus ``NVIDIA_VISIBLE_DEVICES=void`` where it
-    does not set it."""
+    their majors exist, ``pkg/system/nvdevices``), the hook that keeps the driver from making device
+    nodes in the container where it lacks (``node_modification_hook``), and
+    ``NVIDIA_VISIBLE_DEVICES=void`` where it does not set it."""
     spec = toolkit.common()
     have = {n.path for n in spec.common.device_nodes}
     control = tuple(found.node for p in CONTROL_NODES if p not in have and (found := device_node(toolkit, host, p)))
     env = {} if VISIBLE_DEVICES in spec.common.env else {VISIBLE_DEVICES: "void"}
-    return spec.common + ContainerEdits(env=env, device_nodes=control), newer_version(CDI_VERSION, spec.version)
+    hook = node_modification_hook(spec.common)
+    added = ContainerEdits(env=env, device_nodes=control, hooks=(hook,) if hook else ())
+    return spec.common + added, newer_version(CDI_VERSION, spec.version)
+
+
+def node_modification_hook(common: ContainerEdits) -> Mapping[str, Any] | None:
+    """nvcdi's ``disable-device-node-modification`` hook (``driver-nvml.go``: after update-ldcache),
+    which keeps libnvidia-ml and nvidia-smi from making the nodes of every GPU in the container,
+    where the spec lacks it: a management spec leaves it out (``pkg/nvcdi/options.go``), as a claim's
+    spec must not. Built as the spec's other hooks are (their ``nvidia-cdi-hook``, its fixed
+    arguments, ``hooks.go`` ``getFixedArgsForCDIHookCLI``, their environment). Only where the spec
+    proves a toolkit of 1.18 or later, the first whose hook binary has this hook (1.17's would fail
+    the container on a hook it does not know): ``NVIDIA_CTK_LIBCUDA_DIR``, which 1.18 first writes."""
+    if LIBCUDA_DIR not in common.env or any(NODE_MODIFICATION in _hook_args(h)[:3] for h in common.hooks):
+        return None
+    for template in common.hooks:
+        binary = str(template.get("path") or "").rsplit("/", 1)[-1]
+        if binary in ("nvidia-cdi-hook", "nvidia-ctk") and template.get("hookName") == "createContainer":
+            fixed = ["nvidia-ctk", "hook"] if binary == "nvidia-ctk" else [binary]
+            hook: dict[str, Any] = {"hookName": "createContainer", "path": template["path"],
+                                    "args": [*fixed, NODE_MODIFICATION]}
+            if template.get("env"):
+                hook["env"] = list(template["env"])
+            return hook
+    return None
+
+
+def _hook_args(hook: Mapping[str, Any]) -> list[str]:
+    return [str(a) for a in hook.get("args") or ()]
 
 
 @dataclass(frozen=True)

@@ -93,10 +93,12 @@ def _numbers(path: str) -> tuple[int, int]:
     return MAJORS["nvidia"], int(name.removeprefix("nvidia"))
 
 
-def management_mode(driver_root: str = "", driver: str = "580.95.05", compat_hook: bool = True) -> str:
+def management_mode(driver_root: str = "", driver: str = "580.95.05", toolkit: str = "1.20") -> str:
     """The GPU Operator's toolkit container (cdi.enabled): kind management.nvidia.com/gpu, device all.
     With ``driver_root`` (the Operator's containerised driver), every host path is under it, and each
-    node carries what nvcdi read from it (``fromPathOrDefault``: major, minor, mode; no type)."""
+    node carries what nvcdi read from it (``fromPathOrDefault``: major, minor, mode; no type). As
+    ``toolkit`` writes it: 1.20 adds the enable-cuda-compat hook to management specs, 1.18 first
+    writes ``NVIDIA_CTK_LIBCUDA_DIR`` (``driver-nvml.go``)."""
     paths = ("/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
              "/dev/nvidia-modeset", "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2")
     every = _nodes(*paths)
@@ -106,8 +108,8 @@ def management_mode(driver_root: str = "", driver: str = "580.95.05", compat_hoo
             node.update({"hostPath": f"{driver_root}{node['path']}", "major": major, "minor": minor,
                          "fileMode": 0o666 if "caps" not in node["path"] else 0o444,
                          "permissions": "rwm"})
-    common = {"env": ["NVIDIA_VISIBLE_DEVICES=void"],
-              **driver_edits(device_node_hook=False, driver=driver, compat_hook=compat_hook)}
+    env = ["NVIDIA_VISIBLE_DEVICES=void", *([f"NVIDIA_CTK_LIBCUDA_DIR={LIBS}"] if toolkit >= "1.18" else [])]
+    common = {"env": env, **driver_edits(device_node_hook=False, driver=driver, compat_hook=toolkit >= "1.20")}
     if driver_root:
         for mount in common["mounts"]:
             mount["hostPath"] = driver_root + mount["hostPath"]

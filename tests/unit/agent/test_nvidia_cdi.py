@@ -296,7 +296,7 @@ def test_of_two_specs_of_the_driver_the_later_directory_wins_as_in_cdi(lib: Fake
 
 def test_only_specs_of_another_driver_publish_nothing_and_say_so(lib: FakeLibNvml, tmp_path: Path) -> None:
     """The GPU Operator's management spec before toolkit 1.20 says its driver only in its libraries' names."""
-    old = cdi_fixtures.management_mode(driver="570.86.15", compat_hook=False)
+    old = cdi_fixtures.management_mode(driver="570.86.15", toolkit="1.18")
     backend = directories(tmp_path, {}, {"management.nvidia.com-gpu.yaml": old})
     [problem] = backend.container_problems()
     assert "are for another driver (" in problem
@@ -308,3 +308,35 @@ def test_only_specs_of_another_driver_publish_nothing_and_say_so(lib: FakeLibNvm
     unknown["containerEdits"]["mounts"] = [m for m in unknown["containerEdits"]["mounts"] if ".so." not in m["hostPath"]]
     (tmp_path / "var/run/cdi/management.nvidia.com-gpu.yaml").write_text(yaml.safe_dump(unknown))
     assert backend.container_problems() == [], "a spec that does not say its driver is taken"
+
+
+def hooks(common: cdi.ContainerEdits | None) -> list[list[str]]:
+    assert common is not None
+    return [[str(a) for a in h["args"]] for h in common.hooks]
+
+
+def test_the_device_node_hook_a_management_spec_leaves_out_is_added(lib: FakeLibNvml, tmp_path: Path) -> None:
+    """A management spec has no disable-device-node-modification hook (options.go); a claim's spec
+    gets it, built as the spec's other hooks (the Operator's nvidia-cdi-hook, its environment), after
+    update-ldcache as nvcdi orders it."""
+    node = Node(tmp_path, {"management.nvidia.com-gpu.yaml": cdi_fixtures.management_mode(
+        cdi_fixtures.OPERATOR_DRIVER_ROOT)})
+    common = node.backend.access(node.grant(node.gpus[0]), node.gpus[0], None).common
+    assert hooks(common)[-2:] == [["nvidia-cdi-hook", "update-ldcache", "--folder", cdi_fixtures.LIBS],
+                                  ["nvidia-cdi-hook", "disable-device-node-modification"]]
+    assert common is not None
+    assert common.hooks[-1] == {"hookName": "createContainer", "path": cdi_fixtures.OPERATOR_HOOK,
+                                "args": ["nvidia-cdi-hook", "disable-device-node-modification"],
+                                "env": ["NVIDIA_CTK_DEBUG=false"]}
+
+
+def test_the_device_node_hook_is_not_added_for_a_toolkit_that_lacks_it(lib: FakeLibNvml, tmp_path: Path) -> None:
+    """Toolkit 1.17's nvidia-cdi-hook has no such hook and fails the container on one it does not
+    know; its spec has no NVIDIA_CTK_LIBCUDA_DIR. A spec that has the hook keeps the one it has."""
+    node = Node(tmp_path, {"management.nvidia.com-gpu.yaml": cdi_fixtures.management_mode(toolkit="1.17")})
+    common = node.backend.access(node.grant(node.gpus[0]), node.gpus[0], None).common
+    assert "disable-device-node-modification" not in str(hooks(common))
+    (tmp_path / "generated").mkdir()
+    generated = Node(tmp_path / "generated", {"nvidia.yaml": cdi_fixtures.nvml_mode(lib.gpus[0].uuid, MIG_UUID)})
+    common = generated.backend.access(generated.grant(generated.gpus[0]), generated.gpus[0], None).common
+    assert sum("disable-device-node-modification" in h for h in hooks(common)) == 1
