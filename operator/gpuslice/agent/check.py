@@ -218,8 +218,8 @@ def _cdi(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
         if path in host.seen and control is None:
             report.line("    (this container has it, the kernel does not list it: not given to containers)")
     try:
-        common, version = common_edits(toolkit, host)
-        report.line(f"common edits each claim's spec copies (cdiVersion {version}):")
+        common = common_edits(toolkit, host)
+        report.line("common edits each claim's spec copies (the claim's spec says the cdiVersion its content needs):")
         report.line("  " + json.dumps(common.manifest(), sort_keys=True))
     except NvidiaCdiError as error:
         report.problem(str(error))

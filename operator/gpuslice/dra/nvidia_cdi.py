@@ -59,7 +59,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslice.dra.cdi import CDI_VERSION, ContainerEdits, DeviceNode, newer_version
+from gpuslice.dra.cdi import ContainerEdits, DeviceNode
 from gpuslice.dra.nvidia_toolkit import Edits, NvidiaCdiError, Toolkit
 
 CAPS_DEVICE_DIR = "/dev/nvidia-caps"
@@ -133,8 +133,8 @@ def parse_char_devices(proc_devices: str) -> dict[str, int]:
     return majors
 
 
-def common_edits(toolkit: Toolkit, host: HostFacts) -> tuple[ContainerEdits, str]:
-    """The claim spec's common edits and the CDI version they need: the toolkit's, plus the control
+def common_edits(toolkit: Toolkit, host: HostFacts) -> ContainerEdits:
+    """The claim spec's common edits: the toolkit's, plus the control
     nodes it has not (a management spec keeps them in its ``all`` device; nvcdi makes all four where
     their majors exist, ``pkg/system/nvdevices``), the hook that keeps the driver from making device
     nodes in the container where it lacks (``node_modification_hook``), and
@@ -145,7 +145,7 @@ def common_edits(toolkit: Toolkit, host: HostFacts) -> tuple[ContainerEdits, str
     env = {} if VISIBLE_DEVICES in spec.common.env else {VISIBLE_DEVICES: "void"}
     hook = node_modification_hook(spec.common)
     added = ContainerEdits(env=env, device_nodes=control, hooks=(hook,) if hook else ())
-    return spec.common + added, newer_version(CDI_VERSION, spec.version)
+    return spec.common + added
 
 
 def node_modification_hook(common: ContainerEdits) -> Mapping[str, Any] | None:

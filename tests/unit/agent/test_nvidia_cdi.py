@@ -138,7 +138,6 @@ def test_gpu_operators_spec_with_only_all(lib: FakeLibNvml, tmp_path: Path) -> N
     assert common["mounts"] == spec_edits(text)["mounts"]
     assert [n["path"] for n in common["deviceNodes"]] == ["/dev/nvidia-modeset", "/dev/nvidia-uvm",
                                                           "/dev/nvidia-uvm-tools", "/dev/nvidiactl"], "from all"
-    assert access.cdi_version == "0.8.0", "the claim spec says the version the copied edits need"
     dynamic = MigInstance(gpu1.uuid, "1g.5gb", 0, 1, gi=1, ci=0, uuid="MIG-new")
     assert [n["path"] for n in nodes(node.backend.access(node.grant(gpu1), gpu1, dynamic).edits)][-1] == "/dev/nvidia1"
 
@@ -239,10 +238,26 @@ def test_a_claim_spec_carries_the_common_edits_once_at_the_version_they_need() -
     common = cdi.ContainerEdits.from_spec(yaml.safe_load(cdi_fixtures.management_mode())["containerEdits"])
     one = cdi.ContainerEdits(device_nodes=(cdi.DeviceNode("/dev/nvidia0"),))
     two = cdi.ContainerEdits(device_nodes=(cdi.DeviceNode("/dev/nvidia1"),))
-    spec = cdi.claim_spec({"u-a": one, "u-b": two}, common + common + cdi.ContainerEdits(env={"X": "1"}), "0.8.0")
-    assert spec["cdiVersion"] == "0.8.0"
+    spec = cdi.claim_spec({"u-a": one, "u-b": two}, common + common + cdi.ContainerEdits(env={"X": "1"}))
+    assert spec["cdiVersion"] == cdi.CDI_VERSION, "what the content needs, not the 0.8.0 the copied spec said"
     assert spec["containerEdits"]["hooks"] == [dict(h) for h in common.hooks], "hooks kept once, in order"
     assert cdi.claim_spec({}, None)["cdiVersion"] == cdi.CDI_VERSION
+    gids = cdi.ContainerEdits(device_nodes=(cdi.DeviceNode("/dev/dri/card1"),), additional_gids=(44,))
+    assert cdi.claim_spec({"u-a": gids}, common)["cdiVersion"] == "0.7.0", "additionalGids: CDI's requiresV070"
+
+
+def test_device_edits_of_a_newer_spec_raise_the_claim_specs_version(lib: FakeLibNvml, tmp_path: Path) -> None:
+    """The common edits from the Operator's 0.5.0 spec, GPU 0's from a device plugin's spec with
+    additionalGids (0.7.0): the claim's spec must say 0.7.0, or the runtime refuses it (ValidateVersion)."""
+    plugin = yaml.safe_load(cdi_fixtures.device_plugin(lib.gpus[0].uuid))
+    plugin["cdiVersion"] = "0.7.0"
+    plugin["devices"][0]["containerEdits"]["additionalGids"] = [44]
+    node = Node(tmp_path, {"management.nvidia.com-gpu.yaml": cdi_fixtures.management_mode(
+        cdi_fixtures.OPERATOR_DRIVER_ROOT), "k8s.device-plugin.nvidia.com-gpu.yaml": yaml.safe_dump(plugin)})
+    gpu0 = node.gpus[0]
+    access = node.backend.access(node.grant(gpu0), gpu0, None)
+    assert access.edits.additional_gids == (44,)
+    assert cdi.claim_spec({"u-gpu0": access.edits}, access.common)["cdiVersion"] == "0.7.0"
 
 
 def test_visible_devices_is_void_even_when_an_older_spec_does_not_say_it(lib: FakeLibNvml, tmp_path: Path) -> None:

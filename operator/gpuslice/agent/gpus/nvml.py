@@ -401,14 +401,14 @@ class NvmlBackend:
         toolkit, host = load_toolkit(self.cdi_dirs, gpu.driver_version), self.host([gpu])
         ref = GpuRef(gpu.uuid, gpu.index, gpu.minor, gpu.pci_bus_id)
         try:
-            common, version = common_edits(toolkit, host)
+            common = common_edits(toolkit, host)
             if instance is None:
                 found = whole_gpu_edits(toolkit, ref, host)
             else:
                 found = mig_edits(toolkit, ref, MigRef(instance.profile, instance.gi, instance.ci), host)
         except NvidiaCdiError as error:
             raise GpuBackendError(str(error)) from error
-        return Access(found.edits, common, version)
+        return Access(found.edits, common)
 
     def container_problems(self) -> list[str]:
         """No toolkit spec with the driver's libraries, or only specs of another driver (a spec left
