@@ -36,26 +36,30 @@ class DeviceNode:
     minor: int | None = None
     file_mode: int | None = None
     permissions: str | None = None
+    uid: int | None = None
+    gid: int | None = None
 
     def manifest(self) -> dict[str, Any]:
         node: dict[str, Any] = {"path": self.path}
         if self.host_path and self.host_path != self.path:
             node["hostPath"] = self.host_path
         for key, value in (("type", self.type), ("major", self.major), ("minor", self.minor),
-                           ("fileMode", self.file_mode), ("permissions", self.permissions)):
+                           ("fileMode", self.file_mode), ("permissions", self.permissions), ("uid", self.uid),
+                           ("gid", self.gid)):
             if value is not None:
                 node[key] = value
         return node
 
     @classmethod
     def from_spec(cls, node: Mapping[str, Any]) -> DeviceNode:
-        """A ``deviceNodes`` entry of someone else's spec, as written there."""
+        """A ``deviceNodes`` entry of someone else's spec, as written there (nvcdi writes a DRM
+        node's ``gid``: ``internal/edits/device.go``)."""
         def number(key: str) -> int | None:
             value = node.get(key)
             return int(value) if isinstance(value, int) else None
 
         return cls(str(node.get("path", "")), node.get("hostPath"), node.get("type"), number("major"),
-                   number("minor"), number("fileMode"), node.get("permissions"))
+                   number("minor"), number("fileMode"), node.get("permissions"), number("uid"), number("gid"))
 
 
 @dataclass(frozen=True)

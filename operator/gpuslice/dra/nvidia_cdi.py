@@ -55,7 +55,7 @@ that the host's ``/dev`` may not have.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,18 +152,24 @@ def node_modification_hook(common: ContainerEdits) -> Mapping[str, Any] | None:
     """nvcdi's ``disable-device-node-modification`` hook (``driver-nvml.go``: after update-ldcache),
     which keeps libnvidia-ml and nvidia-smi from making the nodes of every GPU in the container,
     where the spec lacks it: a management spec leaves it out (``pkg/nvcdi/options.go``), as a claim's
-    spec must not. Built as the spec's other hooks are (their ``nvidia-cdi-hook``, its fixed
-    arguments, ``hooks.go`` ``getFixedArgsForCDIHookCLI``, their environment). Only where the spec
-    proves a toolkit of 1.18 or later, the first whose hook binary has this hook (1.17's would fail
-    the container on a hook it does not know): ``NVIDIA_CTK_LIBCUDA_DIR``, which 1.18 first writes."""
+    spec must not. Only where the spec proves a toolkit of 1.18 or later, the first whose hook binary
+    has this hook (1.17's would fail the container on a hook it does not know):
+    ``NVIDIA_CTK_LIBCUDA_DIR``, which 1.18 first writes."""
     if LIBCUDA_DIR not in common.env or any(NODE_MODIFICATION in _hook_args(h)[:3] for h in common.hooks):
         return None
+    return cdi_hook(common, NODE_MODIFICATION)
+
+
+def cdi_hook(common: ContainerEdits, name: str, *args: str) -> dict[str, Any] | None:
+    """An ``nvidia-cdi-hook`` hook built as the spec's own are (``internal/discover/hooks.go``
+    ``Create``: their binary's path, the fixed arguments of ``getFixedArgsForCDIHookCLI``, their
+    environment); None when the spec has none to go by."""
     for template in common.hooks:
         binary = str(template.get("path") or "").rsplit("/", 1)[-1]
         if binary in ("nvidia-cdi-hook", "nvidia-ctk") and template.get("hookName") == "createContainer":
             fixed = ["nvidia-ctk", "hook"] if binary == "nvidia-ctk" else [binary]
             hook: dict[str, Any] = {"hookName": "createContainer", "path": template["path"],
-                                    "args": [*fixed, NODE_MODIFICATION]}
+                                    "args": [*fixed, name, *args]}
             if template.get("env"):
                 hook["env"] = list(template["env"])
             return hook
@@ -172,6 +178,28 @@ def node_modification_hook(common: ContainerEdits) -> Mapping[str, Any] | None:
 
 def _hook_args(hook: Mapping[str, Any]) -> list[str]:
     return [str(a) for a in hook.get("args") or ()]
+
+
+def additional_gids(nodes: Sequence[DeviceNode]) -> tuple[int, ...]:
+    """The groups a container needs to open these nodes: a node's own where it is not root's and
+    not open to all (``internal/edits/device.go``, ``getAdditionalGIDs``)."""
+    return tuple(dict.fromkeys(n.gid for n in nodes if n.gid and n.file_mode is not None
+                               and not (n.file_mode & 0o4 and n.file_mode & 0o2)))
+
+
+def drm_edits(toolkit: Toolkit, host: HostFacts, pci_bus_id: str) -> ContainerEdits:
+    """A GPU's DRM nodes, the groups they need and the hook that links them in ``/dev/dri/by-path``
+    (``internal/platform-support/dgpu/by-path-hooks.go``: ``pci-<bus id>-card`` and ``-render``,
+    udev's names, to ``../card<N>``, ``../renderD<N>``)."""
+    nodes = drm_nodes(toolkit, host, pci_bus_id)
+    links = [f"../{name}::/dev/dri/by-path/pci-{pci_bus_id}-{'card' if name.startswith('card') else 'render'}"
+             for n in nodes if (name := n.path.rsplit("/", 1)[-1]).startswith(("card", "renderD"))]
+    try:
+        hook = cdi_hook(toolkit.common().common, "create-symlinks", *(a for link in links for a in ("--link", link)))
+    except NvidiaCdiError:
+        hook = None  # no common edits: the claim's prepare fails on them and says why
+    return ContainerEdits(device_nodes=nodes, hooks=(hook,) if hook and links else (),
+                          additional_gids=additional_gids(nodes))
 
 
 @dataclass(frozen=True)
@@ -234,8 +262,9 @@ def whole_gpu_edits(toolkit: Toolkit, gpu: GpuRef, host: HostFacts) -> Edits:
     found = toolkit.device((gpu.uuid, str(gpu.index)), node)
     if found is not None:
         return found
-    nodes = (gpu_device_node(toolkit, host, gpu.minor), *drm_nodes(toolkit, host, gpu.pci_bus_id))
-    return Edits(ContainerEdits(device_nodes=nodes), "made by nvcdi's rules (no spec entry names this GPU)")
+    parent = ContainerEdits(device_nodes=(gpu_device_node(toolkit, host, gpu.minor),))
+    return Edits(parent + drm_edits(toolkit, host, gpu.pci_bus_id),
+                 "made by nvcdi's rules (no spec entry names this GPU)")
 
 
 def mig_capability_nodes(toolkit: Toolkit, host: HostFacts, gpu_minor: int, gi: int,
@@ -271,8 +300,8 @@ def mig_edits(toolkit: Toolkit, gpu: GpuRef, mig: MigRef, host: HostFacts) -> Ed
     """A MIG instance, static or dynamic: its parent's node and its two capability nodes from
     ``mig-minors`` (plus the DRM nodes of a ``+gfx`` profile), never its spec entry, which may lack
     the capability nodes (see the module's doc)."""
-    nodes = [gpu_device_node(toolkit, host, gpu.minor), *mig_capability_nodes(toolkit, host, gpu.minor, mig.gi, mig.ci)]
+    edits = ContainerEdits(device_nodes=(gpu_device_node(toolkit, host, gpu.minor),
+                                         *mig_capability_nodes(toolkit, host, gpu.minor, mig.gi, mig.ci)))
     if "+gfx" in mig.profile:
-        nodes += drm_nodes(toolkit, host, gpu.pci_bus_id)
-    return Edits(ContainerEdits(device_nodes=tuple(nodes)),
-                 "made by nvcdi's rules (the parent's node and the instance's capability nodes)")
+        edits += drm_edits(toolkit, host, gpu.pci_bus_id)
+    return Edits(edits, "made by nvcdi's rules (the parent's node and the instance's capability nodes)")

@@ -63,8 +63,12 @@ def driver_edits(device_node_hook: bool = True, driver: str = "580.95.05", compa
 
 def nvml_mode(gpu0: str, mig_uuid: str, driver: str = "580.95.05") -> str:
     """``nvidia-ctk cdi generate`` (or the nvidia-cdi-refresh service): kind nvidia.com/gpu."""
-    gpu0_edits = {"deviceNodes": _nodes("/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD128"),
-                  "hooks": [_hook("create-symlinks", "--link", "../card1::/dev/dri/by-path/pci-0000:18:00.0-card")]}
+    # A DRM node of group video (44), not open to all: nvcdi writes its gid and the group as
+    # additionalGids (internal/edits/device.go).
+    card = {"path": "/dev/dri/card1", "major": 226, "minor": 1, "fileMode": 0o660, "permissions": "rwm", "gid": 44}
+    gpu0_edits = {"deviceNodes": [*_nodes("/dev/nvidia0"), card, *_nodes("/dev/dri/renderD128")],
+                  "hooks": [_hook("create-symlinks", "--link", "../card1::/dev/dri/by-path/pci-0000:18:00.0-card")],
+                  "additionalGids": [44]}
     mig_edits = {"deviceNodes": _nodes("/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap66", "/dev/nvidia-caps/nvidia-cap67")}
     devices = [{"name": "0", "containerEdits": gpu0_edits}, {"name": gpu0, "containerEdits": gpu0_edits},
                # GPU 1 is in MIG mode: no '1' and no GPU-... entry for it, only its MIG device.
@@ -74,7 +78,7 @@ def nvml_mode(gpu0: str, mig_uuid: str, driver: str = "580.95.05") -> str:
     common = {"env": ["NVIDIA_VISIBLE_DEVICES=void", f"NVIDIA_CTK_LIBCUDA_DIR={LIBS}"],
               "deviceNodes": _nodes("/dev/nvidia-modeset", "/dev/nvidia-uvm-tools", "/dev/nvidia-uvm", "/dev/nvidiactl"),
               **driver_edits(driver=driver)}
-    return yaml.safe_dump({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices,
+    return yaml.safe_dump({"cdiVersion": "0.7.0", "kind": "nvidia.com/gpu", "devices": devices,
                            "containerEdits": common}, sort_keys=False)
 
 

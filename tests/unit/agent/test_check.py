@@ -108,7 +108,7 @@ def test_a_spec_of_another_driver_is_a_problem(tmp_path: Path) -> None:
     lib = FakeLibNvml([("l4", False)])
     code, text = check(lib, tmp_path, cdi_fixtures.nvml_mode(lib.gpus[0].uuid, "MIG-none", driver="570.86.15"))
     assert "best first, for driver 580.95.05" in text
-    assert "nvidia.com/gpu, cdiVersion 0.5.0, driver 570.86.15" in text
+    assert "nvidia.com/gpu, cdiVersion 0.7.0, driver 570.86.15" in text
     assert "is a CDI spec of driver 570.86.15, the driver is 580.95.05" in text
     assert "are for another driver" in text, "and no common edits for claims"
     assert code == 1

@@ -355,3 +355,30 @@ def test_the_device_node_hook_is_not_added_for_a_toolkit_that_lacks_it(lib: Fake
     generated = Node(tmp_path / "generated", {"nvidia.yaml": cdi_fixtures.nvml_mode(lib.gpus[0].uuid, MIG_UUID)})
     common = generated.backend.access(generated.grant(generated.gpus[0]), generated.gpus[0], None).common
     assert sum("disable-device-node-modification" in h for h in hooks(common)) == 1
+
+
+def test_drm_nodes_made_by_the_rules_carry_their_group_and_by_path_links(
+        lib: FakeLibNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As nvcdi makes a GPU's DRM nodes: each node's group where it is not root's, that group as an
+    additional GID where the node is not open to all, and the create-symlinks hook of by-path-hooks.go."""
+    groups = {"/dev/dri/card1": (226, 1, 0o660, 44), "/dev/dri/renderD128": (226, 128, 0o666, 109)}
+
+    def in_container(dev: Path, path: str) -> cdi.DeviceNode | None:
+        if path not in groups:
+            return None
+        major, minor, mode, gid = groups[path]
+        return cdi.DeviceNode(path, type="c", major=major, minor=minor, file_mode=mode, gid=gid)
+
+    monkeypatch.setattr(nvidia_cdi, "char_device", in_container)
+    node = Node(tmp_path, {"management.nvidia.com-gpu.yaml": cdi_fixtures.management_mode(
+        cdi_fixtures.OPERATOR_DRIVER_ROOT)})
+    gpu0 = node.gpus[0]
+    edits = node.backend.access(node.grant(gpu0), gpu0, None).edits.manifest()
+    assert edits["deviceNodes"][:2] == [
+        {"path": "/dev/dri/card1", "type": "c", "major": 226, "minor": 1, "fileMode": 0o660, "gid": 44},
+        {"path": "/dev/dri/renderD128", "type": "c", "major": 226, "minor": 128, "fileMode": 0o666, "gid": 109}]
+    assert edits["additionalGids"] == [44], "renderD128 is open to all"
+    assert edits["hooks"] == [{
+        "hookName": "createContainer", "path": cdi_fixtures.OPERATOR_HOOK, "env": ["NVIDIA_CTK_DEBUG=false"],
+        "args": ["nvidia-cdi-hook", "create-symlinks", "--link", "../card1::/dev/dri/by-path/pci-0000:18:00.0-card",
+                 "--link", "../renderD128::/dev/dri/by-path/pci-0000:18:00.0-render"]}]

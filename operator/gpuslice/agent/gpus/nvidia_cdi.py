@@ -103,5 +103,6 @@ def char_device(dev: Path, path: str) -> DeviceNode | None:
         return None
     if not stat.S_ISCHR(found.st_mode):
         return None
+    # Its group too where not root's, as nvcdi reads it (a DRM node's video or render group).
     return DeviceNode(path, type="c", major=os.major(found.st_rdev), minor=os.minor(found.st_rdev),
-                      file_mode=stat.S_IMODE(found.st_mode))
+                      file_mode=stat.S_IMODE(found.st_mode), gid=found.st_gid or None)
