@@ -77,6 +77,8 @@ class FakeGpu:
     minor: int
     mig_mode: int = 0  # current; pending follows it (no reset needed in this stand-in)
     lost: bool = False
+    memory_supported: bool = True  # False: nvmlDeviceGetMemoryInfo answers NOT_SUPPORTED
+    unplaceable: frozenset[int] = frozenset()  # profile ids whose placements answer NOT_SUPPORTED
     gis: dict[int, GpuInstance] = field(default_factory=dict)
     handle: Any = None
 
@@ -259,6 +261,8 @@ class FakeLibNvml:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
         if gpu.lost:
             return pynvml.NVML_ERROR_GPU_IS_LOST
+        if not gpu.memory_supported:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
         ref._obj.total = gpu.model.memory
         ref._obj.free = gpu.model.memory
         return OK
@@ -326,6 +330,8 @@ class FakeLibNvml:
         found = self._by_id(gpu, profile_id) if gpu is not None else None
         if found is None:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if gpu is not None and profile_id in gpu.unplaceable:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
         starts = found[1].starts
         if count._obj.value < len(starts):
             return pynvml.NVML_ERROR_INSUFFICIENT_SIZE

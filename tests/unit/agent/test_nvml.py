@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pynvml
@@ -17,7 +18,7 @@ from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.mig_manager import MigManager
 from gpuslice.inventory.catalog import MODELS
 from gpuslice.planning.node_pool import plan_node_pool
-from tests.unit.agent.libnvml import FakeLibNvml, installed
+from tests.unit.agent.libnvml import PROFILE_IDS, FakeLibNvml, installed
 from tests.unit.planning.test_node_pool import policy
 
 
@@ -79,6 +80,22 @@ def test_go_nvlibs_memory_rounding() -> None:
     h200 = MODELS["h200-141gb"].memory
     assert mig_memory_gb(h200, 71168) == 71, "70.5 GiB: Go rounds half away from zero, Python's round() to even"
     assert mig_memory_gb(MODELS["a100-40gb"].memory, 4864) == 5
+
+
+def test_a_profile_nvml_cannot_place_and_memory_nvml_does_not_report(a100s: FakeLibNvml) -> None:
+    """NotSupported from the placements leaves that profile out, from the memory query takes the
+    catalog's figure (NVIDIA's DRA driver goes on in both cases, nvlib.go); discovery never fails."""
+    a100s.gpus[0].unplaceable = frozenset({PROFILE_IDS[4]})  # 3g.20gb
+    a100s.gpus[1].memory_supported = False
+    gpu0, gpu1 = NvmlBackend(pynvml).discover()
+    assert "3g.20gb" not in {p.name for p in gpu0.mig_profiles}
+    assert len(gpu0.mig_profiles) == len(MODELS["a100-40gb"].mig_profiles) - 1
+    assert gpu1.memory == MODELS["a100-40gb"].memory, "the catalog's figure"
+    assert sorted(p.name for p in gpu1.mig_profiles) == sorted(p.name for p in MODELS["a100-40gb"].mig_profiles), \
+        "named with the catalog's memory"
+    a100s.gpus[1].model = replace(a100s.gpus[1].model, product_name="NVIDIA A100-SXM4-40GB-X")
+    unknown = NvmlBackend(pynvml).discover()[1]
+    assert (unknown.memory, unknown.mig_profiles) == (0, ()), "no figure: nothing fits it, no MIG profile named"
 
 
 def test_no_driver_gives_a_clear_message() -> None:

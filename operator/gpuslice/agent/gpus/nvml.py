@@ -35,6 +35,7 @@ from gpuslice.dra.nvidia_cdi import (
 from gpuslice.dra.nvidia_toolkit import NvidiaCdiError
 from gpuslice.inventory.catalog import Engines, MigProfile
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.inventory.nodes import catalog_model
 from gpuslice.inventory.pci import PciAddressError, normalized_bus_id, pcie_root
 from gpuslice.planning.grants import Grant
 
@@ -132,7 +133,8 @@ class NvmlBackend:
         except nvml.NVMLError_NotSupported:
             pass
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-        memory = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+        name = _text(nvml.nvmlDeviceGetName(handle))
+        memory = self._memory(handle, index, uuid, name)
         raw_bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
         try:
             bus_id = normalized_bus_id(raw_bus_id)
@@ -142,7 +144,7 @@ class NvmlBackend:
         return Gpu(
             index=index,
             uuid=uuid,
-            product_name=_text(nvml.nvmlDeviceGetName(handle)),
+            product_name=name,
             memory=memory,
             pci_bus_id=bus_id,
             architecture=ARCHITECTURES.get(int(nvml.nvmlDeviceGetArchitecture(handle)), "Unknown"),
@@ -151,11 +153,24 @@ class NvmlBackend:
             minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
             mig_capable=mig_capable,
             mig_enabled=mig_enabled,
-            mig_profiles=self._mig_profiles(handle, uuid, memory) if mig_capable else (),
+            mig_profiles=self._mig_profiles(handle, uuid, memory) if mig_capable and memory else (),
             brand=BRANDS.get(int(nvml.nvmlDeviceGetBrand(handle)), "Unknown"),
             cuda_driver_version=cuda,
             pcie_root=self._pcie_root(bus_id),
         )
+
+    def _memory(self, handle: Any, index: int, uuid: str, name: str) -> int:
+        """NVML's memory total; where NVML does not support the query (NVIDIA's DRA driver goes on
+        without it, ``nvlib.go``), the catalog's figure for the model, else 0 (no policy fits it)."""
+        nvml = self.nvml
+        try:
+            return int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+        except nvml.NVMLError_NotSupported:
+            model = catalog_model(name)
+            log.warning("NVML does not report this GPU's memory; the catalog's figure is taken where it knows the"
+                        " model, else none (no device of any policy fits it, no MIG profile is named)", gpu=uuid,
+                        index=index, product=name, catalog_memory=model.memory if model else None)
+            return model.memory if model else 0
 
     def _pcie_root(self, bus_id: str) -> str | None:
         """As deviceattribute.GetPCIeRootAttributeByPCIBusID: None (no attribute) where sysfs
@@ -189,7 +204,10 @@ class NvmlBackend:
                 continue
             placements = (nvml.c_nvmlGpuInstancePlacement_t * MAX_PLACEMENTS)()
             count = ctypes.c_uint(MAX_PLACEMENTS)
-            nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, placements, ctypes.byref(count))
+            try:
+                nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, placements, ctypes.byref(count))
+            except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
+                continue  # a profile NVML cannot place is left out, as NVIDIA's DRA driver does (nvlib.go)
             found = [(placements[i].start, placements[i].size) for i in range(count.value)]
             slices, suffix = known[profile]
             name = f"{slices}g.{mig_memory_gb(memory, int(info.memorySizeMB))}gb{suffix}"
@@ -224,7 +242,7 @@ class NvmlBackend:
                     f"GPU {gpu.index} ({gpu.uuid}) will switch MIG mode only after a GPU reset (pending mode"
                     f" {pending}); stop its processes and run `nvidia-smi -r -i {gpu.index}`.")
             # NVML's profile information holds for one MIG mode (nvml.h): read it again for this one.
-            self._mig_profiles(handle, gpu.uuid, int(nvml.nvmlDeviceGetMemoryInfo(handle).total))
+            self._mig_profiles(handle, gpu.uuid, gpu.memory)
 
     def _profile_enum(self, gpu: Gpu, profile: str) -> int:
         found = self._profile_ids.get((gpu.uuid, profile))
