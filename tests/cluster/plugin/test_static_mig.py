@@ -162,6 +162,10 @@ async def test_a_layout_on_gpus_whose_mig_mode_is_off_turns_it_on_and_publishes(
     await tenant_policy(make_policy, namespace, node.name, {"mode": "mig", "mig": {"layout": {"3g.20gb": 2}}})
     await settled(kube, node, {0: THREE_G, 1: THREE_G})
     assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [True, True]
+    made = {(int(i), m["start"]): m["uuid"] for i, g in node.fake_state()["gpus"].items() for m in g["instances"]}
+    published = {(d["attributes"]["gpuslice.dev/index"]["int"], d["attributes"]["gpuslice.dev/placementStart"]["int"]):
+                 d["attributes"]["uuid"]["string"] for d in (await pool_devices(kube, node.name)).values()}
+    assert published == made, "each static device carries its instance's UUID, as NVIDIA's do"
     await create_pods(kube, namespace, "gpu-slice", ["on-mig"])
     await running(kube, namespace, ["on-mig"])
     assert exec_env(cluster, namespace, "on-mig")["GPUSLICE_MIG_PROFILE"] == "3g.20gb"

@@ -189,3 +189,6 @@ async def test_a_static_layout_on_a_gpu_whose_mig_mode_is_off_enables_mig_and_pu
         published = await manager.adjust(plan_node_pool({}, gpus, [layout]), [layout])
         assert manager.pending == {}
         assert sorted((d.profile, d.placement) for d in published.typed) == [("3g.20gb", (0, 4)), ("3g.20gb", (4, 4))]
+        instances = {i.start: i.uuid for i in backend.mig_instances(gpus[0])}
+        assert {d["attributes"]["gpuslice.dev/placementStart"]["int"]: d["attributes"]["uuid"]["string"]
+                for d in published.devices} == instances, "each with its instance's UUID, as NVIDIA's static devices"
