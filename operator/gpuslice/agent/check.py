@@ -164,6 +164,14 @@ def _mig(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
         if model is not None:
             for missing in {p.name for p in model.mig_profiles} - {p.name for p in gpu.mig_profiles}:
                 report.problem(f"GPU {gpu.index}: the catalog's {model.key} has {missing}, NVML does not")
+        # The profiles come from NVML's v1 query, named as go-nvlib names them; the versioned query
+        # names them itself, but only in MIG mode (nvml.h).
+        versioned = backend.versioned_profile_names(gpu)
+        if gpu.mig_profiles and all(v is None for v in versioned.values()):
+            report.line("  NVML's versioned profile query: NOT_SUPPORTED with MIG mode off (so the v1 query is used)")
+        for name, nvml_name in sorted(versioned.items()):
+            if nvml_name is not None and nvml_name.removeprefix("MIG ").strip() != name:
+                report.problem(f"GPU {gpu.index}: profile {name} (go-nvlib's name) is {nvml_name!r} to NVML")
         instances = backend.mig_instances(gpu) if gpu.mig_enabled else []
         report.line(f"  instances now: {len(instances)}" + ("" if gpu.mig_enabled else " (MIG mode is off)"))
         for i in instances:

@@ -48,6 +48,8 @@ def test_an_h200_node_is_described_and_nothing_is_written(tmp_path: Path) -> Non
     assert "1g.18gb+me" in text
     assert "placements 0+1, 1+1" in text
     assert "instances now: 1" in text
+    assert "NVML's versioned profile query: NOT_SUPPORTED with MIG mode off" in text, "GPU 0"
+    assert "go-nvlib's name" not in text, "GPU 1, in MIG mode: NVML names each profile as go-nvlib does"
     assert "a dynamic MIG instance" in text
     assert "nvidia-cap" in text
     assert "common edits each claim's spec copies" in text
@@ -111,4 +113,14 @@ def test_a_spec_of_another_driver_is_a_problem(tmp_path: Path) -> None:
     assert "nvidia.com/gpu, cdiVersion 0.7.0, driver 570.86.15" in text
     assert "is a CDI spec of driver 570.86.15, the driver is 580.95.05" in text
     assert "are for another driver" in text, "and no common edits for claims"
+    assert code == 1
+
+
+def test_a_profile_nvml_names_otherwise_than_go_nvlib_is_a_problem(tmp_path: Path) -> None:
+    lib = FakeLibNvml([("a100-40gb", True)])
+    model = lib.gpus[0].model
+    renamed = tuple(replace(p, name="3g.19gb") if p.name == "3g.20gb" else p for p in model.mig_profiles)
+    lib.gpus[0].model = replace(model, mig_profiles=renamed)  # what the versioned query answers
+    code, text = check(lib, tmp_path, cdi_fixtures.nvml_mode(lib.gpus[0].uuid, "MIG-none"))
+    assert "GPU 0: profile 3g.20gb (go-nvlib's name) is 'MIG 3g.19gb' to NVML" in text
     assert code == 1

@@ -224,6 +224,22 @@ class NvmlBackend:
             ))
         return tuple(profiles)
 
+    def versioned_profile_names(self, gpu: Gpu) -> dict[str, str | None]:
+        """For the read-only check: what NVML's versioned profile query names each of the GPU's
+        profiles (None where it answers NOT_SUPPORTED, as nvml.h says it does without MIG mode), to
+        set go-nvlib's names against NVML's own."""
+        found: dict[str, str | None] = {}
+        with self._session(f"reading the MIG profiles of GPU {gpu.index}") as nvml:
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            for (uuid, name), enum in sorted(self._profile_ids.items()):
+                if uuid != gpu.uuid:
+                    continue
+                try:
+                    found[name] = _text(nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum, version=2).name)
+                except nvml.NVMLError_NotSupported:
+                    found[name] = None
+        return found
+
     # MIG
 
     def mig_enabled(self, gpu: Gpu) -> bool:
