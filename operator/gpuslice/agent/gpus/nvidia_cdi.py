@@ -22,7 +22,6 @@ import yaml
 
 from gpuslice.dra.cdi import CDI_VERSION, ContainerEdits, DeviceNode
 from gpuslice.dra.nvidia_cdi import (
-    CAPS_DEVICE_DIR,
     CONTROL_NODES,
     HostFacts,
     gpu_node,
@@ -80,8 +79,6 @@ def host_facts(bus_ids: Iterable[str], minors: Iterable[int], dev: Path = Path("
             entries = []
         drm[bus_id] = tuple(node for entry in entries if (node := _sysfs_node(entry)) is not None)
     wanted = [*CONTROL_NODES, *(gpu_node(m) for m in minors), *(n.path for nodes in drm.values() for n in nodes)]
-    if mig_minors:
-        wanted += [f"{CAPS_DEVICE_DIR}/nvidia-cap{m}" for m in mig_minors.values()]
     seen = {path: node for path in wanted if (node := char_device(dev, path)) is not None}
     return HostFacts(majors, mig_minors, drm, seen)
 
