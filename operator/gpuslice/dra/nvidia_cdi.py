@@ -134,11 +134,10 @@ def parse_char_devices(proc_devices: str) -> dict[str, int]:
 
 
 def common_edits(toolkit: Toolkit, host: HostFacts) -> ContainerEdits:
-    """The claim spec's common edits: the toolkit's, plus the control
-    nodes it has not (a management spec keeps them in its ``all`` device; nvcdi makes all four where
-    their majors exist, ``pkg/system/nvdevices``), the hook that keeps the driver from making device
-    nodes in the container where it lacks (``node_modification_hook``), and
-    ``NVIDIA_VISIBLE_DEVICES=void`` where it does not set it."""
+    """The claim spec's common edits: the toolkit's, plus the control nodes it has not (a management
+    spec keeps them in its ``all`` device; nvcdi makes all four where their majors exist,
+    ``pkg/system/nvdevices``), the device-node hook where it lacks it (``node_modification_hook``),
+    and ``NVIDIA_VISIBLE_DEVICES=void`` where it does not set it."""
     spec = toolkit.common()
     have = {n.path for n in spec.common.device_nodes}
     control = tuple(found.node for p in CONTROL_NODES if p not in have and (found := device_node(toolkit, host, p)))
