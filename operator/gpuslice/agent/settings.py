@@ -38,11 +38,13 @@ class AgentSettings(ProcessSettings):
     backend: Literal["nvml", "fake"] = Field(default="nvml", description=(
         "Where GPUs come from: nvml (the NVIDIA driver) or fake (kind and the dev cluster; state in state_dir)."))
     fake_gpus: str | None = Field(default=None, description=(
-        "Fake backend: MODEL:COUNT[,MODEL:COUNT]; unset: the node's gpuslice.dev/fake-gpu-* labels."))
+        "Fake backend: MODEL:COUNT[:mig-off][,MODEL:COUNT...] (mig-off: MIG-capable GPUs start with MIG mode"
+        " off); unset: the node's gpuslice.dev/fake-gpu-* labels."))
     nvidia_cdi_dir: tuple[Path, ...] = Field(default=(), description=(
         "NVML backend: where the NVIDIA Container Toolkit's CDI specs are (nvidia.com/gpu,"
         " management.nvidia.com/gpu or k8s.device-plugin.nvidia.com/gpu), whose libraries and hooks each claim's"
-        " spec copies (repeat the flag; in the variable, separated by ':'); unset: /etc/cdi, then /var/run/cdi."))
+        " spec copies (repeat the flag; in the variable, separated by ':'; a later one wins, as in CDI); unset:"
+        " /etc/cdi, then /var/run/cdi."))
     nvidia_driver_root: Path | None = Field(default=None, description=(
         "NVML backend: the NVIDIA driver's root as mounted in the agent's container (the host's / or the GPU"
         " Operator's /run/nvidia/driver; the chart's nvidiaDriverRoot): NVML is loaded from it. Unset: from"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice.agent.gpus import GpuBackendError
-from gpuslice.agent.gpus.fake import FakeBackend
+from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 from gpuslice.agent.gpus.fake_state import FakeFault, InjectedFailure
 
 
@@ -68,3 +68,17 @@ def test_faults_are_reported_by_uuid_until_cleared(tmp_path: Path) -> None:
     assert fake.faults() == faults, "a raised fault stays until cleared"
     fake.state.update(lambda s: s.faults.clear())
     assert fake.faults() == {}
+
+
+def test_mig_capable_gpus_can_start_with_mig_mode_off(tmp_path: Path) -> None:
+    """As a GPU fresh from the factory (or after the GPU Operator's all-disabled): MIG mode off, its
+    profiles known all the same (NVML's v1 query answers whatever the mode)."""
+    fake = FakeBackend("node-a", parse_fake_gpus("a100-40gb:2:mig-off,l4:1"), tmp_path)
+    gpus = fake.discover()
+    assert [(g.mig_capable, g.mig_enabled) for g in gpus] == [(True, False), (True, False), (False, False)]
+    assert gpus[0].mig_profile("3g.20gb") is not None
+    fake.set_mig_mode(gpus[0], True)
+    assert [g.mig_enabled for g in FakeBackend("node-a", parse_fake_gpus("a100-40gb:2:mig-off"), tmp_path).discover()] \
+        == [True, False], "after that, the state file knows better"
+    with pytest.raises(GpuBackendError, match=r"unknown option 'mig-of'; the one option is mig-off"):
+        parse_fake_gpus("a100-40gb:2:mig-of")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpuslice.dra.cdi import CDI_VERSION, ContainerEdits
+from gpuslice.dra.cdi import ContainerEdits
 from gpuslice.inventory.catalog import MigProfile
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.grants import Grant
@@ -49,13 +49,11 @@ class MigInstance:
 @dataclass(frozen=True)
 class Access:
     """What a container needs to use a device, beyond gpuslice's ``GPUSLICE_*`` variables, written
-    into the claim's own CDI spec: the device's edits (on NVIDIA nodes its device nodes), the edits
-    every device of the claim shares (the NVIDIA Container Toolkit's libraries and hooks), and the
-    CDI version those need."""
+    into the claim's own CDI spec: the device's edits (on NVIDIA nodes its device nodes) and the
+    edits every device of the claim shares (the NVIDIA Container Toolkit's libraries and hooks)."""
 
     edits: ContainerEdits = field(default_factory=ContainerEdits)
     common: ContainerEdits | None = None
-    cdi_version: str = CDI_VERSION
 
 
 class GpuBackend(Protocol):

@@ -195,7 +195,7 @@ class Preparer:
                       devices: dict[str, Device]) -> list[PreparedDevice]:
         edits: dict[str, cdi.ContainerEdits] = {}
         done = []
-        shared, version = cdi.ContainerEdits(), cdi.CDI_VERSION
+        shared = cdi.ContainerEdits()
         for record in checkpoint.devices:
             instance = await prep_of(record.mode).prepare(self.ops, record)
             if instance is not None and record.mig is not None:
@@ -206,11 +206,11 @@ class Preparer:
             access = await self._access(claim, record, device, instance)
             edits[name] = access.edits
             if access.common is not None:  # the NVIDIA toolkit's libraries and hooks, once per claim
-                shared, version = shared + access.common, cdi.newer_version(version, access.cdi_version)
+                shared = shared + access.common
             done.append(record.model_copy(update={"cdi_ids": [cdi.qualified(name)]}))
         common = shared + cdi.ContainerEdits(env=prefixed({"CLAIM": str(claim), "DEVICES": ",".join(
             r.device for r in done)}))
-        spec = cdi.claim_spec(edits, common, version)
+        spec = cdi.claim_spec(edits, common)
         spec_file = await asyncio.to_thread(self.cdi.write, claim.uid, spec) if done else None
         kill_point("prepare-cdi-written")
         completed = checkpoint.model_copy(update={"phase": "completed", "devices": done, "cdi_spec": spec_file})
