@@ -312,16 +312,9 @@ async def test_other_claims_keep_working_when_the_crd_is_deleted_under_the_contr
     await make_policy(skube, tenant)
     await skube.delete(CRD_PATH)
 
-    async def crd_gone() -> bool:
-        try:
-            await skube.get(CRD_PATH)
-        except NotFound:
-            return True
-        return False
-
     # The controller deletes the policy as any deletion (its finalizer), and takes the tenancy label
     # off the namespaces only it named before it goes; then it waits for the CRD instead of exiting.
-    await wait_for(crd_gone, within=90, what="the CRD and its policies to be deleted")
+    await wait_for(lambda: crd_gone(skube), within=90, what="the CRD and its policies to be deleted")
     assert not await labelled(skube, tenant)
     await wait_for(lambda: _logged(installed, "is not served: waiting for it"), within=30,
                    what="the controller to say it waits for its CRD")
@@ -356,14 +349,7 @@ async def test_a_controller_that_finds_no_crd_takes_the_tenancy_labels_off(
 
     await skube.merge_patch(f"{POLICIES}/scoped", {"metadata": {"finalizers": None}})
 
-    async def crd_gone() -> bool:
-        try:
-            await skube.get(CRD_PATH)
-        except NotFound:
-            return True
-        return False
-
-    await wait_for(crd_gone, within=60, what="the CRD to go once its policy's finalizer is stripped")
+    await wait_for(lambda: crd_gone(skube), within=60, what="the CRD to go once its policy's finalizer is stripped")
     await scluster.restart("kube-apiserver")
     # The rule with a parameter refuses all it matches, and it matches only the labelled namespace.
     await wait_for(lambda: _refused_for_configuration(skube, tenant), within=60,
@@ -375,6 +361,14 @@ async def test_a_controller_that_finds_no_crd_takes_the_tenancy_labels_off(
     assert not await labelled(skube, tenant)
     assert await labelled(skube, "gpuslice-system")
     await install_crd(skube)  # for whatever runs after
+
+
+async def crd_gone(kube: KubeClient) -> bool:
+    try:
+        await kube.get(CRD_PATH)
+    except NotFound:
+        return True
+    return False
 
 
 async def _terminating(kube: KubeClient) -> bool:
