@@ -19,7 +19,7 @@ import pydantic
 import structlog
 
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.api.status import AdmittedTenant
+from gpuslice.api.status import AdmittedTenant, ClassInForce
 from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
 from gpuslice.controller.apply import LIMIT_KINDS, REST_KINDS, converge
 from gpuslice.controller.events import post_event
@@ -31,7 +31,7 @@ from gpuslice.controller.world import World
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.cluster_objects import desired_objects
-from gpuslice.planning.kinds import DeviceKind, device_kinds
+from gpuslice.planning.kinds import DeviceKind, classes_in_force, device_kinds
 from gpuslice.planning.usage import (
     device_info,
     devices_by_policy,
@@ -72,6 +72,7 @@ class Context:
     retry_at: dict[str, float] = field(default_factory=dict)
     label_records: dict[str, frozenset[str]] = field(default_factory=dict)
     admitted: dict[str, list[AdmittedTenant]] = field(default_factory=dict)
+    in_force: dict[str, list[ClassInForce]] = field(default_factory=dict)  # status.classesInForce
     # The last tenancy probe per policy: (generation, what is wrong or None when enforced).
     tenancy: dict[str, tuple[int, str | None]] = field(default_factory=dict)
     # What each live gpuslice quota enforced when last seen, to act only when that changes.
@@ -93,7 +94,7 @@ class Context:
     def forget(self, policy: str) -> None:
         """A deleted policy's bookkeeping goes with it."""
         for store in (self.locks, self.failures, self.retry_at, self.label_records, self.admitted, self.tenancy,
-                      self.newest):
+                      self.newest, self.in_force):
             store.pop(policy, None)
         self.unconverged.discard(policy)
         self.clock_waits.discard(policy)
@@ -164,21 +165,30 @@ def _records(ctx: Context, policy: GpuSlicePolicy) -> tuple[frozenset[str], list
     return labels, ctx.admitted.get(policy.name, list(policy.status.admitted_tenants))
 
 
+def _in_force(ctx: Context, policy: GpuSlicePolicy) -> list[ClassInForce]:
+    return ctx.in_force.get(policy.name, list(policy.status.classes_in_force))
+
+
 async def _write_records(ctx: Context, policy: GpuSlicePolicy, labels: frozenset[str] | None = None,
-                         admitted: list[AdmittedTenant] | None = None) -> None:
-    """What the controller records for admission (admitted tenants) and for itself (labels it set),
-    written on its own before the step that depends on it."""
+                         admitted: list[AdmittedTenant] | None = None,
+                         classes: list[ClassInForce] | None = None) -> None:
+    """What the controller records for admission (the classes in force, admitted tenants) and for
+    itself (labels it set), written on its own before the step that depends on it."""
     patch: dict[str, Any] = {}
     if labels is not None and labels != _records(ctx, policy)[0]:
         patch["adminAccessLabels"] = sorted(labels)
     if admitted is not None and admitted != _records(ctx, policy)[1]:
         patch["admittedTenants"] = [a.model_dump(by_alias=True, exclude_none=True) for a in admitted]
+    if classes is not None and classes != _in_force(ctx, policy):
+        patch["classesInForce"] = [c.model_dump(by_alias=True, exclude_none=True) for c in classes]
     if patch:
         await ctx.kube.merge_patch(f"{POLICIES}/{policy.name}/status", {"status": patch})
     if labels is not None:
         ctx.label_records[policy.name] = labels
     if admitted is not None:
         ctx.admitted[policy.name] = admitted
+    if classes is not None:
+        ctx.in_force[policy.name] = classes
 
 
 async def _admit(ctx: Context, policy: GpuSlicePolicy, world: World, kinds: Sequence[DeviceKind], *,
@@ -230,6 +240,10 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         active = {n for n, view in world.namespaces.items() if view.active}
         desired = desired_objects(policy, active)
         limits = await converge(ctx.kube, policy.name, desired.limits(), LIMIT_KINDS)
+        # What the classes now enforce, before anyone is admitted under it: the admission policy
+        # judges claims against this record, never against a spec not converged (tenancy_rule).
+        failed = {path.rsplit("/", 1)[1] for path in limits.failed if "/deviceclasses/" in path}
+        await _write_records(ctx, policy, classes=classes_in_force(kinds, failed, _in_force(ctx, policy)))
         await _admit(ctx, policy, world, kinds, converged=True)
         # DeviceTaintRules are no longer made (taints travel on the devices); listing the kind
         # prunes those an earlier version made.
@@ -315,7 +329,8 @@ async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings,
     if labels is None or admitted is None:
         labels, admitted = _records(ctx, policy)
     status = build_status(policy, findings, _now()).model_copy(update={
-        "admin_access_labels": sorted(labels), "admitted_tenants": admitted})
+        "admin_access_labels": sorted(labels), "admitted_tenants": admitted,
+        "classes_in_force": _in_force(ctx, policy)})
     POLICY_METRICS.record(policy.name, PolicyFigures(status, findings.pending, findings.draining,
                                                      findings.mig_failed, findings.unhealthy))
     new = status_body(status)

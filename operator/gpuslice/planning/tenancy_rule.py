@@ -143,11 +143,38 @@ def _bad_toleration(t: str) -> str:
     )
 
 
-def _capacity_within_step(x: str) -> str:
+def _within_class(x: str) -> str:
+    """Request ``x`` asks no capacity but memory, and no more of it than one allocation of its class
+    stands for as the controller last put the class in force (``status.classesInForce``): in
+    shared mode one sliceSize. A class not in the record is never within."""
     return (
         f"(!has({x}.capacity) || !has({x}.capacity.requests) || {x}.capacity.requests.all(c, c == 'memory'"
-        f" && quantity(string({x}.capacity.requests[c])).compareTo(quantity(params.spec.slicing.sliceSize)) <= 0))"
+        f" && variables.inForce.exists(k, k.name == {x}.deviceClassName"
+        f" && quantity(string({x}.capacity.requests[c])).compareTo(quantity(k.memory)) <= 0)))"
     )
+
+
+def _consumed_over(res: str, klass: str) -> str:
+    """Allocation result ``res`` (of a request of DeviceClass ``klass``) consumed capacity other than
+    memory, or more memory than one allocation of the class stands for in force."""
+    return (f"({res}.consumedCapacity.exists(k, k != 'memory' || !variables.inForce.exists(c, c.name == {klass}"
+            f" && quantity(string({res}.consumedCapacity[k])).compareTo(quantity(c.memory)) <= 0)))")
+
+
+# Some result of the allocation being written, of a request (or subrequest) of the policy's
+# classes, consumed more than one allocation of its class stands for: what a shared device's step
+# rounds a request up to is judged here, where the scheduler says what it took.
+_OVER_CONSUMED = (
+    "variables.allocating && has(object.status.allocation.devices) && has(object.status.allocation.devices.results)"
+    " && object.status.allocation.devices.results.exists(res, has(res.consumedCapacity) && variables.requests.exists(q,"
+    f" (has(q.exactly) && q.name == res.request && {_ours('q.exactly')}"
+    f" && {_consumed_over('res', 'q.exactly.deviceClassName')})"
+    " || (has(q.firstAvailable) && q.firstAvailable.exists(s, q.name + '/' + s.name == res.request"
+    f" && {_ours('s')} && {_consumed_over('res', 's.deviceClassName')}))))"
+)
+_COUNTED = ("has(t.maxSlices) || has(t.maxFullGpus) || has(t.maxMigDevices)",
+            "has(variables.record[0].limits.maxSlices) || has(variables.record[0].limits.maxFullGpus)"
+            " || has(variables.record[0].limits.maxMigDevices)")
 
 
 def tenancy_policy() -> Manifest:
@@ -163,8 +190,7 @@ def tenancy_policy() -> Manifest:
         ("classSuffix", f"'.' + {_POLICY} + '.{GROUP}'"),
         ("usesClass", _any_request(lambda _: "true")),
         ("tenant", f"{tenants}.exists(t, t.namespace == request.namespace)"),
-        ("limited", f"{tenants}.exists(t, t.namespace == request.namespace"
-                    " && (has(t.maxSlices) || has(t.maxFullGpus) || has(t.maxMigDevices)))"),
+        ("limited", f"{tenants}.exists(t, t.namespace == request.namespace && ({_COUNTED[0]}))"),
         ("specTenant", f"{tenants}.filter(t, t.namespace == request.namespace)"),
         # Only the namespaces the controller admitted, by UID: a tenant added a moment ago, or a
         # tenant namespace deleted and made again, waits for its quota. (dyn: the apiserver declares
@@ -184,6 +210,11 @@ def tenancy_policy() -> Manifest:
         ("madeUnderQuota", "!variables.limited || variables.isTemplate || (size(variables.record) > 0"
                            " && has(variables.record[0].since) && timestamp(string(object.metadata.creationTimestamp))"
                            " > timestamp(variables.record[0].since))"),
+        # Limited by a count (maxSlices...) as the spec says now or as the controller last recorded:
+        # taking a limit away is a loosening, and waits for the record like any other.
+        ("countLimited", "variables.limited || (size(variables.record) > 0 && has(variables.record[0].limits)"
+                         f" && ({_COUNTED[1]}))"),
+        ("inForce", "has(params.status) && has(params.status.classesInForce) ? params.status.classesInForce : []"),
         ("adminNamespace", "has(params.spec.adminAccess) && has(params.spec.adminAccess.namespaces)"
                            " && request.namespace in params.spec.adminAccess.namespaces"),
         ("wantsAdminAccess", "variables.requests.exists(r, has(r.exactly) && " + _ours("r.exactly")
@@ -194,8 +225,12 @@ def tenancy_policy() -> Manifest:
         ("taints", "has(params.spec.taints) ? params.spec.taints : []"),
         ("badToleration", _any_request(
             lambda x: f"has({x}.tolerations) && {x}.tolerations.exists(t, {_bad_toleration('t')})")),
-        ("overStep", "params.spec.slicing.mode == 'shared' && variables.limited && "
-                     + _any_request(lambda x: "!" + _capacity_within_step(x))),
+        # A tenant with a count limit is charged one device per allocation: each may take no more
+        # than one device of its class stands for in force (a shared device: one sliceSize), read
+        # from the controller's record, so an edit not converged yet (an invalid one, or any while
+        # the controller is stalled) loosens nothing.
+        ("overStep", "variables.countLimited && (" + _any_request(lambda x: "!" + _within_class(x))
+                     + " || " + _OVER_CONSUMED + ")"),
     ]
     policy = f"' + {_POLICY} + '"
     validations = [
@@ -241,8 +276,10 @@ def tenancy_policy() -> Manifest:
          f" remove that toleration'"),
         ("!variables.judged || !variables.overStep",
          f"variables.who + ': namespace ' + request.namespace + ' has a limit in GpuSlicePolicy {policy}, so"
-         f" each allocation of its shared devices is one sliceSize (' + params.spec.slicing.sliceSize + '):"
-         f" remove capacity.requests or ask for at most that much of memory (count: N gives N of them)'"),
+         f" each allocation of its devices is at most one device of its DeviceClass, and of a shared device one"
+         f" sliceSize, as the class is in force (' + variables.inForce.map(c, c.name + ': ' + c.memory).join(', ')"
+         f" + '; status.classesInForce): remove capacity.requests or ask for at most that much of memory"
+         f" (count: N gives N of them)'"),
     ]
     return {
         "apiVersion": ADMISSION_V1, "kind": "ValidatingAdmissionPolicy",
