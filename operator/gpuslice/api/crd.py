@@ -9,10 +9,12 @@ plain optional properties, titles go, and each model's rules become
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
+from gpuslice.api.ledger import LEDGER_KIND, LEDGER_PLURAL, LedgerSpec, LedgerStatus
 from gpuslice.api.policy import GROUP, KIND, MAX_NAME, PLURAL, VERSION, GpuSlicePolicySpec
 from gpuslice.api.rules import DNS_LABEL, ApiModel
 from gpuslice.api.status import GpuSlicePolicyStatus
@@ -149,10 +151,58 @@ def crd() -> dict[str, Any]:
     }
 
 
-def crd_yaml() -> str:
+def ledger_crd() -> dict[str, Any]:
+    """GpuSliceLedger: namespaced (it lives in gpuslice-system only), with a status subresource so
+    that the controller's writes (spec: the limit) and the webhook's (status: the charges) are
+    separate rights."""
+    root: Schema = {
+        "type": "object",
+        "description": "What a tenant with maxMemory holds of one GpuSlicePolicy's devices, charge by charge"
+                       " (written by gpuslice only).",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": structural(LedgerSpec),
+            "status": structural(LedgerStatus),
+        },
+    }
+    columns = [
+        ("Policy", "string", ".spec.policy"), ("Tenant", "string", ".spec.namespace"),
+        ("Max-Memory", "string", ".spec.maxMemory"), ("Held-Bytes", "integer", ".status.heldBytes"),
+        ("Limit-Bytes", "integer", ".spec.limitBytes"), ("Since", "date", ".status.since"),
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{LEDGER_PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": LEDGER_KIND, "listKind": f"{LEDGER_KIND}List", "plural": LEDGER_PLURAL,
+                "singular": LEDGER_KIND.lower(), "shortNames": ["gsl"], "categories": ["gpuslice"],
+            },
+            "versions": [{
+                "name": VERSION, "served": True, "storage": True,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": root},
+                "additionalPrinterColumns": [{"name": n, "type": t, "jsonPath": p} for n, t, p in columns],
+            }],
+        },
+    }
+
+
+CRDS = {"gpuslicepolicies.gpuslice.dev.yaml": crd, f"{LEDGER_PLURAL}.{GROUP}.yaml": ledger_crd}
+
+
+def crd_yaml(make: Callable[[], dict[str, Any]] = crd) -> str:
     header = "# Generated from operator/gpuslice/api by `make crds`; do not edit.\n"
-    return header + yaml.safe_dump(crd(), sort_keys=False, width=100)
+    return header + yaml.safe_dump(make(), sort_keys=False, width=100)
 
 
 if __name__ == "__main__":
-    print(crd_yaml(), end="")
+    import sys
+
+    print(crd_yaml(CRDS[sys.argv[1]] if len(sys.argv) > 1 else crd), end="")

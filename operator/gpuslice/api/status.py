@@ -87,6 +87,8 @@ class LimitsInForce(ApiModel):
     max_slices: int | None = None
     max_full_gpus: int | None = None
     max_mig_devices: dict[str, int] | None = None
+    max_memory: str | None = Field(default=None, description=(
+        "maxMemory as its ledger enforces it now (gpusliceledgers in gpuslice-system)."))
 
 
 class AdmittedTenant(ApiModel):

@@ -101,7 +101,7 @@ def device_kinds(policy: GpuSlicePolicy, selection: Selection) -> list[DeviceKin
 def quota(tenant: Tenant, kind: DeviceKind) -> int | None:
     """The tenant's limit on ``kind``; None when the tenant has no limit at all. A limited tenant
     gets 0 of every kind its spec does not grant (a whole GPU is not a slice)."""
-    if not tenant.limited:
+    if not tenant.count_limited:
         return None
     if kind.kind in (SLICE, SHARED):
         return tenant.max_slices or 0
@@ -116,10 +116,12 @@ def usable(tenant: Tenant, kinds: list[DeviceKind]) -> list[DeviceKind]:
 
 
 def limit_bytes(tenant: Tenant, kinds: list[DeviceKind]) -> int | None:
-    """The most GPU memory ``tenant`` can hold through this policy: sum of quota x size."""
-    if not tenant.limited:
-        return None
-    return sum((quota(tenant, k) or 0) * k.memory for k in kinds)
+    """The most GPU memory ``tenant`` can hold through this policy: the sum of quota x size, or
+    its maxMemory, whichever is less; None with neither."""
+    bounds = [b for b in (tenant.max_memory_bytes,) if b is not None]
+    if tenant.count_limited:
+        bounds.append(sum((quota(tenant, k) or 0) * k.memory for k in kinds))
+    return min(bounds) if bounds else None
 
 
 def template_names(policy: GpuSlicePolicy, tenant: Tenant, kinds: list[DeviceKind]) -> dict[str, DeviceKind]:

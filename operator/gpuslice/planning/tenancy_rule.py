@@ -29,7 +29,14 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuslice.api.policy import GROUP, KIND, VERSION
-from gpuslice.dra.names import ATTRIBUTE_DOMAIN, MANAGED_BY, TENANCY_JUDGED, TENANCY_LABEL
+from gpuslice.dra.names import (
+    ATTRIBUTE_DOMAIN,
+    MANAGED_BY,
+    MEMORY_JUDGED,
+    MEMORY_LABEL,
+    TENANCY_JUDGED,
+    TENANCY_LABEL,
+)
 from gpuslice.planning.cluster_objects import Manifest
 
 ADMISSION_V1 = "admissionregistration.k8s.io/v1"
@@ -54,6 +61,10 @@ _NAMES_GPUSLICE_CLASS = (
     f" (has(r.exactly) && r.exactly.deviceClassName.{_GPUSLICE_CLASS})"
     f" || (has(r.firstAvailable) && r.firstAvailable.exists(f, f.deviceClassName.{_GPUSLICE_CLASS}))))"
 )
+
+
+# What the maxMemory webhook's configuration matches on too (planning.memory_rule).
+ALLOCATING, NAMES_GPUSLICE_CLASS = _ALLOCATING, _NAMES_GPUSLICE_CLASS
 
 
 def _scope(namespaces: dict[str, Any]) -> dict[str, Any]:
@@ -125,6 +136,8 @@ def _same_limits(recorded: str, spec: str) -> str:
     """The recorded limits equal the spec's: each field absent from both or equal in both."""
     scalars = " && ".join(f"(has({recorded}.{f}) ? {recorded}.{f} : -1) == (has({spec}.{f}) ? {spec}.{f} : -1)"
                           for f in ("maxSlices", "maxFullGpus"))
+    scalars += (f" && (has({recorded}.maxMemory) ? {recorded}.maxMemory : '')"
+                f" == (has({spec}.maxMemory) ? {spec}.maxMemory : '')")
     mig = "maxMigDevices"
     maps = (f"has({recorded}.{mig}) == has({spec}.{mig}) && (!has({spec}.{mig})"
             f" || (size({recorded}.{mig}) == size({spec}.{mig})"
@@ -191,6 +204,9 @@ def tenancy_policy() -> Manifest:
         ("usesClass", _any_request(lambda _: "true")),
         ("tenant", f"{tenants}.exists(t, t.namespace == request.namespace)"),
         ("limited", f"{tenants}.exists(t, t.namespace == request.namespace && ({_COUNTED[0]}))"),
+        # maxMemory, as the spec says now: charged by the webhook (planning.memory_rule), which the
+        # namespace's label routes its claims to.
+        ("memoryLimited", f"{tenants}.exists(t, t.namespace == request.namespace && has(t.maxMemory))"),
         ("specTenant", f"{tenants}.filter(t, t.namespace == request.namespace)"),
         # Only the namespaces the controller admitted, by UID: a tenant added a moment ago, or a
         # tenant namespace deleted and made again, waits for its quota. (dyn: the apiserver declares
@@ -202,7 +218,8 @@ def tenancy_policy() -> Manifest:
         # A limited tenant's record says which limits its quota enforces, which classes it counts, and
         # since when: claims are admitted only under the limits the spec says now, of a class counted,
         # and (at allocation) only if made after the quota, which alone guarantees they were counted.
-        ("limitsInForce", "!variables.limited || (size(variables.record) > 0 && has(variables.record[0].limits)"
+        ("limitsInForce", "!(variables.limited || variables.memoryLimited)"
+                          " || (size(variables.record) > 0 && has(variables.record[0].limits)"
                           " && " + _same_limits("variables.record[0].limits", "variables.specTenant[0]") + ")"),
         ("classesInForce", "!variables.limited || (size(variables.record) > 0 && has(variables.record[0].classes)"
                            " && " + _every_request(lambda x: f"{x}.deviceClassName in variables.record[0].classes")
@@ -214,6 +231,13 @@ def tenancy_policy() -> Manifest:
         # taking a limit away is a loosening, and waits for the record like any other.
         ("countLimited", "variables.limited || (size(variables.record) > 0 && has(variables.record[0].limits)"
                          f" && ({_COUNTED[1]}))"),
+        # A maxMemory in the spec or in force: its claims must reach the webhook, which only the
+        # label routes them to (taking it off must stop no check).
+        ("memoryRouted", "!(variables.memoryLimited || (size(variables.record) > 0"
+                         " && has(variables.record[0].limits) && has(variables.record[0].limits.maxMemory)))"
+                         " || (has(namespaceObject.metadata.labels)"
+                         f" && '{MEMORY_LABEL}' in namespaceObject.metadata.labels"
+                         f" && namespaceObject.metadata.labels['{MEMORY_LABEL}'] == '{MEMORY_JUDGED}')"),
         ("inForce", "has(params.status) && has(params.status.classesInForce) ? params.status.classesInForce : []"),
         ("adminNamespace", "has(params.spec.adminAccess) && has(params.spec.adminAccess.namespaces)"
                            " && request.namespace in params.spec.adminAccess.namespaces"),
@@ -241,13 +265,17 @@ def tenancy_policy() -> Manifest:
         ("!variables.judged || !variables.usesClass || !variables.tenant || variables.isTemplate"
          " || variables.admitted || (variables.adminNamespace && variables.onlyAdminAccess)",
          f"variables.who + ': namespace ' + request.namespace + ' is a tenant of GpuSlicePolicy {policy}, but"
-         f" gpuslice has not put its quota in place yet (see status.admittedTenants of the policy); try again"
-         f" in a moment'"),
+         f" gpuslice has not put its quota in place yet (or, with maxMemory, its memory ledger; see"
+         f" status.admittedTenants of the policy); try again in a moment'"),
         ("!variables.judged || !variables.usesClass || !variables.admitted || variables.isTemplate"
          " || (variables.adminNamespace && variables.onlyAdminAccess) || variables.limitsInForce",
          f"variables.who + ': the limits of namespace ' + request.namespace + ' in GpuSlicePolicy {policy}"
-         f" changed, and gpuslice has not yet put them in force in its quota (see status.admittedTenants of the"
-         f" policy); try again in a moment'"),
+         f" changed, and gpuslice has not yet put them in force in its quota or memory ledger (see"
+         f" status.admittedTenants of the policy); try again in a moment'"),
+        ("!variables.judged || !variables.usesClass || variables.memoryRouted",
+         f"variables.who + ': namespace ' + request.namespace + ' has a maxMemory in GpuSlicePolicy {policy}, but"
+         f" it is not labelled {MEMORY_LABEL}={MEMORY_JUDGED}, the label that routes its claims to the maxMemory"
+         f" webhook, which charges them; the gpuslice controller puts it back: try again in a moment'"),
         ("!variables.judged || !variables.usesClass || !variables.admitted || variables.isTemplate"
          " || (variables.adminNamespace && variables.onlyAdminAccess) || !variables.limitsInForce"
          " || variables.classesInForce",

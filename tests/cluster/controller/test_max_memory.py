@@ -1,0 +1,135 @@
+"""maxMemory: a tenant holds no more GPU memory than its limit, whatever it asks and however many
+allocations race. The real scheduler allocates, the real API server calls the maxMemory webhook
+(on loopback, by URL, as the dev cluster runs it) which charges each allocation in the tenant's
+ledger; the tenancy rule keeps the limit's record."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from gpuslice.kube.client import KubeClient, KubeError
+from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
+from tests.cluster.agent.test_publishing import published
+from tests.cluster.controller.test_allocation import allocation, pod_using
+from tests.cluster.controller.test_limits import claim, refused, request
+from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
+
+__all__ = ["agent_rbac", "gpu_node"]
+POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+LEDGERS = "/apis/gpuslice.dev/v1alpha1/namespaces/gpuslice-system/gpusliceledgers"
+GI = 2**30
+
+
+def on(node: str) -> dict[str, Any]:
+    return {"matchLabels": {"kubernetes.io/hostname": node}}
+
+
+async def memory_in_force(kube: KubeClient, policy: str, ns: str, max_memory: str) -> None:
+    """The tenant's record says its maxMemory is in force (its ledger counted it)."""
+    async def check() -> bool:
+        status = (await kube.get(f"{POLICIES}/{policy}")).get("status") or {}
+        return any(a["namespace"] == ns and (a.get("limits") or {}).get("maxMemory") == max_memory
+                   for a in status.get("admittedTenants") or [])
+
+    try:
+        await wait_for(check, within=60, what=f"the maxMemory of {ns} in {policy} to be in force")
+    except AssertionError as error:
+        status = (await kube.get(f"{POLICIES}/{policy}")).get("status") or {}
+        found = await kube.list(LEDGERS)
+        labels = (await kube.get(f"/api/v1/namespaces/{ns}"))["metadata"].get("labels")
+        raise AssertionError(f"{error}; admittedTenants {status.get('admittedTenants')}, conditions"
+                             f" {status.get('conditions')}, ledgers {found}, labels {labels}") from None
+
+
+async def admits(kube: KubeClient, ns: str, klass: str) -> None:
+    """The API server admits a claim of ``klass`` in ``ns`` (its admission sees the record a moment
+    after the controller wrote it)."""
+    async def dry_run() -> bool:
+        try:
+            await kube.create(f"{RESOURCE}/namespaces/{ns}/resourceclaims", claim("probe", request(klass)),
+                              dryRun="All")
+        except KubeError as error:
+            if error.status == 403 and "try again in a moment" in error.message:
+                return False
+            raise
+        return True
+
+    await wait_for(dry_run, within=30, what=f"claims of {klass} to be admitted in {ns}")
+
+
+async def ledger(kube: KubeClient, policy: str, ns: str) -> dict[str, Any]:
+    return await kube.get(f"{LEDGERS}/{policy}.{ns}")
+
+
+async def claim_with_pod(kube: KubeClient, ns: str, name: str, body: dict[str, Any]) -> None:
+    await kube.create(f"{RESOURCE}/namespaces/{ns}/resourceclaims", body)
+    await kube.create(f"/api/v1/namespaces/{ns}/pods", pod_using(name, name))
+
+
+def memory_claim(name: str, klass: str, gib: int, **fields: Any) -> dict[str, Any]:
+    return claim(name, request(klass, capacity={"requests": {"memory": f"{gib}Gi"}}, **fields))
+
+
+async def refused_at_allocation(kube: KubeClient, ns: str, pod: str, text: str) -> str:
+    async def said() -> str | None:
+        for event in await kube.list(f"/api/v1/namespaces/{ns}/events"):
+            if event["involvedObject"]["name"] == pod and text in (event.get("message") or ""):
+                return str(event["message"])
+        return None
+
+    found: str = await wait_for(said, within=60, what=f"{ns}/{pod}'s Events to say {text!r}")
+    return found
+
+
+async def held_gib(kube: KubeClient, ns: str) -> float:
+    total = 0
+    for item in await kube.list(f"{RESOURCE}/namespaces/{ns}/resourceclaims"):
+        for result in ((item.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []):
+            total += int(_bytes((result.get("consumedCapacity") or {}).get("memory", "0")))
+    return total / GI
+
+
+def _bytes(text: str) -> int:
+    from gpuslice.dra.quantity import quantity_bytes
+
+    return quantity_bytes(text)
+
+
+async def test_a_tenant_with_max_memory_holds_no_more_and_is_told_why(
+    kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
+) -> None:
+    """Shared mode, maxMemory 30Gi: any capacity may be asked; 20Gi and 8Gi are allocated, a 4Gi more
+    is refused at allocation (the pod's Events say what it holds, its limit and what it asks), a
+    claim of 40Gi alone is refused when made, and releasing the 8Gi lets the 4Gi in within seconds."""
+    node = await gpu_node("h100-80gb", 1)
+    name = (await make_policy({"nodeSelector": on(node.name), "slicing": {"mode": "shared", "sliceSize": "1Gi"},
+                               "tenants": [{"namespace": namespace, "maxMemory": "30Gi"}]}))["metadata"]["name"]
+    klass = f"{name}.gpuslice.dev"
+    await published(kube, node.name, 1)
+    await memory_in_force(kube, name, namespace, "30Gi")
+    await admits(kube, namespace, klass)
+    message = await refused(kube, namespace, memory_claim("huge", klass, 40), "asks for at least 40Gi",
+                            "spec.tenants[].maxMemory: 30Gi", f"GpuSlicePolicy {name}")
+    assert "maxmemory.gpuslice.dev" in message
+    for pod, gib in (("big", 20), ("mid", 8)):
+        await claim_with_pod(kube, namespace, pod, memory_claim(pod, klass, gib))
+        await wait_for(lambda pod=pod: allocation(kube, namespace, pod), within=60, what=f"{pod} to be allocated")
+    await claim_with_pod(kube, namespace, "more", memory_claim("more", klass, 4))
+    said = await refused_at_allocation(kube, namespace, "more", "maxMemory")
+    assert f"namespace {namespace} holds 28Gi of its 30Gi maxMemory in GpuSlicePolicy {name}; this claim asks 4Gi" \
+        in said, said
+    assert await allocation(kube, namespace, "more") is None
+    assert (await ledger(kube, name, namespace))["status"]["heldBytes"] == 28 * GI
+    # Releasing a claim frees its memory for the next allocation within seconds.
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods/mid", gracePeriodSeconds=0)
+    await kube.delete(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/mid")
+    started = asyncio.get_running_loop().time()
+    await wait_for(lambda: allocation(kube, namespace, "more"), within=30, what="the 4Gi claim once 8Gi is released")
+    print(f"released and allocated again in {asyncio.get_running_loop().time() - started:.1f} s")
+    assert await held_gib(kube, namespace) == 24
+    with contextlib.suppress(KubeError):
+        await kube.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)
