@@ -147,17 +147,25 @@ def judge(charges: Sequence[Charge], limit: int, claim: str, uid: str, bytes_: i
     return Verdict(True, held, (*others, Charge(claim=claim, uid=uid, bytes=bytes_, at=now)), changed=True)
 
 
+def shown(value: int) -> str:
+    """Bytes as a person reads them: exact when short (28Gi, 10G), else to a tenth of a GiB (79.6Gi)."""
+    exact = format_bytes(value)
+    if value < 2**30 or exact.endswith(("Gi", "G", "Ti", "T", "Pi", "P")):
+        return exact
+    return f"{value / 2**30:.1f}Gi"
+
+
 def over_limit_message(who: str, namespace: str, policy: str, held: int, limit: int, asked: int) -> str:
-    return (f"{who}: namespace {namespace} holds {format_bytes(held)} of its {format_bytes(limit)} maxMemory in"
-            f" GpuSlicePolicy {policy}; this claim asks {format_bytes(asked)}, and"
-            f" {format_bytes(max(limit - held, 0))} is left. It is allocated once the namespace's other claims"
+    return (f"{who}: namespace {namespace} holds {shown(held)} of its {shown(limit)} maxMemory in"
+            f" GpuSlicePolicy {policy}; this claim asks {shown(asked)}, and"
+            f" {shown(max(limit - held, 0))} is left. It is allocated once the namespace's other claims"
             f" release enough (delete pods or claims it no longer needs), or ask the platform team to raise"
             f" spec.tenants[].maxMemory of GpuSlicePolicy {policy}")
 
 
 def too_large_message(who: str, namespace: str, policy: str, least: int, limit: int) -> str:
-    return (f"{who}: asks for at least {format_bytes(least)} of the devices of GpuSlicePolicy {policy}, more than"
-            f" namespace {namespace} may hold at once (spec.tenants[].maxMemory: {format_bytes(limit)}), so it"
+    return (f"{who}: asks for at least {shown(least)} of the devices of GpuSlicePolicy {policy}, more than"
+            f" namespace {namespace} may hold at once (spec.tenants[].maxMemory: {shown(limit)}), so it"
             f" could never be allocated; ask for less (fewer or smaller devices, a smaller capacity.requests),"
             f" or ask the platform team to raise spec.tenants[].maxMemory of GpuSlicePolicy {policy}")
 
