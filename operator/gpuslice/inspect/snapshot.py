@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
+from gpuslice.api.ledger import LEDGERS
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRIVER
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.pending import Facts
@@ -94,5 +95,8 @@ async def read_facts(kube: KubeClient, namespace: str, name: str) -> Facts:
     events = await _list(kube, f"Events in {namespace}", f"{ns}/events")
     namespace_body = await _optional(kube.get(ns), f"namespace {namespace}", [])
     classes = {c["metadata"]["name"]: c for c in await _list(kube, "DeviceClasses", f"{RESOURCE}/deviceclasses")}
+    ledgers = await _optional(kube.list(LEDGERS, labelSelector=f"gpuslice.dev/tenant={namespace}"),
+                              "the maxMemory ledgers", [])
     return Facts(namespace, pod, None if pod is not None else name, claims, templates, quotas,
-                 str(((namespace_body or {}).get("metadata") or {}).get("uid", "")), events, classes)
+                 str(((namespace_body or {}).get("metadata") or {}).get("uid", "")), events, classes,
+                 {str((b.get("spec") or {}).get("policy")): b for b in ledgers or []})

@@ -88,7 +88,7 @@ def held_by_policy(claim: Body, memory_of: MemoryOf,
     return held
 
 
-def _least_of_request(request: Body, klass: ClassInForce) -> int:
+def request_least(request: Body, klass: ClassInForce) -> int:
     """The least one request of ``klass`` can be allocated: its count of devices (allocationMode
     All: at least one), each the least a device of the class holds, or in shared mode what it asks
     rounded up to the step (the class's memory)."""
@@ -111,12 +111,12 @@ def least_asked(spec: Body, policy: str, classes: Mapping[str, ClassInForce]) ->
         if exactly:
             klass = classes.get(str(exactly.get("deviceClassName", "")))
             if klass is not None and class_policy(klass.name) == policy:
-                total += _least_of_request(exactly, klass)
+                total += request_least(exactly, klass)
             continue
         ways = []
         for sub in request.get("firstAvailable") or []:
             klass = classes.get(str(sub.get("deviceClassName", "")))
-            ways.append(_least_of_request(sub, klass) if klass is not None and class_policy(klass.name) == policy
+            ways.append(request_least(sub, klass) if klass is not None and class_policy(klass.name) == policy
                         else 0)
         total += min(ways, default=0)
     return total

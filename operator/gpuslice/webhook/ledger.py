@@ -33,7 +33,7 @@ from gpuslice.planning.memory import (
     judge,
     reckon,
 )
-from gpuslice.webhook.metrics import CONFLICTS, LEDGER_HELD, LEDGER_LIMIT, RELEASED
+from gpuslice.webhook.metrics import CONFLICTS, RELEASED
 from gpuslice.webhook.state import State
 
 log = structlog.get_logger(__name__)
@@ -91,8 +91,6 @@ class Ledgers:
         written = GpuSliceLedger.from_body(
             await self.state.kube.replace(f"{ledger_path(ledger.spec.policy, ledger.spec.namespace)}/status", body))
         self.state.keep_ledger(written)
-        LEDGER_HELD.labels(ledger.spec.policy, ledger.spec.namespace).set(written.status.held)
-        LEDGER_LIMIT.labels(ledger.spec.policy, ledger.spec.namespace).set(written.spec.limit_bytes)
         return written
 
     async def charge(self, policy: str, namespace: str, claim: str, uid: str, bytes_: int,

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from gpuslice.api.ledger import GpuSliceLedger
 
 REVIEWS = Counter("gpuslice_webhook_reviews_total", "Admission reviews answered, by what was judged and the answer.",
                   ["operation", "verdict"])
@@ -16,8 +21,28 @@ CONFLICTS = Counter("gpuslice_webhook_ledger_conflicts_total",
 RELEASED = Counter("gpuslice_webhook_charges_released_total",
                    "Charges released by the recalculation: claims deleted or deallocated, and writes that never"
                    " happened.")
-LEDGER_HELD = Gauge("gpuslice_tenant_memory_charged_bytes",
-                    "GPU memory a maxMemory tenant's ledger holds charged (its allocations, and any just admitted).",
-                    ["policy", "namespace"])
-LEDGER_LIMIT = Gauge("gpuslice_tenant_memory_limit_bytes", "A maxMemory tenant's limit in force (its ledger's).",
-                     ["policy", "namespace"])
+
+
+class LedgerMetrics:
+    """Each maxMemory ledger as this copy's watch sees it, read at scrape time (every copy serves the
+    same figures: take the max across them)."""
+
+    def __init__(self) -> None:
+        self.ledgers: Callable[[], Iterable[GpuSliceLedger]] = list
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        charged = GaugeMetricFamily("gpuslice_webhook_ledger_charged_bytes", "GPU memory a maxMemory tenant's ledger"
+                                    " charges: what its allocations hold, and any just admitted.",
+                                    labels=["policy", "namespace"])
+        limit = GaugeMetricFamily("gpuslice_webhook_ledger_limit_bytes", "A maxMemory tenant's limit in force (its"
+                                  " ledger's spec.limitBytes).", labels=["policy", "namespace"])
+        for ledger in self.ledgers():
+            labels = [ledger.spec.policy, ledger.spec.namespace]
+            charged.add_metric(labels, ledger.status.held)
+            limit.add_metric(labels, ledger.spec.limit_bytes)
+        yield charged
+        yield limit
+
+
+LEDGER_METRICS = LedgerMetrics()
+REGISTRY.register(LEDGER_METRICS)

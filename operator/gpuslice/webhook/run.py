@@ -28,7 +28,7 @@ from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.observability.logging import configure_logging
 from gpuslice.observability.metrics import announce, serve_metrics
 from gpuslice.webhook.ledger import Ledgers
-from gpuslice.webhook.metrics import REVIEW_SECONDS, REVIEWS
+from gpuslice.webhook.metrics import LEDGER_METRICS, REVIEW_SECONDS, REVIEWS
 from gpuslice.webhook.review import Answer, Reviewer
 from gpuslice.webhook.settings import WebhookSettings
 from gpuslice.webhook.state import State
@@ -141,6 +141,7 @@ async def run_webhook(settings: WebhookSettings) -> None:
         loop.add_signal_handler(sig, stop.set)
     kube = await KubeClient.from_kubeconfig(settings.kubeconfig, request_timeout=settings.request_timeout)
     state = State(kube)
+    LEDGER_METRICS.ledgers = lambda: list(state.ledgers.items.values())
     ledgers = Ledgers(state)
     tls = Tls(kube, settings.tls_secret)
 

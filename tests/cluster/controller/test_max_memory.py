@@ -92,6 +92,14 @@ async def held_gib(kube: KubeClient, ns: str) -> float:
     return total / GI
 
 
+def sample(text: str, metric: str, labels: str) -> float | None:
+    """One sample of Prometheus text, by name and labels as served (sorted)."""
+    for line in text.splitlines():
+        if line.startswith(f"{metric}{{{labels}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
 def _bytes(text: str) -> int:
     from gpuslice.dra.quantity import quantity_bytes
 
@@ -124,6 +132,22 @@ async def test_a_tenant_with_max_memory_holds_no_more_and_is_told_why(
         in said, said
     assert await allocation(kube, namespace, "more") is None
     assert (await ledger(kube, name, namespace))["status"]["heldBytes"] == 28 * GI
+    # What it holds against its limit, as metrics: the ledger's (the webhook), and the status' (the controller).
+    labels = f'namespace="{namespace}",policy="{name}"'
+    text = await memory_webhook.metrics()
+    assert sample(text, "gpuslice_webhook_ledger_charged_bytes", labels) == 28 * GI
+    assert sample(text, "gpuslice_webhook_ledger_limit_bytes", labels) == 30 * GI
+
+    async def controller_says() -> bool:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{controller.metrics_port}/metrics") as response:
+            served = await response.text()
+        return (sample(served, "gpuslice_tenant_allocated_bytes", labels) == 28 * GI
+                and sample(served, "gpuslice_tenant_limit_bytes", labels) == 30 * GI)
+
+    await wait_for(controller_says, within=30, what="the controller's tenant metrics to say 28Gi of 30Gi")
     # Releasing a claim frees its memory for the next allocation within seconds.
     await kube.delete(f"/api/v1/namespaces/{namespace}/pods/mid", gracePeriodSeconds=0)
     await kube.delete(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/mid")

@@ -134,3 +134,29 @@ async def test_no_whole_gpu_free_shows_the_largest_free_one(
     small = (await gpuslice("why", f"{namespace}/small", "-o", "json")).json()
     assert [f["code"] for f in small["findings"] if f["blocking"]] == []
     assert small["findings"][0]["code"] == "Allocated"
+
+
+async def test_over_max_memory_says_what_the_namespace_holds_and_what_the_claim_asks(
+    kube: KubeClient, controller: ControllerProcess, memory_webhook: Any, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str, gpuslice: Cli,
+) -> None:
+    from tests.cluster.controller.test_max_memory import admits, claim_with_pod, memory_claim, memory_in_force
+
+    node = await gpu_node("h100-80gb", 1)
+    name = (await make_policy({"nodeSelector": on(node.name), "slicing": {"mode": "shared", "sliceSize": "1Gi"},
+                               "tenants": [{"namespace": namespace, "maxMemory": "30Gi"}]}))["metadata"]["name"]
+    klass = f"{name}.gpuslice.dev"
+    await published(kube, node.name, 1)
+    await memory_in_force(kube, name, namespace, "30Gi")
+    await admits(kube, namespace, klass)
+    for pod, gib in (("a", 20), ("b", 8), ("c", 4)):
+        await claim_with_pod(kube, namespace, pod, memory_claim(pod, klass, gib))
+    await warning(kube, namespace, "c", "FailedScheduling")
+    result = (await gpuslice("why", f"{namespace}/c", "-o", "json")).json()
+    said = findings(result)
+    assert result["findings"][0]["code"] == "OverMemory", result
+    assert (f"namespace {namespace} holds 28Gi of its 30Gi maxMemory in policy {name}; this claim asks 4Gi"
+            in said["OverMemory"])
+    assert "maxmemory.gpuslice.dev" in said["AdmissionDenied"]
+    status = await gpuslice("status")
+    assert "28Gi / 30Gi maxMemory" in status.stdout, status.stdout
