@@ -18,8 +18,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-# Backdated a little, so that a clock a few minutes behind the API server's still accepts it.
+# Backdated a little, so that a clock a few minutes behind the API server's still accepts it (a
+# tenth of the validity at most, so that a short-lived certificate is not mostly backdating).
 SKEW = datetime.timedelta(minutes=5)
+
+
+def _skew(lifetime: datetime.timedelta) -> datetime.timedelta:
+    return min(SKEW, lifetime / 10)
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ def new_ca(common_name: str, lifetime: datetime.timedelta, now: datetime.datetim
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - SKEW).not_valid_after(now + lifetime)
+            .not_valid_before(now - _skew(lifetime)).not_valid_after(now + lifetime)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
                                          content_commitment=False, key_encipherment=False, data_encipherment=False,
@@ -75,7 +80,7 @@ def issue_server(ca: Pem, hosts: Sequence[str], lifetime: datetime.timedelta,
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
             .issuer_name(ca_cert.subject).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - SKEW).not_valid_after(min(now + lifetime, ca_cert.not_valid_after_utc))
+            .not_valid_before(now - _skew(lifetime)).not_valid_after(min(now + lifetime, ca_cert.not_valid_after_utc))
             .add_extension(x509.SubjectAlternativeName([_san(h) for h in hosts]), critical=False)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)

@@ -300,7 +300,7 @@ class WebhookProcess:
 
 
 # Short timers, so that a charge for a write that never happened is released within the tests' time.
-WEBHOOK_ENV = {"GPUSLICE_CHARGE_GRACE": "8", "GPUSLICE_RESYNC": "5"}
+WEBHOOK_ENV = {"GPUSLICE_CHARGE_GRACE": "8", "GPUSLICE_RESYNC": "5", "GPUSLICE_TLS_INTERVAL": "2"}
 
 
 @pytest.fixture(scope="session")
@@ -318,5 +318,13 @@ async def memory_webhook(cluster: DevCluster, kube: KubeClient, controller: Cont
     await apply_manifests(kube, yaml.safe_dump(webhook_config(url=webhook_url(process.port))))
     process.start()
     await process.ready(90)
+
+    async def trusted() -> bool:
+        """The API server calls it and trusts its certificate: the controller wrote the caBundle."""
+        from gpuslice.controller.tenancy import memory_webhook_unenforced
+
+        return await memory_webhook_unenforced(kube, "gpuslice-system") is None
+
+    await wait_for(trusted, within=60, what="the API server to call the maxMemory webhook (the controller's caBundle)")
     yield process
     await process.stop()
