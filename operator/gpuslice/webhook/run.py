@@ -122,7 +122,7 @@ async def _reckon_loop(ledgers: Ledgers, state: State, stop: asyncio.Event, sett
         if full:
             last_full = time.monotonic()
         for name, ledger in list(state.ledgers.items.items()):
-            if not (full or ledger.spec.namespace in dirty or not ledger.in_force or ledger.status.charges):
+            if not (full or ledger.spec.namespace in dirty or not ledger.in_force):
                 continue
             try:
                 await ledgers.reckon_ledger(name, grace)

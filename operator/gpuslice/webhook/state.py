@@ -141,6 +141,7 @@ class State:
     dirty: set[str] = field(default_factory=set)  # namespaces whose ledgers to look at again
 
     def __post_init__(self) -> None:
+        self._by_namespace: dict[str, set[tuple[str, str]]] = {}
         self.policies: Mirror[str, PolicyView] = Mirror(_name, PolicyView.from_body, self._policy_changed)
         self.ledgers: Mirror[str, GpuSliceLedger] = Mirror(_name, _ledger, self._ledger_changed)
         self.slices: Mirror[str, dict[tuple[str, str], int]] = Mirror(_name, _slice_devices)
@@ -155,6 +156,11 @@ class State:
             self.changed.set()
 
     def _claim_changed(self, key: tuple[str, str], claim: dict[str, Any] | None) -> None:
+        keys = self._by_namespace.setdefault(key[0], set())
+        if claim is None:
+            keys.discard(key)
+        else:
+            keys.add(key)
         self.dirty.add(key[0])
         self.changed.set()
 
@@ -170,7 +176,7 @@ class State:
             self.slices.items[_name(item)] = _slice_devices(item)
 
     def namespace_claims(self, namespace: str) -> list[dict[str, Any]]:
-        return [c for (ns, _), c in self.claims.items.items() if ns == namespace]
+        return [c for key in self._by_namespace.get(namespace, ()) if (c := self.claims.items.get(key)) is not None]
 
     def keep_ledger(self, ledger: GpuSliceLedger) -> None:
         """A ledger this process just wrote: newer than the watch may have brought yet."""
