@@ -117,6 +117,7 @@ class BenchCluster:
         self.webhook_kubeconfig: Path | None = None
         self.webhook: Component | None = None
         self.webhook_port = free_port()
+        self.webhook_metrics = free_port()
         self.agents: dict[str, Component] = {}
         self.ca_pem = b""
 
@@ -158,7 +159,8 @@ class BenchCluster:
         """The maxMemory webhook on loopback (its certificate comes from the controller)."""
         assert self.webhook_kubeconfig is not None
         component = gpuslice_install.webhook_component(
-            self.webhook_kubeconfig, self.dev.state.logs / "gpuslice-webhook.log", self.webhook_port, free_port())
+            self.webhook_kubeconfig, self.dev.state.logs / "gpuslice-webhook.log", self.webhook_port,
+            self.webhook_metrics)
         await component.start()
         self.dev.components.append(component)
         await component.wait_healthy()

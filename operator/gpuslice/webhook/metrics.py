@@ -13,9 +13,10 @@ REVIEWS = Counter("gpuslice_webhook_reviews_total", "Admission reviews answered,
                   ["operation", "verdict"])
 REVIEW_SECONDS = Histogram(
     "gpuslice_webhook_review_seconds", "Seconds from an admission review's arrival to its answer (its ledger write"
-    " included), by what was judged.", ["operation"],
-    buckets=(0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5,
-             5.0))
+    " included), by what was judged and the answer (an allocation admitted wrote its charge; one refused did not).",
+    ["operation", "verdict"],
+    buckets=(0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08, 0.1,
+             0.125, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0))
 CONFLICTS = Counter("gpuslice_webhook_ledger_conflicts_total",
                     "Ledger writes refused because another write came first (then read again and judged again).")
 RELEASED = Counter("gpuslice_webhook_charges_released_total",

@@ -95,8 +95,9 @@ def application(reviewer: Reviewer) -> web.Application:
             # The ledger could not be read or written: refuse (the scheduler tries again) rather than admit.
             answer = Answer(False, f"the maxMemory webhook could not charge this allocation now ({error}); the"
                                    " scheduler tries again", 500)
-        REVIEWS.labels(operation, "allowed" if answer.allowed else "refused").inc()
-        REVIEW_SECONDS.labels(operation).observe(time.monotonic() - started)
+        verdict = "allowed" if answer.allowed else "refused"
+        REVIEWS.labels(operation, verdict).inc()
+        REVIEW_SECONDS.labels(operation, verdict).observe(time.monotonic() - started)
         if not answer.allowed:
             log.info("refused", namespace=body.get("namespace"), name=(body.get("object") or {}).get(
                 "metadata", {}).get("name"), operation=operation, message=answer.message)

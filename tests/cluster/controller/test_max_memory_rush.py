@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import re
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -97,16 +96,15 @@ async def rush(kube: KubeClient, ns: str, bodies: dict[str, dict[str, Any]], mem
 
 
 async def latency(webhook: WebhookProcess) -> str:
-    """p50 and p99 of the webhook's answers to allocations, from its histogram."""
-    buckets = [(float(le), float(v)) for le, v in re.findall(
-        r'gpuslice_webhook_review_seconds_bucket\{le="([0-9.e+-]+)",operation="allocate"\} ([0-9.e+]+)',
-        await webhook.metrics())]
-    total = max((v for _, v in buckets), default=0.0)
+    """p50 and p99 of the webhook's answers to allocations, admitted (each wrote its charge) and
+    refused, from its histogram."""
+    from gpuslice.bench.limited_packing import review_quantiles
 
-    def quantile(q: float) -> float:
-        return next((le for le, v in buckets if v >= q * total), float("inf"))
-
-    return f"{total:.0f} allocation reviews, p50 <= {quantile(0.5) * 1000:.0f} ms, p99 <= {quantile(0.99) * 1000:.0f} ms"
+    text = await webhook.metrics()
+    admitted, refused = review_quantiles(text, "allowed"), review_quantiles(text, "refused")
+    return (f"{admitted['reviews']:.0f} allocations admitted, p50 <= {admitted['p50_ms']:.0f} ms, p99 <="
+            f" {admitted['p99_ms']:.0f} ms; {refused['reviews']:.0f} refused, p50 <= {refused['p50_ms']:.0f} ms,"
+            f" p99 <= {refused['p99_ms']:.0f} ms")
 
 
 async def shared_tenant(kube: KubeClient, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
