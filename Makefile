@@ -149,9 +149,11 @@ kind-deploy: image
 	@# Installed before: the image tag is the same, so restart to run what was just loaded.
 	@if $(KUBECTL) -n gpuslice-system get deployment/gpuslice-controller >/dev/null 2>&1; then \
 	  $(KUBECTL) apply --server-side -k $(OVERLAY) && \
-	  $(KUBECTL) -n gpuslice-system rollout restart deployment/gpuslice-controller daemonset/gpuslice-agent; \
+	  $(KUBECTL) -n gpuslice-system rollout restart deployment/gpuslice-controller deployment/gpuslice-webhook \
+	    daemonset/gpuslice-agent; \
 	else $(KUBECTL) apply --server-side -k $(OVERLAY); fi
 	$(KUBECTL) -n gpuslice-system rollout status deployment/gpuslice-controller --timeout=300s
+	$(KUBECTL) -n gpuslice-system rollout status deployment/gpuslice-webhook --timeout=300s
 	$(KUBECTL) -n gpuslice-system rollout status daemonset/gpuslice-agent --timeout=300s
 
 kind-demo:
