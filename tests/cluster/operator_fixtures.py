@@ -68,6 +68,20 @@ async def controller_kubeconfig(cluster: DevCluster, kube: KubeClient, tmp_path_
     return await write_controller_kubeconfig(cluster, kube, tmp_path_factory.mktemp("controller"))
 
 
+async def stop_group(process: subprocess.Popen[bytes] | None, sig: int, within: float) -> None:
+    """Send ``sig`` to the process's group, and SIGKILL it if it has not exited ``within`` seconds."""
+    if process is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+    for _ in range(int(within * 10)):
+        if process.poll() is not None:
+            return
+        await asyncio.sleep(0.1)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 class ControllerProcess:
     """`gpuslice controller` in a subprocess, so tests can kill and restart it."""
 
@@ -88,17 +102,7 @@ class ControllerProcess:
             )
 
     async def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, sig)
-        for _ in range(200):
-            if self.process.poll() is not None:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        await stop_group(self.process, sig, 20)
         self.process = None
 
     def pause(self) -> None:
@@ -268,17 +272,7 @@ class WebhookProcess:
         await wait_for(answers, within=within, what="the maxMemory webhook to serve")
 
     async def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, sig)
-        for _ in range(100):
-            if self.process.poll() is not None:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        await stop_group(self.process, sig, 10)
         self.process = None
 
     async def restart(self, sig: int = signal.SIGTERM, env: dict[str, str] | None = None) -> None:

@@ -60,6 +60,20 @@ async def admits(kube: KubeClient, ns: str, klass: str) -> None:
     await wait_for(dry_run, within=30, what=f"claims of {klass} to be admitted in {ns}")
 
 
+async def budget_policy(kube: KubeClient, make_policy: PolicyFactory, gpu_node: GpuNodeFactory, namespace: str,
+                        slicing: dict[str, Any], *, max_memory: str = "30Gi", gpus: int = 1, devices: int = 1,
+                        **spec: Any) -> tuple[str, str, dict[str, dict[str, Any]]]:
+    """A policy on a fresh node of ``gpus`` H100s whose tenant ``namespace`` has ``max_memory``, in force
+    and admitted: (policy, its primary DeviceClass, the devices published)."""
+    node = await gpu_node("h100-80gb", gpus)
+    name = (await make_policy({"nodeSelector": on(node.name), "slicing": slicing,
+                               "tenants": [{"namespace": namespace, "maxMemory": max_memory}], **spec}))["metadata"]["name"]
+    found = await published(kube, node.name, devices)
+    await memory_in_force(kube, name, namespace, max_memory)
+    await admits(kube, namespace, f"{name}.gpuslice.dev")
+    return name, f"{name}.gpuslice.dev", found
+
+
 async def ledger(kube: KubeClient, policy: str, ns: str) -> dict[str, Any]:
     return await kube.get(f"{LEDGERS}/{policy}.{ns}")
 
@@ -113,13 +127,7 @@ async def test_a_tenant_with_max_memory_holds_no_more_and_is_told_why(
     """Shared mode, maxMemory 30Gi: any capacity may be asked; 20Gi and 8Gi are allocated, a 4Gi more
     is refused at allocation (the pod's Events say what it holds, its limit and what it asks), a
     claim of 40Gi alone is refused when made, and releasing the 8Gi lets the 4Gi in within seconds."""
-    node = await gpu_node("h100-80gb", 1)
-    name = (await make_policy({"nodeSelector": on(node.name), "slicing": {"mode": "shared", "sliceSize": "1Gi"},
-                               "tenants": [{"namespace": namespace, "maxMemory": "30Gi"}]}))["metadata"]["name"]
-    klass = f"{name}.gpuslice.dev"
-    await published(kube, node.name, 1)
-    await memory_in_force(kube, name, namespace, "30Gi")
-    await admits(kube, namespace, klass)
+    name, klass, _ = await budget_policy(kube, make_policy, gpu_node, namespace, {"mode": "shared", "sliceSize": "1Gi"})
     message = await refused(kube, namespace, memory_claim("huge", klass, 40), "asks for at least 40Gi",
                             "spec.tenants[].maxMemory: 30Gi", f"GpuSlicePolicy {name}")
     assert "maxmemory.gpuslice.dev" in message
@@ -173,16 +181,11 @@ async def test_every_way_to_ask_for_more_is_refused_or_charged(
     """Memory mode, 10Gi slices and whole GPUs, maxMemory 30Gi and no count limit: several requests,
     count, firstAvailable, allocationMode All, admin access and extended resources (explicit and
     implicit) are each refused when made, refused at allocation, or charged what they hold."""
-    node = await gpu_node("h100-80gb", 2)
     resource = f"example.com/slice-{unique}"
-    name = (await make_policy({"nodeSelector": on(node.name),
-                               "slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
-                               "tenants": [{"namespace": namespace, "maxMemory": "30Gi"}],
-                               "extendedResourceName": resource}))["metadata"]["name"]
-    slices, full = f"{name}.gpuslice.dev", f"full.{name}.gpuslice.dev"
-    await published(kube, node.name, 16)
-    await memory_in_force(kube, name, namespace, "30Gi")
-    await admits(kube, namespace, slices)
+    name, slices, _ = await budget_policy(kube, make_policy, gpu_node, namespace,
+                                          {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
+                                          gpus=2, devices=16, extendedResourceName=resource)
+    full = f"full.{name}.gpuslice.dev"
     # Refused when made: what could never fit.
     await refused(kube, namespace, claim("four", request(slices, count=4)), "asks for at least 40Gi")
     await refused(kube, namespace, claim("whole", request(full)), "maxMemory: 30Gi")
@@ -237,13 +240,7 @@ async def test_capacity_on_another_key_takes_nothing(
 ) -> None:
     """A tenant with maxMemory alone may ask any capacity of a shared device; a key the device does not
     have matches no device, and the memory it holds is what the scheduler says it consumed."""
-    node = await gpu_node("h100-80gb", 1)
-    name = (await make_policy({"nodeSelector": on(node.name), "slicing": {"mode": "shared", "sliceSize": "10G"},
-                               "tenants": [{"namespace": namespace, "maxMemory": "30Gi"}]}))["metadata"]["name"]
-    klass = f"{name}.gpuslice.dev"
-    await published(kube, node.name, 1)
-    await memory_in_force(kube, name, namespace, "30Gi")
-    await admits(kube, namespace, klass)
+    name, klass, _ = await budget_policy(kube, make_policy, gpu_node, namespace, {"mode": "shared", "sliceSize": "10G"})
     await claim_with_pod(kube, namespace, "sly", claim("sly", request(klass, capacity={"requests": {
         "gpu.gpuslice.dev/memory": "80G"}})))
     await claim_with_pod(kube, namespace, "odd", memory_claim("odd", klass, 15))  # rounded up to 20G by the step
@@ -262,14 +259,7 @@ async def test_a_tenant_removed_while_it_holds_memory_gets_it_counted_when_it_re
     """Removed from spec.tenants, a tenant keeps what it holds (its pods run), allocates nothing more,
     and its ledger goes; put back, its new ledger counts what it still holds from its claims before
     its limit is in force again."""
-    node = await gpu_node("h100-80gb", 1)
-    spec = {"nodeSelector": on(node.name), "slicing": {"mode": "shared", "sliceSize": "1Gi"},
-            "tenants": [{"namespace": namespace, "maxMemory": "30Gi"}]}
-    name = (await make_policy(spec))["metadata"]["name"]
-    klass = f"{name}.gpuslice.dev"
-    await published(kube, node.name, 1)
-    await memory_in_force(kube, name, namespace, "30Gi")
-    await admits(kube, namespace, klass)
+    name, klass, _ = await budget_policy(kube, make_policy, gpu_node, namespace, {"mode": "shared", "sliceSize": "1Gi"})
     await claim_with_pod(kube, namespace, "kept", memory_claim("kept", klass, 20))
     await wait_for(lambda: allocation(kube, namespace, "kept"), within=60, what="the 20Gi claim")
     await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"tenants": []}})
@@ -284,7 +274,7 @@ async def test_a_tenant_removed_while_it_holds_memory_gets_it_counted_when_it_re
     await wait_for(ledger_gone, within=30, what="the removed tenant's ledger to go")
     await refused(kube, namespace, memory_claim("new", klass, 1), "is not a tenant")
     assert await allocation(kube, namespace, "kept") is not None
-    await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"tenants": spec["tenants"]}})
+    await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"tenants": [{"namespace": namespace, "maxMemory": "30Gi"}]}})
     await memory_in_force(kube, name, namespace, "30Gi")
     assert (await ledger(kube, name, namespace))["status"]["heldBytes"] == 20 * GI
     await admits(kube, namespace, klass)
@@ -303,13 +293,7 @@ async def test_a_raised_max_memory_waits_for_the_controller(
 ) -> None:
     """Judged against what is in force: raised while the controller is stalled, the tenant's new claims
     wait (the ledger still says 30Gi); once the controller is back, the new limit is in force."""
-    node = await gpu_node("h100-80gb", 1)
-    name = (await make_policy({"nodeSelector": on(node.name), "slicing": {"mode": "shared", "sliceSize": "1Gi"},
-                               "tenants": [{"namespace": namespace, "maxMemory": "30Gi"}]}))["metadata"]["name"]
-    klass = f"{name}.gpuslice.dev"
-    await published(kube, node.name, 1)
-    await memory_in_force(kube, name, namespace, "30Gi")
-    await admits(kube, namespace, klass)
+    name, klass, _ = await budget_policy(kube, make_policy, gpu_node, namespace, {"mode": "shared", "sliceSize": "1Gi"})
     controller.pause()
     try:
         await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"tenants": [

@@ -20,10 +20,9 @@ from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.watch import watch
 from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.agent.test_publishing import published
 from tests.cluster.controller.test_allocation import pod_using
 from tests.cluster.controller.test_limits import claim, request
-from tests.cluster.controller.test_max_memory import GI, LEDGERS, admits, memory_in_force, on
+from tests.cluster.controller.test_max_memory import GI, LEDGERS, budget_policy
 from tests.cluster.kubeutil import RESOURCE, wait_for
 from tests.cluster.operator_fixtures import WEBHOOK_ENV, ControllerProcess, PolicyFactory, WebhookProcess
 
@@ -109,12 +108,7 @@ async def latency(webhook: WebhookProcess) -> str:
 
 async def shared_tenant(kube: KubeClient, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
                         namespace: str) -> tuple[str, dict[str, int]]:
-    node = await gpu_node("h100-80gb", 1)
-    name = (await make_policy({"nodeSelector": on(node.name), "slicing": {"mode": "shared", "sliceSize": "1Gi"},
-                               "tenants": [{"namespace": namespace, "maxMemory": "30Gi"}]}))["metadata"]["name"]
-    devices = await published(kube, node.name, 1)
-    await memory_in_force(kube, name, namespace, "30Gi")
-    await admits(kube, namespace, f"{name}.gpuslice.dev")
+    name, _, devices = await budget_policy(kube, make_policy, gpu_node, namespace, {"mode": "shared", "sliceSize": "1Gi"})
     return name, {d: quantity_bytes(b["capacity"]["memory"]["value"]) for d, b in devices.items()}
 
 
@@ -166,14 +160,10 @@ async def test_a_rush_of_slices_and_whole_gpus_never_takes_more_than_max_memory(
 ) -> None:
     """Memory mode, 10Gi slices and whole GPUs: each claim of 1-8Gi asks for a slice (some through
     firstAvailable, the whole GPU first), so at most three are held; a whole GPU never fits 30Gi."""
-    node = await gpu_node("h100-80gb", 2)
-    name = (await make_policy({"nodeSelector": on(node.name),
-                               "slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
-                               "tenants": [{"namespace": namespace, "maxMemory": "30Gi"}]}))["metadata"]["name"]
-    devices = await published(kube, node.name, 16)
-    await memory_in_force(kube, name, namespace, "30Gi")
-    slices, full = f"{name}.gpuslice.dev", f"full.{name}.gpuslice.dev"
-    await admits(kube, namespace, slices)
+    name, slices, devices = await budget_policy(kube, make_policy, gpu_node, namespace,
+                                                {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
+                                                gpus=2, devices=16)
+    full = f"full.{name}.gpuslice.dev"
     bodies, asks = {}, {}
     for i, _ in enumerate(sizes(2)):
         n = f"c-{i:02d}"

@@ -140,15 +140,9 @@ async def test_over_max_memory_says_what_the_namespace_holds_and_what_the_claim_
     kube: KubeClient, controller: ControllerProcess, memory_webhook: Any, make_policy: PolicyFactory,
     gpu_node: GpuNodeFactory, namespace: str, gpuslice: Cli,
 ) -> None:
-    from tests.cluster.controller.test_max_memory import admits, claim_with_pod, memory_claim, memory_in_force
+    from tests.cluster.controller.test_max_memory import budget_policy, claim_with_pod, memory_claim
 
-    node = await gpu_node("h100-80gb", 1)
-    name = (await make_policy({"nodeSelector": on(node.name), "slicing": {"mode": "shared", "sliceSize": "1Gi"},
-                               "tenants": [{"namespace": namespace, "maxMemory": "30Gi"}]}))["metadata"]["name"]
-    klass = f"{name}.gpuslice.dev"
-    await published(kube, node.name, 1)
-    await memory_in_force(kube, name, namespace, "30Gi")
-    await admits(kube, namespace, klass)
+    name, klass, _ = await budget_policy(kube, make_policy, gpu_node, namespace, {"mode": "shared", "sliceSize": "1Gi"})
     for pod, gib in (("a", 20), ("b", 8), ("c", 4)):
         await claim_with_pod(kube, namespace, pod, memory_claim(pod, klass, gib))
     await warning(kube, namespace, "c", "FailedScheduling")
