@@ -21,7 +21,7 @@ import structlog
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.api.status import AdmittedTenant, ClassInForce
 from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
-from gpuslice.controller.apply import LEDGER_KINDS, LIMIT_KINDS, REST_KINDS, converge
+from gpuslice.controller.apply import LEDGER_KINDS, LIMIT_KINDS, REST_KINDS, ApplyResult, converge
 from gpuslice.controller.events import post_event
 from gpuslice.controller.metrics import POLICY_METRICS, RECONCILE_DURATION, RECONCILES, PolicyFigures
 from gpuslice.controller.status import TENANCY_NOT_ENFORCED, Findings, build_status, status_body
@@ -282,7 +282,10 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         await _write_records(ctx, policy, classes=classes_in_force(kinds, failed, _in_force(ctx, policy)))
         # The maxMemory ledgers (their spec: the limit in force) before anyone is admitted under them.
         uids = {n: view.uid for n, view in world.namespaces.items() if view.active and view.uid}
-        ledgers = await converge(ctx.kube, policy.name, desired_ledgers(policy, uids), LEDGER_KINDS)
+        wanted = desired_ledgers(policy, uids)
+        ledgers = ApplyResult()
+        if wanted or any(found.policy == policy.name for found in world.ledgers.values()):
+            ledgers = await converge(ctx.kube, policy.name, wanted, LEDGER_KINDS)
         memory_unproven = await _admit(ctx, policy, world, kinds, converged=True)
         # DeviceTaintRules are no longer made (taints travel on the devices); listing the kind
         # prunes those an earlier version made.

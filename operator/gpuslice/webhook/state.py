@@ -144,7 +144,9 @@ class State:
         self._by_namespace: dict[str, set[tuple[str, str]]] = {}
         self.policies: Mirror[str, PolicyView] = Mirror(_name, PolicyView.from_body, self._policy_changed)
         self.ledgers: Mirror[str, GpuSliceLedger] = Mirror(_name, _ledger, self._ledger_changed)
-        self.slices: Mirror[str, dict[tuple[str, str], int]] = Mirror(_name, _slice_devices)
+        self.slices: Mirror[str, dict[tuple[str, str], int]] = Mirror(_name, _slice_devices, self._slice_changed)
+        self._memory: dict[tuple[str, str], int] = {}  # (pool, device) -> bytes, from every slice seen
+        self._slice_keys: dict[str, set[tuple[str, str]]] = {}
         self.claims: Mirror[tuple[str, str], dict[str, Any]] = Mirror(_claim_key, lambda o: o, self._claim_changed)
 
     def _policy_changed(self, name: str, view: PolicyView | None) -> None:
@@ -164,16 +166,23 @@ class State:
         self.dirty.add(key[0])
         self.changed.set()
 
+    def _slice_changed(self, name: str, devices: dict[tuple[str, str], int] | None) -> None:
+        """Keep the flat index of device memory. A device's name fixes its size, so an entry another
+        slice (an older generation of the pool) still names can stay."""
+        for key in self._slice_keys.pop(name, set()) - set(devices or {}):
+            if not any(key in keys for keys in self._slice_keys.values()):
+                self._memory.pop(key, None)
+        if devices:
+            self._slice_keys[name] = set(devices)
+            self._memory.update(devices)
+
     def device_memory(self, pool: str, device: str) -> int | None:
-        for devices in self.slices.items.values():
-            if (pool, device) in devices:
-                return devices[(pool, device)]
-        return None
+        return self._memory.get((pool, device))
 
     async def learn_pool(self, pool: str) -> None:
         """Read ``pool``'s slices from the API server (a device the watch has not brought yet)."""
         for item in await self.kube.list(SLICES, fieldSelector=f"spec.driver={DRIVER},spec.pool.name={pool}"):
-            self.slices.items[_name(item)] = _slice_devices(item)
+            self.slices.handle("MODIFIED", item)
 
     def namespace_claims(self, namespace: str) -> list[dict[str, Any]]:
         return [c for key in self._by_namespace.get(namespace, ()) if (c := self.claims.items.get(key)) is not None]
