@@ -114,9 +114,11 @@ bench: kube-bin
 	@$(BIN)/python -m gpuslice.bench
 
 crds: $(STAMP)
-	@echo ">> generating crds/ from operator/gpuslice/api, manifests/admission.yaml from planning/admission.py"
+	@echo ">> generating crds/ from operator/gpuslice/api, manifests/admission.yaml and memory-webhook.yaml from planning/"
 	@$(BIN)/python -m gpuslice.api.crd > crds/gpuslicepolicies.gpuslice.dev.yaml
+	@$(BIN)/python -m gpuslice.api.crd gpusliceledgers.gpuslice.dev.yaml > crds/gpusliceledgers.gpuslice.dev.yaml
 	@$(BIN)/python -m gpuslice.planning.admission > manifests/admission.yaml
+	@$(BIN)/python -m gpuslice.planning.memory_rule > manifests/memory-webhook.yaml
 	@$(MAKE) --no-print-directory manifests
 
 protos: $(STAMP)
@@ -155,9 +157,11 @@ kind-deploy: image
 	@# Installed before: the image tag is the same, so restart to run what was just loaded.
 	@if $(KUBECTL) -n gpuslice-system get deployment/gpuslice-controller >/dev/null 2>&1; then \
 	  $(KUBECTL) apply --server-side -k $(OVERLAY) && \
-	  $(KUBECTL) -n gpuslice-system rollout restart deployment/gpuslice-controller daemonset/gpuslice-agent; \
+	  $(KUBECTL) -n gpuslice-system rollout restart deployment/gpuslice-controller deployment/gpuslice-webhook \
+	    daemonset/gpuslice-agent; \
 	else $(KUBECTL) apply --server-side -k $(OVERLAY); fi
 	$(KUBECTL) -n gpuslice-system rollout status deployment/gpuslice-controller --timeout=300s
+	$(KUBECTL) -n gpuslice-system rollout status deployment/gpuslice-webhook --timeout=300s
 	$(KUBECTL) -n gpuslice-system rollout status daemonset/gpuslice-agent --timeout=300s
 
 kind-demo:

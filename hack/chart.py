@@ -76,6 +76,7 @@ RESOURCES = {"type": "object", "properties": {"requests": OBJECT, "limits": OBJE
 CONTAINER = ("spec", "template", "spec", "containers", 0)
 POD = ("spec", "template", "spec")
 DS, DEP = ("DaemonSet", "gpuslice-agent"), ("Deployment", "gpuslice-controller")
+WEBHOOK = ("Deployment", "gpuslice-webhook")
 
 VALUES = [
     Value("image.repository", STRING, "The gpuslice image (make image; push it to your registry).",
@@ -100,6 +101,17 @@ VALUES = [
     Value("controller.affinity", OBJECT, "Default: the copies on different nodes where they can be.",
           at=(*DEP, (*POD, "affinity"))),
     Value("controller.podDisruptionBudget.enabled", BOOL, "maxUnavailable 1: a drain evicts one copy at a time.",
+          default=True),
+    Value("webhook.replicas", {"type": "integer", "minimum": 1},
+          "Copies of the maxMemory webhook: any may answer (they share only the ledgers).",
+          at=(*WEBHOOK, ("spec", "replicas"))),
+    Value("webhook.resources", RESOURCES, "", at=(*WEBHOOK, (*CONTAINER, "resources"))),
+    Value("webhook.priorityClassName", STRING, "", at=(*WEBHOOK, (*POD, "priorityClassName"))),
+    Value("webhook.nodeSelector", OBJECT, "", default={}),
+    Value("webhook.tolerations", ARRAY, "", default=[]),
+    Value("webhook.affinity", OBJECT, "Default: the copies on different nodes where they can be.",
+          at=(*WEBHOOK, (*POD, "affinity"))),
+    Value("webhook.podDisruptionBudget.enabled", BOOL, "minAvailable 1: a drain keeps one copy answering.",
           default=True),
     Value("agent.backend", {"enum": ["nvml", "fake"]},
           "nvml: real GPUs (privileged, for dynamic MIG; the toolkit's CDI spec from /etc/cdi). fake: GPUs from"
@@ -195,6 +207,8 @@ DRIVER_ROOT_VOLUME = "- name: driver-root\n  hostPath: {path: {{ .Values.nvidiaD
 POINTS = [
     *container_points(DEP, "controller"),
     Point(*DEP, ("spec", "replicas"), "value", v("controller.replicas")),
+    *container_points(WEBHOOK, "webhook"),
+    Point(*WEBHOOK, ("spec", "replicas"), "value", v("webhook.replicas")),
     *container_points(DS, "agent"),
     Point(*DS, (*POD, "runtimeClassName"), "optional", v("agent.runtimeClassName")),
     Point(*DS, (*CONTAINER, "args", 1), "value", 'printf "--backend=%s" .Values.agent.backend'),
@@ -206,12 +220,12 @@ POINTS = [
     Point(*DS, (*POD, "volumes"), "switch", NVML),
     Point(*DS, (*POD, "volumes"), "when", v("nvidiaDriverRoot"), DRIVER_ROOT_VOLUME),
     *(Point("ServiceMonitor", name, ("spec", "endpoints", 0, "interval"), "value", v("metrics.serviceMonitor.interval"))
-      for name in ("gpuslice-controller", "gpuslice-agent")),
+      for name in ("gpuslice-controller", "gpuslice-agent", "gpuslice-webhook")),
     *(Point("ServiceMonitor", name, ("metadata", "labels"), "extend", v("metrics.serviceMonitor.labels"))
-      for name in ("gpuslice-controller", "gpuslice-agent")),
+      for name in ("gpuslice-controller", "gpuslice-agent", "gpuslice-webhook")),
     Point("PrometheusRule", "gpuslice", ("metadata", "labels"), "extend", v("metrics.prometheusRule.labels")),
     Point("ConfigMap", "gpuslice-dashboard", ("metadata", "labels"), "extend", v("metrics.dashboard.labels")),
-    *(p for name in ("gpuslice-controller", "gpuslice-agent") for p in (
+    *(p for name in ("gpuslice-controller", "gpuslice-agent", "gpuslice-webhook") for p in (
         Point("NetworkPolicy", name, ("spec", "ingress", 0, "from"), "block", v("networkPolicy.metricsFrom")),
         Point("NetworkPolicy", name, ("spec", "egress", 0, "ports"), "block", v("networkPolicy.apiServer.ports")),
         Point("NetworkPolicy", name, ("spec", "egress", 0, "to"), "optional", v("networkPolicy.apiServer.to")),
@@ -220,14 +234,18 @@ POINTS = [
 # Whole objects rendered only when a value says so.
 CONDITIONS = {
     ("PodDisruptionBudget", "gpuslice-controller"): v("controller.podDisruptionBudget.enabled"),
+    ("PodDisruptionBudget", "gpuslice-webhook"): v("webhook.podDisruptionBudget.enabled"),
     ("Service", "gpuslice-controller"): f"or {v('metrics.service.enabled')} {v('metrics.serviceMonitor.enabled')}",
     ("Service", "gpuslice-agent"): f"or {v('metrics.service.enabled')} {v('metrics.serviceMonitor.enabled')}",
     ("ServiceMonitor", "gpuslice-controller"): v("metrics.serviceMonitor.enabled"),
+    ("Service", "gpuslice-webhook-metrics"): f"or {v('metrics.service.enabled')} {v('metrics.serviceMonitor.enabled')}",
     ("ServiceMonitor", "gpuslice-agent"): v("metrics.serviceMonitor.enabled"),
+    ("ServiceMonitor", "gpuslice-webhook"): v("metrics.serviceMonitor.enabled"),
     ("PrometheusRule", "gpuslice"): v("metrics.prometheusRule.enabled"),
     ("ConfigMap", "gpuslice-dashboard"): v("metrics.dashboard.enabled"),
     ("NetworkPolicy", "gpuslice-controller"): v("networkPolicy.enabled"),
     ("NetworkPolicy", "gpuslice-agent"): v("networkPolicy.enabled"),
+    ("NetworkPolicy", "gpuslice-webhook"): v("networkPolicy.enabled"),
 }
 # Which template file each kind goes to.
 FILES = {"ServiceAccount": "rbac", "ClusterRole": "rbac", "ClusterRoleBinding": "rbac", "Role": "rbac",
@@ -235,7 +253,9 @@ FILES = {"ServiceAccount": "rbac", "ClusterRole": "rbac", "ClusterRoleBinding": 
          "ValidatingAdmissionPolicyBinding": "admission", "Deployment": "controller",
          "PodDisruptionBudget": "controller", "DaemonSet": "agent", "ConfigMap": "agent", "Service": "monitoring",
          "ServiceMonitor": "monitoring", "PrometheusRule": "monitoring", "NetworkPolicy": "networkpolicy"}
-FILE_OF = {("ConfigMap", "gpuslice-dashboard"): "monitoring"}
+FILE_OF = {("ConfigMap", "gpuslice-dashboard"): "monitoring", WEBHOOK: "webhook",
+           ("Service", "gpuslice-webhook"): "webhook", ("PodDisruptionBudget", "gpuslice-webhook"): "webhook",
+           ("ValidatingWebhookConfiguration", "gpuslice-memory"): "webhook"}
 
 
 # ---------------------------------------------------------------- rendering

@@ -5,10 +5,11 @@
 #     holds its devices (delete those workloads first), it removes the admin-access and tenancy
 #     labels it set, and owner references take the DeviceClasses, claim templates, quotas and
 #     taint rules with the policy. Once the controller is gone, no finalizer is left to block the CRD.
-#  2. The controller and the agents, waiting until their pods are gone (foreground), so no agent
-#     publishes again after step 5.
+#  2. The maxMemory webhook's configuration, then the webhook, the controller and the agents,
+#     waiting until their pods are gone (foreground), so no agent publishes again after step 5 and
+#     no claim waits on a webhook that is gone.
 #  3. The admission policies (manifests/admission.yaml and the agents' own rules), and any tenancy
-#     label left on a namespace (set by hand: the controller takes off those it set). Any order
+#     or memory-limit label left on a namespace (set by hand: the controller takes off those it set). Any order
 #     would leave other drivers' claims working (README, "Its CRD missing"); this one leaves nothing.
 #  4. The agents' drain lists (ConfigMaps gpuslice-draining-<node>, one per node that was draining,
 #     made by the agents, not by the overlay), then everything else the overlay installed: RBAC,
@@ -37,14 +38,16 @@ if k get crd gpuslicepolicies.gpuslice.dev >/dev/null 2>&1; then
     sleep 2
   done
 fi
-echo "uninstall: stopping the controller and the node agents"
-k -n gpuslice-system delete daemonset/gpuslice-agent deployment/gpuslice-controller \
+echo "uninstall: deleting the maxMemory webhook's configuration; stopping the webhook, the controller and the node agents"
+k delete validatingwebhookconfiguration gpuslice-memory --ignore-not-found
+k -n gpuslice-system delete daemonset/gpuslice-agent deployment/gpuslice-controller deployment/gpuslice-webhook \
   --cascade=foreground --ignore-not-found --wait --timeout="${TIMEOUT}s"
 echo "uninstall: deleting the admission policies and any tenancy label left"
 for selector in app.kubernetes.io/part-of=gpuslice app.kubernetes.io/managed-by=gpuslice; do
   k delete validatingadmissionpolicybindings,validatingadmissionpolicies -l "$selector" --ignore-not-found
 done
 k label namespaces -l gpuslice.dev/tenancy gpuslice.dev/tenancy- >/dev/null
+k label namespaces -l gpuslice.dev/memory-limit gpuslice.dev/memory-limit- >/dev/null
 echo "uninstall: deleting the node agents' drain lists"
 k -n gpuslice-system delete configmaps -l gpuslice.dev/drain-list --ignore-not-found
 k -n gpuslice-system delete configmap gpuslice-draining --ignore-not-found  # the one list of earlier versions

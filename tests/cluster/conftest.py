@@ -57,8 +57,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     for name, value in getattr(item, "funcargs", {}).items():
         if isinstance(value, DevCluster):
             paths += sorted(value.state.logs.glob("gpuslice-*.log"))
-        elif isinstance(getattr(value, "log", None), Path) and name == "controller":  # ControllerProcess
-            paths.append(value.log)
+        elif isinstance(getattr(value, "log", None), Path) and name in ("controller", "memory_webhook"):
+            paths.append(value.log)  # ControllerProcess, WebhookProcess
         elif name == "tmp_path" and isinstance(value, Path):  # the test's own agents (gpu_node)
             paths += sorted(value.glob("agent-*.log"))
     for path in paths:
@@ -128,20 +128,24 @@ CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "gpuslicepolicies.gpus
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 
 
+LEDGER_CRD_FILE = CRD_FILE.parent / "gpusliceledgers.gpuslice.dev.yaml"
+
+
 @pytest.fixture(scope="session")
 async def policy_crd(kube: KubeClient) -> str:
-    """The committed CRD, installed as a user would install it; returns the policies' path."""
-    body = yaml.safe_load(CRD_FILE.read_text())
-    await kube.apply(
-        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{body['metadata']['name']}",
-        body, field_manager="gpuslice-tests",
-    )
+    """The committed CRDs, installed as a user would install them; returns the policies' path."""
+    for path in (CRD_FILE, LEDGER_CRD_FILE):
+        body = yaml.safe_load(path.read_text())
+        name = body["metadata"]["name"]
+        await kube.apply(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", body,
+                         field_manager="gpuslice-tests")
 
-    async def established() -> bool:
-        crd = await kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{body['metadata']['name']}")
-        return any(c["type"] == "Established" and c["status"] == "True" for c in (crd.get("status") or {}).get("conditions") or [])
+        async def established(name: str = name) -> bool:
+            crd = await kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            return any(c["type"] == "Established" and c["status"] == "True"
+                       for c in (crd.get("status") or {}).get("conditions") or [])
 
-    await wait_for(established, within=30, what="the GpuSlicePolicy CRD to be established")
+        await wait_for(established, within=30, what=f"the CRD {name} to be established")
     return POLICIES
 
 
@@ -151,7 +155,8 @@ from tests.cluster.operator_fixtures import (  # noqa: E402
     controller,
     controller_kubeconfig,
     make_policy,
+    memory_webhook,
     namespaces,
 )
 
-__all__ = ["controller", "controller_kubeconfig", "make_policy", "namespaces"]
+__all__ = ["controller", "controller_kubeconfig", "make_policy", "memory_webhook", "namespaces"]

@@ -26,7 +26,11 @@ ADMISSION = MANIFESTS / "admission.yaml"
 CONTROLLER_USER = "system:serviceaccount:gpuslice-system:gpuslice-controller"
 # Leader election with short timers (ControllerSettings): a killed copy's successor takes over in
 # seconds rather than the 15 s a production Lease waits.
-LEASE_ENV = {"GPUSLICE_LEASE_DURATION": "5", "GPUSLICE_RENEW_DEADLINE": "3.5", "GPUSLICE_RETRY_PERIOD": "1"}
+LEASE_ENV = {"GPUSLICE_LEASE_DURATION": "5", "GPUSLICE_RENEW_DEADLINE": "3.5", "GPUSLICE_RETRY_PERIOD": "1",
+             # The API server calls the maxMemory webhook on loopback (memory_webhook below).
+             "GPUSLICE_WEBHOOK_HOSTS": "127.0.0.1"}
+WEBHOOK_RBAC = MANIFESTS / "webhook-rbac.yaml"
+WEBHOOK_USER = "system:serviceaccount:gpuslice-system:gpuslice-webhook"
 
 
 async def apply_manifests(kube: KubeClient, text: str) -> None:
@@ -37,19 +41,21 @@ async def apply_manifests(kube: KubeClient, text: str) -> None:
             await kube.apply(object_path(doc), doc, field_manager="gpuslice-tests")
 
 
-async def write_controller_kubeconfig(cluster: DevCluster, kube: KubeClient, directory: Path) -> Path:
-    """A kubeconfig with a token of the controller's ServiceAccount (manifests/controller-rbac.yaml)."""
-    await apply_manifests(kube, RBAC.read_text())
+async def write_controller_kubeconfig(cluster: DevCluster, kube: KubeClient, directory: Path,
+                                     account: str = "gpuslice-controller", rbac: str | None = None) -> Path:
+    """A kubeconfig with a token of the controller's ServiceAccount (manifests/controller-rbac.yaml),
+    or of another of gpuslice's (``account``, with its RBAC manifests ``rbac``)."""
+    await apply_manifests(kube, rbac if rbac is not None else RBAC.read_text())
     token = await kube.create(
-        "/api/v1/namespaces/gpuslice-system/serviceaccounts/gpuslice-controller/token",
+        f"/api/v1/namespaces/gpuslice-system/serviceaccounts/{account}/token",
         {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 86400}},
     )
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
     config = {
         "apiVersion": "v1", "kind": "Config",
         "clusters": admin["clusters"],
-        "users": [{"name": "gpuslice-controller", "user": {"token": token["status"]["token"]}}],
-        "contexts": [{"name": "controller", "context": {"cluster": admin["clusters"][0]["name"], "user": "gpuslice-controller"}}],
+        "users": [{"name": account, "user": {"token": token["status"]["token"]}}],
+        "contexts": [{"name": "controller", "context": {"cluster": admin["clusters"][0]["name"], "user": account}}],
         "current-context": "controller",
     }
     path = directory / "kubeconfig"
@@ -60,6 +66,20 @@ async def write_controller_kubeconfig(cluster: DevCluster, kube: KubeClient, dir
 @pytest.fixture(scope="session")
 async def controller_kubeconfig(cluster: DevCluster, kube: KubeClient, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return await write_controller_kubeconfig(cluster, kube, tmp_path_factory.mktemp("controller"))
+
+
+async def stop_group(process: subprocess.Popen[bytes] | None, sig: int, within: float) -> None:
+    """Send ``sig`` to the process's group, and SIGKILL it if it has not exited ``within`` seconds."""
+    if process is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+    for _ in range(int(within * 10)):
+        if process.poll() is not None:
+            return
+        await asyncio.sleep(0.1)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 class ControllerProcess:
@@ -82,17 +102,7 @@ class ControllerProcess:
             )
 
     async def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, sig)
-        for _ in range(200):
-            if self.process.poll() is not None:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        await stop_group(self.process, sig, 20)
         self.process = None
 
     def pause(self) -> None:
@@ -223,3 +233,92 @@ async def judged_before_the_policy(kube: KubeClient, make_policy: PolicyFactory,
         return True
 
     await wait_for(labelled, within=30, what=f"namespaces {namespaces} to be labelled as judged")
+
+
+class WebhookProcess:
+    """`gpuslice webhook` in a subprocess on loopback, where the session's API server calls it by
+    URL (manifests/memory-webhook.yaml with a url), so tests can kill and restart it."""
+
+    def __init__(self, kubeconfig: Path, log: Path, env: dict[str, str] | None = None) -> None:
+        from gpuslice.devcluster.cluster import free_port
+
+        self.kubeconfig, self.log = kubeconfig, log
+        self.port, self.metrics_port = free_port(), free_port()
+        self.env = dict(env or {})
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gpuslice", "webhook", "--kubeconfig", str(self.kubeconfig),
+                 "--address", "127.0.0.1", "--port", str(self.port), "--metrics-port", str(self.metrics_port)],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, **self.env},
+            )
+
+    async def ready(self, within: float = 60) -> None:
+        import aiohttp
+
+        async def answers() -> bool:
+            assert self.process is not None
+            assert self.process.poll() is None, self.log_text()[-3000:]
+            try:
+                async with aiohttp.ClientSession() as session, session.get(
+                        f"http://127.0.0.1:{self.metrics_port}/readyz") as response:
+                    return response.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_for(answers, within=within, what="the maxMemory webhook to serve")
+
+    async def stop(self, sig: int = signal.SIGTERM) -> None:
+        await stop_group(self.process, sig, 10)
+        self.process = None
+
+    async def restart(self, sig: int = signal.SIGTERM, env: dict[str, str] | None = None) -> None:
+        await self.stop(sig)
+        if env is not None:
+            self.env = env
+        self.start()
+        await self.ready()
+
+    async def metrics(self) -> str:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{self.metrics_port}/metrics") as response:
+            return await response.text()
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+# Short timers, so that a charge for a write that never happened is released within the tests' time.
+WEBHOOK_ENV = {"GPUSLICE_CHARGE_GRACE": "8", "GPUSLICE_RESYNC": "5", "GPUSLICE_TLS_INTERVAL": "2"}
+
+
+@pytest.fixture(scope="session")
+async def memory_webhook(cluster: DevCluster, kube: KubeClient, controller: ControllerProcess,
+                         tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[WebhookProcess]:
+    """The maxMemory webhook, as the dev cluster runs it: its RBAC, its configuration by URL, its own
+    ServiceAccount; its certificate made by the session's controller."""
+    from gpuslice.devcluster.operator import webhook_url
+    from gpuslice.planning.memory_rule import memory_webhook as webhook_config
+
+    directory = tmp_path_factory.mktemp("webhook")
+    kubeconfig = await write_controller_kubeconfig(cluster, kube, directory, "gpuslice-webhook",
+                                                 WEBHOOK_RBAC.read_text())
+    process = WebhookProcess(kubeconfig, directory / "webhook.log", WEBHOOK_ENV)
+    await apply_manifests(kube, yaml.safe_dump(webhook_config(url=webhook_url(process.port))))
+    process.start()
+    await process.ready(90)
+
+    async def trusted() -> bool:
+        """The API server calls it and trusts its certificate: the controller wrote the caBundle."""
+        from gpuslice.controller.tenancy import memory_webhook_unenforced
+
+        return await memory_webhook_unenforced(kube, "gpuslice-system") is None
+
+    await wait_for(trusted, within=60, what="the API server to call the maxMemory webhook (the controller's caBundle)")
+    yield process
+    await process.stop()

@@ -14,7 +14,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI_EXTRA = ("rich", "kubernetes_asyncio", "cryptography")
+CLI_EXTRA = ("rich", "kubernetes_asyncio")
 
 
 def _pins() -> dict[str, str]:
@@ -84,7 +84,7 @@ def _without_the_cli_extra(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_controller_and_agent_run_without_the_cli_extra_and_load_no_dev_code() -> None:
     code = ("import gpuslice.controller.run, gpuslice.agent.run, gpuslice.cli\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in {'rich', 'cryptography', 'kubernetes_asyncio'}"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in {'rich', 'kubernetes_asyncio'}"
             " or m.startswith(('gpuslice.devcluster', 'gpuslice.inspect.commands', 'gpuslice.bench'))))")
     done = _without_the_cli_extra(code)
     assert done.returncode == 0, done.stderr

@@ -9,10 +9,12 @@ plain optional properties, titles go, and each model's rules become
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
+from gpuslice.api.ledger import LEDGER_KIND, LEDGER_PLURAL, LedgerSpec, LedgerStatus
 from gpuslice.api.policy import GROUP, KIND, MAX_NAME, PLURAL, VERSION, GpuSlicePolicySpec
 from gpuslice.api.rules import DNS_LABEL, ApiModel
 from gpuslice.api.status import GpuSlicePolicyStatus
@@ -87,27 +89,54 @@ def structural(root: type[ApiModel]) -> Schema:
     return convert(schema, root.__name__)
 
 
-def crd() -> dict[str, Any]:
-    spec_schema = structural(GpuSlicePolicySpec)
-    status_schema = structural(GpuSlicePolicyStatus)
-    root: Schema = {
+def _definition(kind: str, plural: str, scope: str, short: str, root: Schema,
+                columns: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": scope,
+            "names": {
+                "kind": kind, "listKind": f"{kind}List", "plural": plural,
+                "singular": kind.lower(), "shortNames": [short], "categories": ["gpuslice"],
+            },
+            "versions": [{
+                "name": VERSION,
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": root},
+                "additionalPrinterColumns": columns,
+            }],
+        },
+    }
+
+
+def _root(description: str, spec: Schema, status: Schema) -> Schema:
+    return {
         "type": "object",
-        "description": "GpuSlicePolicy turns a set of GPUs into slices that tenant namespaces claim"
-                       " through Dynamic Resource Allocation.",
+        "description": description,
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
-            "spec": spec_schema,
-            "status": status_schema,
+            "spec": spec,
+            "status": status,
         },
-        "x-kubernetes-validations": [{
-            "rule": f"self.metadata.name.matches('{DNS_LABEL}') && size(self.metadata.name) <= {MAX_NAME}",
-            "message": f"GpuSlicePolicy names must be lowercase letters, digits and '-', at most"
-                       f" {MAX_NAME} characters: they name the DeviceClass <name>.{GROUP}",
-        }],
     }
+
+
+def crd() -> dict[str, Any]:
+    root = _root("GpuSlicePolicy turns a set of GPUs into slices that tenant namespaces claim through Dynamic"
+                 " Resource Allocation.", structural(GpuSlicePolicySpec), structural(GpuSlicePolicyStatus))
+    root["x-kubernetes-validations"] = [{
+        "rule": f"self.metadata.name.matches('{DNS_LABEL}') && size(self.metadata.name) <= {MAX_NAME}",
+        "message": f"GpuSlicePolicy names must be lowercase letters, digits and '-', at most"
+                   f" {MAX_NAME} characters: they name the DeviceClass <name>.{GROUP}",
+    }]
     columns = [
         ("Mode", "string", ".spec.slicing.mode", 0),
         ("Slice", "string", ".spec.slicing.sliceSize", 0),
@@ -123,36 +152,34 @@ def crd() -> dict[str, Any]:
         ("Degraded-Reason", "string", '.status.conditions[?(@.type=="Degraded")].reason', 1),
         ("Age", "date", ".metadata.creationTimestamp", 0),
     ]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "scope": "Cluster",
-            "names": {
-                "kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL,
-                "singular": KIND.lower(), "shortNames": ["gsp"], "categories": ["gpuslice"],
-            },
-            "versions": [{
-                "name": VERSION,
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {"openAPIV3Schema": root},
-                "additionalPrinterColumns": [
-                    {"name": n, "type": t, "jsonPath": p, **({"priority": pr} if pr else {})}
-                    for n, t, p, pr in columns
-                ],
-            }],
-        },
-    }
+    return _definition(KIND, PLURAL, "Cluster", "gsp", root, [
+        {"name": n, "type": t, "jsonPath": p, **({"priority": pr} if pr else {})} for n, t, p, pr in columns])
 
 
-def crd_yaml() -> str:
+def ledger_crd() -> dict[str, Any]:
+    """GpuSliceLedger: namespaced (it lives in gpuslice-system only), with a status subresource so
+    that the controller's writes (spec: the limit) and the webhook's (status: the charges) are
+    separate rights."""
+    root = _root("What a tenant with maxMemory holds of one GpuSlicePolicy's devices, charge by charge (written by"
+                 " gpuslice only).", structural(LedgerSpec), structural(LedgerStatus))
+    columns = [
+        ("Policy", "string", ".spec.policy"), ("Tenant", "string", ".spec.namespace"),
+        ("Max-Memory", "string", ".spec.maxMemory"), ("Held-Bytes", "integer", ".status.heldBytes"),
+        ("Limit-Bytes", "integer", ".spec.limitBytes"), ("Since", "date", ".status.since"),
+    ]
+    return _definition(LEDGER_KIND, LEDGER_PLURAL, "Namespaced", "gsl", root,
+                       [{"name": n, "type": t, "jsonPath": p} for n, t, p in columns])
+
+
+CRDS = {"gpuslicepolicies.gpuslice.dev.yaml": crd, f"{LEDGER_PLURAL}.{GROUP}.yaml": ledger_crd}
+
+
+def crd_yaml(make: Callable[[], dict[str, Any]] = crd) -> str:
     header = "# Generated from operator/gpuslice/api by `make crds`; do not edit.\n"
-    return header + yaml.safe_dump(crd(), sort_keys=False, width=100)
+    return header + yaml.safe_dump(make(), sort_keys=False, width=100)
 
 
 if __name__ == "__main__":
-    print(crd_yaml(), end="")
+    import sys
+
+    print(crd_yaml(CRDS[sys.argv[1]] if len(sys.argv) > 1 else crd), end="")

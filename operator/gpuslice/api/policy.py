@@ -50,6 +50,10 @@ MIN_SLICE = "256Mi"
 # million is more than any cluster publishes; a size past 16Ti more than any GPU has.
 MAX_COUNT = 1_000_000
 MAX_MEMORY = "16Ti"
+# The most maxMemory may say: far above any fleet, and its bytes fit an int64 (status.limitBytes).
+MAX_TENANT_MEMORY = "1Pi"
+MAX_TENANT_MEMORY_MESSAGE = (f"tenants[].maxMemory must be a positive quantity of at most {MAX_TENANT_MEMORY}, such as"
+                             " 30Gi: the most GPU memory the namespace may hold through this policy at once")
 
 
 def _positive_quantity(value: str | None) -> bool:
@@ -232,9 +236,10 @@ class Slicing(ApiModel):
 class Tenant(ApiModel):
     """A namespace whose workloads may claim this policy's devices, and how many of each kind.
 
-    A tenant with any of the limits set is limited: each kind of device it is not granted is
-    a limit of 0, so the memory it can hold is bounded by the sum over kinds of count x size.
-    A tenant with none set has no quota at all.
+    A tenant with any of the count limits set is limited by count: each kind of device it is not
+    granted is a limit of 0, so the memory it can hold is bounded by the sum over kinds of count x
+    size. ``maxMemory`` bounds the memory itself, exactly, in every mode. A tenant with none set
+    has no limit at all.
     """
 
     namespace: str = Field(max_length=63, description="The tenant's namespace; it may not exist yet.",
@@ -253,16 +258,43 @@ class Tenant(ApiModel):
         default=None, max_length=16, description=(
             "mig mode: most MIG devices of each profile this namespace may hold at once, e.g."
             " {\"1g.10gb\": 4, \"3g.40gb\": 1}; a profile not listed is a limit of 0. Each 0 to 1,000,000."))
+    max_memory: str | None = Field(default=None, max_length=32, description=(
+        "Every mode: the most GPU memory this namespace may hold through this policy at once, e.g. 30Gi,"
+        " counted as each allocation holds it (a slice's size, a whole GPU's memory, a MIG profile's"
+        " memory, or in shared mode the capacity the allocation consumed). It is charged when the"
+        " scheduler writes an allocation, by gpuslice's admission webhook, exactly under concurrent"
+        " allocations. With the count limits it is one more bound; alone it is the only one (in shared"
+        " mode such a tenant may then ask for any capacity)."),
+        json_schema_extra={"x-kubernetes-validations": [
+            {"rule": f"isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))"
+                     f" && !quantity(self).isGreaterThan(quantity('{MAX_TENANT_MEMORY}'))",
+             "message": MAX_TENANT_MEMORY_MESSAGE}]})
 
     rules = (
         Rule(None,  # a rule on the string itself (above): on the object, the estimated cost is too high
              TENANT_NAMESPACE_MESSAGE, lambda s: re.match(DNS_LABEL, s.namespace) is not None),
         Rule(None, CONTROLLER_NAMESPACE_MESSAGE, lambda s: s.namespace != CONTROLLER_NAMESPACE),
+        Rule(None, MAX_TENANT_MEMORY_MESSAGE, lambda s: s.max_memory is None or (
+            _positive_quantity(s.max_memory) and parse_quantity(s.max_memory) <= parse_quantity(MAX_TENANT_MEMORY))),
     )
 
     @property
-    def limited(self) -> bool:
+    def count_limited(self) -> bool:
+        """Limited by a count of devices (a ResourceQuota per kind)."""
         return self.max_slices is not None or self.max_full_gpus is not None or self.max_mig_devices is not None
+
+    @property
+    def memory_limited(self) -> bool:
+        """Limited by maxMemory (charged at allocation by the webhook)."""
+        return self.max_memory is not None
+
+    @property
+    def limited(self) -> bool:
+        return self.count_limited or self.memory_limited
+
+    @property
+    def max_memory_bytes(self) -> int | None:
+        return quantity_bytes(self.max_memory) if self.max_memory is not None else None
 
 
 class AdminAccess(ApiModel):

@@ -66,6 +66,25 @@ class DeviceClassStatus(ApiModel):
         "GPU memory one device of this kind stands for (the largest selected GPU for a whole GPU)."))
 
 
+class ClassInForce(ApiModel):
+    """A DeviceClass of this policy as the controller last put it in force (a valid spec,
+    converged): the tenancy admission policy and the maxMemory webhook judge claims against this
+    record, never against a spec the controller has not converged (an invalid edit, or one made
+    while the controller is stalled, leaves the classes, devices and quotas as they were)."""
+
+    name: str = Field(description="The DeviceClass name claims use.")
+    kind: str = Field(description="slice, full, shared, or a MIG profile such as 1g.10gb.")
+    shared: bool = Field(default=False, description=(
+        "Whether its devices are shared (consumable capacity): one allocation takes a part of one."))
+    memory: str = Field(description=(
+        "The most GPU memory one allocation of this class stands for, as a quantity: the slice, the"
+        " largest selected GPU, the profile, or in shared mode one sliceSize (what a tenant limited"
+        " by maxSlices may take per allocation)."))
+    least_memory: str = Field(description=(
+        "The least GPU memory one allocation of this class holds (a whole GPU: the smallest selected"
+        " GPU), as a quantity."))
+
+
 class LimitsInForce(ApiModel):
     """A limited tenant's limits as its quota enforces them now (a copy of its spec.tenants entry's
     limits): the tenancy admission policy admits its claims only while they equal the spec's."""
@@ -73,6 +92,8 @@ class LimitsInForce(ApiModel):
     max_slices: int | None = None
     max_full_gpus: int | None = None
     max_mig_devices: dict[str, int] | None = None
+    max_memory: str | None = Field(default=None, description=(
+        "maxMemory as its ledger enforces it now (gpusliceledgers in gpuslice-system)."))
 
 
 class AdmittedTenant(ApiModel):
@@ -117,6 +138,11 @@ class GpuSlicePolicyStatus(ApiModel):
     foreign_claims: list[str] = Field(default_factory=list, description=(
         "namespace/name of claims that hold this policy's devices outside its tenants (allocated"
         " before the namespace left spec.tenants); delete them to return the devices."))
+    classes_in_force: list[ClassInForce] = Field(default_factory=list, description=(
+        "Written by the controller only, when it converges a valid spec: the policy's DeviceClasses"
+        " and the memory each allocation of them stands for, as they are in force. The tenancy"
+        " admission policy and the maxMemory webhook read this, never the spec."),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
     admitted_tenants: list[AdmittedTenant] = Field(default_factory=list, description=(
         "Written by the controller only: tenant namespaces (by UID) whose quota is in force, with the"
         " limits and classes it counts. The tenancy admission policy (manifests/admission.yaml) reads"

@@ -114,6 +114,10 @@ class BenchCluster:
         self.kube: KubeClient | None = None
         self.controller: Component | None = None
         self.controller_kubeconfig: Path | None = None
+        self.webhook_kubeconfig: Path | None = None
+        self.webhook: Component | None = None
+        self.webhook_port = free_port()
+        self.webhook_metrics = free_port()
         self.agents: dict[str, Component] = {}
         self.ca_pem = b""
 
@@ -135,8 +139,8 @@ class BenchCluster:
         self.kubernetes_version = self.dev.kubernetes_version
         self.kube = await KubeClient.from_kubeconfig(self.dev.kubeconfig)
         self.ca_pem = (self.dev.state.pki / "ca.crt").read_bytes()
-        self.controller_kubeconfig = await gpuslice_install.install(
-            self.api, self.dev.state.root, self.dev.server, self.ca_pem)
+        self.controller_kubeconfig, self.webhook_kubeconfig = await gpuslice_install.install(
+            self.api, self.dev.state.root, self.dev.server, self.ca_pem, self.webhook_port)
 
     async def start_controller(self) -> Component:
         assert self.controller_kubeconfig is not None
@@ -150,6 +154,24 @@ class BenchCluster:
         await component.wait_healthy()
         self.controller = component
         return component
+
+    async def start_webhook(self) -> Component:
+        """The maxMemory webhook on loopback (its certificate comes from the controller)."""
+        assert self.webhook_kubeconfig is not None
+        component = gpuslice_install.webhook_component(
+            self.webhook_kubeconfig, self.dev.state.logs / "gpuslice-webhook.log", self.webhook_port,
+            self.webhook_metrics)
+        await component.start()
+        self.dev.components.append(component)
+        await component.wait_healthy()
+        self.webhook = component
+        return component
+
+    async def stop_webhook(self) -> None:
+        if self.webhook is not None:
+            await self.webhook.stop()
+            self.dev.components.remove(self.webhook)
+            self.webhook = None
 
     async def stop_controller(self) -> None:
         if self.controller is not None:

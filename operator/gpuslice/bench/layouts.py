@@ -28,8 +28,10 @@ from gpuslice.inventory.catalog import MODELS
 from gpuslice.planning.kinds import profile_tag
 
 GIB = 1024**3
-WHOLE_DRIVER = "whole-gpu.bench.gpuslice.dev"
-WHOLE_CLASS = "whole-gpu.bench.gpuslice.dev"
+# Not under gpuslice.dev: a DeviceClass named *.gpuslice.dev is gpuslice's, and its admission rules
+# judge (and outside a tenant's namespace refuse) every claim of one.
+WHOLE_DRIVER = "whole-gpu.bench.example.com"
+WHOLE_CLASS = "whole-gpu.bench.example.com"
 H100 = MODELS["h100-80gb"]
 Manifest = dict[str, Any]
 
@@ -89,9 +91,10 @@ def claim_body(namespace: str, name: str, choices: Sequence[Choice]) -> Manifest
             "metadata": {"name": name, "namespace": namespace}, "spec": {"devices": {"requests": [request]}}}
 
 
-def policy(name: str, slicing: Mapping[str, Any], tenants: Sequence[str]) -> Manifest:
+def policy(name: str, slicing: Mapping[str, Any], tenants: Sequence[str], max_memory: str | None = None) -> Manifest:
+    limit = {"maxMemory": max_memory} if max_memory else {}
     return {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy", "metadata": {"name": name},
-            "spec": {"slicing": dict(slicing), "tenants": [{"namespace": t} for t in tenants],
+            "spec": {"slicing": dict(slicing), "tenants": [{"namespace": t, **limit} for t in tenants],
                      "claimTemplateName": f"{name}-slice"}}
 
 
@@ -158,16 +161,27 @@ def memory_ladder_layout(tenants: Sequence[str]) -> Layout:
                   choices=choices)
 
 
-def shared_layout(tenants: Sequence[str], step: str = SHARED_STEP, name: str = "bench-shared") -> Layout:
+def shared_layout(tenants: Sequence[str], step: str = SHARED_STEP, name: str = "bench-shared",
+                  max_memory: str | None = None) -> Layout:
+    """Shared capacity; with ``max_memory``, every tenant limited to that much (the webhook charges it)."""
     step_bytes = quantity_bytes(step)
 
     def choices(need: int) -> tuple[Choice, ...]:
         memory = math.ceil(need * GIB / step_bytes) * step_bytes
         return (Choice(device_class_name(name), memory=memory, gives=memory),) if memory <= H100.memory else ()
 
+    if max_memory:
+        return Layout("shared-limited", f"shared, {len(tenants)} tenants with maxMemory {max_memory}",
+                      (policy(name, {"mode": "shared", "sliceSize": step}, tenants, max_memory),), choices=choices,
+                      capacity_per_gpu=H100.memory // step_bytes)
     return Layout("shared", f"shared capacity (step {step})",
                   (policy(name, {"mode": "shared", "sliceSize": step}, tenants),), choices=choices,
                   capacity_per_gpu=H100.memory // step_bytes)
+
+
+def fleet_share(gpus: int, tenants: int) -> str:
+    """Each of ``tenants`` gets an equal part of ``gpus`` H100s' memory, so the parts sum to the fleet's."""
+    return f"{gpus * H100.memory // tenants // 1024**2}Mi"
 
 
 def packing_layouts(tenants: Sequence[str]) -> list[Layout]:

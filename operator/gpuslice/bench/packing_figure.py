@@ -1,18 +1,46 @@
-"""Figure 1: one trace of inference pods, served four ways on 16 fake H100s by the real scheduler."""
+"""Figure 1: one trace of inference pods, served five ways on 16 fake H100s by the real scheduler (the fifth,
+shared capacity over four tenants with maxMemory, in bench.limited_packing)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuslice.bench.harness import BenchCluster
-from gpuslice.bench.layouts import GIB, H100, packing_layouts
+from gpuslice.bench.layouts import GIB, H100, fleet_share, packing_layouts, shared_layout
+from gpuslice.bench.limited_packing import TENANTS, budgets_in_force, limited_mode, place_limited, webhook_latency
 from gpuslice.bench.packing import optimal_packing
 from gpuslice.bench.trace import TraceSpec, inference_trace
 from gpuslice.bench.workload import apply_layout, clear_layout, create_claims, ensure_namespace, place_pods
+from gpuslice.dra.quantity import quantity_bytes
 
 NODES = ("bench-pack-1", "bench-pack-2")  # 2 nodes x 8 GPUs = 16 GPUs
 NAMESPACE = "bench-packing"
+LIMITED = tuple(f"bench-packing-t{i}" for i in range(TENANTS))
+
+
+async def _limited(cluster: BenchCluster, trace: Sequence[int], optimum: int, shared: dict[str, Any] | None,
+                   uids: dict[str, str], say: Callable[[str], None]) -> dict[str, Any]:
+    """Shared capacity with four tenants whose maxMemory sums to the fleet's memory."""
+    budget = fleet_share(len(NODES) * 8, TENANTS)
+    layout = shared_layout(LIMITED, max_memory=budget)
+    for namespace in LIMITED:
+        await ensure_namespace(cluster, namespace)
+    await cluster.start_webhook()
+    try:
+        await apply_layout(cluster, layout, uids)
+        await budgets_in_force(cluster, str(layout.policies[0]["metadata"]["name"]), LIMITED, budget)
+        placement, seen, needs = await place_limited(cluster, layout, LIMITED, trace,
+                                                     quantity_bytes(budget))
+        latency = await webhook_latency(cluster)
+        mode = limited_mode(layout, placement, seen, needs, optimum, shared, latency, budget)
+        say(f"packing: shared-limited: {mode['pods_placed']} pods, {mode['memory_used_gib']:.0f} GiB used,"
+            f" {mode['moments_over_limit']} moments over a budget in {mode['claim_writes_watched']} writes,"
+            f" webhook p50 {latency['p50_ms']:.0f} ms p99 {latency['p99_ms']:.0f} ms")
+        await clear_layout(cluster, layout, LIMITED, NODES)
+        return mode
+    finally:
+        await cluster.stop_webhook()
 
 
 async def packing_figure(cluster: BenchCluster, spec: TraceSpec, say: Callable[[str], None]) -> dict[str, Any]:
@@ -53,6 +81,7 @@ async def packing_figure(cluster: BenchCluster, spec: TraceSpec, say: Callable[[
             say(f"packing: {layout.name}: {len(placement.allocations)} pods, {used / GIB:.0f} GiB used,"
                 f" {allocated / GIB:.0f} GiB allocated")
             await clear_layout(cluster, layout, NAMESPACE, NODES)
+        modes["shared-limited"] = await _limited(cluster, trace, optimum.value, modes.get("shared"), uids, say)
     except Exception as error:
         raise cluster.failed({"modes_measured": modes}, error) from error
     finally:

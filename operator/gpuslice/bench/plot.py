@@ -19,7 +19,7 @@ def packing_plot(packing: dict[str, Any], path: Path) -> Path | None:
     modes = list(packing["modes"].values())
     labels = [textwrap.fill(m["title"], 16) for m in modes]
     figure, (pods_axis, memory_axis) = plt.subplots(1, 2, figsize=(11, 4.6))
-    colors = ["#9e9e9e", "#6a8caf", "#d08c3c", "#3c9d5d"][: len(modes)]
+    colors = ["#9e9e9e", "#6a8caf", "#d08c3c", "#3c9d5d", "#2f6f8f"][: len(modes)]
     pods_axis.bar(range(len(modes)), [m["pods_placed"] for m in modes], color=colors)
     pods_axis.set_title(f"pods placed (of {packing['trace']['pods']})")
     memory_axis.bar(range(len(modes)), [m["memory_used_gib"] for m in modes], color=colors, label="used by pods")

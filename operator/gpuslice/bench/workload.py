@@ -21,6 +21,7 @@ from gpuslice.bench.harness import (
     wait_until,
 )
 from gpuslice.bench.layouts import WHOLE_CLASS, Layout, whole_gpu_class, whole_gpu_slice
+from gpuslice.dra.names import MEMORY_WEBHOOK
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeError
 from gpuslice.kube.paths import object_path
@@ -91,10 +92,16 @@ async def apply_layout(cluster: BenchCluster, layout: Layout, nodes: Mapping[str
     return time.monotonic() - started
 
 
-async def clear_layout(cluster: BenchCluster, layout: Layout, namespace: str, nodes: Sequence[str],
+async def clear_layout(cluster: BenchCluster, layout: Layout, namespace: str | Sequence[str], nodes: Sequence[str],
                        devices_gone: Callable[[BenchCluster], Awaitable[None]] | None = None) -> None:
     """Pods, claims, policies and their devices go; the nodes stay. Without agents running,
     ``devices_gone`` removes the devices the agents would have removed."""
+    for one in ([namespace] if isinstance(namespace, str) else namespace):
+        await _clear_namespace(cluster, one)
+    await _clear_policies(cluster, layout, nodes, devices_gone)
+
+
+async def _clear_namespace(cluster: BenchCluster, namespace: str) -> None:
     api = cluster.api
     with contextlib.suppress(KubeError):
         await api.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)
@@ -116,6 +123,11 @@ async def clear_layout(cluster: BenchCluster, layout: Layout, namespace: str, no
         return not await api.list(claims, limit=1)
 
     await wait_until(claims_gone, 600, f"the claims in {namespace} to be deleted")
+
+
+async def _clear_policies(cluster: BenchCluster, layout: Layout, nodes: Sequence[str],
+                          devices_gone: Callable[[BenchCluster], Awaitable[None]] | None) -> None:
+    api = cluster.api
     if layout.whole_gpu:
         for node in nodes:
             with contextlib.suppress(KubeError):
@@ -148,6 +160,7 @@ class Placement:
     create_seconds: float  # creating the pods
     bind_seconds: float  # from the first pod created to the last one bound or given up
     allocations: Mapping[str, tuple[str, int]]  # claim -> (request chosen, consumed bytes if capacity)
+    refused: int = 0  # pods the maxMemory webhook refused (counted in unschedulable too)
 
 
 async def create_claims(cluster: BenchCluster, claims: Sequence[dict[str, Any]], concurrency: int = 8) -> None:
@@ -158,11 +171,20 @@ async def create_claims(cluster: BenchCluster, claims: Sequence[dict[str, Any]],
     first = claims[0]
     collection = f"/apis/resource.k8s.io/v1/namespaces/{first['metadata']['namespace']}/resourceclaims"
 
+    said: list[str] = []
+
     async def admitted() -> bool:
-        await cluster.api.request("POST", collection, first, query={"dryRun": "All"})
+        try:
+            await cluster.api.request("POST", collection, first, query={"dryRun": "All"})
+        except KubeError as error:
+            said[:] = [error.message]
+            raise
         return True
 
-    await wait_until(admitted, 120, f"the tenancy admission policy to admit claims in {collection}")
+    try:
+        await wait_until(admitted, 120, f"the tenancy admission policy to admit claims in {collection}")
+    except BenchError as error:
+        raise BenchError(f"{error}; the API server said: {said[0] if said else 'nothing'}") from None
     async def one(body: dict[str, Any]) -> None:
         await create(cluster.api, f"/apis/resource.k8s.io/v1/namespaces/{body['metadata']['namespace']}/resourceclaims",
                      body)
@@ -173,39 +195,62 @@ async def place_pods(cluster: BenchCluster, namespace: str, claims: Sequence[str
                      within: float = 1800) -> Placement:
     """One pod per claim (created ``concurrency`` at a time, in order); wait until each is bound or
     the scheduler found it unschedulable; the scheduler's CPU time over that span."""
+    return await place_pods_across(cluster, [(namespace, c) for c in claims], concurrency, within)
+
+
+def _refused_its_budget(pod: Mapping[str, Any]) -> bool:
+    """The maxMemory webhook refused the pod's allocation: its namespace's budget is spent (nothing is
+    released during a placement, so it stays refused)."""
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False"
+               and MEMORY_WEBHOOK in str(c.get("message")) and "maxMemory" in str(c.get("message"))
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+async def place_pods_across(cluster: BenchCluster, claims: Sequence[tuple[str, str]], concurrency: int,
+                            within: float = 1800) -> Placement:
+    """``place_pods`` over (namespace, claim) pairs, in order: a pod the maxMemory webhook refused
+    (its tenant's budget spent) counts as settled, as an unschedulable one does."""
     scheduler = cluster.pid("kube-scheduler")
     api = cluster.api
+    namespaces = sorted({ns for ns, _ in claims})
     cpu0 = _cpu(scheduler)
     started = time.monotonic()
 
-    async def one(index: int, claim: str) -> None:
+    async def one(index: int, namespace: str, claim: str) -> None:
         await create(api, f"/api/v1/namespaces/{namespace}/pods", pod_body(namespace, f"pod-{index:05d}", claim))
 
-    await gather_limited((one(i, c) for i, c in enumerate(claims)), concurrency)
+    await gather_limited((one(i, ns, c) for i, (ns, c) in enumerate(claims)), concurrency)
     created = time.monotonic() - started
     counts: dict[str, int] = {}
 
     async def settled() -> bool:
-        bound = unschedulable = 0
-        for pod in await api.list(f"/api/v1/namespaces/{namespace}/pods"):
-            if pod["spec"].get("nodeName"):
-                bound += 1
-            elif any(c.get("type") == "PodScheduled" and c.get("status") == "False"
-                     and c.get("reason") == "Unschedulable" for c in (pod.get("status") or {}).get("conditions") or []):
-                unschedulable += 1
-        counts.update(bound=bound, unschedulable=unschedulable)
-        return bound + unschedulable == len(claims)
+        bound = unschedulable = refused = 0
+        for namespace in namespaces:
+            for pod in await api.list(f"/api/v1/namespaces/{namespace}/pods"):
+                if pod["spec"].get("nodeName"):
+                    bound += 1
+                elif any(c.get("type") == "PodScheduled" and c.get("status") == "False"
+                         and c.get("reason") == "Unschedulable"
+                         for c in (pod.get("status") or {}).get("conditions") or []):
+                    unschedulable += 1
+                elif _refused_its_budget(pod):
+                    refused += 1
+        counts.update(bound=bound, unschedulable=unschedulable + refused, refused=refused)
+        return bound + unschedulable + refused == len(claims)
 
-    await wait_until(settled, within, f"{len(claims)} pods in {namespace} to be bound or unschedulable", every=0.5)
+    await wait_until(settled, within, f"{len(claims)} pods in {', '.join(namespaces)} to be bound, unschedulable"
+                     " or refused their budget", every=0.5)
     bind_seconds = time.monotonic() - started
     cpu = _cpu(scheduler) - cpu0
     allocations: dict[str, tuple[str, int]] = {}
-    for claim in await api.list(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"):
-        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-        if results:
-            consumed = ((results[0].get("consumedCapacity") or {}).get("memory")) or "0"
-            allocations[claim["metadata"]["name"]] = (str(results[0]["request"]), quantity_bytes(str(consumed)))
-    return Placement(len(claims), counts["bound"], counts["unschedulable"], cpu, created, bind_seconds, allocations)
+    for namespace in namespaces:
+        for claim in await api.list(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"):
+            results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+            if results:
+                consumed = ((results[0].get("consumedCapacity") or {}).get("memory")) or "0"
+                allocations[claim["metadata"]["name"]] = (str(results[0]["request"]), quantity_bytes(str(consumed)))
+    return Placement(len(claims), counts["bound"], counts["unschedulable"], cpu, created, bind_seconds, allocations,
+                     counts["refused"])
 
 
 def _cpu(pid: int) -> float:

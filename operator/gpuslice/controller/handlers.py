@@ -15,6 +15,7 @@ from typing import Any
 
 import kopf
 
+from gpuslice.api.ledger import LEDGER_PLURAL
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
@@ -24,8 +25,8 @@ from gpuslice.controller.login import KopfLogin
 from gpuslice.controller.reconcile import Context, reconcile, report_deleting
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import start_context
-from gpuslice.controller.tenancy import QuotaView
-from gpuslice.controller.tenancy_labels import judged, named_namespaces, sync_tenancy_labels
+from gpuslice.controller.tenancy import LedgerView, QuotaView
+from gpuslice.controller.tenancy_labels import routed_as_wanted, sync_routes
 from gpuslice.controller.world import FleetMemo, World, parse_policy
 from gpuslice.dra.names import DRIVER, LABEL_POLICY
 from gpuslice.kube.client import EndlessBackoff, KubeClient, KubeError
@@ -52,6 +53,7 @@ def world(kwargs: dict[str, Any], memo: FleetMemo | None = None, nodes_version: 
         claims=[c for c in _values(kwargs["claim_index"]) if c is not None],
         foreign_classes={k: v for k, v in _one_per_key(kwargs["class_index"]).items() if v is not False},
         quotas=_one_per_key(kwargs["quota_index"]),
+        ledgers=_one_per_key(kwargs["ledger_index"]),
         slice_pools=kwargs["slice_index"],
         policy_pools=kwargs["policy_pool_index"],
         parsed=_one_per_key(kwargs["parsed_index"]),
@@ -159,6 +161,33 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
                     **_: Any) -> dict[tuple[str, str], QuotaView]:
         return {(namespace or "", name): QuotaView.from_quota(labels[LABEL_POLICY], meta, status)}
 
+    @kopf.index(GROUP, VERSION, LEDGER_PLURAL, registry=registry, id="ledger_index")
+    def ledger_index(name: str, spec: kopf.Spec, status: kopf.Status, **_: Any) -> dict[str, LedgerView]:
+        return {name: LedgerView.from_ledger(spec, status)}
+
+    @kopf.on.event(GROUP, VERSION, LEDGER_PLURAL, registry=registry)
+    async def ledger_event(name: str, spec: kopf.Spec, status: kopf.Status, type: str | None, memo: kopf.Memo,
+                           **kwargs: Any) -> None:
+        """A maxMemory ledger came into force (the webhook counted its namespace), changed its limit or
+        went: who is admitted follows at once. Its charges alone change nothing here."""
+        if type is None or "ctx" not in memo:
+            return
+        ctx: Context = memo.ctx
+        seen = None if type == "DELETED" else LedgerView.from_ledger(spec, status)
+        before = ctx.ledgers_seen.pop(name, None)
+        if seen is not None:
+            ctx.ledgers_seen[name] = seen
+        which = seen or before
+        if which is None or (before is not None and seen is not None and before.model_key() == seen.model_key()):
+            return  # only what it holds changed
+        now = current(kwargs)
+        body = now.policies.get(which.policy)
+        if body is not None:
+            try:
+                await reconcile(ctx, body, now, converge_objects=False)
+            except (KubeError, kopf.TemporaryError):
+                changes.mark([which.policy])  # the status timer looks again; this event will not
+
     @kopf.index("v1", "nodes", registry=registry, id="node_index")
     def node_index(name: str, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, str]]:
         return {name: dict(labels)}
@@ -262,12 +291,11 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
             return
         now = current(kwargs)
         ctx: Context = memo.ctx
-        if view.active and judged(view) != (name in named_namespaces(now.policies.values(), ctx.namespace)):
-            # A tenancy label someone else took off (or put on): put it as the policies say. An added
+        if view.active and not routed_as_wanted(name, view, now.policies.values(), ctx.namespace):
+            # A routing label someone else took off (or put on): put it as the policies say. An added
             # namespace a policy names is labelled by the converge below.
             with contextlib.suppress(KubeError):  # the drift converge tries again
-                await sync_tenancy_labels(ctx.kube, ctx.tenancy_labels, {name: view},
-                                          named_namespaces(now.policies.values(), ctx.namespace))
+                await sync_routes(ctx.kube, ctx.tenancy_labels, {name: view}, now.policies.values(), ctx.namespace)
         if type != "ADDED":
             return
         affected = []
@@ -345,8 +373,7 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
             # The namespaces only this policy named lose their tenancy label before it goes: with
             # the CRD deleted next, none is left routed to a rule whose parameter is gone.
             others = (b for n, b in now.policies.items() if n != name)
-            await sync_tenancy_labels(ctx.kube, ctx.tenancy_labels, now.namespaces,
-                                      named_namespaces(others, ctx.namespace))
+            await sync_routes(ctx.kube, ctx.tenancy_labels, now.namespaces, others, ctx.namespace)
         ctx.forget(name)
         changes.forget(name)
         changes.everything()  # a conflict it caused may be gone

@@ -19,20 +19,27 @@ import pydantic
 import structlog
 
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.api.status import AdmittedTenant
+from gpuslice.api.status import AdmittedTenant, ClassInForce
 from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
-from gpuslice.controller.apply import LIMIT_KINDS, REST_KINDS, converge
+from gpuslice.controller.apply import LEDGER_KINDS, LIMIT_KINDS, REST_KINDS, ApplyResult, converge
 from gpuslice.controller.events import post_event
 from gpuslice.controller.metrics import POLICY_METRICS, RECONCILE_DURATION, RECONCILES, PolicyFigures
 from gpuslice.controller.status import STATUS_REFUSED, TENANCY_NOT_ENFORCED, Findings, build_status, status_body
-from gpuslice.controller.tenancy import QuotaView, admitted_tenants, tenancy_unenforced
-from gpuslice.controller.tenancy_labels import named_namespaces, sync_tenancy_labels
+from gpuslice.controller.tenancy import (
+    LedgerView,
+    QuotaView,
+    admitted_tenants,
+    memory_in_force,
+    memory_webhook_unenforced,
+    tenancy_unenforced,
+)
+from gpuslice.controller.tenancy_labels import sync_routes
 from gpuslice.controller.world import World
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import KubeClient, KubeError
-from gpuslice.planning.cluster_objects import DeviceRef, desired_objects
+from gpuslice.planning.cluster_objects import DeviceRef, desired_ledgers, desired_objects
 from gpuslice.planning.coexistence import mig_manager_active
-from gpuslice.planning.kinds import DeviceKind, device_kinds
+from gpuslice.planning.kinds import DeviceKind, classes_in_force, device_kinds
 from gpuslice.planning.usage import (
     device_info,
     devices_by_policy,
@@ -54,6 +61,7 @@ FIRST_RETRY, LAST_RETRY = 2.0, 300.0
 # An API server that is restarting, overloaded or not ready yet is asked again within this long.
 TRANSIENT_RETRY = 10.0
 CLOCK_WAIT = 2.0  # the most a reconcile waits for a new quota's second to pass (tenancy.SECOND)
+MEMORY_PROBE_FOR = 30.0  # seconds a probe of the maxMemory webhook stands for
 
 
 @dataclass
@@ -73,12 +81,17 @@ class Context:
     retry_at: dict[str, float] = field(default_factory=dict)
     label_records: dict[str, frozenset[str]] = field(default_factory=dict)
     admitted: dict[str, list[AdmittedTenant]] = field(default_factory=dict)
+    in_force: dict[str, list[ClassInForce]] = field(default_factory=dict)  # status.classesInForce
     # The last tenancy probe per policy: (generation, what is wrong or None when enforced).
     tenancy: dict[str, tuple[int, str | None]] = field(default_factory=dict)
     # What each live gpuslice quota enforced when last seen, to act only when that changes.
     quotas_seen: dict[tuple[str, str], QuotaView] = field(default_factory=dict)
+    ledgers_seen: dict[str, LedgerView] = field(default_factory=dict)  # the same for maxMemory ledgers
+    # The last probe of the maxMemory webhook: (when, by the clock; what is wrong, or None when it answers).
+    memory_probe: tuple[float, str | None] | None = None
     # Policies with a tenant that waits only for its quota's second to pass, longer than a reconcile
-    # waits (a clock behind the apiserver's): the status timer refreshes these though nothing changed.
+    # waits (a clock behind the apiserver's), or for the maxMemory webhook to answer its probe: the
+    # status timer refreshes these though nothing changed.
     clock_waits: set[str] = field(default_factory=set)
     # The newest generation reconciled per policy (by uid): an event handler that held a body
     # across awaits (one policy after another) must not converge an older spec over a newer one.
@@ -94,7 +107,7 @@ class Context:
     def forget(self, policy: str) -> None:
         """A deleted policy's bookkeeping goes with it."""
         for store in (self.locks, self.failures, self.retry_at, self.label_records, self.admitted, self.tenancy,
-                      self.newest):
+                      self.newest, self.in_force):
             store.pop(policy, None)
         self.unconverged.discard(policy)
         self.clock_waits.discard(policy)
@@ -167,38 +180,70 @@ def _records(ctx: Context, policy: GpuSlicePolicy) -> tuple[frozenset[str], list
     return labels, ctx.admitted.get(policy.name, list(policy.status.admitted_tenants))
 
 
+def _in_force(ctx: Context, policy: GpuSlicePolicy) -> list[ClassInForce]:
+    return ctx.in_force.get(policy.name, list(policy.status.classes_in_force))
+
+
 async def _write_records(ctx: Context, policy: GpuSlicePolicy, labels: frozenset[str] | None = None,
-                         admitted: list[AdmittedTenant] | None = None) -> None:
-    """What the controller records for admission (admitted tenants) and for itself (labels it set),
-    written on its own before the step that depends on it."""
+                         admitted: list[AdmittedTenant] | None = None,
+                         classes: list[ClassInForce] | None = None) -> None:
+    """What the controller records for admission (the classes in force, admitted tenants) and for
+    itself (labels it set), written on its own before the step that depends on it."""
     patch: dict[str, Any] = {}
     if labels is not None and labels != _records(ctx, policy)[0]:
         patch["adminAccessLabels"] = sorted(labels)
     if admitted is not None and admitted != _records(ctx, policy)[1]:
         patch["admittedTenants"] = [a.model_dump(by_alias=True, exclude_none=True) for a in admitted]
+    if classes is not None and classes != _in_force(ctx, policy):
+        patch["classesInForce"] = [c.model_dump(by_alias=True, exclude_none=True) for c in classes]
     if patch:
         await ctx.kube.merge_patch(f"{POLICIES}/{policy.name}/status", {"status": patch})
     if labels is not None:
         ctx.label_records[policy.name] = labels
     if admitted is not None:
         ctx.admitted[policy.name] = admitted
+    if classes is not None:
+        ctx.in_force[policy.name] = classes
+
+
+async def _memory_probe(ctx: Context, policy: GpuSlicePolicy, world: World) -> str | None:
+    """What keeps a maxMemory tenant of ``policy`` from being put in force by the webhook's side, or
+    None. The webhook is probed (a dry run) only while a tenant's ledger is in force but its
+    record is not yet, and a probe stands for MEMORY_PROBE_FOR seconds."""
+    recorded = {(a.namespace, a.limits.max_memory if a.limits else None) for a in _records(ctx, policy)[1]}
+    waiting = [t for t in policy.spec.tenants if t.memory_limited and (t.namespace, t.max_memory) not in recorded
+               and (view := world.namespaces.get(t.namespace)) is not None
+               and memory_in_force(policy, t, view, world.ledgers)]
+    if not waiting:
+        return None
+    if ctx.memory_probe is None or ctx.clock() - ctx.memory_probe[0] > MEMORY_PROBE_FOR:
+        try:
+            found = await memory_webhook_unenforced(ctx.kube, ctx.namespace)
+        except KubeError as error:  # the probe's own answer is judged inside; this is the API server
+            found = f"the maxMemory webhook could not be probed: {error}"
+        ctx.memory_probe = (ctx.clock(), found)
+    return ctx.memory_probe[1]
 
 
 async def _admit(ctx: Context, policy: GpuSlicePolicy, world: World, kinds: Sequence[DeviceKind], *,
-                 converged: bool = False) -> None:
-    """Record the admitted tenants. A tenant whose quota was made less than a second ago is admitted
-    once that second is over (tenancy.SECOND): waited for here, under the policy's lock."""
+                 converged: bool = False) -> str | None:
+    """Record the admitted tenants; what keeps a maxMemory tenant out, if anything. A tenant whose
+    quota was made less than a second ago is admitted once that second is over (tenancy.SECOND):
+    waited for here, under the policy's lock."""
+    unproven = await _memory_probe(ctx, policy, world)
+    memory_wait = {policy.name} if unproven else set()
     while True:
         admission = admitted_tenants(policy, world.namespaces, _records(ctx, policy)[1], kinds=kinds,
-                                     quotas=world.quotas, converged=converged)
+                                     quotas=world.quotas, ledgers=world.ledgers, webhook_proven=unproven is None,
+                                     converged=converged)
         await _write_records(ctx, policy, admitted=admission.tenants)
         if admission.again_in is None or admission.again_in > CLOCK_WAIT:
             # A clock far behind the apiserver's: the status refresh looks again (nothing else will).
-            if admission.again_in is None:
+            if admission.again_in is None and not memory_wait:
                 ctx.clock_waits.discard(policy.name)
             else:
                 ctx.clock_waits.add(policy.name)
-            return
+            return unproven
         await asyncio.sleep(admission.again_in)
 
 
@@ -225,6 +270,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     # additions wait for a converge, and limited tenants for their quota to be in force (a quota's
     # change of status.hard brings the controller back here: quota_event).
     labelling: list[str] = []
+    memory_unproven: str | None = None  # what keeps maxMemory from being put in force, if anything
     if converge_objects:
         # First, whatever the verdict: the label routes a namespace's claims to the rule that judges
         # them against the policies (tenancy_labels), and an added tenant's claims are then told
@@ -234,12 +280,22 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         active = {n for n, view in world.namespaces.items() if view.active}
         desired = desired_objects(policy, active)
         limits = await converge(ctx.kube, policy.name, desired.limits(), LIMIT_KINDS)
-        await _admit(ctx, policy, world, kinds, converged=True)
+        # What the classes now enforce, before anyone is admitted under it: the admission policy
+        # judges claims against this record, never against a spec not converged (tenancy_rule).
+        failed = {path.rsplit("/", 1)[1] for path in limits.failed if "/deviceclasses/" in path}
+        await _write_records(ctx, policy, classes=classes_in_force(kinds, failed, _in_force(ctx, policy)))
+        # The maxMemory ledgers (their spec: the limit in force) before anyone is admitted under them.
+        uids = {n: view.uid for n, view in world.namespaces.items() if view.active and view.uid}
+        wanted = desired_ledgers(policy, uids)
+        ledgers = ApplyResult()
+        if wanted or any(found.policy == policy.name for found in world.ledgers.values()):
+            ledgers = await converge(ctx.kube, policy.name, wanted, LEDGER_KINDS)
+        memory_unproven = await _admit(ctx, policy, world, kinds, converged=True)
         # DeviceTaintRules are no longer made (taints travel on the devices); listing the kind
         # prunes those an earlier version made.
         rest = await converge(ctx.kube, policy.name, desired.rest(),
                               [*REST_KINDS, (ctx.taint_rule_api, "DeviceTaintRule")])
-        errors, taken = labelling + limits.errors + rest.errors, limits.taken + rest.taken
+        errors, taken = labelling + limits.errors + ledgers.errors + rest.errors, limits.taken + rest.taken
         try:
             plan = plan_labels(set(policy.spec.admin_access.namespaces), world.namespaces, _records(ctx, policy)[0],
                                world.label_records(ctx.label_records, but=policy.name))
@@ -249,7 +305,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
             errors.append(f"labelling admin-access namespaces: {error.message}")
         unanswered = await _probe(ctx, policy, kinds[0].class_name)
     else:
-        await _admit(ctx, policy, world, kinds)
+        memory_unproven = await _admit(ctx, policy, world, kinds)
         if not problems and ctx.tenancy.get(policy.name, (-1, None))[1] and (
                 ctx.tenancy[policy.name][0] == policy.metadata.generation):
             # This generation's probe failed: probe again (a dry run), not only at the next converge.
@@ -282,6 +338,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         # stay where they were, and so do the nodes they may be allocated on.
         selected_nodes=None if problems else nodes,
         unselected=_unselected(policy, nodes, devices - tainted),
+        memory_unenforced=memory_unproven or "",
     )
     labels, admitted = _records(ctx, policy)
     await write_status(ctx, policy, findings, labels, admitted)
@@ -297,8 +354,7 @@ async def _sync_tenancy_labels(ctx: Context, world: World) -> list[str]:
     """The tenancy labels of every namespace, as every policy names them; what failed, if anything
     (the converge is then tried again)."""
     try:
-        await sync_tenancy_labels(ctx.kube, ctx.tenancy_labels, world.namespaces,
-                                  named_namespaces(world.policies.values(), ctx.namespace))
+        await sync_routes(ctx.kube, ctx.tenancy_labels, world.namespaces, world.policies.values(), ctx.namespace)
     except KubeError as error:
         return [f"labelling tenant namespaces: {error.message}"]
     return []
@@ -334,7 +390,8 @@ async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings,
     if labels is None or admitted is None:
         labels, admitted = _records(ctx, policy)
     status = build_status(policy, findings, _now()).model_copy(update={
-        "admin_access_labels": sorted(labels), "admitted_tenants": admitted})
+        "admin_access_labels": sorted(labels), "admitted_tenants": admitted,
+        "classes_in_force": _in_force(ctx, policy)})
     POLICY_METRICS.record(policy.name, PolicyFigures(status, findings.pending, findings.draining,
                                                      findings.mig_failed, findings.unhealthy))
     new = status_body(status)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -18,7 +19,8 @@ from gpuslice.controller.leader import GuardedClient, LeaderElector, WriteGuard,
 from gpuslice.controller.metrics import LEADER
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import check_label_guard, own_namespace, whoami
-from gpuslice.controller.tenancy_labels import sync_tenancy_labels
+from gpuslice.controller.tenancy_labels import MEMORY_ROUTE, sync_tenancy_labels
+from gpuslice.controller.webhook_tls import TlsSettings, keep_webhook_tls, service_hosts
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.compatibility import check_server
 from gpuslice.kube.transport import connect
@@ -123,12 +125,21 @@ async def _operate(settings: ControllerSettings, elector: LeaderElector | None, 
     watcher = asyncio.create_task(halter())
     kube = await client()
     lock = asyncio.Lock()
+    tls = None
+    if settings.webhook_certs == "managed":
+        tls = asyncio.create_task(keep_webhook_tls(kube, TlsSettings(
+            service_hosts(settings.webhook_hosts), datetime.timedelta(hours=settings.webhook_cert_hours),
+            datetime.timedelta(hours=settings.webhook_ca_hours)), halt, settings.webhook_cert_interval))
     try:
         while await wait_for_crd(kube, halt, lambda: _unlabel_all(kube, lock, namespace)):
             if not await _run_kopf(settings, client, kube, halt):
                 break
     finally:
         watcher.cancel()
+        if tls is not None:
+            tls.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await tls
         await kube.close()
         if guard is not None:
             guard.uninstall()
@@ -146,6 +157,7 @@ async def _unlabel_all(kube: KubeClient, lock: asyncio.Lock, own: str) -> None:
         (ns["metadata"].get("labels") or {}), ns["metadata"].get("uid"), ns.get("status") or {})
         for ns in await kube.list("/api/v1/namespaces")}
     await sync_tenancy_labels(kube, lock, namespaces, {own})
+    await sync_tenancy_labels(kube, lock, namespaces, {own}, MEMORY_ROUTE)
 
 
 async def _run_kopf(settings: ControllerSettings, client: Callable[[], Awaitable[KubeClient]], kube: KubeClient,

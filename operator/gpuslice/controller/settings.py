@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from gpuslice.settings import ProcessSettings
@@ -33,6 +35,19 @@ class ControllerSettings(ProcessSettings):
         "Seconds the leader may go without renewing before it stops acting; below lease_duration, so it"
         " stops before anyone may take over."))
     retry_period: float = Field(default=2.0, gt=0, description="Seconds between tries to take or renew the Lease.")
+    webhook_certs: Literal["managed", "external"] = Field(default="managed", description=(
+        "managed: the controller makes and rotates the maxMemory webhook's CA and serving certificate (Secrets"
+        " gpuslice-webhook-ca and gpuslice-webhook-tls) and writes the CA into its ValidatingWebhookConfiguration;"
+        " external: someone else does (cert-manager: manifests/overlays/cert-manager)."))
+    webhook_hosts: str = Field(default="", description=(
+        "More names for the webhook's serving certificate, comma-separated, besides its Service's"
+        " (gpuslice-webhook.gpuslice-system.svc): e.g. 127.0.0.1 when the API server calls it by URL."))
+    webhook_cert_hours: float = Field(default=8760.0, gt=0, description=(
+        "Hours the webhook's serving certificate is valid (a year); it is replaced with a third left."))
+    webhook_ca_hours: float = Field(default=87600.0, gt=0, description=(
+        "Hours the webhook's CA is valid (ten years); a new one is trusted next to it with a third left."))
+    webhook_cert_interval: float = Field(default=600.0, gt=0, description=(
+        "Seconds between checks of the webhook's certificates (and of the caBundle someone may have removed)."))
 
     @model_validator(mode="after")
     def _leases(self) -> ControllerSettings:

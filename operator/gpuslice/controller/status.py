@@ -45,6 +45,7 @@ class Findings:
     mig_manager_nodes: Sequence[str] = ()  # selected nodes where the GPU Operator's MIG manager runs (mig mode)
     selected_nodes: Sequence[str] | None = None  # the nodes to record (None: keep the record, not valid now)
     unselected: Sequence[str] = ()  # nodes publishing its devices that it does not select
+    memory_unenforced: str = ""  # why a tenant's maxMemory cannot be put in force (the webhook's side)
 
 
 def _condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
@@ -108,6 +109,10 @@ def conditions(f: Findings) -> list[Condition]:
                               f"{'; '.join(f.taken)}: made by someone else before gpuslice, so gpuslice leaves it"
                               " alone and that tenant gets no such template; delete or rename it, or choose another"
                               " spec.claimTemplateName.")
+    elif f.memory_unenforced:
+        degraded = _condition("Degraded", True, "MemoryLimitNotEnforced",
+                              f"{f.memory_unenforced} Tenants with maxMemory wait: their claims of this policy are"
+                              " refused until it is.")
     elif f.mig_failed:
         degraded = _condition("Degraded", True, "MigReconfigurationFailed",
                               f"{f.mig_failed} devices are on GPUs whose MIG reconfiguration to this policy's layout"
@@ -155,10 +160,10 @@ def build_status(policy: GpuSlicePolicy, f: Findings, now: str) -> GpuSlicePolic
         limits = {k.kind: quota(t, k) for k in kinds}
         tenants.append(TenantStatus(
             namespace=t.namespace, allocated=f.usage.by_namespace.get(t.namespace, 0),
-            limit=sum(v or 0 for v in limits.values()) if t.limited else None,
+            limit=sum(v or 0 for v in limits.values()) if t.count_limited else None,
             allocated_bytes=f.usage.bytes_by_namespace.get(t.namespace, 0), limit_bytes=limit_bytes(t, kinds),
             kinds=[KindUsage(kind=k.kind, allocated=held.get(k.kind, 0), limit=limits[k.kind])
-                   for k in kinds if t.limited or held.get(k.kind)],
+                   for k in kinds if t.count_limited or held.get(k.kind)],
         ))
     primary = next((k.class_name for k in kinds if k.primary), None)
     return GpuSlicePolicyStatus(

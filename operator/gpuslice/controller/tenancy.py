@@ -27,11 +27,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuslice.api.ledger import ledger_name
 from gpuslice.api.policy import Tenant
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.api.status import AdmittedTenant, LimitsInForce
 from gpuslice.controller.admin_access import NamespaceView
-from gpuslice.dra.names import quota_resource
+from gpuslice.controller.tenancy_labels import MEMORY_ROUTE, judged
+from gpuslice.dra.names import (
+    MEMORY_PROBE,
+    MEMORY_PROBE_ANSWER,
+    MEMORY_WEBHOOK,
+    MEMORY_WEBHOOK_CONFIG,
+    quota_resource,
+)
 from gpuslice.dra.quantity import parse_quantity
 from gpuslice.kube.client import KubeClient, KubeError, NotFound, NotReady
 from gpuslice.planning.cluster_objects import quota_name
@@ -66,9 +74,46 @@ class Admission:
     again_in: float | None = None
 
 
+@dataclass(frozen=True)
+class LedgerView:
+    """A maxMemory ledger as the controller's watch saw it: in force once the webhook has counted
+    the namespace it names (status.since, for spec.namespaceUid)."""
+
+    policy: str
+    namespace: str
+    namespace_uid: str
+    max_memory: str
+    limit_bytes: int
+    in_force: bool = False
+    held: int = 0
+
+    def model_key(self) -> tuple[str, str, str, int, bool]:
+        """What admission depends on (not what it holds)."""
+        return self.namespace_uid, self.namespace, self.max_memory, self.limit_bytes, self.in_force
+
+    @classmethod
+    def from_ledger(cls, spec: Mapping[str, Any], status: Mapping[str, Any]) -> LedgerView:
+        uid = str(spec.get("namespaceUid") or "")
+        return cls(str(spec.get("policy") or ""), str(spec.get("namespace") or ""), uid,
+                   str(spec.get("maxMemory") or ""), int(spec.get("limitBytes") or 0),
+                   bool(status.get("since")) and status.get("namespaceUid") == uid, int(status.get("heldBytes") or 0))
+
+
 def _limits(tenant: Tenant) -> LimitsInForce:
     return LimitsInForce(max_slices=tenant.max_slices, max_full_gpus=tenant.max_full_gpus,
-                         max_mig_devices=dict(tenant.max_mig_devices) if tenant.max_mig_devices is not None else None)
+                         max_mig_devices=dict(tenant.max_mig_devices) if tenant.max_mig_devices is not None else None,
+                         max_memory=tenant.max_memory)
+
+
+def memory_in_force(policy: GpuSlicePolicy, tenant: Tenant, view: NamespaceView,
+                    ledgers: Mapping[str, LedgerView]) -> bool:
+    """Whether the webhook charges the tenant's allocations at the maxMemory its spec says: its
+    ledger counted this incarnation of the namespace at that limit, and the namespace's label routes
+    its claims to the webhook."""
+    found = ledgers.get(ledger_name(policy.name, tenant.namespace))
+    return (found is not None and found.in_force and found.namespace_uid == view.uid
+            and found.max_memory == tenant.max_memory and found.limit_bytes == tenant.max_memory_bytes
+            and judged(view, MEMORY_ROUTE))
 
 
 def _parse(stamp: str) -> datetime.datetime | None:
@@ -97,15 +142,22 @@ def classes_in_force(policy: GpuSlicePolicy, tenant: Tenant, kinds: Sequence[Dev
 def admitted_tenants(
     policy: GpuSlicePolicy, namespaces: Mapping[str, NamespaceView], previously: Sequence[AdmittedTenant], *,
     kinds: Sequence[DeviceKind] = (), quotas: Mapping[tuple[str, str], QuotaView] | None = None,
+    ledgers: Mapping[str, LedgerView] | None = None, webhook_proven: bool = False,
     converged: bool = False, now: datetime.datetime | None = None,
 ) -> Admission:
     """The tenants the admission policy may admit. A tenant without limits: once a converge made its
-    objects, and from then on while the namespace is the same. A limited tenant: while its quota
-    (``quotas``, by namespace and name) counts some kind at the limit its spec says (only those
-    kinds are recorded), and from a second after the quota was made (``now``: the controller's clock)."""
+    objects, and from then on while the namespace is the same. A tenant limited by counts: while its
+    quota (``quotas``, by namespace and name) counts some kind at the limit its spec says (only those
+    kinds are recorded), and from a second after the quota was made (``now``: the controller's
+    clock). A tenant with maxMemory: while its ledger is in force at that limit
+    (``memory_in_force``), and only once the controller's probe proved the API server calls the
+    webhook (``webhook_proven``), unless it was admitted at that very limit before: a webhook down
+    later keeps its allocations waiting (it fails closed), it does not take the record away."""
     now = now or datetime.datetime.now(datetime.UTC)
     quotas = quotas or {}
+    ledgers = ledgers or {}
     previous = {a.namespace: a.uid for a in previously}
+    before = {(a.namespace, a.uid): a.limits.max_memory if a.limits else None for a in previously}
     found: list[AdmittedTenant] = []
     again_in: float | None = None
     for tenant in policy.spec.tenants:
@@ -115,6 +167,13 @@ def admitted_tenants(
         if not tenant.limited:
             if previous.get(tenant.namespace) == view.uid or converged:
                 found.append(AdmittedTenant(namespace=tenant.namespace, uid=view.uid))
+            continue
+        if tenant.memory_limited and not (
+                memory_in_force(policy, tenant, view, ledgers)
+                and (webhook_proven or before.get((tenant.namespace, view.uid)) == tenant.max_memory)):
+            continue
+        if not tenant.count_limited:
+            found.append(AdmittedTenant(namespace=tenant.namespace, uid=view.uid, limits=_limits(tenant)))
             continue
         live = quotas.get((tenant.namespace, quota_name(policy.name)))
         made = _parse(live.created) if live else None
@@ -177,3 +236,32 @@ async def _non_tenants_missing(kube: KubeClient, fix: str) -> str | None:
         return (f"tenancy is not enforced in namespaces no policy names: the ValidatingAdmissionPolicyBinding"
                 f" {NON_TENANTS} does not bind that policy with validationActions [Deny].{fix}")
     return None
+
+
+def memory_probe_claim() -> dict[str, Any]:
+    """A claim only the maxMemory webhook judges (its match conditions know the name): no gpuslice
+    class, so no admission policy of gpuslice's looks at it."""
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"generateName": MEMORY_PROBE},
+        "spec": {"devices": {"requests": [{"name": "probe", "exactly": {"deviceClassName": "memory-probe.invalid"}}]}},
+    }
+
+
+async def memory_webhook_unenforced(kube: KubeClient, namespace: str) -> str | None:
+    """None when the API server calls the maxMemory webhook for claims in the controller's
+    namespace (labelled like a maxMemory tenant's) and the webhook answers; else what is wrong."""
+    fix = (f" Install the webhook: its ValidatingWebhookConfiguration {MEMORY_WEBHOOK_CONFIG} (manifests/"
+           "memory-webhook.yaml), its Deployment and Service (manifests/base/webhook.yaml) and RBAC"
+           " (manifests/webhook-rbac.yaml); until it answers, no tenant's maxMemory is put in force and"
+           " their claims of this policy wait.")
+    try:
+        await kube.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
+                           memory_probe_claim(), query={"dryRun": "All"})
+    except KubeError as error:
+        if MEMORY_WEBHOOK in error.message and MEMORY_PROBE_ANSWER in error.message:
+            return None
+        return (f"gpuslice could not prove that the maxMemory webhook judges allocations: a dry-run claim from"
+                f" namespace {namespace} got {error.status} {error.reason}: {error.message}.{fix}")
+    return (f"the maxMemory webhook is not called: the API server admitted a dry-run claim in namespace {namespace}"
+            f" without asking it.{fix}")

@@ -10,6 +10,11 @@ the label by hand decides only which rule answers: it can stop no tenancy check,
 namespace's own gpuslice claims out. That is why, unlike the admin-access label, it needs no record
 of who set it: the controller owns it on every namespace, and puts it where it is wanted.
 
+The label ``gpuslice.dev/memory-limit=judged`` is kept the same way on every namespace that is
+a maxMemory tenant of some policy (and the controller's own, for its probe of the webhook): it
+routes their claims to the maxMemory webhook (planning.memory_rule), and the tenancy rule refuses
+a maxMemory tenant's claims in a namespace without it, so neither label can be used to skip a check.
+
 A policy being deleted names no namespace any more: its deletion handler takes the label off the
 namespaces only it named, before its finalizer goes, so deleting the CRD (which deletes every
 policy first while the controller runs) leaves no labelled namespace behind; and a controller that
@@ -25,10 +30,13 @@ from typing import Any
 import structlog
 
 from gpuslice.controller.admin_access import NamespaceView
-from gpuslice.dra.names import TENANCY_JUDGED, TENANCY_LABEL
+from gpuslice.dra.names import MEMORY_JUDGED, MEMORY_LABEL, TENANCY_JUDGED, TENANCY_LABEL
 from gpuslice.kube.client import KubeClient, NotFound
 
 log = structlog.get_logger(__name__)
+Label = tuple[str, str]  # key, value
+TENANCY_ROUTE: Label = (TENANCY_LABEL, TENANCY_JUDGED)
+MEMORY_ROUTE: Label = (MEMORY_LABEL, MEMORY_JUDGED)
 
 
 def named_namespaces(policies: Iterable[Mapping[str, Any]], own: str) -> set[str]:
@@ -44,28 +52,57 @@ def named_namespaces(policies: Iterable[Mapping[str, Any]], own: str) -> set[str
     return wanted
 
 
-def judged(view: NamespaceView) -> bool:
-    return view.labels.get(TENANCY_LABEL) == TENANCY_JUDGED
+def memory_namespaces(policies: Iterable[Mapping[str, Any]], own: str) -> set[str]:
+    """The namespaces to route to the maxMemory webhook: a tenant with maxMemory in some policy (raw
+    bodies, valid or not: the tenancy rule asks for the label as soon as the spec says maxMemory),
+    and ``own``."""
+    wanted = {own}
+    for body in policies:
+        if (body.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        wanted |= {str(t.get("namespace")) for t in (body.get("spec") or {}).get("tenants") or []
+                   if t.get("namespace") and t.get("maxMemory") is not None}
+    return wanted
 
 
-def plan_tenancy_labels(namespaces: Mapping[str, NamespaceView], wanted: Set[str]) -> tuple[list[str], list[str]]:
+def judged(view: NamespaceView, route: Label = TENANCY_ROUTE) -> bool:
+    return view.labels.get(route[0]) == route[1]
+
+
+def plan_tenancy_labels(namespaces: Mapping[str, NamespaceView], wanted: Set[str],
+                        route: Label = TENANCY_ROUTE) -> tuple[list[str], list[str]]:
     """(namespaces to label, namespaces to unlabel). A terminating namespace is left as it is."""
-    label = sorted(n for n in wanted if (v := namespaces.get(n)) is not None and v.active and not judged(v))
-    unlabel = sorted(n for n, v in namespaces.items() if n not in wanted and v.active and judged(v))
+    label = sorted(n for n in wanted if (v := namespaces.get(n)) is not None and v.active and not judged(v, route))
+    unlabel = sorted(n for n, v in namespaces.items() if n not in wanted and v.active and judged(v, route))
     return label, unlabel
 
 
 async def sync_tenancy_labels(kube: KubeClient, lock: asyncio.Lock, namespaces: Mapping[str, NamespaceView],
-                              wanted: Set[str]) -> None:
+                              wanted: Set[str], route: Label = TENANCY_ROUTE) -> None:
     """Label ``wanted`` namespaces and unlabel the others; a namespace gone meanwhile is no error.
     ``lock``: one sync at a time (two from different handlers could undo each other's work)."""
+    key, value = route
     async with lock:
-        label, unlabel = plan_tenancy_labels(namespaces, wanted)
-        for name, value in [*((n, TENANCY_JUDGED) for n in label), *((n, None) for n in unlabel)]:
+        label, unlabel = plan_tenancy_labels(namespaces, wanted, route)
+        for name, set_to in [*((n, value) for n in label), *((n, None) for n in unlabel)]:
             try:
-                await kube.merge_patch(f"/api/v1/namespaces/{name}", {"metadata": {"labels": {TENANCY_LABEL: value}}})
+                await kube.merge_patch(f"/api/v1/namespaces/{name}", {"metadata": {"labels": {key: set_to}}})
             except NotFound:
                 continue
         if label or unlabel:
-            log.info("tenancy labels synced", label=f"{TENANCY_LABEL}={TENANCY_JUDGED}", labelled=label,
-                     unlabelled=unlabel)
+            log.info("routing labels synced", label=f"{key}={value}", labelled=label, unlabelled=unlabel)
+
+
+async def sync_routes(kube: KubeClient, lock: asyncio.Lock, namespaces: Mapping[str, NamespaceView],
+                      policies: Iterable[Mapping[str, Any]], own: str) -> None:
+    """Both routing labels, as ``policies`` (raw bodies) say them."""
+    bodies = list(policies)
+    await sync_tenancy_labels(kube, lock, namespaces, named_namespaces(bodies, own))
+    await sync_tenancy_labels(kube, lock, namespaces, memory_namespaces(bodies, own), MEMORY_ROUTE)
+
+
+def routed_as_wanted(name: str, view: NamespaceView, policies: Iterable[Mapping[str, Any]], own: str) -> bool:
+    """Whether a namespace carries exactly the routing labels ``policies`` want on it."""
+    bodies = list(policies)
+    return (judged(view) == (name in named_namespaces(bodies, own))
+            and judged(view, MEMORY_ROUTE) == (name in memory_namespaces(bodies, own)))

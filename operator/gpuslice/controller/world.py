@@ -20,7 +20,7 @@ import pydantic
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.controller.admin_access import NamespaceView
-from gpuslice.controller.tenancy import QuotaView
+from gpuslice.controller.tenancy import LedgerView, QuotaView
 from gpuslice.inventory.nodes import NodeGpus, node_gpus
 from gpuslice.planning.selection import selected_nodes
 from gpuslice.planning.usage import ClaimView, SliceView
@@ -53,6 +53,8 @@ class World:
     foreign_classes: Mapping[str, str | None] = field(default_factory=dict)
     # gpuslice's ResourceQuotas by (namespace, name): what each enforces now
     quotas: Mapping[tuple[str, str], QuotaView] = field(default_factory=dict)
+    # maxMemory ledgers by name (<policy>.<namespace>): the limit each puts in force, and whether it does
+    ledgers: Mapping[str, LedgerView] = field(default_factory=dict)
     # The controller's indexes, kept by Kopf as objects come and go, so that a reconcile costs what
     # its own policy has, not what the fleet has: the slices of each pool, the pools each policy
     # publishes devices in, each policy parsed once per change (None: it does not parse). Without

@@ -317,12 +317,15 @@ class DevCluster(FaultControls):
             self._report(f"dev-cluster: fake GPU node {name} with {count} x {model}")
 
     async def _start_operator(self, admin_kubeconfig: Path, ca_pem: bytes) -> None:
+        webhook_port = free_port()
         async with await KubeClient.from_kubeconfig(admin_kubeconfig) as kube:
-            kubeconfig = await operator.install(kube, self.state.root, self.server, ca_pem)
+            kubeconfig, webhook = await operator.install(kube, self.state.root, self.server, ca_pem, webhook_port)
             agents = {node: await operator.agent_kubeconfig(kube, node, self.state.root, self.server, ca_pem)
                       for node in self.node_names}
         await self._launch(operator.controller_component(kubeconfig, self.state.logs / "gpuslice-controller.log",
                                                          free_port()))
+        await self._launch(operator.webhook_component(webhook, self.state.logs / "gpuslice-webhook.log",
+                                                      webhook_port, free_port()))
         for node, agent_kubeconfig in agents.items():
             await self._launch(operator.agent_component(node, agent_kubeconfig,
                                                         self.state.logs / f"gpuslice-agent-{node}.log", free_port(),

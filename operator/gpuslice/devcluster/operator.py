@@ -16,15 +16,18 @@ from typing import Any
 
 import yaml
 
-from gpuslice.api.crd import crd
+from gpuslice.api.crd import crd, ledger_crd
 from gpuslice.devcluster.errors import DevClusterError
 from gpuslice.devcluster.process import Component, http_health
+from gpuslice.dra.names import MEMORY_WEBHOOK_PATH
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.paths import object_path
+from gpuslice.planning.memory_rule import memory_webhook
 
 FIELD_MANAGER = "gpuslice-dev-cluster"
 CONTROLLER_SA = ("gpuslice-system", "gpuslice-controller")
 AGENT_SA = ("gpuslice-system", "gpuslice-agent")
+WEBHOOK_SA = ("gpuslice-system", "gpuslice-webhook")
 TOKEN_SECONDS = 7 * 24 * 3600
 
 
@@ -80,13 +83,24 @@ def manifest_documents(name: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((manifests_dir() / name).read_text()) if d]
 
 
-async def install(kube: KubeClient, state_dir: Path, server: str, ca_pem: bytes) -> Path:
-    """Install the CRD, both components' RBAC and gpuslice's admission policies; return the
-    controller's kubeconfig."""
+def webhook_url(port: int) -> str:
+    """Where the dev cluster's API server calls the maxMemory webhook: on loopback, by URL (a real
+    cluster's goes through the Service gpuslice-webhook)."""
+    return f"https://127.0.0.1:{port}{MEMORY_WEBHOOK_PATH}"
+
+
+async def install(kube: KubeClient, state_dir: Path, server: str, ca_pem: bytes,
+                  webhook_port: int | None = None) -> tuple[Path, Path]:
+    """Install the CRDs, every component's RBAC, gpuslice's admission policies and the maxMemory
+    webhook's configuration (by URL on ``webhook_port``); return the controller's and the webhook's
+    kubeconfigs."""
+    webhook = [memory_webhook(url=webhook_url(webhook_port))] if webhook_port else []
     try:
-        await apply_all(kube, [crd(), *manifest_documents("controller-rbac.yaml"),
-                               *manifest_documents("agent-rbac.yaml"), *manifest_documents("admission.yaml")])
-        return await token_kubeconfig(kube, CONTROLLER_SA, server, ca_pem, state_dir / "controller.kubeconfig")
+        await apply_all(kube, [crd(), ledger_crd(), *manifest_documents("controller-rbac.yaml"),
+                               *manifest_documents("agent-rbac.yaml"), *manifest_documents("webhook-rbac.yaml"),
+                               *manifest_documents("admission.yaml"), *webhook])
+        return (await token_kubeconfig(kube, CONTROLLER_SA, server, ca_pem, state_dir / "controller.kubeconfig"),
+                await token_kubeconfig(kube, WEBHOOK_SA, server, ca_pem, state_dir / "webhook.kubeconfig"))
     except KubeError as error:
         raise DevClusterError(f"Installing gpuslice into the dev cluster failed: {error}") from error
 
@@ -106,12 +120,25 @@ SHORT_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")
 def controller_component(kubeconfig: Path, log: Path, liveness_port: int,
                          lease: Sequence[str] = SHORT_LEASE) -> Component:
     """``lease``: the Lease's flags; none for the defaults a real install runs with (the bench,
-    whose loaded apiserver answers a renewal slower than the short Lease allows)."""
+    whose loaded apiserver answers a renewal slower than the short Lease allows). The webhook's
+    certificate also names 127.0.0.1, where this API server calls it."""
     return Component(
         "gpuslice-controller",
         [sys.executable, "-m", "gpuslice", "controller", f"--kubeconfig={kubeconfig}",
-         f"--liveness-port={liveness_port}", *lease],
+         f"--liveness-port={liveness_port}", "--webhook-hosts=127.0.0.1", *lease],
         log, http_health(f"http://127.0.0.1:{liveness_port}/healthz"), startup_timeout=60,
+    )
+
+
+def webhook_component(kubeconfig: Path, log: Path, port: int, metrics_port: int,
+                      env: dict[str, str] | None = None) -> Component:
+    """The maxMemory webhook on loopback; healthy once it serves (it waits for the controller to
+    make its certificate)."""
+    return Component(
+        "gpuslice-webhook",
+        [sys.executable, "-m", "gpuslice", "webhook", f"--kubeconfig={kubeconfig}", "--address=127.0.0.1",
+         f"--port={port}", f"--metrics-port={metrics_port}"],
+        log, http_health(f"http://127.0.0.1:{metrics_port}/readyz"), env=env, startup_timeout=90,
     )
 
 

@@ -40,3 +40,31 @@ def quota_resource(device_class: str) -> str:
 
 def short_hash(*parts: str, length: int = 10) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:length]
+
+
+# maxMemory. A namespace that is a maxMemory tenant of some policy carries this label (as does the
+# controller's own, for its probe): the webhook's namespaceSelector, so only their claims reach it.
+# Like the tenancy label it only routes: the tenancy rule refuses a maxMemory tenant's claims in a
+# namespace without it, so taking it off stops no check.
+MEMORY_LABEL = "gpuslice.dev/memory-limit"
+MEMORY_JUDGED = "judged"
+MEMORY_WEBHOOK = "maxmemory.gpuslice.dev"  # the webhook's name, as the API server's messages quote it
+MEMORY_WEBHOOK_CONFIG = "gpuslice-memory"  # its ValidatingWebhookConfiguration
+MEMORY_WEBHOOK_PATH = "/validate/maxmemory"
+MEMORY_WEBHOOK_SERVICE = "gpuslice-webhook"
+MEMORY_WEBHOOK_TLS = "gpuslice-webhook-tls"  # Secret (tls.crt, tls.key, ca.crt) the webhook serves with
+MEMORY_WEBHOOK_CA = "gpuslice-webhook-ca"  # Secret with the CA's key, read by the controller only
+# The controller's dry-run probe: a claim of this generateName in its own namespace reaches the
+# webhook (and nothing else of gpuslice's), which refuses it saying MEMORY_PROBE_ANSWER.
+MEMORY_PROBE = "gpuslice-memory-probe-"
+MEMORY_PROBE_ANSWER = "gpuslice maxMemory webhook: probe judged"
+
+
+def class_policy(device_class: str) -> str | None:
+    """The policy a gpuslice DeviceClass belongs to: ``[<kind>.]<policy>.gpuslice.dev`` (policy
+    names hold no dots); None for any other class."""
+    suffix = f".{ATTRIBUTE_DOMAIN}"
+    if not device_class.endswith(suffix):
+        return None
+    parts = device_class.removesuffix(suffix).split(".")
+    return parts[-1] or None

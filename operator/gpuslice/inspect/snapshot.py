@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from gpuslice.api.ledger import LEDGERS
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRIVER
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.pending import Facts
@@ -97,16 +98,18 @@ async def namespace_facts(kube: KubeClient, namespace: str,
     """What ``namespace`` holds that bears on a pod of it waiting for a device (no pod yet); its
     reads at once. ``classes``: the DeviceClasses, when the caller has them already."""
     ns, resource_ns = f"/api/v1/namespaces/{namespace}", f"{RESOURCE}/namespaces/{namespace}"
-    claims, templates, quotas, events, namespace_body, classes = await asyncio.gather(
+    claims, templates, quotas, events, namespace_body, classes, ledgers = await asyncio.gather(
         _list(kube, f"ResourceClaims in {namespace}", f"{resource_ns}/resourceclaims"),
         _list(kube, f"ResourceClaimTemplates in {namespace}", f"{resource_ns}/resourceclaimtemplates"),
         _list(kube, f"ResourceQuotas in {namespace}", f"{ns}/resourcequotas"),
         _list(kube, f"Events in {namespace}", f"{ns}/events"),
         _optional(kube.get(ns), f"namespace {namespace}", []),
-        device_classes(kube) if classes is None else _ready(classes))
+        device_classes(kube) if classes is None else _ready(classes),
+        _optional(kube.list(LEDGERS, labelSelector=f"gpuslice.dev/tenant={namespace}"), "the maxMemory ledgers", []))
     return Facts(namespace, None, None, {c["metadata"]["name"]: c for c in claims},
                  {t["metadata"]["name"]: t for t in templates}, quotas,
-                 str(((namespace_body or {}).get("metadata") or {}).get("uid", "")), events, classes)
+                 str(((namespace_body or {}).get("metadata") or {}).get("uid", "")), events, classes,
+                 {str((b.get("spec") or {}).get("policy")): b for b in ledgers or []})
 
 
 async def _ready(value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

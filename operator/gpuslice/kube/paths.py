@@ -27,6 +27,11 @@ KINDS: dict[tuple[str, str], tuple[str, bool]] = {
         ("validatingadmissionpolicybindings", False),
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): ("customresourcedefinitions", False),
     ("gpuslice.dev/v1alpha1", "GpuSlicePolicy"): ("gpuslicepolicies", False),
+    ("gpuslice.dev/v1alpha1", "GpuSliceLedger"): ("gpusliceledgers", True),
+    ("v1", "Secret"): ("secrets", True),
+    ("v1", "Service"): ("services", True),
+    ("policy/v1", "PodDisruptionBudget"): ("poddisruptionbudgets", True),
+    ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration"): ("validatingwebhookconfigurations", False),
 }
 
 

@@ -12,7 +12,7 @@ never evaluated, and never refused when gpuslice, its controller or its CRD is m
   admin-access label, through every path that can set it.
 - ``gpuslice-controller-writes``: the controller's own writes are limited to objects that
   carry gpuslice's labels and names, so its RBAC on kinds whose names vary per policy
-  cannot reach anyone else's objects.
+  cannot reach anyone else's objects (and Secrets to the maxMemory webhook's two).
 - ``gpuslice-device-classes``: gpuslice's devices are allocated only through gpuslice's
   DeviceClasses. Tenancy and limits are judged by the class a claim names, so a claim of any
   other class that happens to select gpuslice's driver (a catch-all class an administrator
@@ -34,6 +34,9 @@ from gpuslice.dra.names import (
     DRIVER,
     LABEL_POLICY,
     MANAGED_BY,
+    MEMORY_LABEL,
+    MEMORY_WEBHOOK_CA,
+    MEMORY_WEBHOOK_TLS,
     TENANCY_LABEL,
 )
 from gpuslice.planning.cluster_objects import Manifest
@@ -102,10 +105,11 @@ def controller_writes(controller_user: str = CONTROLLER_USER) -> Manifest:
     """What the controller may write, beyond what RBAC can say: objects of kinds whose names vary
     per policy only when they are gpuslice's (labels and names, before and after), namespaces only
     in their admin-access label, ResourceClaims only as a dry run (its tenancy probe)."""
-    owned_kinds = ["deviceclasses", "resourceclaimtemplates", "devicetaintrules", "resourcequotas"]
+    owned_kinds = ["deviceclasses", "resourceclaimtemplates", "devicetaintrules", "resourcequotas", "gpusliceledgers"]
+    secrets = [MEMORY_WEBHOOK_CA, MEMORY_WEBHOOK_TLS]
     labels = "has({o}.metadata.labels) ? {o}.metadata.labels : {{}}"
     annotations = "has({o}.metadata.annotations) ? {o}.metadata.annotations : {{}}"
-    mine = [ADMIN_ACCESS_LABEL, TENANCY_LABEL]
+    mine = [ADMIN_ACCESS_LABEL, TENANCY_LABEL, MEMORY_LABEL]
     return {
         "apiVersion": ADMISSION_V1, "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": CONTROLLER_WRITES, "labels": dict(MANAGED_BY)},
@@ -119,6 +123,10 @@ def controller_writes(controller_user: str = CONTROLLER_USER) -> Manifest:
                 {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["namespaces"]},
                 {"apiGroups": ["resource.k8s.io"], "apiVersions": ["*"], "operations": ["CREATE"],
                  "resources": ["resourceclaims"]},
+                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE", "DELETE"],
+                 "resources": ["secrets"]},
+                {"apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE", "DELETE"],
+                 "resources": ["gpusliceledgers"]},
             ]},
             "matchConditions": [{"name": "is-gpuslice-controller",
                                  "expression": f"request.userInfo.username == '{controller_user}'"}],
@@ -149,6 +157,10 @@ def controller_writes(controller_user: str = CONTROLLER_USER) -> Manifest:
                                 f" && ({annotations.format(o='object')}) == ({annotations.format(o='oldObject')}))"),
                  "messageExpression": ("'the gpuslice controller may change only the labels"
                                        f" {' and '.join(mine)} of namespace ' + variables.name"),
+                 "reason": "Forbidden"},
+                {"expression": f"request.resource.resource != 'secrets' || variables.name in {secrets}",
+                 "messageExpression": ("'the gpuslice controller may write only the Secrets of the maxMemory"
+                                       f" webhook ({', '.join(secrets)}), not ' + variables.name"),
                  "reason": "Forbidden"},
                 {"expression": "request.resource.resource != 'resourceclaims' || request.dryRun",
                  "message": "the gpuslice controller may create ResourceClaims only as a dry run (its tenancy probe)",

@@ -9,13 +9,14 @@ carries the policy's labels (to find and prune them) and an owner reference
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuslice.api.ledger import LEDGER_KIND, ledger_name
 from gpuslice.api.policy import GROUP, KIND, VERSION, Tenant
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.dra.names import LABEL_POLICY, MANAGED_BY, quota_resource
+from gpuslice.dra.names import CONTROLLER_NAMESPACE, LABEL_POLICY, MANAGED_BY, quota_resource
 from gpuslice.planning.kinds import SHARED, DeviceKind, device_kinds, quota, template_names
 from gpuslice.planning.selection import Selection
 
@@ -123,8 +124,31 @@ def desired_objects(policy: GpuSlicePolicy, namespaces: Set[str]) -> DesiredObje
     for tenant in policy.spec.tenants:
         if tenant.namespace not in namespaces:
             continue
-        if tenant.limited:
+        if tenant.count_limited:
             desired.quotas.append(resource_quota(policy, tenant, kinds))
         for name, kind in template_names(policy, tenant, kinds).items():
             desired.templates.append(claim_template(policy, tenant.namespace, name, kind))
     return desired
+
+
+LABEL_TENANT = "gpuslice.dev/tenant"
+
+
+def ledger(policy: GpuSlicePolicy, tenant: Tenant, namespace_uid: str) -> Manifest:
+    """The maxMemory ledger of one tenant, in the controller's namespace: its spec is the limit in
+    force (the webhook writes its status, the charges)."""
+    assert tenant.max_memory is not None
+    assert tenant.max_memory_bytes is not None
+    meta = _meta(policy, ledger_name(policy.name, tenant.namespace), CONTROLLER_NAMESPACE)
+    meta["labels"][LABEL_TENANT] = tenant.namespace
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": LEDGER_KIND, "metadata": meta,
+        "spec": {"policy": policy.name, "namespace": tenant.namespace, "namespaceUid": namespace_uid,
+                 "maxMemory": tenant.max_memory, "limitBytes": tenant.max_memory_bytes},
+    }
+
+
+def desired_ledgers(policy: GpuSlicePolicy, namespaces: Mapping[str, str]) -> list[Manifest]:
+    """A ledger per maxMemory tenant whose namespace exists (``namespaces``: name -> UID)."""
+    return [ledger(policy, t, namespaces[t.namespace]) for t in policy.spec.tenants
+            if t.memory_limited and namespaces.get(t.namespace)]

@@ -15,11 +15,14 @@ before ``gpuslice.dev``: the tenancy admission policy reads it that way.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 
 from gpuslice.api.policy import Tenant
 from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.api.status import ClassInForce
 from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER, device_class_name
+from gpuslice.dra.quantity import format_bytes
 from gpuslice.inventory.catalog import GI
 from gpuslice.planning.selection import Selection
 
@@ -35,6 +38,11 @@ class DeviceKind:
     memory: int  # bytes one device of this kind stands for (a shared allocation: one sliceSize)
     selector: str  # the DeviceClass's CEL selector
     template_suffix: str  # "" for the policy's slices, else -full or -<profile>
+    least: int = -1  # bytes the smallest device of this kind holds (a whole GPU: the smallest GPU); -1: memory
+
+    @property
+    def least_memory(self) -> int:
+        return self.memory if self.least < 0 else self.least
 
     @property
     def primary(self) -> bool:
@@ -56,12 +64,13 @@ def _selector(policy: str, **attributes: str) -> str:
     return " && ".join(terms)
 
 
-def _mig_memory(profile: str, selection: Selection) -> int:
-    """What one instance of ``profile`` has on the GPUs selected (the largest figure); for GPUs the
-    catalog does not know, the GB figure in its name read as GiB (above what NVML reports)."""
+def _mig_memory(profile: str, selection: Selection, pick: Callable[[list[int]], int] = max) -> int:
+    """What one instance of ``profile`` has on the GPUs selected (the largest figure, or what
+    ``pick`` takes); for GPUs the catalog does not know, the GB figure in its name read as GiB
+    (above what NVML reports)."""
     known = [p.memory for g in selection.gpus if g.model for p in g.model.mig_profiles if p.name == profile]
     if known:
-        return max(known)
+        return pick(known)
     nominal = profile.split(".", 1)[1].removesuffix("+me").removesuffix("gb")
     return int(nominal) * GI if nominal.isdigit() else 0
 
@@ -75,22 +84,24 @@ def device_kinds(policy: GpuSlicePolicy, selection: Selection) -> list[DeviceKin
                             _selector(name, mode="memory", sliceSize=slicing.slice_size), "")]
         if slicing.allow_full_gpu:
             largest = max((g.memory for g in selection.gpus if g.memory is not None), default=0)
+            smallest = min((g.memory for g in selection.gpus if g.memory is not None), default=0)
             found.append(DeviceKind(FULL, f"{FULL}.{device_class_name(name)}", largest,
-                                    _selector(name, mode="memory", sliceSize="full"), f"-{FULL}"))
+                                    _selector(name, mode="memory", sliceSize="full"), f"-{FULL}", smallest))
         return found
     if slicing.mode == "shared":
         return [DeviceKind(SHARED, device_class_name(name), slicing.slice_bytes, _selector(name, mode="shared"), "")]
     assert slicing.mig is not None
     profiles = list(dict.fromkeys([*(slicing.mig.profiles or []), *(slicing.mig.layout or {})]))
     kinds = [DeviceKind(p, f"{profile_tag(p)}.{device_class_name(name)}", _mig_memory(p, selection),
-                        _selector(name, mode="mig", profile=p), f"-{profile_tag(p)}") for p in profiles]
+                        _selector(name, mode="mig", profile=p), f"-{profile_tag(p)}", _mig_memory(p, selection, min))
+             for p in profiles]
     return sorted(kinds, key=lambda k: (k.memory, k.kind))
 
 
 def quota(tenant: Tenant, kind: DeviceKind) -> int | None:
     """The tenant's limit on ``kind``; None when the tenant has no limit at all. A limited tenant
     gets 0 of every kind its spec does not grant (a whole GPU is not a slice)."""
-    if not tenant.limited:
+    if not tenant.count_limited:
         return None
     if kind.kind in (SLICE, SHARED):
         return tenant.max_slices or 0
@@ -108,12 +119,14 @@ INT64_MAX = 2**63 - 1  # the most an integer field of an object can hold (the AP
 
 
 def limit_bytes(tenant: Tenant, kinds: list[DeviceKind]) -> int | None:
-    """The most GPU memory ``tenant`` can hold through this policy: sum of quota x size, saturated
-    at ``INT64_MAX`` (about 9.2 EB: only a spec whose sliceSize no GPU has gets near it), so the
-    status that reports it can always be written."""
-    if not tenant.limited:
-        return None
-    return min(sum((quota(tenant, k) or 0) * k.memory for k in kinds), INT64_MAX)
+    """The most GPU memory ``tenant`` can hold through this policy: the sum of quota x size, or
+    its maxMemory, whichever is less; None with neither. The sum saturates at ``INT64_MAX`` (about
+    9.2 EB: only a spec whose sliceSize no GPU has gets near it), so the status that reports it can
+    always be written."""
+    bounds = [b for b in (tenant.max_memory_bytes,) if b is not None]
+    if tenant.count_limited:
+        bounds.append(min(sum((quota(tenant, k) or 0) * k.memory for k in kinds), INT64_MAX))
+    return min(bounds) if bounds else None
 
 
 def template_names(policy: GpuSlicePolicy, tenant: Tenant, kinds: list[DeviceKind]) -> dict[str, DeviceKind]:
@@ -138,3 +151,20 @@ def all_template_names(policy: GpuSlicePolicy) -> set[str]:
     base = policy.spec.claim_template_name
     kinds = device_kinds(policy, Selection(()))
     return {base} | {base + k.template_suffix for k in kinds if not k.primary}
+
+
+def classes_in_force(kinds: Sequence[DeviceKind], failed: Set[str] = frozenset(),
+                     before: Sequence[ClassInForce] = ()) -> list[ClassInForce]:
+    """The record of what the policy's DeviceClasses enforce once a converge applied them: one
+    entry per kind, except that a class that could not be applied (its name in ``failed``) keeps
+    what was recorded for it ``before``, since the old class still stands (or none, for a new one)."""
+    kept = {c.name: c for c in before}
+    found = []
+    for kind in kinds:
+        if kind.class_name in failed:
+            if kind.class_name in kept:
+                found.append(kept[kind.class_name])
+            continue
+        found.append(ClassInForce(name=kind.class_name, kind=kind.kind, shared=kind.kind == SHARED,
+                                  memory=format_bytes(kind.memory), least_memory=format_bytes(kind.least_memory)))
+    return found

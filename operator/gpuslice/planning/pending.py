@@ -15,9 +15,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslice.dra.names import ATTRIBUTE_DOMAIN, quota_resource
+from gpuslice.api.status import ClassInForce
+from gpuslice.dra.names import ATTRIBUTE_DOMAIN, CONTROLLER_NAMESPACE, MEMORY_WEBHOOK, quota_resource
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
 from gpuslice.planning.availability import across, largest_free
+from gpuslice.planning.memory import request_least, shown
 from gpuslice.planning.occupancy import OccupancyMap
 from gpuslice.planning.totals import PolicyTotals, parse_policy
 
@@ -59,6 +61,7 @@ class Facts:
     namespace_uid: str = ""
     events: Sequence[Body] = ()  # the namespace's Events
     device_classes: Mapping[str, Body] = field(default_factory=dict)
+    ledgers: Mapping[str, Body] = field(default_factory=dict)  # the namespace's maxMemory ledgers by policy
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,12 @@ def _admission(events: Sequence[Body]) -> list[Finding]:
     found = []
     for reason, event in latest.items():
         message = str(event.get("message", ""))
-        if "denied request" in message or "exceeded quota" in message or "forbidden" in message:
+        if f'failed calling webhook "{MEMORY_WEBHOOK}"' in message:
+            found.append(Finding("WebhookDown", (
+                f"{reason}: {message}. The maxMemory webhook ({MEMORY_WEBHOOK}) did not answer, and it fails closed:"
+                " allocations of tenants with maxMemory wait until it does, running pods are untouched. Check its"
+                f" pods: kubectl -n {CONTROLLER_NAMESPACE} get pods -l app.kubernetes.io/component=webhook.")))
+        elif any(w in message for w in ("denied request", "denied the request", "exceeded quota", "forbidden")):
             found.append(Finding("AdmissionDenied", f"{reason}: {message}"))
         else:
             found.append(Finding("Event", f"{reason}: {message}", blocking=False))
@@ -244,11 +252,39 @@ def _policy_findings(request: Request, made: bool, facts: Facts, body: Body, kin
                 + (f" ({format_bytes(hard * one)})" if one else "") + f" and its claims already count {used};"
                 f" this asks {asked} more, {over} over the limit{memory}. Release a claim, or ask the platform team"
                 f" to raise spec.tenants[{ns}] of {name}.{total}")))
+    tenant = tenants[ns]
+    if tenant.max_memory_bytes is not None:  # charged at allocation, so whether made or not
+        found += _memory(request, facts, parsed.status.classes_in_force, name, ns, tenant.max_memory_bytes)
     ready = totals.condition("Ready") if totals else None
     if ready is not None and ready.status != "True":
         found.append(Finding("PolicyNotReady", f"GpuSlicePolicy {name} is not Ready ({ready.reason}):"
                                                f" {ready.message}", blocking=ready.reason != "Deleting"))
     return found + (_capacity(request, name, kind, cluster) if made else [])
+
+
+def _memory(request: Request, facts: Facts, classes: Sequence[ClassInForce], policy: str, ns: str,
+            limit: int) -> list[Finding]:
+    """maxMemory: what the namespace holds of its limit (its ledger's charges) and what this asks."""
+    ledger = facts.ledgers.get(policy)
+    status, spec = ((ledger or {}).get("status") or {}), ((ledger or {}).get("spec") or {})
+    if ledger is None or not status.get("since") or status.get("namespaceUid") != spec.get("namespaceUid"):
+        return [Finding("NotAdmitted", f"Namespace {ns} has a maxMemory in {policy}, but it is not in force yet (its"
+                                       f" ledger gpuslice-system/{policy}.{ns} has not counted what the namespace"
+                                       " holds); its claims wait until it is.")]
+    limit = min(limit, int(spec.get("limitBytes") or limit))
+    held = int(status.get("heldBytes") or 0)
+    klass = next((c for c in classes if c.name == request.device_class), None)
+    body: dict[str, Any] = {"count": request.count, **({"allocationMode": "All"} if request.all_devices else {})}
+    if request.memory is not None:
+        body["capacity"] = {"requests": {"memory": str(request.memory)}}
+    asked = request_least(body, klass) if klass is not None else 0
+    if held + asked <= limit:
+        return [Finding("MemoryLeft", f"Namespace {ns} holds {shown(held)} of its {shown(limit)} maxMemory in policy"
+                                      f" {policy}; this claim asks {shown(asked)}, which fits.", blocking=False)]
+    return [Finding("OverMemory", f"namespace {ns} holds {shown(held)} of its {shown(limit)} maxMemory in policy"
+                                  f" {policy}; this claim asks {shown(asked)}. It is allocated once the namespace's"
+                                  " other claims release enough, or ask the platform team to raise"
+                                  f" spec.tenants[{ns}].maxMemory of {policy}.")]
 
 
 def _capacity(request: Request, policy: str, kind: str, cluster: OccupancyMap) -> list[Finding]:
@@ -354,7 +390,8 @@ def diagnose(facts: Facts, policies: Sequence[Body], totals: Sequence[PolicyTota
     elif facts.pod is not None and ours and all(f.code in ("Allocated", "Event", "AdminAccess") for f in findings):
         findings.append(Finding("WaitingOnNode", "Every claim is allocated; the pod waits for its node (the kubelet"
                                                  " prepares the devices): see the Events above.", blocking=False))
-    order = ["NotFound", "NotATenant", "AdminAccessRefused", "PolicyInvalid", "NotAdmitted", "OverLimit",
+    order = ["NotFound", "NotATenant", "AdminAccessRefused", "PolicyInvalid", "WebhookDown", "NotAdmitted", "OverLimit",
+             "OverMemory",
              "PolicyNotReady", "NoFreeDevice", "KeptOff", "AdmissionDenied"]
     findings.sort(key=lambda f: order.index(f.code) if f.code in order else len(order))
     return Diagnosis(subject, phase, tuple(r for r, _, _ in requests), tuple(findings))

@@ -29,7 +29,15 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuslice.api.policy import GROUP, KIND, VERSION
-from gpuslice.dra.names import ATTRIBUTE_DOMAIN, DRIVER, MANAGED_BY, TENANCY_JUDGED, TENANCY_LABEL
+from gpuslice.dra.names import (
+    ATTRIBUTE_DOMAIN,
+    DRIVER,
+    MANAGED_BY,
+    MEMORY_JUDGED,
+    MEMORY_LABEL,
+    TENANCY_JUDGED,
+    TENANCY_LABEL,
+)
 from gpuslice.planning.cluster_objects import Manifest
 
 ADMISSION_V1 = "admissionregistration.k8s.io/v1"
@@ -54,6 +62,10 @@ _NAMES_GPUSLICE_CLASS = (
     f" (has(r.exactly) && r.exactly.deviceClassName.{_GPUSLICE_CLASS})"
     f" || (has(r.firstAvailable) && r.firstAvailable.exists(f, f.deviceClassName.{_GPUSLICE_CLASS}))))"
 )
+
+
+# What the maxMemory webhook's configuration matches on too (planning.memory_rule).
+ALLOCATING, NAMES_GPUSLICE_CLASS = _ALLOCATING, _NAMES_GPUSLICE_CLASS
 
 
 def _scope(namespaces: dict[str, Any]) -> dict[str, Any]:
@@ -125,6 +137,8 @@ def _same_limits(recorded: str, spec: str) -> str:
     """The recorded limits equal the spec's: each field absent from both or equal in both."""
     scalars = " && ".join(f"(has({recorded}.{f}) ? {recorded}.{f} : -1) == (has({spec}.{f}) ? {spec}.{f} : -1)"
                           for f in ("maxSlices", "maxFullGpus"))
+    scalars += (f" && (has({recorded}.maxMemory) ? {recorded}.maxMemory : '')"
+                f" == (has({spec}.maxMemory) ? {spec}.maxMemory : '')")
     mig = "maxMigDevices"
     maps = (f"has({recorded}.{mig}) == has({spec}.{mig}) && (!has({spec}.{mig})"
             f" || (size({recorded}.{mig}) == size({spec}.{mig})"
@@ -143,11 +157,38 @@ def _bad_toleration(t: str) -> str:
     )
 
 
-def _capacity_within_step(x: str) -> str:
+def _within_class(x: str) -> str:
+    """Request ``x`` asks no capacity but memory, and no more of it than one allocation of its class
+    stands for as the controller last put the class in force (``status.classesInForce``): in
+    shared mode one sliceSize. A class not in the record is never within."""
     return (
         f"(!has({x}.capacity) || !has({x}.capacity.requests) || {x}.capacity.requests.all(c, c == 'memory'"
-        f" && quantity(string({x}.capacity.requests[c])).compareTo(quantity(params.spec.slicing.sliceSize)) <= 0))"
+        f" && variables.inForce.exists(k, k.name == {x}.deviceClassName"
+        f" && quantity(string({x}.capacity.requests[c])).compareTo(quantity(k.memory)) <= 0)))"
     )
+
+
+def _consumed_over(res: str, klass: str) -> str:
+    """Allocation result ``res`` (of a request of DeviceClass ``klass``) consumed capacity other than
+    memory, or more memory than one allocation of the class stands for in force."""
+    return (f"({res}.consumedCapacity.exists(k, k != 'memory' || !variables.inForce.exists(c, c.name == {klass}"
+            f" && quantity(string({res}.consumedCapacity[k])).compareTo(quantity(c.memory)) <= 0)))")
+
+
+# Some result of the allocation being written, of a request (or subrequest) of the policy's
+# classes, consumed more than one allocation of its class stands for: what a shared device's step
+# rounds a request up to is judged here, where the scheduler says what it took.
+_OVER_CONSUMED = (
+    "variables.allocating && has(object.status.allocation.devices) && has(object.status.allocation.devices.results)"
+    " && object.status.allocation.devices.results.exists(res, has(res.consumedCapacity) && variables.requests.exists(q,"
+    f" (has(q.exactly) && q.name == res.request && {_ours('q.exactly')}"
+    f" && {_consumed_over('res', 'q.exactly.deviceClassName')})"
+    " || (has(q.firstAvailable) && q.firstAvailable.exists(s, q.name + '/' + s.name == res.request"
+    f" && {_ours('s')} && {_consumed_over('res', 's.deviceClassName')}))))"
+)
+_COUNTED = ("has(t.maxSlices) || has(t.maxFullGpus) || has(t.maxMigDevices)",
+            "has(variables.record[0].limits.maxSlices) || has(variables.record[0].limits.maxFullGpus)"
+            " || has(variables.record[0].limits.maxMigDevices)")
 
 
 def tenancy_policy() -> Manifest:
@@ -163,8 +204,10 @@ def tenancy_policy() -> Manifest:
         ("classSuffix", f"'.' + {_POLICY} + '.{GROUP}'"),
         ("usesClass", _any_request(lambda _: "true")),
         ("tenant", f"{tenants}.exists(t, t.namespace == request.namespace)"),
-        ("limited", f"{tenants}.exists(t, t.namespace == request.namespace"
-                    " && (has(t.maxSlices) || has(t.maxFullGpus) || has(t.maxMigDevices)))"),
+        ("limited", f"{tenants}.exists(t, t.namespace == request.namespace && ({_COUNTED[0]}))"),
+        # maxMemory, as the spec says now: charged by the webhook (planning.memory_rule), which the
+        # namespace's label routes its claims to.
+        ("memoryLimited", f"{tenants}.exists(t, t.namespace == request.namespace && has(t.maxMemory))"),
         ("specTenant", f"{tenants}.filter(t, t.namespace == request.namespace)"),
         # Only the namespaces the controller admitted, by UID: a tenant added a moment ago, or a
         # tenant namespace deleted and made again, waits for its quota. (dyn: the apiserver declares
@@ -176,7 +219,8 @@ def tenancy_policy() -> Manifest:
         # A limited tenant's record says which limits its quota enforces, which classes it counts, and
         # since when: claims are admitted only under the limits the spec says now, of a class counted,
         # and (at allocation) only if made after the quota, which alone guarantees they were counted.
-        ("limitsInForce", "!variables.limited || (size(variables.record) > 0 && has(variables.record[0].limits)"
+        ("limitsInForce", "!(variables.limited || variables.memoryLimited)"
+                          " || (size(variables.record) > 0 && has(variables.record[0].limits)"
                           " && " + _same_limits("variables.record[0].limits", "variables.specTenant[0]") + ")"),
         ("classesInForce", "!variables.limited || (size(variables.record) > 0 && has(variables.record[0].classes)"
                            " && " + _every_request(lambda x: f"{x}.deviceClassName in variables.record[0].classes")
@@ -184,6 +228,18 @@ def tenancy_policy() -> Manifest:
         ("madeUnderQuota", "!variables.limited || variables.isTemplate || (size(variables.record) > 0"
                            " && has(variables.record[0].since) && timestamp(string(object.metadata.creationTimestamp))"
                            " > timestamp(variables.record[0].since))"),
+        # Limited by a count (maxSlices...) as the spec says now or as the controller last recorded:
+        # taking a limit away is a loosening, and waits for the record like any other.
+        ("countLimited", "variables.limited || (size(variables.record) > 0 && has(variables.record[0].limits)"
+                         f" && ({_COUNTED[1]}))"),
+        # A maxMemory in the spec or in force: its claims must reach the webhook, which only the
+        # label routes them to (taking it off must stop no check).
+        ("memoryRouted", "!(variables.memoryLimited || (size(variables.record) > 0"
+                         " && has(variables.record[0].limits) && has(variables.record[0].limits.maxMemory)))"
+                         " || (has(namespaceObject.metadata.labels)"
+                         f" && '{MEMORY_LABEL}' in namespaceObject.metadata.labels"
+                         f" && namespaceObject.metadata.labels['{MEMORY_LABEL}'] == '{MEMORY_JUDGED}')"),
+        ("inForce", "has(params.status) && has(params.status.classesInForce) ? params.status.classesInForce : []"),
         ("adminNamespace", "has(params.spec.adminAccess) && has(params.spec.adminAccess.namespaces)"
                            " && request.namespace in params.spec.adminAccess.namespaces"),
         ("wantsAdminAccess", "variables.requests.exists(r, has(r.exactly) && " + _ours("r.exactly")
@@ -194,8 +250,12 @@ def tenancy_policy() -> Manifest:
         ("taints", "has(params.spec.taints) ? params.spec.taints : []"),
         ("badToleration", _any_request(
             lambda x: f"has({x}.tolerations) && {x}.tolerations.exists(t, {_bad_toleration('t')})")),
-        ("overStep", "params.spec.slicing.mode == 'shared' && variables.limited && "
-                     + _any_request(lambda x: "!" + _capacity_within_step(x))),
+        # A tenant with a count limit is charged one device per allocation: each may take no more
+        # than one device of its class stands for in force (a shared device: one sliceSize), read
+        # from the controller's record, so an edit not converged yet (an invalid one, or any while
+        # the controller is stalled) loosens nothing.
+        ("overStep", "variables.countLimited && (" + _any_request(lambda x: "!" + _within_class(x))
+                     + " || " + _OVER_CONSUMED + ")"),
         # At allocation: the policy's devices (results of a request, or subrequest, of its classes) on
         # a pool the policy does not select. A node agent publishes only its own node's pool, but a
         # compromised one could publish devices claiming any policy: they go only where the policy's
@@ -219,13 +279,17 @@ def tenancy_policy() -> Manifest:
         ("!variables.judged || !variables.usesClass || !variables.tenant || variables.isTemplate"
          " || variables.admitted || (variables.adminNamespace && variables.onlyAdminAccess)",
          f"variables.who + ': namespace ' + request.namespace + ' is a tenant of GpuSlicePolicy {policy}, but"
-         f" gpuslice has not put its quota in place yet (see status.admittedTenants of the policy); try again"
-         f" in a moment'"),
+         f" gpuslice has not put its quota in place yet (or, with maxMemory, its memory ledger; see"
+         f" status.admittedTenants of the policy); try again in a moment'"),
         ("!variables.judged || !variables.usesClass || !variables.admitted || variables.isTemplate"
          " || (variables.adminNamespace && variables.onlyAdminAccess) || variables.limitsInForce",
          f"variables.who + ': the limits of namespace ' + request.namespace + ' in GpuSlicePolicy {policy}"
-         f" changed, and gpuslice has not yet put them in force in its quota (see status.admittedTenants of the"
-         f" policy); try again in a moment'"),
+         f" changed, and gpuslice has not yet put them in force in its quota or memory ledger (see"
+         f" status.admittedTenants of the policy); try again in a moment'"),
+        ("!variables.judged || !variables.usesClass || variables.memoryRouted",
+         f"variables.who + ': namespace ' + request.namespace + ' has a maxMemory in GpuSlicePolicy {policy}, but"
+         f" it is not labelled {MEMORY_LABEL}={MEMORY_JUDGED}, the label that routes its claims to the maxMemory"
+         f" webhook, which charges them; the gpuslice controller puts it back: try again in a moment'"),
         ("!variables.judged || !variables.usesClass || !variables.admitted || variables.isTemplate"
          " || (variables.adminNamespace && variables.onlyAdminAccess) || !variables.limitsInForce"
          " || variables.classesInForce",
@@ -254,8 +318,10 @@ def tenancy_policy() -> Manifest:
          f" remove that toleration'"),
         ("!variables.judged || !variables.overStep",
          f"variables.who + ': namespace ' + request.namespace + ' has a limit in GpuSlicePolicy {policy}, so"
-         f" each allocation of its shared devices is one sliceSize (' + params.spec.slicing.sliceSize + '):"
-         f" remove capacity.requests or ask for at most that much of memory (count: N gives N of them)'"),
+         f" each allocation of its devices is at most one device of its DeviceClass, and of a shared device one"
+         f" sliceSize, as the class is in force (' + variables.inForce.map(c, c.name + ': ' + c.memory).join(', ')"
+         f" + '; status.classesInForce): remove capacity.requests or ask for at most that much of memory"
+         f" (count: N gives N of them)'"),
         ("size(variables.offNodes) == 0",
          f"variables.who + ': devices ' + variables.offNodes.join(', ') + ' of GpuSlicePolicy {policy} are on"
          f" nodes that policy does not select (status.selectedNodes): a node agent published devices of a"

@@ -44,6 +44,7 @@ class TenantUse:
     allocated_bytes: int
     limit_bytes: int | None
     kinds: tuple[KindUse, ...] = ()
+    max_memory: int | None = None  # spec.tenants[].maxMemory in bytes, when it has one
 
     @property
     def over(self) -> bool:
@@ -146,9 +147,10 @@ def policy_totals(policies: Iterable[Body], pools: Sequence[Pool], claims: Itera
                 limits = {k.kind: quota(tenant, k) for k in kinds}
                 tenants.append(TenantUse(
                     tenant.namespace, name, used.by_namespace.get(tenant.namespace, 0),
-                    sum(v or 0 for v in limits.values()) if tenant.limited else None,
+                    sum(v or 0 for v in limits.values()) if tenant.count_limited else None,
                     used.bytes_by_namespace.get(tenant.namespace, 0), limit_bytes(tenant, kinds),
-                    tuple(KindUse(k.kind, held.get(k.kind, 0), limits[k.kind], k.memory) for k in kinds)))
+                    tuple(KindUse(k.kind, held.get(k.kind, 0), limits[k.kind], k.memory) for k in kinds),
+                    tenant.max_memory_bytes))
             foreign = foreign_claims(refs, views, {t.namespace for t in parsed.spec.tenants},
                                      set(parsed.spec.admin_access.namespaces))
         found.append(PolicyTotals(

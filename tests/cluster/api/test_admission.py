@@ -104,6 +104,12 @@ BAD: dict[str, tuple[Any, ...]] = {
         "tenants[].maxMigDevices is for mig mode"),
     "maxFullGpus without allowFullGpu": (
         _with("tenants", [{"namespace": "team-a", "maxFullGpus": 1}]), "tenants[].maxFullGpus needs slicing.allowFullGpu"),
+    "maxMemory zero": (
+        _with("tenants", [{"namespace": "team-a", "maxMemory": "0"}]), "maxMemory must be a positive quantity"),
+    "maxMemory over its maximum": (
+        _with("tenants", [{"namespace": "team-a", "maxMemory": "2Pi"}]), "maxMemory must be a positive quantity"),
+    "maxMemory not a quantity": (
+        _with("tenants", [{"namespace": "team-a", "maxMemory": "lots"}]), "maxMemory must be a positive quantity"),
     "maxMigDevices of a profile not offered": (
         {"slicing": {"mode": "mig", "mig": {"profiles": ["1g.10gb"]}},
          "tenants": [{"namespace": "team-a", "maxMigDevices": {"3g.40gb": 1}}]},
@@ -155,6 +161,11 @@ async def test_limits_per_kind_and_tolerable_taints_are_accepted(kube: KubeClien
     specs = {
         "mig": {"slicing": {"mode": "mig", "mig": {"layout": {"3g.40gb": 1, "1g.10gb+me": 1}}},
                 "tenants": [{"namespace": "team-a", "maxMigDevices": {"1g.10gb+me": 1, "3g.40gb": 0}}, {"namespace": "b"}]},
+        "memory": {"slicing": {"mode": "shared", "sliceSize": "1Gi"},
+                   "tenants": [{"namespace": "team-a", "maxMemory": "1Pi"},
+                               {"namespace": "b", "maxMemory": "30Gi", "maxSlices": 4}]},
+        "mig-memory": {"slicing": {"mode": "mig", "mig": {"profiles": ["1g.10gb"]}},
+                       "tenants": [{"namespace": "team-a", "maxMemory": "20Gi", "maxMigDevices": {"1g.10gb": 3}}]},
         "full": {"slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
                  "tenants": [{"namespace": "team-a", "maxSlices": 2, "maxFullGpus": 1}],
                  "taints": [{"key": "example.com/maint", "value": "v1.2_x", "effect": "NoExecute", "tolerable": True}],

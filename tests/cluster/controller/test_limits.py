@@ -186,7 +186,7 @@ async def test_shared_allocations_of_a_limited_tenant_are_one_slice_each(
     klass = f"{name}.gpuslice.dev"
     devices = await published(kube, node.name, 2)
     await ready_tenant(kube, name, namespace)
-    words = (f"has a limit in GpuSlicePolicy {name}, so each allocation of its shared devices is one sliceSize (10G)",)
+    words = (f"has a limit in GpuSlicePolicy {name}, so each allocation of its devices is at most one device of its DeviceClass", f"{klass}: 10G",)
     await refused(kube, namespace, claim("whole", request(klass, capacity={"requests": {"memory": "80G"}})), *words)
     await refused(kube, namespace, claim("sly", first=[
         {"name": "a", **request(klass, capacity={"requests": {"memory": "30G"}})}]), *words)

@@ -66,16 +66,17 @@ async def test_only_gpuslices_own_device_classes_quotas_and_templates(
     await refused(as_controller.create(f"/api/v1/namespaces/{ns}/resourcequotas", quota), "may write only its own names")
 
 
-async def test_namespaces_only_in_the_admin_access_and_tenancy_labels(
+async def test_namespaces_only_in_the_admin_access_tenancy_and_memory_limit_labels(
     as_controller: KubeClient, namespaces: Callable[..., Awaitable[str]],
 ) -> None:
     ns = await namespaces("labels")
     await refused(as_controller.merge_patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"team": "x"}}}),
-                  "may change only the labels resource.kubernetes.io/admin-access and gpuslice.dev/tenancy"
-                  f" of namespace {ns}")
+                  "may change only the labels resource.kubernetes.io/admin-access and gpuslice.dev/tenancy and"
+                  f" gpuslice.dev/memory-limit of namespace {ns}")
     await refused(as_controller.merge_patch(f"/api/v1/namespaces/{ns}", {"metadata": {"annotations": {"a": "b"}}}),
                   "may change only the labels")
-    for label, value in (("resource.kubernetes.io/admin-access", "true"), ("gpuslice.dev/tenancy", "judged")):
+    for label, value in (("resource.kubernetes.io/admin-access", "true"), ("gpuslice.dev/tenancy", "judged"),
+                         ("gpuslice.dev/memory-limit", "judged")):
         await as_controller.merge_patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {label: value}}})
         await as_controller.merge_patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {label: None}}})
     await refused(as_controller.delete(f"/api/v1/namespaces/{ns}"), "forbidden")
@@ -96,3 +97,48 @@ async def test_claims_only_as_a_dry_run_in_its_own_namespace(
              "reason": "X", "message": "x"}
     await refused(as_controller.create(f"/api/v1/namespaces/{ns}/events", event), "forbidden")
     await refused(as_controller.list(f"/api/v1/namespaces/{ns}/secrets"), "forbidden")
+
+
+async def test_secrets_only_the_webhooks_two(as_controller: KubeClient) -> None:
+    """RBAC cannot name an object for create: gpuslice-controller-writes lets the controller make
+    only the maxMemory webhook's CA and serving certificate, and only in its own namespace."""
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "stolen"}, "data": {}}
+    await refused(as_controller.create("/api/v1/namespaces/gpuslice-system/secrets", secret,
+                                       dryRun="All"), "may write only the Secrets of the maxMemory webhook")
+    await refused(as_controller.create("/api/v1/namespaces/default/secrets", secret, dryRun="All"), "forbidden")
+    await refused(as_controller.get("/api/v1/namespaces/gpuslice-system/secrets/other"), "forbidden")
+
+
+@pytest.fixture
+async def as_webhook(memory_webhook: Any) -> AsyncIterator[KubeClient]:
+    async with await KubeClient.from_kubeconfig(memory_webhook.kubeconfig) as client:
+        yield client
+
+
+async def test_the_webhook_writes_only_the_charges_and_reads_only_its_certificate(
+    as_webhook: KubeClient, kube: KubeClient, make_policy: Any, namespace: str,
+) -> None:
+    """The webhook's identity: its ledgers' status (the charges) and nothing else; not their spec
+    (the limit), no Secret but its serving certificate (not the CA's key), no policy, no claim."""
+    name = (await make_policy({"nodeSelector": {"matchLabels": {"gpuslice.dev/no-such-node": "true"}},
+                               "slicing": {"mode": "shared", "sliceSize": "1Gi"},
+                               "tenants": [{"namespace": namespace, "maxMemory": "4Gi"}]}))["metadata"]["name"]
+    ledgers = "/apis/gpuslice.dev/v1alpha1/namespaces/gpuslice-system/gpusliceledgers"
+
+    async def ledger() -> dict[str, Any] | None:
+        try:
+            return await kube.get(f"{ledgers}/{name}.{namespace}")
+        except KubeError:
+            return None
+
+    from tests.cluster.kubeutil import wait_for
+
+    found = await wait_for(ledger, within=30, what="the tenant's ledger")
+    raised = {**found, "spec": {**found["spec"], "limitBytes": 2**40}}
+    await refused(as_webhook.replace(f"{ledgers}/{name}.{namespace}", raised), "forbidden")
+    await refused(as_webhook.delete(f"{ledgers}/{name}.{namespace}"), "forbidden")
+    await as_webhook.get("/api/v1/namespaces/gpuslice-system/secrets/gpuslice-webhook-tls")
+    await refused(as_webhook.get("/api/v1/namespaces/gpuslice-system/secrets/gpuslice-webhook-ca"), "forbidden")
+    await refused(as_webhook.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}",
+                                         {"spec": {"tenants": []}}), "forbidden")
+    await refused(as_webhook.delete(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/any"), "forbidden")

@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[3]
 GUIDE = ROOT / "docs" / "tenants.md"
 MARKED = re.compile(r"<!-- (example|denial|why): ([a-z0-9-]+) -->\n```(?:yaml|text)\n(.*?)```", re.S)
 EXAMPLES = {"memory-pod", "memory-deployment", "full-gpu-pod", "shared-template", "shared-deployment", "mig-pod",
-            "extended-deployment"}
-DENIALS = {"not-a-tenant", "over-the-limit", "admin-access", "admin-access-label"}
+            "extended-deployment", "budget-claim"}
+DENIALS = {"not-a-tenant", "over-the-limit", "admin-access", "admin-access-label", "over-max-memory",
+           "max-memory-too-large"}
 # What kubectl adds to the API server's message: a prefix, or (for Invalid) its own wording of the object.
 KUBECTL_PREFIX = re.compile(r'^(Error from server \(Forbidden\): (error when creating "claim.yaml": )?|The \w+ )')
 INVALID = re.compile(r'^[\w.]+ ("[^"]+" is invalid: )')
@@ -248,3 +249,41 @@ async def test_each_denial_reads_as_the_guide_says(
     over = next(line for line in page.splitlines() if "✗ OverLimit" in line).strip().removeprefix("✗ OverLimit: ")
     result = (await gpuslice("why", f"{team_b}/web-4", "-o", "json")).json()
     assert result["findings"][0] == {"code": "OverLimit", "message": over, "blocking": True}
+
+
+async def test_a_memory_budget_reads_as_the_guide_says(
+    kube: KubeClient, controller: ControllerProcess, memory_webhook: Any, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespaces: Namespaces,
+) -> None:
+    """notebooks with data-science given maxMemory 20Gi: the page's claim of 15Gi is allocated, a
+    second of 10Gi is refused at allocation and one of 25Gi when it is made, as the page says."""
+    from tests.cluster.controller.test_allocation import allocation, pod_using
+    from tests.cluster.controller.test_max_memory import admits, memory_in_force, refused_at_allocation
+
+    node = await gpu_node("h100-80gb", 1)  # room for the two notebooks: only the budget stops the second
+    data_science = await namespaces("ds")
+    names = Names({"data-science": data_science})
+    spec = example_policy("shared-notebooks.yaml", node.name, names)
+    spec["tenants"] = [{"namespace": data_science, "maxMemory": "20Gi"}]
+    policy = (await make_policy(spec, "-nb"))["metadata"]["name"]
+    names.mapping["notebooks"] = policy
+    await published(kube, node.name, 1)
+    await memory_in_force(kube, policy, data_science, "20Gi")
+    await admits(kube, data_science, f"{policy}.gpuslice.dev")
+    claims = f"{RESOURCE}/namespaces/{data_science}/resourceclaims"
+    big = await apply_example(kube, data_science, "budget-claim", names)
+    await kube.create(f"/api/v1/namespaces/{data_science}/pods", pod_using("big", big["metadata"]["name"]))
+    await wait_for(lambda: allocation(kube, data_science, "big-notebook"), within=60, what="the 15Gi notebook")
+
+    def notebook(name: str, memory: str) -> dict[str, Any]:
+        body = yaml.safe_load(names(blocks("example")["budget-claim"]))
+        body["metadata"]["name"] = name
+        body["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = memory
+        return body
+
+    await kube.create(claims, notebook("second-notebook", "10Gi"))
+    await kube.create(f"/api/v1/namespaces/{data_science}/pods", pod_using("second", "second-notebook"))
+    said = await refused_at_allocation(kube, data_science, "second", "maxMemory")
+    assert said == names(blocks("denial")["over-max-memory"]).strip()
+    assert await refused(kube.create(claims, notebook("huge-notebook", "25Gi"))) == page_says(
+        "max-memory-too-large", names)

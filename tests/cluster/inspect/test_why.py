@@ -180,3 +180,23 @@ async def test_no_whole_gpu_free_shows_the_largest_free_one(
     small = (await gpuslice("why", f"{namespace}/small", "-o", "json")).json()
     assert [f["code"] for f in small["findings"] if f["blocking"]] == []
     assert small["findings"][0]["code"] == "Allocated"
+
+
+async def test_over_max_memory_says_what_the_namespace_holds_and_what_the_claim_asks(
+    kube: KubeClient, controller: ControllerProcess, memory_webhook: Any, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str, gpuslice: Cli,
+) -> None:
+    from tests.cluster.controller.test_max_memory import budget_policy, claim_with_pod, memory_claim
+
+    name, klass, _ = await budget_policy(kube, make_policy, gpu_node, namespace, {"mode": "shared", "sliceSize": "1Gi"})
+    for pod, gib in (("a", 20), ("b", 8), ("c", 4)):
+        await claim_with_pod(kube, namespace, pod, memory_claim(pod, klass, gib))
+    await warning(kube, namespace, "c", "FailedScheduling")
+    result = (await gpuslice("why", f"{namespace}/c", "-o", "json")).json()
+    said = findings(result)
+    assert result["findings"][0]["code"] == "OverMemory", result
+    assert (f"namespace {namespace} holds 28Gi of its 30Gi maxMemory in policy {name}; this claim asks 4Gi"
+            in said["OverMemory"])
+    assert "maxmemory.gpuslice.dev" in said["AdmissionDenied"]
+    status = await gpuslice("status")
+    assert "28Gi / 30Gi maxMemory" in status.stdout, status.stdout

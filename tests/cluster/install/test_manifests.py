@@ -47,8 +47,8 @@ async def refused_by_dry_run(kube: KubeClient, objects: list[dict[str, Any]]) ->
     return failures
 
 
-def pod_template(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    return next(d for d in objects if d["kind"] == kind)["spec"]["template"]
+def pod_template(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    return next(d for d in objects if d["kind"] == kind and name in (None, d["metadata"]["name"]))["spec"]["template"]
 
 
 def test_install_yaml_is_the_nvidia_overlay_as_rendered_now(kustomize: str) -> None:
@@ -62,7 +62,8 @@ async def test_every_object_passes_a_server_side_dry_run(kube: KubeClient, kusto
     objects = render(kustomize, kustomization)
     kinds = {d["kind"] for d in objects}
     assert {"Namespace", "CustomResourceDefinition", "Deployment", "DaemonSet", "ServiceAccount", "ClusterRole",
-            "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
+            "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+            "ValidatingWebhookConfiguration", "Service", "PodDisruptionBudget"} <= kinds
     # Namespaced objects are judged in their namespace, so that one is created for real first.
     for namespace in (d for d in objects if d["kind"] == "Namespace"):
         await kube.apply(path_of(namespace), namespace, field_manager="gpuslice-install-check")
@@ -83,7 +84,8 @@ async def test_the_controller_pod_meets_restricted_and_the_agent_pod_does_not(ku
                                {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec},
                                query={"dryRun": "All"})
 
-        await admit(pod_template(objects, "Deployment"), "controller")
+        await admit(pod_template(objects, "Deployment", "gpuslice-controller"), "controller")
+        await admit(pod_template(objects, "Deployment", "gpuslice-webhook"), "webhook")
         with pytest.raises(KubeError) as refused:
             await admit(pod_template(objects, "DaemonSet"), "agent")
         assert refused.value.status == 403, refused.value

@@ -381,3 +381,45 @@ async def _refused_for_configuration(kube: KubeClient, namespace: str) -> bool:
     except AssertionError:
         return False
     return "gpuslice-tenancy" in message and "failed to configure" in message
+
+
+async def test_other_drivers_claims_never_wait_on_the_memory_webhook(
+        skube: KubeClient, installed: ControllerProcess, other_driver: str) -> None:
+    """The maxMemory webhook fails closed for what it judges, so it must judge nothing else: with its
+    configuration pointing at a port where nobody answers (a webhook that is down), another driver's
+    claims are made and allocated in a namespace labelled as a maxMemory tenant, while the control (the
+    controller's probe, which reaches it) is refused for the failed call."""
+    from gpuslice.devcluster.ports import free_port
+    from gpuslice.planning.memory_rule import memory_webhook
+
+    namespace = await create_namespace(skube, "scoped-memory")
+    down = memory_webhook(url=f"https://127.0.0.1:{free_port()}/validate/maxmemory")
+    await skube.apply(f"{ADMISSION_API}/validatingwebhookconfigurations/gpuslice-memory", down,
+                      field_manager="gpuslice-tests")
+    await skube.apply(f"{POLICIES}/scoped-memory", {
+        "apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy", "metadata": {"name": "scoped-memory"},
+        "spec": {"slicing": {"mode": "memory", "sliceSize": "10G"}, "claimTemplateName": "gpu-slice-m",
+                 "tenants": [{"namespace": namespace, "maxMemory": "30Gi"}]}}, field_manager="gpuslice-tests")
+    try:
+        async def routed() -> bool:
+            labels = (await skube.get(f"/api/v1/namespaces/{namespace}"))["metadata"].get("labels") or {}
+            return labels.get("gpuslice.dev/memory-limit") == "judged"
+
+        await wait_for(routed, within=60, what=f"{namespace} to be labelled as a maxMemory tenant")
+        probe = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                 "metadata": {"generateName": "gpuslice-memory-probe-"},
+                 "spec": {"devices": {"requests": [{"name": "a", "exactly": {"deviceClassName": "probe.invalid"}}]}}}
+
+        async def reaches_it() -> bool:
+            message = await _message_of(skube.create(f"{RESOURCE}/namespaces/gpuslice-system/resourceclaims", probe,
+                                                     dryRun="All"))
+            return 'failed calling webhook "maxmemory.gpuslice.dev"' in message
+
+        await wait_for(reaches_it, within=30, what="the webhook configuration to be in force (and down)")
+        claim = await allocated_to_a_pod(skube, namespace, other_driver)
+        assert [r["driver"] for r in claim["status"]["allocation"]["devices"]["results"]] == [other_driver]
+    finally:
+        with contextlib.suppress(KubeError):
+            await skube.delete(f"{ADMISSION_API}/validatingwebhookconfigurations/gpuslice-memory")
+        with contextlib.suppress(KubeError):
+            await skube.delete(f"{POLICIES}/scoped-memory")

@@ -9,8 +9,8 @@ from typing import Any
 import pydantic
 import pytest
 
-from gpuslice.api.crd import crd, crd_yaml
-from gpuslice.api.policy import MAX_COUNT, MAX_MEMORY, GpuSlicePolicySpec
+from gpuslice.api.crd import CRDS, crd, crd_yaml
+from gpuslice.api.policy import MAX_COUNT, MAX_MEMORY, GpuSlicePolicySpec, Tenant
 from gpuslice.planning.kinds import INT64_MAX, DeviceKind, limit_bytes
 
 COMMITTED = Path(__file__).resolve().parents[3] / "crds" / "gpuslicepolicies.gpuslice.dev.yaml"
@@ -18,6 +18,26 @@ COMMITTED = Path(__file__).resolve().parents[3] / "crds" / "gpuslicepolicies.gpu
 
 def test_committed_crd_is_not_stale() -> None:
     assert COMMITTED.read_text() == crd_yaml(), "crds/ is stale: run `make crds` and commit the result"
+    for file, make in CRDS.items():
+        assert (COMMITTED.parent / file).read_text() == crd_yaml(make), f"crds/{file} is stale: run `make crds`"
+
+
+@pytest.mark.parametrize(("value", "ok"), [("30Gi", True), ("1Pi", True), ("512Mi", True), ("0", False),
+                                           ("-1Gi", False), ("2Pi", False), ("lots", False)])
+def test_max_memory_is_a_positive_quantity_with_a_maximum(value: str, ok: bool) -> None:
+    """The same rule as the CRD's (tests/cluster/api checks the API server's): every mode, with or
+    without the count limits."""
+    if ok:
+        tenant = Tenant.model_validate({"namespace": "team-a", "maxMemory": value, "maxSlices": 2})
+        assert tenant.memory_limited
+        assert tenant.count_limited
+        assert tenant.max_memory_bytes
+    else:
+        with pytest.raises(pydantic.ValidationError, match="maxMemory must be a positive quantity of at most 1Pi"):
+            Tenant.model_validate({"namespace": "team-a", "maxMemory": value})
+    rule = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["tenants"][
+        "items"]["properties"]["maxMemory"]["x-kubernetes-validations"][0]
+    assert "quantity('1Pi')" in rule["rule"]
 
 
 def test_every_field_is_documented() -> None:

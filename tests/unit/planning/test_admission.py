@@ -16,6 +16,7 @@ from gpuslice.planning.admission import (
     admission_yaml,
     static_manifests,
 )
+from gpuslice.planning.memory_rule import memory_webhook, memory_webhook_yaml
 from gpuslice.planning.tenancy_rule import judged_namespaces, other_namespaces
 
 MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
@@ -31,6 +32,27 @@ def _policies() -> dict[str, dict[str, Any]]:
 
 def test_committed_admission_manifest_is_not_stale() -> None:
     assert COMMITTED.read_text() == admission_yaml(), "manifests/admission.yaml is stale: run `make crds`"
+    assert (MANIFESTS / "memory-webhook.yaml").read_text() == memory_webhook_yaml(), (
+        "manifests/memory-webhook.yaml is stale: run `make crds`")
+
+
+def test_the_memory_webhook_judges_only_claims_of_max_memory_tenants_and_fails_closed() -> None:
+    """Only claims made and allocations written, of gpuslice's classes, in the namespaces labelled as
+    maxMemory tenants (and its probe in gpuslice-system, where no other claim reaches it): every other
+    claim in the cluster never waits on it."""
+    [hook] = memory_webhook()["webhooks"]
+    assert hook["namespaceSelector"] == {"matchLabels": {"gpuslice.dev/memory-limit": "judged"}}
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["sideEffects"] == "NoneOnDryRun"
+    assert [(r["operations"], r["resources"]) for r in hook["rules"]] == [
+        (["CREATE"], ["resourceclaims"]), (["UPDATE"], ["resourceclaims/status"])]
+    conditions = {c["name"]: c["expression"] for c in hook["matchConditions"]}
+    assert "endsWith('.gpuslice.dev')" in conditions["names-a-gpuslice-class-or-is-the-probe"]
+    assert "request.namespace != 'gpuslice-system'" in conditions["names-a-gpuslice-class-or-is-the-probe"]
+    assert hook["clientConfig"]["service"] == {"namespace": "gpuslice-system", "name": "gpuslice-webhook",
+                                                "path": "/validate/maxmemory", "port": 443}
+    assert memory_webhook(url="https://127.0.0.1:9443/x")["webhooks"][0]["clientConfig"] == {
+        "url": "https://127.0.0.1:9443/x"}
 
 
 def test_one_tenancy_policy_for_every_gpuslice_policy() -> None:
@@ -84,7 +106,9 @@ def test_the_tenancy_rule_and_the_non_tenants_rule_split_every_namespace_between
 
 
 def test_the_controller_namespace_is_judged_by_the_rules_with_parameters() -> None:
-    """Both probes (the controller's tenancy probe, the agents' drain probe) are made there."""
+    """The probes (the controller's tenancy and maxMemory webhook probes, the agents' drain probe)
+    are made there."""
     for file in ("controller-rbac.yaml", "agent-rbac.yaml"):
         namespace = next(d for d in yaml.safe_load_all((MANIFESTS / file).read_text()) if d and d["kind"] == "Namespace")
-        assert namespace["metadata"]["labels"] == {"gpuslice.dev/tenancy": "judged"}, file
+        assert namespace["metadata"]["labels"] == {"gpuslice.dev/tenancy": "judged",
+                                                   "gpuslice.dev/memory-limit": "judged"}, file

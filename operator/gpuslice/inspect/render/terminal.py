@@ -121,8 +121,10 @@ def _tenants(report: StatusReport) -> Table:
             kinds = ", ".join(f"{k.kind} {k.allocated}/{'-' if k.limit is None else k.limit}" for k in t.kinds
                               if k.allocated or k.limit)
             style = "red" if t.over else ""
-            table.add_row(t.namespace, policy.name, _used(t.allocated, t.limit),
-                          size_pair(t.allocated_bytes, t.limit_bytes), kinds, style=style)
+            memory = size_pair(t.allocated_bytes, t.limit_bytes)
+            if t.max_memory is not None and t.limit_bytes == t.max_memory:
+                memory += " maxMemory"
+            table.add_row(t.namespace, policy.name, _used(t.allocated, t.limit), memory, kinds, style=style)
     for total in report.tenants:
         if len(total.policies) > 1:
             table.add_row(total.namespace, "all", _used(total.allocated, total.limit),

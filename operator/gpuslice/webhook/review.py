@@ -1,0 +1,131 @@
+"""Judging one admission review: a claim or template made, an allocation written, the probe.
+
+- Made: a claim that alone asks for more of a policy's devices than the tenant's maxMemory is
+  refused at once (it could never be allocated); a template's claims are judged as they are made.
+- Allocated (``resourceclaims/status``): what the allocation holds of each policy's devices is
+  charged to the tenant's ledger of that policy before it is admitted; the allocation is refused
+  when it does not fit, saying what the namespace holds, its limit and what the claim asks.
+- The controller's probe (a dry-run claim of a name only it uses, in its own namespace): refused
+  with a fixed answer, which proves to the controller that the API server calls the webhook.
+
+A maxMemory tenant is limited by the smaller of its ledger's limit (the one in force) and its
+spec's maxMemory now: lowering a limit applies at once, raising it waits for the controller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuslice.api.ledger import GpuSliceLedger
+from gpuslice.dra.names import CONTROLLER_NAMESPACE, MEMORY_PROBE, MEMORY_PROBE_ANSWER
+from gpuslice.dra.quantity import format_bytes
+from gpuslice.planning.memory import (
+    UnknownDevice,
+    claim_policies,
+    held_by_policy,
+    least_asked,
+    over_limit_message,
+    too_large_message,
+)
+from gpuslice.webhook.ledger import Ledgers
+
+
+@dataclass(frozen=True)
+class Answer:
+    allowed: bool
+    message: str = ""
+    code: int = 403
+
+
+ALLOW = Answer(True)
+
+
+def _who(request: Mapping[str, Any], obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    name = meta.get("name") or meta.get("generateName") or ""
+    if request.get("operation") == "UPDATE":
+        return f"allocation of ResourceClaim {name}"
+    return f"ResourceClaim {name}"
+
+
+class Reviewer:
+    def __init__(self, ledgers: Ledgers) -> None:
+        self.ledgers = ledgers
+        self.state = ledgers.state
+
+    def _limit(self, policy: str, namespace: str) -> int | None:
+        view = self.state.policies.items.get(policy)
+        return view.max_memory.get(namespace) if view is not None else None
+
+    async def review(self, request: Mapping[str, Any]) -> Answer:
+        obj: Mapping[str, Any] = request.get("object") or {}
+        namespace = str(request.get("namespace") or "")
+        meta = obj.get("metadata") or {}
+        if namespace == CONTROLLER_NAMESPACE and meta.get("generateName") == MEMORY_PROBE:
+            return Answer(False, MEMORY_PROBE_ANSWER)
+        if request.get("operation") == "CREATE":
+            return await self._made(request, obj, namespace)
+        return await self._allocated(request, obj, namespace)
+
+    async def _made(self, request: Mapping[str, Any], obj: Mapping[str, Any], namespace: str) -> Answer:
+        spec = obj.get("spec") or {}
+        for policy in sorted(claim_policies(spec)):
+            view = self.state.policies.items.get(policy)
+            ledger = self.state.ledgers.items.get(f"{policy}.{namespace}")
+            limits = [b for b in (self._limit(policy, namespace),
+                                  ledger.spec.limit_bytes if ledger is not None else None) if b is not None]
+            if view is None or not limits:
+                continue
+            least = least_asked(spec, policy, view.classes)
+            if least > min(limits):
+                return Answer(False, too_large_message(_who(request, obj), namespace, policy, least, min(limits)))
+        return ALLOW
+
+    async def _allocated(self, request: Mapping[str, Any], obj: Mapping[str, Any], namespace: str) -> Answer:
+        who = _who(request, obj)
+        try:
+            held = held_by_policy(obj, self.state.device_memory)
+        except UnknownDevice as unknown:
+            await self.state.learn_pool(unknown.pool)  # published a moment ago: the watch is behind
+            try:
+                held = held_by_policy(obj, self.state.device_memory)
+            except UnknownDevice as still:
+                return Answer(False, f"{who}: device {still} is not published by any ResourceSlice of driver"
+                                     " gpu.gpuslice.dev, so its memory cannot be charged; the scheduler tries again")
+        meta = obj.get("metadata") or {}
+        claim, uid = str(meta.get("name", "")), str(meta.get("uid", ""))
+        for policy, bytes_ in sorted(held.items()):
+            answer = await self._charge(request, who, namespace, policy, claim, uid, bytes_)
+            if not answer.allowed:
+                return answer
+        return ALLOW
+
+    async def _charge(self, request: Mapping[str, Any], who: str, namespace: str, policy: str, claim: str, uid: str,
+                      bytes_: int) -> Answer:
+        spec_limit = self._limit(policy, namespace)
+
+        def limit(ledger: GpuSliceLedger) -> int:
+            return min(ledger.spec.limit_bytes, spec_limit) if spec_limit is not None else ledger.spec.limit_bytes
+
+        charged = await self.ledgers.charge(policy, namespace, claim, uid, bytes_, limit,
+                                            dry_run=bool(request.get("dryRun")))
+        if charged is None:
+            view = self.state.policies.items.get(policy)
+            if spec_limit is None and (view is None or view.recorded.get(namespace) is None):
+                return ALLOW  # not a maxMemory tenant of this policy: nothing to charge
+            return Answer(False, f"{who}: namespace {namespace} has a maxMemory in GpuSlicePolicy {policy}, but its"
+                                 " ledger is not there yet (gpuslice-system/gpusliceledgers); try again in a moment")
+        if not charged.ledger.in_force:
+            return Answer(False, f"{who}: the maxMemory of namespace {namespace} in GpuSlicePolicy {policy} is not in"
+                                 " force yet (its ledger has not counted what the namespace holds); try again in a"
+                                 " moment")
+        verdict = charged.verdict
+        if verdict.allowed:
+            return ALLOW
+        if verdict.held + bytes_ <= charged.limit:
+            return Answer(False, f"{who}: namespace {namespace} holds {len(charged.ledger.status.charges)}"
+                                 f" allocations of GpuSlicePolicy {policy}, the most one ledger counts; release some"
+                                 f" ({format_bytes(verdict.held)} held of its {format_bytes(charged.limit)} maxMemory)")
+        return Answer(False, over_limit_message(who, namespace, policy, verdict.held, charged.limit, bytes_))

@@ -1,0 +1,180 @@
+"""Run the maxMemory webhook: HTTPS for the API server, its caches, and the recalculation loop.
+
+Any number of copies may run (the install runs two): they share nothing but the ledgers, whose
+writes are optimistic-concurrency updates, so two copies judging at once are as safe as one. It
+needs no leader; while none answers, the API server refuses the allocations it would judge
+(failurePolicy Fail) and the scheduler tries them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime
+import os
+import signal
+import ssl
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from gpuslice.dra.names import CONTROLLER_NAMESPACE, MEMORY_WEBHOOK_PATH
+from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.observability.logging import configure_logging
+from gpuslice.observability.metrics import announce, serve_metrics
+from gpuslice.webhook.ledger import Ledgers
+from gpuslice.webhook.metrics import LEDGER_METRICS, REVIEW_SECONDS, REVIEWS
+from gpuslice.webhook.review import Answer, Reviewer
+from gpuslice.webhook.settings import WebhookSettings
+from gpuslice.webhook.state import State
+
+log = structlog.get_logger(__name__)
+
+
+class Tls:
+    """The serving certificate, read from its Secret and reloaded when it changes (new connections
+    get the new one; the listener stays)."""
+
+    def __init__(self, kube: KubeClient, secret: str) -> None:
+        self.kube, self.secret = kube, secret
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._dir = Path(tempfile.mkdtemp(prefix="gpuslice-webhook-"))
+        self._seen = b""
+
+    async def refresh(self) -> bool:
+        """Load the Secret if it changed; whether a certificate is loaded."""
+        try:
+            body = await self.kube.get(f"/api/v1/namespaces/{CONTROLLER_NAMESPACE}/secrets/{self.secret}")
+        except KubeError as error:
+            if not self._seen:
+                log.warning("no serving certificate yet; waiting for it", secret=self.secret, error=error.message)
+            return bool(self._seen)
+        data = body.get("data") or {}
+        cert, key = (base64.b64decode(data.get(k) or "") for k in ("tls.crt", "tls.key"))
+        if not cert or not key or cert + key == self._seen:
+            return bool(self._seen)
+        cert_file, key_file = self._dir / "tls.crt", self._dir / "tls.key"
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(key)
+        cert_file.write_bytes(cert)
+        self.context.load_cert_chain(cert_file, key_file)
+        self._seen = cert + key
+        log.info("serving certificate loaded", secret=self.secret)
+        return True
+
+    async def keep(self, stop: asyncio.Event, interval: float) -> None:
+        while not stop.is_set():
+            await self.refresh()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
+
+def _response(uid: str, answer: Answer) -> dict[str, Any]:
+    response: dict[str, Any] = {"uid": uid, "allowed": answer.allowed}
+    if not answer.allowed:
+        response["status"] = {"code": answer.code, "reason": "Forbidden", "message": answer.message}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+def application(reviewer: Reviewer) -> web.Application:
+    async def validate(request: web.Request) -> web.Response:
+        started = time.monotonic()
+        review = await request.json()
+        body = review.get("request") or {}
+        operation = "allocate" if body.get("operation") == "UPDATE" else "create"
+        try:
+            answer = await reviewer.review(body)
+        except (KubeError, TimeoutError) as error:
+            # The ledger could not be read or written: refuse (the scheduler tries again) rather than admit.
+            answer = Answer(False, f"the maxMemory webhook could not charge this allocation now ({error}); the"
+                                   " scheduler tries again", 500)
+        verdict = "allowed" if answer.allowed else "refused"
+        REVIEWS.labels(operation, verdict).inc()
+        REVIEW_SECONDS.labels(operation, verdict).observe(time.monotonic() - started)
+        if not answer.allowed:
+            log.info("refused", namespace=body.get("namespace"), name=(body.get("object") or {}).get(
+                "metadata", {}).get("name"), operation=operation, message=answer.message)
+        return web.json_response(_response(str(body.get("uid", "")), answer))
+
+    app = web.Application()
+    app.router.add_post(MEMORY_WEBHOOK_PATH, validate)
+    return app
+
+
+async def _reckon_loop(ledgers: Ledgers, state: State, stop: asyncio.Event, settings: WebhookSettings) -> None:
+    """Recalculate a namespace's ledgers when its claims or ledgers change, and every ledger every
+    ``resync`` seconds; a pass that fails is tried again on the next."""
+    grace = datetime.timedelta(seconds=settings.charge_grace)
+    last_full = 0.0
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(state.changed.wait(), timeout=min(settings.resync, settings.charge_grace / 2))
+        await asyncio.sleep(0.1)  # a burst of events is one pass
+        state.changed.clear()
+        full = time.monotonic() - last_full >= settings.resync
+        dirty, state.dirty = state.dirty, set()
+        if full:
+            last_full = time.monotonic()
+        for name, ledger in list(state.ledgers.items.items()):
+            if not (full or ledger.spec.namespace in dirty or not ledger.in_force):
+                continue
+            try:
+                await ledgers.reckon_ledger(name, grace)
+            except KubeError as error:
+                log.warning("ledger could not be recounted; trying again", ledger=name, error=str(error))
+                state.changed.set()
+                await asyncio.sleep(1.0)
+
+
+async def run_webhook(settings: WebhookSettings) -> None:
+    configure_logging(settings.log_level, settings.log_format)
+    announce("webhook")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    kube = await KubeClient.from_kubeconfig(settings.kubeconfig, request_timeout=settings.request_timeout)
+    state = State(kube)
+    LEDGER_METRICS.ledgers = lambda: list(state.ledgers.items.values())
+    ledgers = Ledgers(state)
+    tls = Tls(kube, settings.tls_secret)
+
+    def ready() -> tuple[bool, str]:
+        if not tls.context.get_ca_certs() and not tls._seen:
+            return False, f"no serving certificate yet (Secret {CONTROLLER_NAMESPACE}/{settings.tls_secret})"
+        return (True, "ok") if state.synced else (False, "caches not synced yet")
+
+    metrics = await serve_metrics(settings.metrics_port, ready=ready) if settings.metrics_port else None
+    tasks = [asyncio.create_task(state.run(stop)), asyncio.create_task(tls.keep(stop, settings.tls_interval))]
+    runner: web.AppRunner | None = None
+    try:
+        while not await tls.refresh():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 2.0)
+            if stop.is_set():
+                return
+        for mirror in (state.policies, state.ledgers, state.slices, state.claims):
+            await mirror.synced.wait()
+        runner = web.AppRunner(application(Reviewer(ledgers)), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, settings.address, settings.port, ssl_context=tls.context).start()
+        log.info("webhook started", address=settings.address, port=settings.port, path=MEMORY_WEBHOOK_PATH)
+        tasks.append(asyncio.create_task(_reckon_loop(ledgers, state, stop, settings)))
+        await stop.wait()
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if runner is not None:
+            await runner.cleanup()
+        if metrics is not None:
+            await metrics.cleanup()
+        await kube.close()

@@ -1,0 +1,28 @@
+"""Everything the maxMemory webhook can be told (flags and ``GPUSLICE_*`` environment variables)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from gpuslice.dra.names import MEMORY_WEBHOOK_TLS
+from gpuslice.settings import ProcessSettings
+
+
+class WebhookSettings(ProcessSettings):
+    port: int = Field(default=8443, ge=1, le=65535, description=(
+        "Serve the webhook (HTTPS, /validate/maxmemory) on this port; the Service gpuslice-webhook sends 443 here."))
+    address: str = Field(default="0.0.0.0", description=(
+        "Listen on this address (the dev cluster's 127.0.0.1, where its API server calls it by URL)."))
+    tls_secret: str = Field(default=MEMORY_WEBHOOK_TLS, description=(
+        "The Secret in gpuslice-system with tls.crt and tls.key to serve with, re-read every tls_interval"
+        " seconds (the controller, or cert-manager, rotates it)."))
+    tls_interval: float = Field(default=30.0, gt=0, description=(
+        "Seconds between reads of the TLS Secret: a rotated certificate is served within this long."))
+    charge_grace: float = Field(default=60.0, gt=0, description=(
+        "Seconds a charge stands for a claim that holds no allocation (its allocation write may still be"
+        " in flight) before it is released: how long an allocation write that failed after its charge"
+        " keeps that memory counted. A retried allocation of the same claim reuses its charge, and a"
+        " deleted claim's charge goes at once."))
+    resync: float = Field(default=30.0, gt=0, description=(
+        "Seconds between full passes over every ledger against the claims (a watch event starts one at"
+        " once): the recalculation that releases what was charged for writes that never happened."))

@@ -1,0 +1,213 @@
+"""What the webhook keeps in memory, from its own watches: policies, ledgers, devices, claims.
+
+It judges from these and writes only its ledgers. A cache may be behind the API server: a ledger
+read from it is written back with its resourceVersion, so a stale one is refused (409) and read
+again; a device it does not know is looked up (a quorum list of that pool); a charge is lowered
+or released only after its claim is read again from the API server (planning.memory.reckon).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import pydantic
+import structlog
+
+from gpuslice.api.ledger import LEDGERS, GpuSliceLedger
+from gpuslice.api.status import ClassInForce
+from gpuslice.dra.names import DRIVER
+from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.kube.client import KubeClient
+from gpuslice.kube.watch import watch
+from gpuslice.planning.memory import claim_policies
+
+log = structlog.get_logger(__name__)
+POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class PolicyView:
+    """What the webhook reads of a policy: each tenant's maxMemory as the spec says it now (a
+    lowering applies at once), the maxMemory its admission record holds, and the classes in force."""
+
+    name: str
+    max_memory: Mapping[str, int]  # namespace -> bytes, spec.tenants[].maxMemory
+    recorded: Mapping[str, str | None]  # namespace -> maxMemory in status.admittedTenants[].limits
+    classes: Mapping[str, ClassInForce]  # status.classesInForce by class name
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> PolicyView:
+        spec, status = body.get("spec") or {}, body.get("status") or {}
+        limits: dict[str, int] = {}
+        for tenant in spec.get("tenants") or []:
+            if tenant.get("maxMemory") is not None:
+                try:
+                    limits[str(tenant.get("namespace"))] = quantity_bytes(str(tenant["maxMemory"]))
+                except ValueError:
+                    limits[str(tenant.get("namespace"))] = 0  # the CRD refuses this; if not, nothing fits
+        recorded = {str(a.get("namespace")): (a.get("limits") or {}).get("maxMemory")
+                    for a in status.get("admittedTenants") or []}
+        classes: dict[str, ClassInForce] = {}
+        for entry in status.get("classesInForce") or []:
+            try:
+                found = ClassInForce.model_validate(entry)
+            except pydantic.ValidationError:
+                continue
+            classes[found.name] = found
+        return cls(str(body["metadata"]["name"]), limits, recorded, classes)
+
+
+class Mirror(Generic[K, V]):
+    """One watched collection, as a dict kept by a LIST+WATCH: a relist drops what it no longer
+    lists (a deletion missed while the watch was down)."""
+
+    def __init__(self, key: Callable[[dict[str, Any]], K | None], value: Callable[[dict[str, Any]], V | None],
+                 changed: Callable[[K, V | None], None] | None = None) -> None:
+        self.items: dict[K, V] = {}
+        self._key, self._value, self._changed = key, value, changed
+        self._listed: set[K] = set()
+        self.synced = asyncio.Event()
+
+    def handle(self, kind: str | None, obj: dict[str, Any]) -> None:
+        key = self._key(obj)
+        if key is None:
+            return
+        value = None if kind == "DELETED" else self._value(obj)
+        if kind is None:
+            self._listed.add(key)
+        if value is None:
+            self.items.pop(key, None)
+        else:
+            self.items[key] = value
+        if self._changed is not None:
+            self._changed(key, value)
+
+    def listed(self) -> None:
+        for key in set(self.items) - self._listed:
+            del self.items[key]
+            if self._changed is not None:
+                self._changed(key, None)
+        self._listed.clear()
+        self.synced.set()
+
+
+def _name(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def _slice_devices(obj: dict[str, Any]) -> dict[tuple[str, str], int]:
+    spec = obj.get("spec") or {}
+    pool = str((spec.get("pool") or {}).get("name", ""))
+    found = {}
+    for device in spec.get("devices") or []:
+        value = ((device.get("capacity") or {}).get("memory") or {}).get("value")
+        if value is None:
+            continue
+        try:
+            found[(pool, str(device.get("name", "")))] = quantity_bytes(str(value))
+        except ValueError:
+            continue
+    return found
+
+
+def _ledger(obj: dict[str, Any]) -> GpuSliceLedger | None:
+    try:
+        return GpuSliceLedger.from_body(obj)
+    except pydantic.ValidationError:
+        log.warning("a ledger does not parse; it is not judged by", ledger=_name(obj))
+        return None
+
+
+def _claim_key(obj: dict[str, Any]) -> tuple[str, str] | None:
+    meta = obj.get("metadata") or {}
+    if not claim_policies(obj.get("spec") or {}):
+        return None  # not a claim of gpuslice's classes: never charged, never kept
+    return str(meta.get("namespace", "")), str(meta.get("uid", ""))
+
+
+@dataclass
+class State:
+    """The webhook's caches, and an event set whenever something a ledger depends on changed."""
+
+    kube: KubeClient
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    dirty: set[str] = field(default_factory=set)  # namespaces whose ledgers to look at again
+
+    def __post_init__(self) -> None:
+        self._by_namespace: dict[str, set[tuple[str, str]]] = {}
+        self.policies: Mirror[str, PolicyView] = Mirror(_name, PolicyView.from_body, self._policy_changed)
+        self.ledgers: Mirror[str, GpuSliceLedger] = Mirror(_name, _ledger, self._ledger_changed)
+        self.slices: Mirror[str, dict[tuple[str, str], int]] = Mirror(_name, _slice_devices, self._slice_changed)
+        self._memory: dict[tuple[str, str], int] = {}  # (pool, device) -> bytes, from every slice seen
+        self._slice_keys: dict[str, set[tuple[str, str]]] = {}
+        self.claims: Mirror[tuple[str, str], dict[str, Any]] = Mirror(_claim_key, lambda o: o, self._claim_changed)
+
+    def _policy_changed(self, name: str, view: PolicyView | None) -> None:
+        self.changed.set()
+
+    def _ledger_changed(self, name: str, ledger: GpuSliceLedger | None) -> None:
+        if ledger is not None:
+            self.dirty.add(ledger.spec.namespace)
+            self.changed.set()
+
+    def _claim_changed(self, key: tuple[str, str], claim: dict[str, Any] | None) -> None:
+        keys = self._by_namespace.setdefault(key[0], set())
+        if claim is None:
+            keys.discard(key)
+        else:
+            keys.add(key)
+        self.dirty.add(key[0])
+        self.changed.set()
+
+    def _slice_changed(self, name: str, devices: dict[tuple[str, str], int] | None) -> None:
+        """Keep the flat index of device memory. A device's name fixes its size, so an entry another
+        slice (an older generation of the pool) still names can stay."""
+        for key in self._slice_keys.pop(name, set()) - set(devices or {}):
+            if not any(key in keys for keys in self._slice_keys.values()):
+                self._memory.pop(key, None)
+        if devices:
+            self._slice_keys[name] = set(devices)
+            self._memory.update(devices)
+
+    def device_memory(self, pool: str, device: str) -> int | None:
+        return self._memory.get((pool, device))
+
+    async def learn_pool(self, pool: str) -> None:
+        """Read ``pool``'s slices from the API server (a device the watch has not brought yet)."""
+        for item in await self.kube.list(SLICES, fieldSelector=f"spec.driver={DRIVER},spec.pool.name={pool}"):
+            self.slices.handle("MODIFIED", item)
+
+    def namespace_claims(self, namespace: str) -> list[dict[str, Any]]:
+        return [c for key in self._by_namespace.get(namespace, ()) if (c := self.claims.items.get(key)) is not None]
+
+    def keep_ledger(self, ledger: GpuSliceLedger) -> None:
+        """A ledger this process just wrote: newer than the watch may have brought yet."""
+        held = self.ledgers.items.get(ledger.name)
+        if held is None or int(held.resource_version or 0) < int(ledger.resource_version or 0):
+            self.ledgers.items[ledger.name] = ledger
+
+    async def run(self, stop: asyncio.Event) -> None:
+        def failed(what: str) -> Callable[[BaseException], None]:
+            return lambda error: log.warning("watch failed; listing again", what=what, error=str(error))
+
+        await asyncio.gather(
+            watch(self.kube, POLICIES, self.policies.handle, stop, on_listed=self.policies.listed,
+                  on_error=failed("policies")),
+            watch(self.kube, LEDGERS, self.ledgers.handle, stop, on_listed=self.ledgers.listed,
+                  on_error=failed("ledgers")),
+            watch(self.kube, SLICES, self.slices.handle, stop, query={"fieldSelector": f"spec.driver={DRIVER}"},
+                  on_listed=self.slices.listed, on_error=failed("slices")),
+            watch(self.kube, CLAIMS, self.claims.handle, stop, on_listed=self.claims.listed,
+                  on_error=failed("claims")),
+        )
+
+    @property
+    def synced(self) -> bool:
+        return all(m.synced.is_set() for m in (self.policies, self.ledgers, self.slices, self.claims))

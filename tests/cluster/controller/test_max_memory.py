@@ -1,0 +1,311 @@
+"""maxMemory: a tenant holds no more GPU memory than its limit, whatever it asks and however many
+allocations race. The real scheduler allocates, the real API server calls the maxMemory webhook
+(on loopback, by URL, as the dev cluster runs it) which charges each allocation in the tenant's
+ledger; the tenancy rule keeps the limit's record."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from gpuslice.kube.client import KubeClient, KubeError
+from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
+from tests.cluster.agent.test_publishing import published
+from tests.cluster.controller.test_allocation import allocation, pod_using
+from tests.cluster.controller.test_limits import claim, refused, request
+from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
+
+__all__ = ["agent_rbac", "gpu_node"]
+POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+LEDGERS = "/apis/gpuslice.dev/v1alpha1/namespaces/gpuslice-system/gpusliceledgers"
+GI = 2**30
+
+
+def on(node: str) -> dict[str, Any]:
+    return {"matchLabels": {"kubernetes.io/hostname": node}}
+
+
+async def memory_in_force(kube: KubeClient, policy: str, ns: str, max_memory: str) -> None:
+    """The tenant's record says its maxMemory is in force (its ledger counted it)."""
+    async def check() -> bool:
+        status = (await kube.get(f"{POLICIES}/{policy}")).get("status") or {}
+        return any(a["namespace"] == ns and (a.get("limits") or {}).get("maxMemory") == max_memory
+                   for a in status.get("admittedTenants") or [])
+
+    try:
+        await wait_for(check, within=60, what=f"the maxMemory of {ns} in {policy} to be in force")
+    except AssertionError as error:
+        status = (await kube.get(f"{POLICIES}/{policy}")).get("status") or {}
+        found = await kube.list(LEDGERS)
+        labels = (await kube.get(f"/api/v1/namespaces/{ns}"))["metadata"].get("labels")
+        raise AssertionError(f"{error}; admittedTenants {status.get('admittedTenants')}, conditions"
+                             f" {status.get('conditions')}, ledgers {found}, labels {labels}") from None
+
+
+async def admits(kube: KubeClient, ns: str, klass: str) -> None:
+    """The API server admits a claim of ``klass`` in ``ns`` (its admission sees the record a moment
+    after the controller wrote it)."""
+    async def dry_run() -> bool:
+        try:
+            await kube.create(f"{RESOURCE}/namespaces/{ns}/resourceclaims", claim("probe", request(klass)),
+                              dryRun="All")
+        except KubeError as error:
+            if error.status == 403 and "try again in a moment" in error.message:
+                return False
+            raise
+        return True
+
+    await wait_for(dry_run, within=30, what=f"claims of {klass} to be admitted in {ns}")
+
+
+async def budget_policy(kube: KubeClient, make_policy: PolicyFactory, gpu_node: GpuNodeFactory, namespace: str,
+                        slicing: dict[str, Any], *, max_memory: str = "30Gi", gpus: int = 1, devices: int = 1,
+                        **spec: Any) -> tuple[str, str, dict[str, dict[str, Any]]]:
+    """A policy on a fresh node of ``gpus`` H100s whose tenant ``namespace`` has ``max_memory``, in force
+    and admitted: (policy, its primary DeviceClass, the devices published)."""
+    node = await gpu_node("h100-80gb", gpus)
+    name = (await make_policy({"nodeSelector": on(node.name), "slicing": slicing,
+                               "tenants": [{"namespace": namespace, "maxMemory": max_memory}], **spec}))["metadata"]["name"]
+    found = await published(kube, node.name, devices)
+    await memory_in_force(kube, name, namespace, max_memory)
+    await admits(kube, namespace, f"{name}.gpuslice.dev")
+    return name, f"{name}.gpuslice.dev", found
+
+
+async def ledger(kube: KubeClient, policy: str, ns: str) -> dict[str, Any]:
+    return await kube.get(f"{LEDGERS}/{policy}.{ns}")
+
+
+async def claim_with_pod(kube: KubeClient, ns: str, name: str, body: dict[str, Any]) -> None:
+    await kube.create(f"{RESOURCE}/namespaces/{ns}/resourceclaims", body)
+    await kube.create(f"/api/v1/namespaces/{ns}/pods", pod_using(name, name))
+
+
+def memory_claim(name: str, klass: str, gib: int, **fields: Any) -> dict[str, Any]:
+    return claim(name, request(klass, capacity={"requests": {"memory": f"{gib}Gi"}}, **fields))
+
+
+async def refused_at_allocation(kube: KubeClient, ns: str, pod: str, text: str) -> str:
+    async def said() -> str | None:
+        for event in await kube.list(f"/api/v1/namespaces/{ns}/events"):
+            if event["involvedObject"]["name"] == pod and text in (event.get("message") or ""):
+                return str(event["message"])
+        return None
+
+    found: str = await wait_for(said, within=60, what=f"{ns}/{pod}'s Events to say {text!r}")
+    return found
+
+
+async def held_gib(kube: KubeClient, ns: str) -> float:
+    total = 0
+    for item in await kube.list(f"{RESOURCE}/namespaces/{ns}/resourceclaims"):
+        for result in ((item.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []):
+            total += int(_bytes((result.get("consumedCapacity") or {}).get("memory", "0")))
+    return total / GI
+
+
+def sample(text: str, metric: str, labels: str) -> float | None:
+    """One sample of Prometheus text, by name and labels as served (sorted)."""
+    for line in text.splitlines():
+        if line.startswith(f"{metric}{{{labels}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _bytes(text: str) -> int:
+    from gpuslice.dra.quantity import quantity_bytes
+
+    return quantity_bytes(text)
+
+
+async def test_a_tenant_with_max_memory_holds_no_more_and_is_told_why(
+    kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
+) -> None:
+    """Shared mode, maxMemory 30Gi: any capacity may be asked; 20Gi and 8Gi are allocated, a 4Gi more
+    is refused at allocation (the pod's Events say what it holds, its limit and what it asks), a
+    claim of 40Gi alone is refused when made, and releasing the 8Gi lets the 4Gi in within seconds."""
+    name, klass, _ = await budget_policy(kube, make_policy, gpu_node, namespace, {"mode": "shared", "sliceSize": "1Gi"})
+    message = await refused(kube, namespace, memory_claim("huge", klass, 40), "asks for at least 40Gi",
+                            "spec.tenants[].maxMemory: 30Gi", f"GpuSlicePolicy {name}")
+    assert "maxmemory.gpuslice.dev" in message
+    for pod, gib in (("big", 20), ("mid", 8)):
+        await claim_with_pod(kube, namespace, pod, memory_claim(pod, klass, gib))
+        await wait_for(lambda pod=pod: allocation(kube, namespace, pod), within=60, what=f"{pod} to be allocated")
+    await claim_with_pod(kube, namespace, "more", memory_claim("more", klass, 4))
+    said = await refused_at_allocation(kube, namespace, "more", "maxMemory")
+    assert f"namespace {namespace} holds 28Gi of its 30Gi maxMemory in GpuSlicePolicy {name}; this claim asks 4Gi" \
+        in said, said
+    assert await allocation(kube, namespace, "more") is None
+    assert (await ledger(kube, name, namespace))["status"]["heldBytes"] == 28 * GI
+    # What it holds against its limit, as metrics: the ledger's (the webhook), and the status' (the controller).
+    labels = f'namespace="{namespace}",policy="{name}"'
+    text = await memory_webhook.metrics()
+    assert sample(text, "gpuslice_webhook_ledger_charged_bytes", labels) == 28 * GI
+    assert sample(text, "gpuslice_webhook_ledger_limit_bytes", labels) == 30 * GI
+
+    async def controller_says() -> bool:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{controller.metrics_port}/metrics") as response:
+            served = await response.text()
+        return (sample(served, "gpuslice_tenant_allocated_bytes", labels) == 28 * GI
+                and sample(served, "gpuslice_tenant_limit_bytes", labels) == 30 * GI)
+
+    await wait_for(controller_says, within=30, what="the controller's tenant metrics to say 28Gi of 30Gi")
+    # Releasing a claim frees its memory for the next allocation within seconds.
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods/mid", gracePeriodSeconds=0)
+    await kube.delete(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/mid")
+    started = asyncio.get_running_loop().time()
+    await wait_for(lambda: allocation(kube, namespace, "more"), within=30, what="the 4Gi claim once 8Gi is released")
+    print(f"released and allocated again in {asyncio.get_running_loop().time() - started:.1f} s")
+    assert await held_gib(kube, namespace) == 24
+    with contextlib.suppress(KubeError):
+        await kube.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)
+
+
+def extended_pod(name: str, resource: str, count: int) -> dict[str, Any]:
+    from tests.cluster.kubeutil import PAUSE_IMAGE
+
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": PAUSE_IMAGE, "resources": {"limits": {resource: str(count)}}}]}}
+
+
+async def test_every_way_to_ask_for_more_is_refused_or_charged(
+    kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str, unique: str,
+) -> None:
+    """Memory mode, 10Gi slices and whole GPUs, maxMemory 30Gi and no count limit: several requests,
+    count, firstAvailable, allocationMode All, admin access and extended resources (explicit and
+    implicit) are each refused when made, refused at allocation, or charged what they hold."""
+    resource = f"example.com/slice-{unique}"
+    name, slices, _ = await budget_policy(kube, make_policy, gpu_node, namespace,
+                                          {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
+                                          gpus=2, devices=16, extendedResourceName=resource)
+    full = f"full.{name}.gpuslice.dev"
+    # Refused when made: what could never fit.
+    await refused(kube, namespace, claim("four", request(slices, count=4)), "asks for at least 40Gi")
+    await refused(kube, namespace, claim("whole", request(full)), "maxMemory: 30Gi")
+    await refused(kube, namespace, claim("admin", request(slices, adminAccess=True)), "adminAccess")
+    # allocationMode All: every slice of the class (140Gi), refused at allocation.
+    await claim_with_pod(kube, namespace, "all", claim("all", request(slices, allocationMode="All")))
+    said = await refused_at_allocation(kube, namespace, "all", "maxMemory")
+    assert f"holds 0 of its 30Gi maxMemory in GpuSlicePolicy {name}; this claim asks 140Gi" in said, said
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods/all", gracePeriodSeconds=0)
+    # Several requests: charged for each.
+    two = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "two"},
+           "spec": {"devices": {"requests": [{"name": "a", "exactly": request(slices)},
+                                             {"name": "b", "exactly": request(slices)}]}}}
+    await claim_with_pod(kube, namespace, "two", two)
+    await wait_for(lambda: allocation(kube, namespace, "two"), within=60, what="two slices in one claim")
+    # Refused at allocation: the whole GPU first (firstAvailable), every slice (allocationMode All).
+    await claim_with_pod(kube, namespace, "either", claim("either", first=[
+        {"name": "whole", **request(full)}, {"name": "slice", **request(slices)}]))
+    said = await refused_at_allocation(kube, namespace, "either", "maxMemory")
+    assert f"holds 20Gi of its 30Gi maxMemory in GpuSlicePolicy {name}; this claim asks 79.6Gi" in said, said
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods/either", gracePeriodSeconds=0)
+
+    # Extended resources: the scheduler's own claim for the pod is judged like any other.
+    await kube.create(f"/api/v1/namespaces/{namespace}/pods", extended_pod("explicit", resource, 2))
+    said = await refused_at_allocation(kube, namespace, "explicit", "maxmemory.gpuslice.dev")
+    assert "asks for at least 20Gi" in said or "this claim asks 20Gi" in said, said
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods/explicit", gracePeriodSeconds=0)
+    await kube.create(f"/api/v1/namespaces/{namespace}/pods", extended_pod(
+        "implicit", f"deviceclass.resource.kubernetes.io/{slices}", 1))
+
+    async def implicit_allocated() -> bool:
+        for item in await kube.list(f"{RESOURCE}/namespaces/{namespace}/resourceclaims"):
+            owners = [o["name"] for o in item["metadata"].get("ownerReferences") or []]
+            if "implicit" in owners and (item.get("status") or {}).get("allocation"):
+                return True
+        return False
+
+    await wait_for(implicit_allocated, within=60, what="the implicit extended resource's slice")
+    ledger_status = (await ledger(kube, name, namespace))["status"]
+    assert ledger_status["heldBytes"] == 30 * GI, ledger_status
+    assert len(ledger_status["charges"]) == 2
+    await claim_with_pod(kube, namespace, "one-more", claim("one-more", request(slices)))
+    said = await refused_at_allocation(kube, namespace, "one-more", "maxMemory")
+    assert "holds 30Gi of its 30Gi maxMemory" in said
+    with contextlib.suppress(KubeError):
+        await kube.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)
+
+
+async def test_capacity_on_another_key_takes_nothing(
+    kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
+) -> None:
+    """A tenant with maxMemory alone may ask any capacity of a shared device; a key the device does not
+    have matches no device, and the memory it holds is what the scheduler says it consumed."""
+    name, klass, _ = await budget_policy(kube, make_policy, gpu_node, namespace, {"mode": "shared", "sliceSize": "10G"})
+    await claim_with_pod(kube, namespace, "sly", claim("sly", request(klass, capacity={"requests": {
+        "gpu.gpuslice.dev/memory": "80G"}})))
+    await claim_with_pod(kube, namespace, "odd", memory_claim("odd", klass, 15))  # rounded up to 20G by the step
+    await wait_for(lambda: allocation(kube, namespace, "odd"), within=60, what="the 15Gi claim")
+    await asyncio.sleep(3)
+    assert await allocation(kube, namespace, "sly") is None
+    assert (await ledger(kube, name, namespace))["status"]["heldBytes"] == 20 * 10**9
+    with contextlib.suppress(KubeError):
+        await kube.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)
+
+
+async def test_a_tenant_removed_while_it_holds_memory_gets_it_counted_when_it_returns(
+    kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
+) -> None:
+    """Removed from spec.tenants, a tenant keeps what it holds (its pods run), allocates nothing more,
+    and its ledger goes; put back, its new ledger counts what it still holds from its claims before
+    its limit is in force again."""
+    name, klass, _ = await budget_policy(kube, make_policy, gpu_node, namespace, {"mode": "shared", "sliceSize": "1Gi"})
+    await claim_with_pod(kube, namespace, "kept", memory_claim("kept", klass, 20))
+    await wait_for(lambda: allocation(kube, namespace, "kept"), within=60, what="the 20Gi claim")
+    await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"tenants": []}})
+
+    async def ledger_gone() -> bool:
+        try:
+            await ledger(kube, name, namespace)
+        except KubeError as error:
+            return error.status == 404
+        return False
+
+    await wait_for(ledger_gone, within=30, what="the removed tenant's ledger to go")
+    await refused(kube, namespace, memory_claim("new", klass, 1), "is not a tenant")
+    assert await allocation(kube, namespace, "kept") is not None
+    await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"tenants": [{"namespace": namespace, "maxMemory": "30Gi"}]}})
+    await memory_in_force(kube, name, namespace, "30Gi")
+    assert (await ledger(kube, name, namespace))["status"]["heldBytes"] == 20 * GI
+    await admits(kube, namespace, klass)
+    await claim_with_pod(kube, namespace, "big", memory_claim("big", klass, 16))
+    said = await refused_at_allocation(kube, namespace, "big", "maxMemory")
+    assert "holds 20Gi of its 30Gi maxMemory" in said
+    await claim_with_pod(kube, namespace, "fits", memory_claim("fits", klass, 8))
+    await wait_for(lambda: allocation(kube, namespace, "fits"), within=60, what="the 8Gi claim")
+    with contextlib.suppress(KubeError):
+        await kube.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)
+
+
+async def test_a_raised_max_memory_waits_for_the_controller(
+    kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
+) -> None:
+    """Judged against what is in force: raised while the controller is stalled, the tenant's new claims
+    wait (the ledger still says 30Gi); once the controller is back, the new limit is in force."""
+    name, klass, _ = await budget_policy(kube, make_policy, gpu_node, namespace, {"mode": "shared", "sliceSize": "1Gi"})
+    controller.pause()
+    try:
+        await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"tenants": [
+            {"namespace": namespace, "maxMemory": "60Gi"}]}})
+        await asyncio.sleep(2)
+        await refused(kube, namespace, memory_claim("raised", klass, 40), "changed, and gpuslice has not yet put them")
+        assert (await ledger(kube, name, namespace))["spec"]["maxMemory"] == "30Gi"
+    finally:
+        controller.resume()
+    await memory_in_force(kube, name, namespace, "60Gi")
+    await admits(kube, namespace, klass)
+    await claim_with_pod(kube, namespace, "raised", memory_claim("raised", klass, 40))
+    await wait_for(lambda: allocation(kube, namespace, "raised"), within=60, what="40Gi under the raised limit")
+    with contextlib.suppress(KubeError):
+        await kube.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)
