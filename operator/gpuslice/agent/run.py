@@ -169,7 +169,7 @@ class _Agent:
         if self.publisher is not None and self.publisher.done():
             return False, "the publish loop has stopped"
         if any(task.done() for task in self.helpers):
-            return False, "the GPU health monitor or the stale-claims sweeper has stopped"
+            return False, "the GPU health monitor, the stale-claims sweeper or the MPS supervisor has stopped"
         return True, "ok"
 
     def ready(self) -> tuple[bool, str]:
@@ -248,6 +248,9 @@ class _Agent:
         # The kubelet plugin registers only once the node matches its checkpoints (NodePlugin.start).
         self.waiting_for = "the kubelet plugin is starting (recovering its checkpoints)"
         plugin = self.plugin = await NodePlugin.start(node, kube, backend, gpus, settings.plugin, health)
+        # Prepared MPS clients keep their daemon whatever the API server does.
+        self.helpers.append(asyncio.create_task(plugin.preparer.mps.run(
+            self.stop, plugin.preparer.mps_gpus, settings.mps_check_interval)))
         watches = AgentWatches(kube, node, self.wake, self.stop)
         try:
             verdict = await self.server_verdict(kube) if await self.containers_servable(kube, backend) else None

@@ -74,6 +74,20 @@ class AgentSettings(ProcessSettings):
     health_recovery: float = Field(default=_HEALTH.recovery, ge=0, description=(
         "Seconds an unhealthy GPU must go without a fault before its taint is lifted: a flapping GPU does"
         " not churn the slices."))
+    nvidia_driver_root: Path = Field(default=Path("/"), description=(
+        "NVML backend: where the host's NVIDIA driver files are, as the agent sees them (the GPU Operator's"
+        " driver container: /run/nvidia/driver); nvidia-cuda-mps-control is looked for on PATH, then in its"
+        " usr/bin, bin, usr/local/bin and usr/sbin."))
+    mps_dir: Path | None = Field(default=None, description=(
+        "Where each GPU's MPS control daemon keeps its pipe and log directories (policies with"
+        " slicing.isolation: MPS), mounted into its clients at the same path on the host; unset: mps/ in"
+        " state_dir."))
+    mps_shm_dir: Path = Field(default=_PLUGIN.mps_shm_dir, description=(
+        "Where each GPU's MPS shared-memory directory is made: /dev/shm of its daemon and of its client"
+        " containers. Keep it on a tmpfs (the host's /dev/shm)."))
+    mps_check_interval: float = Field(default=2.0, gt=0, description=(
+        "Seconds between checks that every GPU with MPS devices prepared has its control daemon running"
+        " (a dead one is started again)."))
 
     @field_validator("node")
     @classmethod
@@ -90,12 +104,14 @@ class AgentSettings(ProcessSettings):
             raise ValueError("--fake-gpus is for --backend fake")
         if self.nvidia_cdi_dir and self.backend != "nvml":
             raise ValueError("--nvidia-cdi-dir is for --backend nvml")
+        if self.nvidia_driver_root != Path("/") and self.backend != "nvml":
+            raise ValueError("--nvidia-driver-root is for --backend nvml")
         return self
 
     @property
     def plugin(self) -> PluginSettings:
         return PluginSettings(self.kubelet_registrar_dir, self.kubelet_plugins_dir, self.cdi_dir, self.state_dir,
-                              self.boot_id_file)
+                              self.boot_id_file, self.mps_dir, self.mps_shm_dir)
 
     @property
     def health(self) -> HealthSettings:

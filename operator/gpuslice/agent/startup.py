@@ -109,7 +109,9 @@ def choose_backend(settings: AgentSettings, fake_gpus: str | None = None) -> Gpu
     if settings.backend == "nvml":
         from gpuslice.agent.gpus.nvml import NvmlBackend
 
-        return NvmlBackend(cdi_dirs=settings.nvidia_cdi_dir) if settings.nvidia_cdi_dir else NvmlBackend()
+        if settings.nvidia_cdi_dir:
+            return NvmlBackend(cdi_dirs=settings.nvidia_cdi_dir, driver_root=settings.nvidia_driver_root)
+        return NvmlBackend(driver_root=settings.nvidia_driver_root)
     from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 
     spec = fake_gpus or settings.fake_gpus

@@ -22,7 +22,14 @@ from gpuslice.devcluster import features as features_module
 from gpuslice.devcluster import operator
 from gpuslice.devcluster.errors import DevClusterError
 from gpuslice.devcluster.faults import FaultControls
-from gpuslice.devcluster.nodes import FAKE_GPU_MODELS, fake_gpu_node, node_layout, node_name, pod_runner_component
+from gpuslice.devcluster.nodes import (
+    FAKE_GPU_MODELS,
+    fake_gpu_node,
+    node_layout,
+    node_name,
+    pod_runner_component,
+    stop_mps_daemons,
+)
 from gpuslice.devcluster.pki import CertificateAuthority, kubeconfig, service_account_key
 from gpuslice.devcluster.ports import ensure_port_free, free_port
 from gpuslice.devcluster.process import Component, http_health
@@ -337,6 +344,8 @@ class DevCluster(FaultControls):
         for component in reversed(self.components):
             await component.stop()
         self.components.clear()
+        for node in self.node_names:
+            stop_mps_daemons(self.node_dir(node))
         if self.proxy is not None:
             await self.proxy.stop()
             self.proxy = None

@@ -35,7 +35,7 @@ spec holding common edits a prepare fails and says so.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuslice.dra.cdi import CDI_VERSION, ContainerEdits, DeviceNode, newer_version
 
@@ -44,6 +44,7 @@ CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "
 CAPS_DEVICE_DIR = "/dev/nvidia-caps"
 MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # CUDA's default MPS pipe directory; the toolkit's IPC mount
 GENERATE = ("`nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml` on the node (NVIDIA Container Toolkit"
             " 1.18+ runs it at boot as the nvidia-cdi-refresh service), or with the GPU Operator keep"
             " cdi.enabled=true (its toolkit writes /var/run/cdi/management.nvidia.com-gpu.yaml)")
@@ -154,12 +155,19 @@ class Toolkit:
 def common_edits(toolkit: Toolkit, host: HostFacts) -> tuple[ContainerEdits, str]:
     """The claim spec's common edits and the CDI version they need: the toolkit's, plus the control
     nodes it has not (a management spec keeps them in its ``all`` device), plus
-    ``NVIDIA_VISIBLE_DEVICES=void`` where it does not set it."""
+    ``NVIDIA_VISIBLE_DEVICES=void`` where it does not set it; less the host's MPS pipe directory.
+
+    The toolkit mounts ``/tmp/nvidia-mps`` into every container when it existed as the spec was
+    generated (``internal/discover/ipc.go``, ``NewIPCDiscoverer``): copied into a claim, it would make
+    the container a client of whatever MPS daemon the host runs there. gpuslice decides MPS per
+    policy: its MPS clients get their own GPU's daemon (``planning.mps``), other containers none."""
     spec = toolkit.common()
     have = {n.path for n in spec.common.device_nodes}
     control = tuple(DeviceNode(p) for p in CONTROL_NODES if p in host.existing and p not in have)
     env = {} if VISIBLE_DEVICES in spec.common.env else {VISIBLE_DEVICES: "void"}
-    return spec.common + ContainerEdits(env=env, device_nodes=control), newer_version(CDI_VERSION, spec.version)
+    common = replace(spec.common, mounts=tuple(m for m in spec.common.mounts
+                                               if m.get("containerPath") != MPS_PIPE_DIRECTORY))
+    return common + ContainerEdits(env=env, device_nodes=control), newer_version(CDI_VERSION, spec.version)
 
 
 def gpu_node(minor: int) -> str:

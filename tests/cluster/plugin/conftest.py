@@ -15,12 +15,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.devcluster import binaries, operator
 from gpuslice.devcluster.cluster import DevCluster, free_port
-from gpuslice.devcluster.nodes import fake_gpu_node, node_layout, pod_runner_component
+from gpuslice.devcluster.nodes import fake_gpu_node, node_layout, pod_runner_component, stop_mps_daemons
 from gpuslice.devcluster.pki import CertificateAuthority
 from gpuslice.devcluster.process import Component
 from gpuslice.kube.client import KubeClient, KubeError
@@ -105,6 +107,38 @@ class PluginNode:
     async def registered(self) -> bool:
         return "registered with the kubelet" in self.agent_log
 
+    def mps_daemons(self) -> dict[str, int]:
+        """The running MPS control daemons (stand-ins) of this node, pid by GPU UUID, from the agent's
+        records, checked against the processes that are alive."""
+        found = {}
+        for record in (self.root / "agent" / "mps").glob("*/daemon.json"):
+            body = json.loads(record.read_text())
+            if process_alive(int(body["pid"])):
+                found[str(body["gpu"])] = int(body["pid"])
+        return found
+
+    async def metric(self, name: str, labels: dict[str, str]) -> float | None:
+        """One sample the agent serves now (None: no such series)."""
+        async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{self.metrics_port}/metrics") as response:
+            text = await response.text()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    return float(sample.value)
+        return None
+
+    def kill_mps_daemons(self) -> None:
+        stop_mps_daemons(self.root)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
 
 PluginNodeFactory = Callable[..., Awaitable[PluginNode]]
 
@@ -144,6 +178,7 @@ async def plugin_node(
     yield create
     for node in made:
         await node.agent.stop()
+        node.kill_mps_daemons()  # they outlive an agent on purpose (its pods keep running)
         await node.runner.stop()
         with contextlib.suppress(KubeError):
             await kube.delete(f"/api/v1/nodes/{node.name}")

@@ -10,6 +10,7 @@ nodes). Every call may block (NVML is synchronous): callers run them in a thread
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from gpuslice.dra.cdi import CDI_VERSION, ContainerEdits
@@ -94,4 +95,10 @@ class GpuBackend(Protocol):
     def container_problems(self) -> list[str]:
         """What keeps a container from being given this node's devices at all (checked at start,
         so that the first prepare is not where it shows); empty when nothing does."""
+        ...
+
+    def mps_commands(self, shm: Path) -> tuple[list[str], list[str]]:
+        """How to run an MPS control daemon in the foreground whose ``/dev/shm`` is ``shm``, and its
+        control client (stdin: commands such as ``quit``); both read ``CUDA_MPS_PIPE_DIRECTORY``.
+        GpuBackendError when this node has no MPS."""
         ...

@@ -13,6 +13,7 @@ placements are refused) and outlive the agent in its state directory, where
 from __future__ import annotations
 
 import hashlib
+import sys
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -161,6 +162,12 @@ class FakeBackend:
 
     def container_problems(self) -> list[str]:
         return []
+
+    def mps_commands(self, shm: Path) -> tuple[list[str], list[str]]:
+        """gpuslice's stand-in for nvidia-cuda-mps-control (``agent.mps.standin``): a fake GPU runs no
+        CUDA, so shared memory is not needed."""
+        standin = [sys.executable, "-m", "gpuslice.agent.mps.standin"]
+        return [*standin, "-f"], standin
 
     def _gpu_state(self, state: FakeState, gpu: Gpu) -> FakeGpu:
         return state.gpus.setdefault(gpu.index, FakeGpu(mig_enabled=gpu.mig_enabled))

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +47,8 @@ ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing"
 BRANDS = {0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan", 7: "NvidiaVApps",
           8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming", 12: "QuadroRTX",
           13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX"}
+MPS_CONTROL = "nvidia-cuda-mps-control"
+MPS_SEARCH = ("usr/bin", "bin", "usr/local/bin", "usr/sbin")
 MAX_PLACEMENTS = 16
 MAX_INSTANCES = 8
 # Application errors, not the GPU's (the NVIDIA DRA driver ignores the same): graphics engine
@@ -64,13 +68,15 @@ class NvmlBackend:
     name = "nvml"
 
     def __init__(self, nvml: ModuleType | None = None, cdi_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS,
-                 dev: Path = Path("/dev"), proc: Path = Path("/proc"), sysfs: Path = Path("/sys")) -> None:
+                 dev: Path = Path("/dev"), proc: Path = Path("/proc"), sysfs: Path = Path("/sys"),
+                 driver_root: Path = Path("/")) -> None:
         if nvml is None:
             import pynvml
 
             nvml = pynvml
         self.nvml: Any = nvml  # pynvml is untyped; the stand-in in tests is a plain module
         self.cdi_dirs, self.dev, self.proc, self.sysfs = cdi_dirs, dev, proc, sysfs
+        self.driver_root = driver_root
         self._profile_ids: dict[tuple[str, str], int] = {}  # (GPU UUID, profile) -> NVML profile enum
         self._events: dict[str, Fault] = {}
         self._events_lock = threading.Lock()
@@ -385,3 +391,29 @@ class NvmlBackend:
         except NvidiaCdiError as error:
             return [str(error)]
         return []
+
+    # MPS
+
+    def mps_control(self) -> Path | None:
+        """``nvidia-cuda-mps-control``: on PATH (the NVIDIA Container Toolkit mounts the driver's
+        binaries, this one among them, into the agent's container: ``pkg/nvcdi/driver-nvml.go``,
+        ``newDriverBinariesDiscoverer``), else in the driver root's bin directories."""
+        found = shutil.which(MPS_CONTROL)
+        if found is not None:
+            return Path(found)
+        for directory in MPS_SEARCH:
+            candidate = self.driver_root / directory / MPS_CONTROL
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return candidate
+        return None
+
+    def mps_commands(self, shm: Path) -> tuple[list[str], list[str]]:
+        control = self.mps_control()
+        if control is None:
+            places = ", ".join(str(self.driver_root / d) for d in MPS_SEARCH)
+            raise GpuBackendError(
+                f"{MPS_CONTROL} is not on PATH nor in {places}: the NVIDIA driver's MPS binaries are missing from"
+                " the agent's container. Run the agent with the nvidia runtime class (the nvidia overlay), or set"
+                " --nvidia-driver-root to where the host's driver is mounted.")
+        launch = [sys.executable, "-m", "gpuslice.agent.mps.launch", str(shm)]
+        return [*launch, str(control), "-f"], [str(control)]

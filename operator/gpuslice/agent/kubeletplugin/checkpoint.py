@@ -60,6 +60,7 @@ class PreparedDevice(pydantic.BaseModel):
     consumed_memory: int | None = None
     admin_access: bool = False
     mig: MigRecord | None = None
+    mps: bool = False  # a client of its GPU's MPS control daemon (isolation MPS): the daemon runs while it is here
 
 
 class ClaimCheckpointV1(pydantic.BaseModel):
