@@ -41,7 +41,7 @@ from gpuslice.dra.nvidia_cdi import (
 from gpuslice.inventory.catalog import MI
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model, product_key
-from gpuslice.planning.node_pool import plan_node_pool
+from gpuslice.planning.node_pool import MPS_MIN_COMPUTE_CAPABILITY, plan_node_pool
 
 # The NVML functions the check may call: queries only (the backend's discovery and its listing of
 # MIG instances). docs/nvidia.md lists them.
@@ -231,12 +231,30 @@ def _cdi(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
             report.problem(f"GPU {gpu.index} MIG devices: {error}")
 
 
+def _mps(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
+    """Whether this node can run MPS for policies with ``slicing.isolation: MPS``: the control binary
+    found (never run: the check starts nothing), and which GPUs are Volta or newer."""
+    report.line("== MPS (slicing.isolation: MPS): found, not started")
+    control = backend.mps_control()
+    if control is None:
+        report.line(f"nvidia-cuda-mps-control: not on PATH nor under {backend.driver_root} (usr/bin, bin, usr/local/bin,"
+                    " usr/sbin): policies with isolation MPS cannot prepare here; the nvidia runtime class mounts it,"
+                    " or set --nvidia-driver-root")
+    else:
+        report.line(f"nvidia-cuda-mps-control: {control}")
+    for gpu in gpus:
+        volta = int(gpu.compute_capability.split(".")[0] or 0) >= MPS_MIN_COMPUTE_CAPABILITY
+        report.line(f"GPU {gpu.index}: compute capability {gpu.compute_capability}:"
+                    f" {'per-client memory and thread limits (Volta MPS)' if volta else 'older than Volta: no MPS devices'}")
+
+
 def run_check(nvml: ModuleType, cdi_dirs: Iterable[Path] | None, out: Callable[[str], None] = print,
-              **host: Path) -> int:
+              driver_root: Path = Path("/"), **host: Path) -> int:
     """Print the check; 0 when nothing is wrong, 1 otherwise. ``host``: other roots for /dev, /proc
     and /sys (tests)."""
     guarded = ReadOnlyNvml(nvml)
-    backend = NvmlBackend(cast(ModuleType, guarded), cdi_dirs=tuple(cdi_dirs or DEFAULT_SPEC_DIRS), **host)
+    backend = NvmlBackend(cast(ModuleType, guarded), cdi_dirs=tuple(cdi_dirs or DEFAULT_SPEC_DIRS),
+                          driver_root=driver_root, **host)
     report = Report(out)
     report.line(f"gpuslice {__version__} read-only GPU check (nvidia-ml-py"
                 f" {getattr(nvml, '__version__', None) or _version('nvidia-ml-py')}); nothing is written")
@@ -249,7 +267,7 @@ def run_check(nvml: ModuleType, cdi_dirs: Iterable[Path] | None, out: Callable[[
         return 1
     for part in (_inventory, _attributes):
         part(report, gpus)
-    for io_part in (_mig, _cdi):
+    for io_part in (_mig, _cdi, _mps):
         io_part(report, backend, gpus)
     report.line(f"== NVML calls made: {', '.join(sorted(set(guarded.calls)))}")
     report.line(f"== {len(report.problems)} problems" + "".join(f"\n- {p}" for p in report.problems))

@@ -51,8 +51,28 @@ def test_an_h200_node_is_described_and_nothing_is_written(tmp_path: Path) -> Non
     assert "a dynamic MIG instance" in text
     assert "nvidia-cap" in text
     assert "common edits each claim's spec copies" in text
+    assert "== MPS (slicing.isolation: MPS): found, not started" in text
+    assert "nvidia-cuda-mps-control: not on PATH nor under /" in text, "this machine has no NVIDIA driver"
+    assert "GPU 0: compute capability 9.0: per-client memory and thread limits (Volta MPS)" in text
     assert text.rstrip().endswith("== 0 problems"), text[-2000:]
     assert code == 0
+
+
+def test_the_mps_binary_is_found_in_the_driver_root_and_never_run(tmp_path: Path) -> None:
+    lib = FakeLibNvml([("h100-80gb", False)])
+    driver = tmp_path / "driver"
+    (driver / "usr/bin").mkdir(parents=True)
+    binary = driver / "usr/bin/nvidia-cuda-mps-control"
+    ran = tmp_path / "ran"
+    binary.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    binary.chmod(0o755)
+    (tmp_path / "cdi").mkdir()
+    (tmp_path / "cdi" / "nvidia.yaml").write_text(cdi_fixtures.nvml_mode(lib.gpus[0].uuid, "MIG-none"))
+    lines: list[str] = []
+    with installed(lib):
+        run_check(pynvml, [tmp_path / "cdi"], lines.append, driver, **cdi_fixtures.host(tmp_path))
+    assert f"nvidia-cuda-mps-control: {binary}" in lines
+    assert not ran.exists(), "found, not started"
 
 
 def test_what_differs_from_the_catalog_and_a_missing_spec_are_problems(tmp_path: Path) -> None:
