@@ -54,6 +54,7 @@ def test_an_h200_node_is_described_and_nothing_is_written(tmp_path: Path) -> Non
     assert "== MPS (slicing.isolation: MPS): found, not started" in text
     assert "nvidia-cuda-mps-control: not on PATH nor under /" in text, "this machine has no NVIDIA driver"
     assert "GPU 0: compute capability 9.0: per-client memory and thread limits (Volta MPS)" in text
+    assert "GPU 0: 0 processes" in text
     assert text.rstrip().endswith("== 0 problems"), text[-2000:]
     assert code == 0
 

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from gpuslice.agent.gpus import Access, Fault, GpuBackendError, MigInstance
+from gpuslice.agent.gpus import Access, Fault, GpuBackendError, GpuProcess, MigInstance
 from gpuslice.agent.gpus.fake_state import FakeGpu, FakeMigInstance, FakeState, FakeStateFile, Operation
 from gpuslice.inventory.catalog import MODELS, MigProfile
 from gpuslice.inventory.gpus import Gpu
@@ -162,6 +162,10 @@ class FakeBackend:
 
     def container_problems(self) -> list[str]:
         return []
+
+    def processes(self, gpu: Gpu) -> list[GpuProcess]:
+        """The processes ``gpuslice fake-gpu use`` put on the GPU."""
+        return [GpuProcess(p.pid, gpu.uuid, p.memory, p.sm) for p in self.state.read().processes if p.gpu == gpu.index]
 
     def mps_commands(self, shm: Path) -> tuple[list[str], list[str]]:
         """gpuslice's stand-in for nvidia-cuda-mps-control (``agent.mps.standin``): a fake GPU runs no

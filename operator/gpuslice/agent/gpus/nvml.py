@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from gpuslice.agent.gpus import Access, Fault, GpuBackendError, MigInstance
+from gpuslice.agent.gpus import Access, Fault, GpuBackendError, GpuProcess, MigInstance
 from gpuslice.agent.gpus.nvidia_cdi import DEFAULT_SPEC_DIRS, host_facts, load_toolkit
 from gpuslice.dra.nvidia_cdi import (
     GpuRef,
@@ -77,6 +77,7 @@ class NvmlBackend:
         self.nvml: Any = nvml  # pynvml is untyped; the stand-in in tests is a plain module
         self.cdi_dirs, self.dev, self.proc, self.sysfs = cdi_dirs, dev, proc, sysfs
         self.driver_root = driver_root
+        self._utilization_seen: dict[str, int] = {}  # GPU UUID -> NVML's timestamp of the last sample read
         self._profile_ids: dict[tuple[str, str], int] = {}  # (GPU UUID, profile) -> NVML profile enum
         self._events: dict[str, Fault] = {}
         self._events_lock = threading.Lock()
@@ -391,6 +392,53 @@ class NvmlBackend:
         except NvidiaCdiError as error:
             return [str(error)]
         return []
+
+    # What runs on a GPU
+
+    def processes(self, gpu: Gpu) -> list[GpuProcess]:
+        """NVML's compute processes of the GPU and of its MIG devices, MPS clients included (NVML
+        lists them apart: ``nvmlDeviceGetMPSComputeRunningProcesses``), with each one's device
+        memory; and the SM share of each from the process utilisation samples since the last call
+        (``nvmlDeviceGetProcessUtilization``; not every GPU or MIG device keeps them)."""
+        with self._session(f"reading the processes of GPU {gpu.index}") as nvml:
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            handles = [handle, *self._mig_handles(handle)] if gpu.mig_enabled else [handle]
+            used: dict[int, int] = {}
+            for device in handles:
+                seen: dict[int, int] = {}
+                for list_processes in (nvml.nvmlDeviceGetComputeRunningProcesses,
+                                       nvml.nvmlDeviceGetMPSComputeRunningProcesses):
+                    try:
+                        for process in list_processes(device):
+                            memory = int(process.usedGpuMemory or 0)
+                            seen[int(process.pid)] = max(seen.get(int(process.pid), 0), memory)
+                    except (nvml.NVMLError_NotSupported, nvml.NVMLError_NotFound):
+                        continue
+                for pid, memory in seen.items():  # a client listed twice on one device counts once
+                    used[pid] = used.get(pid, 0) + memory
+            busy = self._sm_shares(handle, gpu.uuid)
+        return [GpuProcess(pid, gpu.uuid, memory, busy.get(pid)) for pid, memory in sorted(used.items())]
+
+    def _mig_handles(self, handle: Any) -> list[Any]:
+        nvml, found = self.nvml, []
+        for index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                found.append(nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index))
+            except nvml.NVMLError_NotFound:
+                continue
+        return found
+
+    def _sm_shares(self, handle: Any, uuid: str) -> dict[int, float]:
+        nvml = self.nvml
+        try:
+            samples = nvml.nvmlDeviceGetProcessUtilization(handle, self._utilization_seen.get(uuid, 0))
+        except nvml.NVMLError:  # no sample since the last call, or not kept on this GPU
+            return {}
+        shares: dict[int, float] = {}
+        for sample in samples:
+            shares[int(sample.pid)] = max(shares.get(int(sample.pid), 0.0), min(int(sample.smUtil), 100) / 100)
+            self._utilization_seen[uuid] = max(self._utilization_seen.get(uuid, 0), int(sample.timeStamp))
+        return shares
 
     # MPS
 
