@@ -85,6 +85,21 @@ class AgentSettings(ProcessSettings):
     mps_shm_dir: Path = Field(default=_PLUGIN.mps_shm_dir, description=(
         "Where each GPU's MPS shared-memory directory is made: /dev/shm of its daemon and of its client"
         " containers. Keep it on a tmpfs (the host's /dev/shm)."))
+    pod_resources_socket: Path = Field(default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"), description=(
+        "The kubelet's PodResources API: which container of which pod holds which gpuslice device, for each"
+        " pod's GPU use."))
+    host_proc: Path = Field(default=Path("/proc"), description=(
+        "The node's /proc (the host's PID namespace, as NVML numbers GPU processes): each process's cgroup names"
+        " its pod. The DaemonSet mounts the host's /proc at /host/proc."))
+    usage_interval: float = Field(default=10.0, ge=0, description=(
+        "Seconds between measurements of each pod's GPU use (NVML's processes against the pods' allocations:"
+        " metrics and overuse); 0 turns them off."))
+    overuse_tolerance: float = Field(default=5.0, ge=0, description=(
+        "Percent of its allocation a pod may use beyond it on a GPU before it counts as overusing (CUDA's own"
+        " context memory, allocator rounding)."))
+    overuse_grace: float = Field(default=30.0, ge=0, description=(
+        "Seconds a pod must stay over its allocation (beyond the tolerance) before it is reported, and evicted"
+        " where its policy says onOveruse: Evict."))
     mps_check_interval: float = Field(default=2.0, gt=0, description=(
         "Seconds between checks that every GPU with MPS devices prepared has its control daemon running"
         " (a dead one is started again)."))

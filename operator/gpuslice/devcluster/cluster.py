@@ -54,6 +54,8 @@ CONTROLLERS = (
     # Tenants' workloads: the tenant guide's Deployments (docs/tenants.md) run here as they would anywhere.
     "deployment-controller",
     "replicaset-controller",
+    # PodDisruptionBudgets' status, which the Eviction API reads (an overusing pod's eviction, agent/usage).
+    "disruption-controller",
 )
 NODE_CONTROLLERS = ("node-lifecycle-controller", "taint-eviction-controller")
 # A short grace, so a stopped runner shows as NotReady in seconds, not minutes.

@@ -49,7 +49,7 @@ async def test_started_once_then_stopped_by_quit(daemons: MpsDaemons) -> None:
     assert pid is not None
     assert alive(pid)
     assert (dirs.pipe / "control").exists()
-    assert (dirs.pipe / "nvidia-cuda-mps-control.pid").exists()
+    await until(lambda: (dirs.pipe / "nvidia-cuda-mps-control.pid").exists())
     assert dirs.pipe.parent.name == "gpu-2d3e5f1a", "short directories: the pipe's sockets fit a unix path"
     assert f"CUDA_VISIBLE_DEVICES={GPU}" in (dirs.log / "control.log").read_text()
     await daemons.ensure(GPU)

@@ -160,7 +160,8 @@ class Preparer:
                     request=str(result.get("request", "")), pool=self.node, device=device.name, mode=device.mode,
                     gpu_uuid=device.gpu_uuid, share_id=result.get("shareID"), consumed_memory=consumed_memory(result),
                     admin_access=admin, mig=prep_of(device.mode).plan(device, admin, device.gpu_uuid in static),
-                    mps=device.isolation == "MPS" and not admin,
+                    mps=device.isolation == "MPS" and not admin, policy=device.policy,
+                    allocated=None if admin else (consumed_memory(result) or device.memory),
                 ))
             mps_gpus = sorted({d.gpu_uuid for d in devices if d.mps})
             if len(mps_gpus) > 1:

@@ -1,0 +1,169 @@
+"""Each pod's real GPU use on fake nodes: the pod runner serves the kubelet's PodResources API from the
+kubelet's own server code, the fake backend lists the processes `gpuslice fake-gpu use` puts on a GPU, and
+each process's cgroup (written where the agent's --host-proc reads, as a container's would read on a node)
+names its pod. The agent measures every pod against its allocation, exports it, sums it per tenant, and a
+pod over its slice raises an Event, a metric and a condition on its claim, and is evicted where its policy
+says so (a PodDisruptionBudget holds it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuslice.agent.usage.podresources import PodResources
+from gpuslice.kube.client import KubeClient, KubeError
+from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
+from tests.cluster.kubeutil import pod_claim, wait_for
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, event_with, gone, pod_phase, running
+
+GI = 1024**3
+FAST = ["--usage-interval=1", "--overuse-grace=2"]
+
+
+async def pod_uid(kube: KubeClient, namespace: str, pod: str) -> str:
+    return str((await kube.get(f"/api/v1/namespaces/{namespace}/pods/{pod}"))["metadata"]["uid"])
+
+
+def in_pod(node: PluginNode, pid: int, uid: str | None) -> None:
+    """Make ``pid`` a process of the pod with ``uid`` as the agent sees it (None: a host process): its
+    cgroup, in the systemd driver's form, where the agent's --host-proc reads it."""
+    proc = node.root / "proc" / str(pid)
+    proc.mkdir(parents=True, exist_ok=True)
+    path = ("/system.slice/containerd.service" if uid is None else
+            f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid.replace('-', '_')}.slice"
+            f"/cri-containerd-{pid:064x}.scope")
+    (proc / "cgroup").write_text(f"0::{path}\n")
+
+
+async def use(node: PluginNode, kube: KubeClient, namespace: str, pod: str, pid: int, memory: str,
+              sm: float = 0) -> None:
+    in_pod(node, pid, await pod_uid(kube, namespace, pod))
+    node.fake_gpu("use", "0", "--pid", str(pid), "--memory", memory, "--sm", str(sm))
+
+
+async def metric_is(node: PluginNode, name: str, labels: dict[str, str], value: float | None,
+                    within: float = 30) -> None:
+    async def check() -> bool:
+        return await node.metric(name, labels) == value
+
+    await wait_for(check, within=within, what=f"{name}{labels} to be {value}")
+
+
+async def claim_condition(kube: KubeClient, namespace: str, pod: str) -> dict[str, Any] | None:
+    claim = await pod_claim(kube, namespace, pod)
+    for device in ((claim or {}).get("status") or {}).get("devices") or []:
+        for condition in device.get("conditions") or []:
+            if condition["type"] == "GpuMemoryOveruse":
+                return dict(condition)
+    return None
+
+
+async def test_the_pod_runner_serves_the_kubelets_pod_resources(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
+    namespace: str,
+) -> None:
+    node = await plugin_node("h100-80gb", 1)
+    await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "20G"})
+    await published(kube, node.name, 4)
+    await create_pods(kube, namespace, "gpu-slice", ["p"])
+    await running(kube, namespace, ["p"])
+    claim = await pod_claim(kube, namespace, "p")
+    assert claim is not None
+    client = PodResources(node.root / "pod-resources" / "kubelet.sock")
+    try:
+        [held] = await client.list(node.name)
+        assert (held.pod.namespace, held.pod.name) == (namespace, "p")
+        assert held.container == "work"
+        assert (held.claim_namespace, held.claim_name) == (namespace, claim["metadata"]["name"])
+        assert held.device == claim["status"]["allocation"]["devices"]["results"][0]["device"]
+        assert await client.list("another-node") == [], "only this node's pool"
+    finally:
+        await client.close()
+
+
+async def test_use_against_allocation_per_pod_and_tenant_and_overuse_reported(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
+    namespace: str,
+) -> None:
+    node = await plugin_node("h100-80gb", 1, FAST)
+    policy = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
+    await published(kube, node.name, 8)
+    await create_pods(kube, namespace, "gpu-slice", ["busy", "idle", "over"])
+    await running(kube, namespace, ["busy", "idle", "over"])
+    pods = {p: {"namespace": namespace, "pod": p, "policy": policy, "container": "work"} for p in ("busy", "idle", "over")}
+
+    await use(node, kube, namespace, "busy", 4101, "6Gi", sm=40)
+    await use(node, kube, namespace, "over", 4102, "12Gi", sm=90)
+    in_pod(node, 4103, None)
+    node.fake_gpu("use", "0", "--pid", "4103", "--memory", "1Gi")  # a host process on the GPU
+    await metric_is(node, "gpuslice_pod_gpu_memory_used_bytes", pods["busy"], 6 * GI)
+    assert await node.metric("gpuslice_pod_gpu_memory_allocated_bytes", pods["busy"]) == 10**10
+    assert await node.metric("gpuslice_pod_gpu_utilization_ratio", pods["busy"]) == 0.4
+    assert await node.metric("gpuslice_pod_gpu_memory_used_bytes", pods["idle"]) == 0, "an idle slice is measured"
+    await metric_is(node, "gpuslice_tenant_used_bytes", {"node": node.name, "policy": policy, "namespace": namespace},
+                    18 * GI)
+    assert await node.metric("gpuslice_gpu_unattributed_memory_used_bytes", {"node": node.name}) == GI
+
+    # 12Gi of a 10G slice is past the 5% tolerance: after the grace, an Event, a metric, a condition.
+    event = await event_with(kube, namespace, "over", "uses 12Gi of GPU memory")
+    assert event["reason"] == "GpuMemoryOveruse"
+    assert f"policy {policy}" in event["message"]
+    await metric_is(node, "gpuslice_pod_gpu_overuse", pods["over"], 1)
+    assert await node.metric("gpuslice_pod_gpu_overuse", pods["busy"]) is None
+    assert await node.metric("gpuslice_overuse_actions_total", {"namespace": namespace, "action": "reported"}) == 1
+    condition = await wait_for(lambda: claim_condition(kube, namespace, "over"), what="the claim's condition")
+    assert (condition["status"], condition["reason"]) == ("True", "OverAllocation")
+    assert await pod_phase(kube, namespace, "over") == "Running", "onOveruse: Report reports only"
+
+    # Back within: the end is said, the condition turns False, the series goes.
+    node.fake_gpu("use", "0", "--pid", "4102", "--memory", "9Gi")
+    await event_with(kube, namespace, "over", "is back within its 10G")
+    await metric_is(node, "gpuslice_pod_gpu_overuse", pods["over"], None)
+    condition = await claim_condition(kube, namespace, "over")
+    assert condition is not None
+    assert (condition["status"], condition["reason"]) == ("False", "WithinAllocation")
+
+    # A pod that is gone has no series left.
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods/idle")
+    await gone(kube, namespace, ["idle"])
+    await metric_is(node, "gpuslice_pod_gpu_memory_allocated_bytes", pods["idle"], None)
+
+
+async def test_evict_evicts_the_overusing_pod_once_its_budget_allows(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
+    namespace: str,
+) -> None:
+    node = await plugin_node("h100-80gb", 1, FAST)
+    body = await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
+                              "slicing": {"mode": "shared", "sliceSize": "10Gi", "isolation": "MPS"},
+                              "tenants": [{"namespace": namespace}], "onOveruse": "Evict"})
+    policy = body["metadata"]["name"]
+    await published(kube, node.name, 1)
+    await create_pods(kube, namespace, "gpu-slice", ["greedy", "neighbour"])
+    await running(kube, namespace, ["greedy", "neighbour"])
+    await kube.merge_patch(f"/api/v1/namespaces/{namespace}/pods/greedy", {"metadata": {"labels": {"app": "greedy"}}})
+    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "keep"},
+           "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "greedy"}}}}
+    await kube.create(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", pdb)
+    await wait_for(lambda: pdb_counted(kube, namespace), what="the PodDisruptionBudget to count the pod")
+
+    # A client that cleared its MPS limit and took 30Gi of its 10Gi share: the budget holds it first.
+    await use(node, kube, namespace, "greedy", 5101, "30Gi")
+    event = await event_with(kube, namespace, "greedy", "the eviction was refused")
+    assert event["reason"] == "GpuMemoryOveruseEvictionBlocked"
+    assert await pod_phase(kube, namespace, "greedy") == "Running"
+    labels = {"namespace": namespace, "policy": policy}
+    assert await node.metric("gpuslice_overuse_actions_total", {**labels, "action": "eviction_blocked"}) == 1
+
+    await kube.delete(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/keep")
+    await gone(kube, namespace, ["greedy"], within=60)  # evicted at a later pass, then unprepared
+    await metric_is(node, "gpuslice_overuse_actions_total", {**labels, "action": "evicted"}, 1)
+    assert await pod_phase(kube, namespace, "neighbour") == "Running", "only the overusing pod goes"
+
+
+async def pdb_counted(kube: KubeClient, namespace: str) -> bool:
+    try:
+        body = await kube.get(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/keep")
+    except KubeError:
+        return False
+    return int((body.get("status") or {}).get("currentHealthy") or 0) >= 1
