@@ -12,6 +12,7 @@ from typing import Any
 from gpuslice.agent.usage.podresources import PodResources
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
+from tests.cluster.inspect.conftest import Cli, gpuslice, viewer_kubeconfig  # noqa: F401 (fixtures)
 from tests.cluster.kubeutil import pod_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, event_with, gone, pod_phase, running
@@ -83,7 +84,7 @@ async def test_the_pod_runner_serves_the_kubelets_pod_resources(
 
 async def test_use_against_allocation_per_pod_and_tenant_and_overuse_reported(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
-    namespace: str,
+    namespace: str, gpuslice: Cli,  # noqa: F811
 ) -> None:
     node = await plugin_node("h100-80gb", 1, FAST)
     policy = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
@@ -114,6 +115,20 @@ async def test_use_against_allocation_per_pod_and_tenant_and_overuse_reported(
     condition = await wait_for(lambda: claim_condition(kube, namespace, "over"), what="the claim's condition")
     assert (condition["status"], condition["reason"]) == ("True", "OverAllocation")
     assert await pod_phase(kube, namespace, "over") == "Running", "onOveruse: Report reports only"
+
+    # The occupancy map shows the over-full slice; `why` for a neighbour on the GPU names who overused.
+    status = (await gpuslice("status", "-o", "json")).json()
+    holders = [s["holder"] for n in status["map"]["nodes"] if n["name"] == node.name for g in n["gpus"]
+               for s in g["segments"] if s["holder"]]
+    [over] = [h for h in holders if h["overuse"]]
+    assert over["pods"] == ["over"]
+    assert f"pod {namespace}/over" in over["overuse"]
+    why = (await gpuslice("why", f"{namespace}/busy", "-o", "json")).json()
+    [neighbour] = [f for f in why["findings"] if f["code"] == "NeighbourOverusing"]
+    assert f"pod {namespace}/over" in neighbour["message"]
+    assert "uses 12Gi of GPU memory" in neighbour["message"]
+    text = " ".join((await gpuslice("status")).stdout.split())  # as wide as the terminal is: lines wrap
+    assert f"over their allocation: {namespace}/over" in text
 
     # Back within: the end is said, the condition turns False, the series goes.
     node.fake_gpu("use", "0", "--pid", "4102", "--memory", "9Gi")
