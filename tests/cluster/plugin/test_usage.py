@@ -9,13 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
+
 from gpuslice.agent.usage.podresources import PodResources
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
 from tests.cluster.inspect.conftest import Cli, gpuslice, viewer_kubeconfig  # noqa: F401 (fixtures)
 from tests.cluster.kubeutil import pod_claim, wait_for
+from tests.cluster.observability.test_metrics import served
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, event_with, gone, pod_phase, running
+from tests.unit.test_monitoring import expressions, selectors
 
 GI = 1024**3
 FAST = ["--usage-interval=1", "--overuse-grace=2"]
@@ -142,6 +146,40 @@ async def test_use_against_allocation_per_pod_and_tenant_and_overuse_reported(
     await kube.delete(f"/api/v1/namespaces/{namespace}/pods/idle")
     await gone(kube, namespace, ["idle"])
     await metric_is(node, "gpuslice_pod_gpu_memory_allocated_bytes", pods["idle"], None)
+
+
+async def test_every_usage_metric_the_dashboard_and_alerts_use_is_served_with_its_labels(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
+    namespace: str,
+) -> None:
+    node = await plugin_node("h100-80gb", 1, FAST)
+    await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "20G", "isolation": "MPS"})
+    await published(kube, node.name, 4)
+    await create_pods(kube, namespace, "gpu-slice", ["m"])
+    await running(kube, namespace, ["m"])
+    await use(node, kube, namespace, "m", 6101, "30Gi", sm=20)
+    await event_with(kube, namespace, "m", "uses 30Gi of GPU memory")
+    await metric_is(node, "gpuslice_pod_gpu_overuse", {"pod": "m"}, 1)
+    async with aiohttp.ClientSession() as session, session.get(
+            f"http://127.0.0.1:{node.metrics_port}/metrics") as response:
+        found = served(await response.text())
+    usage = ("gpuslice_pod_", "gpuslice_tenant_used", "gpuslice_gpu_unattributed", "gpuslice_overuse_",
+             "gpuslice_agent_usage_", "gpuslice_agent_mps_")
+    checked, problems = set(), []
+    for where, promql in expressions():
+        for metric, labels in selectors(promql):
+            if not metric.startswith(usage):
+                continue
+            checked.add(metric)
+            if metric not in found:
+                problems.append(f"{where}: {metric} is not served")
+            elif found[metric] and not all(any(label in s for s in found[metric]) for label in labels):
+                problems.append(f"{where}: {metric} has no label {sorted(labels)}")
+    assert problems == []
+    assert {"gpuslice_pod_gpu_overuse", "gpuslice_pod_gpu_utilization_ratio", "gpuslice_tenant_used_bytes",
+            "gpuslice_agent_mps_daemons", "gpuslice_overuse_actions_total"} <= checked
+    assert all(found[m] for m in ("gpuslice_pod_gpu_overuse", "gpuslice_tenant_used_bytes", "gpuslice_agent_mps_daemons",
+                                  "gpuslice_pod_gpu_memory_allocated_bytes")), "served with samples, labels checked"
 
 
 async def test_evict_evicts_the_overusing_pod_once_its_budget_allows(
