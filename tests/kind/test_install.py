@@ -2,7 +2,8 @@
 
 The tests run in this order on one cluster: the demo's pods and what they received, the kubelet's
 registration of the plugin, tenancy and limits as a hostile tenant tries them, the devices'
-accounting under an attempt to overbook a GPU, an upgrade under running pods, and the uninstall.
+accounting under an attempt to overbook a GPU, MPS and each pod's GPU use with overuse caught, an
+upgrade under running pods, and the uninstall.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.dra.quantity import parse_quantity
 from tests.kind.conftest import REPO, Kind
@@ -312,6 +314,121 @@ def test_an_attempt_to_overbook_a_shared_gpu_leaves_the_extra_pod_pending(deploy
         deployed.kubectl("-n", "data-science", "delete", "pods,resourceclaims", *names, "--wait=true")
 
 
+def agent_on(kind: Kind, node: str) -> str:
+    [agent] = [p["metadata"]["name"] for p in kind.items("pods", "-n", "gpuslice-system", "-l",
+                                                          "app.kubernetes.io/component=agent")
+               if p["spec"].get("nodeName") == node]
+    return agent  # type: ignore[no-any-return]
+
+
+def agent_metrics(kind: Kind, node: str) -> list[tuple[str, dict[str, str], float]]:
+    text = kind.kubectl("get", "--raw", f"/api/v1/namespaces/gpuslice-system/pods/{agent_on(kind, node)}:8080/proxy/metrics")
+    return [(s.name, dict(s.labels), s.value) for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+def metric(kind: Kind, where: str, name: str, **labels: str) -> float | None:
+    """A sample of the agent on node ``where``."""
+    return next((v for n, ls, v in agent_metrics(kind, where) if n == name
+                 and all(ls.get(k) == x for k, x in labels.items())), None)
+
+
+def host_pid(kind: Kind, namespace: str, pod: str) -> tuple[str, int]:
+    """The node of the pod and the pid of its container's process in the node's PID namespace (as NVML
+    would number it), found by the container ID its cgroup names."""
+    body = kind.json("-n", namespace, "get", "pod", pod)
+    node = body["spec"]["nodeName"]
+    container = body["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    found = kind.node_exec(node, "sh", "-c", f"grep -l {container} /proc/[0-9]*/cgroup | head -1").strip()
+    return node, int(found.split("/")[2])
+
+
+def gpu_index(kind: Kind, namespace: str, pod: str) -> int:
+    [result] = results(claim_of(kind, namespace, pod))
+    for slice_ in kind.items("resourceslices", "--field-selector", f"spec.nodeName={result['pool']}"):
+        for device in slice_["spec"].get("devices") or []:
+            if device["name"] == result["device"]:
+                return int(device["attributes"]["gpuslice.dev/index"]["int"])
+    raise AssertionError(f"{result['device']} is not published")
+
+
+def fake_use(kind: Kind, namespace: str, pod: str, memory: str) -> None:
+    """A process of the pod's container uses ``memory`` of its GPU, as NVML would say (the fake backend's)."""
+    node, pid = host_pid(kind, namespace, pod)
+    kind.kubectl("-n", "gpuslice-system", "exec", agent_on(kind, node), "--", "gpuslice", "fake-gpu", "--state-dir",
+                 f"/var/lib/kubelet/plugins/{DRIVER}", "use", str(gpu_index(kind, namespace, pod)), "--pid", str(pid),
+                 "--memory", memory)
+
+
+def tenant_pods(kind: Kind, namespace: str, template: str, names: list[str]) -> None:
+    pod = next(yaml.safe_load_all((REPO / "examples/tenants/pods.yaml").read_text()))
+    documents = []
+    for name in names:
+        body = json.loads(json.dumps(pod))
+        body["metadata"].update(name=name, namespace=namespace, labels={"gpuslice-test": "use"})
+        body["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = template
+        documents.append(body)
+    kind.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(documents))
+    for name in names:
+        kind.kubectl("-n", namespace, "wait", f"pod/{name}", "--for=condition=Ready", "--timeout=300s")
+
+
+def test_an_mps_notebook_reaches_its_gpus_daemon_through_containerd(deployed: Kind, demo: str) -> None:
+    """examples/policies/shared-notebooks.yaml has isolation: MPS: the notebook's container is an MPS client
+    of its GPU's control daemon (the fake backend's stand-in, run by the agent), with its share as its limit."""
+    needs_running_tenants(demo)
+    env = dict(line.split("=", 1) for line in deployed.kubectl("-n", "data-science", "exec", "notebook", "--",
+                                                               "env").splitlines() if "=" in line)
+    [result] = results(claim_of(deployed, "data-science", "notebook"))
+    share = parse_quantity(result["consumedCapacity"]["memory"])
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={int(share) // 2**20}M"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+    assert int(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]) >= 1
+    assert "control" in deployed.kubectl("-n", "data-science", "exec", "notebook", "--", "ls", "/tmp/nvidia-mps")
+    node = deployed.json("-n", "data-science", "get", "pod", "notebook")["spec"]["nodeName"]
+    records = deployed.node_exec(node, "sh", "-c", f"cat /var/lib/kubelet/plugins/{DRIVER}/mps/*/daemon.json")
+    pid = json.loads(records.splitlines()[0])["pid"]
+    agent = agent_on(deployed, node)
+    assert "gpuslice.agent.mps.standin" in deployed.kubectl(
+        "-n", "gpuslice-system", "exec", agent, "--", "cat", f"/proc/{pid}/cmdline")
+    assert metric(deployed, node, "gpuslice_agent_mps_daemons", node=node) == 1
+
+
+def test_overuse_is_reported_summed_per_tenant_and_evicted_where_asked(deployed: Kind, demo: str) -> None:
+    """The real kubelet's PodResources API and the pods' real cgroups: a process of a tenant pod over its
+    slice raises an Event and a metric; Evict evicts; the tenant's use is the sum of its pods'."""
+    needs_running_tenants(demo)
+    tenant_pods(deployed, "team-a", "gpu-slice", ["use-a", "use-b"])
+    tenant_pods(deployed, "data-science", "notebook-gpu", ["greedy"])
+    try:
+        fake_use(deployed, "team-a", "use-a", "12Gi")  # a 10G slice: over
+        fake_use(deployed, "team-a", "use-b", "3Gi")
+        node = deployed.json("-n", "team-a", "get", "pod", "use-a")["spec"]["nodeName"]
+
+        def reported() -> bool:
+            events = deployed.items("events", "-n", "team-a", "--field-selector",
+                                    "involvedObject.name=use-a,reason=GpuMemoryOveruse")
+            return bool(events) and metric(deployed, node, "gpuslice_pod_gpu_overuse", pod="use-a") == 1
+
+        deployed.wait_until("the overuse of use-a to be reported (Event and metric)", reported, within=180)
+        assert deployed.json("-n", "team-a", "get", "pod", "use-a")["status"]["phase"] == "Running", "Report only"
+        others = sum(v for n, ls, v in agent_metrics(deployed, node) if n == "gpuslice_pod_gpu_memory_used_bytes"
+                     and ls["namespace"] == "team-a" and ls["pod"] not in ("use-a", "use-b"))
+        assert metric(deployed, node, "gpuslice_tenant_used_bytes", namespace="team-a",
+                      policy="inference") == 15 * 2**30 + others, "the tenant's use is its pods' sum"
+
+        deployed.kubectl("patch", "gsp", "notebooks", "--type=merge", "-p", '{"spec": {"onOveruse": "Evict"}}')
+        fake_use(deployed, "data-science", "greedy", "9Gi")  # a 5Gi share: over
+
+        def evicted() -> bool:
+            return not deployed.items("pods", "-n", "data-science", "--field-selector", "metadata.name=greedy")
+
+        deployed.wait_until("the greedy notebook to be evicted", evicted, within=180)
+        assert deployed.json("-n", "data-science", "get", "pod", "notebook")["status"]["phase"] == "Running"
+    finally:
+        deployed.kubectl("patch", "gsp", "notebooks", "--type=merge", "-p", '{"spec": {"onOveruse": "Report"}}')
+        deployed.kubectl("delete", "pods", "-A", "-l", "gpuslice-test=use", "--wait=true", "--ignore-not-found")
+
+
 def test_an_upgrade_keeps_running_pods_on_their_devices(deployed: Kind, demo: str, tmp_path: Path) -> None:
     needs_running_tenants(demo)
     before = {pod: (deployed.json("-n", pod.split("/")[0], "get", "pod", pod.split("/")[1])["metadata"]["uid"],
@@ -356,6 +473,11 @@ def test_an_upgrade_keeps_running_pods_on_their_devices(deployed: Kind, demo: st
     deployed.kubectl("-n", "team-b", "wait", "pod/after-upgrade", "--for=condition=Ready", "--timeout=300s")
     assert environment(deployed, "team-b", "after-upgrade").get("GPUSLICE_POLICY") == "inference"
     assert over_allocation(deployed) == []
+    # The notebook's MPS daemon went with its agent's container; the upgraded agent started it again
+    # before it registered, and the notebook still reaches it.
+    node = deployed.json("-n", "data-science", "get", "pod", "notebook")["spec"]["nodeName"]
+    assert metric(deployed, node, "gpuslice_agent_mps_daemons", node=node) == 1
+    assert "control" in deployed.kubectl("-n", "data-science", "exec", "notebook", "--", "ls", "/tmp/nvidia-mps")
 
 
 def leftovers(kind: Kind) -> list[str]:
@@ -406,3 +528,6 @@ def test_uninstall_leaves_nothing_behind(deployed: Kind, demo: str) -> None:
         fake = json.loads(deployed.node_exec(node, "cat", f"{state}/fake-gpus.json"))
         instances = {index: gpu["instances"] for index, gpu in fake["gpus"].items() if gpu["instances"]}
         assert instances == {}, f"{node}: MIG instances left: {instances}"
+        # The last MPS client gone, its daemon was stopped and its pipe and shared memory removed.
+        assert deployed.node_exec(node, "sh", "-c", "ls /dev/shm/gpuslice-mps 2>/dev/null | wc -l").strip() == "0"
+        assert deployed.node_exec(node, "sh", "-c", f"ls {state}/mps/*/pipe 2>/dev/null | wc -l").strip() == "0"

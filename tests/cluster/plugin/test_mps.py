@@ -16,7 +16,7 @@ from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.devices import gpu_tag
 from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
-from tests.cluster.kubeutil import pod_claim
+from tests.cluster.kubeutil import pod_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.plugin.conftest import (
     PluginNode,
@@ -215,3 +215,43 @@ async def test_a_claim_with_mps_devices_on_two_gpus_is_refused_with_the_fix(
     assert node.mps_daemons() == {}
     assert node.checkpoints() == [], "refused before anything was made"
     assert node.cdi_specs() == []
+
+
+async def test_turning_isolation_off_under_a_running_pod_holds_its_device_and_daemon(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
+    namespace: str,
+) -> None:
+    """A GPU with MPS devices allocated is never reconfigured under them: the claim's device stays as it
+    was published (MPS), held with the pending-change taint, and its daemon runs until it is released."""
+    node = await plugin_node("h100-80gb", 1)
+    policy = await tenant_policy(make_policy, namespace, node.name,
+                                 {"mode": "memory", "sliceSize": "20G", "isolation": "MPS"})
+    await published(kube, node.name, 4)
+    await create_pods(kube, namespace, "gpu-slice", ["kept"])
+    await running(kube, namespace, ["kept"])
+    held = (await result_of(kube, namespace, "kept"))["device"]
+    [(gpu, pid)] = node.mps_daemons().items()
+
+    await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{policy}",
+                           {"spec": {"slicing": {"isolation": "None"}}})
+
+    async def changed() -> dict[str, dict[str, Any]] | None:
+        devices = await published(kube, node.name, 4)
+        return devices if all("gpuslice.dev/isolation" not in d["attributes"] for n, d in devices.items()
+                              if n != held) else None
+
+    devices = await wait_for(changed, what="the free devices to be published without MPS")
+    kept = devices[held]
+    assert kept["attributes"]["gpuslice.dev/isolation"] == {"string": "MPS"}, "the held device is as it was"
+    assert any(t["key"] == "gpuslice.dev/pending-change" for t in kept.get("taints") or [])
+    assert node.mps_daemons() == {gpu: pid}, "its daemon runs on under the pod"
+
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods/kept")
+    await gone(kube, namespace, ["kept"])
+    await until(lambda: node.mps_daemons() == {}, what="the daemon to be stopped")
+    await wait_for(lambda: all_plain(kube, node.name), what="the released device to lose MPS too")
+
+
+async def all_plain(kube: KubeClient, node: str) -> bool:
+    devices = await published(kube, node, 4)
+    return all("gpuslice.dev/isolation" not in d["attributes"] for d in devices.values())
