@@ -279,7 +279,8 @@ def run_check(nvml: ModuleType, cdi_dirs: Iterable[Path] | None, out: Callable[[
     and /sys (tests)."""
     guarded = ReadOnlyNvml(nvml)
     backend = NvmlBackend(cast(ModuleType, guarded), cdi_dirs=tuple(cdi_dirs or DEFAULT_SPEC_DIRS),
-                          driver_root=driver_root, **host)
+                          dev=host.get("dev", Path("/dev")), proc=host.get("proc", Path("/proc")),
+                          sysfs=host.get("sysfs", Path("/sys")), driver_root=driver_root)
     report = Report(out)
     report.line(f"gpuslice {__version__} read-only GPU check (nvidia-ml-py"
                 f" {getattr(nvml, '__version__', None) or _version('nvidia-ml-py')}); nothing is written")

@@ -100,6 +100,10 @@ class AgentSettings(ProcessSettings):
     overuse_grace: float = Field(default=30.0, ge=0, description=(
         "Seconds a pod must stay over its allocation (beyond the tolerance) before it is reported, and evicted"
         " where its policy says onOveruse: Evict."))
+    mps_daemon_args: tuple[str, ...] = Field(default=(), description=(
+        "NVML backend: more arguments for nvidia-cuda-mps-control (repeat the flag; in the variable, separated by"
+        " spaces), e.g. its multi-user flag where tenants' containers run as different users (the driver's"
+        " documentation names it; NVIDIA's DRA driver passes -M)."))
     mps_check_interval: float = Field(default=2.0, gt=0, description=(
         "Seconds between checks that every GPU with MPS devices prepared has its control daemon running"
         " (a dead one is started again)."))
@@ -121,6 +125,8 @@ class AgentSettings(ProcessSettings):
             raise ValueError("--nvidia-cdi-dir is for --backend nvml")
         if self.nvidia_driver_root != Path("/") and self.backend != "nvml":
             raise ValueError("--nvidia-driver-root is for --backend nvml")
+        if self.mps_daemon_args and self.backend != "nvml":
+            raise ValueError("--mps-daemon-args is for --backend nvml")
         return self
 
     @property

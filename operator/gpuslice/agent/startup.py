@@ -110,8 +110,9 @@ def choose_backend(settings: AgentSettings, fake_gpus: str | None = None) -> Gpu
         from gpuslice.agent.gpus.nvml import NvmlBackend
 
         if settings.nvidia_cdi_dir:
-            return NvmlBackend(cdi_dirs=settings.nvidia_cdi_dir, driver_root=settings.nvidia_driver_root)
-        return NvmlBackend(driver_root=settings.nvidia_driver_root)
+            return NvmlBackend(cdi_dirs=settings.nvidia_cdi_dir, driver_root=settings.nvidia_driver_root,
+                               mps_args=settings.mps_daemon_args)
+        return NvmlBackend(driver_root=settings.nvidia_driver_root, mps_args=settings.mps_daemon_args)
     from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 
     spec = fake_gpus or settings.fake_gpus

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import types
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -151,3 +152,21 @@ def test_launch_gives_the_daemon_its_gpus_shared_memory_as_dev_shm(tmp_path: Pat
         return
     assert (shm / marker).exists()
     assert not Path(f"/dev/shm/{marker}").exists(), "the agent's own /dev/shm is untouched"
+
+
+def test_the_nvml_backend_runs_the_drivers_daemon_in_the_foreground_with_its_shm_and_args(tmp_path: Path) -> None:
+    from gpuslice.agent.gpus import GpuBackendError
+    from gpuslice.agent.gpus.nvml import NvmlBackend
+
+    driver = tmp_path / "driver"
+    (driver / "usr/bin").mkdir(parents=True)
+    control = driver / "usr/bin/nvidia-cuda-mps-control"
+    control.write_text("#!/bin/sh\n")
+    control.chmod(0o755)
+    backend = NvmlBackend(types.ModuleType("pynvml"), driver_root=driver, mps_args=("-M",))
+    daemon, client = backend.mps_commands(tmp_path / "shm")
+    assert daemon == [sys.executable, "-m", "gpuslice.agent.mps.launch", str(tmp_path / "shm"), str(control), "-f",
+                      "-M"]
+    assert client == [str(control)]
+    with pytest.raises(GpuBackendError, match="nvidia-cuda-mps-control is not on PATH nor in"):
+        NvmlBackend(types.ModuleType("pynvml"), driver_root=tmp_path / "none").mps_commands(tmp_path)

@@ -69,14 +69,14 @@ class NvmlBackend:
 
     def __init__(self, nvml: ModuleType | None = None, cdi_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS,
                  dev: Path = Path("/dev"), proc: Path = Path("/proc"), sysfs: Path = Path("/sys"),
-                 driver_root: Path = Path("/")) -> None:
+                 driver_root: Path = Path("/"), mps_args: tuple[str, ...] = ()) -> None:
         if nvml is None:
             import pynvml
 
             nvml = pynvml
         self.nvml: Any = nvml  # pynvml is untyped; the stand-in in tests is a plain module
         self.cdi_dirs, self.dev, self.proc, self.sysfs = cdi_dirs, dev, proc, sysfs
-        self.driver_root = driver_root
+        self.driver_root, self.mps_args = driver_root, mps_args
         self._utilization_seen: dict[str, int] = {}  # GPU UUID -> NVML's timestamp of the last sample read
         self._profile_ids: dict[tuple[str, str], int] = {}  # (GPU UUID, profile) -> NVML profile enum
         self._events: dict[str, Fault] = {}
@@ -464,4 +464,4 @@ class NvmlBackend:
                 " the agent's container. Run the agent with the nvidia runtime class (the nvidia overlay), or set"
                 " --nvidia-driver-root to where the host's driver is mounted.")
         launch = [sys.executable, "-m", "gpuslice.agent.mps.launch", str(shm)]
-        return [*launch, str(control), "-f"], [str(control)]
+        return [*launch, str(control), "-f", *self.mps_args], [str(control)]
