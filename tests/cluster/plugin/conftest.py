@@ -186,6 +186,22 @@ async def plugin_node(
             (cluster.state.root / "nodes" / node.name).unlink()
 
 
+async def one_gpu_with_pods(kube: KubeClient, make_policy: Callable[..., Awaitable[dict[str, Any]]],
+                            plugin_node: PluginNodeFactory, namespace: str, slicing: dict[str, Any], devices: int,
+                            pods: Sequence[str], agent_args: Sequence[str] = ()) -> tuple[PluginNode, str]:
+    """A fake node of one H100 with a policy of ``slicing`` for ``namespace``, its ``devices``
+    published, and ``pods`` (of the policy's template) Running; the node and the policy's name."""
+    from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
+
+    node = await plugin_node("h100-80gb", 1, agent_args)
+    policy = await tenant_policy(make_policy, namespace, node.name, slicing)
+    await published(kube, node.name, devices)
+    if pods:
+        await create_pods(kube, namespace, "gpu-slice", list(pods))
+        await running(kube, namespace, pods)
+    return node, policy
+
+
 async def pod_phase(kube: KubeClient, namespace: str, pod: str) -> str | None:
     try:
         return str((await kube.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")).get("status", {}).get("phase"))

@@ -23,6 +23,7 @@ from tests.cluster.plugin.conftest import (
     PluginNodeFactory,
     event_with,
     gone,
+    one_gpu_with_pods,
     process_alive,
     running,
     until,
@@ -30,6 +31,7 @@ from tests.cluster.plugin.conftest import (
 from tests.cluster.plugin.test_crash_safety import killed_at
 
 MIB = 1024**2
+MPS_20G = {"mode": "memory", "sliceSize": "20G", "isolation": "MPS"}
 H100 = 81559 * MIB  # NVML's total for an H100 80GB HBM3 (the fake backend's catalog)
 
 
@@ -125,11 +127,8 @@ async def test_policies_without_isolation_get_no_daemon_and_no_mps(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str,
 ) -> None:
-    node = await plugin_node("h100-80gb", 1)
-    await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "20G"})
-    await published(kube, node.name, 4)
-    await create_pods(kube, namespace, "gpu-slice", ["plain"])
-    await running(kube, namespace, ["plain"])
+    node, _ = await one_gpu_with_pods(kube, make_policy, plugin_node, namespace, {"mode": "memory", "sliceSize": "20G"},
+                                      4, ["plain"])
     env = node.env(namespace, "plain")
     assert not [k for k in env if k.startswith("CUDA_MPS")]
     assert "GPUSLICE_ISOLATION" not in env
@@ -141,11 +140,7 @@ async def test_a_killed_agent_leaves_the_daemon_to_its_clients_and_the_next_one_
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str,
 ) -> None:
-    node = await plugin_node("h100-80gb", 1)
-    await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "20G", "isolation": "MPS"})
-    await published(kube, node.name, 4)
-    await create_pods(kube, namespace, "gpu-slice", ["keep"])
-    await running(kube, namespace, ["keep"])
+    node, _ = await one_gpu_with_pods(kube, make_policy, plugin_node, namespace, MPS_20G, 4, ["keep"])
     [(gpu, pid)] = node.mps_daemons().items()
 
     await node.kill_agent()
@@ -164,9 +159,7 @@ async def test_killed_mid_prepare_the_agent_recovers_with_no_orphan_daemon(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str, point: str,
 ) -> None:
-    node = await plugin_node("h100-80gb", 1)
-    await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "20G", "isolation": "MPS"})
-    await published(kube, node.name, 4)
+    node, _ = await one_gpu_with_pods(kube, make_policy, plugin_node, namespace, MPS_20G, 4, [])
     await node.agent.stop()
     await node.start_agent(kill_at=point)
     await create_pods(kube, namespace, "gpu-slice", ["w"])
@@ -223,12 +216,7 @@ async def test_turning_isolation_off_under_a_running_pod_holds_its_device_and_da
 ) -> None:
     """A GPU with MPS devices allocated is never reconfigured under them: the claim's device stays as it
     was published (MPS), held with the pending-change taint, and its daemon runs until it is released."""
-    node = await plugin_node("h100-80gb", 1)
-    policy = await tenant_policy(make_policy, namespace, node.name,
-                                 {"mode": "memory", "sliceSize": "20G", "isolation": "MPS"})
-    await published(kube, node.name, 4)
-    await create_pods(kube, namespace, "gpu-slice", ["kept"])
-    await running(kube, namespace, ["kept"])
+    node, policy = await one_gpu_with_pods(kube, make_policy, plugin_node, namespace, MPS_20G, 4, ["kept"])
     held = (await result_of(kube, namespace, "kept"))["device"]
     [(gpu, pid)] = node.mps_daemons().items()
 

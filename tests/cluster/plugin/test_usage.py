@@ -13,12 +13,20 @@ import aiohttp
 
 from gpuslice.agent.usage.podresources import PodResources
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
+from tests.cluster.agent.test_publishing import create_pods, published
 from tests.cluster.inspect.conftest import Cli, gpuslice, viewer_kubeconfig  # noqa: F401 (fixtures)
 from tests.cluster.kubeutil import pod_claim, wait_for
 from tests.cluster.observability.test_metrics import served
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, event_with, gone, pod_phase, running
+from tests.cluster.plugin.conftest import (
+    PluginNode,
+    PluginNodeFactory,
+    event_with,
+    gone,
+    one_gpu_with_pods,
+    pod_phase,
+    running,
+)
 from tests.unit.test_monitoring import expressions, selectors
 
 GI = 1024**3
@@ -67,11 +75,8 @@ async def test_the_pod_runner_serves_the_kubelets_pod_resources(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str,
 ) -> None:
-    node = await plugin_node("h100-80gb", 1)
-    await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "20G"})
-    await published(kube, node.name, 4)
-    await create_pods(kube, namespace, "gpu-slice", ["p"])
-    await running(kube, namespace, ["p"])
+    node, _ = await one_gpu_with_pods(kube, make_policy, plugin_node, namespace, {"mode": "memory", "sliceSize": "20G"},
+                                      4, ["p"])
     claim = await pod_claim(kube, namespace, "p")
     assert claim is not None
     client = PodResources(node.root / "pod-resources" / "kubelet.sock")
@@ -90,11 +95,8 @@ async def test_use_against_allocation_per_pod_and_tenant_and_overuse_reported(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str, gpuslice: Cli,  # noqa: F811
 ) -> None:
-    node = await plugin_node("h100-80gb", 1, FAST)
-    policy = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
-    await published(kube, node.name, 8)
-    await create_pods(kube, namespace, "gpu-slice", ["busy", "idle", "over"])
-    await running(kube, namespace, ["busy", "idle", "over"])
+    node, policy = await one_gpu_with_pods(kube, make_policy, plugin_node, namespace,
+                                           {"mode": "memory", "sliceSize": "10G"}, 8, ["busy", "idle", "over"], FAST)
     pods = {p: {"namespace": namespace, "pod": p, "policy": policy, "container": "work"} for p in ("busy", "idle", "over")}
 
     await use(node, kube, namespace, "busy", 4101, "6Gi", sm=40)
@@ -107,7 +109,7 @@ async def test_use_against_allocation_per_pod_and_tenant_and_overuse_reported(
     assert await node.metric("gpuslice_pod_gpu_memory_used_bytes", pods["idle"]) == 0, "an idle slice is measured"
     await metric_is(node, "gpuslice_tenant_used_bytes", {"node": node.name, "policy": policy, "namespace": namespace},
                     18 * GI)
-    assert await node.metric("gpuslice_gpu_unattributed_memory_used_bytes", {"node": node.name}) == GI
+    await metric_is(node, "gpuslice_gpu_unattributed_memory_used_bytes", {"node": node.name}, GI)
 
     # 12Gi of a 10G slice is past the 5% tolerance: after the grace, an Event, a metric, a condition.
     event = await event_with(kube, namespace, "over", "uses 12Gi of GPU memory")
@@ -152,11 +154,8 @@ async def test_every_usage_metric_the_dashboard_and_alerts_use_is_served_with_it
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str,
 ) -> None:
-    node = await plugin_node("h100-80gb", 1, FAST)
-    await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "20G", "isolation": "MPS"})
-    await published(kube, node.name, 4)
-    await create_pods(kube, namespace, "gpu-slice", ["m"])
-    await running(kube, namespace, ["m"])
+    node, _ = await one_gpu_with_pods(kube, make_policy, plugin_node, namespace,
+                                      {"mode": "memory", "sliceSize": "20G", "isolation": "MPS"}, 4, ["m"], FAST)
     await use(node, kube, namespace, "m", 6101, "30Gi", sm=20)
     await event_with(kube, namespace, "m", "uses 30Gi of GPU memory")
     await metric_is(node, "gpuslice_pod_gpu_overuse", {"pod": "m"}, 1)
@@ -206,7 +205,7 @@ async def test_evict_evicts_the_overusing_pod_once_its_budget_allows(
     assert event["reason"] == "GpuMemoryOveruseEvictionBlocked"
     assert await pod_phase(kube, namespace, "greedy") == "Running"
     labels = {"namespace": namespace, "policy": policy}
-    assert await node.metric("gpuslice_overuse_actions_total", {**labels, "action": "eviction_blocked"}) == 1
+    await metric_is(node, "gpuslice_overuse_actions_total", {**labels, "action": "eviction_blocked"}, 1)
 
     await kube.delete(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/keep")
     await gone(kube, namespace, ["greedy"], within=60)  # evicted at a later pass, then unprepared
