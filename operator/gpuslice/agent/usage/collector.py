@@ -74,6 +74,7 @@ class UsageCollector:
     actions: OveruseActions = field(init=False)
     _claims: dict[str, _ClaimRead] = field(default_factory=dict)
     _evicting: dict[tuple[PodRef, str], str] = field(default_factory=dict)  # -> pod UID, while Evict is pending
+    _failing: bool = False  # said once, until a pass succeeds again
 
     def __post_init__(self) -> None:
         self.tracker = OveruseTracker(self.settings.tolerance, self.settings.grace)
@@ -84,9 +85,16 @@ class UsageCollector:
             try:
                 await self.once(time.monotonic())
                 USAGE_PASSES.labels("ok").inc()
+                if self._failing:
+                    log.info("measuring the pods' GPU use works again", node=self.node)
+                self._failing = False
             except (PodResourcesError, GpuBackendError) as error:
                 USAGE_PASSES.labels("failed").inc()
-                log.warning("measuring the pods' GPU use failed; will retry", node=self.node, error=str(error))
+                # Said once (the counter and its alert keep counting): a node without the kubelet's
+                # socket mounted must not fill the log every pass.
+                (log.debug if self._failing else log.warning)(
+                    "measuring the pods' GPU use failed; will retry", node=self.node, error=str(error))
+                self._failing = True
             except Exception:
                 USAGE_PASSES.labels("failed").inc()
                 log.exception("measuring the pods' GPU use failed unexpectedly; will retry", node=self.node)
