@@ -225,13 +225,14 @@ class Preparer:
             name = cdi.device_name(claim.uid, record.device)
             access = await self._access(claim, record, device, instance)
             edits[name] = access.edits
-            if record.mps:
-                # Every MPS device of the claim is on this GPU; its container may allocate all of them.
-                allocated = sum(grant_memory(d, devices[d.device]) for d in checkpoint.devices if d.mps)
-                edits[name] += client_edits(daemons[record.gpu_uuid], allocated, self.ops.gpu(record.gpu_uuid).memory)
             if access.common is not None:  # the NVIDIA toolkit's libraries and hooks, once per claim
                 shared, version = shared + access.common, cdi.newer_version(version, access.cdi_version)
             done.append(record.model_copy(update={"cdi_ids": [cdi.qualified(name)]}))
+        for gpu, dirs in daemons.items():
+            # Every MPS device of the claim is on this GPU (checked at start): once for the claim, its
+            # containers may allocate all of them.
+            allocated = sum(grant_memory(d, devices[d.device]) for d in checkpoint.devices if d.mps)
+            shared += client_edits(dirs, allocated, self.ops.gpu(gpu).memory)
         common = shared + cdi.ContainerEdits(env=prefixed({"CLAIM": str(claim), "DEVICES": ",".join(
             r.device for r in done)}))
         spec = cdi.claim_spec(edits, common, version)
