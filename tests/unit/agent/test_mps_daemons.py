@@ -170,3 +170,28 @@ def test_the_nvml_backend_runs_the_drivers_daemon_in_the_foreground_with_its_shm
     assert client == [str(control)]
     with pytest.raises(GpuBackendError, match="nvidia-cuda-mps-control is not on PATH nor in"):
         NvmlBackend(types.ModuleType("pynvml"), driver_root=tmp_path / "none").mps_commands(tmp_path)
+
+
+async def test_a_daemon_that_died_with_its_agent_is_started_again_in_the_same_directories(tmp_path: Path) -> None:
+    """In a container the daemon ends with the agent's; the next agent starts a new one where the running
+    clients' bind mounts point: the same directories, not new ones of the same name."""
+    backend = FakeBackend("n1", [("h100-80gb", 1)])
+    first = MpsDaemons("n1", backend, tmp_path / "mps", tmp_path / "shm")
+    dirs = await first.ensure(GPU)
+    # What a client's container holds: the directory itself (a bind mount), not its name.
+    mounted = os.open(dirs.pipe, os.O_RDONLY | os.O_DIRECTORY)
+    old = first.pid(GPU)
+    assert old is not None
+    os.kill(old, signal.SIGKILL)
+    await first.running[GPU].process.wait()  # type: ignore[union-attr]
+
+    second = MpsDaemons("n1", backend, tmp_path / "mps", tmp_path / "shm")
+    await second.adopt({GPU})
+    new = second.pid(GPU)
+    assert new is not None
+    assert new != old
+    try:
+        await until(lambda: "control" in os.listdir(mounted))  # the clients' mounts see the new daemon
+    finally:
+        os.close(mounted)
+    await second.release(GPU, lambda: False)

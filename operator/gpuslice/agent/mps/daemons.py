@@ -193,12 +193,16 @@ class MpsDaemons:
         recorded = [_record_gpu(path) for path in sorted(self.root.glob(f"*/{RECORD}"))] if self.root.is_dir() else []
         for gpu in filter(None, recorded):
             running = self._recorded(gpu)
-            if gpu in wanted and running is not None and self._alive(running):
+            alive = running is not None and self._alive(running)
+            if gpu in wanted and running is not None and alive:
                 self.running[gpu] = running
                 log.info("MPS control daemon adopted", node=self.node, gpu=gpu, pid=running.pid)
-            else:
+            elif gpu not in wanted:
                 async with self.lock(gpu):
                     await self._stop(gpu)
+            # A needed GPU whose daemon died with the earlier agent (its container) gets a new one
+            # below, in the same directories: its clients' containers have them bind-mounted, and a
+            # directory made anew would be another one, empty, for them.
         for gpu in sorted(wanted - set(self.running)):
             await self.ensure(gpu)
         DAEMONS.labels(self.node).set(len(self.running))
