@@ -1,5 +1,5 @@
 # gpuslice: one image, two entry points (`gpuslice controller`, `gpuslice agent`).
-#   docker build -t gpuslice:0.1.0 .          (make image)
+#   make image              (docker build -t gpuslice:<version> ., or buildx for amd64 and arm64: hack/image.sh)
 # BASE is any Debian-based image with Python 3.11+ and its venv module; the default is the
 # public Python image. gpuslice's own tests build this same file on a base made with
 # debootstrap (no registry is reachable there): --build-arg BASE=<that image>.
@@ -11,7 +11,9 @@ RUN python3 -m venv /opt/gpuslice
 # The dependencies first, in a layer that changes only with pyproject.toml and the pins. No extras:
 # the controller and the agent need neither rich nor kubernetes-asyncio (see pyproject.toml).
 COPY pyproject.toml constraints.txt /src/
-RUN mkdir -p /src/operator/gpuslice && touch /src/operator/gpuslice/__init__.py /src/README.md \
+# (pyproject.toml reads the version from gpuslice/__init__.py: a stand-in keeps this layer version-free.)
+RUN mkdir -p /src/operator/gpuslice && echo '__version__ = "0"' > /src/operator/gpuslice/__init__.py \
+ && touch /src/README.md \
  && /opt/gpuslice/bin/pip install -c /src/constraints.txt /src \
  && /opt/gpuslice/bin/pip uninstall --yes gpuslice \
  && rm -rf /src/operator /src/build /src/README.md

@@ -10,7 +10,9 @@
 #  3. The admission policies (manifests/admission.yaml and the agents' own rules), and any tenancy
 #     label left on a namespace (set by hand: the controller takes off those it set). Any order
 #     would leave other drivers' claims working (README, "Its CRD missing"); this one leaves nothing.
-#  4. Everything else the overlay installed: RBAC, the CRD, the namespace.
+#  4. The agents' drain lists (ConfigMaps gpuslice-draining-<node>, one per node that was draining,
+#     made by the agents, not by the overlay), then everything else the overlay installed: RBAC,
+#     the CRD, the namespace.
 #  5. What outlives the objects above by design: the agents' ResourceSlices (owned by their Node;
 #     the agents delete them when no policy is left, and the kubelet drops a driver's slices 30 s
 #     after its plugin goes).
@@ -43,6 +45,9 @@ for selector in app.kubernetes.io/part-of=gpuslice app.kubernetes.io/managed-by=
   k delete validatingadmissionpolicybindings,validatingadmissionpolicies -l "$selector" --ignore-not-found
 done
 k label namespaces -l gpuslice.dev/tenancy gpuslice.dev/tenancy- >/dev/null
+echo "uninstall: deleting the node agents' drain lists"
+k -n gpuslice-system delete configmaps -l gpuslice.dev/drain-list --ignore-not-found
+k -n gpuslice-system delete configmap gpuslice-draining --ignore-not-found  # the one list of earlier versions
 echo "uninstall: deleting what $OVERLAY installed"
 k delete -k "$OVERLAY" --ignore-not-found --wait --timeout="${TIMEOUT}s"
 echo "uninstall: deleting any ResourceSlice the agents left"

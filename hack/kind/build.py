@@ -7,7 +7,8 @@ what kind's own builder would, from the Go module proxy and Debian's packages on
 
 - Go binaries (under ``~/.cache/gpuslice/kind/go/``): kind, containerd (+ shim, ctr), the
   CNI plugins, crictl, coredns (``hack/kind/coredns``), the node's Kubernetes binaries (``hack/kube/nodebins``:
-  kubelet, kubeadm, kubectl, kube-proxy), and ``hack/kind``'s pause and podnet;
+  kubelet, kubeadm, kubectl, kube-proxy), ``hack/kind``'s pause and podnet, and helm (the chart's
+  install, upgrade and uninstall); the Prometheus Operator's CRDs from its module;
 - Debian root filesystems from debootstrap, imported into Docker: the node's base, a Python
   base (for the gpuslice ``Dockerfile``) and a busybox base (for the tenant image);
 - the images kubeadm expects, tagged as it expects them (control plane and etcd from the
@@ -48,6 +49,10 @@ KIND_VERSION = "v0.33.0"
 CONTAINERD_VERSION = "v2.4.2"
 CNI_PLUGINS_VERSION = "v1.10.0"
 CRI_TOOLS_VERSION = "v1.37.0"
+HELM_VERSION = "v3.22.0"
+# The newest release of the Prometheus Operator's main module the Go module proxy lists.
+PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
+MONITORING_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 CNI_PLUGINS = ("main/bridge", "main/loopback", "main/ptp", "ipam/host-local", "meta/portmap")
@@ -603,6 +608,7 @@ def build() -> dict[str, str]:
             built["nodebins"] = GoModule("nodebins", REPO / "hack/kube/nodebins", (".",),
                                          kube_ldflags(kubernetes)).build(toolchain)
             built["control-plane"] = control_plane()
+            built["helm"] = helm()  # the tier installs the chart with it
             return built
 
         def bases() -> dict[str, str]:
@@ -622,7 +628,8 @@ def build() -> dict[str, str]:
     node = node_image(pieces, preload)
     bin_dir = CACHE / "bin"
     bin_dir.mkdir(exist_ok=True)
-    for name, target in (("kind", pieces.kind / "kind"), ("kubectl", pieces.nodebins / "nodebins")):
+    for name, target in (("kind", pieces.kind / "kind"), ("kubectl", pieces.nodebins / "nodebins"),
+                         ("helm", compiled["helm"])):
         link = bin_dir / name
         link.unlink(missing_ok=True)
         link.symlink_to(target)  # nodebins dispatches on the name it is called by
@@ -635,11 +642,52 @@ def build() -> dict[str, str]:
         "binDir": str(bin_dir),
         "kind": str(bin_dir / "kind"),
         "kubectl": str(bin_dir / "kubectl"),
+        "helm": str(bin_dir / "helm"),
+        "monitoringCrds": str(monitoring_crds()),
     }
     (CACHE / "build.json").write_text(json.dumps(result, indent=2) + "\n")
     prune_images(keep={node, podnet, base["node"], base["python"], base["busybox"], preload.stem.split("-")[-1]})
     log("done", f"in {int(time.monotonic() - started)} s; {CACHE / 'build.json'}")
     return result
+
+
+def helm() -> Path:
+    """Helm, from the Go module proxy, with the version ldflags of its own Makefile (the Kubernetes
+    minor of its client-go is what `helm template` and `helm lint` assume without a cluster)."""
+    downloaded = json.loads(run("go", ["go", "mod", "download", "-json", f"helm.sh/helm/v3@{HELM_VERSION}"],
+                                cwd=CACHE, env=go_env(), capture=True))
+    module = json.loads(run("go", ["go", "mod", "edit", "-json", downloaded["GoMod"]], capture=True))
+    client = next(r["Version"] for r in module["Require"] if r["Path"] == "k8s.io/client-go")
+    minor = client.split(".")[1]  # client-go v0.37.x is Kubernetes 1.37
+    flags = [f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
+             "-X helm.sh/helm/v3/internal/version.gitTreeState=clean"]
+    for package in ("pkg/lint/rules", "pkg/chartutil"):
+        flags += [f"-X helm.sh/helm/v3/{package}.k8sVersionMajor=1",
+                  f"-X helm.sh/helm/v3/{package}.k8sVersionMinor={minor}"]
+    tool = GoTool("helm", (f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}",), ldflags=" ".join(["-s -w", *flags]))
+    return tool.build(go_version()) / "helm"
+
+
+def monitoring_crds() -> Path:
+    """The Prometheus Operator's CRDs for ServiceMonitors, PodMonitors and PrometheusRules, from its
+    module on the Go module proxy (checked against the checksum database, as every module is),
+    cached under the module's own content hash. Tests install them; none is committed."""
+    module = f"github.com/prometheus-operator/prometheus-operator@{PROMETHEUS_OPERATOR_VERSION}"
+    downloaded = json.loads(run("go", ["go", "mod", "download", "-json", module], cwd=CACHE, env=go_env(),
+                                capture=True))
+    directory = CACHE / "prometheus-operator" / f"{PROMETHEUS_OPERATOR_VERSION}-{digest(downloaded['Sum'])[:16]}"
+    if (directory / ".complete").exists():
+        return directory
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    for name in MONITORING_CRDS:
+        shutil.copy2(Path(downloaded["Dir"]) / "example/prometheus-operator-crd" / f"monitoring.coreos.com_{name}.yaml",
+                     partial / f"{name}.yaml")
+    (partial / ".complete").touch()
+    shutil.rmtree(directory, ignore_errors=True)
+    partial.rename(directory)
+    return directory
 
 
 def kustomize() -> Path:
@@ -650,6 +698,9 @@ def kustomize() -> Path:
     return tool.build(go_version()) / "kustomize"
 
 
+# What `build.py TARGET` builds alone, with Go only (no Docker): the cluster tier's tools.
+ALONE: dict[str, Callable[[], Path]] = {"kustomize": kustomize, "helm": helm, "monitoring-crds": monitoring_crds}
+
 # Read at import: a step's key must not change because this file was edited while it ran.
 _RECIPES = {f.__qualname__: inspect.getsource(f) for f in (
     GoTool.build, GoModule.build, debootstrap_image, busybox_image, cluster_images, node_image)}
@@ -657,11 +708,11 @@ _RECIPES = {f.__qualname__: inspect.getsource(f) for f in (
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("target", nargs="?", choices=["all", "kustomize"], default="all",
-                        help="all (default), or only kustomize (prints its path; needs Go only)")
+    parser.add_argument("target", nargs="?", choices=["all", *ALONE], default="all",
+                        help="all (default), or only one of these (prints its path; needs Go only)")
     parser.add_argument("--print", dest="print_json", action="store_true", help="print build.json when done")
     args = parser.parse_args()
-    tools = ("go",) if args.target == "kustomize" else ("go", "docker", "debootstrap", "apt-get", "dpkg-deb")
+    tools = ("go",) if args.target in ALONE else ("go", "docker", "debootstrap", "apt-get", "dpkg-deb")
     for tool in tools:
         if shutil.which(tool) is None:
             print(f"kind-build: {tool} is required (hack/kind/docker.sh installs Docker and debootstrap)",
@@ -669,9 +720,9 @@ def main() -> int:
             return 1
     try:
         CACHE.mkdir(parents=True, exist_ok=True)
-        if args.target == "kustomize":
-            with locked(CACHE / ".kustomize.lock"):
-                print(kustomize())
+        if args.target in ALONE:
+            with locked(CACHE / f".{args.target}.lock"):
+                print(ALONE[args.target]())
             return 0
         with locked(CACHE / ".build.lock"):
             result = build()

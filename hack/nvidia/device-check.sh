@@ -64,9 +64,21 @@ fi
   # MPS (slicing.isolation: MPS): where the control binary is; it is not run, and no daemon is started.
   echo "# nvidia-cuda-mps-control: $(command -v nvidia-cuda-mps-control || echo 'not on PATH')"
   echo
-  echo "# CDI specs"
+  echo "# the host's devices (the check, in a container, judges them by /proc/devices and the specs)"
+  grep -E ' (nvidia|drm)' /proc/devices 2>&1 || true
+  # shellcheck disable=SC2012
+  ls -ld /dev/nvidia* /dev/nvidia-caps/* /dev/dri /dev/dri/* /dev/dri/by-path/* /run/nvidia/driver/dev/nvidia* 2>&1 \
+    | head -100 || true
+  echo
+  echo "# CDI specs: each one's driver, toolkit generation and device-node hook"
   for dir in /etc/cdi /var/run/cdi; do
-    [ -d "$dir" ] && ls -l "$dir" 2>&1
+    [ -d "$dir" ] || continue
+    ls -l "$dir" 2>&1
+    grep -H -o -E -- '--host-driver-version=[0-9.]+|libcuda\.so\.[0-9.]+[0-9]|NVIDIA_CTK_LIBCUDA_DIR|disable-device-node-modification' \
+      "$dir"/*.yaml "$dir"/*.json 2>/dev/null | sort -u || true
+  done
+  for hook in /usr/bin/nvidia-cdi-hook /usr/local/nvidia/toolkit/nvidia-cdi-hook; do
+    [ -x "$hook" ] && echo "$hook: $("$hook" --version 2>&1 | head -1)"
   done
   true
 } > "$out" 2>&1

@@ -10,15 +10,18 @@ from typing import Any, ClassVar, TypeVar
 
 import click
 import pydantic
+from click.core import ParameterSource
 
 from gpuslice import __version__
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.inspect.extra import need_cli_extra
-from gpuslice.settings import KUBECONFIG_HELP, Settings, markdown, options
+from gpuslice.kube.useragent import set_component
+from gpuslice.settings import ClusterAccess, Settings, markdown, options
 
 # Every process's settings, by the name docs/configuration.md gives it.
-DOCUMENTED: dict[str, type[Settings]] = {"controller": ControllerSettings, "agent": AgentSettings}
+DOCUMENTED: dict[str, type[Settings]] = {"controller": ControllerSettings, "agent": AgentSettings,
+                                         "cli": ClusterAccess}
 
 
 def _needs_extra(name: str, missing: click.ClickException) -> click.Command:
@@ -39,7 +42,8 @@ class LazyGroup(click.Group):
     LAZY: ClassVar[dict[str, str]] = {"dev-cluster": "gpuslice.devcluster.command:dev_cluster",
                                       "fake-gpu": "gpuslice.fakegpu:fake_gpu",
                                       "status": "gpuslice.inspect.commands:status",
-                                      "why": "gpuslice.inspect.commands:why"}
+                                      "why": "gpuslice.inspect.commands:why",
+                                      "delete-policies": "gpuslice.uninstall:delete_policies"}
     EXTRA: ClassVar[dict[str, tuple[str, ...]]] = {"dev-cluster": ("rich", "cryptography"), "status": ("rich",),
                                                    "why": ("rich",)}
 
@@ -76,6 +80,7 @@ def _settings(model: type[S], values: dict[str, Any]) -> S:
 @click.version_option(__version__, prog_name="gpuslice")
 def main() -> None:
     """gpuslice: per-tenant GPU slicing policy as native Kubernetes DRA."""
+    set_component("gpuslice-cli")  # the User-Agent; `controller` and `agent` name themselves
 
 
 @main.command()
@@ -84,8 +89,9 @@ def controller(**values: Any) -> None:
     """Run the policy controller: GpuSlicePolicy -> DeviceClass, claim templates, quota, Events and status.
     Every flag is also an environment variable (GPUSLICE_<FLAG>); docs/configuration.md lists them."""
     from gpuslice.controller.run import ControllerStopped, run_controller
-    from gpuslice.kube.transport import KubeconfigError
+    from gpuslice.kube.credentials import KubeconfigError
 
+    set_component("gpuslice-controller")
     settings = _settings(ControllerSettings, values)
     try:
         asyncio.run(run_controller(settings))
@@ -115,8 +121,9 @@ def agent(check: bool, **values: Any) -> None:
     from gpuslice.agent.gpus import GpuBackendError
     from gpuslice.agent.kubeletplugin.settings import PluginPathError
     from gpuslice.agent.run import AgentStopped, run_agent
-    from gpuslice.kube.transport import KubeconfigError
+    from gpuslice.kube.credentials import KubeconfigError
 
+    set_component("gpuslice-agent")
     settings = _settings(AgentSettings, values)
     if check:
         if settings.backend != "nvml":
@@ -145,14 +152,13 @@ def agent(check: bool, **values: Any) -> None:
 @click.option("--cluster", is_flag=True, help=(
     "Against the live cluster: what applying these (edited or new) policies would add, drain and hold on every"
     " node, from its published devices and claims. Nothing is written."))
-@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, envvar="GPUSLICE_KUBECONFIG",
-              help=f"With --cluster: {KUBECONFIG_HELP}")
+@options(ClusterAccess)
 @click.option("-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text", show_default=True,
               help="With --cluster: how to print the plan.")
 def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, ...], previous: tuple[str, ...],
-         cluster: bool, kubeconfig: str | None, output: str) -> None:
+         cluster: bool, kubeconfig: Path | None, context: str | None, output: str) -> None:
     """Print the ResourceSlices a node agent would publish for these policies, no cluster needed
-    (with --cluster: what an edit would do to the live cluster)."""
+    (with --cluster: what an edit would do to the live cluster; --kubeconfig and --context are for it)."""
     if cluster:
         need_cli_extra("gpuslice plan --cluster")
         if previous:
@@ -160,8 +166,11 @@ def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, .
                                    " now come from the cluster.")
         from gpuslice.inspect.commands import cluster_plan
 
-        cluster_plan(kubeconfig, [Path(f) for f in files], output)
+        cluster_plan(ClusterAccess(kubeconfig=kubeconfig, context=context), [Path(f) for f in files], output)
         return
+    # Given on the command line it would do nothing; exported (GPUSLICE_CONTEXT) it is for the other commands.
+    if click.get_current_context().get_parameter_source("context") is ParameterSource.COMMANDLINE:
+        raise click.UsageError("--context is for a plan against a cluster (--cluster).")
     from gpuslice.preview import PlanError, preview
 
     try:

@@ -34,6 +34,16 @@ def _state_dir(state_dir: Path | None, node: str | None, dev_cluster: Path | Non
     return (dev_cluster or default_state_dir()) / "nodes" / node / "agent"
 
 
+def _state(context: click.Context) -> FakeStateFile:
+    """The state file the group's options name, checked only when a subcommand runs: a group callback
+    that exits would run before, and so break, ``fake-gpu SUBCOMMAND --help``."""
+    directory = _state_dir(*context.obj)
+    if not directory.is_dir():
+        click.echo(f"fake-gpu: {directory} does not exist: no fake-backend agent keeps its state there.", err=True)
+        sys.exit(1)
+    return FakeStateFile(directory)
+
+
 @click.group("fake-gpu")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The agent's --state-dir.")
@@ -43,15 +53,11 @@ def _state_dir(state_dir: Path | None, node: str | None, dev_cluster: Path | Non
 @click.pass_context
 def fake_gpu(context: click.Context, state_dir: Path | None, node: str | None, dev_cluster_state: Path | None) -> None:
     """Raise faults on a fake node's GPUs, make operations fail, or show their state."""
-    directory = _state_dir(state_dir, node, dev_cluster_state)
-    if not directory.is_dir():
-        click.echo(f"fake-gpu: {directory} does not exist: no fake-backend agent keeps its state there.", err=True)
-        sys.exit(1)
-    context.obj = FakeStateFile(directory)
+    context.obj = (state_dir, node, dev_cluster_state)
 
 
 def _update(context: click.Context, change: object) -> None:
-    state: FakeStateFile = context.obj
+    state = _state(context)
     try:
         state.update(change)  # type: ignore[arg-type]
     except ValueError as error:
@@ -135,5 +141,5 @@ def heal(context: click.Context) -> None:
 @click.pass_context
 def show(context: click.Context) -> None:
     """Print the fake GPUs' state: MIG mode and instances, faults, injected failures, processes."""
-    state: FakeStateFile = context.obj
+    state = _state(context)
     click.echo(state.read().model_dump_json(indent=2))

@@ -22,7 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field
 ENV_PREFIX = "GPUSLICE_"
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["auto", "json", "console"]
-KUBECONFIG_HELP = "Kubeconfig to use (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)."
+KUBECONFIG_HELP = ("Kubeconfig file to use. Without it, kubectl's order: the files $KUBECONFIG lists (merged as"
+                   " kubectl merges them), else ~/.kube/config, else the pod's ServiceAccount when run in a pod.")
+CONTEXT_HELP = "The kubeconfig context to use (default: its current-context), as kubectl --context."
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -43,7 +45,8 @@ class ProcessSettings(Settings):
     """What both long-running processes (controller and agent) are told alike."""
 
     kubeconfig: Path | None = Field(default=None, description=(
-        "Kubeconfig to use; without one, the pod's ServiceAccount, then $KUBECONFIG or ~/.kube/config."))
+        "Kubeconfig file to use; without one, the pod's ServiceAccount (first: in a pod, a process acts as its own),"
+        " then the files $KUBECONFIG lists (merged as kubectl merges them), else ~/.kube/config."))
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description=(
         "Serve Prometheus metrics on this port (/metrics); off when unset."))
     log_level: LogLevel = Field(default="info", description="Least severe log lines written.")
@@ -56,6 +59,14 @@ class ProcessSettings(Settings):
     shutdown_grace: float = Field(default=10.0, gt=0, description=(
         "Seconds from SIGTERM to a forced exit: a request to an API server going down with us must not keep"
         " the process alive for minutes."))
+
+
+class ClusterAccess(Settings):
+    """How ``gpuslice status``, ``why`` and ``plan --cluster`` (and ``kubectl gpuslice``) reach a cluster:
+    as kubectl does."""
+
+    kubeconfig: Path | None = Field(default=None, description=KUBECONFIG_HELP)
+    context: str | None = Field(default=None, description=CONTEXT_HELP)
 
 
 def _base(annotation: Any) -> tuple[Any, bool]:

@@ -35,9 +35,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuslice" / "kind"
 
 
+# One cluster for the tier, in this order: the image, the kustomize install (used, upgraded and
+# uninstalled), the Helm chart on what that uninstall left, then another driver's claims through
+# a kustomize install and an uninstall in the worst order.
+FILES = ("test_image.py", "test_install.py", "test_helm.py", "test_others.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.kind)
+    items.sort(key=lambda item: FILES.index(item.path.name) if item.path.name in FILES else len(FILES))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

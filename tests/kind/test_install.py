@@ -12,6 +12,8 @@ import ipaddress
 import json
 import os
 import re
+import threading
+import time
 from collections import defaultdict
 from fractions import Fraction
 from pathlib import Path
@@ -21,6 +23,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuslice import __version__
 from gpuslice.dra.quantity import parse_quantity
 from tests.kind.conftest import REPO, Kind
 
@@ -429,29 +432,166 @@ def test_overuse_is_reported_summed_per_tenant_and_evicted_where_asked(deployed:
         deployed.kubectl("delete", "pods", "-A", "-l", "gpuslice-test=use", "--wait=true", "--ignore-not-found")
 
 
+def gpuslice_pods(kind: Kind, component: str) -> list[dict[str, Any]]:
+    return kind.items("pods", "-n", "gpuslice-system", "-l", f"app.kubernetes.io/component={component}")
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+
+def restarts(pod: dict[str, Any]) -> int:
+    return sum(c["restartCount"] for c in pod["status"].get("containerStatuses", []))
+
+
+def lease_holder(kind: Kind) -> str:
+    """The controller pod that holds the Lease (its identity is `<hostname>-<random>`, the hostname its pod's)."""
+    holder = kind.json("-n", "gpuslice-system", "get", "lease", "gpuslice-controller")["spec"].get("holderIdentity")
+    return str(holder or "").rpartition("-")[0]
+
+
+def container_pid(kind: Kind, pod: dict[str, Any], container: str) -> tuple[str, int]:
+    """The node, and the pid there, of one of the pod's containers (as containerd runs it)."""
+    node = pod["spec"]["nodeName"]
+    ids = kind.node_exec(node, "crictl", "ps", "-q", "--name", f"^{container}$", "--label",
+                         f"io.kubernetes.pod.name={pod['metadata']['name']}").split()
+    assert len(ids) == 1, f"{pod['metadata']['name']}: containers {ids}"
+    info = json.loads(kind.node_exec(node, "crictl", "inspect", ids[0]))
+    return node, int(info["info"]["pid"])
+
+
+def peak_rss_mib(kind: Kind, pod: dict[str, Any], container: str) -> float:
+    node, pid = container_pid(kind, pod, container)
+    status = kind.node_exec(node, "cat", f"/proc/{pid}/status")
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE).group(1)) / 1024  # type: ignore[union-attr]
+
+
+def test_probes_hold_on_every_copy_and_the_requests_cover_what_each_uses(deployed: Kind, demo: str) -> None:
+    # Two controller copies (one leads, one waits) and an agent per GPU node, all Ready on their probes
+    # and never restarted by them, after the demo's policies and pods ran (the standby for minutes).
+    controllers, agents = gpuslice_pods(deployed, "controller"), gpuslice_pods(deployed, "agent")
+    assert len(controllers) == 2, [p["metadata"]["name"] for p in controllers]
+    assert len({p["spec"]["nodeName"] for p in controllers}) == 2, "both copies on one node"
+    assert len(agents) == len(deployed.workers)
+    for pod in controllers + agents:
+        assert ready(pod), f"{pod['metadata']['name']} is not Ready: {pod['status'].get('conditions')}"
+        assert restarts(pod) == 0, f"{pod['metadata']['name']} restarted {restarts(pod)} times"
+    assert lease_holder(deployed) in {p["metadata"]["name"] for p in controllers}
+    # What each process has used at most so far, against the requests the manifests give (README,
+    # "Installing on a cluster": figures from bench/README.md at 1,000 nodes).
+    template = {d["kind"]: d for d in yaml.safe_load_all((REPO / "install.yaml").read_text()) if d}
+    figures = {}
+    for kind_, pods, container in (("Deployment", controllers, "controller"), ("DaemonSet", agents, "agent")):
+        request = parse_quantity(template[kind_]["spec"]["template"]["spec"]["containers"][0]["resources"]
+                                 ["requests"]["memory"]) / 2**20
+        peaks = [peak_rss_mib(deployed, pod, container) for pod in pods]
+        figures[container] = f"peak RSS {max(peaks):.0f} MiB (request {float(request):.0f} MiB)"
+        assert max(peaks) < request, f"{container}: {figures[container]}"
+    print(f"\nkind tier, measured: {figures}")
+
+
+def test_the_standby_takes_over_when_the_leader_is_killed_and_converges_an_edit(deployed: Kind, demo: str) -> None:
+    leader = lease_holder(deployed)
+    [killed] = [p for p in gpuslice_pods(deployed, "controller") if p["metadata"]["name"] == leader]
+    [standby] = [p["metadata"]["name"] for p in gpuslice_pods(deployed, "controller") if p["metadata"]["name"] != leader]
+    node, pid = container_pid(deployed, killed, "controller")
+    started = time.monotonic()
+    deployed.node_exec(node, "kill", "-9", str(pid))  # SIGKILL: no chance to give the Lease up
+    deployed.wait_until("the standby to take the Lease", lambda: lease_holder(deployed) == standby, within=120, every=1)
+    took = time.monotonic() - started
+    # The new leader acts: a tenant added to a policy gets its claim template and the status says so.
+    deployed.kubectl("create", "namespace", "failover")
+    try:
+        deployed.kubectl("patch", "gsp", "inference", "--type=json", "-p", json.dumps(
+            [{"op": "add", "path": "/spec/tenants/-", "value": {"namespace": "failover", "maxSlices": 1}}]))
+
+        def converged() -> bool:
+            policy = deployed.json("get", "gsp", "inference")
+            templates = deployed.kubectl("-n", "failover", "get", "resourceclaimtemplates", "-o", "name")
+            return (policy["status"].get("observedGeneration") == policy["metadata"]["generation"]
+                    and "gpu-slice" in templates)
+
+        deployed.wait_until("the new leader to converge the edited policy", converged, within=120)
+        assert lease_holder(deployed) == standby, "the Lease moved again"
+    finally:
+        deployed.kubectl("patch", "gsp", "inference", "--type=json", "-p", json.dumps(
+            [{"op": "test", "path": "/spec/tenants/2/namespace", "value": "failover"},
+             {"op": "remove", "path": "/spec/tenants/2"}]), check=False)
+        deployed.kubectl("delete", "namespace", "failover", "--wait=false")
+    # The killed copy is restarted in place and waits, Ready on its probes.
+    def back() -> bool:
+        pod = deployed.json("-n", "gpuslice-system", "get", "pod", leader)
+        return ready(pod) and restarts(pod) == 1
+
+    deployed.wait_until("the killed copy to come back as the standby", back, within=180)
+    print(f"\nkind tier: the standby took over {took:.0f} s after the leader was killed")
+
+
+IMAGE = f"gpuslice:{__version__}"
+
+
+def load_upgrade_image(kind: Kind) -> str:
+    """This image under a new tag, loaded into the workers: what an upgrade rolls out."""
+    upgraded = f"{IMAGE}-upgrade"
+    kind.run("docker", "tag", IMAGE, upgraded)
+    kind.run(kind.build["kind"], "load", "docker-image", "--name", kind.cluster, "--nodes", ",".join(kind.workers),
+             upgraded)
+    return upgraded
+
+
+class RolloutWatch:
+    """Looks at gpuslice's agents every second while a rollout runs: how many GPU nodes had no ready
+    agent at once, and whether old and new agents served side by side (both ready at one moment)."""
+
+    def __init__(self, kind: Kind) -> None:
+        self.kind, self.most_unready_agents, self.mixed_agents = kind, 0, False
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.watch, daemon=True)
+
+    def __enter__(self) -> RolloutWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def watch(self) -> None:
+        workers = len(self.kind.workers)
+        while not self.stop.is_set():
+            agents = [p for p in gpuslice_pods(self.kind, "agent") if not p["metadata"].get("deletionTimestamp")]
+            ready_agents = [p for p in agents if ready(p)]
+            self.most_unready_agents = max(self.most_unready_agents, workers - len(ready_agents))
+            images = {p["spec"]["containers"][0]["image"] for p in ready_agents}
+            self.mixed_agents |= len(images) > 1
+            self.stop.wait(1)
+
+
 def test_an_upgrade_keeps_running_pods_on_their_devices(deployed: Kind, demo: str, tmp_path: Path) -> None:
     needs_running_tenants(demo)
     before = {pod: (deployed.json("-n", pod.split("/")[0], "get", "pod", pod.split("/")[1])["metadata"]["uid"],
                     results(claim_of(deployed, *pod.split("/")))) for pod in TENANT_PODS}
     # The same image under a new tag: every agent and the controller restart, as in an upgrade.
-    deployed.run("docker", "tag", "gpuslice:0.1.0", "gpuslice:0.1.0-upgrade")
-    workers = [n["metadata"]["name"] for n in deployed.items("nodes")
-               if "node-role.kubernetes.io/control-plane" not in n["metadata"].get("labels", {})]
-    deployed.run(deployed.build["kind"], "load", "docker-image", "--name", deployed.cluster,
-                 "--nodes", ",".join(workers), "gpuslice:0.1.0-upgrade")
+    upgraded = load_upgrade_image(deployed)
     overlay = tmp_path / "upgrade"
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         # kustomize takes no absolute path: the overlay, relative to this one.
         "resources": [os.path.relpath(REPO / "manifests/overlays/kind", overlay)],
-        "images": [{"name": "gpuslice", "newTag": "0.1.0-upgrade"}]}))
-    deployed.kubectl("apply", "--server-side", "-k", str(overlay))
-    deployed.kubectl("-n", "gpuslice-system", "rollout", "status", "daemonset/gpuslice-agent", "--timeout=300s")
-    deployed.kubectl("-n", "gpuslice-system", "rollout", "status", "deployment/gpuslice-controller", "--timeout=300s")
+        "images": [{"name": "gpuslice", "newTag": upgraded.partition(":")[2]}]}))
+    # The skew a rolling upgrade goes through (docs/install.md, "Versions and skew"): the CRD and the
+    # controller first, then the agents node by node, each Ready (publishing) before the next goes.
+    with RolloutWatch(deployed) as watch:
+        deployed.kubectl("apply", "--server-side", "-k", str(overlay))
+        deployed.kubectl("-n", "gpuslice-system", "rollout", "status", "daemonset/gpuslice-agent", "--timeout=300s")
+        deployed.kubectl("-n", "gpuslice-system", "rollout", "status", "deployment/gpuslice-controller",
+                         "--timeout=300s")
+    assert watch.most_unready_agents <= 1, f"{watch.most_unready_agents} GPU nodes had no ready agent at once"
+    assert watch.mixed_agents, "no moment with an old and a new agent both ready was seen"
     agents = deployed.items("pods", "-n", "gpuslice-system", "-l", "app.kubernetes.io/component=agent")
     assert agents, "no agent pods"
-    assert {c["image"] for p in agents for c in p["spec"]["containers"]} == {"gpuslice:0.1.0-upgrade"}
+    assert {c["image"] for p in agents for c in p["spec"]["containers"]} == {upgraded}
     for pod, (uid, devices) in before.items():
         namespace, name = pod.split("/")
         now = deployed.json("-n", namespace, "get", "pod", name)
@@ -515,19 +655,23 @@ def test_uninstall_leaves_nothing_behind(deployed: Kind, demo: str) -> None:
     assert not found, "left behind:\n" + "\n".join(found)
     labels = deployed.json("get", "namespace", "gpu-monitoring")["metadata"].get("labels", {})
     assert "resource.kubernetes.io/admin-access" not in labels
-    for node in deployed.workers:
+    nothing_left_on_the_nodes(deployed)
+
+
+def nothing_left_on_the_nodes(kind: Kind) -> None:
+    for node in kind.workers:
         # The kubelet's directories: no registration socket, no service socket, no CDI spec, no
         # claim checkpoint (every claim was unprepared). The agent's state directory itself stays
         # (README, "Uninstall"): its record of what it published and, here, the fake GPUs' state.
-        assert DRIVER not in deployed.node_exec(node, "ls", "/var/lib/kubelet/plugins_registry")
-        assert deployed.node_exec(node, "sh", "-c", "ls /var/run/cdi | grep -c gpuslice || true").strip() == "0"
+        assert DRIVER not in kind.node_exec(node, "ls", "/var/lib/kubelet/plugins_registry")
+        assert kind.node_exec(node, "sh", "-c", "ls /var/run/cdi | grep -c gpuslice || true").strip() == "0"
         state = f"/var/lib/kubelet/plugins/{DRIVER}"
-        assert "dra.sock" not in deployed.node_exec(node, "ls", state)
-        assert deployed.node_exec(node, "sh", "-c", f"ls {state}/claims 2>/dev/null | wc -l").strip() == "0"
+        assert "dra.sock" not in kind.node_exec(node, "ls", state)
+        assert kind.node_exec(node, "sh", "-c", f"ls {state}/claims 2>/dev/null | wc -l").strip() == "0"
         # A dynamic-MIG claim's instance went with its claim (the fake GPUs keep MIG state as a GPU does).
-        fake = json.loads(deployed.node_exec(node, "cat", f"{state}/fake-gpus.json"))
+        fake = json.loads(kind.node_exec(node, "cat", f"{state}/fake-gpus.json"))
         instances = {index: gpu["instances"] for index, gpu in fake["gpus"].items() if gpu["instances"]}
         assert instances == {}, f"{node}: MIG instances left: {instances}"
         # The last MPS client gone, its daemon was stopped and its pipe and shared memory removed.
-        assert deployed.node_exec(node, "sh", "-c", "ls /dev/shm/gpuslice-mps 2>/dev/null | wc -l").strip() == "0"
-        assert deployed.node_exec(node, "sh", "-c", f"ls {state}/mps/*/pipe 2>/dev/null | wc -l").strip() == "0"
+        assert kind.node_exec(node, "sh", "-c", "ls /dev/shm/gpuslice-mps 2>/dev/null | wc -l").strip() == "0"
+        assert kind.node_exec(node, "sh", "-c", f"ls {state}/mps/*/pipe 2>/dev/null | wc -l").strip() == "0"

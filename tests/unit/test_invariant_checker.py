@@ -81,3 +81,51 @@ async def test_an_incomplete_pool_is_not_judged() -> None:
     cluster.slices, cluster.claims = ten[:1], [claim("a", names(ten)[0])]  # the devices slice not written yet
     await checker.check()
     assert checker.violations == []
+
+
+async def test_a_wiped_pool_is_excused_only_until_it_is_published_again() -> None:
+    """The kubelet wipes a pool whose plugin went away: a test injecting that says so. The pool that
+    comes back without a device a claim holds is caught (T9 of the December review)."""
+    cluster = Snapshots()
+    checker = InvariantChecker(cast(KubeClient, cluster))
+    ten = pool("10G")
+    held = names(ten)[0]
+    cluster.slices, cluster.claims = ten, [claim("a", held)]
+    checker.expect_wipe("n1")
+    await checker.check()
+    cluster.slices = []  # wiped
+    await checker.check()
+    assert checker.violations == [], "a wiped pool is not a removed device"
+    cluster.slices = pool("20G", generation=2)  # back, without the held device
+    await checker.check()
+    assert any(f"holds device n1/{held}, which its pool does not publish" in v for v in checker.violations)
+    cluster.slices = []
+    checker.violations.clear()
+    await checker.check()
+    assert checker.violations, "excused once: a pool that goes again unannounced is caught"
+
+
+async def test_without_the_excuse_a_pool_that_vanishes_is_caught() -> None:
+    cluster = Snapshots()
+    checker = InvariantChecker(cast(KubeClient, cluster))
+    ten = pool("10G")
+    cluster.slices, cluster.claims = ten, [claim("a", names(ten)[0])]
+    await checker.check()
+    cluster.slices = []
+    await checker.check()
+    assert checker.violations
+
+
+async def test_admin_access_takes_nothing_so_it_is_in_neither_invariant() -> None:
+    cluster = Snapshots()
+    checker = InvariantChecker(cast(KubeClient, cluster))
+    ten = pool("10G")
+    watch = claim("watch", *names(ten))
+    for result in watch["status"]["allocation"]["devices"]["results"]:
+        result["adminAccess"] = True
+    cluster.slices, cluster.claims = ten, [watch, claim("a", *names(ten))]
+    await checker.check()
+    assert checker.violations == [], "watching the devices a claim has is no over-allocation"
+    cluster.slices, cluster.claims = pool("20G", generation=2), [watch]
+    await checker.check()
+    assert checker.violations == [], "nor are the devices it watched held back"

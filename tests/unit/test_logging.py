@@ -47,3 +47,34 @@ def test_the_level_filters_and_console_lines_are_not_json(capsys: pytest.Capture
 def test_an_unknown_level_is_refused() -> None:
     with pytest.raises(ValueError, match="use one of debug, info, warning, error"):
         configure_logging("loud")
+
+
+def test_a_console_traceback_shows_no_local_variables(capsys: pytest.CaptureFixture[str]) -> None:
+    """rich's tracebacks print every frame's locals by default: a request's headers (Authorization),
+    an exec plugin's environment. A person pastes a traceback into an issue."""
+    configure_logging("info", "console")
+
+    def send(headers: dict[str, str]) -> None:
+        authorization = headers["Authorization"]
+        raise ConnectionError(f"refused ({len(authorization)} bytes of credentials)")
+
+    try:
+        send({"Authorization": "Bearer " + "-".join(("s3cr3t", "token"))})  # not in the source rich shows
+    except ConnectionError:
+        structlog.get_logger("x").exception("request failed")
+    text = capsys.readouterr().err
+    assert "ConnectionError" in text
+    assert "s3cr3t-token" not in text
+
+
+def test_credentials_do_not_print_their_secrets() -> None:
+    from gpuslice.kube.credentials import Credentials, ExecPlugin
+
+    credentials = Credentials(server="https://x", token="s3cr3t-token", basic=("jane", "pa55word"),
+                              key_pem=b"PRIVATE-KEY", auth_provider={"config": {"id-token": "id-t0ken"}},
+                              exec_plugin=ExecPlugin("aws", "client.authentication.k8s.io/v1", "user u",
+                                                     env=(("AWS_SECRET_ACCESS_KEY", "aws-s3cr3t"),)))
+    text = repr(credentials)
+    assert "https://x" in text
+    for secret in ("s3cr3t-token", "pa55word", "PRIVATE-KEY", "id-t0ken", "aws-s3cr3t"):
+        assert secret not in text

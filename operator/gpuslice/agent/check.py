@@ -33,11 +33,12 @@ from gpuslice.dra.nvidia_cdi import (
     GpuRef,
     HostFacts,
     MigRef,
-    NvidiaCdiError,
     common_edits,
+    device_node,
     mig_edits,
     whole_gpu_edits,
 )
+from gpuslice.dra.nvidia_toolkit import NvidiaCdiError
 from gpuslice.inventory.catalog import MI
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model, product_key
@@ -61,6 +62,7 @@ READ_CALLS = frozenset({
     "nvmlDeviceGetProcessUtilization",
 })
 _NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z_][A-Za-z0-9_]{0,31}$")
+KERNEL_DEVICES = ("nvidia", "nvidia-frontend", "nvidia-uvm", "nvidia-caps", "drm")
 _SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")
 
 
@@ -166,6 +168,14 @@ def _mig(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
         if model is not None:
             for missing in {p.name for p in model.mig_profiles} - {p.name for p in gpu.mig_profiles}:
                 report.problem(f"GPU {gpu.index}: the catalog's {model.key} has {missing}, NVML does not")
+        # The profiles come from NVML's v1 query, named as go-nvlib names them; the versioned query
+        # names them itself, but only in MIG mode (nvml.h).
+        versioned = backend.versioned_profile_names(gpu)
+        if gpu.mig_profiles and all(v is None for v in versioned.values()):
+            report.line("  NVML's versioned profile query: NOT_SUPPORTED with MIG mode off (so the v1 query is used)")
+        for name, nvml_name in sorted(versioned.items()):
+            if nvml_name is not None and nvml_name.removeprefix("MIG ").strip() != name:
+                report.problem(f"GPU {gpu.index}: profile {name} (go-nvlib's name) is {nvml_name!r} to NVML")
         instances = backend.mig_instances(gpu) if gpu.mig_enabled else []
         report.line(f"  instances now: {len(instances)}" + ("" if gpu.mig_enabled else " (MIG mode is off)"))
         for i in instances:
@@ -197,17 +207,31 @@ def _attributes(report: Report, gpus: list[Gpu]) -> None:
 
 def _cdi(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
     report.line("== CDI: the NVIDIA Container Toolkit's specs and what each kind of device would get")
-    toolkit = load_toolkit(backend.cdi_dirs)
+    driver = gpus[0].driver_version if gpus else None
+    toolkit = load_toolkit(backend.cdi_dirs, driver)
     host: HostFacts = backend.host(gpus)
-    report.line(f"specs in {toolkit.searched}: " + (", ".join(
-        f"{s.path} ({s.kind}, cdiVersion {s.version}, {len(s.devices)} devices, {len(s.common.mounts)} mounts,"
-        f" {len(s.common.hooks)} hooks)" for s in toolkit.specs) or "none"))
-    report.line(f"control nodes present: {', '.join(p for p in CONTROL_NODES if p in host.existing) or 'none'};"
-                f" mig-minors: {'present' if host.mig_minors is not None else 'absent'}; nvidia-caps major:"
-                f" {host.caps_major}")
+    report.line(f"specs in {toolkit.searched}, best first, for driver {driver}: " + (", ".join(
+        f"{s.path} ({s.kind}, cdiVersion {s.version}, driver {s.driver_version or '(does not say)'},"
+        f" {len(s.devices)} devices, {len(s.common.mounts)} mounts, {len(s.common.hooks)} hooks)"
+        for s in toolkit.specs) or "none"))
+    for spec in toolkit.stale():
+        report.problem(f"{spec.path} is a CDI spec of driver {spec.driver_version}, the driver is {driver}: gpuslice"
+                       " does not copy from it, and containers given its devices would miss their libraries;"
+                       " generate it again or remove it")
+    roots = ", ".join(sorted(toolkit.dev_roots())) or "?"
+    majors = ", ".join(f"{n} {host.majors[n]}" for n in KERNEL_DEVICES if n in host.majors) or "no NVIDIA device"
+    report.line(f"where the specs say the host keeps its device nodes: {roots}")
+    mig_minors = "present" if host.mig_minors is not None else "absent"
+    report.line(f"kernel (/proc/devices): {majors}; mig-minors: {mig_minors}")
+    for path in CONTROL_NODES:
+        control = device_node(toolkit, host, path)
+        report.line(f"  {path}: " + (f"{json.dumps(control.node.manifest(), sort_keys=True)} ({control.source})"
+                                     if control else "not given (the kernel has no such device, no spec names it)"))
+        if path in host.seen and control is None:
+            report.line("    (this container has it, the kernel does not list it: not given to containers)")
     try:
-        common, version = common_edits(toolkit, host)
-        report.line(f"common edits each claim's spec copies (cdiVersion {version}):")
+        common = common_edits(toolkit, host)
+        report.line("common edits each claim's spec copies (the claim's spec says the cdiVersion its content needs):")
         report.line("  " + json.dumps(common.manifest(), sort_keys=True))
     except NvidiaCdiError as error:
         report.problem(str(error))
@@ -221,12 +245,12 @@ def _cdi(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
         try:
             instances = backend.mig_instances(gpu) if gpu.mig_enabled else []
             for i in instances:
-                edits = mig_edits(toolkit, ref, MigRef(i.uuid, i.profile, i.gi, i.ci), host)
+                edits = mig_edits(toolkit, ref, MigRef(i.profile, i.gi, i.ci), host)
                 report.line(f"GPU {gpu.index}, MIG instance {i.profile} at {i.start} ({edits.source}):")
                 report.line("  " + json.dumps(edits.edits.manifest(), sort_keys=True))
             # A dynamic instance gets its GPU and compute instance ids when it is made; GPU instance 1,
             # compute instance 0 is what the first one on an empty GPU gets.
-            example = mig_edits(toolkit, ref, MigRef("", gpu.mig_profiles[0].name if gpu.mig_profiles else "", 1, 0),
+            example = mig_edits(toolkit, ref, MigRef(gpu.mig_profiles[0].name if gpu.mig_profiles else "", 1, 0),
                                 host)
             report.line(f"GPU {gpu.index}, a dynamic MIG instance (for example GPU instance 1, compute instance 0;"
                         f" {example.source}):")
@@ -274,9 +298,10 @@ def _processes(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
 
 
 def run_check(nvml: ModuleType, cdi_dirs: Iterable[Path] | None, out: Callable[[str], None] = print,
-              driver_root: Path = Path("/"), **host: Path) -> int:
-    """Print the check; 0 when nothing is wrong, 1 otherwise. ``host``: other roots for /dev, /proc
-    and /sys (tests)."""
+              driver_root: Path | None = None, **host: Path) -> int:
+    """Print the check; 0 when nothing is wrong, 1 otherwise. ``driver_root``: --nvidia-driver-root (NVML
+    is loaded from it, the MPS binary looked for in it); ``host``: other roots for /dev, /proc and /sys
+    (tests)."""
     guarded = ReadOnlyNvml(nvml)
     backend = NvmlBackend(cast(ModuleType, guarded), cdi_dirs=tuple(cdi_dirs or DEFAULT_SPEC_DIRS),
                           dev=host.get("dev", Path("/dev")), proc=host.get("proc", Path("/proc")),

@@ -7,48 +7,66 @@ limiting, a stalled apiserver or etcd. No wait on the agent's clock is long enou
 agent does not wait; it makes such a write impossible first:
 
 1. The device is published tainted (``gpuslice.dev/pending-change:NoSchedule``, so nothing new
-   chooses it) and listed under the node's key in the ConfigMap
-   ``gpuslice-system/gpuslice-draining``.
-2. The ValidatingAdmissionPolicy ``gpuslice-drain`` (manifests/agent-rbac.yaml), with that
-   ConfigMap as its parameter, refuses any write to a claim's status that allocates a listed
-   device. The scheduler's late write is refused; it schedules the pod again.
+   chooses it) and listed in the node's own drain object, ConfigMap
+   ``gpuslice-system/gpuslice-draining-<node>`` (labelled ``gpuslice.dev/drain-list``).
+2. The ValidatingAdmissionPolicy ``gpuslice-drain`` (manifests/agent-rbac.yaml), whose binding
+   selects every drain object as a parameter, refuses any write to a claim's status that
+   allocates a listed device. The scheduler's late write is refused; it schedules the pod again.
 3. The agent proves the rule is in force for the device: it dry-runs the create of a probe
    ConfigMap ``gpuslice-system/gpuslice-drain-probe`` naming the device, which the same rule
-   judges with the same parameter and check, and the API server refuses it (an apiserver loads
+   judges with the same parameters and check, and the API server refuses it (an apiserver loads
    a changed parameter a moment after it is written).
 4. Only then are the claims read: a claim that got the device before step 3 is seen (it is held,
    not removed); any later attempt is refused. A free device changes or goes.
 
+One object per node, and each agent may write only its own (``gpuslice-agent-own-drain-entry``):
+no node's list can crowd out another's, whatever a stolen agent token writes. A node with
+nothing to drain has no object; with none at all the rule has no parameter and refuses nothing.
+
 A removed device stays listed for ``RETENTION`` (or until it is published again), for writes
 still on their way. Left open: a scheduler write delayed longer than that, and the moment in one
 apiserver between a request passing admission and its commit to etcd. With several
-apiservers, each loads the parameter on its own; the probe proves it for the one that answered.
+apiservers, each loads the parameters on its own; the probe proves it for the one that answered.
 The second line for all of these is the kubelet plugin, which refuses to prepare a device that
 is no longer published as allocated.
+
+While listed devices wait (the rule not yet in force, the write or the probe refused), the
+cycle that asks again comes after a jittered backoff, 0.5 s doubling to the resync: every such
+cycle reads every claim in the cluster, so a drain that cannot progress must not read them more
+often than the resync does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
+from gpuslice.agent.backoff import Backoff
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 
 NAMESPACE = "gpuslice-system"
-DRAINING = "gpuslice-draining"  # ConfigMap: node -> space-separated device names
+DRAINING = "gpuslice-draining-"  # + node: ConfigMap, data {node: space-separated device names}
+LABEL = "gpuslice.dev/drain-list"  # the gpuslice-drain binding selects its parameters by this label
 PROBE = "gpuslice-drain-probe"  # ConfigMap whose create the agents dry-run
 MARKER = "gpuslice-drain: "  # how the admission rule's message begins, then "pool/device ..."
 RETENTION = 600.0  # seconds a removed device stays listed
-RECHECK = 0.5  # seconds between cycles while a listed device waits for the rule to be in force
+RECHECK = 0.5  # seconds before a cycle asks again about newly listed devices (then doubling)
+MAX_RECHECK = 60.0  # the most between such cycles (the agent passes its resync)
 # The API server drops a rule's messageExpression longer than 5 KiB for its static message, which
 # names no device (k8s.io/apiserver, celconfig.MaxEvaluatedMessageExpressionSizeBytes): a probe
 # asks about as many devices as the refusal can name, with room for the words around them.
 PROBE_BYTES = 4 * 1024
 CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
-CONFIGMAP_PATH = f"{CONFIGMAPS}/{DRAINING}"
 log = structlog.get_logger(__name__)
+
+
+def drain_object(node: str) -> str:
+    """The name of ``node``'s own drain object."""
+    return DRAINING + node
 
 
 def probe_batches(node: str, names: list[str]) -> list[list[str]]:
@@ -66,28 +84,35 @@ def probe_batches(node: str, names: list[str]) -> list[list[str]]:
 
 
 def field_manager(node: str) -> str:
-    """One per node: server-side apply then gives each agent its own key of the shared ConfigMap."""
     return f"gpuslice-agent-{node}"[:128]
+
+
+def drain_body(node: str, names: set[str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": drain_object(node), "namespace": NAMESPACE, "labels": {LABEL: "true"}},
+            "data": {node: " ".join(sorted(names))}}
 
 
 @dataclass
 class Drains:
-    """This node's entry in the drain list, and when listed devices went (this process only:
-    a restarted agent keeps what it finds listed for another ``RETENTION``)."""
+    """This node's drain object, and when listed devices went (this process only: a restarted
+    agent keeps what it finds listed for another ``RETENTION``)."""
 
     listed: set[str] = field(default_factory=set)
     removed: dict[str, float] = field(default_factory=dict)
     waiting: bool = False  # listed devices not yet refused by the API server
     warned: bool = False
+    recheck: Backoff = field(default_factory=lambda: Backoff(RECHECK, MAX_RECHECK))
+    progressed: bool = False  # since the last due_in: devices newly listed, or newly refused
+    refused_before: set[str] = field(default_factory=set)  # what the last probe showed refused
 
     async def load(self, kube: KubeClient, node: str, now: float | None = None) -> None:
         """Read this node's entry (an operator may have edited it; a restarted agent finds its own)."""
         now = time.monotonic() if now is None else now
         try:
-            body = await kube.get(CONFIGMAP_PATH)
+            body = await kube.get(f"{CONFIGMAPS}/{drain_object(node)}")
         except NotFound:
-            self._warn("ConfigMap gpuslice-system/gpuslice-draining is missing")
-            return
+            body = {}  # nothing listed: the object is made when a device first drains
         found = set(((body.get("data") or {}).get(node) or "").split())
         for name in found - self.listed:
             self.removed.setdefault(name, now)  # until shown otherwise, a device that may have gone
@@ -110,7 +135,13 @@ class Drains:
                 else:
                     self._warn(f"the drain probe failed: {error}")
                     break
-        self.waiting = bool((candidates & self.listed) - confirmed)  # held devices (tainted, unlisted) wait on claims
+        waiting = (candidates & self.listed) - confirmed  # held devices (tainted, unlisted) wait on claims
+        self.progressed |= bool(confirmed - self.refused_before)  # a device refused again is no news
+        self.refused_before = confirmed
+        self.waiting = bool(waiting)
+        if waiting and self.recheck.current >= self.recheck.limit:
+            self._warn(f"{len(waiting)} listed devices are still not refused to claims by the API server"
+                       " (is ValidatingAdmissionPolicyBinding gpuslice-drain installed?)")
         return confirmed
 
     def wanted(self, draining: set[str], before: set[str], after: set[str], now: float | None = None) -> set[str]:
@@ -124,25 +155,39 @@ class Drains:
         return draining | set(self.removed)
 
     async def write(self, kube: KubeClient, node: str, names: set[str]) -> None:
+        """This node's drain object as ``names``; with none, no object (the rule then has nothing of
+        this node's to read)."""
         if names == self.listed:
             return
-        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": DRAINING, "namespace": NAMESPACE},
-                "data": {node: " ".join(sorted(names))}}
+        path = f"{CONFIGMAPS}/{drain_object(node)}"
         try:
-            await kube.apply(CONFIGMAP_PATH, body, field_manager=field_manager(node))
+            if names:
+                await kube.apply(path, drain_body(node, names), field_manager=field_manager(node))
+            else:
+                with contextlib.suppress(NotFound):
+                    await kube.delete(path)
         except KubeError as error:
             if error.transient:
                 raise
             self._warn(f"the drain list could not be written: {error}")
             return
+        self.progressed |= bool(names - self.listed)
         self.listed = set(names)
 
     def due_in(self) -> float | None:
-        """Seconds until the next cycle should ask again; None when nothing waits."""
-        return RECHECK if self.waiting else None
+        """Seconds until the next cycle should ask again; None when nothing waits. Soon after
+        progress; otherwise each wait doubles (jittered) up to the resync."""
+        if not self.waiting:
+            self.recheck.reset()
+            return None
+        if self.progressed:
+            self.recheck.reset()
+            self.progressed = False
+        return self.recheck.next()
 
     def _warn(self, what: str) -> None:
         if not self.warned:
             log.error(f"{what}: devices that are to change stay published, tainted, and never change."
-                      " Apply manifests/agent-rbac.yaml (it ships the ConfigMap, the probe claim and the rule).")
+                      " Apply manifests/agent-rbac.yaml (it ships the agents' RBAC, the drain rule and its"
+                      " binding, and the rule that lets each agent write only its own drain object).")
             self.warned = True

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuslice.agent.backoff import spread
 from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN
 from gpuslice.dra.support import lost_fields, lost_gates
 from gpuslice.kube.client import BadRequest, Forbidden, Invalid, KubeClient, KubeError
@@ -25,7 +26,8 @@ from gpuslice.kube.paths import object_path
 
 # A policy the server refused is tried again after a while even if it did not change, since the
 # cluster's rules may have (an admission policy removed, an apiserver upgraded): after 10 s, then
-# twice as long each time it is refused again, up to 5 minutes. A change of the policy tries at once.
+# twice as long each time it is refused again, up to 5 minutes, each wait jittered (give or take half:
+# a fleet refused together tries again apart). A change of the policy tries at once.
 FIRST_RETRY, LAST_RETRY = 10.0, 300.0
 _DEVICE_FIELD = re.compile(r"^spec\.devices\[(\d+)\]")
 _POLICY_KEY = f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}"
@@ -49,7 +51,8 @@ class Refusal:
     generation: int | None
     reason: str
     since: float
-    wait: float  # seconds from ``since`` before the policy is tried again
+    wait: float  # the nominal wait (doubling), in seconds
+    until: float = 0.0  # when the policy is tried again: ``since`` + ``wait``, jittered
 
 
 @dataclass
@@ -64,7 +67,7 @@ class Refusals:
         now = time.monotonic() if now is None else now
         self.by_policy = {name: entry for name, entry in self.by_policy.items()
                           if name in generations and entry.generation == generations[name]}
-        return {name: entry.reason for name, entry in self.by_policy.items() if now - entry.since < entry.wait}
+        return {name: entry.reason for name, entry in self.by_policy.items() if now < entry.until}
 
     def record(self, refused: Mapping[str, str], generations: Mapping[str, int | None],
                now: float | None = None) -> None:
@@ -73,7 +76,7 @@ class Refusals:
             before = self.by_policy.get(name)
             again = before is not None and before.generation == generations.get(name)
             wait = min(2 * before.wait, LAST_RETRY) if before is not None and again else FIRST_RETRY
-            self.by_policy[name] = Refusal(generations.get(name), reason, now, wait)
+            self.by_policy[name] = Refusal(generations.get(name), reason, now, wait, now + spread(wait))
 
 
 async def dry_run(kube: KubeClient, manifests: Iterable[dict[str, Any]], field_manager: str) -> dict[str, KubeError]:

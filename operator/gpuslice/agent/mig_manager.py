@@ -26,12 +26,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from gpuslice.agent.backoff import spread
 from gpuslice.agent.events import policy_ref, record_event
 from gpuslice.agent.files import write_atomic
 from gpuslice.agent.gpus import GpuBackendError
@@ -54,6 +55,7 @@ class Failure:
     generation: int
     at: float
     message: str
+    wait: float = 0.0  # seconds from ``at`` before the same generation is tried again (jittered)
 
 
 @dataclass
@@ -103,18 +105,22 @@ class MigManager:
     # 1. What each static GPU publishes
 
     async def adjust(self, plan: NodePlan, policies: Sequence[GpuSlicePolicy]) -> NodePlan:
+        """The plan with each static GPU publishing the instances it has, each device carrying its
+        instance's UUID as NVIDIA's static MIG devices do (``MigDeviceInfo.GetDevice``: ``uuid``)."""
         by_name = {p.name: p for p in policies}
         targets = layout_targets(plan.typed, policies)
         pending: dict[str, Pending] = {}
         replaced: dict[str, list[Device]] = {}
+        uuids: dict[str, dict[Instance, str]] = {}
         for uuid, target in sorted(targets.items()):
             gpu = self.ops.gpus.get(uuid)
             if gpu is None:
                 continue
             async with self.ops.lock(uuid):
                 enabled = await self.ops.call(self.ops.backend.mig_enabled, gpu)
-                existing = tuple(sorted((i.profile, i.start) for i in
-                                        await self.ops.call(self.ops.backend.mig_instances, gpu)))
+                instances = await self.ops.call(self.ops.backend.mig_instances, gpu)
+            existing = tuple(sorted((i.profile, i.start) for i in instances))
+            uuids[uuid] = {(i.profile, i.start): i.uuid for i in instances if i.uuid}
             if enabled and set(existing) == set(target.instances):
                 if uuid not in self.applied() or sorted(self.applied()[uuid]) != sorted(existing):
                     self._record(uuid, target.policy, existing)  # matched already (e.g. made by hand)
@@ -126,10 +132,11 @@ class MigManager:
         self.pending = pending
         if self.draining not in pending:
             self.draining = None
-        if not replaced:
+        if not replaced and not any(uuids.values()):
             return plan
         typed = [d for d in plan.typed if d.gpu_uuid not in replaced]
         typed += [d for found in replaced.values() for d in found]
+        typed = [_with_instance_uuid(d, uuids.get(d.gpu_uuid, {})) for d in typed]
         typed.sort(key=lambda d: (d.memory, d.name))
         return NodePlan(layout(plan.counter_sets, [d.manifest() for d in typed]), plan.notes, tuple(typed))
 
@@ -166,7 +173,7 @@ class MigManager:
         if failure is None or pending is None:
             return False
         same_spec = (failure.policy, failure.generation) == (pending.policy.name, pending.policy.metadata.generation)
-        return same_spec and now - failure.at < self.retry_after
+        return same_spec and now - failure.at < (failure.wait or self.retry_after)
 
     def draining_devices(self, published: Iterable[dict[str, Any]]) -> set[str]:
         """Published devices of GPUs that drain for a reconfiguration: they go on the drain list."""
@@ -206,12 +213,12 @@ class MigManager:
                 rollback = await self._undo(gpu, done)
                 message = (f"{where} could not be reconfigured to the layout of policy {pending.policy.name}"
                            f" ({_layout(pending.target.instances)}): {error}. {rollback} Its devices carry"
-                           f" {MIG_FAILED_TAINT_KEY}; the agent tries again after {self.retry_after:g} s or when the"
-                           " policy changes.")
+                           f" {MIG_FAILED_TAINT_KEY}; the agent tries again after about {self.retry_after:g} s or"
+                           " when the policy changes.")
                 log.error("MIG reconfiguration failed", node=self.node, gpu=uuid, policy=pending.policy.name,
                           error=str(error), rollback=rollback)
                 self.failed[uuid] = Failure(pending.policy.name, pending.policy.metadata.generation,
-                                            time.monotonic(), message)
+                                            time.monotonic(), message, spread(self.retry_after))
                 self.draining = None
                 await record_event(kube, self.node, policy_ref(pending.policy.name, pending.policy.metadata.uid),
                                    "MigReconfigurationFailed", message)
@@ -249,6 +256,13 @@ class MigManager:
             return (f"Rolling back failed too ({error}): the GPU has the instances it has now, and publishes"
                     " exactly those.")
         return "It was rolled back to its last good layout."
+
+
+def _with_instance_uuid(device: Device, uuids: dict[Instance, str]) -> Device:
+    if device.profile is None or device.placement is None:
+        return device
+    found = uuids.get((device.profile, device.placement[0]))
+    return replace(device, mig_uuid=found) if found else device
 
 
 def _layout(instances: Iterable[Instance]) -> str:

@@ -67,13 +67,14 @@ class PublishResult:
 
 async def allocated_devices(kube: KubeClient, node: str) -> set[str]:
     """Names of this pool's devices that some claim has allocated (every claim, in pages:
-    the API server cannot select claims by pool)."""
+    the API server cannot select claims by pool). Not with admin access: that takes no device
+    from anyone (the scheduler counts nothing taken), so it holds back no change of one."""
     found = set()
     claims, _ = await list_all(kube, "/apis/resource.k8s.io/v1/resourceclaims")
     for claim in claims:
         allocation = (claim.get("status") or {}).get("allocation") or {}
         for result in (allocation.get("devices") or {}).get("results") or []:
-            if result.get("driver") == DRIVER and result.get("pool") == node:
+            if result.get("driver") == DRIVER and result.get("pool") == node and not result.get("adminAccess"):
                 found.add(str(result["device"]))
     return found
 
@@ -155,6 +156,14 @@ def _reconfiguring(device: dict[str, Any]) -> bool:
 
 def _content(spec: dict[str, Any]) -> Any:
     return normalized({"sharedCounters": spec.get("sharedCounters") or [], "devices": spec.get("devices") or []})
+
+
+def _records(last: Published | None, generation: int, devices: list[dict[str, Any]],
+             counter_sets: list[dict[str, Any]]) -> bool:
+    """Whether ``last`` records this generation as published (quantities by value, taint times ignored)."""
+    return last is not None and last.generation == generation and normalized(
+        {"devices": last.devices, "sharedCounters": last.counter_sets}) == normalized(
+        {"devices": devices, "sharedCounters": counter_sets})
 
 
 def _generations(policies: Policies) -> dict[str, int | None]:
@@ -260,8 +269,9 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
                                {d["name"] for s in slices for d in s.devices})
         if unchanged or (not wanted and not current):
             await drains.write(kube, node, listed)
-            if record is not None and existing and (last is None or last.generation != generation):
-                record.save(Published(generation, published, counter_sets))  # e.g. slices of an earlier agent
+            if record is not None and existing and not _records(last, generation, published, counter_sets):
+                # Slices of an earlier agent, or a generation recorded but never written (killed first).
+                record.save(Published(generation, published, counter_sets))
             CYCLES.labels(outcome="unchanged").inc()
             again = await _reconfigure(mig, kube, allocated, published, drained)
             return PublishResult(generation, (), (), safe.held, plan.notes, safe.draining, tuple(sorted(refused)),
@@ -283,6 +293,12 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
 
     generation += 1  # the whole generation passed the dry run: write it
     await drains.write(kube, node, listed)  # devices that start draining are listed before they are tainted
+    if record is not None:
+        # Recorded before any of it is written: a claim may get a device of this generation as soon as
+        # it is complete, and an agent killed before the record was saved, whose pool the kubelet then
+        # wiped, republished an older one without that device (T9 of the December hostile review).
+        record.save(Published(generation, [d for s in slices for d in s.devices],
+                              [c for s in slices for c in s.shared_counters]))
     deleted = []
     for name in sorted(set(current) - set(wanted)):  # obsolete first, as the upstream helper does
         try:
@@ -296,9 +312,7 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         await kube.apply(f"{SLICES}/{name}", manifest, field_manager=FIELD_MANAGER)
         written.append(name)
         failpoint("agent.slice-written")
-    if record is not None:
-        record.save(Published(generation, [d for s in slices for d in s.devices],
-                              [c for s in slices for c in s.shared_counters]))
+    failpoint("agent.pool-written")  # the whole generation is written (its record saved before)
     CYCLES.labels(outcome="written").inc()
     again = await _reconfigure(mig, kube, allocated, published, drained)
     result = PublishResult(generation, tuple(written), tuple(deleted), safe.held, plan.notes, safe.draining,

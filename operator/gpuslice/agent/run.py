@@ -20,8 +20,9 @@ import aiohttp
 import structlog
 from prometheus_client import REGISTRY, Gauge, Histogram
 
+from gpuslice.agent.backoff import Backoff, spread
 from gpuslice.agent.coexistence import OtherDrivers
-from gpuslice.agent.drain import Drains
+from gpuslice.agent.drain import RECHECK, Drains
 from gpuslice.agent.dryrun import Refusals
 from gpuslice.agent.events import node_ref, record_event
 from gpuslice.agent.gpus import GpuBackend
@@ -35,7 +36,6 @@ from gpuslice.agent.startup import (
     check_cluster,
     choose_backend,
     fake_gpus_of,
-    spread,
     until_answered,
 )
 from gpuslice.agent.usage.collector import UsageCollector, UsageSettings
@@ -72,8 +72,8 @@ async def publish_loop(kube: KubeClient, settings: AgentSettings, gpus: list[Gpu
     its record, and lets its MIG manager work; ``statuses`` are the GPUs' health taints;
     ``modes_out``, the slicing modes this server cannot serve, and why (their policies publish
     nothing new here)."""
-    node, resync, backoff = settings.node, settings.resync, 1.0
-    drains, refusals, others = Drains(), Refusals(), OtherDrivers()
+    node, resync, backoff = settings.node, settings.resync, Backoff(1.0, settings.max_backoff)
+    drains, refusals, others = Drains(recheck=Backoff(RECHECK, resync)), Refusals(), OtherDrivers()
     while not stop.is_set():
         due = drains.due_in()
         with contextlib.suppress(TimeoutError):
@@ -105,24 +105,24 @@ async def publish_loop(kube: KubeClient, settings: AgentSettings, gpus: list[Gpu
                 watches.want_claims(bool(result.held) or bool(plugin and plugin.mig.pending))
             if result.again:
                 wake.set()
-            backoff = 1.0
+            backoff.reset()
         except Exception as error:  # the loop is the agent's purpose: it outlives any failed cycle
+            wait = backoff.next()
             if isinstance(error, KubeError) and error.status == 404 and "nodes" in error.message:
                 log.warning("this agent's Node does not exist (yet); will retry", node=node)
             elif isinstance(error, KubeError | aiohttp.ClientError | TimeoutError | ConnectionError):
                 # The apiserver busy (429), restarting or slow: expected at scale, not a bug.
                 log.warning("publishing failed; will retry", node=node, error=str(error) or type(error).__name__,
-                            retry_in=backoff)
+                            retry_in=round(wait, 1))
             else:
-                log.exception("publishing failed unexpectedly; will retry", node=node, retry_in=backoff)
+                log.exception("publishing failed unexpectedly; will retry", node=node, retry_in=round(wait, 1))
             CYCLES.labels(outcome="failed").inc()
             # Backoff, cut short by news: after an outage, the watches list again as soon as the API
             # server is back, and that wakes the next try at once.
             wake.clear()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(spread(backoff)):
+                async with asyncio.timeout(wait):
                     await wake.wait()
-            backoff = min(backoff * 2, settings.max_backoff)
             wake.set()
 
 
@@ -142,14 +142,19 @@ def publish_ready(last_success: float, now: float, within: float, plugin_startin
 
 
 async def stale_claims_loop(plugin: NodePlugin, stop: asyncio.Event, every: float) -> None:
-    """Unprepare claims the kubelet never unprepared and that no longer exist (see kubeletplugin.recovery)."""
+    """Unprepare claims the kubelet never unprepared and that no longer exist (see kubeletplugin.recovery):
+    every ``every`` seconds, jittered; a sweep that failed is tried again after a backoff from 1 s."""
+    backoff = Backoff(1.0, every)
     while not stop.is_set():
         try:
             await collect_stale(plugin.preparer)
+            backoff.reset()
+            wait = spread(every)
         except Exception:
-            log.exception("sweeping stale claims failed; will retry")
+            wait = backoff.next()
+            log.exception("sweeping stale claims failed; will retry", retry_in=round(wait, 1))
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(every):
+            async with asyncio.timeout(wait):
                 await stop.wait()
 
 
@@ -249,11 +254,12 @@ class _Agent:
                 return await check_cluster(kube, settings.node, self.stop, settings.max_backoff)
             except AgentStopped as error:
                 self.waiting_for = f"this cluster cannot serve gpuslice, nothing is published: {error}"
+                wait = spread(settings.resync)  # a fleet refused together asks again apart
                 log.error("this cluster cannot serve gpuslice: nothing is published; the kubelet plugin keeps"
                           " serving what it prepared; will check again", node=settings.node, problem=str(error),
-                          retry_in=settings.resync)
+                          retry_in=round(wait, 1))
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(settings.resync):
+                    async with asyncio.timeout(wait):
                         await self.stop.wait()
         return None
 

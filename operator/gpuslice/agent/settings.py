@@ -38,11 +38,19 @@ class AgentSettings(ProcessSettings):
     backend: Literal["nvml", "fake"] = Field(default="nvml", description=(
         "Where GPUs come from: nvml (the NVIDIA driver) or fake (kind and the dev cluster; state in state_dir)."))
     fake_gpus: str | None = Field(default=None, description=(
-        "Fake backend: MODEL:COUNT[,MODEL:COUNT]; unset: the node's gpuslice.dev/fake-gpu-* labels."))
+        "Fake backend: MODEL:COUNT[:mig-off][,MODEL:COUNT...] (mig-off: MIG-capable GPUs start with MIG mode"
+        " off); unset: the node's gpuslice.dev/fake-gpu-* labels."))
     nvidia_cdi_dir: tuple[Path, ...] = Field(default=(), description=(
         "NVML backend: where the NVIDIA Container Toolkit's CDI specs are (nvidia.com/gpu,"
         " management.nvidia.com/gpu or k8s.device-plugin.nvidia.com/gpu), whose libraries and hooks each claim's"
-        " spec copies (repeat the flag; in the variable, separated by ':'); unset: /etc/cdi, then /var/run/cdi."))
+        " spec copies (repeat the flag; in the variable, separated by ':'; a later one wins, as in CDI); unset:"
+        " /etc/cdi, then /var/run/cdi."))
+    nvidia_driver_root: Path | None = Field(default=None, description=(
+        "NVML backend: the NVIDIA driver's root as mounted in the agent's container (the host's / or the GPU"
+        " Operator's /run/nvidia/driver; the chart's nvidiaDriverRoot): NVML is loaded from it, and"
+        " nvidia-cuda-mps-control is looked for in its usr/bin, bin, usr/local/bin and usr/sbin when it is not"
+        " on PATH. Unset: both from the container's own paths, where the NVIDIA Container Toolkit's runtime"
+        " puts them."))
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description=(
         "Serve /metrics, /healthz and /readyz on this port; off when unset (the probes need it)."))
     kubelet_registrar_dir: Path = Field(default=_PLUGIN.registrar_dir, description=(
@@ -74,10 +82,6 @@ class AgentSettings(ProcessSettings):
     health_recovery: float = Field(default=_HEALTH.recovery, ge=0, description=(
         "Seconds an unhealthy GPU must go without a fault before its taint is lifted: a flapping GPU does"
         " not churn the slices."))
-    nvidia_driver_root: Path = Field(default=Path("/"), description=(
-        "NVML backend: where the host's NVIDIA driver files are, as the agent sees them (the GPU Operator's"
-        " driver container: /run/nvidia/driver); nvidia-cuda-mps-control is looked for on PATH, then in its"
-        " usr/bin, bin, usr/local/bin and usr/sbin."))
     mps_dir: Path | None = Field(default=None, description=(
         "Where each GPU's MPS control daemon keeps its pipe and log directories (policies with"
         " slicing.isolation: MPS), mounted into its clients at the same path on the host; unset: mps/ in"
@@ -123,7 +127,7 @@ class AgentSettings(ProcessSettings):
             raise ValueError("--fake-gpus is for --backend fake")
         if self.nvidia_cdi_dir and self.backend != "nvml":
             raise ValueError("--nvidia-cdi-dir is for --backend nvml")
-        if self.nvidia_driver_root != Path("/") and self.backend != "nvml":
+        if self.nvidia_driver_root is not None and self.backend != "nvml":
             raise ValueError("--nvidia-driver-root is for --backend nvml")
         if self.mps_daemon_args and self.backend != "nvml":
             raise ValueError("--mps-daemon-args is for --backend nvml")

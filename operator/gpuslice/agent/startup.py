@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import aiohttp
 import structlog
 
+from gpuslice.agent.backoff import Backoff
 from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.dra.support import Verdict
@@ -34,17 +34,12 @@ class AgentStopped(Exception):
     """The agent cannot run on this cluster or node; the message says why and what to change."""
 
 
-def spread(seconds: float) -> float:
-    """``seconds`` give or take half: retries of many agents spread out instead of arriving together."""
-    return seconds * random.uniform(0.5, 1.5)
-
-
 async def until_answered(ask: Callable[[], Awaitable[T]], stop: asyncio.Event, node: str, what: str,
                          max_backoff: float = 10.0) -> T | None:
     """``ask()``, again while the server cannot answer it (unreachable, starting, 5xx, 429, "not yet
     ready", the Node not registered yet); None once stopped, even mid-request. A definite no
     (RBAC, a bad request) raises :class:`AgentStopped`."""
-    delay = 1.0
+    backoff = Backoff(1.0, max_backoff)
     while not stop.is_set():
         asking, stopping = asyncio.ensure_future(ask()), asyncio.ensure_future(stop.wait())
         try:
@@ -66,13 +61,12 @@ async def until_answered(ask: Callable[[], Awaitable[T]], stop: asyncio.Event, n
         except (aiohttp.ClientError, TimeoutError, ConnectionError) as error:
             reason = str(error) or type(error).__name__
         # Jittered: after an outage a fleet's agents must not ask again in step.
-        wait = spread(delay)
+        wait = backoff.next()
         log.warning(f"{what}: the API server cannot answer yet; will ask again", node=node, error=reason,
                     retry_in=round(wait, 1))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait):
                 await stop.wait()
-        delay = min(delay * 2, max_backoff)
     return None
 
 
@@ -107,12 +101,11 @@ async def fake_gpus_of(kube: KubeClient, node: str) -> str:
 def choose_backend(settings: AgentSettings, fake_gpus: str | None = None) -> GpuBackend:
     """The GPUs' backend; ``fake_gpus`` (MODEL:COUNT,...) when the fake one's come from the Node."""
     if settings.backend == "nvml":
+        from gpuslice.agent.gpus.nvidia_cdi import DEFAULT_SPEC_DIRS
         from gpuslice.agent.gpus.nvml import NvmlBackend
 
-        if settings.nvidia_cdi_dir:
-            return NvmlBackend(cdi_dirs=settings.nvidia_cdi_dir, driver_root=settings.nvidia_driver_root,
-                               mps_args=settings.mps_daemon_args)
-        return NvmlBackend(driver_root=settings.nvidia_driver_root, mps_args=settings.mps_daemon_args)
+        return NvmlBackend(cdi_dirs=settings.nvidia_cdi_dir or DEFAULT_SPEC_DIRS,
+                           driver_root=settings.nvidia_driver_root, mps_args=settings.mps_daemon_args)
     from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 
     spec = fake_gpus or settings.fake_gpus

@@ -45,6 +45,11 @@ Text = Annotated[str, StringConstraints(max_length=317)]
 
 
 MIN_SLICE = "256Mi"
+# Upper bounds on every number of the spec, so that nothing computed from them (the bytes of a
+# limit, a quota) can pass what the API server stores: an int64. A count of devices past a
+# million is more than any cluster publishes; a size past 16Ti more than any GPU has.
+MAX_COUNT = 1_000_000
+MAX_MEMORY = "16Ti"
 
 
 def _positive_quantity(value: str | None) -> bool:
@@ -59,6 +64,24 @@ def _positive_quantity(value: str | None) -> bool:
 def _positive_quantity_cel(field: str) -> str:
     return (f"!has(self.{field}) || (isQuantity(self.{field}) &&"
             f" quantity(self.{field}).isGreaterThan(quantity('0')))")
+
+
+def _at_most(value: str | None, bound: str) -> bool:
+    """Whether ``value`` (a quantity, or not one: another rule says so) is at most ``bound``."""
+    if value is None:
+        return True
+    try:
+        return parse_quantity(value) <= parse_quantity(bound)
+    except ValueError:
+        return True
+
+
+def _at_most_cel(field: str, bound: str) -> str:
+    return (f"!has(self.{field}) || !isQuantity(self.{field}) ||"
+            f" !quantity(self.{field}).isGreaterThan(quantity('{bound}'))")
+
+
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 
 
 class LabelSelectorRequirement(ApiModel):
@@ -114,6 +137,9 @@ class GpuSelector(ApiModel):
         Rule(_positive_quantity_cel("minMemory"),
              "gpuSelector.minMemory must be a positive quantity such as 40Gi",
              lambda s: _positive_quantity(s.min_memory), ".minMemory"),
+        Rule(_at_most_cel("minMemory", MAX_MEMORY),
+             f"gpuSelector.minMemory must be at most {MAX_MEMORY}: no GPU has more memory",
+             lambda s: _at_most(s.min_memory, MAX_MEMORY), ".minMemory"),
     )
 
     @property
@@ -203,6 +229,9 @@ class Slicing(ApiModel):
              " with devices; use e.g. 1Gi",
              lambda s: not _positive_quantity(s.slice_size) or s.slice_size is None
              or parse_quantity(s.slice_size) >= parse_quantity(MIN_SLICE), ".sliceSize"),
+        Rule(_at_most_cel("sliceSize", MAX_MEMORY),
+             f"slicing.sliceSize must be at most {MAX_MEMORY}: no GPU has more memory",
+             lambda s: _at_most(s.slice_size, MAX_MEMORY), ".sliceSize"),
     )
 
     @property
@@ -223,16 +252,17 @@ class Tenant(ApiModel):
                                {"rule": f"self.matches({cel_regex(DNS_LABEL)})", "message": TENANT_NAMESPACE_MESSAGE},
                                {"rule": f"self != '{CONTROLLER_NAMESPACE}'", "message": CONTROLLER_NAMESPACE_MESSAGE},
                            ]})
-    max_slices: int | None = Field(default=None, ge=0, description=(
+    max_slices: int | None = Field(default=None, ge=0, le=MAX_COUNT, description=(
         "memory and shared mode: most slices of sliceSize this namespace may hold at once (in"
-        " shared mode, each allocation is then one sliceSize), enforced by a ResourceQuota."))
-    max_full_gpus: int | None = Field(default=None, ge=0, description=(
+        " shared mode, each allocation is then one sliceSize), enforced by a ResourceQuota."
+        " 0 to 1,000,000."))
+    max_full_gpus: int | None = Field(default=None, ge=0, le=MAX_COUNT, description=(
         "memory mode with allowFullGpu: most whole GPUs this namespace may hold at once. A limited"
-        " tenant (any max* set) gets none unless this grants them."))
-    max_mig_devices: dict[Name, Annotated[int, Field(ge=0)]] | None = Field(
+        " tenant (any max* set) gets none unless this grants them. 0 to 1,000,000."))
+    max_mig_devices: dict[Name, Count] | None = Field(
         default=None, max_length=16, description=(
             "mig mode: most MIG devices of each profile this namespace may hold at once, e.g."
-            " {\"1g.10gb\": 4, \"3g.40gb\": 1}; a profile not listed is a limit of 0."))
+            " {\"1g.10gb\": 4, \"3g.40gb\": 1}; a profile not listed is a limit of 0. Each 0 to 1,000,000."))
 
     rules = (
         Rule(None,  # a rule on the string itself (above): on the object, the estimated cost is too high

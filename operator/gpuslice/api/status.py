@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from gpuslice.api.rules import ApiModel
+
+# The most nodes a policy may select: each is named in its status, which every allocation of the
+# policy's devices is checked against (status.selectedNodes; at ~40 bytes a name, 40 KB).
+MAX_SELECTED_NODES = 1000
+NodeName = Annotated[str, StringConstraints(max_length=253)]
 
 
 class Condition(ApiModel):
@@ -47,7 +52,7 @@ class TenantStatus(ApiModel):
         " allocation consumed."))
     limit_bytes: int | None = Field(default=None, description=(
         "Most GPU memory it may hold: the sum over kinds of quota x the kind's memory (a whole GPU"
-        " counts as the largest GPU the policy selects); unset means no limit."))
+        " counts as the largest GPU the policy selects), at most 2^63-1; unset means no limit."))
     kinds: list[KindUsage] = Field(default_factory=list, description=(
         "Per kind of device: what it holds and its quota."))
 
@@ -117,6 +122,12 @@ class GpuSlicePolicyStatus(ApiModel):
         " limits and classes it counts. The tenancy admission policy (manifests/admission.yaml) reads"
         " this list."),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["namespace"]})
+    selected_nodes: list[NodeName] = Field(default_factory=list, max_length=MAX_SELECTED_NODES, description=(
+        "Written by the controller only: the nodes this policy's devices may be allocated on, those"
+        " whose labels match spec.nodeSelector and that have GPUs (by their labels) or a gpuslice node"
+        " agent, as of the last valid spec. The tenancy admission policy refuses an allocation of the"
+        " policy's devices on any other node's pool, so a node agent cannot lure its tenants elsewhere."),
+        json_schema_extra={"x-kubernetes-list-type": "set"})
     admin_access_labels: list[str] = Field(default_factory=list, description=(
         "Written by the controller only: namespaces where gpuslice set the admin-access label for"
         " this policy. The label is removed only where a policy recorded it, so a label someone"

@@ -20,7 +20,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
 from gpuslice.controller.changes import Changes
 from gpuslice.controller.crd import crd_leaving as crd_is_leaving
-from gpuslice.controller.login import counted_session
+from gpuslice.controller.login import KopfLogin
 from gpuslice.controller.reconcile import Context, reconcile, report_deleting
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import start_context
@@ -123,11 +123,12 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
         if "ctx" in memo:
             await memo.ctx.kube.close()
 
+    logins = KopfLogin(kubeconfig)  # this run's (a run of Kopf after the CRD came back gets new ones)
+
     @kopf.on.login(registry=registry)
-    async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
-        info = kopf.login_with_service_account(**kwargs) if kubeconfig is None else None
-        info = info or kopf.login_with_kubeconfig(**kwargs)
-        return counted_session(info) if info is not None else None
+    async def login(**_: Any) -> kopf.AiohttpSession:
+        """The same identity as gpuslice's own client (controller/login.py says why not Kopf's login)."""
+        return await logins.session()
 
     @kopf.index(*POLICY, registry=registry, id="policy_index")
     def policy_index(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:

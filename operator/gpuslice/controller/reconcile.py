@@ -24,13 +24,13 @@ from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
 from gpuslice.controller.apply import LIMIT_KINDS, REST_KINDS, converge
 from gpuslice.controller.events import post_event
 from gpuslice.controller.metrics import POLICY_METRICS, RECONCILE_DURATION, RECONCILES, PolicyFigures
-from gpuslice.controller.status import TENANCY_NOT_ENFORCED, Findings, build_status, status_body
+from gpuslice.controller.status import STATUS_REFUSED, TENANCY_NOT_ENFORCED, Findings, build_status, status_body
 from gpuslice.controller.tenancy import QuotaView, admitted_tenants, tenancy_unenforced
 from gpuslice.controller.tenancy_labels import named_namespaces, sync_tenancy_labels
 from gpuslice.controller.world import World
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import KubeClient, KubeError
-from gpuslice.planning.cluster_objects import desired_objects
+from gpuslice.planning.cluster_objects import DeviceRef, desired_objects
 from gpuslice.planning.coexistence import mig_manager_active
 from gpuslice.planning.kinds import DeviceKind, device_kinds
 from gpuslice.planning.usage import (
@@ -147,7 +147,9 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, conv
         except (KubeError, ConvergeFailed) as error:
             RECONCILES.labels(result="error").inc()
             transient = isinstance(error, KubeError) and error.transient
-            delay = ctx.failed(name, generation, transient) if converge_objects else ctx.first_retry
+            # Every failure counts, a status write's too: a status the API server refuses (or a
+            # refresh that keeps failing) is tried again after a growing delay, never every 2 s.
+            delay = ctx.failed(name, generation, transient)
             log.warning("reconcile failed; will retry", policy=name, error=str(error), retry_in=delay)
             raise kopf.TemporaryError(str(error), delay=delay) from error
         finally:
@@ -209,9 +211,10 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     if policy.metadata.deletion_timestamp:
         return
     selection = world.selection(policy)
+    nodes = world.nodes_selected(policy)
     others = [(p, world.selection(p)) for p in world.parsed_policies() if p.name != policy.name]
     problems = validate(policy, selection, others, foreign_extended=world.foreign_extended(),
-                        controller_namespace=ctx.namespace)
+                        controller_namespace=ctx.namespace, selected_nodes=len(nodes))
     kinds = device_kinds(policy, selection)
     mine = world.slices_of(policy.name)
     devices = devices_by_policy(mine).get(policy.name, set())
@@ -262,7 +265,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         if unenforced:
             problems = [Problem(TENANCY_NOT_ENFORCED, unenforced)]
     # Held back for a claim, not merely draining for a few seconds before a change (no news).
-    allocated = {ref for claim in world.claims for ref in claim.devices}
+    allocated = {ref for claim in world.claims for ref in claim.taken}  # admin access holds nothing back
     tainted = devices & pending_devices(mine)
     pending = len(tainted & allocated)
     tenants, admins = {t.namespace for t in policy.spec.tenants}, set(policy.spec.admin_access.namespaces)
@@ -275,6 +278,10 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         other_drivers=world.other_drivers_on(selection.nodes),
         mig_manager_nodes=sorted(n for n in selection.nodes if policy.spec.slicing.mode == "mig"
                                  and mig_manager_active(world.nodes.get(n, {}))),
+        # The record the tenancy rule reads moves with valid specs only: a frozen policy's devices
+        # stay where they were, and so do the nodes they may be allocated on.
+        selected_nodes=None if problems else nodes,
+        unselected=_unselected(policy, nodes, devices - tainted),
     )
     labels, admitted = _records(ctx, policy)
     await write_status(ctx, policy, findings, labels, admitted)
@@ -295,6 +302,14 @@ async def _sync_tenancy_labels(ctx: Context, world: World) -> list[str]:
     except KubeError as error:
         return [f"labelling tenant namespaces: {error.message}"]
     return []
+
+
+def _unselected(policy: GpuSlicePolicy, nodes: Sequence[str], devices: set[DeviceRef]) -> list[str]:
+    """Nodes that publish devices of ``policy`` (untainted: an agent removing them taints them first)
+    though the policy selects them neither now nor in its record: a node agent publishing what its
+    policy does not give it (a compromised node). The tenancy rule refuses their allocation."""
+    known = set(nodes) | set(policy.status.selected_nodes)
+    return sorted({ref.pool for ref in devices if ref.pool not in known})
 
 
 async def _probe(ctx: Context, policy: GpuSlicePolicy, class_name: str) -> KubeError | None:
@@ -326,7 +341,18 @@ async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings,
     old = policy.status.model_dump(by_alias=True, exclude_none=True, mode="json")
     if new == old:
         return
-    await ctx.kube.merge_patch(f"{POLICIES}/{policy.name}/status", {"status": new})
+    try:
+        await ctx.kube.merge_patch(f"{POLICIES}/{policy.name}/status", {"status": new})
+    except KubeError as error:
+        if not error.transient:
+            # The policy must say why it has no verdict: the condition alone, which the API server
+            # takes whatever else it refused (the failure still counts in the backoff).
+            await _write_verdict_only(ctx, policy.name, old, policy.metadata.generation, STATUS_REFUSED, (
+                f"The API server refused the status gpuslice worked out for GpuSlicePolicy {policy.name}:"
+                f" {error.message}. Without it the policy's devices stay as they are and nothing new is"
+                " published; gpuslice tries again with a growing delay. Change the spec field the message"
+                " names; if the spec is valid, this is a gpuslice bug: report it with this message."))
+        raise
     was = {c.type: c for c in policy.status.conditions}
     now = {c.type: c for c in status.conditions}
     for kind, event_type in (("Valid", "Warning"), ("Degraded", "Warning")):
@@ -349,20 +375,29 @@ def parse_problem(name: str, error: pydantic.ValidationError) -> str:
 
 async def _write_invalid_shape(ctx: Context, body: Mapping[str, Any], message: str) -> None:
     """Valid=False for a spec that does not parse; written once, not on every status refresh."""
-    name = body["metadata"]["name"]
-    status = body.get("status") or {}
+    await _write_verdict_only(ctx, body["metadata"]["name"], body.get("status") or {},
+                              body["metadata"].get("generation"), "InvalidSpec", message)
+
+
+async def _write_verdict_only(ctx: Context, name: str, status: Mapping[str, Any], generation: int | None,
+                              reason: str, message: str) -> None:
+    """Valid=False with ``reason`` at ``generation``, and nothing else of the status changed: for when
+    the full status cannot be worked out (a spec that does not parse) or written (the API server
+    refused it). Written once, not on every try."""
     old: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Valid"), {})
-    generation = body["metadata"].get("generation")
-    if (old.get("reason"), old.get("message"), status.get("observedGeneration")) == (
-            "InvalidSpec", message[:2000], generation):
+    recorded = (old.get("reason"), old.get("message"), status.get("observedGeneration"))
+    if recorded == (reason, message[:2000], generation):
         return
-    log.warning("policy does not parse", policy=name, error=message)
+    log.warning("policy has no verdict", policy=name, reason=reason, error=message)
     since = old.get("lastTransitionTime") if old.get("status") == "False" else None
-    condition = {"type": "Valid", "status": "False", "reason": "InvalidSpec", "message": message[:2000],
+    condition = {"type": "Valid", "status": "False", "reason": reason, "message": message[:2000],
                  "lastTransitionTime": since or _now()}
     others = [c for c in status.get("conditions") or [] if c.get("type") != "Valid"]
-    await ctx.kube.merge_patch(f"{POLICIES}/{name}/status", {"status": {
-        "observedGeneration": generation, "conditions": [condition, *others]}})
+    try:
+        await ctx.kube.merge_patch(f"{POLICIES}/{name}/status", {"status": {
+            "observedGeneration": generation, "conditions": [condition, *others]}})
+    except KubeError as error:
+        log.error("the policy's verdict could not be written either", policy=name, error=str(error))
 
 
 async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -> str | None:
@@ -376,13 +411,21 @@ async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -
     mine = world.slices_of(name)
     devices = devices_by_policy(mine).get(name, set())
     held = usage(devices, world.claims)
-    nodes = sorted({ref.pool for ref in published_by_policy(mine).get(name, set())})
-    if not held.holding_claims and not nodes:
-        return None
     try:
         policy = GpuSlicePolicy.from_body(body)
     except pydantic.ValidationError:
         policy = None  # a spec that never parsed: nothing to report on, deletion still waits
+    publishing = {ref.pool for ref in published_by_policy(mine).get(name, set())}
+    # Only the nodes the policy selects now hold it: a node that publishes its devices anyway (a
+    # compromised agent) must not keep it from going, for good; nor one taken out of its selection
+    # since (whose agent drains them: the drain rule, not the policy, keeps them from claims).
+    selected = set(world.nodes_selected(policy)) if policy else publishing
+    nodes = sorted(publishing & selected)
+    if publishing - selected:
+        log.warning("deletion does not wait for nodes the policy does not select", policy=name,
+                    nodes=sorted(publishing - selected))
+    if not held.holding_claims and not nodes:
+        return None
     if policy is not None:
         findings = Findings(list[Problem](), world.selection(policy),
                             len(devices), held, deleting=True, publishing_nodes=nodes)

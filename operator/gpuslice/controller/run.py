@@ -32,6 +32,17 @@ class ControllerStopped(Exception):
     """The controller cannot (or may no longer) act; the message says why. Exit status 1."""
 
 
+class StartupChecks:
+    """/readyz of the controller: ready once its start-up checks of the API server passed, the
+    leader and a copy waiting for the Lease alike (a rollout must not wait for a Lease, and a
+    PodDisruptionBudget counts ready copies); before that it says what it waits for."""
+
+    passed = False
+
+    def ready(self) -> tuple[bool, str]:
+        return (True, "ok") if self.passed else (False, "checking what the API server serves and allows")
+
+
 async def _wait_any(*events: asyncio.Event) -> None:
     waits = [asyncio.create_task(e.wait()) for e in events]
     try:
@@ -50,7 +61,8 @@ async def run_controller(settings: ControllerSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    runner = await serve_metrics(settings.metrics_port) if settings.metrics_port else None
+    checked = StartupChecks()
+    runner = await serve_metrics(settings.metrics_port, ready=checked.ready) if settings.metrics_port else None
     kube = await KubeClient.from_kubeconfig(settings.kubeconfig, request_timeout=settings.request_timeout)
     elector: LeaderElector | None = None
     try:
@@ -68,6 +80,7 @@ async def run_controller(settings: ControllerSettings) -> None:
             log.warning("server check", warning=warning)
         if not verdict.ok:
             raise ControllerStopped("; ".join(verdict.problems))
+        checked.passed = True
         if settings.leader_election:
             elector = LeaderElector(kube, identity(), namespace=namespace, lease_duration=settings.lease_duration,
                                     renew_deadline=settings.renew_deadline, retry_period=settings.retry_period)

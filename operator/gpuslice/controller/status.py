@@ -20,6 +20,7 @@ from gpuslice.planning.usage import Usage
 from gpuslice.planning.validation import Problem, Selection
 
 TENANCY_NOT_ENFORCED = "TenancyNotEnforced"
+STATUS_REFUSED = "StatusRefused"  # the API server refused the status worked out (only Valid is written)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class Findings:
     publishing_nodes: Sequence[str] = ()  # while deleting: nodes whose agents still publish its devices
     other_drivers: Sequence[str] = ()  # selected nodes where another DRA driver publishes GPUs
     mig_manager_nodes: Sequence[str] = ()  # selected nodes where the GPU Operator's MIG manager runs (mig mode)
+    selected_nodes: Sequence[str] | None = None  # the nodes to record (None: keep the record, not valid now)
+    unselected: Sequence[str] = ()  # nodes publishing its devices that it does not select
 
 
 def _condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
@@ -92,6 +95,14 @@ def conditions(f: Findings) -> list[Condition]:
                               f"{len(f.foreign)} claims outside spec.tenants hold devices of this policy (allocated"
                               f" before their namespace left spec.tenants): {', '.join(f.foreign[:10])}. No new"
                               " allocation outside the tenants is admitted; delete these claims to return the devices.")
+    elif f.unselected:
+        degraded = _condition("Degraded", True, "DevicesOnUnselectedNodes",
+                              f"{len(f.unselected)} nodes this policy does not select publish devices of it:"
+                              f" {', '.join(f.unselected[:10])}. The tenancy rule refuses to allocate them (they"
+                              " are not in status.selectedNodes) and deletion does not wait for them. A node agent"
+                              " publishes devices only of the policies that select its node: check those nodes"
+                              " (a compromised node, or an agent of another version) and delete their gpuslice"
+                              " ResourceSlices.")
     elif f.taken:
         degraded = _condition("Degraded", True, "NameTaken",
                               f"{'; '.join(f.taken)}: made by someone else before gpuslice, so gpuslice leaves it"
@@ -162,6 +173,7 @@ def build_status(policy: GpuSlicePolicy, f: Findings, now: str) -> GpuSlicePolic
         slices=SliceCounts(published=f.published, allocated=f.usage.allocated),
         tenants=tenants,
         holding_claims=f.usage.holding_claims if f.deleting else [],
+        selected_nodes=list(f.selected_nodes if f.selected_nodes is not None else policy.status.selected_nodes),
     )
 
 

@@ -22,6 +22,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.controller.tenancy import QuotaView
 from gpuslice.inventory.nodes import NodeGpus, node_gpus
+from gpuslice.planning.selection import selected_nodes
 from gpuslice.planning.usage import ClaimView, SliceView
 from gpuslice.planning.validation import Selection, select
 
@@ -114,6 +115,12 @@ class World:
             kept = (spec, select(policy, inventory))
             self.memo.selections[policy.name] = kept
         return kept[1]
+
+    def nodes_selected(self, policy: GpuSlicePolicy) -> tuple[str, ...]:
+        """The nodes ``policy``'s devices may be allocated on (``selection.selected_nodes``): those
+        with GPUs by their labels, or a gpuslice pool, that its node selector matches."""
+        pools = self.slice_pools.keys() if self.slice_pools is not None else {v.pool for v in self.slices}
+        return selected_nodes(policy, self.nodes, {g.node for _, g in self.inventory()} | set(pools))
 
     def parsed_policies(self) -> list[GpuSlicePolicy]:
         found = []

@@ -36,26 +36,30 @@ class DeviceNode:
     minor: int | None = None
     file_mode: int | None = None
     permissions: str | None = None
+    uid: int | None = None
+    gid: int | None = None
 
     def manifest(self) -> dict[str, Any]:
         node: dict[str, Any] = {"path": self.path}
         if self.host_path and self.host_path != self.path:
             node["hostPath"] = self.host_path
         for key, value in (("type", self.type), ("major", self.major), ("minor", self.minor),
-                           ("fileMode", self.file_mode), ("permissions", self.permissions)):
+                           ("fileMode", self.file_mode), ("permissions", self.permissions), ("uid", self.uid),
+                           ("gid", self.gid)):
             if value is not None:
                 node[key] = value
         return node
 
     @classmethod
     def from_spec(cls, node: Mapping[str, Any]) -> DeviceNode:
-        """A ``deviceNodes`` entry of someone else's spec, as written there."""
+        """A ``deviceNodes`` entry of someone else's spec, as written there (nvcdi writes a DRM
+        node's ``gid``: ``internal/edits/device.go``)."""
         def number(key: str) -> int | None:
             value = node.get(key)
             return int(value) if isinstance(value, int) else None
 
         return cls(str(node.get("path", "")), node.get("hostPath"), node.get("type"), number("major"),
-                   number("minor"), number("fileMode"), node.get("permissions"))
+                   number("minor"), number("fileMode"), node.get("permissions"), number("uid"), number("gid"))
 
 
 @dataclass(frozen=True)
@@ -112,12 +116,33 @@ def _unique(items: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]
 
 
 def newer_version(*versions: str) -> str:
-    """The newest CDI version (``0.6.0`` < ``0.8.0`` < ``1.0.0``): a spec that carries another
-    spec's edits must say at least that spec's version."""
+    """The newest CDI version (``0.6.0`` < ``0.8.0`` < ``1.0.0``)."""
     def key(version: str) -> tuple[int, ...]:
         return tuple(int(p) if p.isdigit() else 0 for p in version.split("."))
 
     return max(versions, key=key)
+
+
+def required_version(spec: Mapping[str, Any]) -> str:
+    """The oldest CDI version whose schema has every field ``spec`` uses, by the rules of CDI's
+    ``MinimumRequiredVersion`` (``specs-go/version.go``): a runtime refuses a spec that says less
+    (``ValidateVersion``), and edits copied from another spec may need more than that spec's own
+    version says of the spec gpuslice writes (``additionalGids`` needs 0.7.0)."""
+    edits = [spec.get("containerEdits") or {}, *((d.get("containerEdits") or {}) for d in spec.get("devices") or ())]
+    if any(e.get("netDevices") or (e.get("intelRdt") or {}).get("schemata") is not None
+           or (e.get("intelRdt") or {}).get("enableMonitoring") for e in edits):
+        return "1.1.0"
+    if any(e.get("additionalGids") or e.get("intelRdt") is not None for e in edits):
+        return "0.7.0"
+    if spec.get("annotations") or any(d.get("annotations") for d in spec.get("devices") or ()) \
+            or "." in str(spec.get("kind", "")).partition("/")[2]:
+        return "0.6.0"
+    if any(str(d.get("name", ""))[:1].isdigit() for d in spec.get("devices") or ()) \
+            or any(n.get("hostPath") for e in edits for n in e.get("deviceNodes") or ()):
+        return "0.5.0"
+    if any(m.get("type") for e in edits for m in e.get("mounts") or ()):
+        return "0.4.0"
+    return "0.3.0"
 
 
 def device_name(claim_uid: str, device: str) -> str:
@@ -144,16 +169,15 @@ def claim_uid_of(file_name: str) -> str | None:
     return file_name[len(SPEC_PREFIX):-len(".json")] or None
 
 
-def claim_spec(devices: Mapping[str, ContainerEdits], common: ContainerEdits | None = None,
-               version: str = CDI_VERSION) -> dict[str, Any]:
+def claim_spec(devices: Mapping[str, ContainerEdits], common: ContainerEdits | None = None) -> dict[str, Any]:
     """The spec of one claim: ``devices`` by CDI name; ``common`` edits apply whenever any of them
-    is injected; ``version``, at least ``CDI_VERSION`` (higher when edits copied from a newer spec
-    need it)."""
+    is injected. Its ``cdiVersion`` is ``CDI_VERSION``, or what its content requires when more."""
     spec: dict[str, Any] = {
-        "cdiVersion": newer_version(CDI_VERSION, version),
+        "cdiVersion": CDI_VERSION,
         "kind": KIND,
         "devices": [{"name": name, "containerEdits": edits.manifest()} for name, edits in sorted(devices.items())],
     }
     if common is not None and (edits := common.manifest()):
         spec["containerEdits"] = edits
+    spec["cdiVersion"] = newer_version(CDI_VERSION, required_version(spec))
     return spec

@@ -1,23 +1,36 @@
 """``gpuslice status``, ``gpuslice why`` and ``gpuslice plan --cluster``: what a platform
 engineer looks at, from the API server alone. The same commands are the kubectl plugin
-(``kubectl gpuslice ...``, see ``plugin``)."""
+(``kubectl gpuslice ...``, see ``plugin``), so they take kubectl's ``--kubeconfig``, ``--context``,
+``-n`` (default: the context's namespace) and ``-A``, read kubeconfigs in kubectl's order, and keep
+the client's debug lines off the terminal."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import click
 import yaml
 
-from gpuslice.inspect.snapshot import InspectError, read_facts, read_snapshot
+from gpuslice.inspect.snapshot import (
+    InspectError,
+    device_classes,
+    namespaces_facts,
+    pending_pods,
+    read_facts,
+    read_snapshot,
+)
 from gpuslice.kube.client import KubeClient
+from gpuslice.kube.credentials import KubeconfigError
 from gpuslice.planning.occupancy import as_json
 from gpuslice.planning.status_report import StatusReport, status_report
-from gpuslice.settings import KUBECONFIG_HELP
+from gpuslice.settings import ClusterAccess, options
+
+cluster_options = options(ClusterAccess)
 
 
 def _console() -> Any:
@@ -27,23 +40,37 @@ def _console() -> Any:
     return console if console.is_terminal else Console(width=140)
 
 
-async def _connect(kubeconfig: str | None) -> KubeClient:
+def quiet_logging() -> None:
+    """Warnings and errors only: the client's debug lines (a retry, say) are for the controller's log,
+    not a person's terminal."""
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout is for -o json
+
+
+async def _connect(access: ClusterAccess) -> KubeClient:
     try:
-        return await KubeClient.from_kubeconfig(kubeconfig)
-    except Exception as error:  # no kubeconfig, a bad one: say so, not a traceback
+        return await KubeClient.from_kubeconfig(access.kubeconfig, context=access.context, pod_first=False)
+    except KubeconfigError as error:  # no kubeconfig, a bad one, a field refused: its own words
+        raise InspectError(str(error)) from None
+    except Exception as error:  # anything else: say so, not a traceback
         raise InspectError(f"cannot connect to a cluster: {error}") from None
 
 
 def _run(coroutine: Any) -> Any:
+    quiet_logging()
     try:
         return asyncio.run(coroutine)
-    except InspectError as error:
+    except (InspectError, KubeconfigError) as error:
         click.echo(f"gpuslice: {error}", err=True)
         sys.exit(1)
 
 
-async def report(kubeconfig: str | None) -> StatusReport:
-    async with await _connect(kubeconfig) as kube:
+async def report(access: ClusterAccess) -> StatusReport:
+    async with await _connect(access) as kube:
         return status_report(await read_snapshot(kube))
 
 
@@ -75,13 +102,13 @@ async def print_map(kube: KubeClient, console: Any, svg_path: Path | None = None
 
 
 @click.command("status")
-@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, envvar="GPUSLICE_KUBECONFIG",
-              help=KUBECONFIG_HELP)
+@cluster_options
 @click.option("-o", "--output", type=click.Choice(["text", "json", "svg", "html"]), default="text",
               show_default=True, help="text: the terminal view; svg/html: the same map as an image; json: for scripts.")
-def status(kubeconfig: str | None, output: str) -> None:
-    """The GPU occupancy map (who holds which part of which GPU) and use against limit per policy and tenant."""
-    result = _run(report(kubeconfig))
+def status(kubeconfig: Path | None, context: str | None, output: str) -> None:
+    """The GPU occupancy map (who holds which part of which GPU) and use against limit per policy and tenant,
+    for the whole cluster (GPUs are the cluster's, as nodes are: no -n or -A)."""
+    result = _run(report(ClusterAccess(kubeconfig=kubeconfig, context=context)))
     text = render_report(result, output)
     if text is not None:
         click.echo(text, nl=False)
@@ -92,52 +119,73 @@ def status(kubeconfig: str | None, output: str) -> None:
     console.print(status_view(result, console.width))
 
 
-def _subject(target: str, namespace: str | None) -> tuple[str, str]:
-    if "/" in target:
-        ns, _, name = target.partition("/")
-        return ns, name
-    return namespace or "default", target
+async def _diagnose(access: ClusterAccess, target: str | None, namespace: str | None,
+                    all_namespaces: bool) -> list[Any]:
+    """The diagnosis of ``target`` (``NAME`` or ``NAMESPACE/NAME``); without one, of every Pending pod
+    that asks for a gpuslice device in ``namespace`` (default: the context's), or everywhere."""
+    from gpuslice.planning.pending import asks_for_devices, diagnose
 
-
-async def _diagnose(kubeconfig: str | None, namespace: str, name: str) -> Any:
-    from gpuslice.planning.pending import diagnose
-
-    async with await _connect(kubeconfig) as kube:
+    async with await _connect(access) as kube:
         snapshot = await read_snapshot(kube)
-        facts = await read_facts(kube, namespace, name)
-    result = status_report(snapshot)
-    return diagnose(facts, snapshot.policies, result.policies, result.map)
+        result = status_report(snapshot)
+        if target is not None:
+            ns, _, name = target.rpartition("/")
+            facts = [await read_facts(kube, ns or namespace or kube.namespace, name)]
+        else:
+            pods = await pending_pods(kube, None if all_namespaces else namespace or kube.namespace)
+            classes = await device_classes(kube)
+            pods = [p for p in pods if asks_for_devices(p, classes, snapshot.policies)]  # else NoClaims: unlisted
+            per_namespace = await namespaces_facts(kube, (p["metadata"]["namespace"] for p in pods), classes)
+            facts = [replace(per_namespace[p["metadata"]["namespace"]], pod=p) for p in pods]
+    found = [diagnose(f, snapshot.policies, result.policies, result.map) for f in facts]
+    if target is None:  # a listing: only the pods that wait for a gpuslice device
+        found = [d for d in found if not {f.code for f in d.findings} & {"NotGpuslice", "NoClaims"}]
+    return found
 
 
 @click.command("why")
-@click.argument("target", metavar="NAMESPACE/POD | NAMESPACE/CLAIM")
-@click.option("-n", "--namespace", default=None, help="Namespace, when TARGET has none (default: default).")
-@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, envvar="GPUSLICE_KUBECONFIG",
-              help=KUBECONFIG_HELP)
+@click.argument("target", metavar="[NAMESPACE/]POD | [NAMESPACE/]CLAIM", required=False)
+@click.option("-n", "--namespace", default=None,
+              help="Namespace of TARGET, or of the pods to explain without one (default: the context's namespace).")
+@click.option("-A", "--all-namespaces", is_flag=True,
+              help="Without TARGET: explain every Pending pod that asks for a gpuslice device, in every namespace.")
+@cluster_options
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def why(target: str, namespace: str | None, kubeconfig: str | None, output: str) -> None:
-    """Why a pod (or a ResourceClaim) waits for its GPU, in the platform's terms."""
-    ns, name = _subject(target, namespace)
-    diagnosis = _run(_diagnose(kubeconfig, ns, name))
+def why(target: str | None, namespace: str | None, all_namespaces: bool, kubeconfig: Path | None,
+        context: str | None, output: str) -> None:
+    """Why a pod (or a ResourceClaim) waits for its GPU, in the platform's terms. Without TARGET: every
+    Pending pod of the namespace (-n, or every namespace with -A) that asks for a gpuslice device."""
+    if target is not None and all_namespaces:
+        raise click.UsageError("a pod cannot be looked up by name across all namespaces (-A): give"
+                               " NAMESPACE/POD, or -n NAMESPACE")
+    if namespace is not None and all_namespaces:
+        raise click.UsageError("-n and -A: give one")
+    found = _run(_diagnose(ClusterAccess(kubeconfig=kubeconfig, context=context), target, namespace,
+                           all_namespaces))
     if output == "json":
-        click.echo(json.dumps(as_json(diagnosis), indent=2))
+        click.echo(json.dumps(as_json(found[0] if target is not None else found), indent=2))
     else:
         from gpuslice.inspect.render.terminal import why_view
 
-        _console().print(why_view(diagnosis))
-    if any(f.code == "NotFound" for f in diagnosis.findings):
+        console = _console()
+        for diagnosis in found:
+            console.print(why_view(diagnosis))
+        if target is None and not found:
+            where = "any namespace" if all_namespaces else f"namespace {namespace or 'of the context'}"
+            console.print(f"No Pending pod in {where} asks for a gpuslice device.")
+    if target is not None and any(f.code == "NotFound" for f in found[0].findings):
         sys.exit(1)
 
 
-async def plan_on_cluster(kubeconfig: str | None, paths: list[Path]) -> Any:
+async def plan_on_cluster(access: ClusterAccess, paths: list[Path]) -> Any:
     from gpuslice.inspect.cluster_plan import plan_from_cluster
 
-    async with await _connect(kubeconfig) as kube:
+    async with await _connect(access) as kube:
         return await plan_from_cluster(kube, paths)
 
 
-def cluster_plan(kubeconfig: str | None, paths: list[Path], output: str) -> None:
-    changes = _run(plan_on_cluster(kubeconfig, paths))
+def cluster_plan(access: ClusterAccess, paths: list[Path], output: str) -> None:
+    changes = _run(plan_on_cluster(access, paths))
     if output == "json":
         click.echo(json.dumps(as_json(changes), indent=2))
         return

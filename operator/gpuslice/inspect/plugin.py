@@ -12,9 +12,10 @@ from pathlib import Path
 import click
 
 from gpuslice import __version__
-from gpuslice.inspect.commands import cluster_plan, status, why
+from gpuslice.inspect.commands import cluster_options, cluster_plan, status, why
 from gpuslice.inspect.extra import need_cli_extra
-from gpuslice.settings import KUBECONFIG_HELP
+from gpuslice.kube.useragent import set_component
+from gpuslice.settings import ClusterAccess
 
 
 @click.group(name="kubectl gpuslice")
@@ -30,16 +31,16 @@ main.add_command(why)
 @main.command("plan")
 @click.option("-f", "--filename", "files", multiple=True, required=True, type=click.Path(exists=True, dir_okay=False),
               help="The edited (or new) GpuSlicePolicy YAML (repeat for several).")
-@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None, envvar="GPUSLICE_KUBECONFIG",
-              help=KUBECONFIG_HELP)
+@cluster_options
 @click.option("-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text", show_default=True)
-def plan(files: tuple[str, ...], kubeconfig: str | None, output: str) -> None:
+def plan(files: tuple[str, ...], kubeconfig: Path | None, context: str | None, output: str) -> None:
     """What applying these policies would add, drain and hold on the live cluster; nothing is written."""
-    cluster_plan(kubeconfig, [Path(f) for f in files], output)
+    cluster_plan(ClusterAccess(kubeconfig=kubeconfig, context=context), [Path(f) for f in files], output)
 
 
 def run() -> None:
     """The ``kubectl-gpuslice`` entry point: help and errors name the command as kubectl users type it."""
+    set_component("gpuslice-cli")
     try:
         need_cli_extra("kubectl gpuslice")
     except click.ClickException as error:

@@ -10,7 +10,8 @@ the ClusterRole to bind.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRIVER
@@ -20,8 +21,10 @@ from gpuslice.planning.status_report import Snapshot
 
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 RESOURCE = "/apis/resource.k8s.io/v1"
-DRAINING = f"/api/v1/namespaces/{CONTROLLER_NAMESPACE}/configmaps/gpuslice-draining"
+CONFIGMAPS = f"/api/v1/namespaces/{CONTROLLER_NAMESPACE}/configmaps"
+DRAIN_LABEL = "gpuslice.dev/drain-list=true"  # one drain object per draining node (agent.drain)
 VIEWER = "gpuslice-viewer (manifests/viewer-rbac.yaml)"
+NAMESPACES_AT_ONCE = 4  # why -A: namespaces read at a time, five lists each, so 20 requests at most
 
 
 class InspectError(Exception):
@@ -76,23 +79,65 @@ async def read_snapshot(kube: KubeClient) -> Snapshot:
         _list(kube, "Nodes", "/api/v1/nodes"),
     )
     rules = await _taint_rules(kube, notes)
-    draining = await _optional(kube.get(DRAINING), "the agents' drain record (ConfigMap gpuslice-draining)", notes)
-    listed = {node: str(names).split() for node, names in ((draining or {}).get("data") or {}).items()}
+    drains = await _optional(kube.list(CONFIGMAPS, labelSelector=DRAIN_LABEL),
+                             "the agents' drain lists (ConfigMaps gpuslice-draining-<node> in gpuslice-system)", notes)
+    listed = {}
+    for body in drains or []:  # each object counts only for the node it is named after, as the rule reads it
+        node = body["metadata"]["name"].removeprefix("gpuslice-draining-")
+        listed[node] = str((body.get("data") or {}).get(node) or "").split()
     return Snapshot(policies, slices, claims, nodes, rules, listed, tuple(notes))
+
+
+async def device_classes(kube: KubeClient) -> dict[str, dict[str, Any]]:
+    return {c["metadata"]["name"]: c for c in await _list(kube, "DeviceClasses", f"{RESOURCE}/deviceclasses")}
+
+
+async def namespace_facts(kube: KubeClient, namespace: str,
+                          classes: dict[str, dict[str, Any]] | None = None) -> Facts:
+    """What ``namespace`` holds that bears on a pod of it waiting for a device (no pod yet); its
+    reads at once. ``classes``: the DeviceClasses, when the caller has them already."""
+    ns, resource_ns = f"/api/v1/namespaces/{namespace}", f"{RESOURCE}/namespaces/{namespace}"
+    claims, templates, quotas, events, namespace_body, classes = await asyncio.gather(
+        _list(kube, f"ResourceClaims in {namespace}", f"{resource_ns}/resourceclaims"),
+        _list(kube, f"ResourceClaimTemplates in {namespace}", f"{resource_ns}/resourceclaimtemplates"),
+        _list(kube, f"ResourceQuotas in {namespace}", f"{ns}/resourcequotas"),
+        _list(kube, f"Events in {namespace}", f"{ns}/events"),
+        _optional(kube.get(ns), f"namespace {namespace}", []),
+        device_classes(kube) if classes is None else _ready(classes))
+    return Facts(namespace, None, None, {c["metadata"]["name"]: c for c in claims},
+                 {t["metadata"]["name"]: t for t in templates}, quotas,
+                 str(((namespace_body or {}).get("metadata") or {}).get("uid", "")), events, classes)
+
+
+async def _ready(value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return value
+
+
+async def namespaces_facts(kube: KubeClient, namespaces: Iterable[str], classes: dict[str, dict[str, Any]],
+                           at_once: int = NAMESPACES_AT_ONCE) -> dict[str, Facts]:
+    """``namespace_facts`` of each, ``at_once`` namespaces at a time (five reads each)."""
+    gate = asyncio.Semaphore(at_once)
+
+    async def one(namespace: str) -> Facts:
+        async with gate:
+            return await namespace_facts(kube, namespace, classes)
+
+    names = sorted(set(namespaces))
+    return dict(zip(names, await asyncio.gather(*(one(n) for n in names)), strict=True))
 
 
 async def read_facts(kube: KubeClient, namespace: str, name: str) -> Facts:
     """The pod ``namespace/name`` (or, when there is none, the ResourceClaim of that name) and what
     the namespace holds that bears on it."""
-    ns = f"/api/v1/namespaces/{namespace}"
-    pod = await _optional(kube.get(f"{ns}/pods/{name}"), f"pod {namespace}/{name}", [])
-    claims = {c["metadata"]["name"]: c for c in await _list(
-        kube, f"ResourceClaims in {namespace}", f"{RESOURCE}/namespaces/{namespace}/resourceclaims")}
-    templates = {t["metadata"]["name"]: t for t in await _list(
-        kube, f"ResourceClaimTemplates in {namespace}", f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates")}
-    quotas = await _list(kube, f"ResourceQuotas in {namespace}", f"{ns}/resourcequotas")
-    events = await _list(kube, f"Events in {namespace}", f"{ns}/events")
-    namespace_body = await _optional(kube.get(ns), f"namespace {namespace}", [])
-    classes = {c["metadata"]["name"]: c for c in await _list(kube, "DeviceClasses", f"{RESOURCE}/deviceclasses")}
-    return Facts(namespace, pod, None if pod is not None else name, claims, templates, quotas,
-                 str(((namespace_body or {}).get("metadata") or {}).get("uid", "")), events, classes)
+    pod = await _optional(kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}"), f"pod {namespace}/{name}", [])
+    facts = await namespace_facts(kube, namespace)
+    return replace(facts, pod=pod, claim_name=None if pod is not None else name)
+
+
+async def pending_pods(kube: KubeClient, namespace: str | None) -> list[dict[str, Any]]:
+    """The Pending pods of ``namespace`` (None: of every namespace), oldest first."""
+    path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+    pods = await _list(kube, f"pods in {namespace}" if namespace else "pods", path,
+                       fieldSelector="status.phase=Pending")
+    return sorted(pods, key=lambda p: (str(p["metadata"].get("creationTimestamp", "")),
+                                       str(p["metadata"]["namespace"]), str(p["metadata"]["name"])))

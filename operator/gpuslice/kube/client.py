@@ -4,8 +4,8 @@ We speak plain JSON (dicts) rather than kubernetes_asyncio's generated models:
 the models lag the server (resource.k8s.io gains fields every minor) and
 silently drop what they do not know, which for ResourceSlices would mean
 rewriting a driver's devices without fields the scheduler relies on. The HTTP
-session and the credentials are ``transport``'s (kubernetes_asyncio only for
-kubeconfigs that need its auth plugins).
+session and the credentials are ``transport``'s (kubeconfigs read as kubectl reads
+them: ``kubeconfig``).
 
 Every failure is a :class:`KubeError`, typed by what it means to the caller
 (:class:`NotFound`, :class:`Conflict`, :class:`Invalid`, :class:`TooManyRequests`,
@@ -214,16 +214,20 @@ class KubeClient:
     """A small async JSON client; create with :meth:`from_kubeconfig` and close when done."""
 
     def __init__(self, transport: Transport, *, timeout: float = REQUEST_TIMEOUT,
-                 retry: RetryPolicy = RetryPolicy()) -> None:
+                 retry: RetryPolicy = RetryPolicy(), namespace: str = "default") -> None:
         self.transport = transport
         self.timeout = timeout
         self.retry = retry
+        self.namespace = namespace  # the context's (or the pod's) namespace: what kubectl defaults to
 
     @classmethod
-    async def from_kubeconfig(cls, path: Path | str | None = None, *, request_timeout: float = REQUEST_TIMEOUT,
+    async def from_kubeconfig(cls, path: Path | str | None = None, *, context: str | None = None,
+                              pod_first: bool = True, request_timeout: float = REQUEST_TIMEOUT,
                               retry: RetryPolicy = RetryPolicy()) -> KubeClient:
-        """From ``path``; without one, the pod's ServiceAccount, then $KUBECONFIG or ~/.kube/config."""
-        return cls(await connect(path), timeout=request_timeout, retry=retry)
+        """From ``path`` and ``context``; without a path, the pod's ServiceAccount, then $KUBECONFIG or
+        ~/.kube/config (``pod_first=False``: kubectl's order, the pod's ServiceAccount last)."""
+        transport = await connect(path, context, pod_first=pod_first)
+        return cls(transport, timeout=request_timeout, retry=retry, namespace=transport.namespace)
 
     async def close(self) -> None:
         await self.transport.close()

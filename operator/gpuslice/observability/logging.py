@@ -9,6 +9,7 @@ field as our own lines would name it, so one query finds every line about a poli
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import sys
 from collections.abc import MutableMapping
@@ -44,11 +45,21 @@ _SHARED: list[structlog.types.Processor] = [
 ]
 
 
+def _tracebacks() -> structlog.typing.ExceptionRenderer:
+    """rich's tracebacks when rich is there, but without each frame's local variables, which
+    structlog's default shows: a request's Authorization header, an exec plugin's environment, in a
+    traceback a person pastes into an issue. Never better-exceptions' either, which prints values."""
+    if importlib.util.find_spec("rich") is not None:
+        return structlog.dev.RichTracebackFormatter(show_locals=False)
+    return structlog.dev.plain_traceback
+
+
 def configure_logging(level: str = "info", fmt: LogFormat = "auto") -> None:
     """``fmt="auto"``: console lines when stderr is a terminal, JSON lines otherwise (a container)."""
     console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     renderer: structlog.types.Processor = (
-        structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()) if console else structlog.processors.JSONRenderer())
+        structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), exception_formatter=_tracebacks())
+        if console else structlog.processors.JSONRenderer())
     structlog.configure(
         processors=[*_SHARED, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),

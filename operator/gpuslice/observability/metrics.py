@@ -51,7 +51,7 @@ async def serve_metrics(port: int, host: str = "0.0.0.0", *, alive: Check | None
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, access_log=None)  # no line per scrape or probe (a probe every 5 s per pod)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner

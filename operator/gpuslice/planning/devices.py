@@ -32,6 +32,7 @@ MODES: tuple[Mode, ...] = ("memory", "shared", "mig")
 # pool_safety): a state of the device, not part of what the device is.
 PENDING_CHANGE_TAINT = f"{ATTRIBUTE_DOMAIN}/pending-change"
 _HEX8 = re.compile(r"^[0-9a-f]{8}$")
+MIG_UUID = "uuid"  # unqualified: the driver's domain, where NVIDIA's attributes are
 NO_FACTS = GpuFacts()
 
 
@@ -97,6 +98,9 @@ class Device:
     # "MPS" when the policy's slicing.isolation asks for it: part of what the device is (a claim
     # holding it gets MPS limits), so a change of isolation is a change of the device.
     isolation: str | None = None
+    # A static MIG device's instance UUID, published as NVIDIA's ``uuid`` (dra-driver-nvidia-gpu's
+    # MigDeviceInfo.GetDevice); the agent knows it (the instance exists), the plan does not.
+    mig_uuid: str | None = None
 
     @property
     def whole_gpu(self) -> bool:
@@ -113,6 +117,8 @@ class Device:
             **nvidia_attributes(self.kind, self.gpu_uuid, self.gpu_index, self.product_name, self.pci_bus_id,
                                 self.facts, self.profile),
         }
+        if self.mig_uuid:
+            attributes[MIG_UUID] = _attr(self.mig_uuid)
         if self.kind == "full":
             attributes[f"{ATTRIBUTE_DOMAIN}/sliceSize"] = _attr("full")
         elif self.slice_size is not None:
@@ -171,7 +177,18 @@ class Device:
                          for t in body.get("taints") or [] if t.get("key") != PENDING_CHANGE_TAINT),
             facts=read_facts(attributes), engines=read_engines(capacity),
             isolation=isolation if isinstance(isolation, str) else None,
+            mig_uuid=str((attributes.get(MIG_UUID) or {}).get("string")) if mode == "mig" and MIG_UUID in attributes
+            else None,
         )
+
+
+def without_instance_uuid(device: Mapping[str, Any]) -> dict[str, Any]:
+    """A published device without its static MIG instance's UUID: what a plan made without the
+    instances (the controller's) can know of it."""
+    attributes = device.get("attributes") or {}
+    if _read(attributes, "mode") != "mig" or MIG_UUID not in attributes:
+        return dict(device)
+    return {**device, "attributes": {k: v for k, v in attributes.items() if k != MIG_UUID}}
 
 
 def gpu_ref(gpu: Gpu) -> dict[str, Any]:

@@ -104,11 +104,16 @@ def usable(tenant: Tenant, kinds: list[DeviceKind]) -> list[DeviceKind]:
     return [k for k in kinds if quota(tenant, k) != 0]
 
 
+INT64_MAX = 2**63 - 1  # the most an integer field of an object can hold (the API server refuses more)
+
+
 def limit_bytes(tenant: Tenant, kinds: list[DeviceKind]) -> int | None:
-    """The most GPU memory ``tenant`` can hold through this policy: sum of quota x size."""
+    """The most GPU memory ``tenant`` can hold through this policy: sum of quota x size, saturated
+    at ``INT64_MAX`` (about 9.2 EB: only a spec whose sliceSize no GPU has gets near it), so the
+    status that reports it can always be written."""
     if not tenant.limited:
         return None
-    return sum((quota(tenant, k) or 0) * k.memory for k in kinds)
+    return min(sum((quota(tenant, k) or 0) * k.memory for k in kinds), INT64_MAX)
 
 
 def template_names(policy: GpuSlicePolicy, tenant: Tenant, kinds: list[DeviceKind]) -> dict[str, DeviceKind]:

@@ -118,23 +118,46 @@ def _pod_claim_names(pod: Body) -> dict[str, str]:
     return names
 
 
-def _extended(pod: Body, facts: Facts, policies: Sequence[Body]) -> list[Request]:
-    """Requests made the device-plugin way (``resources.limits``) that a policy's class serves."""
-    served = {str(c["spec"]["extendedResourceName"]): name for name, c in facts.device_classes.items()
+def _served(device_classes: Mapping[str, Body], policies: Sequence[Body]) -> dict[str, str]:
+    """Extended resource names, and the DeviceClass that serves each."""
+    served = {str(c["spec"]["extendedResourceName"]): name for name, c in device_classes.items()
               if (c.get("spec") or {}).get("extendedResourceName")}
     served.update({str((b.get("spec") or {})["extendedResourceName"]): f"{b['metadata']['name']}.{ATTRIBUTE_DOMAIN}"
                    for b in policies if (b.get("spec") or {}).get("extendedResourceName")})
-    status = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
-    claim = str(status.get("resourceClaimName") or "the claim the scheduler makes for the extended resources")
+    return served
+
+
+def _resources(pod: Body) -> list[tuple[str, str, Any]]:
+    """(container, resource, quantity) of every request and limit of the pod's containers."""
     found = []
     for container in [*((pod.get("spec") or {}).get("initContainers") or []),
                       *((pod.get("spec") or {}).get("containers") or [])]:
         resources = container.get("resources") or {}
         for key, value in {**(resources.get("requests") or {}), **(resources.get("limits") or {})}.items():
-            device_class = served.get(key) or (key.removeprefix(IMPLICIT_EXTENDED)
-                                               if key.startswith(IMPLICIT_EXTENDED) else None)
-            if device_class:
-                found.append(Request(claim, f"{container.get('name')}: {key}", device_class, int(value)))
+            found.append((str(container.get("name")), str(key), value))
+    return found
+
+
+def asks_for_devices(pod: Body, device_classes: Mapping[str, Body], policies: Sequence[Body]) -> bool:
+    """Whether ``pod`` asks for any device at all (claims, or an extended resource a DeviceClass
+    serves): the others would only be diagnosed NoClaims, so ``why -A`` reads nothing for them."""
+    if (pod.get("spec") or {}).get("resourceClaims"):
+        return True
+    served = _served(device_classes, policies)
+    return any(key in served or key.startswith(IMPLICIT_EXTENDED) for _, key, _ in _resources(pod))
+
+
+def _extended(pod: Body, facts: Facts, policies: Sequence[Body]) -> list[Request]:
+    """Requests made the device-plugin way (``resources.limits``) that a policy's class serves."""
+    served = _served(facts.device_classes, policies)
+    status = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+    claim = str(status.get("resourceClaimName") or "the claim the scheduler makes for the extended resources")
+    found = []
+    for container, key, value in _resources(pod):
+        device_class = served.get(key) or (key.removeprefix(IMPLICIT_EXTENDED)
+                                           if key.startswith(IMPLICIT_EXTENDED) else None)
+        if device_class:
+            found.append(Request(claim, f"{container}: {key}", device_class, int(value)))
     return found
 
 

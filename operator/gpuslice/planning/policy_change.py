@@ -18,6 +18,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import PENDING_TAINT_KEY
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model
+from gpuslice.planning.devices import without_instance_uuid
 from gpuslice.planning.node_pool import plan_node_pool
 from gpuslice.planning.pool_safety import make_safe, normalized
 from gpuslice.planning.published import Holder, Pool, PublishedDevice, gpu_memory
@@ -134,7 +135,8 @@ def plan_change(edited: GpuSlicePolicy, policies: Iterable[Body], pools: Sequenc
         pool = pools_by_node.get(node, Pool(node, 0, True, (), {}))
         node_gpus = list(gpus.get(node) or gpus_from_devices(pool.devices, pool))
         plan = plan_node_pool({"kubernetes.io/hostname": node, **labels.get(node, {})}, node_gpus, plannable)
-        published = [dict(d.raw) for d in pool.devices]
+        # As the plan can know them: a static MIG instance's UUID is the agent's to add.
+        published = [without_instance_uuid(d.raw) for d in pool.devices]
         allocated = {d.name for d in pool.devices if d.holders}
         frozen_devices = {d.name for d in pool.devices if d.device.policy in frozen}
         safe = make_safe(plan, published, pool.raw_counter_sets, allocated, drained=set(), frozen=frozen_devices)
@@ -147,7 +149,7 @@ def plan_change(edited: GpuSlicePolicy, policies: Iterable[Body], pools: Sequenc
                 unchanged += 1
                 continue
             wanted = planned.get(device.name)
-            if wanted is not None and _clean(wanted) == _clean(device.raw):
+            if wanted is not None and _clean(wanted) == _clean(without_instance_uuid(device.raw)):
                 unchanged += 1
             elif device.name in allocated:
                 held.append(HeldDevice(device.name, wanted is None, device.holders))

@@ -5,7 +5,7 @@ Shared by validation (the controller) and the slicing modes (the planner).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from gpuslice.api.resource import GpuSlicePolicy
@@ -60,6 +60,16 @@ def select(policy: GpuSlicePolicy, inventory: Iterable[tuple[dict[str, str], Nod
             continue  # unknown memory: the node's agent, which reads NVML, leaves small GPUs out
         chosen.append(gpus)
     return Selection(tuple(sorted(chosen, key=lambda g: g.node)))
+
+
+def selected_nodes(policy: GpuSlicePolicy, labels: Mapping[str, Mapping[str, str]],
+                   gpu_nodes: Collection[str]) -> tuple[str, ...]:
+    """The nodes whose devices of ``policy`` tenants may be allocated: those ``spec.nodeSelector``
+    matches among ``gpu_nodes`` (nodes with GPUs by their labels, or a gpuslice agent's pool). Not
+    the GPU selector: which GPUs a node has is for its agent, which reads them; whose a node is, is
+    what a compromised agent must not decide."""
+    selector = policy.spec.node_selector
+    return tuple(sorted(n for n in set(gpu_nodes) if n in labels and selector.matches(dict(labels[n]))))
 
 
 def seniority(policy: GpuSlicePolicy) -> tuple[str, int, str]:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuslice.api.policy import GROUP, KIND, VERSION
-from gpuslice.dra.names import ATTRIBUTE_DOMAIN, MANAGED_BY, TENANCY_JUDGED, TENANCY_LABEL
+from gpuslice.dra.names import ATTRIBUTE_DOMAIN, DRIVER, MANAGED_BY, TENANCY_JUDGED, TENANCY_LABEL
 from gpuslice.planning.cluster_objects import Manifest
 
 ADMISSION_V1 = "admissionregistration.k8s.io/v1"
@@ -196,6 +196,19 @@ def tenancy_policy() -> Manifest:
             lambda x: f"has({x}.tolerations) && {x}.tolerations.exists(t, {_bad_toleration('t')})")),
         ("overStep", "params.spec.slicing.mode == 'shared' && variables.limited && "
                      + _any_request(lambda x: "!" + _capacity_within_step(x))),
+        # At allocation: the policy's devices (results of a request, or subrequest, of its classes) on
+        # a pool the policy does not select. A node agent publishes only its own node's pool, but a
+        # compromised one could publish devices claiming any policy: they go only where the policy's
+        # recorded nodes are (status.selectedNodes, which the controller alone writes).
+        ("offNodes", "!variables.allocating || !has(object.status.allocation.devices)"
+                     " || !has(object.status.allocation.devices.results) ? [] :"
+                     f" object.status.allocation.devices.results.filter(x, x.driver == '{DRIVER}'"
+                     " && variables.requests.exists(q, q.name == x.request.split('/')[0]"
+                     f" && ((has(q.exactly) && {_ours('q.exactly')}) || (has(q.firstAvailable)"
+                     " && size(x.request.split('/')) > 1"
+                     f" && q.firstAvailable.exists(s, s.name == x.request.split('/')[1] && {_ours('s')}))))"
+                     " && !(has(params.status) && has(params.status.selectedNodes)"
+                     " && x.pool in params.status.selectedNodes)).map(x, x.pool + '/' + x.device)"),
     ]
     policy = f"' + {_POLICY} + '"
     validations = [
@@ -243,6 +256,11 @@ def tenancy_policy() -> Manifest:
          f"variables.who + ': namespace ' + request.namespace + ' has a limit in GpuSlicePolicy {policy}, so"
          f" each allocation of its shared devices is one sliceSize (' + params.spec.slicing.sliceSize + '):"
          f" remove capacity.requests or ask for at most that much of memory (count: N gives N of them)'"),
+        ("size(variables.offNodes) == 0",
+         f"variables.who + ': devices ' + variables.offNodes.join(', ') + ' of GpuSlicePolicy {policy} are on"
+         f" nodes that policy does not select (status.selectedNodes): a node agent published devices of a"
+         f" policy that gives its node none; they are never allocated. If the node was just added to"
+         f" spec.nodeSelector, gpuslice records it in a moment'"),
     ]
     return {
         "apiVersion": ADMISSION_V1, "kind": "ValidatingAdmissionPolicy",

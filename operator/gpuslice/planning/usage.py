@@ -122,6 +122,11 @@ class ClaimView:
     def devices(self) -> tuple[DeviceRef, ...]:
         return tuple(r.device for r in self.results)
 
+    @property
+    def taken(self) -> tuple[DeviceRef, ...]:
+        """The devices it takes: not those it has with adminAccess, which takes no device from anyone."""
+        return tuple(r.device for r in self.results if not r.admin)
+
     @classmethod
     def from_claim(cls, namespace: str, name: str, status: Mapping[str, Any]) -> ClaimView | None:
         results = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or []
@@ -209,18 +214,17 @@ class Usage:
 def usage(devices: set[DeviceRef], claims: Iterable[ClaimView],
           info: Mapping[DeviceRef, DeviceInfo] | None = None) -> Usage:
     """How many of ``devices`` are allocated, per namespace (in devices, bytes and kinds), and by
-    which claims. Admin-access results hold no device (the scheduler does not count them as taken),
-    but their claims are listed: deletion waits for them too."""
+    which claims. Admin-access results take no device (the scheduler does not count them as taken)
+    and hold nothing back: a claim that has the devices only with admin access is not listed, and
+    deletion does not wait for it."""
     info = info or {}
     result = Usage()
     for claim in claims:
-        held = [r for r in claim.results if r.device in devices]
+        held = [r for r in claim.results if r.device in devices and not r.admin]
         if not held:
             continue
         result.holding_claims.append(f"{claim.namespace}/{claim.name}")
         for r in held:
-            if r.admin:
-                continue
             what = info.get(r.device)
             result.allocated += 1
             result.by_namespace[claim.namespace] = result.by_namespace.get(claim.namespace, 0) + 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.api.status import MAX_SELECTED_NODES
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.planning.kinds import all_template_names
 from gpuslice.planning.modes import MODES, mode_of
@@ -97,6 +98,17 @@ def _namespace_problems(policy: GpuSlicePolicy, controller_namespace: str) -> li
     return []
 
 
+def _node_count_problems(nodes: int) -> list[Problem]:
+    if nodes <= MAX_SELECTED_NODES:
+        return []
+    return [Problem(
+        "TooManyNodes",
+        f"spec.nodeSelector matches {nodes} GPU nodes; a policy may select at most {MAX_SELECTED_NODES}, since"
+        " each is named in status.selectedNodes, which every allocation of its devices is checked against;"
+        " narrow spec.nodeSelector, or split the nodes between several policies (by a label per pool).",
+    )]
+
+
 def validate(
     policy: GpuSlicePolicy,
     selection: Selection,
@@ -104,9 +116,11 @@ def validate(
     *,
     foreign_extended: Mapping[str, str] | None = None,
     controller_namespace: str = CONTROLLER_NAMESPACE,
+    selected_nodes: int = 0,
 ) -> list[Problem]:
     """Everything wrong with ``policy`` in this cluster; empty when it is valid.
-    ``foreign_extended`` maps the extended resources of DeviceClasses gpuslice did not make to those classes."""
+    ``foreign_extended`` maps the extended resources of DeviceClasses gpuslice did not make to those classes;
+    ``selected_nodes`` is how many nodes it selects (``selection.selected_nodes``)."""
     return (mode_of(policy).fit_problems(policy, selection) + _conflicts(policy, selection, others)
             + _foreign_class_problems(policy, foreign_extended or {})
-            + _namespace_problems(policy, controller_namespace))
+            + _namespace_problems(policy, controller_namespace) + _node_count_problems(selected_nodes))

@@ -105,37 +105,48 @@ async def _node_of(client: KubeClient) -> str:
     return str(review["status"]["userInfo"]["extra"]["authentication.kubernetes.io/node-name"][0])
 
 
-DRAINING = "/api/v1/namespaces/gpuslice-system/configmaps/gpuslice-draining"
 CONFIGMAPS = "/api/v1/namespaces/gpuslice-system/configmaps"
 
 
-async def test_the_drain_list_refuses_allocations_and_each_agent_writes_only_its_own_key(
+def drain_entry(name: str, data: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "gpuslice-system", "labels": {"gpuslice.dev/drain-list": "true"}},
+            "data": data}
+
+
+async def test_the_drain_list_refuses_allocations_and_each_agent_writes_only_its_own_object(
         agents: dict[str, KubeClient], kube: KubeClient, namespace: str) -> None:
     a, ab = agents["a"], agents["a-b"]
     a_node, ab_node = await _node_of(a), await _node_of(ab)
+    mine, theirs = f"{CONFIGMAPS}/gpuslice-draining-{a_node}", f"{CONFIGMAPS}/gpuslice-draining-{ab_node}"
+    await a.apply(mine, drain_entry(f"gpuslice-draining-{a_node}", {a_node: "dev-1 dev-2"}),
+                  field_manager=f"gpuslice-agent-{a_node}")
+    await ab.apply(theirs, drain_entry(f"gpuslice-draining-{ab_node}", {ab_node: "dev-9"}),
+                   field_manager=f"gpuslice-agent-{ab_node}")
 
-    def entry(node: str, devices: str) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": "gpuslice-draining", "namespace": "gpuslice-system"}, "data": {node: devices}}
-
-    await a.apply(DRAINING, entry(a_node, "dev-1 dev-2"), field_manager=f"gpuslice-agent-{a_node}")
-    await ab.apply(DRAINING, entry(ab_node, "dev-9"), field_manager=f"gpuslice-agent-{ab_node}")
-
-    async def foreign_key_refused() -> KubeError | None:  # a dry run: nothing changes while the rule loads
+    async def foreign_object_refused() -> KubeError | None:  # a dry run: nothing changes while the rule loads
         try:
-            await a.apply(DRAINING, entry(ab_node, ""), field_manager=f"gpuslice-agent-{a_node}", dry_run=True)
+            await a.apply(theirs, drain_entry(f"gpuslice-draining-{ab_node}", {ab_node: ""}),
+                          field_manager=f"gpuslice-agent-{a_node}", dry_run=True)
         except Forbidden as error:
-            return error if "may change only its own key" in error.message else None
+            return error if "may write only its own drain object" in error.message else None
         return None
 
     # Its own admission policy (gpuslice-agent-own-drain-entry): in force a moment after it is applied.
-    await wait_for(foreign_key_refused, within=30, what="the drain list's own-key rule to be in force")
-    with pytest.raises(Forbidden, match=f"on node {a_node} may change only its own key"):
-        await a.apply(DRAINING, entry(ab_node, ""), field_manager=f"gpuslice-agent-{a_node}")
-    with pytest.raises(Forbidden, match=f"on node {a_node} may change only its own key"):
-        await a.merge_patch(DRAINING, {"data": {ab_node: None}})
-    data = (await kube.get(DRAINING))["data"]
-    assert (data[a_node], data[ab_node]) == ("dev-1 dev-2", "dev-9")
+    await wait_for(foreign_object_refused, within=30, what="the drain list's own-object rule to be in force")
+    own_only = f"on node {a_node} may write only its own drain object, ConfigMap gpuslice-system/gpuslice-draining-{a_node}"
+    with pytest.raises(Forbidden, match=own_only):
+        await a.apply(theirs, drain_entry(f"gpuslice-draining-{ab_node}", {ab_node: ""}),
+                      field_manager=f"gpuslice-agent-{a_node}")
+    with pytest.raises(Forbidden, match=own_only):
+        await a.merge_patch(theirs, {"data": {ab_node: None}})
+    with pytest.raises(Forbidden, match=own_only):
+        await a.delete(theirs)
+    with pytest.raises(Forbidden, match=f"may list in gpuslice-draining-{a_node} only its own node's devices"):
+        await a.apply(mine, drain_entry(f"gpuslice-draining-{a_node}", {a_node: "dev-1", ab_node: "dev-7"}),
+                      field_manager=f"gpuslice-agent-{a_node}")
+    assert (await kube.get(mine))["data"] == {a_node: "dev-1 dev-2"}
+    assert (await kube.get(theirs))["data"] == {ab_node: "dev-9"}
 
     probe = {"apiVersion": "v1", "kind": "ConfigMap",
              "metadata": {"name": "gpuslice-drain-probe", "namespace": "gpuslice-system"},
@@ -152,9 +163,9 @@ async def test_the_drain_list_refuses_allocations_and_each_agent_writes_only_its
     assert f"gpuslice-drain: {a_node}/dev-1 are being changed" in error.message, "dev-3 is not listed"
     unlisted = {**probe, "data": {"pool": a_node, "devices": "dev-3"}}
     await a.create(CONFIGMAPS, unlisted, dryRun="All")  # admitted: nothing listed is named
-    with pytest.raises(Forbidden, match="create ConfigMaps only as the drain probe's dry run"):
+    with pytest.raises(Forbidden, match="create others only as the drain probe's dry run, not gpuslice-drain-probe"):
         await a.create(CONFIGMAPS, unlisted)
-    with pytest.raises(Forbidden, match="create ConfigMaps only as the drain probe's dry run"):
+    with pytest.raises(Forbidden, match="create others only as the drain probe's dry run, not other"):
         await a.create(CONFIGMAPS, {**probe, "metadata": {"name": "other", "namespace": "gpuslice-system"}},
                        dryRun="All")
 
@@ -169,17 +180,47 @@ async def test_the_drain_list_refuses_allocations_and_each_agent_writes_only_its
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "unowned.gpuslice.dev"}}]}}})
 
-    def allocating(device: str) -> dict[str, Any]:
+    def allocating(pool: str, device: str) -> dict[str, Any]:
         return {**claim, "status": {"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": "gpu.gpuslice.dev", "pool": a_node, "device": device}]}}}}
+            {"request": "gpu", "driver": "gpu.gpuslice.dev", "pool": pool, "device": device}]}}}}
 
     status = f"{claims}/{name}/status"
+
+    async def allocate(pool: str, device: str, dry_run: bool = True) -> None:
+        await kube.request("PUT", status, allocating(pool, device), query={"dryRun": "All"} if dry_run else None)
+
+    with pytest.raises(Forbidden, match=f"gpuslice-drain: {a_node}/dev-2 are being changed or removed"):
+        await allocate(a_node, "dev-2")
+    with pytest.raises(Forbidden, match=f"gpuslice-drain: {ab_node}/dev-9 are being changed or removed"):
+        await allocate(ab_node, "dev-9")
+    # An object counts only for the node it is named after: a key of another node in it (which only
+    # an administrator could write) lists nothing, once the rule has loaded it (dev-5 of a refused).
+    await kube.merge_patch(mine, {"data": {a_node: "dev-1 dev-2 dev-5", ab_node: "dev-5"}})
+    probe5 = {**probe, "data": {"pool": a_node, "devices": "dev-5"}}
+
+    async def loaded() -> bool:
+        try:
+            await a.create(CONFIGMAPS, probe5, dryRun="All")
+        except Forbidden as error:
+            return "gpuslice-drain: " in error.message
+        return False
+
+    await wait_for(loaded, within=30, what="the drain rule to load the edited object")
+    await allocate(ab_node, "dev-5")
+    await allocate(a_node, "dev-3", dry_run=False)
+
+    # Each deletes its own object once nothing is listed; with none left, nothing is refused.
+    await a.delete(mine)
+    await ab.delete(theirs)
+
+    async def admitted_without_params() -> bool:
+        try:
+            await a.create(CONFIGMAPS, probe, dryRun="All")
+        except Forbidden:
+            return False
+        return True
+
     try:
-        with pytest.raises(Forbidden, match=f"gpuslice-drain: {a_node}/dev-2 are being changed or removed"):
-            await kube.replace(status, allocating("dev-2"))
-        await kube.replace(status, allocating("dev-3"))
+        await wait_for(admitted_without_params, within=30, what="no drain object: the rule refuses nothing")
     finally:
         await kube.delete(f"{claims}/{name}")
-
-    await a.apply(DRAINING, entry(a_node, ""), field_manager=f"gpuslice-agent-{a_node}")
-    await ab.apply(DRAINING, entry(ab_node, ""), field_manager=f"gpuslice-agent-{ab_node}")

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from gpuslice.kube.client import KubeClient
@@ -67,6 +68,10 @@ async def test_a_second_copy_waits_and_takes_over_when_the_leader_is_killed(
 ) -> None:
     await wait_for(lambda: _logged(second, "another controller leads; waiting"), within=30,
                    what="the second copy to wait for the Lease")
+    # What the Deployment's probes ask, on the port they ask it: the waiting copy is alive and ready
+    # (a standby that failed them would be restarted in a loop, and hold up rollouts and drains).
+    assert await health(second, "/healthz") == (200, "ok\n")
+    assert await health(second, "/readyz") == (200, "ok\n")
     leader = await lease_holder(kube)
     assert leader == holder_of(controller.log_text(), "leading: this controller acts")
     tenant = await namespaces("lead")
@@ -137,6 +142,12 @@ async def test_a_frozen_leader_stops_when_it_thaws_and_writes_nothing(
     assert any(e.get("event") == "lost the leader Lease: this controller stops acting" for e in after)
     assert all(e.get("event") != "controller started" for e in after)
     assert await lease_holder(kube) == holder_of(second.log_text(), "leading: this controller acts")
+
+
+async def health(process: ControllerProcess, path: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, \
+            session.get(f"http://127.0.0.1:{process.metrics_port}{path}") as response:
+        return response.status, await response.text()
 
 
 async def _logged(process: ControllerProcess, event: str) -> bool:

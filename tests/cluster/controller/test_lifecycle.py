@@ -93,10 +93,13 @@ async def test_deletion_waits_for_claims_then_cleans_up(
     namespaces: Callable[..., Awaitable[str]], unique: str,
 ) -> None:
     tenant, ops = await namespaces("tenant"), await namespaces("ops")
-    policy = await make_policy({"nodeSelector": NO_NODES, "slicing": MEMORY, "tenants": [{"namespace": tenant}],
+    # Devices published by hand, as gpu-node-1's agent would (none runs there): in its own pool, which
+    # the policy selects (its devices are allocated on the nodes it selects only).
+    policy = await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": "gpu-node-1"}},
+                                "slicing": MEMORY, "tenants": [{"namespace": tenant}],
                                 "adminAccess": {"namespaces": [ops]}})
     name = policy["metadata"]["name"]
-    for item in policy_devices(f"pool-{unique}", "gpu-node-1", name, 2):
+    for item in policy_devices("gpu-node-1", "gpu-node-1", name, 2):
         await cluster_objects.create(f"{RESOURCE}/resourceslices", item)
     await wait_for(lambda: get_or_none(kube, template_path(tenant)), what="template")
 
@@ -133,7 +136,7 @@ async def test_deletion_waits_for_claims_then_cleans_up(
 
     # Then for its devices to go (no agent publishes these: the test removes them, as an agent would).
     body = await wait_for(agents_awaited, within=60, what="the policy to wait for its devices once the claim is gone")
-    assert f"remove this policy's devices: pool-{unique}." in condition(body, "Ready")["message"]
+    assert "remove this policy's devices: gpu-node-1." in condition(body, "Ready")["message"]
     await asyncio.sleep(3)
     assert await get_or_none(kube, f"{POLICIES}/{name}") is not None, "deletion must wait while devices are published"
     await cluster_objects.delete_all()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -9,9 +10,12 @@ import pytest
 
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.admission import ADMIN_LABEL_GUARD, binding
+from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
 from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
-from tests.cluster.kubeutil import RESOURCE, delete_namespace, wait_for
+from tests.cluster.kubeutil import RESOURCE, delete_namespace, pod_claim, pod_with_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, admin_label_guarded
+
+__all__ = ["agent_rbac", "gpu_node"]  # fixtures
 
 VAP = "/apis/admissionregistration.k8s.io/v1"
 ADMIN_LABEL = "resource.kubernetes.io/admin-access"
@@ -332,3 +336,71 @@ async def test_a_new_tenants_claims_wait_for_its_quota(
     finally:
         await delete_namespace(kube, late)
     assert len(made) == 1, f"claims made before the quota counted them: {made}; refusals: {refusals}"
+
+
+async def scheduling_events(kube: KubeClient, namespace: str, pod: str, words: str) -> list[dict[str, Any]]:
+    """The pod's FailedScheduling Events, once one says ``words``."""
+    async def said() -> list[dict[str, Any]] | None:
+        found = [e for e in await kube.list(f"/api/v1/namespaces/{namespace}/events")
+                 if e["involvedObject"].get("name") == pod and e.get("reason") == "FailedScheduling"]
+        return found if any(words in e.get("message", "") for e in found) else None
+
+    events: list[dict[str, Any]] = await wait_for(said, within=60, what=f"a FailedScheduling Event of {pod} saying {words}")
+    return events
+
+
+async def test_a_stolen_agent_token_lures_no_tenant_onto_its_node_and_holds_no_policy_hostage(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str,
+) -> None:
+    """H4 of the December hostile review: an agent may publish only its own node's pool, but any
+    policy's devices in it. A rogue agent published a device of a policy that selects no node; the
+    policy's tenant pod was scheduled onto the rogue node, and the fake device held the policy's
+    deletion for good. Now the policy records the nodes it selects, the tenancy rule allocates its
+    devices nowhere else, and the controller reports the rogue node and does not wait for it."""
+    rogue = await gpu_node("l4", 1)
+    await rogue.agent.stop()  # its token is stolen
+    name = (await make_policy({"nodeSelector": NO_NODES, "slicing": {"mode": "memory", "sliceSize": "10G"},
+                               "tenants": [{"namespace": namespace}]}))["metadata"]["name"]
+    body = await valid(kube, name)
+    assert body["status"]["selectedNodes"] == []
+    lure = {"name": "lure-0", "attributes": {"gpuslice.dev/policy": {"string": name},
+                                             "gpuslice.dev/mode": {"string": "memory"},
+                                             "gpuslice.dev/sliceSize": {"string": "10G"}},
+            "capacity": {"memory": {"value": "10G"}}}
+    lure_slice = f"{RESOURCE}/resourceslices/gpuslice-{rogue.name}-devices-00"
+    async with await KubeClient.from_kubeconfig(rogue.kubeconfig) as as_rogue:
+        await as_rogue.create(f"{RESOURCE}/resourceslices", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"gpuslice-{rogue.name}-devices-00"},
+            "spec": {"driver": "gpu.gpuslice.dev", "nodeName": rogue.name, "devices": [lure],
+                     "pool": {"name": rogue.name, "generation": 1, "resourceSliceCount": 1}}})
+    try:
+        await wait_for(lambda: get_or_none(kube, f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates/gpu-slice"),
+                       what="the tenant's claim template")
+        await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_with_claim("victim", "gpu-slice"))
+        events = await scheduling_events(kube, namespace, "victim", "does not select (status.selectedNodes)")
+        message = next(e["message"] for e in events if "status.selectedNodes" in e["message"])
+        assert f"devices {rogue.name}/lure-0 of GpuSlicePolicy {name} are on nodes that policy does not select" in message
+        claim = await pod_claim(kube, namespace, "victim")
+        assert not ((claim or {}).get("status") or {}).get("allocation"), "never allocated"
+        pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/victim")
+        assert not pod["spec"].get("nodeName"), "never scheduled onto the rogue node"
+
+        async def degraded() -> dict[str, Any] | None:
+            found = condition(await kube.get(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}"), "Degraded")
+            return found if found.get("reason") == "DevicesOnUnselectedNodes" else None
+
+        reported = await wait_for(degraded, within=30, what="the rogue node to be reported")
+        assert f"publish devices of it: {rogue.name}." in reported["message"]
+        # Its deletion does not wait for the lure: the rogue node holds no policy hostage.
+        await kube.delete(f"/api/v1/namespaces/{namespace}/pods/victim", gracePeriodSeconds=0)
+        await kube.delete(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}")
+
+        async def gone() -> bool:
+            return await get_or_none(kube, f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}") is None
+
+        await wait_for(gone, within=30, what="the policy to go though the rogue node still publishes its device")
+    finally:
+        with contextlib.suppress(KubeError):
+            await kube.delete(lure_slice)

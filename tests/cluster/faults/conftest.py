@@ -21,6 +21,12 @@ from tests.cluster.faults.invariants import InvariantChecker
 from tests.cluster.kubeutil import create_namespace, delete_namespace, wait_for
 
 NODES = ("gpu-node-1", "gpu-node-2")
+RECOVERY = 30.0  # seconds the controller and the agents may take once the API server is back
+# A restarted API server refreshes its admission REST mapper every 30 s: until it has learnt the
+# GpuSlicePolicy CRD, the tenancy rule (whose paramKind it is) fails closed and cannot be probed,
+# so an edit made at once is judged (and then published) only after that (and a retry, 10 s at most).
+API_SERVER_MAPPER = 30.0
+CONTROLLER_MANAGER_BACK = 90.0  # seconds kube-controller-manager may take to act again after an API server restart
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 RESOURCE = "/apis/resource.k8s.io/v1"
 
@@ -62,7 +68,7 @@ async def invariants(faults_cluster: DevCluster) -> AsyncIterator[InvariantCheck
 @pytest.fixture
 async def fns(fkube: KubeClient) -> AsyncIterator[str]:
     # A test that restarts the API server waits, at its teardown, for kube-controller-manager to act
-    # again (test_restarts.controller_manager_back): a namespace here gets its ServiceAccount at once.
+    # again (controller_manager_back): a namespace here gets its ServiceAccount at once.
     name = await create_namespace(fkube, f"f-{uuid.uuid4().hex[:8]}")
     yield name
     await delete_namespace(fkube, name)
@@ -104,3 +110,25 @@ async def fpolicy(fkube: KubeClient) -> AsyncIterator[PolicyMaker]:
 @pytest.fixture(autouse=True)
 def no_failpoints_leak() -> None:
     assert "GPUSLICE_FAILPOINTS" not in os.environ, "a failpoint must be armed per component, never for the test run"
+
+
+async def controller_manager_back(kube: KubeClient) -> None:
+    """The restart is over for the next test only once kube-controller-manager acts again. Its
+    informers (the ServiceAccount controller's among them) list again only when client-go's
+    reflector backoff is up, 30 s at most jittered to 60 s (and the restarted API server's authorizer
+    may refuse them for a moment first): a namespace made at once may wait longer than the 30 s that
+    tests give its default ServiceAccount. A canary namespace shows when it is over."""
+    name = f"f-canary-{os.urandom(3).hex()}"
+    try:
+        await create_namespace(kube, name, within=CONTROLLER_MANAGER_BACK)
+    finally:
+        with contextlib.suppress(NotFound):
+            await kube.delete(f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture
+async def kube_controller_manager_back(fkube: KubeClient) -> AsyncIterator[None]:
+    """For a test that restarts the API server: its teardown, pass or fail, waits for
+    kube-controller-manager to act again (``controller_manager_back``)."""
+    yield
+    await controller_manager_back(fkube)

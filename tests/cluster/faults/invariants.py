@@ -12,6 +12,13 @@ the scheduler counts it: its highest generation, and only when that generation i
 - An allocated device is never removed or changed: while a claim holds it, it stays in its
   pool with the content it had when first seen allocated. Taints are not content: a held
   device legitimately gains ``gpuslice.dev/pending-change``, and health taints may come.
+
+A result with ``adminAccess: true`` takes no device (the scheduler counts nothing taken) and holds
+nothing back (docs/agent.md): it is in neither invariant.
+
+A pool the kubelet wiped (a fault a test injects: the plugin away for 30 s) has no slices at all
+until its agent publishes it again; while it has none, the test says so (``expect_wipe``) and its
+devices are not counted missing. Once it has slices again, every check applies to it.
 """
 
 from __future__ import annotations
@@ -70,6 +77,12 @@ class InvariantChecker:
     first_seen: dict[tuple[str, str, str], str] = field(default_factory=dict)  # (claim uid, pool, device)
     known: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # last content of every device
     allocations_seen: int = 0  # allocation results checked (a test asserts the checker saw work)
+    wiping: set[str] = field(default_factory=set)  # pools a test lets the kubelet wipe
+    gone: set[str] = field(default_factory=set)  # of those, the ones seen without slices
+
+    def expect_wipe(self, pool: str) -> None:
+        """``pool`` may lose all its slices (the kubelet wipes them) until it is published again."""
+        self.wiping.add(pool)
 
     def _violate(self, message: str) -> None:
         if message not in self.violations:
@@ -86,6 +99,12 @@ class InvariantChecker:
             return False
         self.snapshots += 1
         pools, incomplete = complete_pools(listing.get("items") or [])
+        present = {item["spec"]["pool"]["name"] for item in listing.get("items") or []}
+        absent = self.wiping - present
+        self.gone |= absent
+        back = self.gone & present  # wiped and published again: checked as any other pool from now
+        self.wiping -= back
+        self.gone -= back
         for pool, published in pools.items():
             for name, body in published.items():
                 self.known[(pool, name)] = body
@@ -97,14 +116,14 @@ class InvariantChecker:
             allocation = (claim.get("status") or {}).get("allocation") or {}
             who = f"{claim['metadata']['namespace']}/{claim['metadata']['name']}"
             for result in (allocation.get("devices") or {}).get("results") or []:
-                if result.get("driver") != DRIVER:
+                if result.get("driver") != DRIVER or result.get("adminAccess"):
                     continue
                 pool, name = result["pool"], result["device"]
                 key = (claim["metadata"]["uid"], pool, name)
                 live_keys.add(key)
                 self.allocations_seen += 1
                 device: dict[str, Any] | None = pools.get(pool, {}).get(name)
-                if device is None and pool not in incomplete:
+                if device is None and pool not in incomplete and pool not in absent:
                     self._violate(f"claim {who} holds device {pool}/{name}, which its pool does not publish"
                                   f" (at revision {revision})")
                 if device is not None:

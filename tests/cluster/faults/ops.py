@@ -57,6 +57,16 @@ async def wait_devices(kube: KubeClient, node: str, policy: str, count: int, inf
     return result
 
 
+async def alone_on(kube: KubeClient, node: str, policy: str) -> None:
+    """Until the earlier tests' policies have left ``node``: their namespaces go after them, and
+    devices still held there share the GPUs' counters, so the scheduler could not place the pods."""
+    async def alone() -> bool:
+        found = await devices(kube, node)
+        return found is not None and set(of_policy(found, policy)) == set(found)
+
+    await wait_for(alone, within=180, what=f"the devices of earlier tests' policies to leave {node}")
+
+
 async def create_pods(kube: KubeClient, namespace: str, template: str, names: list[str]) -> None:
     for name in names:
         await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_with_claim(name, template))

@@ -18,6 +18,7 @@ from tests.cluster.faults.invariants import InvariantChecker, complete_pools
 from tests.cluster.faults.ops import (
     POLICIES,
     allocated,
+    alone_on,
     binding,
     create_pods,
     devices,
@@ -42,16 +43,6 @@ async def decided(cluster: DevCluster, count: int) -> None:
 
 
 Change = Callable[[KubeClient, str], Awaitable[None]]
-
-
-async def alone_on(kube: KubeClient, node: str, policy: str) -> None:
-    """Until the earlier tests' policies have left ``node``: their namespaces go after them, and
-    devices still held there share the GPUs' counters, so the scheduler could not place the pods."""
-    async def alone() -> bool:
-        found = await devices(kube, node)
-        return found is not None and set(of_policy(found, policy)) == set(found)
-
-    await wait_for(alone, within=180, what=f"the devices of earlier tests' policies to leave {node}")
 
 
 async def resize(kube: KubeClient, policy: str) -> None:

@@ -10,7 +10,6 @@ import contextlib
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,13 +17,14 @@ import pytest
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.devcluster.process import Component
 from gpuslice.kube.client import KubeClient, NotFound
-from tests.cluster.faults.conftest import NODES, PolicyMaker
+from tests.cluster.faults.conftest import API_SERVER_MAPPER, NODES, RECOVERY, PolicyMaker
 from tests.cluster.faults.invariants import InvariantChecker, complete_pools
 from tests.cluster.faults.ops import (
     POLICIES,
     RESOURCE,
     agent_metrics,
     allocated,
+    alone_on,
     create_pods,
     devices,
     of_policy,
@@ -34,13 +34,6 @@ from tests.cluster.faults.ops import (
     wait_devices,
 )
 from tests.cluster.kubeutil import create_namespace, delete_namespace, wait_for
-
-RECOVERY = 30.0  # seconds the controller and the agents may take once the API server is back
-# A restarted API server refreshes its admission REST mapper every 30 s: until it has learnt the
-# GpuSlicePolicy CRD, the tenancy rule (whose paramKind it is) fails closed and cannot be probed,
-# so an edit made at once is judged (and then published) only after that (and a retry, 10 s at most).
-API_SERVER_MAPPER = 30.0
-CONTROLLER_MANAGER_BACK = 90.0  # seconds kube-controller-manager may take to act again after an API server restart
 
 
 async def restart_armed(component: Component, failpoints: str | None) -> None:
@@ -132,28 +125,6 @@ async def test_the_controller_and_agents_recover_from_an_api_server_restart_by_t
     assert before <= set(of_policy(await settled_devices(fkube, node), policy)), "the allocated 10G slices were kept"
     assert {d["device"] for d in await allocated(fkube, fns, pods)} == before
     print(f"recovery after the API server restart: agent {resized:.1f} s, controller {controlled:.1f} s")
-
-
-async def controller_manager_back(kube: KubeClient) -> None:
-    """The restart is over for the next test only once kube-controller-manager acts again. Its
-    informers (the ServiceAccount controller's among them) list again only when client-go's
-    reflector backoff is up, 30 s at most jittered to 60 s (and the restarted API server's authorizer
-    may refuse them for a moment first): a namespace made at once may wait longer than the 30 s that
-    tests give its default ServiceAccount. A canary namespace shows when it is over."""
-    name = f"f-canary-{os.urandom(3).hex()}"
-    try:
-        await create_namespace(kube, name, within=CONTROLLER_MANAGER_BACK)
-    finally:
-        with contextlib.suppress(NotFound):
-            await kube.delete(f"/api/v1/namespaces/{name}")
-
-
-@pytest.fixture
-async def kube_controller_manager_back(fkube: KubeClient) -> AsyncIterator[None]:
-    """For a test that restarts the API server: its teardown, pass or fail, waits for
-    kube-controller-manager to act again (``controller_manager_back``)."""
-    yield
-    await controller_manager_back(fkube)
 
 
 async def test_an_agent_killed_between_the_writes_of_a_generation_converges_without_losing_allocations(
@@ -255,3 +226,51 @@ async def _owned(kube: KubeClient, policy: str) -> Counter[tuple[str, str, str]]
             found[(kind, item["metadata"].get("namespace", ""), item["metadata"]["name"])] += 1
     return found
 
+
+
+async def test_an_agent_killed_before_saving_its_record_and_wiped_keeps_the_device_a_claim_got(
+    faults_cluster: DevCluster, fkube: KubeClient, fns: str, fpolicy: PolicyMaker, invariants: InvariantChecker,
+) -> None:
+    """T9 of the December hostile review. The agent saves what it published (published.json), and
+    republishes from it when the kubelet has wiped its pool. Killed after writing a generation but
+    before saving it, then wiped, then the plan changed: a device a claim got from that generation
+    was in neither the record nor the pool, so nothing held it, and it vanished under its claim.
+    The record of a generation is now saved before the generation is written."""
+    node = NODES[1]
+    agent = faults_cluster.component(f"gpuslice-agent-{node}")
+    policy = await fpolicy(fns, node, {"mode": "memory", "sliceSize": "20G"})
+    await wait_devices(fkube, node, policy, 8, "-20g-")
+    await alone_on(fkube, node, policy)
+    try:
+        await restart_armed(agent, "agent.pool-written=kill")
+        await fkube.merge_patch(f"{POLICIES}/{policy}", {"spec": {"slicing": {"sliceSize": "40G"}}})
+        await killed(agent)  # the generation with the 40G devices is written, its record not saved (before)
+        await wait_devices(fkube, node, policy, 4, "-40g-")
+        invariants.expect_wipe(node)
+        await create_pods(fkube, fns, "gpu-slice", ["t9"])
+        [result] = await settled(fkube, fns, ["t9"])
+        got = result["device"]
+        assert "-40g-" in got, "allocated from the generation the agent wrote last"
+
+        # The kubelet wipes a driver's slices 30 s after its plugin went away (the plugin tier shows it
+        # with the pod runner; this tier runs no kubelet): its deletes, made here.
+        for item in await pool_slices(fkube, node):
+            await fkube.delete(f"{RESOURCE}/resourceslices/{item['metadata']['name']}")
+        # The plan changes while the agent is away: the 40G devices are to go.
+        await fkube.merge_patch(f"{POLICIES}/{policy}", {"spec": {"slicing": {"sliceSize": "20G"}}})
+    finally:
+        await restart_armed(agent, None)
+
+    async def held() -> dict[str, Any] | None:
+        device = of_policy(await devices(fkube, node), policy).get(got)
+        taints = [t["key"] for t in (device or {}).get("taints") or []]
+        return device if "gpuslice.dev/pending-change" in taints else None
+
+    await wait_for(held, within=60, what=f"the restarted agent to publish {got} again, held for its claim")
+    # The new plan around it: all eight 20G slices (the GPU's counters keep the held 40G from being
+    # counted twice), and the other 40G devices gone.
+    await wait_devices(fkube, node, policy, 8, "-20g-")
+    await wait_devices(fkube, node, policy, 1, "-40g-")
+    await invariants.check()
+    invariants.assert_held()
+    assert {d["device"] for d in await allocated(fkube, fns, ["t9"])} == {got}

@@ -33,6 +33,10 @@ async def viewer_kubeconfig(cluster: DevCluster, kube: KubeClient, policy_crd: s
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpuslice-viewer"},
          "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": name, "namespace": "gpuslice-system"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "gpuslice-viewer"},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
     ]))
     token = await kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", {
         "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 86400}})

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
+import yaml
+
+from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
 from tests.cluster.agent.conftest import GpuNodeFactory
 from tests.cluster.agent.test_publishing import create_pods, published, settle
-from tests.cluster.inspect.conftest import Cli
+from tests.cluster.inspect.conftest import VIEWER, Cli, run_cli
 from tests.cluster.kubeutil import PAUSE_IMAGE, pod_with_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
@@ -24,6 +29,19 @@ async def warning(kube: KubeClient, namespace: str, pod: str, reason: str) -> di
 
 def findings(result: dict[str, Any]) -> dict[str, str]:
     return {f["code"]: f["message"] for f in result["findings"]}
+
+
+def impersonating(cluster: DevCluster, path: Path, user: str, namespace: str) -> Path:
+    """The admin's kubeconfig with a second context, ``as-user``: the admin's credentials acting as
+    ``user`` (Impersonate-User), in ``namespace``."""
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    admin = config["contexts"][0]["context"]
+    config["users"].append({"name": "as-user", "user": {
+        **next(u["user"] for u in config["users"] if u["name"] == admin["user"]), "as": user}})
+    config["contexts"].append({"name": "as-user", "context": {
+        "cluster": admin["cluster"], "user": "as-user", "namespace": namespace}})
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def on(node: str) -> dict[str, Any]:
@@ -52,6 +70,34 @@ async def test_over_the_limit_by_how_much(
     assert "exceeded quota" in said["AdmissionDenied"]
     text = await gpuslice("why", "c", "-n", namespace)
     assert "OverLimit" in text.stdout
+
+
+async def test_a_context_that_impersonates_in_its_namespace(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str, cluster: DevCluster, viewer_kubeconfig: Path, tmp_path: Path,
+) -> None:
+    """The real API server judges the impersonated identity: the viewer's reads succeed, a user with no
+    role is refused; and `why` with no pod lists the context's namespace."""
+    node = await gpu_node("h100-80gb", 1)
+    await make_policy({"nodeSelector": on(node.name), "slicing": {"mode": "memory", "sliceSize": "10G"},
+                       "tenants": [{"namespace": namespace, "maxSlices": 1}]})
+    await published(kube, node.name, 8)
+    await create_pods(kube, namespace, "gpu-slice", ["a"])
+    await settle(kube, namespace, ["a"], 1)
+    await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_with_claim("b", "gpu-slice"))
+    await warning(kube, namespace, "b", "FailedResourceClaimCreation")
+
+    viewer = f"system:serviceaccount:{VIEWER[0]}:{VIEWER[1]}"
+    config = impersonating(cluster, tmp_path / "as-viewer", viewer, namespace)
+    gpuslice = [sys.executable, "-m", "gpuslice"]
+    listed = await run_cli(gpuslice, "why", "--context", "as-user", "-o", "json", "--kubeconfig", str(config))
+    by_subject = {d["subject"]: d for d in listed.json()}
+    assert by_subject[f"{namespace}/b"]["findings"][0]["code"] == "OverLimit"
+    config = impersonating(cluster, tmp_path / "as-nobody", "nobody-at-all", namespace)
+    denied = await run_cli(gpuslice, "why", "b", "--context", "as-user", "--kubeconfig", str(config))
+    assert denied.rc == 1
+    assert 'User "nobody-at-all" cannot list' in denied.stderr, denied.stderr
+    assert "bind the ClusterRole gpuslice-viewer" in denied.stderr
 
 
 async def test_not_a_tenant_even_the_device_plugin_way(

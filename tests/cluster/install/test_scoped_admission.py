@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuslice.agent.drain import DRAINING
+from gpuslice.agent.drain import LABEL as DRAIN_LIST
 from gpuslice.devcluster import binaries
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
@@ -250,6 +252,12 @@ async def test_other_drivers_claims_are_never_evaluated_by_gpuslices_rules(
     assert set(JUDGES_CLAIMS) <= set(_documents("ValidatingAdmissionPolicy")), "a rule was renamed"
     bindings = _documents("ValidatingAdmissionPolicyBinding")
     ours = {n: await skube.get(_path(bindings[n])) for n in JUDGES_CLAIMS}
+    # The drain rule has parameters only while a node drains: one drain list, so its copy evaluates.
+    draining = f"/api/v1/namespaces/gpuslice-system/configmaps/{DRAINING}{NODE}"
+    await skube.apply(draining, {"apiVersion": "v1", "kind": "ConfigMap",
+                                 "metadata": {"name": f"{DRAINING}{NODE}", "namespace": "gpuslice-system",
+                                              "labels": {DRAIN_LIST: "true"}},
+                                 "data": {NODE: "gpu-9"}}, field_manager="gpuslice-tests")
     for binding in ours.values():
         await skube.delete(_path(binding))
     try:
@@ -278,6 +286,7 @@ async def test_other_drivers_claims_are_never_evaluated_by_gpuslices_rules(
                     with contextlib.suppress(KubeError):
                         await skube.delete(_path(doc))
     finally:
+        await skube.delete(draining)
         for name in JUDGES_CLAIMS:
             binding = {k: v for k, v in ours[name].items() if k != "status"}
             binding["metadata"] = {"name": name, "labels": ours[name]["metadata"].get("labels") or {}}

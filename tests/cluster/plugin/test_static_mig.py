@@ -148,3 +148,24 @@ async def test_failed_reconfiguration_rolls_back_and_says_so(
     await running(kube, namespace, ["still"])
     await kube.delete(f"/api/v1/namespaces/{namespace}/pods/still")
     await gone(kube, namespace, ["still"])
+
+
+async def test_a_layout_on_gpus_whose_mig_mode_is_off_turns_it_on_and_publishes(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
+    namespace: str, cluster: Any,
+) -> None:
+    """GPUs fresh from the factory (or after the GPU Operator's all-disabled) have MIG mode off: the
+    layout still fits them, so the agent switches them to MIG mode, makes the instances, publishes
+    them, and a pod runs on one."""
+    node = await plugin_node("a100-40gb", 2, ["--fake-gpus", "a100-40gb:2:mig-off"])
+    assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [False, False]
+    await tenant_policy(make_policy, namespace, node.name, {"mode": "mig", "mig": {"layout": {"3g.20gb": 2}}})
+    await settled(kube, node, {0: THREE_G, 1: THREE_G})
+    assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [True, True]
+    made = {(int(i), m["start"]): m["uuid"] for i, g in node.fake_state()["gpus"].items() for m in g["instances"]}
+    published = {(d["attributes"]["gpuslice.dev/index"]["int"], d["attributes"]["gpuslice.dev/placementStart"]["int"]):
+                 d["attributes"]["uuid"]["string"] for d in (await pool_devices(kube, node.name)).values()}
+    assert published == made, "each static device carries its instance's UUID, as NVIDIA's do"
+    await create_pods(kube, namespace, "gpu-slice", ["on-mig"])
+    await running(kube, namespace, ["on-mig"])
+    assert exec_env(cluster, namespace, "on-mig")["GPUSLICE_MIG_PROFILE"] == "3g.20gb"

@@ -10,6 +10,15 @@ the by-path symlink hook for a GPU; the parent's node and the two capability nod
 ``lib-nvml.go`` leaves out the whole-GPU entry of a MIG-enabled GPU; the default naming strategies
 ``index`` and ``uuid`` name each device twice (``cmd/nvidia-ctk/cdi/generate``); ``management.go``
 writes the single device ``all`` and no control nodes in the common edits.
+
+The GPU Operator's containerised driver keeps the node's device nodes and libraries under the driver
+root, ``/run/nvidia/driver`` (``cmd/nvidia-validator/driver.go`` ``getDriverInfo``), and its toolkit
+container names them there: ``hostPath: /run/nvidia/driver/dev/nvidia0``, mounts from
+``/run/nvidia/driver/usr/lib64``, hooks from ``/usr/local/nvidia/toolkit`` (``toolkit.go``
+``generateCDISpec`` and the root transform of ``pkg/nvcdi/transform/root``); its nodes carry the
+major, minor and mode nvcdi read from them, never a ``type`` (``internal/edits/device.go``).
+``operator_host`` is such a node: the host's ``/dev`` has no NVIDIA node, the agent's container has
+them all (the ``nvidia`` runtime class put them there).
 """
 
 from __future__ import annotations
@@ -36,23 +45,30 @@ def _nodes(*paths: str) -> list[Spec]:
     return [{"path": p} for p in paths]
 
 
-def driver_edits(device_node_hook: bool = True) -> Spec:
-    """``driver-nvml.go``: the libraries, binaries, firmware and IPC socket of driver 580.95.05 as
-    mounts, and the hooks, in the order the generator writes them."""
-    hooks = [_hook("create-symlinks", "--link", f"libcuda.so.1::{LIBS}/libcuda.so"),
-             _hook("enable-cuda-compat", "--host-driver-version=580.95.05"), _hook("update-ldcache", "--folder", LIBS)]
+def driver_edits(device_node_hook: bool = True, driver: str = "580.95.05", compat_hook: bool = True) -> Spec:
+    """``driver-nvml.go``: the libraries, binaries, firmware and IPC socket of ``driver`` as mounts,
+    and the hooks, in the order the generator writes them (``compat_hook``: a management spec has the
+    enable-cuda-compat hook since toolkit 1.20)."""
+    hooks = [_hook("create-symlinks", "--link", f"libcuda.so.1::{LIBS}/libcuda.so")]
+    if compat_hook:
+        hooks.append(_hook("enable-cuda-compat", f"--host-driver-version={driver}"))
+    hooks.append(_hook("update-ldcache", "--folder", LIBS))
     if device_node_hook:  # management mode turns this one off (options.go)
         hooks.append(_hook("disable-device-node-modification"))
     return {"mounts": [_mount(p) for p in (
-        f"{LIBS}/libcuda.so.580.95.05", f"{LIBS}/libnvidia-ml.so.580.95.05",
-        f"{LIBS}/libnvidia-ptxjitcompiler.so.580.95.05", "/usr/bin/nvidia-smi",
-        "/lib/firmware/nvidia/580.95.05/gsp_ga10x.bin", "/run/nvidia-persistenced/socket")], "hooks": hooks}
+        f"{LIBS}/libcuda.so.{driver}", f"{LIBS}/libnvidia-ml.so.{driver}",
+        f"{LIBS}/libnvidia-ptxjitcompiler.so.{driver}", "/usr/bin/nvidia-smi",
+        f"/lib/firmware/nvidia/{driver}/gsp_ga10x.bin", "/run/nvidia-persistenced/socket")], "hooks": hooks}
 
 
-def nvml_mode(gpu0: str, mig_uuid: str) -> str:
+def nvml_mode(gpu0: str, mig_uuid: str, driver: str = "580.95.05") -> str:
     """``nvidia-ctk cdi generate`` (or the nvidia-cdi-refresh service): kind nvidia.com/gpu."""
-    gpu0_edits = {"deviceNodes": _nodes("/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD128"),
-                  "hooks": [_hook("create-symlinks", "--link", "../card1::/dev/dri/by-path/pci-0000:18:00.0-card")]}
+    # A DRM node of group video (44), not open to all: nvcdi writes its gid and the group as
+    # additionalGids (internal/edits/device.go).
+    card = {"path": "/dev/dri/card1", "major": 226, "minor": 1, "fileMode": 0o660, "permissions": "rwm", "gid": 44}
+    gpu0_edits = {"deviceNodes": [*_nodes("/dev/nvidia0"), card, *_nodes("/dev/dri/renderD128")],
+                  "hooks": [_hook("create-symlinks", "--link", "../card1::/dev/dri/by-path/pci-0000:18:00.0-card")],
+                  "additionalGids": [44]}
     mig_edits = {"deviceNodes": _nodes("/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap66", "/dev/nvidia-caps/nvidia-cap67")}
     devices = [{"name": "0", "containerEdits": gpu0_edits}, {"name": gpu0, "containerEdits": gpu0_edits},
                # GPU 1 is in MIG mode: no '1' and no GPU-... entry for it, only its MIG device.
@@ -61,19 +77,52 @@ def nvml_mode(gpu0: str, mig_uuid: str) -> str:
                    "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap66", "/dev/nvidia-caps/nvidia-cap67")}}]
     common = {"env": ["NVIDIA_VISIBLE_DEVICES=void", f"NVIDIA_CTK_LIBCUDA_DIR={LIBS}"],
               "deviceNodes": _nodes("/dev/nvidia-modeset", "/dev/nvidia-uvm-tools", "/dev/nvidia-uvm", "/dev/nvidiactl"),
-              **driver_edits()}
-    return yaml.safe_dump({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices,
+              **driver_edits(driver=driver)}
+    return yaml.safe_dump({"cdiVersion": "0.7.0", "kind": "nvidia.com/gpu", "devices": devices,
                            "containerEdits": common}, sort_keys=False)
 
 
-def management_mode() -> str:
-    """The GPU Operator's toolkit container (cdi.enabled): kind management.nvidia.com/gpu, device all."""
-    every = _nodes("/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-                   "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2")
-    return yaml.safe_dump({"cdiVersion": "0.8.0", "kind": "management.nvidia.com/gpu",
+MAJORS = {"nvidia": 195, "nvidia-caps": 234, "nvidia-uvm": 508}
+OPERATOR_DRIVER_ROOT = "/run/nvidia/driver"
+OPERATOR_HOOK = "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
+
+
+def _numbers(path: str) -> tuple[int, int]:
+    name = path.removeprefix("/dev/")
+    fixed = {"nvidiactl": (195, 255), "nvidia-modeset": (195, 254), "nvidia-uvm": (508, 0), "nvidia-uvm-tools": (508, 1)}
+    if name in fixed:
+        return fixed[name]
+    if name.startswith("nvidia-caps/nvidia-cap"):
+        return MAJORS["nvidia-caps"], int(name.removeprefix("nvidia-caps/nvidia-cap"))
+    return MAJORS["nvidia"], int(name.removeprefix("nvidia"))
+
+
+def management_mode(driver_root: str = "", driver: str = "580.95.05", toolkit: str = "1.20") -> str:
+    """The GPU Operator's toolkit container (cdi.enabled): kind management.nvidia.com/gpu, device all.
+    With ``driver_root`` (the Operator's containerised driver), every host path is under it, and each
+    node carries what nvcdi read from it (``fromPathOrDefault``: major, minor, mode; no type). As
+    ``toolkit`` writes it: 1.20 adds the enable-cuda-compat hook to management specs, 1.18 first
+    writes ``NVIDIA_CTK_LIBCUDA_DIR`` (``driver-nvml.go``)."""
+    paths = ("/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+             "/dev/nvidia-modeset", "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2")
+    every = _nodes(*paths)
+    if driver_root:
+        for node in every:
+            major, minor = _numbers(node["path"])
+            node.update({"hostPath": f"{driver_root}{node['path']}", "major": major, "minor": minor,
+                         "fileMode": 0o666 if "caps" not in node["path"] else 0o444,
+                         "permissions": "rwm"})
+    env = ["NVIDIA_VISIBLE_DEVICES=void", *([f"NVIDIA_CTK_LIBCUDA_DIR={LIBS}"] if toolkit >= "1.18" else [])]
+    common = {"env": env, **driver_edits(device_node_hook=False, driver=driver, compat_hook=toolkit >= "1.20")}
+    if driver_root:
+        for mount in common["mounts"]:
+            mount["hostPath"] = driver_root + mount["hostPath"]
+        for hook in common["hooks"]:
+            hook["path"] = OPERATOR_HOOK
+            hook["env"] = ["NVIDIA_CTK_DEBUG=false"]
+    return yaml.safe_dump({"cdiVersion": "0.5.0" if driver_root else "0.8.0", "kind": "management.nvidia.com/gpu",
                            "devices": [{"name": "all", "containerEdits": {"deviceNodes": every}}],
-                           "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"],
-                                              **driver_edits(device_node_hook=False)}}, sort_keys=False)
+                           "containerEdits": common}, sort_keys=False)
 
 
 def device_plugin(gpu0: str) -> str:
@@ -104,8 +153,23 @@ def host(root: Path, gpus: int = 2) -> dict[str, Path]:
                 lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {minor}")
                 minor += 1
     (proc / "driver/nvidia-caps/mig-minors").write_text("\n".join(lines) + "\n")
-    (proc / "devices").write_text("Character devices:\n  1 mem\n195 nvidia\n234 nvidia-caps\n508 nvidia-uvm\n\n"
-                                  "Block devices:\n  8 sd\n")
-    (sys / "bus/pci/devices/0000:18:00.0/drm/card1").mkdir(parents=True)
-    (sys / "bus/pci/devices/0000:18:00.0/drm/renderD128").mkdir(parents=True)
+    (proc / "devices").write_text("Character devices:\n  1 mem\n195 nvidia\n226 drm\n234 nvidia-caps\n"
+                                  "508 nvidia-uvm\n\nBlock devices:\n  8 sd\n")
+    for name, number in (("card1", "226:1"), ("renderD128", "226:128")):
+        (sys / "bus/pci/devices/0000:18:00.0/drm" / name).mkdir(parents=True)
+        (sys / "bus/pci/devices/0000:18:00.0/drm" / name / "dev").write_text(number + "\n")
     return {"dev": dev, "proc": proc, "sysfs": sys}
+
+
+def operator_host(root: Path) -> Path:
+    """The host's own file tree on a GPU Operator node with the containerised driver: no NVIDIA node
+    in /dev, all of them under /run/nvidia/driver/dev (where the toolkit's spec names them)."""
+    host_root = root / "host"
+    (host_root / "dev").mkdir(parents=True)
+    (host_root / "dev/null").touch()
+    driver_dev = host_root / OPERATOR_DRIVER_ROOT.lstrip("/") / "dev"
+    (driver_dev / "nvidia-caps").mkdir(parents=True)
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset",
+                 "nvidia-caps/nvidia-cap1", "nvidia-caps/nvidia-cap2"):
+        (driver_dev / name).touch()
+    return host_root

@@ -77,6 +77,8 @@ class FakeGpu:
     minor: int
     mig_mode: int = 0  # current; pending follows it (no reset needed in this stand-in)
     lost: bool = False
+    memory_supported: bool = True  # False: nvmlDeviceGetMemoryInfo answers NOT_SUPPORTED
+    unplaceable: frozenset[int] = frozenset()  # profile ids whose placements answer NOT_SUPPORTED
     gis: dict[int, GpuInstance] = field(default_factory=dict)
     handle: Any = None
     # (pid, bytes, MPS client?) and utilisation samples (pid, timestamp in us, SM percent)
@@ -262,6 +264,8 @@ class FakeLibNvml:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
         if gpu.lost:
             return pynvml.NVML_ERROR_GPU_IS_LOST
+        if not gpu.memory_supported:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
         ref._obj.total = gpu.model.memory
         ref._obj.free = gpu.model.memory
         return OK
@@ -295,22 +299,33 @@ class FakeLibNvml:
         _set(status, OK)
         return OK
 
-    def _nvmlDeviceGetGpuInstanceProfileInfoV(self, handle: Any, enum: int, ref: Any) -> int:
+    def _nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, enum: int, ref: Any) -> int:
+        """v1: on any MIG-capable GPU, whatever its MIG mode; no name in its structure."""
         gpu = self._gpu(handle)
         found = self._profile(gpu, enum) if gpu is not None else None
         if found is None:
             return pynvml.NVML_ERROR_NOT_SUPPORTED
-        position, profile = found
-        info = ref._obj
+        self._profile_info(ref._obj, *found)
+        return OK
+
+    def _nvmlDeviceGetGpuInstanceProfileInfoV(self, handle: Any, enum: int, ref: Any) -> int:
+        """The versioned call: NOT_SUPPORTED "if device doesn't have MIG mode enabled" (nvml.h)."""
+        gpu = self._gpu(handle)
+        found = self._profile(gpu, enum) if gpu is not None else None
+        if gpu is None or found is None or gpu.mig_mode != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        self._profile_info(ref._obj, *found)
+        ref._obj.name = f"MIG {found[1].name}".encode()
+        return OK
+
+    def _profile_info(self, info: Any, position: int, profile: Any) -> None:
         info.id, info.sliceCount, info.instanceCount = PROFILE_IDS[position], profile.compute_slices, profile.max_count
         info.memorySizeMB = profile.memory // 1024**2
-        info.name = f"MIG {profile.name}".encode()
         engines = profile.engines
         if engines is not None:
             info.multiprocessorCount, info.copyEngineCount = engines.multiprocessors, engines.copy_engines
             info.decoderCount, info.encoderCount = engines.decoders, engines.encoders
             info.jpegCount, info.ofaCount = engines.jpeg_engines, engines.ofa_engines
-        return OK
 
     def _nvmlDeviceGetGpuInstancePossiblePlacements_v2(self, handle: Any, profile_id: int, array: Any,
                                                        count: Any) -> int:
@@ -318,6 +333,8 @@ class FakeLibNvml:
         found = self._by_id(gpu, profile_id) if gpu is not None else None
         if found is None:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if gpu is not None and profile_id in gpu.unplaceable:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
         starts = found[1].starts
         if count._obj.value < len(starts):
             return pynvml.NVML_ERROR_INSUFFICIENT_SIZE

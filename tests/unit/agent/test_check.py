@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuslice.agent.check import READ_CALLS, ReadOnlyNvml, WriteRefused, run_check
+from gpuslice.agent.gpus import nvml
 from gpuslice.agent.gpus.nvml import NvmlBackend
 from gpuslice.cli import main
 from gpuslice.inventory.catalog import MI
@@ -48,6 +49,8 @@ def test_an_h200_node_is_described_and_nothing_is_written(tmp_path: Path) -> Non
     assert "1g.18gb+me" in text
     assert "placements 0+1, 1+1" in text
     assert "instances now: 1" in text
+    assert "NVML's versioned profile query: NOT_SUPPORTED with MIG mode off" in text, "GPU 0"
+    assert "go-nvlib's name" not in text, "GPU 1, in MIG mode: NVML names each profile as go-nvlib does"
     assert "a dynamic MIG instance" in text
     assert "nvidia-cap" in text
     assert "common edits each claim's spec copies" in text
@@ -59,7 +62,9 @@ def test_an_h200_node_is_described_and_nothing_is_written(tmp_path: Path) -> Non
     assert code == 0
 
 
-def test_the_mps_binary_is_found_in_the_driver_root_and_never_run(tmp_path: Path) -> None:
+def test_the_mps_binary_is_found_in_the_driver_root_and_never_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded: list[Path] = []  # NVML's loading from the root is test_nvml's; here the root holds the binary
+    monkeypatch.setattr(nvml, "load_nvml_from", loaded.append)
     lib = FakeLibNvml([("h100-80gb", False)])
     driver = tmp_path / "driver"
     (driver / "usr/bin").mkdir(parents=True)
@@ -74,6 +79,7 @@ def test_the_mps_binary_is_found_in_the_driver_root_and_never_run(tmp_path: Path
         run_check(pynvml, [tmp_path / "cdi"], lines.append, driver, **cdi_fixtures.host(tmp_path))
     assert f"nvidia-cuda-mps-control: {binary}" in lines
     assert not ran.exists(), "found, not started"
+    assert loaded == [driver]
 
 
 def test_what_differs_from_the_catalog_and_a_missing_spec_are_problems(tmp_path: Path) -> None:
@@ -112,3 +118,34 @@ def test_the_agent_command_runs_the_check_without_a_cluster(tmp_path: Path) -> N
     refused = CliRunner().invoke(main, ["agent", "--backend", "fake", "--check", "--node", "x"])
     assert refused.exit_code == 2
     assert "--check reads real GPUs" in refused.output
+
+
+def test_a_gpu_operator_node_shows_where_the_host_keeps_its_nodes(tmp_path: Path) -> None:
+    lib = FakeLibNvml([("a100-40gb", False), ("a100-40gb", True)])
+    code, text = check(lib, tmp_path, cdi_fixtures.management_mode(cdi_fixtures.OPERATOR_DRIVER_ROOT))
+    assert "where the specs say the host keeps its device nodes: /run/nvidia/driver" in text
+    assert "kernel (/proc/devices): nvidia 195, nvidia-uvm 508, nvidia-caps 234, drm 226" in text
+    assert '/dev/nvidia-uvm: {"fileMode": 438, "hostPath": "/run/nvidia/driver/dev/nvidia-uvm"' in text
+    assert '"hostPath": "/run/nvidia/driver/dev/nvidia0"' in text, "a whole GPU's node, as the toolkit names it"
+    assert text.rstrip().endswith("== 0 problems"), text[-2000:]
+    assert code == 0
+
+
+def test_a_spec_of_another_driver_is_a_problem(tmp_path: Path) -> None:
+    lib = FakeLibNvml([("l4", False)])
+    code, text = check(lib, tmp_path, cdi_fixtures.nvml_mode(lib.gpus[0].uuid, "MIG-none", driver="570.86.15"))
+    assert "best first, for driver 580.95.05" in text
+    assert "nvidia.com/gpu, cdiVersion 0.7.0, driver 570.86.15" in text
+    assert "is a CDI spec of driver 570.86.15, the driver is 580.95.05" in text
+    assert "are for another driver" in text, "and no common edits for claims"
+    assert code == 1
+
+
+def test_a_profile_nvml_names_otherwise_than_go_nvlib_is_a_problem(tmp_path: Path) -> None:
+    lib = FakeLibNvml([("a100-40gb", True)])
+    model = lib.gpus[0].model
+    renamed = tuple(replace(p, name="3g.19gb") if p.name == "3g.20gb" else p for p in model.mig_profiles)
+    lib.gpus[0].model = replace(model, mig_profiles=renamed)  # what the versioned query answers
+    code, text = check(lib, tmp_path, cdi_fixtures.nvml_mode(lib.gpus[0].uuid, "MIG-none"))
+    assert "GPU 0: profile 3g.20gb (go-nvlib's name) is 'MIG 3g.19gb' to NVML" in text
+    assert code == 1

@@ -6,8 +6,9 @@ from typing import Any, cast
 
 import pytest
 
-from gpuslice.agent.drain import MARKER, RETENTION, Drains
-from gpuslice.kube.client import Forbidden, KubeClient, NotFound, ServerError
+from gpuslice.agent.backoff import Backoff
+from gpuslice.agent.drain import LABEL, MARKER, RECHECK, RETENTION, Drains
+from gpuslice.kube.client import Forbidden, Invalid, KubeClient, NotFound, ServerError
 
 
 def test_draining_devices_are_listed_and_gone_ones_stay_listed_for_the_retention() -> None:
@@ -28,11 +29,12 @@ def test_draining_devices_are_listed_and_gone_ones_stay_listed_for_the_retention
 async def test_a_restarted_agent_keeps_what_it_finds_listed() -> None:
     class Kube:
         async def get(self, path: str) -> dict[str, Any]:
+            assert path.endswith("/configmaps/gpuslice-draining-n1"), "its own node's object, no other"
             return {"data": {"n1": "x y", "n2": "z"}}
 
     drains = Drains()
     await drains.load(cast(KubeClient, Kube()), "n1", now=0)
-    assert drains.listed == {"x", "y"}
+    assert drains.listed == {"x", "y"}, "only its own node's key counts"
     assert drains.wanted(set(), before=set(), after={"y"}, now=1) == {"x"}
 
 
@@ -82,15 +84,86 @@ async def test_a_probe_that_cannot_work_fails_safe_and_says_how_to_fix_it(caplog
         await drains.refused(cast(KubeClient, Probe(ServerError(503, "x", "y", None))), "n1", {"a"})
 
 
-async def test_a_missing_drain_list_fails_safe() -> None:
+async def test_no_drain_object_means_nothing_is_listed() -> None:
     class Kube:
         async def get(self, path: str) -> dict[str, Any]:
-            raise NotFound(404, "NotFound", "configmaps gpuslice-draining not found", None)
+            raise NotFound(404, "NotFound", "configmaps gpuslice-draining-n1 not found", None)
 
     drains = Drains()
     await drains.load(cast(KubeClient, Kube()), "n1")
-    assert drains.warned
+    assert not drains.warned, "a node that never drained has no object"
     assert drains.listed == set()
+
+
+class Writes:
+    """The API server as the agent writes its drain object: apply and delete, refused on cue."""
+
+    def __init__(self, refusal: Exception | None = None) -> None:
+        self.refusal = refusal
+        self.calls: list[tuple[str, str, dict[str, Any] | None]] = []
+
+    async def apply(self, path: str, body: dict[str, Any], **_: Any) -> dict[str, Any]:
+        self.calls.append(("apply", path, body))
+        if self.refusal:
+            raise self.refusal
+        return body
+
+    async def delete(self, path: str, **_: Any) -> dict[str, Any]:
+        self.calls.append(("delete", path, None))
+        raise NotFound(404, "NotFound", "gone already", None)
+
+
+async def test_each_node_writes_its_own_labelled_object_and_deletes_it_when_nothing_is_listed() -> None:
+    kube = Writes()
+    drains = Drains()
+    await drains.write(cast(KubeClient, kube), "n1", {"b", "a"})
+    [(verb, path, body)] = kube.calls
+    assert (verb, path) == ("apply", "/api/v1/namespaces/gpuslice-system/configmaps/gpuslice-draining-n1")
+    assert body is not None
+    assert body["data"] == {"n1": "a b"}
+    assert body["metadata"]["labels"] == {LABEL: "true"}
+    await drains.write(cast(KubeClient, kube), "n1", set())
+    assert kube.calls[-1][:2] == ("delete", path), "nothing listed: no object, no parameter for the rule"
+    assert drains.listed == set()
+
+
+def _waits(drains: Drains, cycles: int) -> list[float]:
+    return [w for _ in range(cycles) if (w := drains.due_in()) is not None]
+
+
+async def test_a_drain_that_cannot_progress_asks_again_less_and_less_often() -> None:
+    """H2 of the December review: a refused write (or a rule not in force) made the agent run a cycle,
+    and read every claim in the cluster, every 0.5 s without end."""
+    refused = Invalid(422, "Invalid", "Too long: may not be more than 1048576 bytes", None)
+    drains = Drains(recheck=Backoff(RECHECK, 60.0))
+    listed = drains.wanted({"a"}, before={"a"}, after={"a"}, now=0)
+    await drains.write(cast(KubeClient, Writes(refused)), "n1", listed)
+    assert drains.warned
+    assert drains.listed == set(), "refused: nothing listed, the device stays as it is"
+    waits = _waits(drains, 12)
+    assert waits[0] <= 1.5 * RECHECK
+    nominal = [RECHECK * 2**i for i in range(12)]
+    assert all(0.5 * min(n, 60.0) <= w <= min(1.5 * n, 60.0) for w, n in zip(waits, nominal, strict=True)), waits
+    assert sum(waits[:7]) > 30, "at most seven cycles in the first half minute"
+    assert waits[-1] >= 30, "then about one a resync"
+
+
+async def test_progress_asks_again_soon_and_nothing_waiting_asks_nothing() -> None:
+    drains = Drains(recheck=Backoff(RECHECK, 60.0))
+    _waits(drains, 1)
+    assert drains.due_in() is None, "nothing waits"
+    listed = drains.wanted({"a"}, before={"a"}, after={"a"}, now=0)
+    for _ in range(5):
+        drains.due_in()  # the rule took its time
+    await drains.write(cast(KubeClient, Writes()), "n1", listed)
+    wait = drains.due_in()
+    assert wait is not None
+    assert wait <= 1.5 * RECHECK, "newly listed: asked about soon"
+    refusal = Forbidden(403, "Forbidden", f"denied: {MARKER}n1/a are being changed", None)
+    assert await drains.refused(cast(KubeClient, Probe(refusal)), "n1", {"a"}) == {"a"}
+    assert drains.due_in() is None, "drained: no cycle waits for it"
+    spread_out = {round(Drains(waiting=True).due_in() or 0, 4) for _ in range(30)}
+    assert len(spread_out) > 1, "jittered: a fleet does not ask again in step"
 
 
 async def test_many_devices_are_asked_about_in_probes_whose_refusal_the_server_can_word() -> None:
@@ -114,3 +187,15 @@ async def test_many_devices_are_asked_about_in_probes_whose_refusal_the_server_c
     assert len(rule.asked) > 1
     assert sorted(d for batch in rule.asked for d in batch) == sorted(names)
     assert drains.due_in() is None
+
+
+async def test_a_device_refused_again_and_again_is_no_progress() -> None:
+    """Only news shortens the wait: a device the probe keeps refusing (it waits on something else,
+    e.g. a GPU's other devices) does not make the agent ask twice a second."""
+    refusal = Forbidden(403, "Forbidden", f"denied: {MARKER}n1/a are being changed", None)
+    drains = Drains(listed={"a", "b"}, recheck=Backoff(RECHECK, 60.0))
+    for _ in range(6):
+        await drains.refused(cast(KubeClient, Probe(refusal)), "n1", {"a", "b"})
+        wait = drains.due_in()
+    assert wait is not None
+    assert wait >= 0.5 * RECHECK * 2**5, "b still waits, and a refused again is nothing new"

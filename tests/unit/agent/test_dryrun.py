@@ -81,11 +81,18 @@ async def test_a_server_that_cannot_answer_is_not_a_refusal() -> None:
 def test_a_refused_policy_is_tried_again_after_a_growing_wait_or_when_it_changes() -> None:
     refusals = Refusals()
     refusals.record({"b": "no"}, {"b": 1}, now=0)
-    assert refusals.current({"b": 1}, now=1) == {"b": "no"}
-    assert refusals.current({"b": 1}, now=FIRST_RETRY) == {}, "tried again"
-    refusals.record({"b": "no"}, {"b": 1}, now=FIRST_RETRY)
-    assert refusals.current({"b": 1}, now=FIRST_RETRY * 2.5) == {"b": "no"}, "refused again: waits twice as long"
+    assert refusals.current({"b": 1}, now=FIRST_RETRY * 0.49) == {"b": "no"}
+    assert refusals.current({"b": 1}, now=FIRST_RETRY * 1.5) == {}, "tried again (the wait is jittered by half)"
+    refusals.record({"b": "no"}, {"b": 1}, now=FIRST_RETRY * 1.5)
+    assert refusals.current({"b": 1}, now=FIRST_RETRY * 2.49) == {"b": "no"}, "refused again: waits twice as long"
+    assert refusals.current({"b": 1}, now=FIRST_RETRY * 4.5) == {}
     assert refusals.current({"b": 2}, now=FIRST_RETRY * 2.5) == {}, "the policy changed: tried at once"
+    waits = set()
+    for _ in range(20):
+        spread_out = Refusals()
+        spread_out.record({"b": "no"}, {"b": 1}, now=0)
+        waits.add(round(spread_out.by_policy["b"].until, 3))
+    assert len(waits) > 1, "a fleet refused together does not try again in step"
     for step in range(20):
         refusals.record({"b": "no"}, {"b": 2}, now=step * 1000)
     assert refusals.by_policy["b"].wait == LAST_RETRY

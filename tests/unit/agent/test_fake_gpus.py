@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuslice.agent.gpus import GpuBackendError
-from gpuslice.agent.gpus.fake import FakeBackend
+from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 from gpuslice.agent.gpus.fake_state import FakeFault, InjectedFailure
 from gpuslice.cli import main
 
@@ -83,3 +83,17 @@ def test_fake_processes_are_kept_per_gpu_and_pid(tmp_path: Path) -> None:
     assert shown.count('"pid": 7') == 1
     runner.invoke(main, ["fake-gpu", "--state-dir", str(tmp_path), "use", "1", "--pid", "7", "--memory", "0"])
     assert '"pid": 7' not in runner.invoke(main, ["fake-gpu", "--state-dir", str(tmp_path), "show"]).output
+
+
+def test_mig_capable_gpus_can_start_with_mig_mode_off(tmp_path: Path) -> None:
+    """As a GPU fresh from the factory (or after the GPU Operator's all-disabled): MIG mode off, its
+    profiles known all the same (NVML's v1 query answers whatever the mode)."""
+    fake = FakeBackend("node-a", parse_fake_gpus("a100-40gb:2:mig-off,l4:1"), tmp_path)
+    gpus = fake.discover()
+    assert [(g.mig_capable, g.mig_enabled) for g in gpus] == [(True, False), (True, False), (False, False)]
+    assert gpus[0].mig_profile("3g.20gb") is not None
+    fake.set_mig_mode(gpus[0], True)
+    assert [g.mig_enabled for g in FakeBackend("node-a", parse_fake_gpus("a100-40gb:2:mig-off"), tmp_path).discover()] \
+        == [True, False], "after that, the state file knows better"
+    with pytest.raises(GpuBackendError, match=r"unknown option 'mig-of'; the one option is mig-off"):
+        parse_fake_gpus("a100-40gb:2:mig-of")

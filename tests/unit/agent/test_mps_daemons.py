@@ -154,9 +154,13 @@ def test_launch_gives_the_daemon_its_gpus_shared_memory_as_dev_shm(tmp_path: Pat
     assert not Path(f"/dev/shm/{marker}").exists(), "the agent's own /dev/shm is untouched"
 
 
-def test_the_nvml_backend_runs_the_drivers_daemon_in_the_foreground_with_its_shm_and_args(tmp_path: Path) -> None:
-    from gpuslice.agent.gpus import GpuBackendError
+def test_the_nvml_backend_runs_the_drivers_daemon_in_the_foreground_with_its_shm_and_args(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuslice.agent.gpus import GpuBackendError, nvml
     from gpuslice.agent.gpus.nvml import NvmlBackend
+
+    loaded: list[Path] = []  # NVML's loading from the root is test_nvml's; here the root holds the binary
+    monkeypatch.setattr(nvml, "load_nvml_from", loaded.append)
 
     driver = tmp_path / "driver"
     (driver / "usr/bin").mkdir(parents=True)
@@ -170,6 +174,7 @@ def test_the_nvml_backend_runs_the_drivers_daemon_in_the_foreground_with_its_shm
     assert client == [str(control)]
     with pytest.raises(GpuBackendError, match="nvidia-cuda-mps-control is not on PATH nor in"):
         NvmlBackend(types.ModuleType("pynvml"), driver_root=tmp_path / "none").mps_commands(tmp_path)
+    assert loaded == [driver, tmp_path / "none"], "one root for NVML and the MPS binaries"
 
 
 async def test_a_daemon_that_died_with_its_agent_is_started_again_in_the_same_directories(tmp_path: Path) -> None:

@@ -4,18 +4,23 @@ adapter is tested this way; everything above it runs on the fake backend."""
 
 from __future__ import annotations
 
+import ctypes
 import types
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pynvml
 import pytest
 
 from gpuslice.agent.gpus import GpuBackendError
-from gpuslice.agent.gpus.nvml import NvmlBackend
+from gpuslice.agent.gpus.nvml import NVML_LIBRARY, NvmlBackend, load_nvml_from, mig_memory_gb
+from gpuslice.agent.kubeletplugin.gpuops import GpuOps
+from gpuslice.agent.mig_manager import MigManager
 from gpuslice.inventory.catalog import MODELS
-from tests.unit.agent.libnvml import FakeLibNvml, installed
+from gpuslice.planning.node_pool import plan_node_pool
+from tests.unit.agent.libnvml import PROFILE_IDS, FakeLibNvml, installed
+from tests.unit.planning.test_node_pool import policy
 
 
 @pytest.fixture
@@ -50,7 +55,48 @@ def test_gpu_without_mig() -> None:
     with installed(FakeLibNvml([("l4", False)])) as lib:
         [gpu] = NvmlBackend(pynvml).discover()
     assert (gpu.mig_capable, gpu.mig_profiles, gpu.architecture) == (False, (), "Ada Lovelace")
-    assert "nvmlDeviceGetGpuInstanceProfileInfoV" not in lib.calls, "NotSupported from GetMigMode: no MIG probing"
+    assert not {"nvmlDeviceGetGpuInstanceProfileInfo", "nvmlDeviceGetGpuInstanceProfileInfoV"} & set(lib.calls), \
+        "NotSupported from GetMigMode: no MIG probing"
+
+
+@pytest.mark.parametrize("model", ["a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb"])
+def test_mig_profiles_of_a_gpu_whose_mig_mode_is_off(model: str) -> None:
+    """NVML's versioned profile query answers NOT_SUPPORTED without MIG mode (the stand-in as nvml.h
+    says): the profiles come from the v1 query, named as go-nvlib names them, and are the catalog's."""
+    with installed(FakeLibNvml([(model, False)])) as lib:
+        backend = NvmlBackend(pynvml)
+        [gpu] = backend.discover()
+        assert (gpu.mig_capable, gpu.mig_enabled) == (True, False)
+        assert sorted(gpu.mig_profiles, key=lambda p: p.name) == sorted(MODELS[model].mig_profiles,
+                                                                         key=lambda p: p.name)
+        backend.set_mig_mode(gpu, True)
+        three = next(p for p in gpu.mig_profiles if p.name.startswith("3g."))
+        made = backend.create_mig(gpu, three, 0)
+        assert backend.mig_instances(gpu) == [made], "made and listed by the profiles read with MIG off"
+        assert lib.gpus[0].mig_mode == pynvml.NVML_DEVICE_MIG_ENABLE
+
+
+def test_go_nvlibs_memory_rounding() -> None:
+    """getMigMemorySizeGB: eighths of the GPU rounded up, then Go's half-away-from-zero rounding."""
+    h200 = MODELS["h200-141gb"].memory
+    assert mig_memory_gb(h200, 71168) == 71, "70.5 GiB: Go rounds half away from zero, Python's round() to even"
+    assert mig_memory_gb(MODELS["a100-40gb"].memory, 4864) == 5
+
+
+def test_a_profile_nvml_cannot_place_and_memory_nvml_does_not_report(a100s: FakeLibNvml) -> None:
+    """NotSupported from the placements leaves that profile out, from the memory query takes the
+    catalog's figure (NVIDIA's DRA driver goes on in both cases, nvlib.go); discovery never fails."""
+    a100s.gpus[0].unplaceable = frozenset({PROFILE_IDS[4]})  # 3g.20gb
+    a100s.gpus[1].memory_supported = False
+    gpu0, gpu1 = NvmlBackend(pynvml).discover()
+    assert "3g.20gb" not in {p.name for p in gpu0.mig_profiles}
+    assert len(gpu0.mig_profiles) == len(MODELS["a100-40gb"].mig_profiles) - 1
+    assert gpu1.memory == MODELS["a100-40gb"].memory, "the catalog's figure"
+    assert sorted(p.name for p in gpu1.mig_profiles) == sorted(p.name for p in MODELS["a100-40gb"].mig_profiles), \
+        "named with the catalog's memory"
+    a100s.gpus[1].model = replace(a100s.gpus[1].model, product_name="NVIDIA A100-SXM4-40GB-X")
+    unknown = NvmlBackend(pynvml).discover()[1]
+    assert (unknown.memory, unknown.mig_profiles) == (0, ()), "no figure: nothing fits it, no MIG profile named"
 
 
 def test_no_driver_gives_a_clear_message() -> None:
@@ -95,22 +141,18 @@ def test_an_occupied_placement_is_refused_as_nvml_refuses_it(a100s: FakeLibNvml)
         backend.create_mig(gpu, one, 2)
 
 
-def test_a_compute_instance_that_cannot_be_made_leaves_no_gpu_instance(a100s: FakeLibNvml) -> None:
-    def refuse(*args: Any) -> int:
-        return pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
-
-    a100s._nvmlGpuInstanceCreateComputeInstance = refuse  # type: ignore[method-assign]
-    type(a100s)._nvmlGpuInstanceCreateComputeInstance = lambda self, *a: refuse(*a)  # type: ignore[method-assign]
-    try:
-        backend = NvmlBackend(pynvml)
-        gpu = backend.discover()[0]
-        one = gpu.mig_profile("1g.5gb")
-        assert one is not None
-        with pytest.raises(GpuBackendError, match=r"creating a 1g.5gb instance at memory slice 2 of GPU 0"):
-            backend.create_mig(gpu, one, 2)
-        assert a100s.gpus[0].gis == {}
-    finally:
-        del type(a100s)._nvmlGpuInstanceCreateComputeInstance
+def test_a_compute_instance_that_cannot_be_made_leaves_no_gpu_instance(
+        a100s: FakeLibNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On the class (the stand-in looks its functions up there), put back after the test.
+    monkeypatch.setattr(type(a100s), "_nvmlGpuInstanceCreateComputeInstance",
+                        lambda self, *args: pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+    backend = NvmlBackend(pynvml)
+    gpu = backend.discover()[0]
+    one = gpu.mig_profile("1g.5gb")
+    assert one is not None
+    with pytest.raises(GpuBackendError, match=r"creating a 1g.5gb instance at memory slice 2 of GPU 0"):
+        backend.create_mig(gpu, one, 2)
+    assert a100s.gpus[0].gis == {}
 
 
 def test_a_lost_gpu_and_xid_events_are_faults(a100s: FakeLibNvml) -> None:
@@ -146,3 +188,54 @@ def test_processes_with_mps_clients_and_their_sm_shares_since_the_last_read() ->
         assert backend.processes(found) == []
     assert "nvmlDeviceGetMPSComputeRunningProcesses_v3" in lib.calls
     assert lib.writes == []
+
+
+def test_nvml_is_loaded_from_the_drivers_root_where_the_driver_keeps_it(tmp_path: Path) -> None:
+    # The GPU Operator's containerized driver (/run/nvidia/driver) on Ubuntu, mounted in the agent.
+    library = tmp_path / "usr/lib/x86_64-linux-gnu" / NVML_LIBRARY
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"")
+    loaded: list[tuple[str, int]] = []
+    assert load_nvml_from(tmp_path, lambda path, mode: loaded.append((path, mode))) == library
+    assert loaded == [(str(library), ctypes.RTLD_GLOBAL)]
+
+
+def test_a_drivers_root_without_nvml_says_where_it_looked_and_what_to_set(tmp_path: Path) -> None:
+    with pytest.raises(GpuBackendError) as refused:
+        load_nvml_from(tmp_path)
+    assert f"no libnvidia-ml.so.1 under --nvidia-driver-root {tmp_path}" in str(refused.value)
+    assert "usr/lib64" in str(refused.value)
+    assert "/run/nvidia/driver" in str(refused.value)
+
+
+def test_a_file_that_is_no_library_is_refused_with_its_path(tmp_path: Path) -> None:
+    library = tmp_path / "usr/lib64" / NVML_LIBRARY
+    library.parent.mkdir(parents=True)
+    library.write_text("not an ELF file")
+    with pytest.raises(GpuBackendError) as refused:
+        NvmlBackend(pynvml, driver_root=tmp_path)  # the real loader, on a file it cannot load
+    assert f"could not load NVML from {library}" in str(refused.value)
+
+
+async def test_a_static_layout_on_a_gpu_whose_mig_mode_is_off_enables_mig_and_publishes(tmp_path: Path) -> None:
+    """The MIG manager on the NVML backend: the layout fits a GPU whose MIG mode is off (its profiles
+    read with v1), so the GPU is switched to MIG mode and given the layout's instances, which publish."""
+    with installed(FakeLibNvml([("a100-40gb", False)])) as lib:
+        backend = NvmlBackend(pynvml)
+        gpus = backend.discover()
+        layout = policy("p", {"mode": "mig", "mig": {"layout": {"3g.20gb": 2}}})
+        manager = MigManager("n", GpuOps(backend, gpus), tmp_path)
+        adjusted = await manager.adjust(plan_node_pool({}, gpus, [layout]), [layout])
+        assert list(manager.pending) == [gpus[0].uuid], "the layout fits a GPU whose MIG mode is off"
+        assert adjusted.devices == [], "nothing published before the GPU has the instances"
+        manager.statuses(set(), adjusted.devices)
+        assert await manager.reconfigure(None, set(), adjusted.devices, refused=set())
+        assert manager.failed == {}
+        assert lib.gpus[0].mig_mode == pynvml.NVML_DEVICE_MIG_ENABLE
+        assert [(i.profile, i.start) for i in backend.mig_instances(gpus[0])] == [("3g.20gb", 0), ("3g.20gb", 4)]
+        published = await manager.adjust(plan_node_pool({}, gpus, [layout]), [layout])
+        assert manager.pending == {}
+        assert sorted((d.profile, d.placement) for d in published.typed) == [("3g.20gb", (0, 4)), ("3g.20gb", (4, 4))]
+        instances = {i.start: i.uuid for i in backend.mig_instances(gpus[0])}
+        assert {d["attributes"]["gpuslice.dev/placementStart"]["int"]: d["attributes"]["uuid"]["string"]
+                for d in published.devices} == instances, "each with its instance's UUID, as NVIDIA's static devices"

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pydantic
 import pytest
 
 from gpuslice.api.crd import crd, crd_yaml
-from gpuslice.api.policy import GpuSlicePolicySpec
+from gpuslice.api.policy import MAX_COUNT, MAX_MEMORY, GpuSlicePolicySpec
+from gpuslice.planning.kinds import INT64_MAX, DeviceKind, limit_bytes
 
 COMMITTED = Path(__file__).resolve().parents[3] / "crds" / "gpuslicepolicies.gpuslice.dev.yaml"
 
@@ -96,3 +99,68 @@ def test_tenant_names_fit_a_column_and_count_the_rest() -> None:
     assert len(shown) <= 60
     assert shown.endswith(f", +{20 - shown.count(',')}")
     assert shown.startswith("tenant-00, tenant-01")
+
+
+def _numbers(schema: dict[str, Any], path: str) -> dict[str, dict[str, Any]]:
+    """Every integer or number in ``schema``, by path (map values as ``path.*``)."""
+    found: dict[str, dict[str, Any]] = {}
+    if schema.get("type") in ("integer", "number"):
+        found[path] = schema
+    for name, sub in (schema.get("properties") or {}).items():
+        found |= _numbers(sub, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        found |= _numbers(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        found |= _numbers(schema["additionalProperties"], f"{path}.*")
+    return found
+
+
+def test_every_number_of_the_spec_has_bounds() -> None:
+    """H3 of the December review: maxSlices had no maximum, and 10^10 of them overflowed the int64 of
+    status.tenants[].limitBytes. Each number now has both bounds in the schema, or a rule that says them."""
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    numbers = _numbers(spec, "spec")
+    assert set(numbers) == {"spec.tenants[].maxSlices", "spec.tenants[].maxFullGpus", "spec.tenants[].maxMigDevices.*",
+                            "spec.slicing.mig.layout.*"}, "a new number: give it bounds and a test"
+    by_rule = {"spec.slicing.mig.layout.*"}  # "a count from 1 to 7", a rule of MigSlicing
+    for path, schema in numbers.items():
+        if path not in by_rule:
+            assert (schema.get("minimum"), schema.get("maximum")) == (0, MAX_COUNT), path
+    rules = " ".join(r["rule"] for r in spec["properties"]["slicing"]["properties"]["mig"]["x-kubernetes-validations"])
+    assert "self.layout[p] >= 1 && self.layout[p] <= 7" in rules
+    # The sizes are quantities (strings): bounded by rules, with the same words in Python.
+    for where, field, rules_of in (("slicing", "sliceSize", spec["properties"]["slicing"]),
+                                   ("gpuSelector", "minMemory", spec["properties"]["gpuSelector"])):
+        assert any(f"quantity(self.{field}).isGreaterThan(quantity('{MAX_MEMORY}'))" in r["rule"]
+                   for r in rules_of["x-kubernetes-validations"]), where
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "tenants": [{"namespace": "a", "maxSlices": MAX_COUNT + 1}]},
+     "less than or equal to 1000000"),
+    ({"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "tenants": [{"namespace": "a", "maxSlices": -1}]},
+     "greater than or equal to 0"),
+    ({"slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
+      "tenants": [{"namespace": "a", "maxFullGpus": MAX_COUNT + 1}]}, "less than or equal to 1000000"),
+    ({"slicing": {"mode": "mig", "mig": {"profiles": ["1g.10gb"]}},
+      "tenants": [{"namespace": "a", "maxMigDevices": {"1g.10gb": MAX_COUNT + 1}}]}, "less than or equal to 1000000"),
+    ({"slicing": {"mode": "mig", "mig": {"layout": {"1g.10gb": 0}}}}, "a count from 1 to 7"),
+    ({"slicing": {"mode": "memory", "sliceSize": "16385Gi"}}, "slicing.sliceSize must be at most 16Ti"),
+    ({"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "gpuSelector": {"minMemory": "1E"}},
+     "gpuSelector.minMemory must be at most 16Ti"),
+])
+def test_numbers_past_their_bounds_are_refused_offline_too(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match=re.escape(message)):
+        GpuSlicePolicySpec.model_validate(spec)
+
+
+def test_numbers_at_their_bounds_parse_and_a_limit_in_bytes_saturates() -> None:
+    spec = GpuSlicePolicySpec.model_validate({
+        "slicing": {"mode": "memory", "sliceSize": MAX_MEMORY, "allowFullGpu": True},
+        "gpuSelector": {"minMemory": MAX_MEMORY},
+        "tenants": [{"namespace": "a", "maxSlices": MAX_COUNT, "maxFullGpus": MAX_COUNT}, {"namespace": "b", "maxSlices": 0}]})
+    slices = DeviceKind("slice", "p.gpuslice.dev", spec.slicing.slice_bytes, "", "")
+    full = DeviceKind("full", "full.p.gpuslice.dev", 16 * 1024**4, "", "-full")
+    assert MAX_COUNT * 2 * 16 * 1024**4 > INT64_MAX
+    assert limit_bytes(spec.tenants[0], [slices, full]) == INT64_MAX, "saturated: the status can always be written"
+    assert limit_bytes(spec.tenants[1], [slices, full]) == 0

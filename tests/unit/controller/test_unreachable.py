@@ -15,7 +15,8 @@ from gpuslice.controller.handlers import _reconcile_each
 from gpuslice.controller.reconcile import Context
 from gpuslice.controller.world import World
 from gpuslice.kube.client import KubeClient, RetryPolicy
-from gpuslice.kube.transport import AiohttpTransport, Credentials
+from gpuslice.kube.credentials import Credentials
+from gpuslice.kube.transport import AiohttpTransport
 
 
 @pytest.fixture

@@ -102,3 +102,20 @@ def test_a_policy_that_does_not_parse_is_left_out_of_the_others() -> None:
                   World(policies={"good": good, "bad": bad}, namespaces={}, nodes={}, slices=[], claims=[],
                         parsed=parsed)):
         assert [p.name for p in world.parsed_policies()] == ["good"]
+
+
+def test_the_nodes_a_policy_selects_are_those_its_node_selector_matches_with_gpus_or_an_agent() -> None:
+    """status.selectedNodes: where the tenancy rule lets the policy's devices be allocated (H4 of the
+    December review). Not judged by the GPU selector (the agent reads the GPUs), nor by who publishes."""
+    labels = {**nodes(4), "plain": {"pool": "x"}, "agent-only": {"pool": "x"}, "elsewhere": {"pool": "y"}}
+    views = [SliceView.from_slice(slice_spec(pool, 1, 1, [(f"d-{pool}", "x")])) for pool in ("agent-only", "elsewhere")]
+    world = World(policies={}, namespaces={}, nodes=labels, slices=views, claims=[])
+    policy = parse_policy(body("x", "x"))
+    assert policy is not None
+    # n1 and n3 have GPUs by their labels; agent-only has none by its labels but a gpuslice pool;
+    # plain has neither; elsewhere publishes devices of x but x does not select it.
+    assert world.nodes_selected(policy) == ("agent-only", "n1", "n3")
+    gpu_filtered = parse_policy({**body("x", "x"), "spec": {**body("x", "x")["spec"],
+                                                             "gpuSelector": {"products": ["NVIDIA L4"]}}})
+    assert gpu_filtered is not None
+    assert world.nodes_selected(gpu_filtered) == ("agent-only", "n1", "n3")

@@ -25,7 +25,8 @@ from gpuslice.kube.client import (
     TooManyRequests,
     Unreachable,
 )
-from gpuslice.kube.transport import AiohttpTransport, Credentials
+from gpuslice.kube.credentials import Credentials
+from gpuslice.kube.transport import AiohttpTransport
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 FAST = RetryPolicy(attempts=4, budget=5.0, first_delay=0.01, max_delay=0.05)

@@ -7,7 +7,7 @@ from typing import Any
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.planning.policy_change import ChangePlan, gpus_from_devices, plan_change
 from gpuslice.planning.status_report import Snapshot
-from tests.unit.planning.cluster_state import claim, gpus, node_body, policy_body, published
+from tests.unit.planning.cluster_state import claim, devices_of, gpus, node_body, policy_body, published
 from tests.unit.planning.test_occupancy import INFERENCE, tag
 
 NODES = [node_body("n1", "h100-80gb", 1)]
@@ -70,3 +70,16 @@ def test_gpus_are_read_back_from_what_the_node_publishes() -> None:
     found = gpus_from_devices(list(pool.devices), pool)
     assert [(g.uuid, g.index, g.memory, g.product_name, g.pci_bus_id, g.mig_profiles) for g in found] == [
         (g.uuid, g.index, g.memory, g.product_name, g.pci_bus_id, g.mig_profiles) for g in gpus("n1", "h100-80gb", 2)]
+
+
+def test_a_static_mig_instances_uuid_is_no_change() -> None:
+    """The agent publishes a static MIG device with its instance's UUID (as NVIDIA's driver does);
+    the preview, planned without the instances, must not take that for a change."""
+    layout = policy_body("layout", {"mode": "mig", "mig": {"layout": {"3g.20gb": 2}}})
+    nodes = [node_body("n1", "a100-40gb", 1)]
+    slices = published("n1", "a100-40gb", 1, [layout])
+    for index, device in enumerate(devices_of(slices)):
+        device["attributes"]["uuid"] = {"string": f"MIG-instance-{index}"}
+    snapshot = Snapshot([layout], slices, [], nodes)
+    plan = plan_change(edit(layout), [layout], snapshot.pools(), nodes, {})
+    assert plan.nodes == (), "nothing changes"

@@ -99,6 +99,9 @@ def test_usage_in_bytes_and_kinds_and_foreign_claims() -> None:
     assert result.by_namespace == {"a": 4, "gone": 1}
     assert result.bytes_by_namespace == {"a": 120 * 1024**3, "gone": 10 * 1024**3}
     assert result.kinds_by_namespace["a"] == {"slice": 1, "full": 1, "shared": 2}
-    assert "ops/watch" in result.holding_claims, "deletion waits for admin claims too"
+    assert "ops/watch" not in result.holding_claims, "admin access takes nothing: deletion does not wait for it"
+    assert result.holding_claims == ["a/c1", "a/c2", "gone/old"]
+    assert claims[2].taken == ()
+    assert claims[0].taken == claims[0].devices
     assert foreign_claims(mine, claims, tenants={"a"}, admins={"ops"}) == ["gone/old"]
     assert foreign_claims(mine, claims, tenants={"a"}, admins=set()) == ["gone/old", "ops/watch"]

@@ -151,3 +151,14 @@ def test_extended_resource_of_a_foreign_class_and_the_controller_namespace() -> 
     q = policy("q", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "tenants": [{"namespace": "ops"}]})
     [problem] = validate(q, select(q, INVENTORY), [], controller_namespace="ops")
     assert problem.reason == "ControllerNamespace"
+
+
+def test_a_policy_may_select_at_most_a_thousand_nodes() -> None:
+    """Each is named in status.selectedNodes, which every allocation of its devices is checked against."""
+    p = policy("p", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}})
+    selection = select(p, INVENTORY)
+    assert validate(p, selection, [], selected_nodes=1000) == []
+    [problem] = validate(p, selection, [], selected_nodes=1001)
+    assert problem.reason == "TooManyNodes"
+    assert "matches 1001 GPU nodes; a policy may select at most 1000" in problem.message
+    assert "narrow spec.nodeSelector" in problem.message

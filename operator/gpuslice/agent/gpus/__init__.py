@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from gpuslice.dra.cdi import CDI_VERSION, ContainerEdits
+from gpuslice.dra.cdi import ContainerEdits
 from gpuslice.inventory.catalog import MigProfile
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.gpu_use import GpuProcess
@@ -51,13 +51,11 @@ class MigInstance:
 @dataclass(frozen=True)
 class Access:
     """What a container needs to use a device, beyond gpuslice's ``GPUSLICE_*`` variables, written
-    into the claim's own CDI spec: the device's edits (on NVIDIA nodes its device nodes), the edits
-    every device of the claim shares (the NVIDIA Container Toolkit's libraries and hooks), and the
-    CDI version those need."""
+    into the claim's own CDI spec: the device's edits (on NVIDIA nodes its device nodes) and the
+    edits every device of the claim shares (the NVIDIA Container Toolkit's libraries and hooks)."""
 
     edits: ContainerEdits = field(default_factory=ContainerEdits)
     common: ContainerEdits | None = None
-    cdi_version: str = CDI_VERSION
 
 
 class GpuBackend(Protocol):

@@ -15,8 +15,10 @@ from __future__ import annotations
 import hashlib
 import sys
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 from gpuslice.agent.gpus import Access, Fault, GpuBackendError, GpuProcess, MigInstance
 from gpuslice.agent.gpus.fake_state import FakeGpu, FakeMigInstance, FakeState, FakeStateFile, Operation
@@ -25,11 +27,21 @@ from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.grants import Grant
 
 
-def parse_fake_gpus(text: str) -> list[tuple[str, int]]:
-    """``h100-80gb:8`` or ``h100-80gb:4,l4:2`` -> [(model, count), ...]."""
+class FakeGpus(NamedTuple):
+    """``number`` GPUs of catalog ``model``; ``mig``: whether a MIG-capable one starts in MIG mode."""
+
+    model: str
+    number: int
+    mig: bool = True
+
+
+def parse_fake_gpus(text: str) -> list[FakeGpus]:
+    """``h100-80gb:8``, ``h100-80gb:4,l4:2`` or ``a100-40gb:2:mig-off`` (MIG-capable GPUs that start
+    with MIG mode off, as a GPU fresh from the factory or the GPU Operator's ``all-disabled``)."""
     parsed = []
     for part in filter(None, (p.strip() for p in text.split(","))):
-        model, _, count = part.partition(":")
+        model, _, rest = part.partition(":")
+        count, _, option = rest.partition(":")
         if model not in MODELS:
             raise GpuBackendError(f"--fake-gpus: unknown GPU model {model!r}; known: {', '.join(MODELS)}.")
         try:
@@ -38,7 +50,10 @@ def parse_fake_gpus(text: str) -> list[tuple[str, int]]:
             raise GpuBackendError(f"--fake-gpus: {part!r} needs a count, e.g. {model}:8.") from None
         if not 1 <= number <= 16:
             raise GpuBackendError(f"--fake-gpus: {part!r}: count must be 1 to 16.")
-        parsed.append((model, number))
+        if option not in ("", "mig-off"):
+            raise GpuBackendError(f"--fake-gpus: {part!r}: unknown option {option!r}; the one option is"
+                                  f" mig-off ({model}:{number}:mig-off: MIG-capable GPUs start with MIG mode off).")
+        parsed.append(FakeGpus(model, number, option != "mig-off"))
     if not parsed:
         raise GpuBackendError("--fake-gpus is empty; give MODEL:COUNT, e.g. h100-80gb:8.")
     return parsed
@@ -55,14 +70,15 @@ def fake_uuid(node: str, index: int) -> str:
 class FakeBackend:
     name = "fake"
 
-    def __init__(self, node: str, gpus: list[tuple[str, int]], state_dir: Path | None = None) -> None:
+    def __init__(self, node: str, gpus: Sequence[tuple[str, int] | tuple[str, int, bool]],
+                 state_dir: Path | None = None) -> None:
         self.node = node
-        self.gpus = gpus
+        self.gpus = [FakeGpus(*g) for g in gpus]
         self.state = FakeStateFile(state_dir)
 
     def discover(self) -> list[Gpu]:
         found: list[Gpu] = []
-        for model_key, count in self.gpus:
+        for model_key, count, mig in self.gpus:
             model = MODELS[model_key]
             for _ in range(count):
                 index = len(found)
@@ -78,14 +94,14 @@ class FakeBackend:
                     driver_version=FAKE_DRIVER,
                     minor=index,
                     mig_capable=model.mig_capable,
-                    mig_enabled=model.mig_capable,
+                    mig_enabled=model.mig_capable and mig,
                     mig_profiles=model.mig_profiles,
                     brand=model.brand,
                     cuda_driver_version=FAKE_CUDA,
                     pcie_root=f"pci0000:{bus - 1:02x}",  # each GPU behind its own root port, as on HGX boards
                 ))
-        # A GPU first seen comes up as the catalog says (MIG-capable ones in MIG mode); after that
-        # its state file knows better.
+        # A GPU first seen comes up as the catalog says (MIG-capable ones in MIG mode unless
+        # mig-off); after that its state file knows better.
         def settle(state: FakeState) -> list[Gpu]:
             for gpu in found:
                 state.gpus.setdefault(gpu.index, FakeGpu(mig_enabled=gpu.mig_enabled))

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import shutil
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,13 +30,14 @@ from gpuslice.dra.nvidia_cdi import (
     GpuRef,
     HostFacts,
     MigRef,
-    NvidiaCdiError,
     common_edits,
     mig_edits,
     whole_gpu_edits,
 )
+from gpuslice.dra.nvidia_toolkit import NvidiaCdiError
 from gpuslice.inventory.catalog import Engines, MigProfile
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.inventory.nodes import catalog_model
 from gpuslice.inventory.pci import PciAddressError, normalized_bus_id, pcie_root
 from gpuslice.planning.grants import Grant
 
@@ -55,13 +57,57 @@ MAX_INSTANCES = 8
 # exceptions, page faults, preempted or reset channels, a killed context.
 IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 LOST_XIDS = frozenset({79})  # fell off the bus
+# go-nvlib's MIG profile names (pkg/nvlib/device/mig_profile.go, NewMigProfile), as NVIDIA's DRA driver
+# publishes them: GPU slices and attribute by NVML's GPU instance profile enum (3_SLICE_GFX, which
+# go-nvlib does not list yet, named by the same rule).
+GI_PROFILES = {"1_SLICE": (1, ""), "1_SLICE_REV1": (1, "+me"), "1_SLICE_REV2": (1, ""), "1_SLICE_GFX": (1, "+gfx"),
+               "1_SLICE_NO_ME": (1, "-me"), "1_SLICE_ALL_ME": (1, "+me.all"), "2_SLICE": (2, ""),
+               "2_SLICE_REV1": (2, "+me"), "2_SLICE_GFX": (2, "+gfx"), "2_SLICE_NO_ME": (2, "-me"),
+               "2_SLICE_ALL_ME": (2, "+me.all"), "3_SLICE": (3, ""), "3_SLICE_GFX": (3, "+gfx"), "4_SLICE": (4, ""),
+               "4_SLICE_GFX": (4, "+gfx"), "6_SLICE": (6, ""), "7_SLICE": (7, ""), "8_SLICE": (8, "")}
 COMPUTE_PROFILES = {1: "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE", 2: "NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE",
                     3: "NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE", 4: "NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE",
                     7: "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE"}
 
 
+# Where a driver's root holds libnvidia-ml.so.1 (Debian/Ubuntu per architecture, RHEL, the rest).
+NVML_LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib",
+                     "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "lib64", "lib")
+NVML_LIBRARY = "libnvidia-ml.so.1"
+
+
+def load_nvml_from(root: Path, loader: Callable[..., Any] = ctypes.CDLL) -> Path:
+    """Load NVML from a driver's root (``--nvidia-driver-root``), before pynvml asks for it.
+
+    pynvml opens ``libnvidia-ml.so.1`` by that name; the dynamic loader answers such a request with
+    a library already loaded under that soname, so loading the root's copy first makes pynvml use it
+    without the library path naming the root (NVIDIA's own DRA driver finds it the same way)."""
+    for directory in NVML_LIBRARY_DIRS:
+        path = root / directory / NVML_LIBRARY
+        if path.exists():
+            try:
+                loader(str(path), mode=ctypes.RTLD_GLOBAL)
+            except OSError as error:
+                raise GpuBackendError(f"could not load NVML from {path} ({error}): is --nvidia-driver-root"
+                                      f" ({root}) the driver's root, for this architecture?") from error
+            log.info("NVML loaded from the driver's root", path=str(path))
+            return path
+    raise GpuBackendError(
+        f"no {NVML_LIBRARY} under --nvidia-driver-root {root} (looked in {', '.join(NVML_LIBRARY_DIRS)}): set it to"
+        " where the driver is on the host, as mounted in the agent (/ for a driver installed on the node,"
+        " /run/nvidia/driver for the GPU Operator's), or leave it unset to use the NVIDIA Container Toolkit's.")
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def mig_memory_gb(device_memory: int, profile_mb: int) -> int:
+    """go-nvlib's ``getMigMemorySizeGB``: the profile's share of the GPU in eighths, rounded up, times
+    the GPU's whole GiB, rounded half away from zero (Go's math.Round): 71168 MiB of an H200's
+    143771 MiB is 4/8 of 141 GiB, 70.5, so ``3g.71gb``."""
+    fraction = math.ceil(float(profile_mb) * 1024**2 / float(device_memory) * 8) / 8
+    return math.floor(fraction * float((device_memory + 1024**3 - 1) // 1024**3) + 0.5)
 
 
 class NvmlBackend:
@@ -69,14 +115,17 @@ class NvmlBackend:
 
     def __init__(self, nvml: ModuleType | None = None, cdi_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS,
                  dev: Path = Path("/dev"), proc: Path = Path("/proc"), sysfs: Path = Path("/sys"),
-                 driver_root: Path = Path("/"), mps_args: tuple[str, ...] = ()) -> None:
+                 driver_root: Path | None = None, mps_args: tuple[str, ...] = ()) -> None:
+        if driver_root is not None:
+            load_nvml_from(driver_root)
         if nvml is None:
             import pynvml
 
             nvml = pynvml
         self.nvml: Any = nvml  # pynvml is untyped; the stand-in in tests is a plain module
         self.cdi_dirs, self.dev, self.proc, self.sysfs = cdi_dirs, dev, proc, sysfs
-        self.driver_root, self.mps_args = driver_root, mps_args
+        # Where the MPS binaries are looked for after PATH: the driver's root, else the container's own.
+        self.driver_root, self.mps_args = driver_root or Path("/"), mps_args
         self._utilization_seen: dict[str, int] = {}  # GPU UUID -> NVML's timestamp of the last sample read
         self._profile_ids: dict[tuple[str, str], int] = {}  # (GPU UUID, profile) -> NVML profile enum
         self._events: dict[str, Fault] = {}
@@ -122,6 +171,8 @@ class NvmlBackend:
         except nvml.NVMLError_NotSupported:
             pass
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        name = _text(nvml.nvmlDeviceGetName(handle))
+        memory = self._memory(handle, index, uuid, name)
         raw_bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
         try:
             bus_id = normalized_bus_id(raw_bus_id)
@@ -131,8 +182,8 @@ class NvmlBackend:
         return Gpu(
             index=index,
             uuid=uuid,
-            product_name=_text(nvml.nvmlDeviceGetName(handle)),
-            memory=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+            product_name=name,
+            memory=memory,
             pci_bus_id=bus_id,
             architecture=ARCHITECTURES.get(int(nvml.nvmlDeviceGetArchitecture(handle)), "Unknown"),
             compute_capability=f"{major}.{minor_cc}",
@@ -140,11 +191,24 @@ class NvmlBackend:
             minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
             mig_capable=mig_capable,
             mig_enabled=mig_enabled,
-            mig_profiles=self._mig_profiles(handle, uuid) if mig_capable else (),
+            mig_profiles=self._mig_profiles(handle, uuid, memory) if mig_capable and memory else (),
             brand=BRANDS.get(int(nvml.nvmlDeviceGetBrand(handle)), "Unknown"),
             cuda_driver_version=cuda,
             pcie_root=self._pcie_root(bus_id),
         )
+
+    def _memory(self, handle: Any, index: int, uuid: str, name: str) -> int:
+        """NVML's memory total; where NVML does not support the query (NVIDIA's DRA driver goes on
+        without it, ``nvlib.go``), the catalog's figure for the model, else 0 (no policy fits it)."""
+        nvml = self.nvml
+        try:
+            return int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+        except nvml.NVMLError_NotSupported:
+            model = catalog_model(name)
+            log.warning("NVML does not report this GPU's memory; the catalog's figure is taken where it knows the"
+                        " model, else none (no device of any policy fits it, no MIG profile is named)", gpu=uuid,
+                        index=index, product=name, catalog_memory=model.memory if model else None)
+            return model.memory if model else 0
 
     def _pcie_root(self, bus_id: str) -> str | None:
         """As deviceattribute.GetPCIeRootAttributeByPCIBusID: None (no attribute) where sysfs
@@ -156,21 +220,35 @@ class NvmlBackend:
                      pci_bus_id=bus_id, error=str(error))
             return None
 
-    def _mig_profiles(self, handle: Any, uuid: str) -> tuple[MigProfile, ...]:
+    def _mig_profiles(self, handle: Any, uuid: str, memory: int) -> tuple[MigProfile, ...]:
+        """The GPU's MIG profiles whatever its MIG mode: NVML's v1 profile query answers on any
+        MIG-capable GPU, its versioned one (pynvml's default) only in MIG mode (nvml.h:
+        NOT_SUPPORTED "if device doesn't have MIG mode enabled"), so v1 as go-nvlib's
+        ``VisitMigProfiles`` and NVIDIA's DRA driver query it, named as go-nvlib names them (v1
+        carries no name). The placements NVML gives regardless of MIG mode (nvml.h)."""
         nvml = self.nvml
+        known = {value: shape for name, shape in GI_PROFILES.items()
+                 if (value := getattr(nvml, f"NVML_GPU_INSTANCE_PROFILE_{name}", None)) is not None}
         profiles = []
         for profile in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
             try:
-                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)
+                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile, version=1)
             except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
                 continue
             if not info.instanceCount:
                 continue
+            if profile not in known:
+                log.warning("a MIG profile this agent cannot name is left out", gpu=uuid, nvml_profile=profile)
+                continue
             placements = (nvml.c_nvmlGpuInstancePlacement_t * MAX_PLACEMENTS)()
             count = ctypes.c_uint(MAX_PLACEMENTS)
-            nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, placements, ctypes.byref(count))
+            try:
+                nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, placements, ctypes.byref(count))
+            except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
+                continue  # a profile NVML cannot place is left out, as NVIDIA's DRA driver does (nvlib.go)
             found = [(placements[i].start, placements[i].size) for i in range(count.value)]
-            name = _text(info.name).removeprefix("MIG ").strip()
+            slices, suffix = known[profile]
+            name = f"{slices}g.{mig_memory_gb(memory, int(info.memorySizeMB))}gb{suffix}"
             self._profile_ids[(uuid, name)] = profile
             profiles.append(MigProfile(
                 name=name,
@@ -183,6 +261,22 @@ class NvmlBackend:
                                 int(info.encoderCount), int(info.jpegCount), int(info.ofaCount)),
             ))
         return tuple(profiles)
+
+    def versioned_profile_names(self, gpu: Gpu) -> dict[str, str | None]:
+        """For the read-only check: what NVML's versioned profile query names each of the GPU's
+        profiles (None where it answers NOT_SUPPORTED, as nvml.h says it does without MIG mode), to
+        set go-nvlib's names against NVML's own."""
+        found: dict[str, str | None] = {}
+        with self._session(f"reading the MIG profiles of GPU {gpu.index}") as nvml:
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            for (uuid, name), enum in sorted(self._profile_ids.items()):
+                if uuid != gpu.uuid:
+                    continue
+                try:
+                    found[name] = _text(nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum, version=2).name)
+                except nvml.NVMLError_NotSupported:
+                    found[name] = None
+        return found
 
     # MIG
 
@@ -201,6 +295,8 @@ class NvmlBackend:
                 raise GpuBackendError(
                     f"GPU {gpu.index} ({gpu.uuid}) will switch MIG mode only after a GPU reset (pending mode"
                     f" {pending}); stop its processes and run `nvidia-smi -r -i {gpu.index}`.")
+            # NVML's profile information holds for one MIG mode (nvml.h): read it again for this one.
+            self._mig_profiles(handle, gpu.uuid, gpu.memory)
 
     def _profile_enum(self, gpu: Gpu, profile: str) -> int:
         found = self._profile_ids.get((gpu.uuid, profile))
@@ -219,7 +315,7 @@ class NvmlBackend:
             for (uuid, name), enum in self._profile_ids.items():
                 if uuid != gpu.uuid:
                     continue
-                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
+                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum, version=1)
                 instances = (nvml.c_nvmlGpuInstance_t * MAX_INSTANCES)()
                 count = ctypes.c_uint(MAX_INSTANCES)
                 nvml.nvmlDeviceGetGpuInstances(handle, info.id, instances, ctypes.byref(count))
@@ -268,7 +364,7 @@ class NvmlBackend:
         with self._session(f"creating a {profile.name} instance at memory slice {start} of GPU {gpu.index}"
                            f" ({gpu.uuid})") as nvml:
             handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
-            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)
+            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum, version=1)
             placement = nvml.c_nvmlGpuInstancePlacement_t()
             placement.start, placement.size = start, profile.size
             # NVML takes a pointer, and pynvml passes the argument on as is: by value, the
@@ -374,23 +470,34 @@ class NvmlBackend:
     def access(self, grant: Grant, gpu: Gpu, instance: MigInstance | None) -> Access:
         """The claim's own CDI edits for the device, by the NVIDIA Container Toolkit's rules
         (``dra.nvidia_cdi``), and the toolkit spec's common edits."""
-        toolkit, host = load_toolkit(self.cdi_dirs), self.host([gpu])
+        toolkit, host = load_toolkit(self.cdi_dirs, gpu.driver_version), self.host([gpu])
         ref = GpuRef(gpu.uuid, gpu.index, gpu.minor, gpu.pci_bus_id)
         try:
-            common, version = common_edits(toolkit, host)
+            common = common_edits(toolkit, host)
             if instance is None:
                 found = whole_gpu_edits(toolkit, ref, host)
             else:
-                found = mig_edits(toolkit, ref, MigRef(instance.uuid, instance.profile, instance.gi, instance.ci), host)
+                found = mig_edits(toolkit, ref, MigRef(instance.profile, instance.gi, instance.ci), host)
         except NvidiaCdiError as error:
             raise GpuBackendError(str(error)) from error
-        return Access(found.edits, common, version)
+        return Access(found.edits, common)
 
     def container_problems(self) -> list[str]:
+        """No toolkit spec with the driver's libraries, or only specs of another driver (a spec left
+        from before a driver upgrade: its libraries are gone)."""
         try:
-            load_toolkit(self.cdi_dirs).common()
+            with self._session("reading the driver's version") as nvml:
+                driver = _text(nvml.nvmlSystemGetDriverVersion())
+        except GpuBackendError as error:
+            return [str(error)]
+        toolkit = load_toolkit(self.cdi_dirs, driver)
+        try:
+            toolkit.common()
         except NvidiaCdiError as error:
             return [str(error)]
+        for spec in toolkit.stale():
+            log.warning("a CDI spec of another driver is left on the node; gpuslice does not use it (generate it"
+                        " again, or remove it)", spec=spec.path, spec_driver=spec.driver_version, driver=driver)
         return []
 
     # What runs on a GPU

@@ -214,7 +214,7 @@ class Preparer:
                       devices: dict[str, Device]) -> list[PreparedDevice]:
         edits: dict[str, cdi.ContainerEdits] = {}
         done = []
-        shared, version = cdi.ContainerEdits(), cdi.CDI_VERSION
+        shared = cdi.ContainerEdits()
         daemons = await self._mps_daemons(claim, checkpoint)
         for record in checkpoint.devices:
             instance = await prep_of(record.mode).prepare(self.ops, record)
@@ -226,7 +226,7 @@ class Preparer:
             access = await self._access(claim, record, device, instance)
             edits[name] = access.edits
             if access.common is not None:  # the NVIDIA toolkit's libraries and hooks, once per claim
-                shared, version = shared + access.common, cdi.newer_version(version, access.cdi_version)
+                shared = shared + access.common
             done.append(record.model_copy(update={"cdi_ids": [cdi.qualified(name)]}))
         for gpu, dirs in daemons.items():
             # Every MPS device of the claim is on this GPU (checked at start): once for the claim, its
@@ -235,7 +235,7 @@ class Preparer:
             shared += client_edits(dirs, allocated, self.ops.gpu(gpu).memory)
         common = shared + cdi.ContainerEdits(env=prefixed({"CLAIM": str(claim), "DEVICES": ",".join(
             r.device for r in done)}))
-        spec = cdi.claim_spec(edits, common, version)
+        spec = cdi.claim_spec(edits, common)
         spec_file = await asyncio.to_thread(self.cdi.write, claim.uid, spec) if done else None
         kill_point("prepare-cdi-written")
         completed = checkpoint.model_copy(update={"phase": "completed", "devices": done, "cdi_spec": spec_file})
@@ -303,5 +303,6 @@ class Preparer:
 
     def held_devices(self) -> set[str]:
         """Devices of this pool that a local checkpoint names (prepared, or being prepared): the
-        publisher treats them as allocated even before the claim's status says so."""
-        return {d.device for c in self.checkpoints.all() for d in c.devices}
+        publisher treats them as allocated even before the claim's status says so. Not those
+        prepared with admin access, which takes no device and holds nothing back."""
+        return {d.device for c in self.checkpoints.all() for d in c.devices if not d.admin_access}
