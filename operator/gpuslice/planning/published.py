@@ -19,6 +19,7 @@ from gpuslice.dra.names import DRIVER, PENDING_TAINT_KEY, SAFETY_TAINT_KEYS
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.inventory.nodes import catalog_model
 from gpuslice.planning.devices import Device
+from gpuslice.planning.overuse import CONDITION
 
 Body = Mapping[str, Any]
 DeviceState = Literal["allocated", "held", "draining", "tainted", "free"]
@@ -143,7 +144,6 @@ def _quantity(value: Any) -> int:
         return 0
 
 
-OVERUSE = "GpuMemoryOveruse"  # the agent's condition on a claim's device (agent/usage/actions.py)
 
 
 def overuse_of(status: Body) -> dict[tuple[str, str, str], str]:
@@ -153,7 +153,7 @@ def overuse_of(status: Body) -> dict[tuple[str, str, str], str]:
         if entry.get("driver") != DRIVER:
             continue
         for condition in entry.get("conditions") or []:
-            if condition.get("type") == OVERUSE and condition.get("status") == "True":
+            if condition.get("type") == CONDITION and condition.get("status") == "True":
                 key = (str(entry.get("pool")), str(entry.get("device")), str(entry.get("shareID") or ""))
                 found[key] = str(condition.get("message", ""))
     return found
