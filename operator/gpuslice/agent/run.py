@@ -159,7 +159,7 @@ async def stale_claims_loop(plugin: NodePlugin, stop: asyncio.Event, every: floa
 
 
 def usage_collector(kube: KubeClient, settings: AgentSettings, backend: GpuBackend, gpus: list[Gpu],
-                    plugin: NodePlugin, watches: AgentWatches) -> UsageCollector:
+                    plugin: NodePlugin) -> UsageCollector:
     """Each pod's GPU use on this node, against the claims the plugin prepared."""
     def published() -> dict[str, tuple[str, int]]:
         last = plugin.record.load()
@@ -168,7 +168,7 @@ def usage_collector(kube: KubeClient, settings: AgentSettings, backend: GpuBacke
 
     return UsageCollector(
         settings.node, kube, backend, gpus, PodResources(settings.pod_resources_socket),
-        plugin.preparer.checkpoints.all, lambda: watches.view.policies, published, settings.host_proc,
+        plugin.preparer.checkpoints.all, published, settings.host_proc,
         UsageSettings(settings.usage_interval, settings.overuse_tolerance / 100, settings.overuse_grace))
 
 
@@ -287,7 +287,7 @@ class _Agent:
                 self.helpers.append(asyncio.create_task(stale_claims_loop(plugin, self.stop, settings.resync)))
                 if settings.usage_interval > 0:
                     self.helpers.append(asyncio.create_task(
-                        usage_collector(kube, settings, backend, gpus, plugin, watches).run(self.stop)))
+                        usage_collector(kube, settings, backend, gpus, plugin).run(self.stop)))
             await self.stop.wait()
         finally:
             await self.shutdown(plugin, watches)

@@ -194,3 +194,7 @@ class OveruseTracker:
     def overusing(self, pod: PodRef, gpu: str) -> bool:
         state = self._over.get((pod, gpu))
         return state is not None and state.reported
+
+    def over(self, pod: PodRef, gpu: str) -> bool:
+        """Over its allocation now, reported or still within the grace."""
+        return (pod, gpu) in self._over

@@ -4,7 +4,6 @@ claims the real scheduler allocated. On the session's control plane, next to its
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -17,7 +16,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.devcluster import binaries, operator
@@ -26,7 +24,7 @@ from gpuslice.devcluster.nodes import fake_gpu_node, node_layout, pod_runner_com
 from gpuslice.devcluster.pki import CertificateAuthority
 from gpuslice.devcluster.process import Component
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import agent_rbac  # noqa: F401 (a fixture)
+from tests.cluster.agent.conftest import agent_rbac, cluster_ca  # noqa: F401 (a fixture)
 from tests.cluster.kubeutil import short_dir, wait_for
 
 
@@ -39,9 +37,13 @@ class PluginNode:
         self.metrics_port = free_port()
         self.agent: Component = self._agent_component()
 
+    @property
+    def agent_kubeconfig(self) -> Path:
+        """The agent's kubeconfig: its ServiceAccount's token, bound to this node."""
+        return self.logs / f"agent-{self.name}.kubeconfig"
+
     def _agent_component(self, env: dict[str, str] | None = None) -> Component:
-        kubeconfig = self.logs / f"agent-{self.name}.kubeconfig"
-        component = operator.agent_component(self.name, kubeconfig, self.logs / f"agent-{self.name}.log",
+        component = operator.agent_component(self.name, self.agent_kubeconfig, self.logs / f"agent-{self.name}.log",
                                              self.metrics_port, self.root, self.agent_args, env)
         return component
 
@@ -119,17 +121,21 @@ class PluginNode:
 
     async def metric(self, name: str, labels: dict[str, str]) -> float | None:
         """One sample the agent serves now (None: no such series)."""
-        async with aiohttp.ClientSession() as session, session.get(
-                f"http://127.0.0.1:{self.metrics_port}/metrics") as response:
-            text = await response.text()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                    return float(sample.value)
-        return None
+        return await scraped(self.metrics_port, name, labels)
 
     def kill_mps_daemons(self) -> None:
         stop_mps_daemons(self.root)
+
+
+async def scraped(port: int, name: str, labels: dict[str, str]) -> float | None:
+    """One sample the process serving metrics on ``port`` serves now (None: no such series)."""
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
+        text = await response.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return None
 
 
 def process_alive(pid: int) -> bool:
@@ -150,8 +156,7 @@ async def plugin_node(
     made: list[PluginNode] = []
     found = await binaries.resolve(build_if_missing=False)
     assert found.pod_runner is not None, "the pod runner is built with the control plane (make kube-bin)"
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    ca_pem = base64.b64decode(admin["clusters"][0]["cluster"]["certificate-authority-data"])
+    ca_pem = cluster_ca(cluster)
     ca = CertificateAuthority.load(cluster.state.pki)
 
     async def create(model: str, count: int, agent_args: Sequence[str] = ()) -> PluginNode:

@@ -1,18 +1,26 @@
 """Each pod's real GPU use on fake nodes: the pod runner serves the kubelet's PodResources API from the
 kubelet's own server code, the fake backend lists the processes `gpuslice fake-gpu use` puts on a GPU, and
 each process's cgroup (written where the agent's --host-proc reads, as a container's would read on a node)
-names its pod. The agent measures every pod against its allocation, exports it, sums it per tenant, and a
-pod over its slice raises an Event, a metric and a condition on its claim, and is evicted where its policy
-says so (a PodDisruptionBudget holds it)."""
+names its pod. The agent measures every pod against its allocation, exports it, sums it per tenant, and
+marks a pod over its slice on its claim (a metric, a condition naming the pod); the controller posts the
+pod's Event and evicts it where its policy says so (a PodDisruptionBudget holds it). The agent's own token
+can neither evict nor post Events on pods, and marks only its own node's claims."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from gpuslice.agent.usage.podresources import PodResources
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.devcluster import operator
+from gpuslice.devcluster.cluster import DevCluster
+from gpuslice.devcluster.nodes import fake_gpu_node
+from gpuslice.kube.client import Forbidden, Invalid, KubeClient, KubeError
+from tests.cluster.agent.conftest import cluster_ca
 from tests.cluster.agent.test_publishing import create_pods, published
 from tests.cluster.inspect.conftest import Cli, gpuslice, viewer_kubeconfig  # noqa: F401 (fixtures)
 from tests.cluster.kubeutil import pod_claim, wait_for
@@ -24,8 +32,10 @@ from tests.cluster.plugin.conftest import (
     event_with,
     gone,
     one_gpu_with_pods,
+    pod_events,
     pod_phase,
     running,
+    scraped,
 )
 from tests.unit.test_monitoring import expressions, selectors
 
@@ -62,13 +72,18 @@ async def metric_is(node: PluginNode, name: str, labels: dict[str, str], value: 
     await wait_for(check, within=within, what=f"{name}{labels} to be {value}")
 
 
-async def claim_condition(kube: KubeClient, namespace: str, pod: str) -> dict[str, Any] | None:
+async def overuse_entry(kube: KubeClient, namespace: str, pod: str) -> dict[str, Any] | None:
+    """The device entry of the pod's claim that carries the agent's overuse mark."""
     claim = await pod_claim(kube, namespace, pod)
     for device in ((claim or {}).get("status") or {}).get("devices") or []:
-        for condition in device.get("conditions") or []:
-            if condition["type"] == "GpuMemoryOveruse":
-                return dict(condition)
+        if any(c["type"] == "GpuMemoryOveruse" for c in device.get("conditions") or []):
+            return dict(device)
     return None
+
+
+async def claim_condition(kube: KubeClient, namespace: str, pod: str) -> dict[str, Any] | None:
+    entry = await overuse_entry(kube, namespace, pod)
+    return next(c for c in entry["conditions"] if c["type"] == "GpuMemoryOveruse") if entry else None
 
 
 async def test_the_pod_runner_serves_the_kubelets_pod_resources(
@@ -111,15 +126,19 @@ async def test_use_against_allocation_per_pod_and_tenant_and_overuse_reported(
                     18 * GI)
     await metric_is(node, "gpuslice_gpu_unattributed_memory_used_bytes", {"node": node.name}, GI)
 
-    # 12Gi of a 10G slice is past the 5% tolerance: after the grace, an Event, a metric, a condition.
+    # 12Gi of a 10G slice is past the 5% tolerance: after the grace, the agent's mark on the claim naming
+    # the pod and a metric; the controller's Event on the pod.
     event = await event_with(kube, namespace, "over", "uses 12Gi of GPU memory")
     assert event["reason"] == "GpuMemoryOveruse"
     assert f"policy {policy}" in event["message"]
+    assert event["source"]["component"] == "gpuslice-controller", "the agent posts no Event on a pod"
     await metric_is(node, "gpuslice_pod_gpu_overuse", pods["over"], 1)
     assert await node.metric("gpuslice_pod_gpu_overuse", pods["busy"]) is None
     assert await node.metric("gpuslice_overuse_actions_total", {"namespace": namespace, "action": "reported"}) == 1
-    condition = await wait_for(lambda: claim_condition(kube, namespace, "over"), what="the claim's condition")
+    entry = await wait_for(lambda: overuse_entry(kube, namespace, "over"), what="the claim's overuse mark")
+    [condition] = entry["conditions"]
     assert (condition["status"], condition["reason"]) == ("True", "OverAllocation")
+    assert [p["uid"] for p in entry["data"]["overusingPods"]] == [await pod_uid(kube, namespace, "over")]
     assert await pod_phase(kube, namespace, "over") == "Running", "onOveruse: Report reports only"
 
     # The occupancy map shows the over-full slice; `why` for a neighbour on the GPU names who overused.
@@ -136,13 +155,16 @@ async def test_use_against_allocation_per_pod_and_tenant_and_overuse_reported(
     text = " ".join((await gpuslice("status")).stdout.split())  # as wide as the terminal is: lines wrap
     assert f"over their allocation: {namespace}/over" in text
 
-    # Back within: the end is said, the condition turns False, the series goes.
+    # Back within: the condition turns False and names no pod, the controller says the end, the series goes.
     node.fake_gpu("use", "0", "--pid", "4102", "--memory", "9Gi")
-    await event_with(kube, namespace, "over", "is back within its 10G")
+    ended = await event_with(kube, namespace, "over", "is back within its 10G")
+    assert (ended["reason"], ended["type"]) == ("GpuMemoryOveruseEnded", "Normal")
     await metric_is(node, "gpuslice_pod_gpu_overuse", pods["over"], None)
-    condition = await claim_condition(kube, namespace, "over")
-    assert condition is not None
-    assert (condition["status"], condition["reason"]) == ("False", "WithinAllocation")
+    entry = await overuse_entry(kube, namespace, "over")
+    assert entry is not None
+    assert (entry["conditions"][0]["status"], entry["conditions"][0]["reason"]) == ("False", "WithinAllocation")
+    assert entry["data"]["overusingPods"] == []
+    assert [e["reason"] for e in await pod_events(kube, namespace, "over")].count("GpuMemoryOveruse") == 1
 
     # A pod that is gone has no series left.
     await kube.delete(f"/api/v1/namespaces/{namespace}/pods/idle")
@@ -199,18 +221,90 @@ async def test_evict_evicts_the_overusing_pod_once_its_budget_allows(
     await kube.create(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", pdb)
     await wait_for(lambda: pdb_counted(kube, namespace), what="the PodDisruptionBudget to count the pod")
 
-    # A client that cleared its MPS limit and took 30Gi of its 10Gi share: the budget holds it first.
+    # A client that cleared its MPS limit and took 30Gi of its 10Gi share: the agent marks its claim, the
+    # controller evicts, and the budget holds it first.
     await use(node, kube, namespace, "greedy", 5101, "30Gi")
     event = await event_with(kube, namespace, "greedy", "the eviction was refused")
     assert event["reason"] == "GpuMemoryOveruseEvictionBlocked"
+    assert event["source"]["component"] == "gpuslice-controller"
     assert await pod_phase(kube, namespace, "greedy") == "Running"
-    labels = {"namespace": namespace, "policy": policy}
-    await metric_is(node, "gpuslice_overuse_actions_total", {**labels, "action": "eviction_blocked"}, 1)
+    labels = {"node": node.name, "namespace": namespace, "policy": policy}
+    await controller_metric_is(controller, {**labels, "action": "eviction_blocked"}, lambda n: n >= 1)
 
     await kube.delete(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/keep")
-    await gone(kube, namespace, ["greedy"], within=60)  # evicted at a later pass, then unprepared
-    await metric_is(node, "gpuslice_overuse_actions_total", {**labels, "action": "evicted"}, 1)
+    await gone(kube, namespace, ["greedy"], within=90)  # evicted at a later try (5 s doubling), then unprepared
+    await controller_metric_is(controller, {**labels, "action": "evicted"}, lambda n: n == 1)
+    evicted = await event_with(kube, namespace, "greedy", "was evicted")
+    assert evicted["reason"] == "GpuMemoryOveruseEvicted"
     assert await pod_phase(kube, namespace, "neighbour") == "Running", "only the overusing pod goes"
+
+
+async def controller_metric_is(controller: ControllerProcess, labels: dict[str, str],
+                               check: Callable[[float], bool]) -> None:
+    async def served_so() -> bool:
+        found = await scraped(controller.metrics_port, "gpuslice_overuse_actions_total", labels)
+        return found is not None and check(found)
+
+    await wait_for(served_so, within=30, what=f"the controller's gpuslice_overuse_actions_total{labels}")
+
+
+async def test_an_agent_token_marks_only_its_own_nodes_claims_and_evicts_nothing(
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    plugin_node: PluginNodeFactory, namespace: str, unique: str, tmp_path: Path,
+) -> None:
+    """What a stolen agent token can do about pods: mark its own node's claims, and no more. Neither the
+    node's own token nor another node's may evict a pod or post an Event on it; another node's may not
+    mark this node's claims; and a mark naming a pod its claim is not reserved for gets nobody evicted."""
+    node, policy = await one_gpu_with_pods(kube, make_policy, plugin_node, namespace,
+                                           {"mode": "memory", "sliceSize": "10G"}, 8, ["mine", "bystander"], FAST)
+    await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{policy}", {"spec": {"onOveruse": "Evict"}})
+    rogue = f"rogue-{unique}"
+    await kube.create("/api/v1/nodes", fake_gpu_node(rogue, "l4", 1))
+    try:
+        rogue_kubeconfig = await operator.agent_kubeconfig(kube, rogue, tmp_path, cluster.server, cluster_ca(cluster))
+        claim = await pod_claim(kube, namespace, "mine")
+        assert claim is not None
+        claim_path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{claim['metadata']['name']}"
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        mine, bystander = await pod_uid(kube, namespace, "mine"), await pod_uid(kube, namespace, "bystander")
+
+        def mark(*pods: tuple[str, str]) -> dict[str, Any]:
+            return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "metadata": {"name": claim["metadata"]["name"], "namespace": namespace},
+                    "status": {"devices": [{
+                        "driver": result["driver"], "pool": result["pool"], "device": result["device"],
+                        "conditions": [{"type": "GpuMemoryOveruse", "status": "True", "reason": "OverAllocation",
+                                        "message": "forged", "lastTransitionTime": "2026-12-01T10:00:00Z"}],
+                        "data": {"overusingPods": [{"uid": uid, "name": name, "since": "2026-12-01T10:00:00Z",
+                                                    "message": f"forged mark naming {name}"} for uid, name in pods]}}]}}
+
+        eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "mine", "namespace": namespace}}
+        event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"forged.{unique}", "namespace": namespace},
+                 "involvedObject": {"kind": "Pod", "name": "mine", "namespace": namespace, "uid": mine},
+                 "reason": "Forged", "message": "forged", "type": "Warning"}
+        for kubeconfig in (node.agent_kubeconfig, rogue_kubeconfig):
+            async with await KubeClient.from_kubeconfig(kubeconfig) as as_agent:
+                with pytest.raises(Forbidden, match="pods/eviction"):
+                    await as_agent.create(f"/api/v1/namespaces/{namespace}/pods/mine/eviction", eviction)
+                with pytest.raises(Forbidden, match="events"):
+                    await as_agent.create(f"/api/v1/namespaces/{namespace}/events", event)
+        async with await KubeClient.from_kubeconfig(rogue_kubeconfig) as as_rogue:
+            with pytest.raises(Invalid, match="resourceclaims/driver"):  # the API server's field error: 422
+                await as_rogue.apply(f"{claim_path}/status", mark((mine, "mine")), field_manager=f"gpuslice-agent-{rogue}")
+
+        # The node's own token may mark its own claims: one mark naming a pod its claim is not reserved for
+        # (the bystander holds another claim on this node) and the pod it is. The controller evicts the one
+        # the claim is reserved for (so it read this very mark), and only that one.
+        async with await KubeClient.from_kubeconfig(node.agent_kubeconfig) as as_node:
+            await as_node.apply(f"{claim_path}/status", mark((bystander, "bystander"), (mine, "mine")),
+                                field_manager="forged")
+        await gone(kube, namespace, ["mine"], within=60)
+        body = await kube.get(f"/api/v1/namespaces/{namespace}/pods/bystander")
+        assert body["status"]["phase"] == "Running"
+        assert "deletionTimestamp" not in body["metadata"]
+        assert not [e for e in await pod_events(kube, namespace, "bystander") if e["reason"].startswith("GpuMemory")]
+    finally:
+        await kube.delete(f"/api/v1/nodes/{rogue}")
 
 
 async def pdb_counted(kube: KubeClient, namespace: str) -> bool:

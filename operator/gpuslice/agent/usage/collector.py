@@ -11,7 +11,8 @@ One pass:
    runs under; the pods' UIDs come from their claims' ``status.reservedFor`` (read once per claim,
    again when a process names a UID not seen yet), since the kubelet's API names pods by name;
 5. ``planning.gpu_use.measure`` and the overuse tracker; metrics (``metrics``) and, for a pod over
-   its allocation beyond the tolerance for the grace, the actions of its policy (``actions``).
+   its allocation beyond the tolerance for the grace, a mark on its claims (``actions``), which the
+   controller acts on (Events, and eviction where the policy says ``onOveruse: Evict``).
 
 A pass that cannot read the kubelet or the GPUs is counted as failed and logged; the next one
 tries again. It never touches a GPU or a prepared claim.
@@ -21,23 +22,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import structlog
 
 from gpuslice.agent.gpus import GpuBackend, GpuBackendError, GpuProcess
 from gpuslice.agent.kubeletplugin.checkpoint import ClaimCheckpoint, PreparedDevice
-from gpuslice.agent.usage.actions import CONDITION, OveruseActions
-from gpuslice.agent.usage.metrics import OVERUSE_ACTIONS, USAGE_PASSES, USE, UseSnapshot
+from gpuslice.agent.usage.actions import apply_marks
+from gpuslice.agent.usage.metrics import USAGE_PASSES, USE, UseSnapshot
 from gpuslice.agent.usage.podresources import HeldDevice, PodResources, PodResourcesError
-from gpuslice.dra.names import DRIVER
+from gpuslice.dra.quantity import format_bytes
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.observability.metrics import OVERUSE_ACTIONS
 from gpuslice.planning.gpu_use import Holding, NodeUse, OveruseTracker, PodGpuUse, PodRef, measure, parse_cgroup
+from gpuslice.planning.overuse import DeviceKey, Mark, Overuser, read_marks, summary
 
 log = structlog.get_logger(__name__)
 CLAIM = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
@@ -55,7 +58,17 @@ class UsageSettings:
 class _ClaimRead:
     at: float
     pods: dict[str, str]  # pod UID -> pod name (its namespace is the claim's)
-    stale_condition: bool  # our overuse condition says True on it (left by an earlier agent)
+
+
+def describe(use: PodGpuUse, tolerance: float) -> str:
+    where = f" (container {use.container})" if use.container else ""
+    return (f"pod {use.pod}{where} uses {format_bytes(use.used)} of GPU memory on GPU {use.gpu}, more than the"
+            f" {format_bytes(use.allocated)} its claims ({', '.join(use.claims)}) were allocated there (policy"
+            f" {use.policy}, tolerance {tolerance:.0%}); its neighbours on the GPU may fail to allocate")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -66,19 +79,17 @@ class UsageCollector:
     gpus: list[Gpu]
     kubelet: PodResources
     checkpoints: Callable[[], list[ClaimCheckpoint]]
-    policies: Callable[[], Mapping[str, Mapping[str, Any]]]  # name -> body (the agent's watch)
     published: Callable[[], Mapping[str, tuple[str, int]]]  # device -> (policy, memory), for old checkpoints
     host_proc: Path = Path("/proc")
     settings: UsageSettings = field(default_factory=UsageSettings)
     tracker: OveruseTracker = field(init=False)
-    actions: OveruseActions = field(init=False)
     _claims: dict[str, _ClaimRead] = field(default_factory=dict)
-    _evicting: dict[tuple[PodRef, str], str] = field(default_factory=dict)  # -> pod UID, while Evict is pending
+    _marks: dict[str, dict[DeviceKey, Mark]] = field(default_factory=dict)  # claim -> what it says now
+    _reported: dict[tuple[PodRef, str], tuple[str, str]] = field(default_factory=dict)  # -> (since, message)
     _failing: bool = False  # said once, until a pass succeeds again
 
     def __post_init__(self) -> None:
         self.tracker = OveruseTracker(self.settings.tolerance, self.settings.grace)
-        self.actions = OveruseActions(self.kube, self.node)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -114,12 +125,16 @@ class UsageCollector:
         use = measure(holdings, processes, pod_of_pid)
         started, ended = self.tracker.update(use.pods, now)
         for pod_use in started:
-            await self._started(pod_use, uids.get(pod_use.pod, ""))
+            self._started(pod_use)
+        self._reported = {key: said for key, said in self._reported.items() if self.tracker.overusing(*key)}
+        back = {}
         for pod_use in ended:
-            self._evicting.pop((pod_use.pod, pod_use.gpu), None)
-            await self.actions.ended(pod_use, uids.get(pod_use.pod, ""))
-        await self._evict_again(use)
-        await self._clear_stale(use)
+            back[(pod_use.pod, pod_use.gpu)] = (
+                f"pod {pod_use.pod} is back within its {format_bytes(pod_use.allocated)} on GPU {pod_use.gpu}"
+                f" (uses {format_bytes(pod_use.used)})")
+            log.info("a pod is back within its GPU memory allocation", node=self.node, pod=str(pod_use.pod),
+                     gpu=pod_use.gpu)
+        await self._mark(use, uids, {h.claim for h in holdings}, back)
         USE.snapshot = UseSnapshot(
             self.node, use, frozenset((str(u.pod), u.gpu) for u in use.pods if self.tracker.overusing(u.pod, u.gpu)),
             tuple(g.uuid for g in self.gpus))
@@ -173,10 +188,9 @@ class UsageCollector:
             status = body.get("status") or {}
             pods = {str(r["uid"]): str(r["name"]) for r in status.get("reservedFor") or []
                     if r.get("resource") == "pods" and r.get("uid")}
-            stale = any(c.get("type") == CONDITION and c.get("status") == "True"
-                        for d in status.get("devices") or [] if d.get("driver") == DRIVER and d.get("pool") == self.node
-                        for c in d.get("conditions") or [])
-            self._claims[claim] = _ClaimRead(now, pods, stale)
+            self._claims[claim] = _ClaimRead(now, pods)
+            if claim not in self._marks:  # what an earlier agent of this node left on it
+                self._marks[claim] = read_marks(status, self.node)
         for claim in set(self._claims) - claims:
             del self._claims[claim]  # its pods are gone from the node
         uids: dict[PodRef, str] = {}
@@ -186,40 +200,52 @@ class UsageCollector:
                 uids.setdefault(PodRef(namespace, pod), uid)
         return uids
 
-    # Acting
+    # Marking
 
-    def _action(self, policy: str) -> str:
-        spec = (self.policies().get(policy) or {}).get("spec") or {}
-        return str(spec.get("onOveruse") or "Report")
+    def _started(self, use: PodGpuUse) -> None:
+        log.warning("a pod uses more GPU memory than it was allocated", node=self.node, pod=str(use.pod),
+                    gpu=use.gpu, used=use.used, allocated=use.allocated, policy=use.policy)
+        self._reported[(use.pod, use.gpu)] = (_now(), describe(use, self.settings.tolerance))
+        OVERUSE_ACTIONS.labels(self.node, use.policy, use.pod.namespace, "reported").inc()
 
-    async def _started(self, use: PodGpuUse, uid: str) -> None:
-        evict = self._action(use.policy) == "Evict"
-        done = await self.actions.started(use, uid, self.settings.tolerance, evict)
-        OVERUSE_ACTIONS.labels(self.node, use.policy, use.pod.namespace, done).inc()
-        if done == "eviction_blocked":
-            self._evicting[(use.pod, use.gpu)] = uid
-
-    async def _evict_again(self, use: NodeUse) -> None:
-        """An eviction a PodDisruptionBudget refused is tried again while the pod still overuses."""
-        current = {(u.pod, u.gpu): u for u in use.pods}
-        for key, uid in list(self._evicting.items()):
-            pod_use = current.get(key)
-            if pod_use is None or not self.tracker.overusing(*key):
-                del self._evicting[key]
-                continue
-            done = await self.actions.evict(pod_use, uid, tell=False)
-            if done == "evicted":
-                del self._evicting[key]
-                OVERUSE_ACTIONS.labels(self.node, pod_use.policy, pod_use.pod.namespace, done).inc()
-
-    async def _clear_stale(self, use: NodeUse) -> None:
-        """A condition an earlier agent left True on a claim whose pod is within its allocation now."""
+    async def _mark(self, use: NodeUse, uids: Mapping[PodRef, str], held: set[str],
+                    back: Mapping[tuple[PodRef, str], str]) -> None:
+        """Each claim held here says who is over on each of its devices: every pod reported over its
+        allocation on the device's GPU (and not yet back), or none. Written only where that changed.
+        A pod still over after an agent restart, within the grace, keeps the mark it had."""
+        wanted: dict[str, dict[DeviceKey, list[Overuser]]] = {}
+        ended: dict[tuple[str, DeviceKey], str] = {}
         for pod_use in use.pods:
-            if self.tracker.overusing(pod_use.pod, pod_use.gpu):
+            uid, reported = uids.get(pod_use.pod, ""), self._reported.get((pod_use.pod, pod_use.gpu))
+            for holding in pod_use.holdings:
+                key = DeviceKey(self.node, holding.device, holding.share_id or "")
+                devices = wanted.setdefault(holding.claim, {})
+                kept = self._marks.get(holding.claim, {}).get(key)
+                earlier = next((o for o in (kept.overusers if kept else ()) if o.uid == uid), None)
+                if reported is not None and uid:  # since: an earlier agent's, for one overuse
+                    since = earlier.since if earlier is not None and earlier.since else reported[0]
+                    devices.setdefault(key, []).append(Overuser(uid, pod_use.pod.name, since, reported[1]))
+                elif earlier is not None and self.tracker.over(pod_use.pod, pod_use.gpu):
+                    devices.setdefault(key, []).append(earlier)
+                if (pod_use.pod, pod_use.gpu) in back:
+                    ended[(holding.claim, key)] = back[(pod_use.pod, pod_use.gpu)]
+        for claim in sorted(held | set(self._marks)):
+            current = self._marks.get(claim, {})
+            marks = {}
+            for key in sorted(set(current) | set(wanted.get(claim, {}))):
+                overusers = tuple(dict.fromkeys(wanted.get(claim, {}).get(key, ())))
+                old = current.get(key)
+                if not overusers and old is None:
+                    continue  # never marked: nothing to say
+                message = summary(overusers) if overusers else ended.get(
+                    (claim, key), "no pod uses more GPU memory than it was allocated on this device's GPU")
+                since = old.since if old is not None and old.over == bool(overusers) and old.since else _now()
+                marks[key] = Mark(overusers, message, since)
+            if all(mark.same(current.get(key)) for key, mark in marks.items()) and set(marks) == set(current):
+                if claim not in held and not any(m.over for m in marks.values()):
+                    self._marks.pop(claim, None)  # its pods are gone from the node and nothing is over
                 continue
-            stale = [c for c in pod_use.claims if (read := self._claims.get(c)) is not None and read.stale_condition]
-            if stale:
-                await self.actions.condition(pod_use, False, "WithinAllocation",
-                                             f"pod {pod_use.pod} is within its allocation on GPU {pod_use.gpu}")
-                for claim in stale:
-                    self._claims[claim].stale_condition = False
+            if await apply_marks(self.kube, self.node, claim, marks):
+                self._marks[claim] = marks
+            elif claim not in held:
+                self._marks.pop(claim, None)  # no pod holds it here now: its mark names none the controller acts on

@@ -19,10 +19,6 @@ from prometheus_client.registry import Collector
 from gpuslice.planning.gpu_use import NodeUse, PodGpuUse, tenant_totals
 
 POD_LABELS = ["node", "namespace", "pod", "container", "policy", "gpu"]
-OVERUSE_ACTIONS = Counter("gpuslice_overuse_actions_total", "Pods found using more GPU memory than they were"
-                          " allocated (beyond the tolerance, for the grace), by what was done: reported, evicted,"
-                          " eviction_blocked (a PodDisruptionBudget refused it).",
-                          ["node", "policy", "namespace", "action"])
 USAGE_PASSES = Counter("gpuslice_agent_usage_passes_total", "Passes that measured each pod's GPU use: ok, or failed"
                        " (the kubelet's PodResources API or the GPUs could not be read; the log says why).",
                        ["outcome"])
