@@ -215,35 +215,60 @@ except urllib.error.HTTPError as error:
 """
 
 
+def agents_by_node(kind: Kind) -> list[dict[str, Any]]:
+    return sorted(kind.items("pods", "-n", "gpuslice-system", "-l", "app.kubernetes.io/component=agent"),
+                  key=lambda p: p["spec"]["nodeName"])
+
+
+def as_agent(kind: Kind, agent: dict[str, Any], method: str, url: str, body: dict[str, Any] | None = None) -> str:
+    """A request with the agent's own token (node-bound, as the kubelet projects it for a DaemonSet pod),
+    from inside its pod: the status code, and the message of a refusal."""
+    args = ["-n", "gpuslice-system", "exec", agent["metadata"]["name"], "--", "python3", "-c", OWN_NODE_PROBE,
+            method, url]
+    return kind.kubectl(*args, *([json.dumps(body)] if body is not None else [])).strip()
+
+
 def test_an_agent_cannot_write_another_nodes_slices(deployed: Kind, demo: str) -> None:
-    # The agent's own token (node-bound, as the kubelet projects it for a DaemonSet pod), used from
-    # inside its pod: the own-node admission policy refuses a slice of another node's pool, under
-    # that node's name, and the deletion of that node's slices.
-    agents = sorted(deployed.items("pods", "-n", "gpuslice-system", "-l", "app.kubernetes.io/component=agent"),
-                    key=lambda p: p["spec"]["nodeName"])
+    # The own-node admission policy refuses a slice of another node's pool, under that node's name, and
+    # the deletion of that node's slices.
+    agents = agents_by_node(deployed)
     assert len(agents) >= 2, [a["metadata"]["name"] for a in agents]
     thief, victim = agents[0], agents[1]["spec"]["nodeName"]
     path = "/apis/resource.k8s.io/v1/resourceslices"
-
-    def as_agent(method: str, url: str, body: dict[str, Any] | None = None) -> str:
-        args = ["-n", "gpuslice-system", "exec", thief["metadata"]["name"], "--", "python3", "-c", OWN_NODE_PROBE,
-                method, url]
-        return deployed.kubectl(*args, *([json.dumps(body)] if body is not None else [])).strip()
 
     stolen = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
               "metadata": {"name": f"gpuslice-{victim}-devices-99"},
               "spec": {"driver": DRIVER, "nodeName": victim,
                        "pool": {"name": victim, "generation": 1, "resourceSliceCount": 1},
                        "devices": [{"name": "stolen"}]}}
-    created = as_agent("POST", path, stolen)
+    created = as_agent(deployed, thief, "POST", path, stolen)
     assert created.startswith("403"), created
     assert "may write only its own node" in created, created
     theirs = [s["metadata"]["name"] for s in deployed.items("resourceslices", "--field-selector",
                                                             f"spec.driver={DRIVER},spec.nodeName={victim}")]
     assert theirs, f"{victim} publishes no slice"
-    deleted = as_agent("DELETE", f"{path}/{theirs[0]}")
+    deleted = as_agent(deployed, thief, "DELETE", f"{path}/{theirs[0]}")
     assert deleted.startswith("403"), deleted
     assert theirs[0] in deployed.kubectl("get", "resourceslices", "-o", "name")
+
+
+def test_an_agent_can_evict_no_pod_nor_post_an_event_on_one(deployed: Kind, demo: str) -> None:
+    # Not even a pod on its own node: evictions and Events on pods are the controller's (a stolen agent
+    # token hurts one node); the agent may create Events in default only.
+    needs_running_tenants(demo)
+    pod = deployed.json("-n", "team-a", "get", "pod", "inference")
+    [agent] = [a for a in agents_by_node(deployed) if a["spec"]["nodeName"] == pod["spec"]["nodeName"]]
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": "inference", "namespace": "team-a"}}
+    evicted = as_agent(deployed, agent, "POST", "/api/v1/namespaces/team-a/pods/inference/eviction", eviction)
+    assert evicted.startswith("403"), evicted
+    assert "pods/eviction" in evicted, evicted
+    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "forged.0", "namespace": "team-a"},
+             "involvedObject": {"kind": "Pod", "name": "inference", "namespace": "team-a",
+                                "uid": pod["metadata"]["uid"]}, "reason": "Forged", "message": "forged"}
+    posted = as_agent(deployed, agent, "POST", "/api/v1/namespaces/team-a/events", event)
+    assert posted.startswith("403"), posted
+    assert deployed.json("-n", "team-a", "get", "pod", "inference")["status"]["phase"] == "Running"
 
 
 def test_a_tenant_cannot_take_admin_access_nor_pass_its_limit(deployed: Kind, demo: str) -> None:
@@ -398,7 +423,9 @@ def test_an_mps_notebook_reaches_its_gpus_daemon_through_containerd(deployed: Ki
 
 def test_overuse_is_reported_summed_per_tenant_and_evicted_where_asked(deployed: Kind, demo: str) -> None:
     """The real kubelet's PodResources API and the pods' real cgroups: a process of a tenant pod over its
-    slice raises an Event and a metric; Evict evicts; the tenant's use is the sum of its pods'."""
+    slice gets the agent's mark on its claim and a metric, and the controller's Event; Evict evicts
+    through the controller, once the pod's PodDisruptionBudget allows; the tenant's use is the sum of
+    its pods'."""
     needs_running_tenants(demo)
     tenant_pods(deployed, "team-a", "gpu-slice", ["use-a", "use-b"])
     tenant_pods(deployed, "data-science", "notebook-gpu", ["greedy"])
@@ -413,14 +440,32 @@ def test_overuse_is_reported_summed_per_tenant_and_evicted_where_asked(deployed:
             return bool(events) and metric(deployed, node, "gpuslice_pod_gpu_overuse", pod="use-a") == 1
 
         deployed.wait_until("the overuse of use-a to be reported (Event and metric)", reported, within=180)
+        [event] = deployed.items("events", "-n", "team-a", "--field-selector",
+                                 "involvedObject.name=use-a,reason=GpuMemoryOveruse")
+        assert event["source"]["component"] == "gpuslice-controller", "the agent marks; the controller posts"
+        claim = claim_of(deployed, "team-a", "use-a")
+        named = [p["uid"] for d in claim["status"]["devices"] for p in (d.get("data") or {}).get("overusingPods", [])]
+        assert named == [deployed.json("-n", "team-a", "get", "pod", "use-a")["metadata"]["uid"]]
         assert deployed.json("-n", "team-a", "get", "pod", "use-a")["status"]["phase"] == "Running", "Report only"
         others = sum(v for n, ls, v in agent_metrics(deployed, node) if n == "gpuslice_pod_gpu_memory_used_bytes"
                      and ls["namespace"] == "team-a" and ls["pod"] not in ("use-a", "use-b"))
         assert metric(deployed, node, "gpuslice_tenant_used_bytes", namespace="team-a",
                       policy="inference") == 15 * 2**30 + others, "the tenant's use is its pods' sum"
 
+        # Evict: the controller's eviction, held first by the greedy pod's PodDisruptionBudget.
         deployed.kubectl("patch", "gsp", "notebooks", "--type=merge", "-p", '{"spec": {"onOveruse": "Evict"}}')
+        deployed.kubectl("apply", "-f", "-", input=json.dumps(GREEDY_BUDGET))
+        deployed.wait_until("the budget to count the greedy pod", lambda: (deployed.json(
+            "-n", "data-science", "get", "pdb", "keep-greedy").get("status") or {}).get("currentHealthy") == 1)
         fake_use(deployed, "data-science", "greedy", "9Gi")  # a 5Gi share: over
+
+        def blocked() -> bool:
+            return bool(deployed.items("events", "-n", "data-science", "--field-selector",
+                                       "involvedObject.name=greedy,reason=GpuMemoryOveruseEvictionBlocked"))
+
+        deployed.wait_until("the budget to hold the greedy notebook's eviction", blocked, within=180)
+        assert deployed.json("-n", "data-science", "get", "pod", "greedy")["status"]["phase"] == "Running"
+        deployed.kubectl("-n", "data-science", "delete", "pdb", "keep-greedy")
 
         def evicted() -> bool:
             return not deployed.items("pods", "-n", "data-science", "--field-selector", "metadata.name=greedy")
@@ -429,7 +474,13 @@ def test_overuse_is_reported_summed_per_tenant_and_evicted_where_asked(deployed:
         assert deployed.json("-n", "data-science", "get", "pod", "notebook")["status"]["phase"] == "Running"
     finally:
         deployed.kubectl("patch", "gsp", "notebooks", "--type=merge", "-p", '{"spec": {"onOveruse": "Report"}}')
+        deployed.kubectl("-n", "data-science", "delete", "pdb", "keep-greedy", "--ignore-not-found")
         deployed.kubectl("delete", "pods", "-A", "-l", "gpuslice-test=use", "--wait=true", "--ignore-not-found")
+
+
+GREEDY_BUDGET = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                 "metadata": {"name": "keep-greedy", "namespace": "data-science"},
+                 "spec": {"minAvailable": 1, "selector": {"matchLabels": {"gpuslice-test": "use"}}}}
 
 
 def gpuslice_pods(kind: Kind, component: str) -> list[dict[str, Any]]:
