@@ -6,7 +6,8 @@ package main
 // the wiping of a vanished plugin's ResourceSlices are therefore the kubelet's
 // behaviour, not ours. Containers are not started: what each container would
 // receive (CDI edits resolved with the CDI library, as runtimes do) is written
-// to a JSON file and the pod is reported Running.
+// to a JSON file and the pod is reported Running. It serves the kubelet's
+// PodResources API from the kubelet's own server code (podresources.go).
 
 import (
 	"context"
@@ -82,7 +83,8 @@ func runPodRunner(args []string) int {
 	fs := flag.NewFlagSet("pod-runner", flag.ContinueOnError)
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig with the node's identity (system:node:<name>)")
 	node := fs.String("node", "", "the node this runner stands in for")
-	root := fs.String("root", "", "node state directory: plugins_registry/, plugins/, cdi/, dra-state/, containers/")
+	root := fs.String("root", "", "node state directory: plugins_registry/, plugins/, cdi/, dra-state/, containers/,"+
+		" pod-resources/")
 	renew := fs.Duration("lease-renew", 5*time.Second, "how often the node Lease is renewed")
 	klog.InitFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -168,6 +170,7 @@ func runPodRunner(args []string) int {
 	factory.Start(ctx.Done())
 	go r.heartbeat(ctx, *renew)
 	go r.healthUpdates(ctx)
+	go r.servePodResources(ctx)
 	for i := 0; i < 4; i++ {
 		go wait.UntilWithContext(ctx, r.work, time.Second)
 	}

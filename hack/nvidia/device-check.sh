@@ -51,7 +51,8 @@ fi
   if command -v nvidia-smi >/dev/null 2>&1; then
     # Listings only, to set the check's figures against nvidia-smi's own.
     for args in "-L" \
-        "--query-gpu=index,name,uuid,pci.bus_id,memory.total,mig.mode.current,mig.mode.pending,driver_version --format=csv" \
+        "--query-gpu=index,name,uuid,pci.bus_id,memory.total,mig.mode.current,mig.mode.pending,driver_version,compute_mode,compute_cap --format=csv" \
+        "--query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv" \
         "mig -lgip" "mig -lgipp" "mig -lgi" "mig -lci"; do
       echo
       echo "# nvidia-smi $args"
@@ -59,6 +60,9 @@ fi
       nvidia-smi $args 2>&1 || true
     done
   fi
+  echo
+  # MPS (slicing.isolation: MPS): where the control binary is; it is not run, and no daemon is started.
+  echo "# nvidia-cuda-mps-control: $(command -v nvidia-cuda-mps-control || echo 'not on PATH')"
   echo
   echo "# the host's devices (the check, in a container, judges them by /proc/devices and the specs)"
   grep -E ' (nvidia|drm)' /proc/devices 2>&1 || true

@@ -13,8 +13,16 @@ from pathlib import Path
 
 import click
 
-from gpuslice.agent.gpus.fake_state import OPERATIONS, FakeFault, FakeState, FakeStateFile, InjectedFailure
+from gpuslice.agent.gpus.fake_state import (
+    OPERATIONS,
+    FakeFault,
+    FakeProcess,
+    FakeState,
+    FakeStateFile,
+    InjectedFailure,
+)
 from gpuslice.devcluster.state import default_state_dir
+from gpuslice.dra.quantity import quantity_bytes
 
 
 def _state_dir(state_dir: Path | None, node: str | None, dev_cluster: Path | None) -> Path:
@@ -93,13 +101,38 @@ def fail(context: click.Context, operation: str, gpu: int | None, times: int) ->
     _update(context, lambda s: s.failures.append(failure))
 
 
+@fake_gpu.command()
+@click.argument("gpu", type=int)
+@click.option("--pid", type=int, required=True, help="The process, in the node's PID namespace (a container's"
+              " process as the host sees it: the agent maps it to its pod through /proc/PID/cgroup).")
+@click.option("--memory", required=True, help="Device memory it uses, a quantity (12Gi); 0: it stops using the GPU.")
+@click.option("--sm", type=click.FloatRange(0, 100), default=0.0, show_default=True,
+              help="Percent of the GPU's SMs it keeps busy.")
+@click.pass_context
+def use(context: click.Context, gpu: int, pid: int, memory: str, sm: float) -> None:
+    """Make process PID use GPU (by index), as NVML would list it; the agent's next usage pass sees it."""
+    try:
+        used = quantity_bytes(memory)
+    except ValueError:
+        click.echo(f"fake-gpu use: --memory {memory!r} is not a quantity such as 12Gi", err=True)
+        sys.exit(2)
+
+    def change(state: FakeState) -> None:
+        state.processes = [p for p in state.processes if (p.gpu, p.pid) != (gpu, pid)]
+        if used > 0:
+            state.processes.append(FakeProcess(gpu=gpu, pid=pid, memory=used, sm=sm / 100))
+
+    _update(context, change)
+
+
 @fake_gpu.command("heal")
 @click.pass_context
 def heal(context: click.Context) -> None:
-    """Clear every fault and injected failure."""
+    """Clear every fault, injected failure and process."""
     def change(state: FakeState) -> None:
         state.faults.clear()
         state.failures.clear()
+        state.processes.clear()
 
     _update(context, change)
 
@@ -107,6 +140,6 @@ def heal(context: click.Context) -> None:
 @fake_gpu.command()
 @click.pass_context
 def show(context: click.Context) -> None:
-    """Print the fake GPUs' state: MIG mode and instances, faults, injected failures."""
+    """Print the fake GPUs' state: MIG mode and instances, faults, injected failures, processes."""
     state = _state(context)
     click.echo(state.read().model_dump_json(indent=2))

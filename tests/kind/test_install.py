@@ -2,7 +2,8 @@
 
 The tests run in this order on one cluster: the demo's pods and what they received, the kubelet's
 registration of the plugin, tenancy and limits as a hostile tenant tries them, the devices'
-accounting under an attempt to overbook a GPU, an upgrade under running pods, and the uninstall.
+accounting under an attempt to overbook a GPU, MPS and each pod's GPU use with overuse caught, an
+upgrade under running pods, and the uninstall.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice import __version__
 from gpuslice.dra.quantity import parse_quantity
@@ -213,35 +215,60 @@ except urllib.error.HTTPError as error:
 """
 
 
+def agents_by_node(kind: Kind) -> list[dict[str, Any]]:
+    return sorted(kind.items("pods", "-n", "gpuslice-system", "-l", "app.kubernetes.io/component=agent"),
+                  key=lambda p: p["spec"]["nodeName"])
+
+
+def as_agent(kind: Kind, agent: dict[str, Any], method: str, url: str, body: dict[str, Any] | None = None) -> str:
+    """A request with the agent's own token (node-bound, as the kubelet projects it for a DaemonSet pod),
+    from inside its pod: the status code, and the message of a refusal."""
+    args = ["-n", "gpuslice-system", "exec", agent["metadata"]["name"], "--", "python3", "-c", OWN_NODE_PROBE,
+            method, url]
+    return kind.kubectl(*args, *([json.dumps(body)] if body is not None else [])).strip()
+
+
 def test_an_agent_cannot_write_another_nodes_slices(deployed: Kind, demo: str) -> None:
-    # The agent's own token (node-bound, as the kubelet projects it for a DaemonSet pod), used from
-    # inside its pod: the own-node admission policy refuses a slice of another node's pool, under
-    # that node's name, and the deletion of that node's slices.
-    agents = sorted(deployed.items("pods", "-n", "gpuslice-system", "-l", "app.kubernetes.io/component=agent"),
-                    key=lambda p: p["spec"]["nodeName"])
+    # The own-node admission policy refuses a slice of another node's pool, under that node's name, and
+    # the deletion of that node's slices.
+    agents = agents_by_node(deployed)
     assert len(agents) >= 2, [a["metadata"]["name"] for a in agents]
     thief, victim = agents[0], agents[1]["spec"]["nodeName"]
     path = "/apis/resource.k8s.io/v1/resourceslices"
-
-    def as_agent(method: str, url: str, body: dict[str, Any] | None = None) -> str:
-        args = ["-n", "gpuslice-system", "exec", thief["metadata"]["name"], "--", "python3", "-c", OWN_NODE_PROBE,
-                method, url]
-        return deployed.kubectl(*args, *([json.dumps(body)] if body is not None else [])).strip()
 
     stolen = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
               "metadata": {"name": f"gpuslice-{victim}-devices-99"},
               "spec": {"driver": DRIVER, "nodeName": victim,
                        "pool": {"name": victim, "generation": 1, "resourceSliceCount": 1},
                        "devices": [{"name": "stolen"}]}}
-    created = as_agent("POST", path, stolen)
+    created = as_agent(deployed, thief, "POST", path, stolen)
     assert created.startswith("403"), created
     assert "may write only its own node" in created, created
     theirs = [s["metadata"]["name"] for s in deployed.items("resourceslices", "--field-selector",
                                                             f"spec.driver={DRIVER},spec.nodeName={victim}")]
     assert theirs, f"{victim} publishes no slice"
-    deleted = as_agent("DELETE", f"{path}/{theirs[0]}")
+    deleted = as_agent(deployed, thief, "DELETE", f"{path}/{theirs[0]}")
     assert deleted.startswith("403"), deleted
     assert theirs[0] in deployed.kubectl("get", "resourceslices", "-o", "name")
+
+
+def test_an_agent_can_evict_no_pod_nor_post_an_event_on_one(deployed: Kind, demo: str) -> None:
+    # Not even a pod on its own node: evictions and Events on pods are the controller's (a stolen agent
+    # token hurts one node); the agent may create Events in default only.
+    needs_running_tenants(demo)
+    pod = deployed.json("-n", "team-a", "get", "pod", "inference")
+    [agent] = [a for a in agents_by_node(deployed) if a["spec"]["nodeName"] == pod["spec"]["nodeName"]]
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": "inference", "namespace": "team-a"}}
+    evicted = as_agent(deployed, agent, "POST", "/api/v1/namespaces/team-a/pods/inference/eviction", eviction)
+    assert evicted.startswith("403"), evicted
+    assert "pods/eviction" in evicted, evicted
+    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "forged.0", "namespace": "team-a"},
+             "involvedObject": {"kind": "Pod", "name": "inference", "namespace": "team-a",
+                                "uid": pod["metadata"]["uid"]}, "reason": "Forged", "message": "forged"}
+    posted = as_agent(deployed, agent, "POST", "/api/v1/namespaces/team-a/events", event)
+    assert posted.startswith("403"), posted
+    assert deployed.json("-n", "team-a", "get", "pod", "inference")["status"]["phase"] == "Running"
 
 
 def test_a_tenant_cannot_take_admin_access_nor_pass_its_limit(deployed: Kind, demo: str) -> None:
@@ -313,6 +340,147 @@ def test_an_attempt_to_overbook_a_shared_gpu_leaves_the_extra_pod_pending(deploy
         assert over_allocation(deployed) == []
     finally:
         deployed.kubectl("-n", "data-science", "delete", "pods,resourceclaims", *names, "--wait=true")
+
+
+def agent_on(kind: Kind, node: str) -> str:
+    [agent] = [p["metadata"]["name"] for p in kind.items("pods", "-n", "gpuslice-system", "-l",
+                                                          "app.kubernetes.io/component=agent")
+               if p["spec"].get("nodeName") == node]
+    return agent  # type: ignore[no-any-return]
+
+
+def agent_metrics(kind: Kind, node: str) -> list[tuple[str, dict[str, str], float]]:
+    text = kind.kubectl("get", "--raw", f"/api/v1/namespaces/gpuslice-system/pods/{agent_on(kind, node)}:8080/proxy/metrics")
+    return [(s.name, dict(s.labels), s.value) for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+def metric(kind: Kind, where: str, name: str, **labels: str) -> float | None:
+    """A sample of the agent on node ``where``."""
+    return next((v for n, ls, v in agent_metrics(kind, where) if n == name
+                 and all(ls.get(k) == x for k, x in labels.items())), None)
+
+
+def host_pid(kind: Kind, namespace: str, pod: str) -> tuple[str, int]:
+    """The node of the pod and the pid of its container's process in the node's PID namespace (as NVML
+    would number it), found by the container ID its cgroup names."""
+    body = kind.json("-n", namespace, "get", "pod", pod)
+    node = body["spec"]["nodeName"]
+    container = body["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    found = kind.node_exec(node, "sh", "-c", f"grep -l {container} /proc/[0-9]*/cgroup | head -1").strip()
+    return node, int(found.split("/")[2])
+
+
+def gpu_index(kind: Kind, namespace: str, pod: str) -> int:
+    [result] = results(claim_of(kind, namespace, pod))
+    for slice_ in kind.items("resourceslices", "--field-selector", f"spec.nodeName={result['pool']}"):
+        for device in slice_["spec"].get("devices") or []:
+            if device["name"] == result["device"]:
+                return int(device["attributes"]["gpuslice.dev/index"]["int"])
+    raise AssertionError(f"{result['device']} is not published")
+
+
+def fake_use(kind: Kind, namespace: str, pod: str, memory: str) -> None:
+    """A process of the pod's container uses ``memory`` of its GPU, as NVML would say (the fake backend's)."""
+    node, pid = host_pid(kind, namespace, pod)
+    kind.kubectl("-n", "gpuslice-system", "exec", agent_on(kind, node), "--", "gpuslice", "fake-gpu", "--state-dir",
+                 f"/var/lib/kubelet/plugins/{DRIVER}", "use", str(gpu_index(kind, namespace, pod)), "--pid", str(pid),
+                 "--memory", memory)
+
+
+def tenant_pods(kind: Kind, namespace: str, template: str, names: list[str]) -> None:
+    pod = next(yaml.safe_load_all((REPO / "examples/tenants/pods.yaml").read_text()))
+    documents = []
+    for name in names:
+        body = json.loads(json.dumps(pod))
+        body["metadata"].update(name=name, namespace=namespace, labels={"gpuslice-test": "use"})
+        body["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = template
+        documents.append(body)
+    kind.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(documents))
+    for name in names:
+        kind.kubectl("-n", namespace, "wait", f"pod/{name}", "--for=condition=Ready", "--timeout=300s")
+
+
+def test_an_mps_notebook_reaches_its_gpus_daemon_through_containerd(deployed: Kind, demo: str) -> None:
+    """examples/policies/shared-notebooks.yaml has isolation: MPS: the notebook's container is an MPS client
+    of its GPU's control daemon (the fake backend's stand-in, run by the agent), with its share as its limit."""
+    needs_running_tenants(demo)
+    env = dict(line.split("=", 1) for line in deployed.kubectl("-n", "data-science", "exec", "notebook", "--",
+                                                               "env").splitlines() if "=" in line)
+    [result] = results(claim_of(deployed, "data-science", "notebook"))
+    share = parse_quantity(result["consumedCapacity"]["memory"])
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={int(share) // 2**20}M"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+    assert int(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]) >= 1
+    assert "control" in deployed.kubectl("-n", "data-science", "exec", "notebook", "--", "ls", "/tmp/nvidia-mps")
+    node = deployed.json("-n", "data-science", "get", "pod", "notebook")["spec"]["nodeName"]
+    records = deployed.node_exec(node, "sh", "-c", f"cat /var/lib/kubelet/plugins/{DRIVER}/mps/*/daemon.json")
+    pid = json.loads(records.splitlines()[0])["pid"]
+    agent = agent_on(deployed, node)
+    assert "gpuslice.agent.mps.standin" in deployed.kubectl(
+        "-n", "gpuslice-system", "exec", agent, "--", "cat", f"/proc/{pid}/cmdline")
+    assert metric(deployed, node, "gpuslice_agent_mps_daemons", node=node) == 1
+
+
+def test_overuse_is_reported_summed_per_tenant_and_evicted_where_asked(deployed: Kind, demo: str) -> None:
+    """The real kubelet's PodResources API and the pods' real cgroups: a process of a tenant pod over its
+    slice gets the agent's mark on its claim and a metric, and the controller's Event; Evict evicts
+    through the controller, once the pod's PodDisruptionBudget allows; the tenant's use is the sum of
+    its pods'."""
+    needs_running_tenants(demo)
+    tenant_pods(deployed, "team-a", "gpu-slice", ["use-a", "use-b"])
+    tenant_pods(deployed, "data-science", "notebook-gpu", ["greedy"])
+    try:
+        fake_use(deployed, "team-a", "use-a", "12Gi")  # a 10G slice: over
+        fake_use(deployed, "team-a", "use-b", "3Gi")
+        node = deployed.json("-n", "team-a", "get", "pod", "use-a")["spec"]["nodeName"]
+
+        def reported() -> bool:
+            events = deployed.items("events", "-n", "team-a", "--field-selector",
+                                    "involvedObject.name=use-a,reason=GpuMemoryOveruse")
+            return bool(events) and metric(deployed, node, "gpuslice_pod_gpu_overuse", pod="use-a") == 1
+
+        deployed.wait_until("the overuse of use-a to be reported (Event and metric)", reported, within=180)
+        [event] = deployed.items("events", "-n", "team-a", "--field-selector",
+                                 "involvedObject.name=use-a,reason=GpuMemoryOveruse")
+        assert event["source"]["component"] == "gpuslice-controller", "the agent marks; the controller posts"
+        claim = claim_of(deployed, "team-a", "use-a")
+        named = [p["uid"] for d in claim["status"]["devices"] for p in (d.get("data") or {}).get("overusingPods", [])]
+        assert named == [deployed.json("-n", "team-a", "get", "pod", "use-a")["metadata"]["uid"]]
+        assert deployed.json("-n", "team-a", "get", "pod", "use-a")["status"]["phase"] == "Running", "Report only"
+        others = sum(v for n, ls, v in agent_metrics(deployed, node) if n == "gpuslice_pod_gpu_memory_used_bytes"
+                     and ls["namespace"] == "team-a" and ls["pod"] not in ("use-a", "use-b"))
+        assert metric(deployed, node, "gpuslice_tenant_used_bytes", namespace="team-a",
+                      policy="inference") == 15 * 2**30 + others, "the tenant's use is its pods' sum"
+
+        # Evict: the controller's eviction, held first by the greedy pod's PodDisruptionBudget.
+        deployed.kubectl("patch", "gsp", "notebooks", "--type=merge", "-p", '{"spec": {"onOveruse": "Evict"}}')
+        deployed.kubectl("apply", "-f", "-", input=json.dumps(GREEDY_BUDGET))
+        deployed.wait_until("the budget to count the greedy pod", lambda: (deployed.json(
+            "-n", "data-science", "get", "pdb", "keep-greedy").get("status") or {}).get("currentHealthy") == 1)
+        fake_use(deployed, "data-science", "greedy", "9Gi")  # a 5Gi share: over
+
+        def blocked() -> bool:
+            return bool(deployed.items("events", "-n", "data-science", "--field-selector",
+                                       "involvedObject.name=greedy,reason=GpuMemoryOveruseEvictionBlocked"))
+
+        deployed.wait_until("the budget to hold the greedy notebook's eviction", blocked, within=180)
+        assert deployed.json("-n", "data-science", "get", "pod", "greedy")["status"]["phase"] == "Running"
+        deployed.kubectl("-n", "data-science", "delete", "pdb", "keep-greedy")
+
+        def evicted() -> bool:
+            return not deployed.items("pods", "-n", "data-science", "--field-selector", "metadata.name=greedy")
+
+        deployed.wait_until("the greedy notebook to be evicted", evicted, within=180)
+        assert deployed.json("-n", "data-science", "get", "pod", "notebook")["status"]["phase"] == "Running"
+    finally:
+        deployed.kubectl("patch", "gsp", "notebooks", "--type=merge", "-p", '{"spec": {"onOveruse": "Report"}}')
+        deployed.kubectl("-n", "data-science", "delete", "pdb", "keep-greedy", "--ignore-not-found")
+        deployed.kubectl("delete", "pods", "-A", "-l", "gpuslice-test=use", "--wait=true", "--ignore-not-found")
+
+
+GREEDY_BUDGET = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                 "metadata": {"name": "keep-greedy", "namespace": "data-science"},
+                 "spec": {"minAvailable": 1, "selector": {"matchLabels": {"gpuslice-test": "use"}}}}
 
 
 def gpuslice_pods(kind: Kind, component: str) -> list[dict[str, Any]]:
@@ -496,6 +664,11 @@ def test_an_upgrade_keeps_running_pods_on_their_devices(deployed: Kind, demo: st
     deployed.kubectl("-n", "team-b", "wait", "pod/after-upgrade", "--for=condition=Ready", "--timeout=300s")
     assert environment(deployed, "team-b", "after-upgrade").get("GPUSLICE_POLICY") == "inference"
     assert over_allocation(deployed) == []
+    # The notebook's MPS daemon went with its agent's container; the upgraded agent started it again
+    # before it registered, and the notebook still reaches it.
+    node = deployed.json("-n", "data-science", "get", "pod", "notebook")["spec"]["nodeName"]
+    assert metric(deployed, node, "gpuslice_agent_mps_daemons", node=node) == 1
+    assert "control" in deployed.kubectl("-n", "data-science", "exec", "notebook", "--", "ls", "/tmp/nvidia-mps")
 
 
 def leftovers(kind: Kind) -> list[str]:
@@ -550,3 +723,6 @@ def nothing_left_on_the_nodes(kind: Kind) -> None:
         fake = json.loads(kind.node_exec(node, "cat", f"{state}/fake-gpus.json"))
         instances = {index: gpu["instances"] for index, gpu in fake["gpus"].items() if gpu["instances"]}
         assert instances == {}, f"{node}: MIG instances left: {instances}"
+        # The last MPS client gone, its daemon was stopped and its pipe and shared memory removed.
+        assert kind.node_exec(node, "sh", "-c", "ls /dev/shm/gpuslice-mps 2>/dev/null | wc -l").strip() == "0"
+        assert kind.node_exec(node, "sh", "-c", f"ls {state}/mps/*/pipe 2>/dev/null | wc -l").strip() == "0"

@@ -42,7 +42,8 @@ from gpuslice.dra.nvidia_toolkit import NvidiaCdiError
 from gpuslice.inventory.catalog import MI
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model, product_key
-from gpuslice.planning.node_pool import plan_node_pool
+from gpuslice.planning.gpu_use import parse_cgroup
+from gpuslice.planning.node_pool import MPS_MIN_COMPUTE_CAPABILITY, plan_node_pool
 
 # The NVML functions the check may call: queries only (the backend's discovery and its listing of
 # MIG instances). docs/nvidia.md lists them.
@@ -56,6 +57,9 @@ READ_CALLS = frozenset({
     "nvmlGpuInstanceGetComputeInstanceProfileInfo", "nvmlGpuInstanceGetComputeInstances",
     "nvmlComputeInstanceGetInfo", "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex",
     "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId",
+    # what runs on each GPU, for each pod's use (agent.usage)
+    "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses",
+    "nvmlDeviceGetProcessUtilization",
 })
 _NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z_][A-Za-z0-9_]{0,31}$")
 KERNEL_DEVICES = ("nvidia", "nvidia-frontend", "nvidia-uvm", "nvidia-caps", "drm")
@@ -255,12 +259,53 @@ def _cdi(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
             report.problem(f"GPU {gpu.index} MIG devices: {error}")
 
 
+def _mps(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
+    """Whether this node can run MPS for policies with ``slicing.isolation: MPS``: the control binary
+    found (never run: the check starts nothing), and which GPUs are Volta or newer."""
+    report.line("== MPS (slicing.isolation: MPS): found, not started")
+    control = backend.mps_control()
+    if control is None:
+        report.line(f"nvidia-cuda-mps-control: not on PATH nor under {backend.driver_root} (usr/bin, bin,"
+                    " usr/local/bin, usr/sbin): policies with isolation MPS cannot prepare here; the nvidia runtime"
+                    " class mounts it, or set --nvidia-driver-root")
+    else:
+        report.line(f"nvidia-cuda-mps-control: {control}")
+    for gpu in gpus:
+        volta = int(gpu.compute_capability.split(".")[0] or 0) >= MPS_MIN_COMPUTE_CAPABILITY
+        what = "per-client memory and thread limits (Volta MPS)" if volta else "older than Volta: no MPS devices"
+        report.line(f"GPU {gpu.index}: compute capability {gpu.compute_capability}: {what}")
+
+
+def _processes(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
+    """What each pod's use is measured from: NVML's processes per GPU and the pod each one's cgroup
+    names (read from this machine's /proc: run the check in the host's PID namespace to see pods')."""
+    report.line("== Processes (each pod's GPU use): NVML's, and the pod of each as its cgroup says")
+    for gpu in gpus:
+        try:
+            found = backend.processes(gpu)
+        except GpuBackendError as error:
+            report.problem(f"GPU {gpu.index} processes: {error}")
+            continue
+        report.line(f"GPU {gpu.index}: {len(found)} processes")
+        for process in found:
+            try:
+                cgroup = parse_cgroup((backend.proc / str(process.pid) / "cgroup").read_text())
+            except OSError:
+                cgroup = None
+            owner = f"pod UID {cgroup.pod_uid}" if cgroup else "no pod (or not in this PID namespace)"
+            sm = "" if process.sm is None else f", SM {process.sm:.0%}"
+            report.line(f"  pid {process.pid}: {process.used // MI} MiB{sm}; {owner}")
+
+
 def run_check(nvml: ModuleType, cdi_dirs: Iterable[Path] | None, out: Callable[[str], None] = print,
-              **host: Path) -> int:
-    """Print the check; 0 when nothing is wrong, 1 otherwise. ``host``: other roots for /dev, /proc
-    and /sys (tests)."""
+              driver_root: Path | None = None, **host: Path) -> int:
+    """Print the check; 0 when nothing is wrong, 1 otherwise. ``driver_root``: --nvidia-driver-root (NVML
+    is loaded from it, the MPS binary looked for in it); ``host``: other roots for /dev, /proc and /sys
+    (tests)."""
     guarded = ReadOnlyNvml(nvml)
-    backend = NvmlBackend(cast(ModuleType, guarded), cdi_dirs=tuple(cdi_dirs or DEFAULT_SPEC_DIRS), **host)
+    backend = NvmlBackend(cast(ModuleType, guarded), cdi_dirs=tuple(cdi_dirs or DEFAULT_SPEC_DIRS),
+                          dev=host.get("dev", Path("/dev")), proc=host.get("proc", Path("/proc")),
+                          sysfs=host.get("sysfs", Path("/sys")), driver_root=driver_root)
     report = Report(out)
     report.line(f"gpuslice {__version__} read-only GPU check (nvidia-ml-py"
                 f" {getattr(nvml, '__version__', None) or _version('nvidia-ml-py')}); nothing is written")
@@ -273,7 +318,7 @@ def run_check(nvml: ModuleType, cdi_dirs: Iterable[Path] | None, out: Callable[[
         return 1
     for part in (_inventory, _attributes):
         part(report, gpus)
-    for io_part in (_mig, _cdi):
+    for io_part in (_mig, _cdi, _mps, _processes):
         io_part(report, backend, gpus)
     report.line(f"== NVML calls made: {', '.join(sorted(set(guarded.calls)))}")
     report.line(f"== {len(report.problems)} problems" + "".join(f"\n- {p}" for p in report.problems))

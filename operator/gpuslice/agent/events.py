@@ -1,16 +1,16 @@
 """Kubernetes Events the node agent records, for what a person must see: a GPU that turned unhealthy
-(on the Node), a MIG reconfiguration that failed (on the policy). The agent may create
-Events (manifests/agent-rbac.yaml) and nothing else outside its own slices."""
+or an MPS daemon that died (on the Node), a MIG reconfiguration that failed (on the policy). Both
+are cluster-scoped objects, whose Events live in ``default``: the only namespace the agent may
+create Events in (manifests/agent-rbac.yaml). Events about pods are the controller's."""
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 import structlog
 
-from gpuslice.dra.names import short_hash
 from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.events import create_event
 
 log = structlog.get_logger(__name__)
 
@@ -26,19 +26,10 @@ def policy_ref(name: str, uid: str) -> dict[str, Any]:
 
 async def record_event(kube: KubeClient | None, node: str, involved: dict[str, Any], reason: str, message: str,
                        kind: str = "Warning") -> None:
-    """Create one Event (in ``default``, where events of cluster-scoped objects go); a failure is logged."""
+    """Create one Event in ``default``; a failure is logged."""
     if kube is None:
         return
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    name = f"{involved['name']}.{short_hash(node, reason, message, now, length=12)}"
-    body = {
-        "apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": "default"},
-        "involvedObject": involved, "reason": reason, "message": message[:1024], "type": kind,
-        "source": {"component": "gpuslice-agent", "host": node},
-        "reportingComponent": "gpuslice-agent", "reportingInstance": node,
-        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-    }
     try:
-        await kube.create("/api/v1/namespaces/default/events", body)
+        await create_event(kube, involved, reason, message, kind=kind, component="gpuslice-agent", instance=node)
     except KubeError as error:
         log.warning("could not record an Event", node=node, reason=reason, error=str(error))

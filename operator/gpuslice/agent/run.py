@@ -38,12 +38,15 @@ from gpuslice.agent.startup import (
     fake_gpus_of,
     until_answered,
 )
+from gpuslice.agent.usage.collector import UsageCollector, UsageSettings
+from gpuslice.agent.usage.podresources import PodResources
 from gpuslice.agent.watches import AgentWatches
 from gpuslice.dra.support import Verdict
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.observability.logging import configure_logging
 from gpuslice.observability.metrics import announce, serve_metrics
+from gpuslice.planning.devices import Device
 from gpuslice.planning.taints import Taint
 
 log = structlog.get_logger(__name__)
@@ -155,6 +158,20 @@ async def stale_claims_loop(plugin: NodePlugin, stop: asyncio.Event, every: floa
                 await stop.wait()
 
 
+def usage_collector(kube: KubeClient, settings: AgentSettings, backend: GpuBackend, gpus: list[Gpu],
+                    plugin: NodePlugin) -> UsageCollector:
+    """Each pod's GPU use on this node, against the claims the plugin prepared."""
+    def published() -> dict[str, tuple[str, int]]:
+        last = plugin.record.load()
+        typed = [Device.from_manifest(d) for d in (last.devices if last else [])]
+        return {d.name: (d.policy, d.memory) for d in typed if d is not None}
+
+    return UsageCollector(
+        settings.node, kube, backend, gpus, PodResources(settings.pod_resources_socket),
+        plugin.preparer.checkpoints.all, published, settings.host_proc,
+        UsageSettings(settings.usage_interval, settings.overuse_tolerance / 100, settings.overuse_grace))
+
+
 class _Agent:
     """One agent process's phases (discover, plugin, server check, loops, shutdown) and what its
     /healthz and /readyz read of them."""
@@ -174,7 +191,8 @@ class _Agent:
         if self.publisher is not None and self.publisher.done():
             return False, "the publish loop has stopped"
         if any(task.done() for task in self.helpers):
-            return False, "the GPU health monitor or the stale-claims sweeper has stopped"
+            return False, ("the GPU health monitor, the stale-claims sweeper, the MPS supervisor or the usage collector"
+                           " has stopped")
         return True, "ok"
 
     def ready(self) -> tuple[bool, str]:
@@ -254,6 +272,9 @@ class _Agent:
         # The kubelet plugin registers only once the node matches its checkpoints (NodePlugin.start).
         self.waiting_for = "the kubelet plugin is starting (recovering its checkpoints)"
         plugin = self.plugin = await NodePlugin.start(node, kube, backend, gpus, settings.plugin, health)
+        # Prepared MPS clients keep their daemon whatever the API server does.
+        self.helpers.append(asyncio.create_task(plugin.preparer.mps.run(
+            self.stop, plugin.preparer.mps_gpus, settings.mps_check_interval)))
         watches = AgentWatches(kube, node, self.wake, self.stop)
         try:
             verdict = await self.server_verdict(kube) if await self.containers_servable(kube, backend) else None
@@ -264,6 +285,9 @@ class _Agent:
                     verdict.unsupported_modes()))
                 self.helpers.append(asyncio.create_task(health.run(kube, self.stop)))
                 self.helpers.append(asyncio.create_task(stale_claims_loop(plugin, self.stop, settings.resync)))
+                if settings.usage_interval > 0:
+                    self.helpers.append(asyncio.create_task(
+                        usage_collector(kube, settings, backend, gpus, plugin).run(self.stop)))
             await self.stop.wait()
         finally:
             await self.shutdown(plugin, watches)

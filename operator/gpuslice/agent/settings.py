@@ -47,8 +47,10 @@ class AgentSettings(ProcessSettings):
         " /etc/cdi, then /var/run/cdi."))
     nvidia_driver_root: Path | None = Field(default=None, description=(
         "NVML backend: the NVIDIA driver's root as mounted in the agent's container (the host's / or the GPU"
-        " Operator's /run/nvidia/driver; the chart's nvidiaDriverRoot): NVML is loaded from it. Unset: from"
-        " the library path, where the NVIDIA Container Toolkit's runtime puts it."))
+        " Operator's /run/nvidia/driver; the chart's nvidiaDriverRoot): NVML is loaded from it, and"
+        " nvidia-cuda-mps-control is looked for in its usr/bin, bin, usr/local/bin and usr/sbin when it is not"
+        " on PATH. Unset: both from the container's own paths, where the NVIDIA Container Toolkit's runtime"
+        " puts them."))
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description=(
         "Serve /metrics, /healthz and /readyz on this port; off when unset (the probes need it)."))
     kubelet_registrar_dir: Path = Field(default=_PLUGIN.registrar_dir, description=(
@@ -80,6 +82,35 @@ class AgentSettings(ProcessSettings):
     health_recovery: float = Field(default=_HEALTH.recovery, ge=0, description=(
         "Seconds an unhealthy GPU must go without a fault before its taint is lifted: a flapping GPU does"
         " not churn the slices."))
+    mps_dir: Path | None = Field(default=None, description=(
+        "Where each GPU's MPS control daemon keeps its pipe and log directories (policies with"
+        " slicing.isolation: MPS), mounted into its clients at the same path on the host; unset: mps/ in"
+        " state_dir."))
+    mps_shm_dir: Path = Field(default=_PLUGIN.mps_shm_dir, description=(
+        "Where each GPU's MPS shared-memory directory is made: /dev/shm of its daemon and of its client"
+        " containers. Keep it on a tmpfs (the host's /dev/shm)."))
+    pod_resources_socket: Path = Field(default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"), description=(
+        "The kubelet's PodResources API: which container of which pod holds which gpuslice device, for each"
+        " pod's GPU use."))
+    host_proc: Path = Field(default=Path("/proc"), description=(
+        "The node's /proc (the host's PID namespace, as NVML numbers GPU processes): each process's cgroup names"
+        " its pod. The DaemonSet mounts the host's /proc at /host/proc."))
+    usage_interval: float = Field(default=10.0, ge=0, description=(
+        "Seconds between measurements of each pod's GPU use (NVML's processes against the pods' allocations:"
+        " metrics and overuse); 0 turns them off."))
+    overuse_tolerance: float = Field(default=5.0, ge=0, description=(
+        "Percent of its allocation a pod may use beyond it on a GPU before it counts as overusing (CUDA's own"
+        " context memory, allocator rounding)."))
+    overuse_grace: float = Field(default=30.0, ge=0, description=(
+        "Seconds a pod must stay over its allocation (beyond the tolerance) before it is reported, and evicted"
+        " where its policy says onOveruse: Evict."))
+    mps_daemon_args: tuple[str, ...] = Field(default=(), description=(
+        "NVML backend: more arguments for nvidia-cuda-mps-control (repeat the flag; in the variable, separated by"
+        " spaces), e.g. its multi-user flag where tenants' containers run as different users (the driver's"
+        " documentation names it; NVIDIA's DRA driver passes -M)."))
+    mps_check_interval: float = Field(default=2.0, gt=0, description=(
+        "Seconds between checks that every GPU with MPS devices prepared has its control daemon running"
+        " (a dead one is started again)."))
 
     @field_validator("node")
     @classmethod
@@ -98,12 +129,14 @@ class AgentSettings(ProcessSettings):
             raise ValueError("--nvidia-cdi-dir is for --backend nvml")
         if self.nvidia_driver_root is not None and self.backend != "nvml":
             raise ValueError("--nvidia-driver-root is for --backend nvml")
+        if self.mps_daemon_args and self.backend != "nvml":
+            raise ValueError("--mps-daemon-args is for --backend nvml")
         return self
 
     @property
     def plugin(self) -> PluginSettings:
         return PluginSettings(self.kubelet_registrar_dir, self.kubelet_plugins_dir, self.cdi_dir, self.state_dir,
-                              self.boot_id_file)
+                              self.boot_id_file, self.mps_dir, self.mps_shm_dir)
 
     @property
     def health(self) -> HealthSettings:

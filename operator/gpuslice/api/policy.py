@@ -196,6 +196,12 @@ class Slicing(ApiModel):
         "memory mode: also offer each whole GPU as one device (it is free only while none of its"
         " slices is allocated)."))
     mig: MigSlicing | None = Field(default=None, description="MIG settings; mig mode only.")
+    isolation: Literal["None", "MPS"] = Field(default="None", description=(
+        "memory and shared mode: None (the default) makes a slice a scheduling boundary only. MPS runs one"
+        " NVIDIA MPS control daemon per GPU that has such devices allocated and gives each container a pinned"
+        " device memory limit equal to its allocation and an active-thread percentage in proportion: CUDA"
+        " allocations beyond the slice fail. MPS is cooperative (a process that changes its own environment"
+        " escapes it); MIG is the hard boundary. Volta or newer GPUs only."))
 
     rules = (
         Rule("self.mode == 'mig' || has(self.sliceSize)",
@@ -214,6 +220,10 @@ class Slicing(ApiModel):
              "slicing.allowFullGpu applies to memory mode only (in mig mode list the full profile,"
              " e.g. 7g.80gb; in shared mode a claim can request the whole memory)",
              lambda s: not s.allow_full_gpu or s.mode == "memory"),
+        Rule("self.mode != 'mig' || !has(self.isolation) || self.isolation == 'None'",
+             "slicing.isolation: MPS applies to memory and shared mode; MIG instances are isolated by the GPU"
+             " itself, remove isolation",
+             lambda s: s.mode != "mig" or s.isolation == "None", ".isolation"),
         Rule(_positive_quantity_cel("sliceSize"),
              "slicing.sliceSize must be a positive quantity such as 10Gi or 512Mi",
              lambda s: _positive_quantity(s.slice_size), ".sliceSize"),
@@ -370,6 +380,11 @@ class GpuSlicePolicySpec(ApiModel):
     extended_resource_name: str | None = Field(default=None, max_length=253, description=(
         "Serve pods that request this extended resource (e.g. example.com/gpu-slice) with this"
         " policy's devices: the migration path from device plugins."))
+    on_overuse: Literal["Report", "Evict"] = Field(default="Report", description=(
+        "What the node agent does when a pod uses more GPU memory than its devices of this policy hold"
+        " (beyond the agent's --overuse-tolerance, for --overuse-grace seconds): Report (an Event on the pod, a"
+        " metric and a condition on its claim) or Evict (the same, then the pod is evicted through the"
+        " Eviction API, so PodDisruptionBudgets hold)."))
 
     rules = (
         Rule(None,  # the schema's list-map key rejects duplicates ("Duplicate value")

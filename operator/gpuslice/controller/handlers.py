@@ -22,6 +22,7 @@ from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_ad
 from gpuslice.controller.changes import Changes
 from gpuslice.controller.crd import crd_leaving as crd_is_leaving
 from gpuslice.controller.login import KopfLogin
+from gpuslice.controller.overuse import EVICTION_RETRY, OveruseEnforcer, Policies
 from gpuslice.controller.reconcile import Context, reconcile, report_deleting
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import start_context
@@ -63,6 +64,21 @@ def world(kwargs: dict[str, Any], memo: FleetMemo | None = None, nodes_version: 
     )
 
 
+def _overuse_policies(kwargs: dict[str, Any]) -> Policies:
+    """A device's policy as its slice publishes it, and what that policy says about overuse."""
+    slices, bodies = kwargs["slice_index"], kwargs["policy_index"]
+
+    def policy_of(pool: str, device: str) -> str | None:
+        return next((policy or None for view in slices.get(pool, ()) for name, policy in view.devices
+                     if name == device), None)
+
+    def on_overuse(policy: str) -> str:
+        return next((str((body.get("spec") or {}).get("onOveruse") or "Report") for body in bodies.get(policy, ())),
+                    "Report")
+
+    return Policies(policy_of, on_overuse)
+
+
 def _class_value(labels: kopf.Labels, spec: kopf.Spec) -> str | bool | None:
     """A DeviceClass's extended resource; False for one of ours (only others' can conflict)."""
     return False if LABEL_POLICY in labels else spec.get("extendedResourceName")
@@ -96,6 +112,7 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
     ours = settings
     changes = Changes()
     fleet = FleetMemo()
+    overuse = OveruseEnforcer()
 
     def current(kwargs: dict[str, Any]) -> World:
         return world(kwargs, fleet, changes.nodes_version)
@@ -235,10 +252,24 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
         return {(namespace or "", name): ClaimView.from_claim(namespace or "", name, status)}
 
     @kopf.on.event("resource.k8s.io", "v1", "resourceclaims", registry=registry)
-    async def claim_event(namespace: str | None, name: str, status: kopf.Status, type: str | None, **_: Any) -> None:
-        """Noted once claim_index holds the claim (changes.py says why)."""
+    async def claim_event(namespace: str | None, name: str, status: kopf.Status, type: str | None, memo: kopf.Memo,
+                          **kwargs: Any) -> None:
+        """Noted once claim_index holds the claim (changes.py says why); a node agent's overuse mark
+        on it is acted on (controller/overuse.py)."""
         key = (namespace or "", name)
         changes.claim_seen(key, None if type == "DELETED" else ClaimView.from_claim(key[0], name, status))
+        if "ctx" in memo:
+            await overuse.claim_seen(memo.ctx.kube, key, None if type == "DELETED" else status,
+                                     _overuse_policies(kwargs))
+
+    @kopf.timer(*POLICY, registry=registry, interval=EVICTION_RETRY, initial_delay=EVICTION_RETRY,
+                when=lambda spec, **_: spec.get("onOveruse") == "Evict")
+    async def evict_overusers(name: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+        """Evictions of this policy's overusing pods that a PodDisruptionBudget refused, tried again
+        when due, and those due since the policy turned to Evict."""
+        if _orphaned(body, kwargs) or "ctx" not in memo:
+            return
+        await overuse.act(memo.ctx.kube, _overuse_policies(kwargs), only=name)
 
     @kopf.on.resume(*POLICY, registry=registry)
     @kopf.on.create(*POLICY, registry=registry)

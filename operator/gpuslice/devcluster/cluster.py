@@ -22,7 +22,14 @@ from gpuslice.devcluster import features as features_module
 from gpuslice.devcluster import operator
 from gpuslice.devcluster.errors import DevClusterError
 from gpuslice.devcluster.faults import FaultControls
-from gpuslice.devcluster.nodes import FAKE_GPU_MODELS, fake_gpu_node, node_layout, node_name, pod_runner_component
+from gpuslice.devcluster.nodes import (
+    FAKE_GPU_MODELS,
+    fake_gpu_node,
+    node_layout,
+    node_name,
+    pod_runner_component,
+    stop_mps_daemons,
+)
 from gpuslice.devcluster.pki import CertificateAuthority, kubeconfig, service_account_key
 from gpuslice.devcluster.ports import ensure_port_free, free_port
 from gpuslice.devcluster.process import Component, http_health
@@ -47,6 +54,8 @@ CONTROLLERS = (
     # Tenants' workloads: the tenant guide's Deployments (docs/tenants.md) run here as they would anywhere.
     "deployment-controller",
     "replicaset-controller",
+    # PodDisruptionBudgets' status, which the Eviction API reads (an overusing pod's eviction, agent/usage).
+    "disruption-controller",
 )
 NODE_CONTROLLERS = ("node-lifecycle-controller", "taint-eviction-controller")
 # A short grace, so a stopped runner shows as NotReady in seconds, not minutes.
@@ -340,6 +349,8 @@ class DevCluster(FaultControls):
         for component in reversed(self.components):
             await component.stop()
         self.components.clear()
+        for node in self.node_names:
+            stop_mps_daemons(self.node_dir(node))
         if self.proxy is not None:
             await self.proxy.stop()
             self.proxy = None

@@ -8,6 +8,10 @@ stopped NotReady; without them nothing ever does.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -83,3 +87,17 @@ def pod_runner_component(binary: Path, node: str, root: Path, node_kubeconfig: P
         [str(binary), f"--kubeconfig={node_kubeconfig}", f"--node={node}", f"--root={root}", *extra_args],
         log, health, startup_timeout=30,
     )
+
+
+def stop_mps_daemons(node_dir: Path) -> list[int]:
+    """SIGKILL the MPS control daemons (stand-ins) a fake node's agent started: they outlive their
+    agent on purpose (its pods keep running), so a stopped dev cluster stops them itself. The pids
+    killed."""
+    killed = []
+    for record in (node_dir / "agent" / "mps").glob("*/daemon.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            pid = int(json.loads(record.read_text())["pid"])
+            if "gpuslice.agent.mps.standin" in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed

@@ -147,7 +147,8 @@ def agent_dirs(node_dir: Path) -> list[str]:
     looks for plugins and CDI specs, and where the agent keeps its state."""
     return [f"--kubelet-registrar-dir={node_dir / 'plugins_registry'}",
             f"--kubelet-plugins-dir={node_dir / 'plugins'}", f"--cdi-dir={node_dir / 'cdi'}",
-            f"--state-dir={node_dir / 'agent'}"]
+            f"--state-dir={node_dir / 'agent'}", f"--mps-shm-dir={node_dir / 'mps-shm'}",
+            f"--pod-resources-socket={node_dir / 'pod-resources' / 'kubelet.sock'}", f"--host-proc={node_dir / 'proc'}"]
 
 
 def agent_component(node: str, kubeconfig: Path, log: Path, metrics_port: int, node_dir: Path,

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuslice.dra.cdi import ContainerEdits, DeviceNode
@@ -72,8 +72,11 @@ CONTROL_NODES = tuple(CONTROL_NUMBERS)
 GPU_MAJOR_NAMES = ("nvidia", "nvidia-frontend")
 _GPU_NODE = re.compile(r"/dev/nvidia(\d+)")
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # CUDA's default MPS pipe directory; the toolkit's IPC mount
 LIBCUDA_DIR = "NVIDIA_CTK_LIBCUDA_DIR"
 NODE_MODIFICATION = "disable-device-node-modification"
+
+
 @dataclass(frozen=True)
 class HostFacts:
     """What the kernel says about the node's devices (read by the agent).
@@ -137,14 +140,21 @@ def common_edits(toolkit: Toolkit, host: HostFacts) -> ContainerEdits:
     """The claim spec's common edits: the toolkit's, plus the control nodes it has not (a management
     spec keeps them in its ``all`` device; nvcdi makes all four where their majors exist,
     ``pkg/system/nvdevices``), the device-node hook where it lacks it (``node_modification_hook``),
-    and ``NVIDIA_VISIBLE_DEVICES=void`` where it does not set it."""
+    and ``NVIDIA_VISIBLE_DEVICES=void`` where it does not set it; less the host's MPS pipe directory.
+
+    The toolkit mounts ``/tmp/nvidia-mps`` into every container when it existed as the spec was
+    generated (``internal/discover/ipc.go``, ``NewIPCDiscoverer``): copied into a claim, it would make
+    the container a client of whatever MPS daemon the host runs there. gpuslice decides MPS per
+    policy: its MPS clients get their own GPU's daemon (``planning.mps``), other containers none."""
     spec = toolkit.common()
     have = {n.path for n in spec.common.device_nodes}
     control = tuple(found.node for p in CONTROL_NODES if p not in have and (found := device_node(toolkit, host, p)))
     env = {} if VISIBLE_DEVICES in spec.common.env else {VISIBLE_DEVICES: "void"}
     hook = node_modification_hook(spec.common)
     added = ContainerEdits(env=env, device_nodes=control, hooks=(hook,) if hook else ())
-    return spec.common + added
+    common = replace(spec.common, mounts=tuple(m for m in spec.common.mounts
+                                               if m.get("containerPath") != MPS_PIPE_DIRECTORY))
+    return common + added
 
 
 def node_modification_hook(common: ContainerEdits) -> Mapping[str, Any] | None:

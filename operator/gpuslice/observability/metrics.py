@@ -12,13 +12,19 @@ import platform
 from collections.abc import Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 
 from gpuslice import __version__
 from gpuslice.kube.metrics import set_component
 
 BUILD_INFO = Gauge("gpuslice_build_info", "Always 1: the version of the process serving these metrics.",
                    ["component", "version", "python_version"])
+# One series for both processes: a node's agent counts the pods it marked (reported), the controller
+# what it did about them (evicted, eviction_blocked); ``node`` is the pod's node either way.
+OVERUSE_ACTIONS = Counter("gpuslice_overuse_actions_total", "Pods found using more GPU memory than they were"
+                          " allocated (beyond the tolerance, for the grace), by what was done: reported (the node"
+                          " agent marked its claims), evicted, eviction_blocked (a PodDisruptionBudget refused"
+                          " the controller's eviction).", ["node", "policy", "namespace", "action"])
 # A check answers (healthy, what to say about it).
 Check = Callable[[], tuple[bool, str]]
 

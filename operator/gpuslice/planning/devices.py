@@ -95,6 +95,9 @@ class Device:
     taints: tuple[tuple[str, str, str], ...] = ()
     facts: GpuFacts = NO_FACTS  # the GPU's NVIDIA attributes (planning.attributes)
     engines: Engines | None = None  # a MIG device's share of the GPU's engines (NVIDIA's capacities)
+    # "MPS" when the policy's slicing.isolation asks for it: part of what the device is (a claim
+    # holding it gets MPS limits), so a change of isolation is a change of the device.
+    isolation: str | None = None
     # A static MIG device's instance UUID, published as NVIDIA's ``uuid`` (dra-driver-nvidia-gpu's
     # MigDeviceInfo.GetDevice); the agent knows it (the instance exists), the plan does not.
     mig_uuid: str | None = None
@@ -120,6 +123,8 @@ class Device:
             attributes[f"{ATTRIBUTE_DOMAIN}/sliceSize"] = _attr("full")
         elif self.slice_size is not None:
             attributes[f"{ATTRIBUTE_DOMAIN}/sliceSize"] = _attr(self.slice_size)
+        if self.isolation is not None:
+            attributes[f"{ATTRIBUTE_DOMAIN}/isolation"] = _attr(self.isolation)
         if self.profile is not None and self.placement is not None:
             attributes[f"{ATTRIBUTE_DOMAIN}/profile"] = _attr(self.profile)
             attributes[f"{ATTRIBUTE_DOMAIN}/placementStart"] = _attr(self.placement[0])
@@ -150,6 +155,7 @@ class Device:
         if not isinstance(policy, str) or mode not in MODES or not isinstance(uuid, str) or not isinstance(index, int):
             return None
         size, profile = _read(attributes, "sliceSize"), _read(attributes, "profile")
+        isolation = _read(attributes, "isolation")
         start, span = _read(attributes, "placementStart"), _read(attributes, "placementSize")
         kind = {"memory": "full" if size == "full" else "slice", "shared": "shared"}.get(str(mode), str(profile))
         uses = (body.get("consumesCounters") or [{}])[0]
@@ -170,6 +176,7 @@ class Device:
             taints=tuple((str(t.get("key", "")), str(t.get("value", "")), str(t.get("effect", "")))
                          for t in body.get("taints") or [] if t.get("key") != PENDING_CHANGE_TAINT),
             facts=read_facts(attributes), engines=read_engines(capacity),
+            isolation=isolation if isinstance(isolation, str) else None,
             mig_uuid=str((attributes.get(MIG_UUID) or {}).get("string")) if mode == "mig" and MIG_UUID in attributes
             else None,
         )

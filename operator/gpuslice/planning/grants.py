@@ -62,6 +62,8 @@ def common_environment(grant: Grant) -> dict[str, str]:
     }
     if grant.admin_access:
         env["ADMIN_ACCESS"] = "true"
+    elif device.isolation is not None:
+        env["ISOLATION"] = device.isolation
     return env
 
 

@@ -27,6 +27,7 @@ from gpuslice.planning.selection import seniority
 
 MAX_COUNTER_SETS = 8
 MAX_DEVICES = 64
+MPS_MIN_COMPUTE_CAPABILITY = 7  # Volta
 Device = dict[str, Any]  # a device as published (JSON); planning.devices.Device is its typed form
 
 
@@ -90,12 +91,38 @@ def _tainted(devices: Sequence[TypedDevice], policies: Sequence[GpuSlicePolicy])
     return [replace(d, taints=taints[d.policy]) if taints.get(d.policy) else d for d in devices]
 
 
+def _isolated(devices: Sequence[TypedDevice], policies: Sequence[GpuSlicePolicy]) -> list[TypedDevice]:
+    """Devices of a policy with ``slicing.isolation: MPS`` say so (``gpuslice.dev/isolation``)."""
+    mps = {p.name for p in policies if p.spec.slicing.isolation == "MPS"}
+    return [replace(d, isolation="MPS") if d.policy in mps else d for d in devices]
+
+
+def _volta_or_newer(gpu: Gpu) -> bool:
+    major, _, _ = gpu.compute_capability.partition(".")
+    return major.isdigit() and int(major) >= MPS_MIN_COMPUTE_CAPABILITY
+
+
+def _isolation_takers(gpu: Gpu, sharing: list[GpuSlicePolicy], notes: list[str]) -> list[GpuSlicePolicy]:
+    """The policies that may slice ``gpu`` together: one MPS control daemon serves every client of a
+    GPU, so the most senior policy's isolation is the GPU's, and MPS needs Volta or newer (its
+    per-client memory and thread limits are Volta MPS features)."""
+    isolation = sharing[0].spec.slicing.isolation
+    notes += [f"{p.name}: GPU {gpu.index} is sliced with isolation {isolation} by {sharing[0].name}; a GPU has one"
+              " isolation" for p in sharing if p.spec.slicing.isolation != isolation]
+    if isolation == "MPS" and not _volta_or_newer(gpu):
+        notes.append(f"{sharing[0].name}: GPU {gpu.index} ({gpu.product_name}, compute capability"
+                     f" {gpu.compute_capability}) is older than Volta; MPS limits need compute capability 7.0+")
+        return []
+    return [p for p in sharing if p.spec.slicing.isolation == isolation]
+
+
 def plan_node_pool(labels: Mapping[str, str], gpus: Sequence[Gpu], policies: Iterable[GpuSlicePolicy]) -> NodePlan:
     """The node's pool for these GPUs and policies.
 
-    Per GPU, the most senior policy that selects it decides its mode: memory-mode
-    policies share a GPU (its counters keep their sum within the GPU); a shared or
-    MIG policy has it to itself. Policies being deleted publish nothing new.
+    Per GPU, the most senior policy that selects it decides its mode and its isolation:
+    memory-mode policies of one isolation share a GPU (its counters keep their sum within
+    the GPU); a shared or MIG policy has it to itself. Policies being deleted publish
+    nothing new.
     """
     active = sorted((p for p in policies if not p.metadata.deletion_timestamp), key=seniority)
     counter_sets: list[CounterSet] = []
@@ -116,7 +143,10 @@ def plan_node_pool(labels: Mapping[str, str], gpus: Sequence[Gpu], policies: Ite
         sharing = takers[:1] if mode.exclusive else [p for p in takers if p.spec.slicing.mode == mode.name]
         notes += [f"{p.name}: GPU {gpu.index} is taken by {takers[0].name} ({mode.name} mode)"
                   for p in takers if p not in sharing]
-        found = _tainted(mode.devices(gpu, sharing, notes), sharing)
+        sharing = _isolation_takers(gpu, sharing, notes)
+        if not sharing:
+            continue
+        found = _isolated(_tainted(mode.devices(gpu, sharing, notes), sharing), sharing)
         if not found:
             continue
         guard = mode.counter_set(gpu)

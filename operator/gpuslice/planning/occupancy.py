@@ -8,6 +8,9 @@ One bar per GPU, its memory cut into segments, each one of:
 - ``tainted``: a taint keeps new claims off it (unhealthy, reconfiguring, mig-failed, or a
   policy's own taint such as maintenance), whoever holds it;
 - ``free``: a tenant's claim could get it now;
+
+(an allocated segment whose holder the node agent found using more than it was allocated, its
+``GpuMemoryOveruse`` condition, is drawn over-full: ``GpuMap.overusing``);
 - ``slack``: memory no device of any policy can use (an H100's 81,559 MiB holds seven 10Gi
   slices; the rest is slack).
 
@@ -65,6 +68,12 @@ class GpuMap:
 
     def bytes_in(self, *states: SegmentState) -> int:
         return sum(s.span for s in self.segments if s.state in states)
+
+    @property
+    def overusing(self) -> tuple[Holder, ...]:
+        """Holders the node agent found using more of the GPU's memory than they were allocated."""
+        found = {s.holder for s in self.segments if s.holder is not None and s.holder.overuse}
+        return tuple(sorted(found, key=_order))
 
     @property
     def tainted_reasons(self) -> tuple[str, ...]:

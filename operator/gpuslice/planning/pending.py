@@ -320,6 +320,31 @@ def _capacity(request: Request, policy: str, kind: str, cluster: OccupancyMap) -
     return findings
 
 
+def _overuse_findings(namespace: str, claim: str, results: Sequence[Body], cluster: OccupancyMap) -> list[Finding]:
+    """Who uses more of the claim's GPUs than they were allocated, as the node agents found (their
+    GpuMemoryOveruse condition): on a shared GPU a neighbour over its slice is why this pod's own
+    CUDA allocations fail, though the scheduler's accounts are right."""
+    findings, said = [], set()
+    for result in results:
+        for gpu in cluster.gpus:
+            if gpu.node != result.get("pool") or not any(d.name == result.get("device") for d in gpu.devices):
+                continue
+            for holder in gpu.overusing:
+                if (gpu.uuid, holder.ref) in said:
+                    continue
+                said.add((gpu.uuid, holder.ref))
+                if holder.ref == f"{namespace}/{claim}":
+                    findings.append(Finding("Overusing", f"This pod uses more GPU memory than it was allocated on"
+                                                         f" {gpu.node} GPU {gpu.index}: {holder.overuse}",
+                                            blocking=False))
+                else:
+                    findings.append(Finding("NeighbourOverusing", (
+                        f"A neighbour on {gpu.node} GPU {gpu.index} ({gpu.product}) uses more GPU memory than it was"
+                        f" allocated, so allocations on that GPU can fail although its slices are accounted right:"
+                        f" {holder.overuse}"), blocking=False))
+    return findings
+
+
 def diagnose(facts: Facts, policies: Sequence[Body], totals: Sequence[PolicyTotals],
              cluster: OccupancyMap) -> Diagnosis:
     """The findings for ``facts.pod`` (or ``facts.claim_name``), most decisive first."""
@@ -381,17 +406,19 @@ def diagnose(facts: Facts, policies: Sequence[Body], totals: Sequence[PolicyTota
                               if r.get("request") in (request.name, request.name.split("/")[0]))
             findings.append(Finding("Allocated", f"Claim {request.claim} is allocated: {where or 'yes'}.",
                                     blocking=False))
+            findings += _overuse_findings(facts.namespace, request.claim, results, cluster)
             continue
         body = next(b for b in policies if b["metadata"]["name"] == policy)
         findings += _policy_findings(request, made, facts, body, kind, by_policy.get(policy), cluster)
     findings += _admission(_events_about(facts, event_names))
     if phase and phase != "Pending":
         findings.insert(0, Finding("NotPending", f"{subject} is {phase}.", blocking=False))
-    elif facts.pod is not None and ours and all(f.code in ("Allocated", "Event", "AdminAccess") for f in findings):
+    elif facts.pod is not None and ours and all(f.code in ("Allocated", "Event", "AdminAccess", "Overusing",
+                                                           "NeighbourOverusing") for f in findings):
         findings.append(Finding("WaitingOnNode", "Every claim is allocated; the pod waits for its node (the kubelet"
                                                  " prepares the devices): see the Events above.", blocking=False))
     order = ["NotFound", "NotATenant", "AdminAccessRefused", "PolicyInvalid", "WebhookDown", "NotAdmitted", "OverLimit",
-             "OverMemory",
-             "PolicyNotReady", "NoFreeDevice", "KeptOff", "AdmissionDenied"]
+             "OverMemory", "PolicyNotReady", "NoFreeDevice", "KeptOff", "AdmissionDenied", "NotPending", "Overusing",
+             "NeighbourOverusing"]
     findings.sort(key=lambda f: order.index(f.code) if f.code in order else len(order))
     return Diagnosis(subject, phase, tuple(r for r, _, _ in requests), tuple(findings))

@@ -19,6 +19,7 @@ from gpuslice.dra.names import DRIVER, PENDING_TAINT_KEY, SAFETY_TAINT_KEYS
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.inventory.nodes import catalog_model
 from gpuslice.planning.devices import Device
+from gpuslice.planning.overuse import CONDITION
 
 Body = Mapping[str, Any]
 DeviceState = Literal["allocated", "held", "draining", "tainted", "free"]
@@ -64,6 +65,8 @@ class Holder:
     pods: tuple[str, ...] = ()
     memory: int | None = None  # shared devices: what this allocation consumed
     admin: bool = False  # adminAccess: sees the device, takes none of it
+    # The node agent's GpuMemoryOveruse condition on this device of the claim, while True: what it says.
+    overuse: str | None = None
 
     @property
     def ref(self) -> str:
@@ -141,11 +144,27 @@ def _quantity(value: Any) -> int:
         return 0
 
 
+
+
+def overuse_of(status: Body) -> dict[tuple[str, str, str], str]:
+    """(pool, device, share id) -> the message of the agent's overuse condition, where it is True."""
+    found = {}
+    for entry in status.get("devices") or []:
+        if entry.get("driver") != DRIVER:
+            continue
+        for condition in entry.get("conditions") or []:
+            if condition.get("type") == CONDITION and condition.get("status") == "True":
+                key = (str(entry.get("pool")), str(entry.get("device")), str(entry.get("shareID") or ""))
+                found[key] = str(condition.get("message", ""))
+    return found
+
+
 def holders_by_device(claims: Iterable[Body]) -> dict[tuple[str, str], list[Holder]]:
     """(pool, device) -> the claims that hold it."""
     found: dict[tuple[str, str], list[Holder]] = defaultdict(list)
     for claim in claims:
         meta, status = claim.get("metadata") or {}, claim.get("status") or {}
+        overused = overuse_of(status)
         results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
         pods = tuple(sorted(str(r.get("name")) for r in status.get("reservedFor") or []
                             if r.get("resource") == "pods" and r.get("name")))
@@ -153,9 +172,11 @@ def holders_by_device(claims: Iterable[Body]) -> dict[tuple[str, str], list[Hold
             if result.get("driver") != DRIVER:
                 continue
             consumed = (result.get("consumedCapacity") or {}).get("memory")
-            found[(str(result.get("pool")), str(result.get("device")))].append(Holder(
+            key = (str(result.get("pool")), str(result.get("device")))
+            found[key].append(Holder(
                 str(meta.get("namespace", "")), str(meta.get("name", "")), pods,
-                _quantity(consumed) if consumed is not None else None, bool(result.get("adminAccess"))))
+                _quantity(consumed) if consumed is not None else None, bool(result.get("adminAccess")),
+                overused.get((*key, str(result.get("shareID") or "")))))
     return found
 
 

@@ -46,6 +46,15 @@ def _conflicts(
                 f" ({other.spec.slicing.mode} mode) select the same GPUs (e.g. on {node}); only memory-mode"
                 " policies can share GPUs. Narrow spec.nodeSelector or spec.gpuSelector of one of them.",
             ))
+        elif shared_gpus and policy.spec.slicing.isolation != other.spec.slicing.isolation:
+            node = sorted(shared_gpus)[0][0]
+            problems.append(Problem(
+                "ConflictingIsolation",
+                f"this policy (isolation {policy.spec.slicing.isolation}) and the older GpuSlicePolicy {other.name}"
+                f" (isolation {other.spec.slicing.isolation}) select the same GPUs (e.g. on {node}); one MPS control"
+                " daemon serves every client of a GPU, so policies sharing GPUs need the same slicing.isolation."
+                " Set it alike, or narrow spec.nodeSelector or spec.gpuSelector of one of them.",
+            ))
         common = tenants & {t.namespace for t in other.spec.tenants}
         clash = all_template_names(policy) & all_template_names(other)
         if common and clash:

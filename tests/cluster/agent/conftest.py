@@ -24,6 +24,12 @@ from tests.cluster.operator_fixtures import apply_manifests
 AGENT_RBAC = Path(__file__).resolve().parents[3] / "manifests" / "agent-rbac.yaml"
 
 
+def cluster_ca(cluster: DevCluster) -> bytes:
+    """The cluster's CA certificate, for the kubeconfigs of the agents' tokens."""
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    return base64.b64decode(admin["clusters"][0]["cluster"]["certificate-authority-data"])
+
+
 @pytest.fixture(scope="session")
 async def agent_rbac(kube: KubeClient, policy_crd: str) -> None:
     await apply_manifests(kube, AGENT_RBAC.read_text())
@@ -59,8 +65,7 @@ async def gpu_node(
     cluster: DevCluster, kube: KubeClient, agent_rbac: None, unique: str, tmp_path: Path,
 ) -> AsyncIterator[GpuNodeFactory]:
     made: list[GpuNode] = []
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    ca_pem = base64.b64decode(admin["clusters"][0]["cluster"]["certificate-authority-data"])
+    ca_pem = cluster_ca(cluster)
 
     async def create(model: str, count: int) -> GpuNode:
         name = f"t-{unique}-{len(made)}"

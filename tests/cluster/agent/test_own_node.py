@@ -4,19 +4,18 @@ Node "a" must not take "gpuslice-a-b-devices-00", the name of node "a-b"'s slice
 
 from __future__ import annotations
 
-import base64
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpuslice.devcluster import operator
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.devcluster.nodes import fake_gpu_node
 from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotFound
+from tests.cluster.agent.conftest import cluster_ca
 from tests.cluster.kubeutil import wait_for
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -32,8 +31,7 @@ def slice_body(name: str, node: str, generation: int = 1) -> dict[str, Any]:
 async def agents(cluster: DevCluster, kube: KubeClient, agent_rbac: None, unique: str,
                  tmp_path: Path) -> AsyncIterator[dict[str, KubeClient]]:
     """Clients with the agent tokens of node ``a`` and node ``a-b`` (no agent process runs)."""
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    ca_pem = base64.b64decode(admin["clusters"][0]["cluster"]["certificate-authority-data"])
+    ca_pem = cluster_ca(cluster)
     names = {"a": f"t-{unique}-a", "a-b": f"t-{unique}-a-b"}
     clients = {}
     for key, node in names.items():

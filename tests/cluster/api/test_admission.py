@@ -54,6 +54,14 @@ BAD: dict[str, tuple[Any, ...]] = {
         _with("slicing", {"mode": "shared", "sliceSize": "10Gi", "allowFullGpu": True}),
         "slicing.allowFullGpu applies to memory mode only",
     ),
+    "MPS isolation in mig mode": (
+        _with("slicing", {"mode": "mig", "mig": {"profiles": ["1g.10gb"]}, "isolation": "MPS"}),
+        "slicing.isolation: MPS applies to memory and shared mode",
+    ),
+    "unknown isolation": (_with("slicing.isolation", "HAMi"), "Input should be 'None' or 'MPS'",
+                          'Unsupported value: "HAMi"'),
+    "unknown overuse action": (_with("onOveruse", "Kill"), "Input should be 'Report' or 'Evict'",
+                               'Unsupported value: "Kill"'),
     "bad mig profile name": (
         _with("slicing", {"mode": "mig", "mig": {"profiles": ["big-slice"]}}),
         "must list MIG profile names such as 1g.10gb",
@@ -152,6 +160,8 @@ async def test_good_policy_is_accepted_with_defaults(kube: KubeClient, policy_cr
     try:
         assert created["spec"]["claimTemplateName"] == "gpu-slice"
         assert created["spec"]["slicing"]["allowFullGpu"] is False
+        assert created["spec"]["slicing"]["isolation"] == "None"
+        assert created["spec"]["onOveruse"] == "Report"
         assert GpuSlicePolicySpec.model_validate(created["spec"]).slicing.slice_bytes == 10 * 1024**3
     finally:
         await kube.delete(f"{policy_crd}/good-{unique}")

@@ -4,7 +4,6 @@ claims the real scheduler allocated. On the session's control plane, next to its
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -15,16 +14,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
-import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.devcluster import binaries, operator
 from gpuslice.devcluster.cluster import DevCluster, free_port
-from gpuslice.devcluster.nodes import fake_gpu_node, node_layout, pod_runner_component
+from gpuslice.devcluster.nodes import fake_gpu_node, node_layout, pod_runner_component, stop_mps_daemons
 from gpuslice.devcluster.pki import CertificateAuthority
 from gpuslice.devcluster.process import Component
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import agent_rbac  # noqa: F401 (a fixture)
+from tests.cluster.agent.conftest import agent_rbac, cluster_ca  # noqa: F401 (a fixture)
 from tests.cluster.kubeutil import short_dir, wait_for
 
 
@@ -37,9 +37,13 @@ class PluginNode:
         self.metrics_port = free_port()
         self.agent: Component = self._agent_component()
 
+    @property
+    def agent_kubeconfig(self) -> Path:
+        """The agent's kubeconfig: its ServiceAccount's token, bound to this node."""
+        return self.logs / f"agent-{self.name}.kubeconfig"
+
     def _agent_component(self, env: dict[str, str] | None = None) -> Component:
-        kubeconfig = self.logs / f"agent-{self.name}.kubeconfig"
-        component = operator.agent_component(self.name, kubeconfig, self.logs / f"agent-{self.name}.log",
+        component = operator.agent_component(self.name, self.agent_kubeconfig, self.logs / f"agent-{self.name}.log",
                                              self.metrics_port, self.root, self.agent_args, env)
         return component
 
@@ -105,6 +109,42 @@ class PluginNode:
     async def registered(self) -> bool:
         return "registered with the kubelet" in self.agent_log
 
+    def mps_daemons(self) -> dict[str, int]:
+        """The running MPS control daemons (stand-ins) of this node, pid by GPU UUID, from the agent's
+        records, checked against the processes that are alive."""
+        found = {}
+        for record in (self.root / "agent" / "mps").glob("*/daemon.json"):
+            body = json.loads(record.read_text())
+            if process_alive(int(body["pid"])):
+                found[str(body["gpu"])] = int(body["pid"])
+        return found
+
+    async def metric(self, name: str, labels: dict[str, str]) -> float | None:
+        """One sample the agent serves now (None: no such series)."""
+        return await scraped(self.metrics_port, name, labels)
+
+    def kill_mps_daemons(self) -> None:
+        stop_mps_daemons(self.root)
+
+
+async def scraped(port: int, name: str, labels: dict[str, str]) -> float | None:
+    """One sample the process serving metrics on ``port`` serves now (None: no such series)."""
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
+        text = await response.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return None
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
 
 PluginNodeFactory = Callable[..., Awaitable[PluginNode]]
 
@@ -116,8 +156,7 @@ async def plugin_node(
     made: list[PluginNode] = []
     found = await binaries.resolve(build_if_missing=False)
     assert found.pod_runner is not None, "the pod runner is built with the control plane (make kube-bin)"
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    ca_pem = base64.b64decode(admin["clusters"][0]["cluster"]["certificate-authority-data"])
+    ca_pem = cluster_ca(cluster)
     ca = CertificateAuthority.load(cluster.state.pki)
 
     async def create(model: str, count: int, agent_args: Sequence[str] = ()) -> PluginNode:
@@ -144,11 +183,28 @@ async def plugin_node(
     yield create
     for node in made:
         await node.agent.stop()
+        node.kill_mps_daemons()  # they outlive an agent on purpose (its pods keep running)
         await node.runner.stop()
         with contextlib.suppress(KubeError):
             await kube.delete(f"/api/v1/nodes/{node.name}")
         with contextlib.suppress(OSError):
             (cluster.state.root / "nodes" / node.name).unlink()
+
+
+async def one_gpu_with_pods(kube: KubeClient, make_policy: Callable[..., Awaitable[dict[str, Any]]],
+                            plugin_node: PluginNodeFactory, namespace: str, slicing: dict[str, Any], devices: int,
+                            pods: Sequence[str], agent_args: Sequence[str] = ()) -> tuple[PluginNode, str]:
+    """A fake node of one H100 with a policy of ``slicing`` for ``namespace``, its ``devices``
+    published, and ``pods`` (of the policy's template) Running; the node and the policy's name."""
+    from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
+
+    node = await plugin_node("h100-80gb", 1, agent_args)
+    policy = await tenant_policy(make_policy, namespace, node.name, slicing)
+    await published(kube, node.name, devices)
+    if pods:
+        await create_pods(kube, namespace, "gpu-slice", list(pods))
+        await running(kube, namespace, pods)
+    return node, policy
 
 
 async def pod_phase(kube: KubeClient, namespace: str, pod: str) -> str | None:

@@ -81,6 +81,9 @@ class FakeGpu:
     unplaceable: frozenset[int] = frozenset()  # profile ids whose placements answer NOT_SUPPORTED
     gis: dict[int, GpuInstance] = field(default_factory=dict)
     handle: Any = None
+    # (pid, bytes, MPS client?) and utilisation samples (pid, timestamp in us, SM percent)
+    processes: list[tuple[int, int, bool]] = field(default_factory=list)
+    samples: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 def _address(pointer: Any) -> int | None:
@@ -415,6 +418,47 @@ class FakeLibNvml:
         found = [ci for ci in gi.cis.values() if ci.profile_id == profile_id]
         for i, ci in enumerate(found):
             array[i] = ctypes.cast(ctypes.c_void_p(ci.handle), pynvml.c_nvmlComputeInstance_t)
+        _set(count, len(found))
+        return OK
+
+    # Processes, as the C library answers: with no array, the count and INSUFFICIENT_SIZE (or
+    # SUCCESS when there are none); with an array of the size asked for, the entries.
+
+    def _processes(self, handle: Any, count: Any, array: Any, mps: bool) -> int:
+        gpu = self._gpu(handle)
+        if gpu is None and self._mig(handle) is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        # A MIG device's processes are listed on its own handle (none in this stand-in).
+        found = [(pid, used) for pid, used, client in gpu.processes if client == mps] if gpu else []
+        if not found:
+            _set(count, 0)
+            return OK
+        if array is None or count._obj.value < len(found):
+            _set(count, len(found))
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for i, (pid, used) in enumerate(found):
+            array[i].pid, array[i].usedGpuMemory = pid, used
+        _set(count, len(found))
+        return OK
+
+    def _nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, array: Any) -> int:
+        return self._processes(handle, count, array, mps=False)
+
+    def _nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: Any, count: Any, array: Any) -> int:
+        return self._processes(handle, count, array, mps=True)
+
+    def _nvmlDeviceGetProcessUtilization(self, handle: Any, array: Any, count: Any, since: Any) -> int:
+        gpu = self._gpu(handle)
+        if gpu is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        found = [s for s in gpu.samples if s[1] > since.value]
+        if not found:
+            return pynvml.NVML_ERROR_NOT_FOUND
+        if array is None:
+            _set(count, len(found))
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for i, (pid, stamp, sm) in enumerate(found):
+            array[i].pid, array[i].timeStamp, array[i].smUtil = pid, stamp, sm
         _set(count, len(found))
         return OK
 

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuslice.agent.check import READ_CALLS, ReadOnlyNvml, WriteRefused, run_check
+from gpuslice.agent.gpus import nvml
 from gpuslice.agent.gpus.nvml import NvmlBackend
 from gpuslice.cli import main
 from gpuslice.inventory.catalog import MI
@@ -53,8 +54,32 @@ def test_an_h200_node_is_described_and_nothing_is_written(tmp_path: Path) -> Non
     assert "a dynamic MIG instance" in text
     assert "nvidia-cap" in text
     assert "common edits each claim's spec copies" in text
+    assert "== MPS (slicing.isolation: MPS): found, not started" in text
+    assert "nvidia-cuda-mps-control: not on PATH nor under /" in text, "this machine has no NVIDIA driver"
+    assert "GPU 0: compute capability 9.0: per-client memory and thread limits (Volta MPS)" in text
+    assert "GPU 0: 0 processes" in text
     assert text.rstrip().endswith("== 0 problems"), text[-2000:]
     assert code == 0
+
+
+def test_the_mps_binary_is_found_in_the_driver_root_and_never_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded: list[Path] = []  # NVML's loading from the root is test_nvml's; here the root holds the binary
+    monkeypatch.setattr(nvml, "load_nvml_from", loaded.append)
+    lib = FakeLibNvml([("h100-80gb", False)])
+    driver = tmp_path / "driver"
+    (driver / "usr/bin").mkdir(parents=True)
+    binary = driver / "usr/bin/nvidia-cuda-mps-control"
+    ran = tmp_path / "ran"
+    binary.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    binary.chmod(0o755)
+    (tmp_path / "cdi").mkdir()
+    (tmp_path / "cdi" / "nvidia.yaml").write_text(cdi_fixtures.nvml_mode(lib.gpus[0].uuid, "MIG-none"))
+    lines: list[str] = []
+    with installed(lib):
+        run_check(pynvml, [tmp_path / "cdi"], lines.append, driver, **cdi_fixtures.host(tmp_path))
+    assert f"nvidia-cuda-mps-control: {binary}" in lines
+    assert not ran.exists(), "found, not started"
+    assert loaded == [driver]
 
 
 def test_what_differs_from_the_catalog_and_a_missing_spec_are_problems(tmp_path: Path) -> None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from gpuslice.agent.gpus import GpuBackendError
 from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 from gpuslice.agent.gpus.fake_state import FakeFault, InjectedFailure
+from gpuslice.cli import main
 
 
 def backend(tmp_path: Path) -> FakeBackend:
@@ -68,6 +70,19 @@ def test_faults_are_reported_by_uuid_until_cleared(tmp_path: Path) -> None:
     assert fake.faults() == faults, "a raised fault stays until cleared"
     fake.state.update(lambda s: s.faults.clear())
     assert fake.faults() == {}
+
+
+def test_fake_processes_are_kept_per_gpu_and_pid(tmp_path: Path) -> None:
+    """`gpuslice fake-gpu use` replaces a process's entry, and --memory 0 ends it."""
+    runner = CliRunner()
+    for memory in ("3Gi", "5Gi"):
+        assert runner.invoke(main, ["fake-gpu", "--state-dir", str(tmp_path), "use", "1", "--pid", "7",
+                                    "--memory", memory]).exit_code == 0
+    shown = runner.invoke(main, ["fake-gpu", "--state-dir", str(tmp_path), "show"]).output
+    assert '"memory": 5368709120' in shown
+    assert shown.count('"pid": 7') == 1
+    runner.invoke(main, ["fake-gpu", "--state-dir", str(tmp_path), "use", "1", "--pid", "7", "--memory", "0"])
+    assert '"pid": 7' not in runner.invoke(main, ["fake-gpu", "--state-dir", str(tmp_path), "show"]).output
 
 
 def test_mig_capable_gpus_can_start_with_mig_mode_off(tmp_path: Path) -> None:

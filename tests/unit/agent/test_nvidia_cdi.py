@@ -271,6 +271,22 @@ def test_visible_devices_is_void_even_when_an_older_spec_does_not_say_it(lib: Fa
     assert access.common.env == {"NVIDIA_VISIBLE_DEVICES": "void"}
 
 
+def test_the_hosts_mps_pipe_directory_is_not_copied(lib: FakeLibNvml, tmp_path: Path) -> None:
+    """The toolkit mounts the host's /tmp/nvidia-mps into every container when it existed as the spec
+    was generated (internal/discover/ipc.go); gpuslice gives MPS clients their own GPU's daemon only."""
+    spec = yaml.safe_load(cdi_fixtures.nvml_mode(lib.gpus[0].uuid, MIG_UUID))
+    ipc = {"hostPath": "/tmp/nvidia-mps", "containerPath": "/tmp/nvidia-mps",
+           "options": ["nosuid", "nodev", "rbind", "rprivate", "noexec"]}
+    spec["containerEdits"]["mounts"].append(ipc)
+    node = Node(tmp_path, {"nvidia.yaml": yaml.safe_dump(spec)})
+    access = node.backend.access(node.grant(node.gpus[0]), node.gpus[0], None)
+    assert access.common is not None
+    mounts = access.common.manifest()["mounts"]
+    assert ipc not in mounts
+    assert {"hostPath": "/run/nvidia-persistenced/socket", "containerPath": "/run/nvidia-persistenced/socket",
+            "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"]} in mounts, "the other sockets stay"
+
+
 def directories(tmp_path: Path, etc: dict[str, str], run: dict[str, str]) -> NvmlBackend:
     """A backend reading /etc/cdi, then /var/run/cdi (the default order), with these specs in each."""
     dirs = (tmp_path / "etc/cdi", tmp_path / "var/run/cdi")

@@ -171,6 +171,25 @@ def test_a_lost_gpu_and_xid_events_are_faults(a100s: FakeLibNvml) -> None:
     assert backend._fault_of(event(eventType=ecc, eventData=0)).kind == "ecc"  # type: ignore[union-attr]
 
 
+def test_processes_with_mps_clients_and_their_sm_shares_since_the_last_read() -> None:
+    lib = FakeLibNvml([("h100-80gb", False)])
+    gpu = lib.gpus[0]
+    gpu.processes = [(101, 2 * 1024**3, False), (202, 3 * 1024**3, True), (202, 3 * 1024**3, False)]
+    gpu.samples = [(101, 10, 40), (101, 20, 60), (202, 20, 10)]
+    with installed(lib):
+        backend = NvmlBackend(pynvml)
+        [found] = backend.discover()
+        first = {p.pid: (p.used, p.sm) for p in backend.processes(found)}
+        assert first == {101: (2 * 1024**3, 0.6), 202: (3 * 1024**3, 0.1)}, "an MPS client listed twice counts once"
+        gpu.samples.append((101, 30, 5))
+        again = {p.pid: p.sm for p in backend.processes(found)}
+        assert again == {101: 0.05, 202: None}, "only the samples since the last read"
+        gpu.processes = []
+        assert backend.processes(found) == []
+    assert "nvmlDeviceGetMPSComputeRunningProcesses_v3" in lib.calls
+    assert lib.writes == []
+
+
 def test_nvml_is_loaded_from_the_drivers_root_where_the_driver_keeps_it(tmp_path: Path) -> None:
     # The GPU Operator's containerized driver (/run/nvidia/driver) on Ubuntu, mounted in the agent.
     library = tmp_path / "usr/lib/x86_64-linux-gnu" / NVML_LIBRARY

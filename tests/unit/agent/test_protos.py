@@ -1,7 +1,7 @@
 """The kubelet plugin's gRPC code: fresh from its .proto files, and on the kubelet's wire contract.
 
 The wire contract is transcribed from k8s.io/kubelet v0.37.2 (pkg/apis/dra/v1,
-pkg/apis/pluginregistration/v1, pkg/apis/dra-health/v1): what goes on the wire is the
+pkg/apis/pluginregistration/v1, pkg/apis/dra-health/v1, pkg/apis/podresources/v1): what goes on the wire is the
 package-qualified service and method names, and each field's number, type and label.
 The cluster tests then speak it with the kubelet's own code.
 """
@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from gpuslice.agent.kubeletplugin.proto import dra_pb2, drahealth_pb2, generate, pluginregistration_pb2
+from gpuslice.agent.kubeletplugin.proto import (
+    dra_pb2,
+    drahealth_pb2,
+    generate,
+    pluginregistration_pb2,
+    podresources_pb2,
+)
 
 
 def test_generated_code_is_fresh(tmp_path: Path) -> None:
@@ -27,7 +33,8 @@ def test_generated_code_is_fresh(tmp_path: Path) -> None:
 
 
 T = FieldDescriptor
-STRING, BOOL, INT64, MESSAGE, ENUM = T.TYPE_STRING, T.TYPE_BOOL, T.TYPE_INT64, T.TYPE_MESSAGE, T.TYPE_ENUM
+STRING, BOOL, INT64, UINT64, MESSAGE, ENUM = (T.TYPE_STRING, T.TYPE_BOOL, T.TYPE_INT64, T.TYPE_UINT64,
+                                              T.TYPE_MESSAGE, T.TYPE_ENUM)
 # message -> {field: (number, type, repeated)}
 WIRE: dict[str, dict[str, tuple[int, int, bool]]] = {
     "k8s.io.kubelet.pkg.apis.dra.v1.Claim": {"namespace": (1, STRING, False), "uid": (2, STRING, False),
@@ -52,13 +59,38 @@ WIRE: dict[str, dict[str, tuple[int, int, bool]]] = {
     "v1.DeviceHealth": {"device": (1, MESSAGE, False), "health": (2, ENUM, False), "last_updated_time": (3, INT64, False),
                         "health_check_timeout_seconds": (4, INT64, False), "message": (5, STRING, False)},
     "v1.NodeWatchResourcesResponse": {"devices": (1, MESSAGE, True)},
+    # pkg/apis/podresources/v1/api.proto
+    "v1.AllocatableResourcesRequest": {},
+    "v1.AllocatableResourcesResponse": {"devices": (1, MESSAGE, True), "cpu_ids": (2, INT64, True),
+                                        "memory": (3, MESSAGE, True)},
+    "v1.ListPodResourcesRequest": {},
+    "v1.ListPodResourcesResponse": {"pod_resources": (1, MESSAGE, True)},
+    "v1.PodResources": {"name": (1, STRING, False), "namespace": (2, STRING, False), "containers": (3, MESSAGE, True),
+                        "cpu_ids": (4, INT64, True), "memory": (5, MESSAGE, True)},
+    "v1.ContainerResources": {"name": (1, STRING, False), "devices": (2, MESSAGE, True), "cpu_ids": (3, INT64, True),
+                              "memory": (4, MESSAGE, True), "dynamic_resources": (5, MESSAGE, True)},
+    "v1.ContainerMemory": {"memory_type": (1, STRING, False), "size": (2, UINT64, False),
+                           "topology": (3, MESSAGE, False)},
+    "v1.ContainerDevices": {"resource_name": (1, STRING, False), "device_ids": (2, STRING, True),
+                            "topology": (3, MESSAGE, False)},
+    "v1.TopologyInfo": {"nodes": (1, MESSAGE, True)},
+    "v1.NUMANode": {"ID": (1, INT64, False)},
+    "v1.DynamicResource": {"claim_name": (2, STRING, False), "claim_namespace": (3, STRING, False),
+                           "claim_resources": (4, MESSAGE, True)},
+    "v1.ClaimResource": {"cdi_devices": (1, MESSAGE, True), "driver_name": (2, STRING, False),
+                         "pool_name": (3, STRING, False), "device_name": (4, STRING, False),
+                         "share_id": (5, STRING, False)},
+    "v1.CDIDevice": {"name": (1, STRING, False)},
+    "v1.GetPodResourcesRequest": {"pod_name": (1, STRING, False), "pod_namespace": (2, STRING, False)},
+    "v1.GetPodResourcesResponse": {"pod_resources": (1, MESSAGE, False)},
 }
 SERVICES = {
     "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin": {"NodePrepareResources": False, "NodeUnprepareResources": False},
     "pluginregistration.Registration": {"GetInfo": False, "NotifyRegistrationStatus": False},
     "v1.DRAResourceHealth": {"NodeWatchResources": True},  # server streaming
+    "v1.PodResourcesLister": {"List": False, "GetAllocatableResources": False, "Get": False},
 }
-FILES = (dra_pb2.DESCRIPTOR, pluginregistration_pb2.DESCRIPTOR, drahealth_pb2.DESCRIPTOR)
+FILES = (dra_pb2.DESCRIPTOR, pluginregistration_pb2.DESCRIPTOR, drahealth_pb2.DESCRIPTOR, podresources_pb2.DESCRIPTOR)
 
 
 def _messages() -> dict[str, Descriptor]:
@@ -79,3 +111,4 @@ def test_services_and_enums_match_the_kubelets_wire_contract() -> None:
     assert set(_messages()) == set(WIRE)
     assert dict(drahealth_pb2.HealthStatus.items()) == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
     assert dra_pb2.Device.DESCRIPTOR.fields_by_name["share_id"].has_presence, "share_id is optional on the wire"
+    assert podresources_pb2.ClaimResource.DESCRIPTOR.fields_by_name["share_id"].has_presence

@@ -95,3 +95,26 @@ def test_an_edit_keeps_the_live_policys_age_and_a_new_one_is_the_youngest(tmp_pa
     bad.write_text("kind: ConfigMap\nmetadata: {name: x}\n")
     with pytest.raises(InspectError, match="expected a GpuSlicePolicy"):
         load_edits([bad])
+
+
+def test_an_overusing_holder_is_drawn_over_full_in_every_view() -> None:
+    from tests.unit.planning.test_pending import overusing
+
+    t = tag("n1", index=2)
+    greedy = overusing(claim("team-b", "g", [("n1", f"{t}-inference-10g-1")], pods=("greedy-0",)),
+                       "pod team-b/greedy-0 uses 14Gi of GPU memory on GPU ..., more than the 10G")
+    result = status_report(Snapshot([INFERENCE], published("n1", "h100-80gb", 4, [INFERENCE]), [greedy],
+                                    [node_body("n1", "h100-80gb", 4)]))
+    [gpu] = [g for g in result.map.gpus if g.overusing]
+    assert [h.who for h in gpu.overusing] == ["team-b/greedy-0"]
+    console = Console(width=160, record=True)
+    console.print(status_view(result, 160))
+    text = console.export_text()
+    assert "over their allocation: team-b/greedy-0" in text
+    assert "OVER" in text
+    svg = render_report(result, "svg")
+    assert "over its allocation: pod team-b/greedy-0 uses 14Gi" in svg
+    assert "#b91c1c" in svg
+    as_json = json.loads(render_report(result, "json"))
+    holders = [s["holder"] for n in as_json["map"]["nodes"] for g in n["gpus"] for s in g["segments"] if s["holder"]]
+    assert next(h["overuse"] for h in holders if h["claim"] == "g").startswith("pod team-b/greedy-0 uses 14Gi")

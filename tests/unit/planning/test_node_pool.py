@@ -50,6 +50,38 @@ def test_two_memory_policies_share_a_gpu_small_first() -> None:
     assert len(plan.counter_sets) == 1
 
 
+def test_mps_devices_say_so_and_read_back() -> None:
+    plan = plan_node_pool(LABELS, gpus("h100-80gb"), [
+        policy("m", {"mode": "memory", "sliceSize": "10G", "isolation": "MPS", "allowFullGpu": True})])
+    assert {d["attributes"]["gpuslice.dev/isolation"]["string"] for d in plan.devices} == {"MPS"}
+    assert all(Device.from_manifest(d) == t for d, t in zip(plan.devices, plan.typed, strict=True))
+    assert {t.isolation for t in plan.typed} == {"MPS"}
+    shared = plan_node_pool(LABELS, gpus("h100-80gb"), [
+        policy("s", {"mode": "shared", "sliceSize": "10Gi", "isolation": "MPS"})])
+    assert [t.isolation for t in shared.typed] == ["MPS"]
+    plain = plan_node_pool(LABELS, gpus("h100-80gb"), [policy("p", {"mode": "memory", "sliceSize": "10G"})])
+    assert all("gpuslice.dev/isolation" not in d["attributes"] for d in plain.devices), "None adds nothing"
+
+
+def test_a_gpu_has_one_isolation_the_senior_policys() -> None:
+    plan = plan_node_pool(LABELS, gpus("h100-80gb"), [
+        policy("old", {"mode": "memory", "sliceSize": "20Gi", "isolation": "MPS"}, created="2026-11-29T09:00:00Z"),
+        policy("new", {"mode": "memory", "sliceSize": "10Gi"}),
+        policy("also", {"mode": "memory", "sliceSize": "10G", "isolation": "MPS"})])
+    assert {t.policy for t in plan.typed} == {"old", "also"}
+    assert any("new: GPU 0 is sliced with isolation MPS by old" in n for n in plan.notes)
+
+
+def test_mps_needs_volta_or_newer() -> None:
+    from dataclasses import replace
+
+    old = [replace(g, compute_capability="6.0") for g in gpus("l4")]
+    plan = plan_node_pool(LABELS, old, [policy("m", {"mode": "memory", "sliceSize": "4Gi", "isolation": "MPS"})])
+    assert plan.devices == []
+    assert any("older than Volta; MPS limits need compute capability 7.0+" in n for n in plan.notes)
+    assert plan_node_pool(LABELS, old, [policy("m", {"mode": "memory", "sliceSize": "4Gi"})]).devices
+
+
 def test_shared_mode_is_one_multi_allocatable_device_per_gpu() -> None:
     plan = plan_node_pool(LABELS, gpus("h100-80gb", 2), [policy("s", {"mode": "shared", "sliceSize": "10Gi"})])
     assert plan.counter_sets == []

@@ -139,6 +139,35 @@ def test_an_allocated_claim_waits_on_its_node() -> None:
     assert [f.code for f in diagnosis.findings] == ["Allocated", "Event", "WaitingOnNode"]
 
 
+def overusing(body: dict[str, Any], message: str) -> dict[str, Any]:
+    """The node agent's condition on the claim's device (agent/usage/actions.py)."""
+    [result] = body["status"]["allocation"]["devices"]["results"]
+    body["status"]["devices"] = [{"driver": "gpu.gpuslice.dev", "pool": result["pool"], "device": result["device"],
+                                  "conditions": [{"type": "GpuMemoryOveruse", "status": "True",
+                                                  "reason": "OverAllocation", "message": message}]}]
+    return body
+
+
+def test_why_names_the_neighbour_that_uses_more_than_its_slice() -> None:
+    t = tag("n1")
+    mine = claim("team-a", "mine", [("n1", f"{t}-inference-10g-0")], pods=("p",), class_name="inference.gpuslice.dev")
+    greedy = overusing(claim("team-b", "greedy", [("n1", f"{t}-inference-10g-1")], pods=("g",),
+                             class_name="inference.gpuslice.dev"),
+                       "pod team-b/g uses 14Gi of GPU memory on GPU ..., more than the 10G its claims were allocated")
+    elsewhere = claim("team-b", "calm", [("n1", f"{t}-inference-10g-2")], pods=("c",))
+    facts = Facts("team-a", pod("team-a", "p", claim_name="mine", phase="Running"), claims={"mine": mine},
+                  namespace_uid="ns-a")
+    diagnosis = run(facts, claims=[greedy, elsewhere])
+    [neighbour] = [f for f in diagnosis.findings if f.code == "NeighbourOverusing"]
+    assert "n1 GPU 0" in neighbour.message
+    assert "pod team-b/g uses 14Gi of GPU memory" in neighbour.message
+    assert [f.code for f in diagnosis.findings][:2] == ["NotPending", "NeighbourOverusing"]
+
+    # The overuser asking why: it is told it is the one.
+    facts = Facts("team-b", pod("team-b", "g", claim_name="greedy", phase="Running"), claims={"greedy": greedy})
+    assert "Overusing" in [f.code for f in run(facts, claims=[mine]).findings]
+
+
 def test_the_extended_resource_way_is_read_as_the_policys_class() -> None:
     ext = {**POLICY, "spec": {**POLICY["spec"], "extendedResourceName": "example.com/gpu-slice"}}
     facts = Facts("intruder", pod("intruder", "p", limits={"example.com/gpu-slice": 1}), namespace_uid="ns-x")

@@ -89,6 +89,21 @@ def test_newer_exclusive_policy_yields_and_memory_policies_share() -> None:
     assert reasons(memory, [old]) == []
 
 
+def test_memory_policies_sharing_gpus_need_one_isolation() -> None:
+    old = policy("old", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}}, created="2026-11-29T09:00:00Z")
+    mps = policy("mps", {"slicing": {"mode": "memory", "sliceSize": "20Gi", "isolation": "MPS"}})
+    assert reasons(mps, [old]) == ["ConflictingIsolation"]
+    assert reasons(old, [mps]) == [], "the older policy keeps its GPUs"
+    elsewhere = policy("mps", {"slicing": {"mode": "memory", "sliceSize": "20Gi", "isolation": "MPS"},
+                               "gpuSelector": {"products": ["NVIDIA L4"]}})
+    assert reasons(elsewhere, [old]) == ["ConflictingIsolation"], "the L4s are old's too"
+    apart = policy("mps", {"slicing": {"mode": "memory", "sliceSize": "20Gi", "isolation": "MPS"},
+                           "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": "h100"}}})
+    mine = policy("old", {"slicing": {"mode": "memory", "sliceSize": "10Gi"},
+                          "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": "l4"}}}, created="2026-11-29T09:00:00Z")
+    assert reasons(apart, [mine]) == []
+
+
 def test_same_second_tie_goes_to_the_policy_already_valid() -> None:
     serving = policy("zzz", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}}, valid=True)
     newcomer = policy("aaa", {"slicing": {"mode": "shared", "sliceSize": "10Gi"}})

@@ -10,15 +10,17 @@ nodes). Every call may block (NVML is synchronous): callers run them in a thread
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from gpuslice.dra.cdi import ContainerEdits
 from gpuslice.inventory.catalog import MigProfile
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.planning.gpu_use import GpuProcess
 from gpuslice.planning.grants import Grant
 from gpuslice.planning.health import Fault
 
-__all__ = ["Access", "Fault", "GpuBackend", "GpuBackendError", "MigInstance"]
+__all__ = ["Access", "Fault", "GpuBackend", "GpuBackendError", "GpuProcess", "MigInstance"]
 
 
 class GpuBackendError(Exception):
@@ -92,4 +94,16 @@ class GpuBackend(Protocol):
     def container_problems(self) -> list[str]:
         """What keeps a container from being given this node's devices at all (checked at start,
         so that the first prepare is not where it shows); empty when nothing does."""
+        ...
+
+    def processes(self, gpu: Gpu) -> list[GpuProcess]:
+        """The processes using ``gpu`` now (its MIG devices' included): pid as the node's (the
+        host's) PID namespace numbers it, device memory, and the share of the SMs each kept busy
+        since the last call where the GPU reports it."""
+        ...
+
+    def mps_commands(self, shm: Path) -> tuple[list[str], list[str]]:
+        """How to run an MPS control daemon in the foreground whose ``/dev/shm`` is ``shm``, and its
+        control client (stdin: commands such as ``quit``); both read ``CUDA_MPS_PIPE_DIRECTORY``.
+        GpuBackendError when this node has no MPS."""
         ...

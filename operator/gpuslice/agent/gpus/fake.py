@@ -13,13 +13,14 @@ placements are refused) and outlive the agent in its state directory, where
 from __future__ import annotations
 
 import hashlib
+import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
-from gpuslice.agent.gpus import Access, Fault, GpuBackendError, MigInstance
+from gpuslice.agent.gpus import Access, Fault, GpuBackendError, GpuProcess, MigInstance
 from gpuslice.agent.gpus.fake_state import FakeGpu, FakeMigInstance, FakeState, FakeStateFile, Operation
 from gpuslice.inventory.catalog import MODELS, MigProfile
 from gpuslice.inventory.gpus import Gpu
@@ -177,6 +178,16 @@ class FakeBackend:
 
     def container_problems(self) -> list[str]:
         return []
+
+    def processes(self, gpu: Gpu) -> list[GpuProcess]:
+        """The processes ``gpuslice fake-gpu use`` put on the GPU."""
+        return [GpuProcess(p.pid, gpu.uuid, p.memory, p.sm) for p in self.state.read().processes if p.gpu == gpu.index]
+
+    def mps_commands(self, shm: Path) -> tuple[list[str], list[str]]:
+        """gpuslice's stand-in for nvidia-cuda-mps-control (``agent.mps.standin``): a fake GPU runs no
+        CUDA, so shared memory is not needed."""
+        standin = [sys.executable, "-m", "gpuslice.agent.mps.standin"]
+        return [*standin, "-f"], standin
 
     def _gpu_state(self, state: FakeState, gpu: Gpu) -> FakeGpu:
         return state.gpus.setdefault(gpu.index, FakeGpu(mig_enabled=gpu.mig_enabled))

@@ -45,6 +45,16 @@ class FakeFault(pydantic.BaseModel):
     message: str = ""
 
 
+class FakeProcess(pydantic.BaseModel):
+    """A process using a fake GPU, as NVML would list it (``gpuslice fake-gpu use``): its pid in the
+    node's PID namespace, which the agent maps to a pod through ``/proc/<pid>/cgroup``."""
+
+    gpu: int
+    pid: int
+    memory: int  # bytes
+    sm: float = 0.0  # share of the SMs it keeps busy, 0..1
+
+
 class InjectedFailure(pydantic.BaseModel):
     """The next ``remaining`` calls of ``operation`` (on ``gpu``, or any GPU) fail; -1: all of them."""
 
@@ -58,6 +68,7 @@ class FakeState(pydantic.BaseModel):
     gpus: dict[int, FakeGpu] = {}
     faults: dict[int, FakeFault] = {}
     failures: list[InjectedFailure] = []
+    processes: list[FakeProcess] = []
     serial: int = 0  # MIG instances made so far: their UUIDs differ each time, as real ones do
 
     def take_failure(self, operation: Operation, gpu: int) -> InjectedFailure | None:

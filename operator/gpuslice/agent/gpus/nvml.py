@@ -14,6 +14,8 @@ import contextlib
 import ctypes
 import math
 import os
+import shutil
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +24,7 @@ from typing import Any
 
 import structlog
 
-from gpuslice.agent.gpus import Access, Fault, GpuBackendError, MigInstance
+from gpuslice.agent.gpus import Access, Fault, GpuBackendError, GpuProcess, MigInstance
 from gpuslice.agent.gpus.nvidia_cdi import DEFAULT_SPEC_DIRS, host_facts, load_toolkit
 from gpuslice.dra.nvidia_cdi import (
     GpuRef,
@@ -47,6 +49,8 @@ ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing"
 BRANDS = {0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan", 7: "NvidiaVApps",
           8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming", 12: "QuadroRTX",
           13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX"}
+MPS_CONTROL = "nvidia-cuda-mps-control"
+MPS_SEARCH = ("usr/bin", "bin", "usr/local/bin", "usr/sbin")
 MAX_PLACEMENTS = 16
 MAX_INSTANCES = 8
 # Application errors, not the GPU's (the NVIDIA DRA driver ignores the same): graphics engine
@@ -111,7 +115,7 @@ class NvmlBackend:
 
     def __init__(self, nvml: ModuleType | None = None, cdi_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS,
                  dev: Path = Path("/dev"), proc: Path = Path("/proc"), sysfs: Path = Path("/sys"),
-                 driver_root: Path | None = None) -> None:
+                 driver_root: Path | None = None, mps_args: tuple[str, ...] = ()) -> None:
         if driver_root is not None:
             load_nvml_from(driver_root)
         if nvml is None:
@@ -120,6 +124,9 @@ class NvmlBackend:
             nvml = pynvml
         self.nvml: Any = nvml  # pynvml is untyped; the stand-in in tests is a plain module
         self.cdi_dirs, self.dev, self.proc, self.sysfs = cdi_dirs, dev, proc, sysfs
+        # Where the MPS binaries are looked for after PATH: the driver's root, else the container's own.
+        self.driver_root, self.mps_args = driver_root or Path("/"), mps_args
+        self._utilization_seen: dict[str, int] = {}  # GPU UUID -> NVML's timestamp of the last sample read
         self._profile_ids: dict[tuple[str, str], int] = {}  # (GPU UUID, profile) -> NVML profile enum
         self._events: dict[str, Fault] = {}
         self._events_lock = threading.Lock()
@@ -492,3 +499,76 @@ class NvmlBackend:
             log.warning("a CDI spec of another driver is left on the node; gpuslice does not use it (generate it"
                         " again, or remove it)", spec=spec.path, spec_driver=spec.driver_version, driver=driver)
         return []
+
+    # What runs on a GPU
+
+    def processes(self, gpu: Gpu) -> list[GpuProcess]:
+        """NVML's compute processes of the GPU and of its MIG devices, MPS clients included (NVML
+        lists them apart: ``nvmlDeviceGetMPSComputeRunningProcesses``), with each one's device
+        memory; and the SM share of each from the process utilisation samples since the last call
+        (``nvmlDeviceGetProcessUtilization``; not every GPU or MIG device keeps them)."""
+        with self._session(f"reading the processes of GPU {gpu.index}") as nvml:
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            handles = [handle, *self._mig_handles(handle)] if gpu.mig_enabled else [handle]
+            used: dict[int, int] = {}
+            for device in handles:
+                seen: dict[int, int] = {}
+                for list_processes in (nvml.nvmlDeviceGetComputeRunningProcesses,
+                                       nvml.nvmlDeviceGetMPSComputeRunningProcesses):
+                    try:
+                        for process in list_processes(device):
+                            memory = int(process.usedGpuMemory or 0)
+                            seen[int(process.pid)] = max(seen.get(int(process.pid), 0), memory)
+                    except (nvml.NVMLError_NotSupported, nvml.NVMLError_NotFound):
+                        continue
+                for pid, memory in seen.items():  # a client listed twice on one device counts once
+                    used[pid] = used.get(pid, 0) + memory
+            busy = self._sm_shares(handle, gpu.uuid)
+        return [GpuProcess(pid, gpu.uuid, memory, busy.get(pid)) for pid, memory in sorted(used.items())]
+
+    def _mig_handles(self, handle: Any) -> list[Any]:
+        nvml, found = self.nvml, []
+        for index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                found.append(nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index))
+            except nvml.NVMLError_NotFound:
+                continue
+        return found
+
+    def _sm_shares(self, handle: Any, uuid: str) -> dict[int, float]:
+        nvml = self.nvml
+        try:
+            samples = nvml.nvmlDeviceGetProcessUtilization(handle, self._utilization_seen.get(uuid, 0))
+        except nvml.NVMLError:  # no sample since the last call, or not kept on this GPU
+            return {}
+        shares: dict[int, float] = {}
+        for sample in samples:
+            shares[int(sample.pid)] = max(shares.get(int(sample.pid), 0.0), min(int(sample.smUtil), 100) / 100)
+            self._utilization_seen[uuid] = max(self._utilization_seen.get(uuid, 0), int(sample.timeStamp))
+        return shares
+
+    # MPS
+
+    def mps_control(self) -> Path | None:
+        """``nvidia-cuda-mps-control``: on PATH (the NVIDIA Container Toolkit mounts the driver's
+        binaries, this one among them, into the agent's container: ``pkg/nvcdi/driver-nvml.go``,
+        ``newDriverBinariesDiscoverer``), else in the driver root's bin directories."""
+        found = shutil.which(MPS_CONTROL)
+        if found is not None:
+            return Path(found)
+        for directory in MPS_SEARCH:
+            candidate = self.driver_root / directory / MPS_CONTROL
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return candidate
+        return None
+
+    def mps_commands(self, shm: Path) -> tuple[list[str], list[str]]:
+        control = self.mps_control()
+        if control is None:
+            places = ", ".join(str(self.driver_root / d) for d in MPS_SEARCH)
+            raise GpuBackendError(
+                f"{MPS_CONTROL} is not on PATH nor in {places}: the NVIDIA driver's MPS binaries are missing from"
+                " the agent's container. Run the agent with the nvidia runtime class (the nvidia overlay), or set"
+                " --nvidia-driver-root to where the host's driver is mounted.")
+        launch = [sys.executable, "-m", "gpuslice.agent.mps.launch", str(shm)]
+        return [*launch, str(control), "-f", *self.mps_args], [str(control)]

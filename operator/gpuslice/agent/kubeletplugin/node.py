@@ -11,6 +11,7 @@ import asyncio
 
 import structlog
 
+from gpuslice.agent.events import node_ref, record_event
 from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.health import HealthMonitor
 from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
@@ -22,6 +23,7 @@ from gpuslice.agent.kubeletplugin.recovery import recover
 from gpuslice.agent.kubeletplugin.server import KubeletPlugin
 from gpuslice.agent.kubeletplugin.settings import PluginSettings
 from gpuslice.agent.mig_manager import MigManager
+from gpuslice.agent.mps.daemons import MpsDaemons
 from gpuslice.agent.published import PublishedRecord
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
@@ -61,8 +63,13 @@ class NodePlugin:
         state.mkdir(parents=True, exist_ok=True)
         ops = GpuOps(backend, gpus)
         mig = MigManager(node, ops, state)
+
+        async def restarted(gpu: str, message: str) -> None:
+            await record_event(kube, node, node_ref(node), "MpsDaemonRestarted", message)
+
+        mps = MpsDaemons(node, backend, settings.resolved_mps_dir, settings.mps_shm_dir, on_restart=restarted)
         preparer = Preparer(node, kube, ops, Checkpoints(state, read_boot_id(settings.boot_id_file)),
-                            CdiDirectory(settings.cdi_dir), asyncio.Lock(),
+                            CdiDirectory(settings.cdi_dir), asyncio.Lock(), mps,
                             static_gpus=mig.static_gpus)
         record = PublishedRecord(state)
         await recover(preparer, mig_gpus(record))

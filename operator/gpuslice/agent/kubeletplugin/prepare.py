@@ -7,7 +7,9 @@ scheduler was choosing it never reaches a container). Under the publisher's lock
 so that a device cannot vanish between that check and the ``started`` checkpoint,
 which from then on counts as allocated for the publisher. Then each device is
 prepared by its mode (``modes``), one CDI spec is written for the claim, and the
-checkpoint says ``completed``; only then does the kubelet get the CDI ids.
+checkpoint says ``completed``; only then does the kubelet get the CDI ids. A device of a policy
+with ``slicing.isolation: MPS`` makes its GPU's MPS control daemon run (``agent.mps``) before the
+spec is written, and its container an MPS client with the claim's limits (``planning.mps``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from gpuslice.agent.kubeletplugin.errors import (
 )
 from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.kubeletplugin.modes import prep_of
+from gpuslice.agent.mps.daemons import MpsDaemons, MpsError
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.dra import cdi
 from gpuslice.dra.names import DRIVER
@@ -41,6 +44,7 @@ from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.devices import Device
 from gpuslice.planning.grants import Grant, consumed_memory, prefixed
 from gpuslice.planning.modes import environment
+from gpuslice.planning.mps import DaemonDirs, client_edits
 
 log = structlog.get_logger(__name__)
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -55,6 +59,11 @@ class ClaimRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+def grant_memory(record: PreparedDevice, device: Device) -> int:
+    """The GPU memory a prepared device stands for: the claim's share of a shared device, else the device's."""
+    return record.consumed_memory if record.consumed_memory is not None else device.memory
 
 
 async def published_pool(kube: KubeClient, node: str) -> dict[str, Device]:
@@ -74,10 +83,11 @@ async def published_pool(kube: KubeClient, node: str) -> dict[str, Device]:
 
 class Preparer:
     def __init__(self, node: str, kube: KubeClient, ops: GpuOps, checkpoints: Checkpoints, cdi_dir: CdiDirectory,
-                 pool_lock: asyncio.Lock, static_gpus: Callable[[], set[str]] = set) -> None:
+                 pool_lock: asyncio.Lock, mps: MpsDaemons, static_gpus: Callable[[], set[str]] = set) -> None:
         self.node, self.kube, self.ops = node, kube, ops
         self.checkpoints, self.cdi = checkpoints, cdi_dir
         self.pool_lock = pool_lock
+        self.mps = mps
         self.static_gpus = static_gpus  # GPUs whose MIG instances a static layout owns
         self._claim_locks: dict[str, asyncio.Lock] = {}
 
@@ -150,7 +160,16 @@ class Preparer:
                     request=str(result.get("request", "")), pool=self.node, device=device.name, mode=device.mode,
                     gpu_uuid=device.gpu_uuid, share_id=result.get("shareID"), consumed_memory=consumed_memory(result),
                     admin_access=admin, mig=prep_of(device.mode).plan(device, admin, device.gpu_uuid in static),
+                    mps=device.isolation == "MPS" and not admin, policy=device.policy,
+                    allocated=None if admin else (consumed_memory(result) or device.memory),
                 ))
+            mps_gpus = sorted({d.gpu_uuid for d in devices if d.mps})
+            if len(mps_gpus) > 1:
+                raise DeviceUnusable(
+                    f"claim {claim} was allocated MPS devices of {len(mps_gpus)} GPUs ({', '.join(mps_gpus)}); one MPS"
+                    " control daemon serves each GPU and a CUDA process connects to one, so a claim of a policy with"
+                    " slicing.isolation: MPS may hold devices of one GPU only. Ask for them on one GPU (a"
+                    " matchAttribute constraint on gpu.gpuslice.dev/parentUUID), or in separate claims and pods.")
             checkpoint = ClaimCheckpoint(uid=claim.uid, namespace=claim.namespace, name=claim.name, phase="started",
                                          devices=devices)
             await asyncio.to_thread(self.checkpoints.write, checkpoint)
@@ -196,6 +215,7 @@ class Preparer:
         edits: dict[str, cdi.ContainerEdits] = {}
         done = []
         shared = cdi.ContainerEdits()
+        daemons = await self._mps_daemons(claim, checkpoint)
         for record in checkpoint.devices:
             instance = await prep_of(record.mode).prepare(self.ops, record)
             if instance is not None and record.mig is not None:
@@ -208,6 +228,11 @@ class Preparer:
             if access.common is not None:  # the NVIDIA toolkit's libraries and hooks, once per claim
                 shared = shared + access.common
             done.append(record.model_copy(update={"cdi_ids": [cdi.qualified(name)]}))
+        for gpu, dirs in daemons.items():
+            # Every MPS device of the claim is on this GPU (checked at start): once for the claim, its
+            # containers may allocate all of them.
+            allocated = sum(grant_memory(d, devices[d.device]) for d in checkpoint.devices if d.mps)
+            shared += client_edits(dirs, allocated, self.ops.gpu(gpu).memory)
         common = shared + cdi.ContainerEdits(env=prefixed({"CLAIM": str(claim), "DEVICES": ",".join(
             r.device for r in done)}))
         spec = cdi.claim_spec(edits, common)
@@ -217,6 +242,25 @@ class Preparer:
         await asyncio.to_thread(self.checkpoints.write, completed)
         log.info("claim prepared", claim=str(claim), uid=claim.uid, devices=[d.device for d in done])
         return done
+
+    async def _mps_daemons(self, claim: ClaimRef, checkpoint: ClaimCheckpoint) -> dict[str, DaemonDirs]:
+        """The MPS control daemon of each GPU the claim has MPS devices on, running (started if needed)."""
+        found = {}
+        for gpu in sorted({d.gpu_uuid for d in checkpoint.devices if d.mps}):
+            try:
+                found[gpu] = await self.mps.ensure(gpu)
+            except MpsError as error:
+                raise DeviceUnusable(f"claim {claim}: {error}") from error
+        if found:
+            kill_point("prepare-mps-started")
+        return found
+
+    def _needs_mps(self, gpu: str) -> Callable[[], bool]:
+        return lambda: gpu in self.mps_gpus()
+
+    def mps_gpus(self) -> set[str]:
+        """GPUs whose MPS control daemon must run: those a checkpoint (any phase) has MPS devices on."""
+        return {d.gpu_uuid for c in self.checkpoints.all() for d in c.devices if d.mps}
 
     async def _access(self, claim: ClaimRef, record: PreparedDevice, device: Device,
                       instance: MigInstance | None) -> Access:
@@ -254,6 +298,8 @@ class Preparer:
             await prep_of(record.mode).unprepare(self.ops, record)
         await asyncio.to_thread(self.cdi.remove, checkpoint.uid)
         await asyncio.to_thread(self.checkpoints.remove, checkpoint.uid)
+        for gpu in sorted({d.gpu_uuid for d in checkpoint.devices if d.mps}):
+            await self.mps.release(gpu, self._needs_mps(gpu))
 
     def held_devices(self) -> set[str]:
         """Devices of this pool that a local checkpoint names (prepared, or being prepared): the

@@ -7,8 +7,11 @@ MIG instance it may have made is destroyed and its CDI spec removed. A CDI spec 
 ours that no ``completed`` checkpoint backs is removed. On GPUs that serve dynamic
 MIG, an instance no checkpoint backs is destroyed: its placement is published as
 free, and a claim given it would fail to make it. Instances of a static layout are
-never touched here. A completed claim whose ResourceClaim is gone (the kubelet
-never unprepared it: force-deleted pod, node down) is unprepared.
+never touched here. The MPS control daemons an earlier agent left are adopted where
+a completed claim still has MPS devices on their GPU and stopped elsewhere, and a GPU
+that needs one and has none gets one (``agent.mps.daemons``). A completed claim whose
+ResourceClaim is gone (the kubelet never unprepared it: force-deleted pod, node down)
+is unprepared.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import structlog
 from gpuslice.agent.gpus import GpuBackendError
 from gpuslice.agent.kubeletplugin.checkpoint import ClaimCheckpoint
 from gpuslice.agent.kubeletplugin.prepare import ClaimRef, Preparer
+from gpuslice.agent.mps.daemons import MpsError
 from gpuslice.kube.client import KubeError
 
 log = structlog.get_logger(__name__)
@@ -67,6 +71,10 @@ async def recover(preparer: Preparer, dynamic_mig_gpus: set[str]) -> Recovered:
             except GpuBackendError as error:
                 log.error("could not clear MIG instances no claim backs; will try again at the next start",
                           gpu=uuid, error=str(error))
+    try:
+        await preparer.mps.adopt(preparer.mps_gpus())
+    except MpsError as error:  # the supervision loop tries again
+        log.error("an MPS control daemon could not be started at start-up; will retry", error=str(error))
     if found.rebooted:
         log.warning("the node booted since these claims were prepared; what they recorded is undone and the"
                     " kubelet's next prepare makes it again", claims=found.rebooted)

@@ -59,6 +59,8 @@ class PluginSettings:
     cdi_dir: Path = Path("/var/run/cdi")
     state_dir: Path | None = None
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
+    mps_dir: Path | None = None  # each GPU's MPS pipe and log directories; unset: <state dir>/mps
+    mps_shm_dir: Path = Path("/dev/shm/gpuslice-mps")  # each GPU's MPS shared memory (the host's tmpfs)
 
     @property
     def paths(self) -> PluginPaths:
@@ -67,3 +69,7 @@ class PluginSettings:
     @property
     def resolved_state_dir(self) -> Path:
         return self.state_dir if self.state_dir is not None else self.plugins_dir / DRIVER
+
+    @property
+    def resolved_mps_dir(self) -> Path:
+        return self.mps_dir if self.mps_dir is not None else self.resolved_state_dir / "mps"

@@ -13,7 +13,7 @@ TENANT_COLOURS = ("#3b82f6", "#a855f7", "#06b6d4", "#ec4899", "#6366f1", "#14b8a
 STATE_COLOURS = {"held": "#f59e0b", "draining": "#facc15", "tainted": "#dc2626", "free": "#22c55e",
                  "slack": "#4b5563"}
 STATE_WORDS = {
-    "allocated": "allocated (coloured by tenant namespace)",
+    "allocated": "allocated (coloured by tenant namespace; OVER in dark red: it uses more than it holds)",
     "held": "held: allocated, a policy change waits for its release",
     "draining": "draining: free, about to change or go",
     "tainted": "tainted: unhealthy, reconfiguring, mig-failed or a policy taint",
@@ -27,7 +27,12 @@ def tenant_colour(namespace: str) -> str:
     return TENANT_COLOURS[digest[0] % len(TENANT_COLOURS)]
 
 
+OVERUSE_COLOUR = "#b91c1c"
+
+
 def colour(segment: Segment) -> str:
+    if segment.holder is not None and segment.holder.overuse:
+        return OVERUSE_COLOUR
     if segment.state == "allocated" and segment.holder is not None:
         return tenant_colour(segment.holder.namespace)
     return STATE_COLOURS.get(segment.state, "#9ca3af")
@@ -77,6 +82,8 @@ def label(segment: Segment) -> str:
     """The words inside a segment: who holds it, or what state it is in."""
     what = segment.kind if segment.kind not in (None, "slice", "shared") else ""
     holder = segment.holder.who if segment.holder else ""
+    if segment.holder is not None and segment.holder.overuse:
+        holder = f"{holder} OVER"  # uses more than the segment it was allocated
     if segment.state == "allocated":
         return " ".join(p for p in (holder, what) if p)
     if segment.state == "held":
@@ -107,6 +114,8 @@ def describe(segment: Segment) -> str:
                                                       if segment.holder.pods else ""))
     if segment.reasons:
         parts.append("; ".join(segment.reasons))
+    if segment.holder is not None and segment.holder.overuse:
+        parts.append(f"over its allocation: {segment.holder.overuse}")
     if segment.fits:
         parts.append("fits " + ", ".join(segment.fits))
     return " · ".join(parts)

@@ -60,6 +60,8 @@ def _node(node: NodeMap, width: int) -> RenderableType:
             detail.append("held by " + ", ".join(dict.fromkeys(holders)))
         if gpu.tainted_reasons:
             detail.append("tainted: " + "; ".join(gpu.tainted_reasons))
+        if gpu.overusing:
+            detail.append("over their allocation: " + ", ".join(h.who for h in gpu.overusing))
         if gpu.admin:
             detail.append("admin access: " + ", ".join(h.ref for h in gpu.admin))
         if gpu.offers:

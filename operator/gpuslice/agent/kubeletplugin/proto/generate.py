@@ -13,7 +13,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
 SOURCE_ROOT = PACKAGE.parents[3]  # operator/
-PROTOS = ("dra.proto", "drahealth.proto", "pluginregistration.proto")
+PROTOS = ("dra.proto", "drahealth.proto", "pluginregistration.proto", "podresources.proto")
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 

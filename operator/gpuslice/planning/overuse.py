@@ -1,0 +1,194 @@
+"""A node agent's mark that pods use more GPU memory than they were allocated, as it goes from the
+agent to the controller (pure).
+
+The agent measures; the controller acts. The mark travels on the claim: a condition
+``GpuMemoryOveruse`` on each device of it that an overusing pod holds (``status.devices``,
+KEP-4817), whose ``data`` names those pods. From Kubernetes 1.36 the API server lets a driver's
+node-bound identity write ``status.devices`` only of claims allocated on its own node
+(``associated-node:patch`` on ``resourceclaims/driver``; k8s.io/kubernetes v1.37.2
+``pkg/registry/resource/utils.go``, ``AuthorizedForDeviceStatus``, which takes the node from the
+allocation's node selector as :func:`allocation_node` does). So an agent, or its stolen token, marks
+only its own node's claims, and needs no right to evict pods or to post Events about them.
+
+The controller, which watches claims, posts the Events and evicts (``onOveruse: Evict``), and only
+pods it checks itself (:func:`overusing_pods`): those the claim is reserved for, by UID, on the node
+the claim is allocated on, named in a mark on one of the claim's own devices in that node's pool.
+A rogue node can therefore mark only its own node's claims and get only its own node's pods acted
+on: pods that run on it, at its mercy anyway.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuslice.dra.names import DRIVER
+
+CONDITION = "GpuMemoryOveruse"
+OVER, WITHIN = "OverAllocation", "WithinAllocation"  # the condition's reasons
+PODS = "overusingPods"  # the key of the device entry's data that names them
+MAX_PODS = 16  # named per device, as many of these as fit in the entry's data (at most 10 KiB)
+MAX_DATA = 10 * 1024
+MAX_MESSAGE = 512
+
+
+@dataclass(frozen=True, order=True)
+class DeviceKey:
+    """One allocated device of a claim, as ``status.devices`` keys it (for our driver)."""
+
+    pool: str
+    device: str
+    share_id: str = ""
+
+
+@dataclass(frozen=True)
+class Overuser:
+    """A pod over its allocation on a device's GPU, as the agent names it in the mark."""
+
+    uid: str
+    name: str
+    since: str  # when the agent reported it (RFC 3339): one overuse, for the controller's Events
+    message: str
+
+
+@dataclass(frozen=True)
+class Mark:
+    """What the agent says of one device of a claim: who is over (none: the condition is False)."""
+
+    overusers: tuple[Overuser, ...]
+    message: str
+    since: str  # the condition's lastTransitionTime
+    said: bool | None = None  # the condition's status, when read from a claim (None: whether it names pods)
+
+    @property
+    def over(self) -> bool:
+        return self.said if self.said is not None else bool(self.overusers)
+
+    def same(self, other: Mark | None) -> bool:
+        """Whether writing this over ``other`` would change what it says (not merely its wording)."""
+        return (other is not None and self.over == other.over
+                and {o.uid for o in self.overusers} == {o.uid for o in other.overusers})
+
+
+def device_entry(key: DeviceKey, mark: Mark) -> dict[str, Any]:
+    """The ``status.devices`` entry that carries the mark."""
+    pods: list[dict[str, str]] = []
+    for o in mark.overusers[:MAX_PODS]:
+        pod = {"uid": o.uid, "name": o.name, "since": o.since, "message": o.message[:MAX_MESSAGE]}
+        if len(json.dumps({PODS: [*pods, pod]})) > MAX_DATA:
+            break  # the rest are named once these are gone
+        pods.append(pod)
+    entry: dict[str, Any] = {
+        "driver": DRIVER, "pool": key.pool, "device": key.device,
+        "conditions": [{"type": CONDITION, "status": "True" if mark.over else "False",
+                        "reason": OVER if mark.over else WITHIN, "message": mark.message[:32768],
+                        "lastTransitionTime": mark.since}],
+        "data": {PODS: pods},
+    }
+    if key.share_id:
+        entry["shareID"] = key.share_id
+    return entry
+
+
+def _condition(entry: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return next((c for c in entry.get("conditions") or [] if c.get("type") == CONDITION), None)
+
+
+def _overusers(entry: Mapping[str, Any]) -> tuple[Overuser, ...]:
+    data = entry.get("data")
+    pods = data.get(PODS) if isinstance(data, Mapping) else None
+    found = []
+    for pod in pods if isinstance(pods, list) else []:
+        if isinstance(pod, Mapping) and isinstance(pod.get("uid"), str) and pod["uid"]:
+            found.append(Overuser(pod["uid"], str(pod.get("name") or ""), str(pod.get("since") or ""),
+                                  str(pod.get("message") or "")))
+    return tuple(found[:MAX_PODS])
+
+
+def read_marks(status: Mapping[str, Any], pool: str) -> dict[DeviceKey, Mark]:
+    """The marks on a claim's devices of ``pool`` (what a restarted agent of that node starts from)."""
+    marks = {}
+    for entry in status.get("devices") or []:
+        condition = _condition(entry)
+        if entry.get("driver") != DRIVER or entry.get("pool") != pool or condition is None:
+            continue
+        over = condition.get("status") == "True"
+        key = DeviceKey(pool, str(entry.get("device")), str(entry.get("shareID") or ""))
+        marks[key] = Mark(_overusers(entry) if over else (), str(condition.get("message") or ""),
+                          str(condition.get("lastTransitionTime") or ""), over)
+    return marks
+
+
+def allocation_node(status: Mapping[str, Any]) -> str:
+    """The node a claim is allocated on, read as the API server reads it to authorise a node-bound
+    identity's write of ``status.devices`` (``nodeNameFromAllocation``): a selector of exactly one
+    term with exactly one field, ``metadata.name In [node]``; else '' (no node's agent may write)."""
+    selector = (status.get("allocation") or {}).get("nodeSelector") or {}
+    terms = selector.get("nodeSelectorTerms") or []
+    if len(terms) != 1 or terms[0].get("matchExpressions") or len(terms[0].get("matchFields") or []) != 1:
+        return ""
+    field = terms[0]["matchFields"][0]
+    values = field.get("values") or []
+    if field.get("key") != "metadata.name" or field.get("operator") != "In" or len(values) != 1:
+        return ""
+    return str(values[0])
+
+
+def reserved_pods(status: Mapping[str, Any]) -> dict[str, str]:
+    """Pod UID -> pod name, for the pods the claim is reserved for (written by the scheduler)."""
+    return {str(r["uid"]): str(r.get("name") or "") for r in status.get("reservedFor") or []
+            if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("uid")}
+
+
+def _allocated(status: Mapping[str, Any]) -> set[DeviceKey]:
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    return {DeviceKey(str(r.get("pool")), str(r.get("device")), str(r.get("shareID") or ""))
+            for r in results if r.get("driver") == DRIVER}
+
+
+@dataclass(frozen=True)
+class OverusingPod:
+    """A pod the controller may act on: named by a mark the claim's node could write, reserving the claim."""
+
+    namespace: str
+    name: str  # the claim's own record of it (reservedFor), not the mark's
+    uid: str
+    node: str
+    claim: str
+    device: str
+    since: str
+    message: str
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def overusing_pods(namespace: str, claim: str, status: Mapping[str, Any]) -> list[OverusingPod]:
+    """The pods a claim's marks name that the controller may act on: marks on the claim's own
+    allocated devices of our driver, in the pool of the node the claim is allocated on (the one
+    node whose agent the API server lets write them; our pools are named after their nodes), naming
+    pods the claim is reserved for. Anything else is ignored: it proves nothing."""
+    node = allocation_node(status)
+    if not node:
+        return []
+    allocated, reserved = _allocated(status), reserved_pods(status)
+    found: dict[str, OverusingPod] = {}
+    for key, mark in sorted(read_marks(status, node).items()):
+        if key not in allocated:
+            continue
+        for overuser in mark.overusers:
+            if overuser.uid in reserved and overuser.uid not in found:
+                found[overuser.uid] = OverusingPod(namespace, reserved[overuser.uid], overuser.uid, node, claim,
+                                                   key.device, overuser.since, overuser.message or mark.message)
+    return list(found.values())
+
+
+def summary(overusers: Sequence[Overuser]) -> str:
+    """The condition's message: the first pod's words, and how many more there are."""
+    if not overusers:
+        return ""
+    more = f" (and {len(overusers) - 1} more pods)" if len(overusers) > 1 else ""
+    return overusers[0].message + more

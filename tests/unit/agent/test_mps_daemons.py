@@ -1,0 +1,202 @@
+"""The MPS control daemons' lifecycle with the fake backend's stand-in (real processes): started
+once, stopped by `quit`, started again when killed, adopted by the next agent, and none left over."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import types
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gpuslice.agent.gpus.fake import FakeBackend
+from gpuslice.agent.mps.daemons import MpsDaemons, MpsError
+
+GPU = "GPU-2d3e5f1a-0000-0000-0000-000000000001"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state != "Z"
+
+
+async def until(check: object, within: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not check():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def daemons(tmp_path: Path) -> AsyncIterator[MpsDaemons]:
+    made = MpsDaemons("n1", FakeBackend("n1", [("h100-80gb", 1)]), tmp_path / "mps", tmp_path / "shm")
+    yield made
+    for gpu in list(made.running):
+        await made.release(gpu, lambda: False)
+
+
+async def test_started_once_then_stopped_by_quit(daemons: MpsDaemons) -> None:
+    dirs = await daemons.ensure(GPU)
+    pid = daemons.pid(GPU)
+    assert pid is not None
+    assert alive(pid)
+    assert (dirs.pipe / "control").exists()
+    await until(lambda: (dirs.pipe / "nvidia-cuda-mps-control.pid").exists())
+    assert dirs.pipe.parent.name == "gpu-2d3e5f1a", "short directories: the pipe's sockets fit a unix path"
+    assert f"CUDA_VISIBLE_DEVICES={GPU}" in (dirs.log / "control.log").read_text()
+    await daemons.ensure(GPU)
+    assert daemons.pid(GPU) == pid, "one daemon per GPU"
+
+    await daemons.release(GPU, lambda: True)
+    assert daemons.pid(GPU) == pid, "kept while a claim still needs it"
+    await daemons.release(GPU, lambda: False)
+    await until(lambda: not alive(pid))
+    assert "Accepting command 'quit'" in (dirs.log / "control.log").read_text(), "stopped the documented way"
+    assert not dirs.pipe.exists()
+    assert not dirs.shm.exists()
+    assert not (daemons.home(GPU) / "daemon.json").exists()
+
+
+async def test_a_killed_daemon_is_started_again(daemons: MpsDaemons) -> None:
+    restarts: list[str] = []
+
+    async def told(gpu: str, message: str) -> None:
+        restarts.append(message)
+
+    daemons.on_restart = told
+    await daemons.ensure(GPU)
+    first = daemons.pid(GPU)
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    await until(lambda: daemons.pid(GPU) is None)
+    await daemons.reconcile(lambda: {GPU})
+    second = daemons.pid(GPU)
+    assert second is not None
+    assert second != first
+    assert alive(second)
+    assert restarts
+    assert "was started again (it died)" in restarts[0]
+
+    await daemons.reconcile(set)
+    await until(lambda: not alive(second))
+    assert daemons.running == {}, "no claim needs it: stopped"
+
+
+async def test_the_next_agent_adopts_a_needed_daemon_and_stops_an_unneeded_one(tmp_path: Path) -> None:
+    backend = FakeBackend("n1", [("h100-80gb", 2)])
+    other = "GPU-77777777-0000-0000-0000-000000000002"
+    first = MpsDaemons("n1", backend, tmp_path / "mps", tmp_path / "shm")
+    await first.ensure(GPU)
+    await first.ensure(other)
+    kept, dropped = first.pid(GPU), first.pid(other)
+    assert kept is not None
+    assert dropped is not None
+
+    # The agent is gone (its process handles with it); the daemons run on, in their own sessions.
+    second = MpsDaemons("n1", backend, tmp_path / "mps", tmp_path / "shm")
+    await second.adopt({GPU})
+    assert second.pid(GPU) == kept, "adopted, not restarted under its clients"
+    assert alive(kept)
+    await until(lambda: not alive(dropped))
+    assert second.pid(other) is None
+    await second.release(GPU, lambda: False)
+    await until(lambda: not alive(kept))
+    await first.running[GPU].process.wait()  # type: ignore[union-attr]
+    await first.running[other].process.wait()  # type: ignore[union-attr]
+
+
+async def test_a_reused_pid_is_not_mistaken_for_the_daemon(daemons: MpsDaemons, tmp_path: Path) -> None:
+    await daemons.ensure(GPU)
+    record = daemons.home(GPU) / "daemon.json"
+    stranger = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(30)")
+    try:
+        record.write_text(f'{{"gpu": "{GPU}", "pid": {stranger.pid}, "started": "1"}}\n')
+        fresh = MpsDaemons("n1", daemons.backend, daemons.root, daemons.shm_root)
+        recorded = fresh._recorded(GPU)
+        assert recorded is not None
+        assert recorded.pid == stranger.pid
+        assert not fresh._alive(recorded), "the same pid, another process: its start time differs"
+    finally:
+        stranger.kill()
+        await stranger.wait()
+
+
+async def test_a_daemon_that_cannot_start_says_why(tmp_path: Path) -> None:
+    class Broken(FakeBackend):
+        def mps_commands(self, shm: Path) -> tuple[list[str], list[str]]:
+            return [sys.executable, "-c", "import sys; print('no MPS here'); sys.exit(3)"], ["true"]
+
+    daemons = MpsDaemons("n1", Broken("n1", [("h100-80gb", 1)]), tmp_path / "mps", tmp_path / "shm")
+    with pytest.raises(MpsError, match=r"exited with 3; its output ends: no MPS here"):
+        await daemons.ensure(GPU)
+
+
+def test_launch_gives_the_daemon_its_gpus_shared_memory_as_dev_shm(tmp_path: Path) -> None:
+    """The launcher's private mount namespace: /dev/shm is the GPU's directory for the daemon only."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    marker = f"gpuslice-test-{os.getpid()}"
+    done = subprocess.run([sys.executable, "-m", "gpuslice.agent.mps.launch", str(shm), "sh", "-c",
+                           f"touch /dev/shm/{marker}"], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        assert "CAP_SYS_ADMIN" in done.stderr, done.stderr  # an unprivileged machine: it says what it needs
+        return
+    assert (shm / marker).exists()
+    assert not Path(f"/dev/shm/{marker}").exists(), "the agent's own /dev/shm is untouched"
+
+
+def test_the_nvml_backend_runs_the_drivers_daemon_in_the_foreground_with_its_shm_and_args(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuslice.agent.gpus import GpuBackendError, nvml
+    from gpuslice.agent.gpus.nvml import NvmlBackend
+
+    loaded: list[Path] = []  # NVML's loading from the root is test_nvml's; here the root holds the binary
+    monkeypatch.setattr(nvml, "load_nvml_from", loaded.append)
+
+    driver = tmp_path / "driver"
+    (driver / "usr/bin").mkdir(parents=True)
+    control = driver / "usr/bin/nvidia-cuda-mps-control"
+    control.write_text("#!/bin/sh\n")
+    control.chmod(0o755)
+    backend = NvmlBackend(types.ModuleType("pynvml"), driver_root=driver, mps_args=("-M",))
+    daemon, client = backend.mps_commands(tmp_path / "shm")
+    assert daemon == [sys.executable, "-m", "gpuslice.agent.mps.launch", str(tmp_path / "shm"), str(control), "-f",
+                      "-M"]
+    assert client == [str(control)]
+    with pytest.raises(GpuBackendError, match="nvidia-cuda-mps-control is not on PATH nor in"):
+        NvmlBackend(types.ModuleType("pynvml"), driver_root=tmp_path / "none").mps_commands(tmp_path)
+    assert loaded == [driver, tmp_path / "none"], "one root for NVML and the MPS binaries"
+
+
+async def test_a_daemon_that_died_with_its_agent_is_started_again_in_the_same_directories(tmp_path: Path) -> None:
+    """In a container the daemon ends with the agent's; the next agent starts a new one where the running
+    clients' bind mounts point: the same directories, not new ones of the same name."""
+    backend = FakeBackend("n1", [("h100-80gb", 1)])
+    first = MpsDaemons("n1", backend, tmp_path / "mps", tmp_path / "shm")
+    dirs = await first.ensure(GPU)
+    # What a client's container holds: the directory itself (a bind mount), not its name.
+    mounted = os.open(dirs.pipe, os.O_RDONLY | os.O_DIRECTORY)
+    old = first.pid(GPU)
+    assert old is not None
+    os.kill(old, signal.SIGKILL)
+    await first.running[GPU].process.wait()  # type: ignore[union-attr]
+
+    second = MpsDaemons("n1", backend, tmp_path / "mps", tmp_path / "shm")
+    await second.adopt({GPU})
+    new = second.pid(GPU)
+    assert new is not None
+    assert new != old
+    try:
+        await until(lambda: "control" in os.listdir(mounted))  # the clients' mounts see the new daemon
+    finally:
+        os.close(mounted)
+    await second.release(GPU, lambda: False)
