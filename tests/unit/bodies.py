@@ -43,8 +43,9 @@ def namespace(name: str) -> dict[str, Any]:
 
 
 def claim(name: str, devices: list[str], *, namespace: str = TENANT, pool: str = NODE,
-          admin: bool = False, uid: str | None = None) -> dict[str, Any]:
-    """A ResourceClaim the scheduler allocated ``devices`` of ``pool`` (none: not allocated)."""
+          admin: bool = False, uid: str | None = None, **result: Any) -> dict[str, Any]:
+    """A ResourceClaim the scheduler allocated ``devices`` of ``pool`` (none: not allocated);
+    ``result``: more of each allocation result (``shareID``, ``consumedCapacity``)."""
     body: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}"},
@@ -52,6 +53,6 @@ def claim(name: str, devices: list[str], *, namespace: str = TENANT, pool: str =
     }
     if devices:
         body["status"] = {"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": DRIVER, "pool": pool, "device": d, **({"adminAccess": True} if admin else {})}
-            for d in devices]}}}
+            {"request": "gpu", "driver": DRIVER, "pool": pool, "device": d, **({"adminAccess": True} if admin else {}),
+             **result} for d in devices]}}}
     return body

@@ -4,6 +4,8 @@ all against the fake API server (tests.fakeapi)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,10 @@ from typing import Any
 from gpuslice.agent.drain import DRAINING, MARKER, NAMESPACE, PROBE, Drains
 from gpuslice.agent.dryrun import Refusals
 from gpuslice.agent.gpus.fake import FakeBackend
+from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
+from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints
+from gpuslice.agent.kubeletplugin.gpuops import GpuOps
+from gpuslice.agent.kubeletplugin.prepare import Preparer
 from gpuslice.agent.published import PublishedRecord
 from gpuslice.agent.publisher import PublishResult, publish
 from gpuslice.dra.names import DRIVER
@@ -93,6 +99,12 @@ class Pool:
                 return result
         raise AssertionError(f"the pool did not settle in {cycles} cycles")
 
+    def preparer(self, boot_id: str = "boot-1", static: Set[str] = frozenset()) -> Preparer:
+        """The node's kubelet plugin (a new process each call: its checkpoints and CDI specs are the
+        node's, on disk, and its GPUs are the pool's); ``static``: GPUs a static MIG layout owns."""
+        return Preparer(bodies.NODE, self.kube, GpuOps(self.backend, self.gpus), Checkpoints(self.state, boot_id),
+                        CdiDirectory(self.state / "cdi"), asyncio.Lock(), static_gpus=lambda: set(static))
+
     def slices(self) -> list[dict[str, Any]]:
         return [s for s in self.api.items(bodies.SLICES)
                 if s["spec"]["driver"] == DRIVER and s["spec"]["pool"]["name"] == bodies.NODE]
@@ -110,6 +122,10 @@ class Pool:
     def of(self, policy: str) -> dict[str, dict[str, Any]]:
         return {n: d for n, d in self.devices().items() if d["attributes"][ATTR_POLICY]["string"] == policy}
 
+    def instances(self) -> list[tuple[str, int, str]]:
+        """(profile, start, uuid) of every MIG instance on the node's GPUs."""
+        return sorted((i.profile, i.start, i.uuid) for g in self.gpus for i in self.backend.mig_instances(g))
+
     def listed(self) -> set[str]:
         """The devices this node's drain object lists."""
         found = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{DRAINING}{bodies.NODE}")
@@ -121,8 +137,9 @@ class Pool:
         generation = live["metadata"]["generation"] + 1 if live else 1
         self.api.put(bodies.policy(name, slicing, generation=generation, **spec))
 
-    def allocate(self, claim: str, *devices: str) -> None:
-        self.api.put(bodies.claim(claim, list(devices)))
+    def allocate(self, claim: str, *devices: str, **more: Any) -> None:
+        """Claim ``claim`` of the tenant allocated ``devices`` (``more``: see bodies.claim)."""
+        self.api.put(bodies.claim(claim, list(devices), **more))
 
 
 def without_taints(device: dict[str, Any]) -> dict[str, Any]:
