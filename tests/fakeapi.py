@@ -39,7 +39,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -73,6 +73,11 @@ class Request:
     query: dict[str, str]
     body: Any
     content_type: str
+    text: str = field(default="", repr=False, compare=False)
+
+    def fresh_body(self) -> Any:
+        """The body parsed anew: the server's own copy to change, the recorded one left as it came."""
+        return json.loads(self.text) if self.text else {}
 
     @property
     def dry_run(self) -> bool:
@@ -176,11 +181,15 @@ class FakeApi:
     """The server's state and behaviour; :meth:`serving` runs it, :meth:`client` talks to it."""
 
     def __init__(self) -> None:
+        self.url = ""
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every object, request, rule and cue: a new server at the same address."""
         self.store: dict[tuple[str, str, str, str], Object] = {}
         self.requests: list[Request] = []
         self.cues: list[Cue] = []
         self.admission: list[Admission] = []
-        self.url = ""
         self._version = itertools.count(100)
         self._names = itertools.count(1)
 
@@ -192,7 +201,7 @@ class FakeApi:
             where = Where.parse(path or object_path(obj))
             assert where is not None, f"not an API path: {path or object_path(obj)}"
             assert where.name is not None, f"not an object's path: {path or object_path(obj)}"
-            stored = copy.deepcopy(obj)
+            stored = _copy(obj)
             meta = stored.setdefault("metadata", {})
             meta.setdefault("uid", f"uid-{where.name}")
             meta.setdefault("creationTimestamp", CREATED)
@@ -205,7 +214,7 @@ class FakeApi:
         """The stored object at ``path`` (a copy), or None."""
         where = Where.parse(path)
         found = self.store.get(where.key) if where is not None and where.name else None
-        return copy.deepcopy(found) if found is not None else None
+        return _copy(found) if found is not None else None
 
     def remove(self, path: str) -> None:
         where = Where.parse(path)
@@ -218,7 +227,7 @@ class FakeApi:
         where = Where.parse(path)
         assert where is not None
         assert where.name is None, f"not a collection: {path}"
-        return [copy.deepcopy(o) for k, o in sorted(self.store.items()) if self._in(k, where)]
+        return [_copy(o) for k, o in sorted(self.store.items()) if self._in(k, where)]
 
     def writes(self, since: int = 0) -> list[Request]:
         """The requests that changed (or tried to change) something, from request number ``since``."""
@@ -261,7 +270,7 @@ class FakeApi:
     async def _handle(self, http: web.Request) -> web.Response:
         text = await http.text()
         request = Request(http.method, http.path, dict(http.query), json.loads(text) if text else None,
-                          http.content_type)
+                          http.content_type, text)
         self.requests.append(request)
         try:
             return web.json_response(self._serve(request))
@@ -289,7 +298,7 @@ class FakeApi:
             found = self.store.get(where.key)
             if found is None:
                 raise _Refused(_not_found(where))
-            return copy.deepcopy(found)
+            return found  # serialized before anything can change it
         if request.method in ("PUT", "PATCH", "DELETE"):
             return self._write(request, where, self.store.get(where.key))
         raise _Refused(Refusal(405, f"{request.method} is not served"))
@@ -303,8 +312,7 @@ class FakeApi:
     def _list(self, where: Where, query: dict[str, str]) -> Object:
         labels = _label_selector(query.get("labelSelector", ""))
         fields = _field_selector(where.plural, query.get("fieldSelector", ""))
-        found = [copy.deepcopy(o) for k, o in sorted(self.store.items())
-                 if self._in(k, where) and labels(o) and fields(o)]
+        found = [o for k, o in sorted(self.store.items()) if self._in(k, where) and labels(o) and fields(o)]
         start = int(query.get("continue") or 0)
         limit = int(query.get("limit") or 0)
         page = found[start:start + limit] if limit else found[start:]
@@ -326,28 +334,28 @@ class FakeApi:
         else:
             after = self._updated(request, where, live)
         for rule in self.admission:
-            refusal = rule(request, copy.deepcopy(after) if after is not None else None)
+            refusal = rule(request, after)  # rules only read
             if refusal is not None:
                 raise _Refused(refusal)
         if request.method == "DELETE":
             assert live is not None
             if request.dry_run:
-                return copy.deepcopy(live)
+                return live
             if live["metadata"].get("finalizers"):
                 live["metadata"].setdefault("deletionTimestamp", CREATED)
                 live["metadata"]["resourceVersion"] = str(next(self._version))
-                return copy.deepcopy(live)
+                return live
             del self.store[where.key]
-            return copy.deepcopy(live)
+            return live
         assert after is not None
         if request.dry_run:
             return after
         after["metadata"]["resourceVersion"] = str(next(self._version))
         self.store[where.key] = after
-        return copy.deepcopy(after)
+        return after
 
-    def _created(self, request: Request, where: Where) -> tuple[Object, Where]:
-        body = copy.deepcopy(request.body or {})
+    def _created(self, request: Request, where: Where, body: Object | None = None) -> tuple[Object, Where]:
+        body = body if body is not None else request.fresh_body()
         meta = body.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = f"{meta['generateName']}{next(self._names):05d}"
@@ -365,10 +373,9 @@ class FakeApi:
         return body, where
 
     def _updated(self, request: Request, where: Where, live: Object | None) -> Object:
-        body = copy.deepcopy(request.body or {})
+        body = request.fresh_body()
         if request.apply and live is None and where.sub is None:
-            created, _ = self._created(Request("POST", request.path, request.query, body, request.content_type),
-                                       Where(where.prefix, where.plural, where.namespace))
+            created, _ = self._created(request, Where(where.prefix, where.plural, where.namespace), body)
             return created
         if live is None:
             raise _Refused(_not_found(where))
@@ -380,10 +387,9 @@ class FakeApi:
         if request.method == "PATCH" and not request.apply:
             if request.content_type != "application/merge-patch+json":
                 raise _Refused(Refusal(415, f"the fake API server serves no {request.content_type} patches"))
-            after = _merge(live, body)
+            after = _copy(_merge(live, body))  # its own, not sharing parts with what is stored
         else:  # PUT, or apply: the body is the whole object
             after = body
-        after = copy.deepcopy(after)
         meta = after.setdefault("metadata", {})
         for kept in ("uid", "creationTimestamp", "generation", "deletionTimestamp", "namespace"):
             if kept in live["metadata"]:
@@ -392,7 +398,7 @@ class FakeApi:
                 meta.pop(kept, None)
         meta["name"] = where.name
         if where.sub == "status":
-            return {**copy.deepcopy(live), "status": after.get("status")}
+            return {**_copy(live), "status": after.get("status")}
         if where.plural in STATUS_SUBRESOURCE:
             after.pop("status", None)
             if "status" in live:
@@ -406,6 +412,12 @@ class _Refused(Exception):
     def __init__(self, refusal: Refusal) -> None:
         super().__init__(refusal.message)
         self.refusal = refusal
+
+
+def _copy(obj: Object) -> Object:
+    """A deep copy of JSON (several times faster than copy.deepcopy)."""
+    copied: Object = json.loads(json.dumps(obj))
+    return copied
 
 
 def _not_found(where: Where) -> Refusal:
