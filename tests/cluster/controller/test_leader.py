@@ -21,8 +21,9 @@ LEASE = "/apis/coordination.k8s.io/v1/namespaces/gpuslice-system/leases/gpuslice
 
 
 def holder_of(text: str, event: str) -> str | None:
-    """The holder a controller's log says it is when it logs ``event``."""
-    return next((str(e.get("holder")) for e in log_entries(text) if e.get("event") == event), None)
+    """The holder a controller's log says it is when it logs ``event`` last (the log of a controller
+    restarted by an earlier test holds its earlier lives too)."""
+    return next((str(e.get("holder")) for e in reversed(log_entries(text)) if e.get("event") == event), None)
 
 
 async def lease_holder(kube: KubeClient) -> str:
