@@ -7,7 +7,7 @@ process has had its chance, counted by its own metrics or log, and the test then
 did nothing:
 
 - the node agent: publish cycles (``gpuslice_agent_publish_cycles_total``), each woken on purpose;
-- the kube-scheduler: its queues empty, nothing binding, nothing queued or tried between two reads;
+- the kube-scheduler: its queues empty, nothing binding, nothing queued or tried across three reads;
 - the controller: reconciles of one policy (``gpuslice_policy_reconciles_total``), and the retries of a
   Kopf handler that keeps waiting (its "failed temporarily" log lines).
 """
@@ -169,18 +169,27 @@ def log_entries(text: str) -> list[dict[str, Any]]:
     return found
 
 
-def handler_retries(controller: ControllerProcess, policy: str, handler: str) -> int:
-    """How often Kopf has retried ``handler`` (its function's name) of ``policy`` after it asked to
-    wait (kopf.TemporaryError): its "Handler '...' failed temporarily" lines."""
-    return sum(1 for e in log_entries(controller.log_text()) if e.get("policy") == policy
-               and str(e.get("event", "")).startswith("Handler '") and f"{handler}' failed temporarily" in e["event"])
+def handler_runs(controller: ControllerProcess, policy: str, handler: str) -> list[str]:
+    """What Kopf logged of each run of ``handler`` (its function's name) of ``policy``: the rest of
+    its "Handler '...' " lines ("failed temporarily: ...", "succeeded.", "failed permanently: ...")."""
+    mark = f"{handler}' "
+    return [event[event.index(mark) + len(mark):] for e in log_entries(controller.log_text())
+            if e.get("policy") == policy and (event := str(e.get("event", ""))).startswith("Handler '")
+            and mark in event]
 
 
 async def handler_retried(controller: ControllerProcess, policy: str, handler: str, more: int = 1,
                           within: float = 60) -> None:
-    before = handler_retries(controller, policy, handler)
+    """Wait until Kopf has run ``handler`` of ``policy`` ``more`` times again and each time it asked
+    to wait (kopf.TemporaryError). A run that ends otherwise fails the test: at once when Kopf logs
+    it (an error), by the timeout when it succeeded (the controller logs Kopf's per-object lines
+    from warnings up, so a success leaves no line)."""
+    before = len(handler_runs(controller, policy, handler))
 
     async def retried() -> bool:
-        return handler_retries(controller, policy, handler) >= before + more
+        runs = handler_runs(controller, policy, handler)[before:]
+        ended = [r for r in runs if not r.startswith("failed temporarily")]
+        assert not ended, f"Kopf ran {handler} of policy {policy} again and it no longer waits: {ended[0]}"
+        return len(runs) >= more
 
-    await wait_for(retried, within=within, what=f"Kopf to run {handler} of policy {policy} {more} more times")
+    await wait_for(retried, within=within, what=f"Kopf to run {handler} of policy {policy} {more} more times and find it must still wait")
