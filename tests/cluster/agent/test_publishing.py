@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from gpuslice.agent.gpus.fake import FakeBackend
+from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.inventory.catalog import MODELS
 from gpuslice.kube.client import KubeClient, KubeError
@@ -17,6 +18,7 @@ from gpuslice.planning.mig import parse_mig_device_name
 from tests.cluster.agent.conftest import GpuNodeFactory
 from tests.cluster.controller.test_objects import condition, get_or_none
 from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_claim, wait_for
+from tests.cluster.observe import scheduler_settled
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
 GI = 1024**3
@@ -124,8 +126,8 @@ async def test_nine_pods_on_an_h100_sliced_in_10g_eight_fit(
 
 
 async def test_two_policies_on_one_gpu_stay_within_its_memory(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
     await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "20G"}, "-20", "twenty")
@@ -144,15 +146,15 @@ async def test_two_policies_on_one_gpu_stay_within_its_memory(
         return results if not any(size <= free for size in waiting) else None
 
     results = await wait_for(full, within=90, what="the GPU to fill up until no waiting pod fits")
-    await asyncio.sleep(3)
+    await scheduler_settled(cluster)  # every waiting pod tried again since: none may have fit
     final = await allocated_results(kube, namespace, big + small)
     assert len(final) >= len(results)
     assert memory_of(devices, final) <= H100
 
 
 async def test_shared_capacity_is_rounded_and_never_exceeded(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
     name = await tenant_policy(make_policy, namespace, node.name, {"mode": "shared", "sliceSize": "10G"})
@@ -187,7 +189,7 @@ async def test_shared_capacity_is_rounded_and_never_exceeded(
         assert result["shareID"]
         consumed[pod] = quantity_bytes(result["consumedCapacity"]["memory"])
     assert consumed == {"a": 10 * G, "b": 30 * G, "c": 20 * G, "d": 20 * G}
-    await asyncio.sleep(5)
+    await scheduler_settled(cluster)  # claim-e's pod was tried, and parked
     last = await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/claim-e")
     assert not (last.get("status") or {}).get("allocation"), "80G of the GPU's 85.5G are taken; the next claim must wait"
 
