@@ -97,7 +97,7 @@ async def test_unhealthy_gpu_is_tainted_shown_in_the_pod_status_and_recovers(
 
     assert policy_body["metadata"]["name"] == policy
     await wait_for(degraded, within=60, what="the policy's status to say 2 devices are on an unhealthy GPU")
-    samples = await metrics(node)
+    samples = await node.metrics()
     assert any(f'gpu="{sick}"' in k and 'reason="XID-48"' in k and v == 1 for k, v in samples.items())
 
     # The sick GPU has one free slice left, the healthy one two: three pods, two run.
@@ -160,13 +160,3 @@ async def test_lost_gpu_evicts_its_pods_and_allocation_resumes_when_it_is_back(
     await running(kube, namespace, ["next"], within=60)
     await kube.delete(f"/api/v1/namespaces/{namespace}/pods/next")
     await gone(kube, namespace, ["next"])
-
-
-async def metrics(node: PluginNode) -> dict[str, float]:
-    import aiohttp
-
-    async with aiohttp.ClientSession() as session, session.get(
-            f"http://127.0.0.1:{node.metrics_port}/metrics") as response:
-        text = await response.text()
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line and not line.startswith("#")}
