@@ -3,7 +3,6 @@ no GPU is ever over-allocated, whatever the mode."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -79,8 +78,10 @@ async def allocated_results(kube: KubeClient, namespace: str, pods: list[str]) -
     return results
 
 
-async def settle(kube: KubeClient, namespace: str, pods: list[str], allocated: int) -> list[dict[str, Any]]:
-    """Wait until exactly ``allocated`` pods are bound and the rest unschedulable; their results."""
+async def settle(cluster: DevCluster, kube: KubeClient, namespace: str, pods: list[str],
+                 allocated: int) -> list[dict[str, Any]]:
+    """Wait until exactly ``allocated`` pods are bound and the rest unschedulable, and the scheduler
+    has tried them all since (nothing more fits); their results."""
     async def check() -> list[dict[str, Any]] | None:
         bound, unschedulable = 0, 0
         for name in pods:
@@ -94,7 +95,7 @@ async def settle(kube: KubeClient, namespace: str, pods: list[str], allocated: i
         return results if bound == allocated and unschedulable == len(pods) - allocated else None
 
     result: list[dict[str, Any]] = await wait_for(check, within=90, what=f"{allocated} of {len(pods)} pods allocated")
-    await asyncio.sleep(3)  # the scheduler retries the rest; nothing more may fit
+    await scheduler_settled(cluster)  # every unschedulable pod tried again since: nothing more may fit
     assert await check() is not None, "allocation changed after it settled"
     return result
 
@@ -104,8 +105,8 @@ def memory_of(devices: dict[str, dict[str, Any]], results: list[dict[str, Any]])
 
 
 async def test_nine_pods_on_an_h100_sliced_in_10g_eight_fit(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
     name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
@@ -114,7 +115,7 @@ async def test_nine_pods_on_an_h100_sliced_in_10g_eight_fit(
 
     pods = [f"w{i}" for i in range(9)]
     await create_pods(kube, namespace, "gpu-slice", pods)
-    results = await settle(kube, namespace, pods, 8)
+    results = await settle(cluster, kube, namespace, pods, 8)
     assert memory_of(devices, results) == 80 * G
     assert len({r["device"] for r in results}) == 8
 
@@ -195,15 +196,15 @@ async def test_shared_capacity_is_rounded_and_never_exceeded(
 
 
 async def test_dynamic_mig_placements_never_overlap(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     node = await gpu_node("a100-40gb", 1)
     await tenant_policy(make_policy, namespace, node.name, {"mode": "mig", "mig": {"profiles": ["1g.5gb", "3g.20gb"]}})
     devices = await published(kube, node.name, 7 + 2)
     pods = [f"m{i}" for i in range(8)]
     await create_pods(kube, namespace, "gpu-slice", pods)
-    results = await settle(kube, namespace, pods, 7)
+    results = await settle(cluster, kube, namespace, pods, 7)
     used: set[int] = set()
     for result in results:
         parsed = parse_mig_device_name(result["device"])
@@ -215,15 +216,15 @@ async def test_dynamic_mig_placements_never_overlap(
 
 
 async def test_resize_while_claims_hold_slices_waits_for_them(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
     name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
     before = await published(kube, node.name, 8)
     pods = ["h0", "h1"]
     await create_pods(kube, namespace, "gpu-slice", pods)
-    results = await settle(kube, namespace, pods, 2)
+    results = await settle(cluster, kube, namespace, pods, 2)
     held = {r["device"] for r in results}
 
     await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}",
@@ -362,8 +363,8 @@ async def test_agent_may_write_only_its_own_nodes_slices(gpu_node: GpuNodeFactor
 
 
 async def test_policy_taints_travel_on_its_devices_and_reach_allocated_ones_at_once(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     """A taint is part of the device the agent publishes (no DeviceTaintRule per device): the
     scheduler keeps new claims off tainted devices, and an allocated device gets the taint at
@@ -372,7 +373,7 @@ async def test_policy_taints_travel_on_its_devices_and_reach_allocated_ones_at_o
     name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
     await published(kube, node.name, 8)
     await create_pods(kube, namespace, "gpu-slice", ["before"])
-    [result] = await settle(kube, namespace, ["before"], 1)
+    [result] = await settle(cluster, kube, namespace, ["before"], 1)
     taint = {"key": "gpuslice.dev/maintenance", "value": "planned", "effect": "NoSchedule"}
     await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}", {"spec": {"taints": [taint]}})
 
@@ -386,15 +387,16 @@ async def test_policy_taints_travel_on_its_devices_and_reach_allocated_ones_at_o
     assert result["device"] in devices
     assert not await kube.list(f"{RESOURCE}/devicetaintrules", labelSelector=f"gpuslice.dev/policy={name}")
     await create_pods(kube, namespace, "gpu-slice", ["after"])
-    await settle(kube, namespace, ["before", "after"], 1)  # "after" is unschedulable: every free device is tainted
+    # "after" is unschedulable: every free device is tainted
+    await settle(cluster, kube, namespace, ["before", "after"], 1)
 
     await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}", {"spec": {"taints": []}})
-    await settle(kube, namespace, ["before", "after"], 2)
+    await settle(cluster, kube, namespace, ["before", "after"], 2)
 
 
 async def test_claims_are_read_only_when_a_published_device_would_change(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     """At 1,000 nodes every agent listing every claim on every cycle is a thousand cluster-wide
     lists per burst. Cycles that change no published device read no claim; a resize does."""
@@ -402,7 +404,7 @@ async def test_claims_are_read_only_when_a_published_device_would_change(
     name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
     await published(kube, node.name, 8)
     await create_pods(kube, namespace, "gpu-slice", ["p0", "p1"])
-    await settle(kube, namespace, ["p0", "p1"], 2)
+    await settle(cluster, kube, namespace, ["p0", "p1"], 2)
     reads = 'gpuslice_agent_claim_reads_total{outcome="read"}'
     skipped = 'gpuslice_agent_claim_reads_total{outcome="skipped"}'
     before = await node.metrics()
