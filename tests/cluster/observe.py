@@ -69,7 +69,7 @@ def total(samples: Samples, name: str, **labels: str) -> float:
 async def agent_cycles(kube: KubeClient, node: str, metrics: Metrics, count: int = 2) -> None:
     """Make ``node``'s agent run ``count`` successful publish cycles, one after another, each woken by
     a change of its Node that changes nothing it publishes, and wait for each. Cycles never overlap:
-    of two waited one after the other, the second began after the first wait began, so with
+    the first one counted ended after this was called, and the next began after it ended, so with
     ``count`` of 2 or more the agent has planned at least once from the state as it was when this
     was called (and, the test then asserts, changed nothing)."""
     for _ in range(count):
