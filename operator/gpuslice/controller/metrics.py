@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpuslice.api.status import GpuSlicePolicyStatus
@@ -35,18 +35,25 @@ class PolicyFigures:
 
 
 class PolicyMetrics(Collector):
-    """The last status the controller computed, per policy, as gauges."""
+    """The last status the controller computed, per policy, as gauges; and how often it reconciled each
+    policy (what tells a person, or a test, that the controller looked at a policy again and changed
+    nothing)."""
 
     def __init__(self) -> None:
         self.policies: dict[str, PolicyFigures] = {}
+        self.reconciles: dict[tuple[str, str], int] = {}
 
     def record(self, policy: str, figures: PolicyFigures) -> None:
         self.policies[policy] = figures
 
+    def reconciled(self, policy: str, kind: str) -> None:
+        self.reconciles[(policy, kind)] = self.reconciles.get((policy, kind), 0) + 1
+
     def forget(self, policy: str) -> None:
         self.policies.pop(policy, None)
+        self.reconciles = {k: v for k, v in self.reconciles.items() if k[0] != policy}
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         devices = GaugeMetricFamily("gpuslice_policy_devices", "A policy's devices by state: published, allocated,"
                                     " held (allocated, a change waits), draining, mig_failed (on GPUs whose MIG"
                                     " reconfiguration failed), unhealthy (on unhealthy GPUs).",
@@ -79,10 +86,16 @@ class PolicyMetrics(Collector):
                     tenants["limit_devices"].add_metric(labels, tenant.limit)
                 if tenant.limit_bytes is not None:
                     tenants["limit_bytes"].add_metric(labels, tenant.limit_bytes)
+        reconciles = CounterMetricFamily("gpuslice_policy_reconciles", "Reconciles of the policy by this copy of the"
+                                         " controller, by kind (converge: objects applied; status: status only).",
+                                         labels=["policy", "kind"])
+        for (name, kind), count in sorted(self.reconciles.items()):
+            reconciles.add_metric([name, kind], count)
         yield devices
         yield conditions
         yield gpus
         yield from tenants.values()
+        yield reconciles
 
 
 POLICY_METRICS = PolicyMetrics()

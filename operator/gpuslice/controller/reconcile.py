@@ -167,6 +167,7 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, conv
             raise kopf.TemporaryError(str(error), delay=delay) from error
         finally:
             RECONCILE_DURATION.labels("converge" if converge_objects else "status").observe(time.monotonic() - started)
+            POLICY_METRICS.reconciled(name, "converge" if converge_objects else "status")
         if converge_objects:
             ctx.succeeded(name)
 

@@ -8,7 +8,6 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-import aiohttp
 import pytest
 import yaml
 
@@ -19,6 +18,7 @@ from gpuslice.devcluster.ports import free_port
 from gpuslice.devcluster.process import Component
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.kubeutil import short_dir
+from tests.cluster.observe import scrape
 from tests.cluster.operator_fixtures import apply_manifests
 
 AGENT_RBAC = Path(__file__).resolve().parents[3] / "manifests" / "agent-rbac.yaml"
@@ -46,15 +46,7 @@ class GpuNode:
 
     async def metrics(self) -> dict[str, float]:
         """The agent's Prometheus samples, by name with labels."""
-        async with aiohttp.ClientSession() as session, session.get(
-                f"http://127.0.0.1:{self.metrics_port}/metrics") as response:
-            text = await response.text()
-        samples = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                samples[name] = float(value)
-        return samples
+        return await scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
 
 
 GpuNodeFactory = Callable[[str, int], Awaitable[GpuNode]]

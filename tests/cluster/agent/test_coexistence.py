@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuslice.agent.gpus.fake import FakeBackend
+from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
 from tests.cluster.agent.conftest import GpuNodeFactory
 from tests.cluster.agent.test_publishing import SLICES, create_pods, pool_devices, published, settle, tenant_policy
@@ -45,15 +46,15 @@ def on_gpu(devices: dict[str, dict[str, Any]], uuid: str) -> set[str]:
 
 
 async def test_a_gpu_another_driver_publishes_is_not_published_and_comes_back_when_it_goes(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     node = await gpu_node("h100-80gb", 2)
     gpus = FakeBackend(node.name, [("h100-80gb", 2)]).discover()
     name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
     before = await published(kube, node.name, 16)
     await create_pods(kube, namespace, "gpu-slice", ["held"])
-    [result] = await settle(kube, namespace, ["held"], 1)
+    [result] = await settle(cluster, kube, namespace, ["held"], 1)
     held = result["device"]
     taken = next(g for g in gpus if held in on_gpu(before, g.uuid))  # the other driver takes the held one's GPU
     free = next(g for g in gpus if g is not taken)

@@ -3,12 +3,12 @@ no GPU is ever over-allocated, whatever the mode."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 
 from gpuslice.agent.gpus.fake import FakeBackend
+from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.inventory.catalog import MODELS
 from gpuslice.kube.client import KubeClient, KubeError
@@ -17,6 +17,7 @@ from gpuslice.planning.mig import parse_mig_device_name
 from tests.cluster.agent.conftest import GpuNodeFactory
 from tests.cluster.controller.test_objects import condition, get_or_none
 from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_claim, wait_for
+from tests.cluster.observe import agent_cycles, scheduler_settled, total
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
 GI = 1024**3
@@ -77,8 +78,10 @@ async def allocated_results(kube: KubeClient, namespace: str, pods: list[str]) -
     return results
 
 
-async def settle(kube: KubeClient, namespace: str, pods: list[str], allocated: int) -> list[dict[str, Any]]:
-    """Wait until exactly ``allocated`` pods are bound and the rest unschedulable; their results."""
+async def settle(cluster: DevCluster, kube: KubeClient, namespace: str, pods: list[str],
+                 allocated: int) -> list[dict[str, Any]]:
+    """Wait until exactly ``allocated`` pods are bound and the rest unschedulable, and the scheduler
+    has tried them all since (nothing more fits); their results."""
     async def check() -> list[dict[str, Any]] | None:
         bound, unschedulable = 0, 0
         for name in pods:
@@ -92,7 +95,7 @@ async def settle(kube: KubeClient, namespace: str, pods: list[str], allocated: i
         return results if bound == allocated and unschedulable == len(pods) - allocated else None
 
     result: list[dict[str, Any]] = await wait_for(check, within=90, what=f"{allocated} of {len(pods)} pods allocated")
-    await asyncio.sleep(3)  # the scheduler retries the rest; nothing more may fit
+    await scheduler_settled(cluster)  # every unschedulable pod tried again since: nothing more may fit
     assert await check() is not None, "allocation changed after it settled"
     return result
 
@@ -102,8 +105,8 @@ def memory_of(devices: dict[str, dict[str, Any]], results: list[dict[str, Any]])
 
 
 async def test_nine_pods_on_an_h100_sliced_in_10g_eight_fit(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
     name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
@@ -112,7 +115,7 @@ async def test_nine_pods_on_an_h100_sliced_in_10g_eight_fit(
 
     pods = [f"w{i}" for i in range(9)]
     await create_pods(kube, namespace, "gpu-slice", pods)
-    results = await settle(kube, namespace, pods, 8)
+    results = await settle(cluster, kube, namespace, pods, 8)
     assert memory_of(devices, results) == 80 * G
     assert len({r["device"] for r in results}) == 8
 
@@ -124,8 +127,8 @@ async def test_nine_pods_on_an_h100_sliced_in_10g_eight_fit(
 
 
 async def test_two_policies_on_one_gpu_stay_within_its_memory(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
     await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "20G"}, "-20", "twenty")
@@ -144,15 +147,15 @@ async def test_two_policies_on_one_gpu_stay_within_its_memory(
         return results if not any(size <= free for size in waiting) else None
 
     results = await wait_for(full, within=90, what="the GPU to fill up until no waiting pod fits")
-    await asyncio.sleep(3)
+    await scheduler_settled(cluster)  # every waiting pod tried again since: none may have fit
     final = await allocated_results(kube, namespace, big + small)
     assert len(final) >= len(results)
     assert memory_of(devices, final) <= H100
 
 
 async def test_shared_capacity_is_rounded_and_never_exceeded(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
     name = await tenant_policy(make_policy, namespace, node.name, {"mode": "shared", "sliceSize": "10G"})
@@ -187,21 +190,21 @@ async def test_shared_capacity_is_rounded_and_never_exceeded(
         assert result["shareID"]
         consumed[pod] = quantity_bytes(result["consumedCapacity"]["memory"])
     assert consumed == {"a": 10 * G, "b": 30 * G, "c": 20 * G, "d": 20 * G}
-    await asyncio.sleep(5)
+    await scheduler_settled(cluster)  # claim-e's pod was tried, and parked
     last = await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/claim-e")
     assert not (last.get("status") or {}).get("allocation"), "80G of the GPU's 85.5G are taken; the next claim must wait"
 
 
 async def test_dynamic_mig_placements_never_overlap(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     node = await gpu_node("a100-40gb", 1)
     await tenant_policy(make_policy, namespace, node.name, {"mode": "mig", "mig": {"profiles": ["1g.5gb", "3g.20gb"]}})
     devices = await published(kube, node.name, 7 + 2)
     pods = [f"m{i}" for i in range(8)]
     await create_pods(kube, namespace, "gpu-slice", pods)
-    results = await settle(kube, namespace, pods, 7)
+    results = await settle(cluster, kube, namespace, pods, 7)
     used: set[int] = set()
     for result in results:
         parsed = parse_mig_device_name(result["device"])
@@ -213,15 +216,15 @@ async def test_dynamic_mig_placements_never_overlap(
 
 
 async def test_resize_while_claims_hold_slices_waits_for_them(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
     name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
     before = await published(kube, node.name, 8)
     pods = ["h0", "h1"]
     await create_pods(kube, namespace, "gpu-slice", pods)
-    results = await settle(kube, namespace, pods, 2)
+    results = await settle(cluster, kube, namespace, pods, 2)
     held = {r["device"] for r in results}
 
     await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}",
@@ -259,11 +262,11 @@ async def test_resize_while_claims_hold_slices_waits_for_them(
     assert degraded["message"].startswith("2 allocated devices keep their old shape")
 
     versions = await pool_versions(kube, node.name)
-    cycles = sum(v for k, v in (await node.metrics()).items() if k.startswith("gpuslice_agent_publish_cycles_total"))
-    await asyncio.sleep(3)
+    cycles = total(await node.metrics(), "gpuslice_agent_publish_cycles_total")
+    await agent_cycles(kube, node.name, node.metrics)
     assert await pool_versions(kube, node.name) == versions, "a held change writes nothing while it waits"
-    after = sum(v for k, v in (await node.metrics()).items() if k.startswith("gpuslice_agent_publish_cycles_total"))
-    assert after - cycles <= 2, "and does not spin: a held device waits on its claim, not on a timer"
+    after = total(await node.metrics(), "gpuslice_agent_publish_cycles_total")
+    assert after - cycles <= 2 + 2, "and does not spin: a held device waits on its claim, not on a timer"
 
     for pod in pods:
         await kube.delete(f"/api/v1/namespaces/{namespace}/pods/{pod}", gracePeriodSeconds=0)
@@ -294,7 +297,7 @@ async def test_invalid_edit_keeps_what_was_published(
                     and body["status"].get("observedGeneration") == body["metadata"]["generation"])
 
     await wait_for(invalid, what="the controller to find the edit invalid")
-    await asyncio.sleep(3)
+    await agent_cycles(kube, node.name, node.metrics)  # the agent planned from the invalid spec
     assert await pool_versions(kube, node.name) == versions, "an invalid spec changes nothing that was published"
 
     await kube.merge_patch(path, {"spec": {"slicing": {"sliceSize": "40G"}}})
@@ -360,8 +363,8 @@ async def test_agent_may_write_only_its_own_nodes_slices(gpu_node: GpuNodeFactor
 
 
 async def test_policy_taints_travel_on_its_devices_and_reach_allocated_ones_at_once(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     """A taint is part of the device the agent publishes (no DeviceTaintRule per device): the
     scheduler keeps new claims off tainted devices, and an allocated device gets the taint at
@@ -370,7 +373,7 @@ async def test_policy_taints_travel_on_its_devices_and_reach_allocated_ones_at_o
     name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
     await published(kube, node.name, 8)
     await create_pods(kube, namespace, "gpu-slice", ["before"])
-    [result] = await settle(kube, namespace, ["before"], 1)
+    [result] = await settle(cluster, kube, namespace, ["before"], 1)
     taint = {"key": "gpuslice.dev/maintenance", "value": "planned", "effect": "NoSchedule"}
     await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}", {"spec": {"taints": [taint]}})
 
@@ -384,15 +387,16 @@ async def test_policy_taints_travel_on_its_devices_and_reach_allocated_ones_at_o
     assert result["device"] in devices
     assert not await kube.list(f"{RESOURCE}/devicetaintrules", labelSelector=f"gpuslice.dev/policy={name}")
     await create_pods(kube, namespace, "gpu-slice", ["after"])
-    await settle(kube, namespace, ["before", "after"], 1)  # "after" is unschedulable: every free device is tainted
+    # "after" is unschedulable: every free device is tainted
+    await settle(cluster, kube, namespace, ["before", "after"], 1)
 
     await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}", {"spec": {"taints": []}})
-    await settle(kube, namespace, ["before", "after"], 2)
+    await settle(cluster, kube, namespace, ["before", "after"], 2)
 
 
 async def test_claims_are_read_only_when_a_published_device_would_change(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     """At 1,000 nodes every agent listing every claim on every cycle is a thousand cluster-wide
     lists per burst. Cycles that change no published device read no claim; a resize does."""
@@ -400,7 +404,7 @@ async def test_claims_are_read_only_when_a_published_device_would_change(
     name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
     await published(kube, node.name, 8)
     await create_pods(kube, namespace, "gpu-slice", ["p0", "p1"])
-    await settle(kube, namespace, ["p0", "p1"], 2)
+    await settle(cluster, kube, namespace, ["p0", "p1"], 2)
     reads = 'gpuslice_agent_claim_reads_total{outcome="read"}'
     skipped = 'gpuslice_agent_claim_reads_total{outcome="skipped"}'
     before = await node.metrics()

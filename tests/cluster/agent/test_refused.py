@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from tests.cluster.agent.conftest import GpuNode, GpuNodeFactory
 from tests.cluster.agent.test_publishing import create_pods, pool, published, settle, tenant_policy
@@ -106,8 +107,8 @@ async def refusal(kube: KubeClient, unique: str) -> AsyncIterator[Refusal]:
 
 
 async def test_a_refused_policy_leaves_the_others_published_and_allocatable(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str, refusal: Refusal,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str, refusal: Refusal,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
     good = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"}, "-good", "good")
@@ -136,7 +137,7 @@ async def test_a_refused_policy_leaves_the_others_published_and_allocatable(
     # agent keeps running cycles (each woken by a change of its Node's labels: claims do not wake an
     # agent that waits for none).
     await create_pods(kube, namespace, "good", ["g0", "g1"])
-    await settle(kube, namespace, ["g0", "g1"], 2)
+    await settle(cluster, kube, namespace, ["g0", "g1"], 2)
     for value in ("a", "b"):
         before = await cycles(node)
         await kube.merge_patch(f"/api/v1/nodes/{node.name}", {"metadata": {"labels": {"probe": value}}})

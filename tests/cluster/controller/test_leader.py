@@ -3,11 +3,9 @@ other waits; a killed leader's successor takes over; a frozen leader that thaws 
 
 from __future__ import annotations
 
-import json
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -15,24 +13,17 @@ import pytest
 from gpuslice.kube.client import KubeClient
 from tests.cluster.controller.test_objects import NO_NODES, get_or_none
 from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.observe import log_entries
 from tests.cluster.operator_fixtures import LEASE_ENV, ControllerProcess, PolicyFactory
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/gpuslice-system/leases/gpuslice-controller"
 
 
-def entries(text: str) -> list[dict[str, Any]]:
-    found = []
-    for line in text.splitlines():
-        try:
-            found.append(json.loads(line))
-        except ValueError:
-            continue
-    return found
-
 
 def holder_of(text: str, event: str) -> str | None:
-    """The holder a controller's log says it is when it logs ``event``."""
-    return next((str(e.get("holder")) for e in entries(text) if e.get("event") == event), None)
+    """The holder a controller's log says it is when it logs ``event`` last (the log of a controller
+    restarted by an earlier test holds its earlier lives too)."""
+    return next((str(e.get("holder")) for e in reversed(log_entries(text)) if e.get("event") == event), None)
 
 
 async def lease_holder(kube: KubeClient) -> str:
@@ -54,7 +45,7 @@ async def second(controller: ControllerProcess, controller_kubeconfig: Path, kub
         controller.start()
 
     async def leading() -> bool:
-        if any(e.get("event") == "controller started" for e in entries(controller.log_text()[since:])):
+        if any(e.get("event") == "controller started" for e in log_entries(controller.log_text()[since:])):
             return True  # (re)started, or a follower that took over
         mine = holder_of(controller.log_text(), "leading: this controller acts")
         return mine is not None and await lease_holder(kube) == mine  # led all along
@@ -138,7 +129,7 @@ async def test_a_frozen_leader_stops_when_it_thaws_and_writes_nothing(
             controller.resume()
         second.resume()
     assert status == 1
-    after = entries(controller.log_text()[len(before):])
+    after = log_entries(controller.log_text()[len(before):])
     assert any(e.get("event") == "lost the leader Lease: this controller stops acting" for e in after)
     assert all(e.get("event") != "controller started" for e in after)
     assert await lease_holder(kube) == holder_of(second.log_text(), "leading: this controller acts")
@@ -151,4 +142,4 @@ async def health(process: ControllerProcess, path: str) -> tuple[int, str]:
 
 
 async def _logged(process: ControllerProcess, event: str) -> bool:
-    return any(e.get("event") == event for e in entries(process.log_text()))
+    return any(e.get("event") == event for e in log_entries(process.log_text()))

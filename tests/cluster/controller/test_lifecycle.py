@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
 from collections.abc import Awaitable, Callable
@@ -10,9 +9,9 @@ from typing import Any
 
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.conftest import ClusterObjects
-from tests.cluster.controller.test_leader import entries
 from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
 from tests.cluster.kubeutil import RESOURCE, pod_claim, pod_with_claim, policy_devices, wait_for
+from tests.cluster.observe import handler_retried, log_entries, reconciled_again
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
@@ -125,7 +124,7 @@ async def test_deletion_waits_for_claims_then_cleans_up(
     assert claim is not None
     assert body["status"]["holdingClaims"] == [f"{tenant}/{claim['metadata']['name']}"]
     assert await get_or_none(kube, f"{RESOURCE}/deviceclasses/{name}.gpuslice.dev") is not None
-    await asyncio.sleep(3)
+    await handler_retried(controller, name, "policy_deleted")  # it looked again, and still waits
     assert await get_or_none(kube, f"{POLICIES}/{name}") is not None, "deletion must wait while a claim holds a device"
 
     await kube.delete(f"/api/v1/namespaces/{tenant}/pods/worker", gracePeriodSeconds=0)
@@ -137,7 +136,7 @@ async def test_deletion_waits_for_claims_then_cleans_up(
     # Then for its devices to go (no agent publishes these: the test removes them, as an agent would).
     body = await wait_for(agents_awaited, within=60, what="the policy to wait for its devices once the claim is gone")
     assert "remove this policy's devices: gpu-node-1." in condition(body, "Ready")["message"]
-    await asyncio.sleep(3)
+    await handler_retried(controller, name, "policy_deleted")
     assert await get_or_none(kube, f"{POLICIES}/{name}") is not None, "deletion must wait while devices are published"
     await cluster_objects.delete_all()
     await wait_for(lambda: absent(kube, f"{POLICIES}/{name}"), within=60, what="the policy to go once its devices are gone")
@@ -183,7 +182,7 @@ async def test_taints_make_no_device_taint_rules_and_old_rules_are_pruned(
         return not await kube.list(f"{RESOURCE}/devicetaintrules", labelSelector=selector)
 
     await wait_for(none_left, within=60, what="the DeviceTaintRule of an earlier version to be pruned")
-    await asyncio.sleep(2)
+    await reconciled(kube, name)  # the reconcile of the tainted spec is over, status written last
     assert await none_left(), "a tainted policy must not get DeviceTaintRules"
 
 
@@ -228,7 +227,7 @@ async def test_restart_mid_reconcile_converges_without_duplicates_or_writes(
     # after it is up proves that listing has been handled.
     probe = (await make_policy({"nodeSelector": NO_NODES, "slicing": MEMORY}, suffix="-probe"))["metadata"]["name"]
     await reconciled(kube, probe)
-    await asyncio.sleep(2)
+    await reconciled_again(controller, name, since=0)  # this copy of the controller has looked at it
     assert await versions() == before, "a restarted controller must not rewrite objects that are already right"
 
 
@@ -247,10 +246,10 @@ async def test_a_policy_deleted_before_the_controller_saw_it_leaves_nothing_behi
     finally:
         controller.resume()
     # A policy made after it proves the controller has handled the events before it; its status
-    # timer's first tick (status_interval, 10 s) is when the gone one's would have converged.
+    # timer's first tick (status_interval, 10 s) comes after the gone one's would have converged.
     probe = (await make_policy({"nodeSelector": NO_NODES, "slicing": MEMORY}, suffix="-probe"))["metadata"]["name"]
     await reconciled(kube, probe)
-    await asyncio.sleep(15)
-    said = [e for e in entries(controller.log_text()) if e.get("policy") == name]
+    await reconciled_again(controller, probe, "status", since=0)
+    said = [e for e in log_entries(controller.log_text()) if e.get("policy") == name]
     assert said == [], f"the controller acted on a policy that is gone: {said[:3]}"
     assert await absent(kube, f"{RESOURCE}/deviceclasses/{name}.gpuslice.dev")

@@ -5,7 +5,6 @@ and the tenancy admission policy refuse."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from tests.cluster.conftest import ClusterObjects
 from tests.cluster.controller.test_allocation import allocation, event_saying, pod_event, pod_using
 from tests.cluster.controller.test_objects import get_or_none
 from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_claim, wait_for
+from tests.cluster.observe import scheduler_attempts
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, judged_before_the_policy
 
 __all__ = ["agent_rbac", "gpu_node"]
@@ -92,8 +92,8 @@ async def tried(kube: KubeClient, ns: str, pod: str) -> None:
 
 
 async def test_a_slice_limit_is_a_memory_limit_whatever_the_claim(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str, unique: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str, unique: str,
 ) -> None:
     # Two GPUs: the tenant's one slice on one, and the whole other free for the extended-resource
     # pod below to reach the quota (with one GPU, that pod's retries hold the whole GPU in flight
@@ -140,7 +140,7 @@ async def test_a_slice_limit_is_a_memory_limit_whatever_the_claim(
     await kube.create(f"/api/v1/namespaces/{namespace}/pods", extended_pod("explicit", resource, 1))
     for pod in ("implicit", "explicit"):
         assert "exceeded quota" in await pod_event(kube, namespace, pod, "exceeded quota")
-    await asyncio.sleep(3)
+    await scheduler_attempts(cluster, 2)  # refused, never parked: tried again with a backoff
     assert await held_memory(kube, namespace, devices) == 10 * G
 
     async def reported() -> dict[str, Any] | None:

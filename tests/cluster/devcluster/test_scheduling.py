@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from gpuslice.devcluster.cluster import DevCluster
@@ -19,6 +18,7 @@ from tests.cluster.kubeutil import (
     pod_with_claim,
     wait_for,
 )
+from tests.cluster.observe import scheduler_settled
 
 GI = 1024**3
 
@@ -94,7 +94,7 @@ async def test_scheduler_enforces_shared_counters(
         return len(bound) == 1 and len(unschedulable) == 1
 
     await wait_for(one_bound_other_unschedulable, within=60, what="one pod bound and one unschedulable")
-    await asyncio.sleep(5)  # the scheduler retries; the loser must stay pending
+    await scheduler_settled(cluster)  # the loser was tried again since, and must stay pending
     final = await states()
     assert sum(1 for node_name, _ in final.values() if node_name) == 1
     allocated = [r for _, results in final.values() for r in results]

@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 
+from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
 from tests.cluster.agent.conftest import GpuNodeFactory
 from tests.cluster.agent.test_publishing import create_pods, pool, pool_devices, published, settle
@@ -19,8 +20,8 @@ PENDING = "gpuslice.dev/pending-change"
 
 
 async def test_a_resize_is_previewed_without_a_write_and_the_agent_then_does_exactly_that(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str, gpuslice: Cli, tmp_path: Path,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str, gpuslice: Cli, tmp_path: Path,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
     spec = {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
@@ -29,7 +30,7 @@ async def test_a_resize_is_previewed_without_a_write_and_the_agent_then_does_exa
     name = policy["metadata"]["name"]
     before = await published(kube, node.name, 8)
     await create_pods(kube, namespace, "gpu-slice", ["keep-0", "keep-1"])
-    results = await settle(kube, namespace, ["keep-0", "keep-1"], 2)
+    results = await settle(cluster, kube, namespace, ["keep-0", "keep-1"], 2)
     allocated = sorted(r["device"] for r in results)
 
     edit = tmp_path / "edit.yaml"

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
 from tests.cluster.agent.conftest import GpuNodeFactory
 from tests.cluster.agent.test_publishing import create_pods, published, settle
@@ -24,8 +25,8 @@ def node_map(status: dict[str, Any], node: str) -> dict[str, Any]:
 
 
 async def test_the_map_shows_each_pods_slice_and_the_totals_the_policy_counts(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str, gpuslice: Cli,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str, gpuslice: Cli,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
     policy = await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
@@ -35,7 +36,7 @@ async def test_the_map_shows_each_pods_slice_and_the_totals_the_policy_counts(
     await published(kube, node.name, 8)
     pods = ["web-0", "web-1", "web-2"]
     await create_pods(kube, namespace, "gpu-slice", pods)
-    results = await settle(kube, namespace, pods, 3)
+    results = await settle(cluster, kube, namespace, pods, 3)
 
     async def counted() -> dict[str, Any] | None:
         body = await kube.get(f"{POLICIES}/{name}")
@@ -63,8 +64,8 @@ async def test_the_map_shows_each_pods_slice_and_the_totals_the_policy_counts(
 
 
 async def test_the_same_map_as_text_svg_html_and_through_the_kubectl_plugin(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str, gpuslice: Cli, viewer_kubeconfig: Any,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str, gpuslice: Cli, viewer_kubeconfig: Any,
 ) -> None:
     node = await gpu_node("a100-40gb", 1)
     await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
@@ -72,7 +73,7 @@ async def test_the_same_map_as_text_svg_html_and_through_the_kubectl_plugin(
                        "tenants": [{"namespace": namespace}]})
     await published(kube, node.name, 2)
     await create_pods(kube, namespace, "gpu-slice", ["trainer"])
-    await settle(kube, namespace, ["trainer"], 1)
+    await settle(cluster, kube, namespace, ["trainer"], 1)
 
     text = await gpuslice("status")
     assert text.rc == 0, text.stderr

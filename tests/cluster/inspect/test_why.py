@@ -49,15 +49,15 @@ def on(node: str) -> dict[str, Any]:
 
 
 async def test_over_the_limit_by_how_much(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str, gpuslice: Cli,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str, gpuslice: Cli,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
     policy = await make_policy({"nodeSelector": on(node.name), "slicing": {"mode": "memory", "sliceSize": "10G"},
                                 "tenants": [{"namespace": namespace, "maxSlices": 2}]})
     await published(kube, node.name, 8)
     await create_pods(kube, namespace, "gpu-slice", ["a", "b"])
-    await settle(kube, namespace, ["a", "b"], 2)
+    await settle(cluster, kube, namespace, ["a", "b"], 2)
     await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_with_claim("c", "gpu-slice"))
     await warning(kube, namespace, "c", "FailedResourceClaimCreation")
 
@@ -83,7 +83,7 @@ async def test_a_context_that_impersonates_in_its_namespace(
                        "tenants": [{"namespace": namespace, "maxSlices": 1}]})
     await published(kube, node.name, 8)
     await create_pods(kube, namespace, "gpu-slice", ["a"])
-    await settle(kube, namespace, ["a"], 1)
+    await settle(cluster, kube, namespace, ["a"], 1)
     await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_with_claim("b", "gpu-slice"))
     await warning(kube, namespace, "b", "FailedResourceClaimCreation")
 
@@ -158,8 +158,8 @@ async def test_slices_kept_off_by_a_maintenance_taint(
 
 
 async def test_no_whole_gpu_free_shows_the_largest_free_one(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str, gpuslice: Cli,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str, gpuslice: Cli,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
     policy = await make_policy({"nodeSelector": on(node.name),
@@ -167,7 +167,7 @@ async def test_no_whole_gpu_free_shows_the_largest_free_one(
                                 "tenants": [{"namespace": namespace}]})
     await published(kube, node.name, 9)
     await create_pods(kube, namespace, "gpu-slice", ["small"])
-    await settle(kube, namespace, ["small"], 1)
+    await settle(cluster, kube, namespace, ["small"], 1)
     await create_pods(kube, namespace, "gpu-slice-full", ["whole"])
     await warning(kube, namespace, "whole", "FailedScheduling")
 

@@ -8,6 +8,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
 from tests.cluster.agent.conftest import GpuNodeFactory
 from tests.cluster.agent.test_publishing import create_pods, published, settle
@@ -45,8 +46,8 @@ def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
 
 
 async def test_every_metric_the_dashboard_and_alerts_use_is_served(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     node = await gpu_node("h100-80gb", 1)
     policy = await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
@@ -55,7 +56,7 @@ async def test_every_metric_the_dashboard_and_alerts_use_is_served(
     name = policy["metadata"]["name"]
     await published(kube, node.name, 8)
     await create_pods(kube, namespace, "gpu-slice", ["m0"])
-    await settle(kube, namespace, ["m0"], 1)
+    await settle(cluster, kube, namespace, ["m0"], 1)
 
     async def counted() -> str | None:
         text = await scrape(controller.metrics_port)

@@ -26,6 +26,7 @@ from gpuslice.devcluster.process import Component
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.agent.conftest import agent_rbac, cluster_ca  # noqa: F401 (a fixture)
 from tests.cluster.kubeutil import short_dir, wait_for
+from tests.cluster.observe import scrape
 
 
 class PluginNode:
@@ -46,6 +47,10 @@ class PluginNode:
         component = operator.agent_component(self.name, self.agent_kubeconfig, self.logs / f"agent-{self.name}.log",
                                              self.metrics_port, self.root, self.agent_args, env)
         return component
+
+    async def metrics(self) -> dict[str, float]:
+        """The agent's Prometheus samples, by name with labels."""
+        return await scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
 
     @property
     def agent_log(self) -> str:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
 from tests.cluster.agent.test_publishing import create_pods, pool_devices, pool_versions, published, tenant_policy
 from tests.cluster.kubeutil import pod_claim, wait_for
+from tests.cluster.observe import scheduler_settled
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, gone, pod_phase, running
 
@@ -45,8 +47,8 @@ async def node_events(kube: KubeClient, node: str, reason: str) -> list[dict[str
 
 
 async def test_unhealthy_gpu_is_tainted_shown_in_the_pod_status_and_recovers(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    plugin_node: PluginNodeFactory, namespace: str,
 ) -> None:
     node = await plugin_node("h100-80gb", 2, agent_args=QUICK_HEALTH)
     policy = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "40G"})
@@ -95,7 +97,7 @@ async def test_unhealthy_gpu_is_tainted_shown_in_the_pod_status_and_recovers(
 
     assert policy_body["metadata"]["name"] == policy
     await wait_for(degraded, within=60, what="the policy's status to say 2 devices are on an unhealthy GPU")
-    samples = await metrics(node)
+    samples = await node.metrics()
     assert any(f'gpu="{sick}"' in k and 'reason="XID-48"' in k and v == 1 for k, v in samples.items())
 
     # The sick GPU has one free slice left, the healthy one two: three pods, two run.
@@ -111,7 +113,7 @@ async def test_unhealthy_gpu_is_tainted_shown_in_the_pod_status_and_recovers(
     ran = await wait_for(two_run, within=60, what="two of the three pods to run on the healthy GPU")
     for pod in ran:
         assert (await gpu_of(kube, node, namespace, pod))[0] != sick, "nothing new lands on the unhealthy GPU"
-    await asyncio.sleep(3)  # the scheduler keeps retrying the third; it must not get the tainted slice
+    await scheduler_settled(cluster)  # the third was tried again since; it must not get the tainted slice
     assert await runs() == ran
 
     node.fake_gpu("clear", str(index))
@@ -129,8 +131,8 @@ async def test_unhealthy_gpu_is_tainted_shown_in_the_pod_status_and_recovers(
 
 
 async def test_lost_gpu_evicts_its_pods_and_allocation_resumes_when_it_is_back(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
-    namespace: str,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    plugin_node: PluginNodeFactory, namespace: str,
 ) -> None:
     node = await plugin_node("h100-80gb", 1, agent_args=QUICK_HEALTH)
     await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "40G"})
@@ -152,19 +154,9 @@ async def test_lost_gpu_evicts_its_pods_and_allocation_resumes_when_it_is_back(
     assert "pods using them are evicted" in event["message"]
 
     await create_pods(kube, namespace, "gpu-slice", ["next"])
-    await asyncio.sleep(5)
+    await scheduler_settled(cluster)  # "next" was tried, and parked
     assert await pod_phase(kube, namespace, "next") == "Pending", "nothing is allocated on a lost GPU"
     node.fake_gpu("clear", "0")
     await running(kube, namespace, ["next"], within=60)
     await kube.delete(f"/api/v1/namespaces/{namespace}/pods/next")
     await gone(kube, namespace, ["next"])
-
-
-async def metrics(node: PluginNode) -> dict[str, float]:
-    import aiohttp
-
-    async with aiohttp.ClientSession() as session, session.get(
-            f"http://127.0.0.1:{node.metrics_port}/metrics") as response:
-        text = await response.text()
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line and not line.startswith("#")}

@@ -4,12 +4,12 @@ a failed reconfiguration back to the last good layout, saying so on the policy."
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from gpuslice.kube.client import KubeClient
 from tests.cluster.agent.test_publishing import create_pods, pool_devices, tenant_policy
 from tests.cluster.kubeutil import pod_claim, wait_for
+from tests.cluster.observe import agent_cycles
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, exec_env, gone, running
 
@@ -84,7 +84,7 @@ async def test_layout_change_goes_one_gpu_at_a_time_and_waits_for_the_busy_one(
     assert most_at_once <= 1, "free GPUs are reconfigured one at a time"
     published = by_gpu(await pool_devices(kube, node.name))
     assert taint_keys(published[busy]) == {RECONFIGURING}, "the busy GPU drains: nothing new lands on it"
-    await asyncio.sleep(3)
+    await agent_cycles(kube, node.name, node.metrics)  # its MIG manager had two more chances
     assert node.mig_instances(busy) == THREE_G
     assert exec_env(cluster, namespace, "busy") == env
 

@@ -1,0 +1,152 @@
+"""One node's pool for fast tests of the agent's publish cycle and the kubelet plugin: the node, its
+fake GPUs, what the agent keeps between cycles, and the drain rule as the API server enforces it,
+all against the fake API server (tests.fakeapi)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Set
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuslice.agent.drain import DRAINING, MARKER, NAMESPACE, PROBE, Drains
+from gpuslice.agent.dryrun import Refusals
+from gpuslice.agent.gpus.fake import FakeBackend
+from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
+from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints
+from gpuslice.agent.kubeletplugin.gpuops import GpuOps
+from gpuslice.agent.kubeletplugin.prepare import Preparer
+from gpuslice.agent.mps.daemons import MpsDaemons
+from gpuslice.agent.published import PublishedRecord
+from gpuslice.agent.publisher import PublishResult, publish
+from gpuslice.dra.names import DRIVER
+from gpuslice.kube.client import KubeClient
+from tests.fakeapi import FakeApi, Refusal, Request
+from tests.unit import bodies
+
+ATTR_POLICY = "gpuslice.dev/policy"
+PENDING = "gpuslice.dev/pending-change"
+
+
+@dataclass
+class DrainRule:
+    """ValidatingAdmissionPolicy ``gpuslice-drain`` (manifests/agent-rbac.yaml) as the API server
+    enforces it: a drain probe naming a device that a drain object lists is refused, with the
+    devices in the message. ``in_force`` False: the server has not loaded the new parameters yet."""
+
+    api: FakeApi
+    in_force: bool = True
+
+    def __call__(self, request: Request, obj: dict[str, Any] | None) -> Refusal | None:
+        if not (self.in_force and request.method == "POST" and obj is not None
+                and request.path == f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+                and obj["metadata"]["name"] == PROBE):
+            return None
+        pool, asked = obj["data"]["pool"], obj["data"]["devices"].split()
+        params = self.api.items(f"/api/v1/namespaces/{NAMESPACE}/configmaps")
+        listed = {d for p in params if p["metadata"]["name"] == DRAINING + pool
+                  for d in (p.get("data") or {}).get(pool, "").split()}
+        draining = [f"{pool}/{d}" for d in asked if d in listed]
+        if not draining:
+            return None
+        return Refusal(403, f'configmaps "{PROBE}" is forbidden: ValidatingAdmissionPolicy \'gpuslice-drain\' with'
+                            f" binding 'gpuslice-drain' denied request: {MARKER}{' '.join(draining)} are being changed"
+                            " or removed by gpuslice; the scheduler will choose other devices")
+
+
+@dataclass
+class Pool:
+    """Node ``bodies.NODE`` with ``count`` fake GPUs of ``model`` (in memory), published by
+    :meth:`publish` as the agent's loop does, keeping its drains, refusals and record between cycles."""
+
+    api: FakeApi
+    kube: KubeClient
+    state: Path
+    rule: DrainRule  # the drain rule as the API server enforces it
+    model: str = "h100-80gb"
+    count: int = 1
+    holds: set[str] = field(default_factory=set)  # what the kubelet plugin has prepared
+    drains: Drains = field(default_factory=Drains)
+    refusals: Refusals = field(default_factory=Refusals)
+
+    @classmethod
+    def on(cls, api: FakeApi, kube: KubeClient, state: Path, model: str = "h100-80gb", count: int = 1) -> Pool:
+        """A new node on ``api``, whose API server enforces the drain rule."""
+        rule = DrainRule(api)
+        api.admit(rule)
+        return cls(api, kube, state, rule, model, count)
+
+    def __post_init__(self) -> None:
+        self.backend = FakeBackend(bodies.NODE, [(self.model, self.count)])
+        self.gpus = self.backend.discover()
+        self.record = PublishedRecord(self.state)
+        if self.api.get(f"/api/v1/nodes/{bodies.NODE}") is None:
+            self.api.put(bodies.node(bodies.NODE, self.model, self.count))
+
+    def restarted(self) -> Pool:
+        """The same node after its agent restarted: what it kept in memory is gone, its record is not."""
+        return Pool(self.api, self.kube, self.state, self.rule, self.model, self.count, set(self.holds))
+
+    async def publish(self) -> PublishResult:
+        return await publish(self.kube, bodies.NODE, self.gpus, self.drains, self.refusals, holds=self.holds,
+                             record=self.record)
+
+    async def settle(self, cycles: int = 6) -> PublishResult:
+        """Publish until a cycle writes nothing (as the agent's loop, woken by its own writes, does)."""
+        for _ in range(cycles):
+            result = await self.publish()
+            if not result.changed:
+                return result
+        raise AssertionError(f"the pool did not settle in {cycles} cycles")
+
+    def preparer(self, boot_id: str = "boot-1", static: Set[str] = frozenset()) -> Preparer:
+        """The node's kubelet plugin (a new process each call: its checkpoints and CDI specs are the
+        node's, on disk, and its GPUs are the pool's); ``static``: GPUs a static MIG layout owns."""
+        mps = MpsDaemons(bodies.NODE, self.backend, self.state / "mps", self.state / "shm")
+        return Preparer(bodies.NODE, self.kube, GpuOps(self.backend, self.gpus), Checkpoints(self.state, boot_id),
+                        CdiDirectory(self.state / "cdi"), asyncio.Lock(), mps, static_gpus=lambda: set(static))
+
+    def slices(self) -> list[dict[str, Any]]:
+        return [s for s in self.api.items(bodies.SLICES)
+                if s["spec"]["driver"] == DRIVER and s["spec"]["pool"]["name"] == bodies.NODE]
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        """The devices the pool's newest generation publishes, by name."""
+        slices = self.slices()
+        newest = max((s["spec"]["pool"]["generation"] for s in slices), default=0)
+        return {d["name"]: d for s in slices if s["spec"]["pool"]["generation"] == newest
+                for d in s["spec"].get("devices") or []}
+
+    def generation(self) -> int:
+        return max((s["spec"]["pool"]["generation"] for s in self.slices()), default=0)
+
+    def of(self, policy: str) -> dict[str, dict[str, Any]]:
+        return {n: d for n, d in self.devices().items() if d["attributes"][ATTR_POLICY]["string"] == policy}
+
+    def instances(self) -> list[tuple[str, int, str]]:
+        """(profile, start, uuid) of every MIG instance on the node's GPUs."""
+        return sorted((i.profile, i.start, i.uuid) for g in self.gpus for i in self.backend.mig_instances(g))
+
+    def listed(self) -> set[str]:
+        """The devices this node's drain object lists."""
+        found = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{DRAINING}{bodies.NODE}")
+        return set(((found or {}).get("data") or {}).get(bodies.NODE, "").split())
+
+    def set_policy(self, name: str, slicing: dict[str, Any], **spec: Any) -> None:
+        """Create or change a policy as its owner would, judged valid by the controller."""
+        live = self.api.get(f"{bodies.POLICIES}/{name}")
+        generation = live["metadata"]["generation"] + 1 if live else 1
+        self.api.put(bodies.policy(name, slicing, generation=generation, **spec))
+
+    def allocate(self, claim: str, *devices: str, **more: Any) -> None:
+        """Claim ``claim`` of the tenant allocated ``devices`` (``more``: see bodies.claim)."""
+        self.api.put(bodies.claim(claim, list(devices), **more))
+
+
+def without_taints(device: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in device.items() if k != "taints"}
+
+
+def taint_keys(device: dict[str, Any]) -> list[str]:
+    return [t["key"] for t in device.get("taints") or []]
