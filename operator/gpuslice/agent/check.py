@@ -42,6 +42,7 @@ from gpuslice.dra.nvidia_toolkit import NvidiaCdiError
 from gpuslice.inventory.catalog import MI
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model, product_key
+from gpuslice.planning.mig_mode import switches_mig_mode
 from gpuslice.planning.node_pool import plan_node_pool
 
 # The NVML functions the check may call: queries only (the backend's discovery and its listing of
@@ -138,8 +139,14 @@ def _inventory(report: Report, gpus: list[Gpu]) -> None:
         report.line(f"  {gpu.brand}, {gpu.architecture}, compute capability {gpu.compute_capability}, driver"
                     f" {gpu.driver_version}, CUDA {gpu.cuda_driver_version}")
         report.line(f"  PCI bus id {gpu.pci_bus_id}, PCIe root {gpu.pcie_root or '(none: sysfs did not say)'}")
-        report.line(f"  MIG: {'capable' if gpu.mig_capable else 'not supported'}"
-                    + (f", mode {'enabled' if gpu.mig_enabled else 'disabled'}" if gpu.mig_capable else ""))
+        if not gpu.mig_capable:
+            report.line("  MIG: not supported")
+            continue
+        switch = ("the agent switches it as a policy needs (Hopper or later)" if switches_mig_mode(gpu) else
+                  "only a GPU reset switches it, which the agent does not do")
+        report.line(f"  MIG: capable, mode {'enabled' if gpu.mig_enabled else 'disabled'}; {switch}")
+        if not gpu.mig_enabled and not switches_mig_mode(gpu):
+            report.line("  so MIG policies publish nothing on it until an admin enables MIG mode and resets it")
 
 
 def _mig(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
@@ -190,8 +197,9 @@ def _attributes(report: Report, gpus: list[Gpu]) -> None:
             for device in plan_node_pool({}, trial, [policy]).devices:
                 kinds.setdefault(device["attributes"]["type"]["string"], device)
         if gpu.mig_profiles:
+            # As in MIG mode: whatever the mode now (the inventory says whether the agent may switch it).
             mig = _policy("check-mig", {"mode": "mig", "mig": {"profiles": [p.name for p in gpu.mig_profiles]}})
-            for device in plan_node_pool({}, [gpu], [mig]).devices:
+            for device in plan_node_pool({}, [replace(gpu, mig_enabled=True)], [mig]).devices:
                 kinds.setdefault(f"mig {device['attributes']['profile']['string']}", device)
         for kind, device in kinds.items():
             report.line(f"GPU {gpu.index}, {kind} device {device['name']}:")

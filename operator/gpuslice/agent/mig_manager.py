@@ -102,6 +102,33 @@ class MigManager:
         """GPUs whose instances belong to a static layout (prepare never makes or destroys them)."""
         return set(self.applied()) | {p.gpu.uuid for p in self.pending.values()}
 
+    # 0. Each GPU's MIG mode, as the GPU has it now
+
+    async def refresh(self, gpus: Sequence[Gpu]) -> list[Gpu]:
+        """``gpus`` with the MIG mode each has now, for the planner: the agent switches it (dynamic
+        prepare, layouts), and so may an admin (with a GPU reset, below Hopper), whose change is
+        seen at the next cycle. A GPU whose mode cannot be read keeps the last one known (its
+        health check reports the GPU; one lost GPU does not stop the node's publishing)."""
+        found = []
+        for gpu in gpus:
+            known = self.ops.gpus.get(gpu.uuid, gpu)
+            if gpu.mig_capable:
+                try:
+                    async with self.ops.lock(gpu.uuid):
+                        enabled = await self.ops.call(self.ops.backend.mig_enabled, gpu)
+                except GpuBackendError as error:
+                    log.warning("could not read the GPU's MIG mode; the last one known stands", node=self.node,
+                                gpu=gpu.uuid, error=str(error))
+                    enabled = known.mig_enabled
+                if enabled != known.mig_enabled:
+                    log.info("GPU's MIG mode changed", node=self.node, gpu=gpu.uuid, index=gpu.index,
+                             mig_enabled=enabled)
+                gpu = replace(gpu, mig_enabled=enabled)
+                if gpu.uuid in self.ops.gpus:
+                    self.ops.gpus[gpu.uuid] = replace(known, mig_enabled=enabled)
+            found.append(gpu)
+        return found
+
     # 1. What each static GPU publishes
 
     async def adjust(self, plan: NodePlan, policies: Sequence[GpuSlicePolicy]) -> NodePlan:
@@ -138,7 +165,7 @@ class MigManager:
         typed += [d for found in replaced.values() for d in found]
         typed = [_with_instance_uuid(d, uuids.get(d.gpu_uuid, {})) for d in typed]
         typed.sort(key=lambda d: (d.memory, d.name))
-        return NodePlan(layout(plan.counter_sets, [d.manifest() for d in typed]), plan.notes, tuple(typed))
+        return replace(plan, slices=layout(plan.counter_sets, [d.manifest() for d in typed]), typed=tuple(typed))
 
     def drained(self, published: Iterable[dict[str, Any]]) -> set[str]:
         """Devices of GPUs reconfigured since the last cycle: their instances are gone, so they go now."""

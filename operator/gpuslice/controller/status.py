@@ -16,6 +16,7 @@ from gpuslice.api.status import (
     TenantStatus,
 )
 from gpuslice.planning.kinds import DeviceKind, limit_bytes, quota
+from gpuslice.planning.left_out import MIG_MODE_OFF, LeftOut
 from gpuslice.planning.usage import Usage
 from gpuslice.planning.validation import Problem, Selection
 
@@ -43,6 +44,7 @@ class Findings:
     publishing_nodes: Sequence[str] = ()  # while deleting: nodes whose agents still publish its devices
     other_drivers: Sequence[str] = ()  # selected nodes where another DRA driver publishes GPUs
     mig_manager_nodes: Sequence[str] = ()  # selected nodes where the GPU Operator's MIG manager runs (mig mode)
+    left_out: Sequence[tuple[str, LeftOut]] = ()  # (node, GPU) its agent left out for the GPU's state
     selected_nodes: Sequence[str] | None = None  # the nodes to record (None: keep the record, not valid now)
     unselected: Sequence[str] = ()  # nodes publishing its devices that it does not select
 
@@ -130,6 +132,14 @@ def conditions(f: Findings) -> list[Condition]:
                               " (nvidia.com/gpu.deploy.mig-manager=true) and would undo this policy's MIG instances,"
                               " so gpuslice publishes none of its devices there; label those nodes"
                               " nvidia.com/gpu.deploy.mig-manager=false to let gpuslice manage MIG.")
+    elif any(item.reason == MIG_MODE_OFF for _, item in f.left_out):
+        degraded = _condition("Degraded", True, MIG_MODE_OFF,
+                              f"MIG mode is off on {_gpus(f.left_out, MIG_MODE_OFF)}, and these GPUs (before Hopper,"
+                              " such as A100 and A30) switch it only at a GPU reset, which gpuslice does not do:"
+                              " nvidia-persistenced, DCGM and other clients keep the GPU from resetting. So no MIG"
+                              " device of this policy is published on them. Enable MIG mode on each (nvidia-smi -i"
+                              " INDEX -mig 1, then reset the GPU with its clients stopped, or reboot; the GPU"
+                              " Operator's MIG manager does both); the agent publishes at its next cycle after.")
     elif f.pending:
         degraded = _condition("Degraded", True, "ChangePending",
                               f"{f.pending} allocated devices keep their old shape until their claims are released;"
@@ -137,6 +147,12 @@ def conditions(f: Findings) -> list[Condition]:
     else:
         degraded = _condition("Degraded", False, "AsExpected", "")
     return [valid, published, ready, degraded]
+
+
+def _gpus(left_out: Sequence[tuple[str, LeftOut]], reason: str, most: int = 10) -> str:
+    """``node n1 GPU 0 (NVIDIA A100-SXM4-40GB), ...`` for the items of ``reason``, the first ``most``."""
+    found = [f"node {node} GPU {item.index} ({item.product})" for node, item in left_out if item.reason == reason]
+    return ", ".join(found[:most]) + (f" and {len(found) - most} more" if len(found) > most else "")
 
 
 def build_status(policy: GpuSlicePolicy, f: Findings, now: str) -> GpuSlicePolicyStatus:

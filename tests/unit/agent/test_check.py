@@ -67,7 +67,7 @@ def test_what_differs_from_the_catalog_and_a_missing_spec_are_problems(tmp_path:
 
 
 def test_a_write_never_reaches_the_gpu(tmp_path: Path) -> None:
-    lib = FakeLibNvml([("a100-40gb", False)])
+    lib = FakeLibNvml([("h100-80gb", False)])
     with installed(lib):
         backend = NvmlBackend(ReadOnlyNvml(pynvml))  # type: ignore[arg-type]
         [gpu] = backend.discover()

@@ -69,11 +69,35 @@ def test_mig_profiles_of_a_gpu_whose_mig_mode_is_off(model: str) -> None:
         assert (gpu.mig_capable, gpu.mig_enabled) == (True, False)
         assert sorted(gpu.mig_profiles, key=lambda p: p.name) == sorted(MODELS[model].mig_profiles,
                                                                          key=lambda p: p.name)
+        if gpu.architecture == "Ampere":
+            return  # switched only at a reset: test_the_agent_never_switches_mig_mode_below_hopper
         backend.set_mig_mode(gpu, True)
         three = next(p for p in gpu.mig_profiles if p.name.startswith("3g."))
         made = backend.create_mig(gpu, three, 0)
         assert backend.mig_instances(gpu) == [made], "made and listed by the profiles read with MIG off"
         assert lib.gpus[0].mig_mode == pynvml.NVML_DEVICE_MIG_ENABLE
+
+
+def test_the_agent_never_switches_mig_mode_below_hopper() -> None:
+    """On an A100 NVML's SetMigMode only sets a pending mode while the GPU's clients hold it (the
+    stand-in as nvml.h says: activationStatus IN_USE), which a later reset would make current
+    unasked: the backend refuses before it reaches NVML, and says what to do."""
+    with installed(FakeLibNvml([("a100-40gb", False), ("h100-80gb", False)])) as lib:
+        backend = NvmlBackend(pynvml)
+        a100, h100 = backend.discover()
+        with pytest.raises(GpuBackendError, match=r"GPU 0 \(.*, Ampere\) switches MIG mode only at a GPU reset.*"
+                                                  r"nvidia-smi -i 0 -mig 1"):
+            backend.set_mig_mode(a100, True)
+        assert lib.writes == []
+        assert pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByIndex(0)) == [0, 0], "no pending mode set"
+        backend.set_mig_mode(h100, True)
+        assert backend.mig_enabled(h100), "Hopper switches without a reset"
+        # The stand-in below Hopper, as NVML there: pending until a reset.
+        pynvml.nvmlDeviceSetMigMode(pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_DEVICE_MIG_ENABLE)
+        assert pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByIndex(0)) == [0, 1]
+        assert not backend.mig_enabled(a100)
+        lib.reset(0)
+        assert backend.mig_enabled(a100)
 
 
 def test_go_nvlibs_memory_rounding() -> None:
@@ -124,7 +148,7 @@ def test_makes_lists_and_destroys_mig_instances(a100s: FakeLibNvml) -> None:
     assert backend.mig_instances(gpu) == []
     backend.destroy_mig(gpu, made)  # already gone: nothing to do
 
-    backend.set_mig_mode(gpu, False)
+    a100s.gpus[1].mig_mode = pynvml.NVML_DEVICE_MIG_DISABLE  # an admin's switch and reset
     assert not backend.mig_enabled(gpu)
     assert backend.mig_instances(gpu) == [], "no instances without MIG mode"
 
@@ -199,12 +223,13 @@ def test_a_file_that_is_no_library_is_refused_with_its_path(tmp_path: Path) -> N
 
 
 async def test_a_static_layout_on_a_gpu_whose_mig_mode_is_off_enables_mig_and_publishes(tmp_path: Path) -> None:
-    """The MIG manager on the NVML backend: the layout fits a GPU whose MIG mode is off (its profiles
-    read with v1), so the GPU is switched to MIG mode and given the layout's instances, which publish."""
-    with installed(FakeLibNvml([("a100-40gb", False)])) as lib:
+    """The MIG manager on the NVML backend: the layout fits a Hopper GPU whose MIG mode is off (its
+    profiles read with v1), so the GPU is switched to MIG mode and given the layout's instances,
+    which publish."""
+    with installed(FakeLibNvml([("h100-80gb", False)])) as lib:
         backend = NvmlBackend(pynvml)
         gpus = backend.discover()
-        layout = policy("p", {"mode": "mig", "mig": {"layout": {"3g.20gb": 2}}})
+        layout = policy("p", {"mode": "mig", "mig": {"layout": {"3g.40gb": 2}}})
         manager = MigManager("n", GpuOps(backend, gpus), tmp_path)
         adjusted = await manager.adjust(plan_node_pool({}, gpus, [layout]), [layout])
         assert list(manager.pending) == [gpus[0].uuid], "the layout fits a GPU whose MIG mode is off"
@@ -213,10 +238,50 @@ async def test_a_static_layout_on_a_gpu_whose_mig_mode_is_off_enables_mig_and_pu
         assert await manager.reconfigure(None, set(), adjusted.devices, refused=set())
         assert manager.failed == {}
         assert lib.gpus[0].mig_mode == pynvml.NVML_DEVICE_MIG_ENABLE
-        assert [(i.profile, i.start) for i in backend.mig_instances(gpus[0])] == [("3g.20gb", 0), ("3g.20gb", 4)]
+        assert [(i.profile, i.start) for i in backend.mig_instances(gpus[0])] == [("3g.40gb", 0), ("3g.40gb", 4)]
+        gpus = await manager.refresh(gpus)
         published = await manager.adjust(plan_node_pool({}, gpus, [layout]), [layout])
         assert manager.pending == {}
-        assert sorted((d.profile, d.placement) for d in published.typed) == [("3g.20gb", (0, 4)), ("3g.20gb", (4, 4))]
+        assert sorted((d.profile, d.placement) for d in published.typed) == [("3g.40gb", (0, 4)), ("3g.40gb", (4, 4))]
         instances = {i.start: i.uuid for i in backend.mig_instances(gpus[0])}
         assert {d["attributes"]["gpuslice.dev/placementStart"]["int"]: d["attributes"]["uuid"]["string"]
                 for d in published.devices} == instances, "each with its instance's UUID, as NVIDIA's static devices"
+
+
+async def test_an_ampere_gpu_whose_mig_mode_is_off_is_left_to_its_admin(tmp_path: Path) -> None:
+    """An A100 with MIG mode off switches it only at a reset (planning.mig_mode): neither a static
+    layout nor dynamic MIG publishes there, the MIG manager does not try, nothing reaches NVML, and
+    the plan says why for the controller. Once an admin switched it and reset the GPU, the next
+    cycle reads MIG mode on and the layout is applied."""
+    with installed(FakeLibNvml([("a100-40gb", False)])) as lib:
+        backend = NvmlBackend(pynvml)
+        gpus = backend.discover()
+        layout = policy("p", {"mode": "mig", "mig": {"layout": {"3g.20gb": 2}}})
+        dynamic = policy("d", {"mode": "mig", "mig": {"profiles": ["1g.5gb"]}})
+        manager = MigManager("n", GpuOps(backend, gpus), tmp_path)
+        for mig in (layout, dynamic):
+            plan = await manager.adjust(plan_node_pool({}, gpus, [mig]), [mig])
+            assert (plan.devices, manager.pending) == ([], {})
+            assert [(i.policy, i.reason, i.index) for i in plan.left_out] == [(mig.name, "MigModeOff", 0)]
+            assert "switches it only at a GPU reset" in plan.notes[0]
+        assert lib.writes == []
+        lib.gpus[0].pending = pynvml.NVML_DEVICE_MIG_ENABLE
+        lib.reset(0)
+        gpus = await manager.refresh(gpus)
+        assert gpus[0].mig_enabled
+        plan = await manager.adjust(plan_node_pool({}, gpus, [layout]), [layout])
+        assert plan.left_out == ()
+        assert list(manager.pending) == [gpus[0].uuid], "now the layout is applied"
+
+
+async def test_a_gpu_whose_mig_mode_cannot_be_read_keeps_the_last_one_known(tmp_path: Path) -> None:
+    """One GPU fallen off the bus does not stop the node's publishing: its last MIG mode stands."""
+    with installed(FakeLibNvml([("h100-80gb", True), ("h100-80gb", False)])) as lib:
+        backend = NvmlBackend(pynvml)
+        gpus = backend.discover()
+        manager = MigManager("n", GpuOps(backend, gpus), tmp_path)
+        lib.gpus[0].lost = True
+        lib.gpus[0].mig_mode = pynvml.NVML_DEVICE_MIG_DISABLE  # not read: the GPU does not answer
+        lib.gpus[1].mig_mode = pynvml.NVML_DEVICE_MIG_ENABLE
+        assert [g.mig_enabled for g in await manager.refresh(gpus)] == [True, True]
+        assert manager.ops.gpus[gpus[1].uuid].mig_enabled, "what prepare reads follows"

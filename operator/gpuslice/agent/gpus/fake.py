@@ -24,6 +24,7 @@ from gpuslice.agent.gpus.fake_state import FakeGpu, FakeMigInstance, FakeState, 
 from gpuslice.inventory.catalog import MODELS, MigProfile
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.grants import Grant
+from gpuslice.planning.mig_mode import switches_mig_mode
 
 
 class FakeGpus(NamedTuple):
@@ -119,6 +120,10 @@ class FakeBackend:
             fake = self._gpu_state(state, gpu)
             if not gpu.mig_capable:
                 raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}, {gpu.product_name}) has no MIG mode.")
+            if not switches_mig_mode(gpu):
+                raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}, {gpu.architecture}) switches MIG mode only at a"
+                                      " GPU reset, as a real one (planning.mig_mode); set it in the fake GPUs'"
+                                      " state file instead.")
             if not enabled and fake.instances:
                 raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}) still has {len(fake.instances)} MIG instances;"
                                       " destroy them before turning MIG mode off.")

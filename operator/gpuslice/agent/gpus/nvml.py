@@ -38,6 +38,7 @@ from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model
 from gpuslice.inventory.pci import PciAddressError, normalized_bus_id, pcie_root
 from gpuslice.planning.grants import Grant
+from gpuslice.planning.mig_mode import switches_mig_mode
 
 log = structlog.get_logger(__name__)
 # go-nvlib's strings for NVML's enums (pkg/nvlib/device/device.go: GetArchitectureAsString,
@@ -279,6 +280,12 @@ class NvmlBackend:
             return bool(current == nvml.NVML_DEVICE_MIG_ENABLE)
 
     def set_mig_mode(self, gpu: Gpu, enabled: bool) -> None:
+        if not switches_mig_mode(gpu):
+            # NVML would only set a pending mode, which takes effect at the next reset (planning.mig_mode).
+            raise GpuBackendError(
+                f"GPU {gpu.index} ({gpu.uuid}, {gpu.architecture}) switches MIG mode only at a GPU reset, which"
+                f" gpuslice does not do: switch it with nvidia-smi -i {gpu.index} -mig {int(enabled)}, then reset"
+                " the GPU with its clients stopped, or reboot.")
         with self._session(f"switching MIG mode of GPU {gpu.index} ({gpu.uuid})") as nvml:
             handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
             mode = nvml.NVML_DEVICE_MIG_ENABLE if enabled else nvml.NVML_DEVICE_MIG_DISABLE
