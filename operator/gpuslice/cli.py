@@ -132,7 +132,7 @@ def agent(check: bool, **values: Any) -> None:
 
         from gpuslice.agent.check import run_check
 
-        sys.exit(run_check(pynvml, settings.nvidia_cdi_dir or None, click.echo))
+        sys.exit(run_check(pynvml, settings.nvidia_cdi_dir or None, click.echo, settings.nvidia_driver_root))
     try:
         asyncio.run(run_agent(settings))
     except (GpuBackendError, PluginPathError, AgentStopped, KubeconfigError) as error:

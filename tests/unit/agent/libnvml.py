@@ -97,6 +97,7 @@ class FakeLibNvml:
                  fail_init: int | None = None) -> None:
         """``gpus``: (catalog model, MIG mode on) per GPU, indexed in order."""
         self.driver, self.cuda, self.fail_init = driver, cuda, fail_init
+        self.privileged = True  # False: a user NVML refuses its privileged queries (NO_PERMISSION)
         self.calls: list[str] = []
         self._keep: list[Any] = []  # the opaque structures handles point at
         self.gpus = [FakeGpu(MODELS[model], f"GPU-{index:08x}-aaaa-bbbb-cccc-{index:012x}", 0x18 + 0x10 * index,
@@ -347,6 +348,8 @@ class FakeLibNvml:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
         if gpu is not None and profile_id in gpu.unplaceable:
             return pynvml.NVML_ERROR_NOT_SUPPORTED
+        if not self.privileged:  # nvml.h: "Requires privileged user."
+            return pynvml.NVML_ERROR_NO_PERMISSION
         starts = found[1].starts
         if count._obj.value < len(starts):
             return pynvml.NVML_ERROR_INSUFFICIENT_SIZE

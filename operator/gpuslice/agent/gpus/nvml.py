@@ -124,6 +124,7 @@ class NvmlBackend:
         self._profile_ids: dict[tuple[str, str], int] = {}  # (GPU UUID, profile) -> NVML profile enum
         self._events: dict[str, Fault] = {}
         self._events_lock = threading.Lock()
+        self.refused: list[str] = []  # what NVML refused this process at discovery (not root), for the check
         self._watcher: threading.Thread | None = None
 
     @contextlib.contextmanager
@@ -240,6 +241,14 @@ class NvmlBackend:
                 nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, placements, ctypes.byref(count))
             except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
                 continue  # a profile NVML cannot place is left out, as NVIDIA's DRA driver does (nvlib.go)
+            except nvml.NVMLError_NoPermission:
+                # "Requires privileged user" (nvml.h): no profile of the GPU can be placed, so none is kept.
+                why = (f"GPU {uuid}: NVML refused the MIG placement query (NO_PERMISSION: it needs root), so its MIG"
+                       " profiles are left out and no MIG device is published on it; run as root")
+                log.warning("NVML refused the MIG placement query: no MIG profile of the GPU is kept (run as root)",
+                            gpu=uuid)
+                self.refused.append(why)
+                return ()
             found = [(placements[i].start, placements[i].size) for i in range(count.value)]
             slices, suffix = known[profile]
             name = f"{slices}g.{mig_memory_gb(memory, int(info.memorySizeMB))}gb{suffix}"
