@@ -13,7 +13,14 @@ from pathlib import Path
 
 import click
 
-from gpuslice.agent.gpus.fake_state import OPERATIONS, FakeFault, FakeState, FakeStateFile, InjectedFailure
+from gpuslice.agent.gpus.fake_state import (
+    OPERATIONS,
+    FakeFault,
+    FakeState,
+    FakeStateFile,
+    InjectedFailure,
+    admin_sets_mig_mode,
+)
 from gpuslice.devcluster.state import default_state_dir
 
 
@@ -91,6 +98,16 @@ def fail(context: click.Context, operation: str, gpu: int | None, times: int) ->
     """Make the next calls of OPERATION fail."""
     failure = InjectedFailure(operation=operation, gpu=gpu, remaining=times)  # type: ignore[arg-type]
     _update(context, lambda s: s.failures.append(failure))
+
+
+@fake_gpu.command("mig-mode")
+@click.argument("gpu", type=int)
+@click.argument("mode", type=click.Choice(["on", "off"]))
+@click.pass_context
+def mig_mode(context: click.Context, gpu: int, mode: str) -> None:
+    """Switch GPU's MIG mode as an admin does with nvidia-smi and a GPU reset (refused while it has MIG
+    instances); the agent reads it at its next cycle."""
+    _update(context, lambda s: admin_sets_mig_mode(s, gpu, mode == "on"))
 
 
 @fake_gpu.command("heal")

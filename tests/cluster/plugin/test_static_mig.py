@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gpuslice.agent.gpus.fake_state import FakeState, FakeStateFile
 from gpuslice.kube.client import KubeClient
 from tests.cluster.agent.test_publishing import create_pods, pool_devices, tenant_policy
 from tests.cluster.kubeutil import pod_claim, wait_for
@@ -202,10 +201,7 @@ async def test_an_ampere_gpu_whose_mig_mode_is_off_waits_for_its_admin(
     assert [s["metadata"]["name"] for s in slices] == [f"gpuslice-{node.name}-devices-00"], "an empty slice says it"
     assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [False, False], "nothing tried"
 
-    def admin_enables_mig(state: FakeState) -> None:  # nvidia-smi -i 0 -mig 1, and a GPU reset
-        state.gpus[0].mig_enabled = True
-
-    FakeStateFile(node.root / "agent").update(admin_enables_mig)
+    node.fake_gpu("mig-mode", "0", "on")  # an admin's nvidia-smi -i 0 -mig 1, and a GPU reset
     await settled(kube, node, {0: THREE_G, 1: []})
 
     async def only_gpu_1() -> bool:

@@ -82,6 +82,14 @@ def test_mig_capable_gpus_can_start_with_mig_mode_off(tmp_path: Path) -> None:
         == [True, False], "after that, the state file knows better"
 
 
+def test_mig_capable_gpus_start_as_a_node_is_usually_found(tmp_path: Path) -> None:
+    """Without an option an A100 starts in MIG mode (an admin gave the node to MIG: only a reset
+    switches it), an H100 with MIG mode off (from the factory; the agent switches it); mig-on and
+    mig-off say otherwise."""
+    fake = FakeBackend("node-a", parse_fake_gpus("a100-40gb:1,h100-80gb:1,h100-80gb:1:mig-on,l4:1"), tmp_path)
+    assert [g.mig_enabled for g in fake.discover()] == [True, False, True, False]
+
+
 def test_an_ampere_gpu_switches_mig_mode_only_at_a_reset(tmp_path: Path) -> None:
     """As a real A100 on a node whose clients hold it (planning.mig_mode): the agent never switches it."""
     fake = FakeBackend("node-a", parse_fake_gpus("a100-40gb:1:mig-off"), tmp_path)
@@ -89,5 +97,5 @@ def test_an_ampere_gpu_switches_mig_mode_only_at_a_reset(tmp_path: Path) -> None
     with pytest.raises(GpuBackendError, match=r"switches MIG mode only at a GPU reset"):
         fake.set_mig_mode(gpu, True)
     assert not fake.mig_enabled(gpu)
-    with pytest.raises(GpuBackendError, match=r"unknown option 'mig-of'; the one option is mig-off"):
+    with pytest.raises(GpuBackendError, match=r"unknown option 'mig-of'; the options are mig-off and mig-on"):
         parse_fake_gpus("a100-40gb:2:mig-of")
