@@ -14,7 +14,14 @@ import pynvml
 import pytest
 
 from gpuslice.agent.gpus import GpuBackendError
-from gpuslice.agent.gpus.nvml import NVML_LIBRARY, NvmlBackend, load_nvml_from, mig_memory_gb
+from gpuslice.agent.gpus.nvml import (
+    COMPUTE_PROFILES,
+    GI_PROFILES,
+    NVML_LIBRARY,
+    NvmlBackend,
+    load_nvml_from,
+    mig_memory_gb,
+)
 from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.mig_manager import MigManager
 from gpuslice.inventory.catalog import MODELS
@@ -285,3 +292,10 @@ async def test_a_gpu_whose_mig_mode_cannot_be_read_keeps_the_last_one_known(tmp_
         lib.gpus[1].mig_mode = pynvml.NVML_DEVICE_MIG_ENABLE
         assert [g.mig_enabled for g in await manager.refresh(gpus)] == [True, True]
         assert manager.ops.gpus[gpus[1].uuid].mig_enabled, "what prepare reads follows"
+
+
+def test_every_gpu_instance_size_has_a_compute_instance_profile() -> None:
+    """create_mig makes a compute instance as large as its GPU instance: each size GI_PROFILES names
+    (6 and 8 on GPUs of eight slices) has NVML's constant."""
+    assert {slices for slices, _ in GI_PROFILES.values()} <= set(COMPUTE_PROFILES)
+    assert all(hasattr(pynvml, name) for name in COMPUTE_PROFILES.values())

@@ -62,9 +62,12 @@ GI_PROFILES = {"1_SLICE": (1, ""), "1_SLICE_REV1": (1, "+me"), "1_SLICE_REV2": (
                "2_SLICE_REV1": (2, "+me"), "2_SLICE_GFX": (2, "+gfx"), "2_SLICE_NO_ME": (2, "-me"),
                "2_SLICE_ALL_ME": (2, "+me.all"), "3_SLICE": (3, ""), "3_SLICE_GFX": (3, "+gfx"), "4_SLICE": (4, ""),
                "4_SLICE_GFX": (4, "+gfx"), "6_SLICE": (6, ""), "7_SLICE": (7, ""), "8_SLICE": (8, "")}
+# One per GPU instance size GI_PROFILES names (6 and 8: GPUs of eight slices); a constant the installed
+# pynvml lacks is skipped (_compute_profile).
 COMPUTE_PROFILES = {1: "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE", 2: "NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE",
                     3: "NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE", 4: "NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE",
-                    7: "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE"}
+                    6: "NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE", 7: "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE",
+                    8: "NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE"}
 
 
 # Where a driver's root holds libnvidia-ml.so.1 (Debian/Ubuntu per architecture, RHEL, the rest).
@@ -340,10 +343,11 @@ class NvmlBackend:
     def _first_compute_instance(self, gpu_instance: Any) -> int:
         nvml = self.nvml
         for slices in sorted(COMPUTE_PROFILES, reverse=True):
+            if (profile := getattr(nvml, COMPUTE_PROFILES[slices], None)) is None:
+                continue
             try:
                 info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                    gpu_instance, getattr(nvml, COMPUTE_PROFILES[slices]),
-                    nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                    gpu_instance, profile, nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
             except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
                 continue
             instances = (nvml.c_nvmlComputeInstance_t * MAX_INSTANCES)()
@@ -367,9 +371,10 @@ class NvmlBackend:
 
     def create_mig(self, gpu: Gpu, profile: MigProfile, start: int) -> MigInstance:
         enum = self._profile_enum(gpu, profile.name)
-        ci_profile = COMPUTE_PROFILES.get(profile.compute_slices)
+        ci_profile = getattr(self.nvml, COMPUTE_PROFILES.get(profile.compute_slices, ""), None)
         if ci_profile is None:
-            raise GpuBackendError(f"MIG profile {profile.name} has no compute instance profile of its size.")
+            raise GpuBackendError(f"MIG profile {profile.name} has no compute instance profile of its size"
+                                  f" ({profile.compute_slices} slices) in this NVML binding.")
         with self._session(f"creating a {profile.name} instance at memory slice {start} of GPU {gpu.index}"
                            f" ({gpu.uuid})") as nvml:
             handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
@@ -381,7 +386,7 @@ class NvmlBackend:
             gpu_instance = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, info.id, ctypes.byref(placement))
             try:
                 ci_info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                    gpu_instance, getattr(nvml, ci_profile), nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                    gpu_instance, ci_profile, nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
                 compute = nvml.nvmlGpuInstanceCreateComputeInstance(gpu_instance, ci_info.id)
             except nvml.NVMLError:
                 nvml.nvmlGpuInstanceDestroy(gpu_instance)  # no half instance is left behind
