@@ -232,6 +232,8 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         published, counter_sets = last.devices, last.counter_sets
         log.warning("the pool's slices are gone (the kubelet wipes them when the plugin was away); republishing"
                     " from the agent's record, allocated devices unchanged", node=node, devices=len(published))
+    if mig is not None:  # a GPU in MIG mode a whole-GPU policy takes, once nothing of it is published
+        gpus = await mig.release(gpus, plan_node_pool(labels, gpus, policies.plannable), labels, published)
 
     async def planned(policies_now: list[GpuSlicePolicy]) -> NodePlan:
         plan = plan_node_pool(labels, gpus, policies_now)

@@ -16,7 +16,7 @@ from gpuslice.api.status import (
     TenantStatus,
 )
 from gpuslice.planning.kinds import DeviceKind, limit_bytes, quota
-from gpuslice.planning.left_out import MIG_MODE_OFF, LeftOut
+from gpuslice.planning.left_out import MIG_MODE_OFF, MIG_MODE_ON, LeftOut
 from gpuslice.planning.usage import Usage
 from gpuslice.planning.validation import Problem, Selection
 
@@ -51,6 +51,22 @@ class Findings:
 
 def _condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
     return Condition(type=type_, status="True" if ok else "False", reason=reason, message=message)
+
+
+# What the agents left out, by reason (planning.left_out), worded here: an agent names only GPUs.
+LEFT_OUT = {
+    MIG_MODE_OFF: "MIG mode is off on {gpus}, and these GPUs (before Hopper, such as A100 and A30) switch it only at a"
+                  " GPU reset, which gpuslice does not do: nvidia-persistenced, DCGM and other clients keep the GPU"
+                  " from resetting. So no MIG device of this policy is published on them. Enable MIG mode on each"
+                  " (nvidia-smi -i INDEX -mig 1, then reset the GPU with its clients stopped, or reboot; the GPU"
+                  " Operator's MIG manager does both); the agent publishes at its next cycle after.",
+    MIG_MODE_ON: "MIG mode is on on {gpus}: a GPU in MIG mode cannot be used whole (CUDA sees only its MIG devices;"
+                 " NVIDIA's toolkit gives it no whole-GPU entry), so no device of this policy is published on them."
+                 " On Hopper and later the agent switches MIG mode off once nothing of the GPU is published and it"
+                 " has no MIG instance (not where the GPU Operator's MIG manager runs: set its config to"
+                 " all-disabled); before Hopper switch it off yourself (nvidia-smi -i INDEX -mig 0, then reset the"
+                 " GPU with its clients stopped, or reboot).",
+}
 
 
 def conditions(f: Findings) -> list[Condition]:
@@ -132,14 +148,9 @@ def conditions(f: Findings) -> list[Condition]:
                               " (nvidia.com/gpu.deploy.mig-manager=true) and would undo this policy's MIG instances,"
                               " so gpuslice publishes none of its devices there; label those nodes"
                               " nvidia.com/gpu.deploy.mig-manager=false to let gpuslice manage MIG.")
-    elif any(item.reason == MIG_MODE_OFF for _, item in f.left_out):
-        degraded = _condition("Degraded", True, MIG_MODE_OFF,
-                              f"MIG mode is off on {_gpus(f.left_out, MIG_MODE_OFF)}, and these GPUs (before Hopper,"
-                              " such as A100 and A30) switch it only at a GPU reset, which gpuslice does not do:"
-                              " nvidia-persistenced, DCGM and other clients keep the GPU from resetting. So no MIG"
-                              " device of this policy is published on them. Enable MIG mode on each (nvidia-smi -i"
-                              " INDEX -mig 1, then reset the GPU with its clients stopped, or reboot; the GPU"
-                              " Operator's MIG manager does both); the agent publishes at its next cycle after.")
+    elif reasons := [r for r in LEFT_OUT if any(item.reason == r for _, item in f.left_out)]:
+        degraded = _condition("Degraded", True, reasons[0],
+                              LEFT_OUT[reasons[0]].format(gpus=_gpus(f.left_out, reasons[0])))
     elif f.pending:
         degraded = _condition("Degraded", True, "ChangePending",
                               f"{f.pending} allocated devices keep their old shape until their claims are released;"

@@ -20,7 +20,9 @@ from gpuslice.dra.names import ATTRIBUTE_DOMAIN
 ANNOTATION = f"{ATTRIBUTE_DOMAIN}/left-out"
 # A MIG policy on a GPU below Hopper whose MIG mode is off: it switches only at a GPU reset.
 MIG_MODE_OFF = "MigModeOff"
-REASONS = frozenset({MIG_MODE_OFF})
+# A whole-GPU, memory or shared policy on a GPU whose MIG mode is on: no container could use it.
+MIG_MODE_ON = "MigModeOn"
+REASONS = frozenset({MIG_MODE_OFF, MIG_MODE_ON})
 MAX_PRODUCT = 64
 
 

@@ -294,6 +294,35 @@ async def test_a_gpu_whose_mig_mode_cannot_be_read_keeps_the_last_one_known(tmp_
         assert manager.ops.gpus[gpus[1].uuid].mig_enabled, "what prepare reads follows"
 
 
+async def test_mig_mode_is_switched_off_for_a_whole_gpu_policy_on_hopper_once_nothing_holds_the_gpu(
+    tmp_path: Path,
+) -> None:
+    """A memory policy on GPUs in MIG mode (left from a mig policy or dynamic MIG): the agent switches
+    MIG mode off on the H100 once nothing of the GPU is published and it has no instance, as NVIDIA's
+    maybeDisableMigMode; never on the A100 (a reset), nor where the GPU Operator's MIG manager runs."""
+    memory = policy("m", {"mode": "memory", "sliceSize": "10Gi"})
+    with installed(FakeLibNvml([("h100-80gb", True), ("a100-40gb", True)])) as lib:
+        backend = NvmlBackend(pynvml)
+        gpus = backend.discover()
+        manager = MigManager("n", GpuOps(backend, gpus), tmp_path)
+        plan = plan_node_pool({}, gpus, [memory])
+        assert [(i.reason, i.index) for i in plan.left_out] == [("MigModeOn", 0), ("MigModeOn", 1)]
+        held = [{"name": "old", "attributes": {"gpuslice.dev/uuid": {"string": gpus[0].uuid}}}]
+        assert [g.mig_enabled for g in await manager.release(gpus, plan, {}, held)] == [True, True], \
+            "a device of the GPU is still published (its claim may be prepared)"
+        busy = backend.create_mig(gpus[0], gpus[0].mig_profiles[0], 0)
+        assert [g.mig_enabled for g in await manager.release(gpus, plan, {}, [])] == [True, True], "an instance"
+        backend.destroy_mig(gpus[0], busy)
+        operator = {"nvidia.com/gpu.deploy.mig-manager": "true"}
+        assert [g.mig_enabled for g in await manager.release(gpus, plan, operator, [])] == [True, True]
+        assert "nvmlDeviceSetMigMode" not in lib.writes
+        released = await manager.release(gpus, plan, {}, [])
+        assert [g.mig_enabled for g in released] == [False, True]
+        assert (lib.gpus[0].mig_mode, lib.gpus[1].mig_mode, lib.gpus[1].pending) == (0, 1, None)
+        assert manager.ops.gpus[gpus[0].uuid].mig_enabled is False, "what prepare reads follows"
+        assert plan_node_pool({}, released, [memory]).left_out == (plan.left_out[1],), "the H100 publishes now"
+
+
 def test_every_gpu_instance_size_has_a_compute_instance_profile() -> None:
     """create_mig makes a compute instance as large as its GPU instance: each size GI_PROFILES names
     (6 and 8 on GPUs of eight slices) has NVML's constant."""

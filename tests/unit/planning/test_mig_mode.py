@@ -9,7 +9,15 @@ from gpuslice.controller.changes import Changes
 from gpuslice.controller.status import Findings, build_status
 from gpuslice.controller.world import World
 from gpuslice.dra.resourceslice import resource_slice
-from gpuslice.planning.left_out import ANNOTATION, MIG_MODE_OFF, LeftOut, decode, encode, left_out_annotations
+from gpuslice.planning.left_out import (
+    ANNOTATION,
+    MIG_MODE_OFF,
+    MIG_MODE_ON,
+    LeftOut,
+    decode,
+    encode,
+    left_out_annotations,
+)
 from gpuslice.planning.mig_mode import switches_mig_mode
 from gpuslice.planning.node_pool import plan_node_pool
 from gpuslice.planning.selection import Selection
@@ -99,3 +107,32 @@ def test_a_policy_no_longer_left_out_is_refreshed() -> None:
     assert changes.slice_seen(_view("n1", 2, devices=(("d", "other"),))) == {"p", "other"}
     assert changes.take("p")
     assert changes.slice_seen(_view("n1", 3)) == set()
+
+
+def test_a_whole_gpu_policy_on_a_gpu_in_mig_mode_publishes_nothing_and_says_why() -> None:
+    """As NVIDIA's toolkit (no whole-GPU entry for a MIG-enabled GPU) and DRA driver (a full GPU only
+    with MIG mode off): memory and shared policies leave a GPU in MIG mode out, whatever its
+    architecture; the note says who switches it off."""
+    h100_on, a100_on = (replace(gpus(model)[0], mig_enabled=True) for model in ("h100-80gb", "a100-40gb"))
+    for slicing in ({"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
+                    {"mode": "shared", "sliceSize": "10Gi"}):
+        whole = policy("w", slicing)
+        for gpu, then in ((h100_on, "the agent switches it off once nothing of the GPU is published"),
+                          (a100_on, "switch it off (nvidia-smi -i 0 -mig 0, then reset the GPU or reboot)")):
+            plan = plan_node_pool(LABELS, [gpu], [whole])
+            assert (plan.devices, plan.counter_sets) == ([], [])
+            assert plan.left_out == (LeftOut("w", MIG_MODE_ON, 0, gpu.product_name),)
+            assert then in plan.notes[0]
+            assert plan_node_pool(LABELS, [replace(gpu, mig_enabled=False)], [whole]).devices, "MIG mode off: published"
+
+
+def test_the_status_names_the_gpus_in_mig_mode() -> None:
+    h100 = "NVIDIA H100 80GB HBM3"
+    found = [("n1", LeftOut("p", MIG_MODE_ON, 2, h100))]
+    status = build_status(policy("p", {"mode": "memory", "sliceSize": "10Gi"}),
+                          Findings([], Selection(()), 0, Usage(), left_out=found), "now")
+    degraded = next(c for c in status.conditions if c.type == "Degraded")
+    assert (degraded.status, degraded.reason) == ("True", "MigModeOn")
+    assert degraded.message.startswith(f"MIG mode is on on node n1 GPU 2 ({h100}): a GPU in MIG mode cannot be used"
+                                       " whole")
+    assert "nvidia-smi -i INDEX -mig 0" in degraded.message
