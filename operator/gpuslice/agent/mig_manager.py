@@ -142,7 +142,9 @@ class MigManager:
         wanted = {item.index for item in plan.left_out if item.reason == MIG_MODE_ON}
         if not wanted or mig_manager_active(labels):
             return list(gpus)
-        busy = {device_gpu(d) for d in published} | self.static_gpus()
+        # A layout's GPU left by its policy keeps its instances (the check below); once they are gone
+        # its applied record does not hold the GPU in MIG mode.
+        busy = {device_gpu(d) for d in published} | {p.gpu.uuid for p in self.pending.values()}
         found = []
         for gpu in gpus:
             if gpu.index in wanted and gpu.mig_enabled and switches_mig_mode(gpu) and gpu.uuid not in busy:

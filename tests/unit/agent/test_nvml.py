@@ -316,6 +316,7 @@ async def test_mig_mode_is_switched_off_for_a_whole_gpu_policy_on_hopper_once_no
         operator = {"nvidia.com/gpu.deploy.mig-manager": "true"}
         assert [g.mig_enabled for g in await manager.release(gpus, plan, operator, [])] == [True, True]
         assert "nvmlDeviceSetMigMode" not in lib.writes
+        manager._record(gpus[0].uuid, "a-layout-since-changed", [])  # its instances deleted by an admin
         released = await manager.release(gpus, plan, {}, [])
         assert [g.mig_enabled for g in released] == [False, True]
         assert (lib.gpus[0].mig_mode, lib.gpus[1].mig_mode, lib.gpus[1].pending) == (0, 1, None)
