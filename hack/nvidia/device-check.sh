@@ -8,7 +8,9 @@
 # (docs/nvidia.md lists them), and the nvidia-smi commands below only list. No cluster, no network:
 # gpuslice is installed with `pip install .` into a virtual environment that sees the system's
 # packages (nvidia-ml-py and the rest may already be there); without pip's dependencies at hand,
-# install them first, or set GPUSLICE_PYTHON to a Python that has gpuslice.
+# install them first, or set GPUSLICE_PYTHON to a Python that has gpuslice. Run it as root (NVML's
+# MIG placement query needs it). On a GPU Operator node the driver's root /run/nvidia/driver is used
+# (NVML and nvidia-smi from there); NVIDIA_DRIVER_ROOT names another.
 set -eu
 out=${1:?usage: hack/nvidia/device-check.sh OUTPUT_FILE}
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -40,15 +42,33 @@ if ! "$python" -c 'import gpuslice.agent.check' 2>"$out"; then
   exit 1
 fi
 
+# The GPU Operator's containerised driver keeps libnvidia-ml.so.1 and nvidia-smi only under its root.
+driver_root=${NVIDIA_DRIVER_ROOT:-}
+if [ -z "$driver_root" ] && [ -d /run/nvidia/driver/usr ]; then
+  driver_root=/run/nvidia/driver
+fi
+smi() {
+  if [ -n "$driver_root" ] && [ "$driver_root" != / ] && [ -x "$driver_root/usr/bin/nvidia-smi" ]; then
+    chroot "$driver_root" nvidia-smi "$@"
+  else
+    nvidia-smi "$@"
+  fi
+}
+
 {
   echo "# gpuslice device check, $(date -u +%Y-%m-%dT%H:%M:%SZ), host $(uname -n), kernel $(uname -r)"
   echo "# checkout: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown), python: $("$python" -V 2>&1)"
   echo
+  echo "# driver root: ${driver_root:-/ (the driver installed on the host)}, user: $(id -u)"
+  if [ "$(id -u)" != 0 ]; then
+    echo "# NOT ROOT: NVML refuses the MIG placement query to other users (a PROBLEM line below); run with sudo"
+  fi
   status=0
-  "$python" -m gpuslice agent --backend nvml --check --node device-check || status=$?
+  "$python" -m gpuslice agent --backend nvml --check --node device-check \
+    ${driver_root:+--nvidia-driver-root "$driver_root"} || status=$?
   echo
   echo "# exit status of the check: $status (0: nothing wrong)"
-  if command -v nvidia-smi >/dev/null 2>&1; then
+  if command -v nvidia-smi >/dev/null 2>&1 || [ -x "${driver_root:-/nonexistent}/usr/bin/nvidia-smi" ]; then
     # Listings only, to set the check's figures against nvidia-smi's own.
     for args in "-L" \
         "--query-gpu=index,name,uuid,pci.bus_id,memory.total,mig.mode.current,mig.mode.pending,driver_version,compute_mode,compute_cap --format=csv" \
@@ -57,7 +77,7 @@ fi
       echo
       echo "# nvidia-smi $args"
       # shellcheck disable=SC2086
-      nvidia-smi $args 2>&1 || true
+      smi $args 2>&1 || true
     done
   fi
   echo

@@ -22,6 +22,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from gpuslice.agent.gpus.fake_state import FakeState, FakeStateFile, admin_sets_mig_mode
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.devcluster.recorded import find_recorded
 from gpuslice.devcluster.state import StateDir, default_state_dir
@@ -164,8 +165,16 @@ async def show_policy(kube: KubeClient, console: Console) -> str:
     return str(klass)
 
 
-async def apply_shared(kube: KubeClient, console: Console) -> None:
-    """The shared-capacity example on the A100 node, which opts in with its label."""
+async def apply_shared(kube: KubeClient, cluster: DevCluster, console: Console) -> None:
+    """The shared-capacity example on the A100 node, which opts in with its label. Its A100s come up in
+    MIG mode (a node given to MIG), where no whole-GPU device can be used (planning.mig_mode): the demo
+    plays the admin who switched MIG mode off first (``gpuslice fake-gpu mig-mode N off``)."""
+    node_state = FakeStateFile(cluster.node_dir(NOTEBOOK_NODE) / "agent")
+    def mig_off(state: FakeState) -> None:
+        for gpu in range(dict(SHAPES)["a100-40gb"]):
+            admin_sets_mig_mode(state, gpu, False)
+
+    node_state.update(mig_off)
     await kube.merge_patch(f"/api/v1/nodes/{NOTEBOOK_NODE}", {"metadata": {"labels": NOTEBOOK_LABEL}})
     policy = example_policy(SHARED_EXAMPLE)
     for tenant in policy["spec"]["tenants"]:
@@ -266,7 +275,7 @@ async def run_demo(spec: ClusterSpec, console: Console) -> bool:
             try:
                 await show_cluster(kube, cluster, console)
                 klass = await show_policy(kube, console)
-                await apply_shared(kube, console)
+                await apply_shared(kube, cluster, console)
                 await show_tenant_pods(kube, cluster, console)
                 await show_denial(kube, klass, console)
                 console.print("\n[bold]gpuslice status[/bold] (kubectl gpuslice status): who holds which part of"

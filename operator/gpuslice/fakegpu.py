@@ -20,6 +20,7 @@ from gpuslice.agent.gpus.fake_state import (
     FakeState,
     FakeStateFile,
     InjectedFailure,
+    admin_sets_mig_mode,
 )
 from gpuslice.devcluster.state import default_state_dir
 from gpuslice.dra.quantity import quantity_bytes
@@ -123,6 +124,16 @@ def use(context: click.Context, gpu: int, pid: int, memory: str, sm: float) -> N
             state.processes.append(FakeProcess(gpu=gpu, pid=pid, memory=used, sm=sm / 100))
 
     _update(context, change)
+
+
+@fake_gpu.command("mig-mode")
+@click.argument("gpu", type=int)
+@click.argument("mode", type=click.Choice(["on", "off"]))
+@click.pass_context
+def mig_mode(context: click.Context, gpu: int, mode: str) -> None:
+    """Switch GPU's MIG mode as an admin does with nvidia-smi and a GPU reset (refused while it has MIG
+    instances); the agent reads it at its next cycle."""
+    _update(context, lambda s: admin_sets_mig_mode(s, gpu, mode == "on"))
 
 
 @fake_gpu.command("heal")

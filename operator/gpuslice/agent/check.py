@@ -43,6 +43,7 @@ from gpuslice.inventory.catalog import MI
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model, product_key
 from gpuslice.planning.gpu_use import parse_cgroup
+from gpuslice.planning.mig_mode import switches_mig_mode
 from gpuslice.planning.node_pool import MPS_MIN_COMPUTE_CAPABILITY, plan_node_pool
 
 # The NVML functions the check may call: queries only (the backend's discovery and its listing of
@@ -63,6 +64,7 @@ READ_CALLS = frozenset({
 })
 _NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z_][A-Za-z0-9_]{0,31}$")
 KERNEL_DEVICES = ("nvidia", "nvidia-frontend", "nvidia-uvm", "nvidia-caps", "drm")
+HOST_ROOT = Path("/")  # where the host's files are seen: device-check.sh runs the check on the host
 _SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")
 
 
@@ -142,8 +144,14 @@ def _inventory(report: Report, gpus: list[Gpu]) -> None:
         report.line(f"  {gpu.brand}, {gpu.architecture}, compute capability {gpu.compute_capability}, driver"
                     f" {gpu.driver_version}, CUDA {gpu.cuda_driver_version}")
         report.line(f"  PCI bus id {gpu.pci_bus_id}, PCIe root {gpu.pcie_root or '(none: sysfs did not say)'}")
-        report.line(f"  MIG: {'capable' if gpu.mig_capable else 'not supported'}"
-                    + (f", mode {'enabled' if gpu.mig_enabled else 'disabled'}" if gpu.mig_capable else ""))
+        if not gpu.mig_capable:
+            report.line("  MIG: not supported")
+            continue
+        switch = ("the agent switches it as a policy needs (Hopper or later)" if switches_mig_mode(gpu) else
+                  "only a GPU reset switches it, which the agent does not do")
+        report.line(f"  MIG: capable, mode {'enabled' if gpu.mig_enabled else 'disabled'}; {switch}")
+        if not gpu.mig_enabled and not switches_mig_mode(gpu):
+            report.line("  so MIG policies publish nothing on it until an admin enables MIG mode and resets it")
 
 
 def _mig(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
@@ -168,19 +176,27 @@ def _mig(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
         if model is not None:
             for missing in {p.name for p in model.mig_profiles} - {p.name for p in gpu.mig_profiles}:
                 report.problem(f"GPU {gpu.index}: the catalog's {model.key} has {missing}, NVML does not")
-        # The profiles come from NVML's v1 query, named as go-nvlib names them; the versioned query
-        # names them itself, but only in MIG mode (nvml.h).
-        versioned = backend.versioned_profile_names(gpu)
-        if gpu.mig_profiles and all(v is None for v in versioned.values()):
-            report.line("  NVML's versioned profile query: NOT_SUPPORTED with MIG mode off (so the v1 query is used)")
-        for name, nvml_name in sorted(versioned.items()):
-            if nvml_name is not None and nvml_name.removeprefix("MIG ").strip() != name:
-                report.problem(f"GPU {gpu.index}: profile {name} (go-nvlib's name) is {nvml_name!r} to NVML")
-        instances = backend.mig_instances(gpu) if gpu.mig_enabled else []
-        report.line(f"  instances now: {len(instances)}" + ("" if gpu.mig_enabled else " (MIG mode is off)"))
-        for i in instances:
-            report.line(f"    {i.profile} at {i.start}+{i.size}: GPU instance {i.gi}, compute instance {i.ci},"
-                        f" {i.uuid}")
+        try:
+            _nvml_views(report, backend, gpu)
+        except GpuBackendError as error:
+            report.problem(f"GPU {gpu.index} MIG: {error}")
+
+
+def _nvml_views(report: Report, backend: NvmlBackend, gpu: Gpu) -> None:
+    """NVML's own names of the profiles and the instances that exist (each an NVML query that may fail)."""
+    # The profiles come from NVML's v1 query, named as go-nvlib names them; the versioned query
+    # names them itself, but only in MIG mode (nvml.h).
+    versioned = backend.versioned_profile_names(gpu)
+    if gpu.mig_profiles and all(v is None for v in versioned.values()):
+        report.line("  NVML's versioned profile query: NOT_SUPPORTED with MIG mode off (so the v1 query is used)")
+    for name, nvml_name in sorted(versioned.items()):
+        if nvml_name is not None and nvml_name.removeprefix("MIG ").strip() != name:
+            report.problem(f"GPU {gpu.index}: profile {name} (go-nvlib's name) is {nvml_name!r} to NVML")
+    instances = backend.mig_instances(gpu) if gpu.mig_enabled else []
+    report.line(f"  instances now: {len(instances)}" + ("" if gpu.mig_enabled else " (MIG mode is off)"))
+    for i in instances:
+        report.line(f"    {i.profile} at {i.start}+{i.size}: GPU instance {i.gi}, compute instance {i.ci},"
+                    f" {i.uuid}")
 
 
 def _attributes(report: Report, gpus: list[Gpu]) -> None:
@@ -194,8 +210,9 @@ def _attributes(report: Report, gpus: list[Gpu]) -> None:
             for device in plan_node_pool({}, trial, [policy]).devices:
                 kinds.setdefault(device["attributes"]["type"]["string"], device)
         if gpu.mig_profiles:
+            # As in MIG mode: whatever the mode now (the inventory says whether the agent may switch it).
             mig = _policy("check-mig", {"mode": "mig", "mig": {"profiles": [p.name for p in gpu.mig_profiles]}})
-            for device in plan_node_pool({}, [gpu], [mig]).devices:
+            for device in plan_node_pool({}, [replace(gpu, mig_enabled=True)], [mig]).devices:
                 kinds.setdefault(f"mig {device['attributes']['profile']['string']}", device)
         for kind, device in kinds.items():
             report.line(f"GPU {gpu.index}, {kind} device {device['name']}:")
@@ -297,29 +314,60 @@ def _processes(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
             report.line(f"  pid {process.pid}: {process.used // MI} MiB{sm}; {owner}")
 
 
+def _hooks(report: Report, backend: NvmlBackend, host_root: Path, driver: str | None) -> None:
+    """Each hook the specs gpuslice copies from would run: the container runtime runs it from the
+    host's filesystem, so a path the host lacks fails every container given a device at create.
+    ``nvidia-ctk cdi generate`` writes ``/usr/bin/nvidia-cdi-hook`` unless told
+    ``--nvidia-cdi-hook-path``; the GPU Operator's toolkit keeps it in /usr/local/nvidia/toolkit."""
+    report.line(f"== CDI hooks: each path, as seen under {host_root}")
+    toolkit = load_toolkit(backend.cdi_dirs, driver)
+    paths: dict[str, str] = {}
+    for spec in toolkit.usable():
+        for edits in (spec.common, *spec.devices.values()):
+            for hook in edits.hooks:
+                paths.setdefault(str(hook.get("path") or ""), spec.path)
+    for path, spec_path in sorted(paths.items()):
+        found = host_root / path.lstrip("/")
+        if path and found.is_file():
+            report.line(f"  {path}: present ({spec_path})")
+            continue
+        report.problem(
+            f"{spec_path} names the hook {path or '(no path)'}, which {found} is not: the container runtime runs"
+            " hooks from the host's filesystem, so every container given a GPU would fail at create (if this"
+            " check runs on the host). Generate the spec with the hook's real path, on a GPU Operator node"
+            " `nvidia-ctk cdi generate --nvidia-cdi-hook-path=/usr/local/nvidia/toolkit/nvidia-cdi-hook"
+            " --driver-root=/run/nvidia/driver ...` (docs/nvidia.md)")
+
+
 def run_check(nvml: ModuleType, cdi_dirs: Iterable[Path] | None, out: Callable[[str], None] = print,
-              driver_root: Path | None = None, **host: Path) -> int:
-    """Print the check; 0 when nothing is wrong, 1 otherwise. ``driver_root``: --nvidia-driver-root (NVML
-    is loaded from it, the MPS binary looked for in it); ``host``: other roots for /dev, /proc and /sys
+              driver_root: Path | None = None, host_root: Path | None = None, **host: Path) -> int:
+    """Print the check; 0 when nothing is wrong, 1 otherwise. ``driver_root``: where NVML is loaded
+    from (``--nvidia-driver-root``: the GPU Operator's containerised driver); ``host_root``: where
+    the host's files are seen (the CDI hooks' paths); ``host``: other roots for /dev, /proc and /sys
     (tests)."""
     guarded = ReadOnlyNvml(nvml)
-    backend = NvmlBackend(cast(ModuleType, guarded), cdi_dirs=tuple(cdi_dirs or DEFAULT_SPEC_DIRS),
-                          dev=host.get("dev", Path("/dev")), proc=host.get("proc", Path("/proc")),
-                          sysfs=host.get("sysfs", Path("/sys")), driver_root=driver_root)
     report = Report(out)
     report.line(f"gpuslice {__version__} read-only GPU check (nvidia-ml-py"
                 f" {getattr(nvml, '__version__', None) or _version('nvidia-ml-py')}); nothing is written")
     report.line("skipped: everything that needs an API server (the Node's GFD labels, policies, other drivers'"
                 " ResourceSlices); this check reads NVML and this machine's files only")
+    if driver_root is not None:
+        report.line(f"NVML from the driver's root {driver_root}")
     try:
+        backend = NvmlBackend(cast(ModuleType, guarded), cdi_dirs=tuple(cdi_dirs or DEFAULT_SPEC_DIRS),
+                              dev=host.get("dev", Path("/dev")), proc=host.get("proc", Path("/proc")),
+                              sysfs=host.get("sysfs", Path("/sys")), driver_root=driver_root)
         gpus = backend.discover()
     except GpuBackendError as error:
         report.problem(str(error))
         return 1
+    for refused in backend.refused:
+        report.problem(refused)
     for part in (_inventory, _attributes):
         part(report, gpus)
     for io_part in (_mig, _cdi, _mps, _processes):
         io_part(report, backend, gpus)
+    _hooks(report, backend, host_root or HOST_ROOT, gpus[0].driver_version if gpus else None)
     report.line(f"== NVML calls made: {', '.join(sorted(set(guarded.calls)))}")
     report.line(f"== {len(report.problems)} problems" + "".join(f"\n- {p}" for p in report.problems))
     return 1 if report.problems else 0

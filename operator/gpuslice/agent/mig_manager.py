@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,8 +40,11 @@ from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
+from gpuslice.planning.coexistence import mig_manager_active
 from gpuslice.planning.devices import Device
+from gpuslice.planning.left_out import MIG_MODE_ON
 from gpuslice.planning.mig_layout import Instance, LayoutTarget, Step, devices_of, inverse, layout_targets, steps
+from gpuslice.planning.mig_mode import switches_mig_mode
 from gpuslice.planning.node_pool import NodePlan, layout
 from gpuslice.planning.taints import MIG_FAILED_TAINT_KEY, RECONFIGURING_TAINT_KEY, Taint, device_gpu
 
@@ -102,6 +105,64 @@ class MigManager:
         """GPUs whose instances belong to a static layout (prepare never makes or destroys them)."""
         return set(self.applied()) | {p.gpu.uuid for p in self.pending.values()}
 
+    # 0. Each GPU's MIG mode, as the GPU has it now
+
+    async def refresh(self, gpus: Sequence[Gpu]) -> list[Gpu]:
+        """``gpus`` with the MIG mode each has now, for the planner: the agent switches it (dynamic
+        prepare, layouts), and so may an admin (with a GPU reset, below Hopper), whose change is
+        seen at the next cycle. A GPU whose mode cannot be read keeps the last one known (its
+        health check reports the GPU; one lost GPU does not stop the node's publishing)."""
+        found = []
+        for gpu in gpus:
+            known = self.ops.gpus.get(gpu.uuid, gpu)
+            if gpu.mig_capable:
+                try:
+                    async with self.ops.lock(gpu.uuid):
+                        enabled = await self.ops.call(self.ops.backend.mig_enabled, gpu)
+                except GpuBackendError as error:
+                    log.warning("could not read the GPU's MIG mode; the last one known stands", node=self.node,
+                                gpu=gpu.uuid, error=str(error))
+                    enabled = known.mig_enabled
+                if enabled != known.mig_enabled:
+                    log.info("GPU's MIG mode changed", node=self.node, gpu=gpu.uuid, index=gpu.index,
+                             mig_enabled=enabled)
+                gpu = replace(gpu, mig_enabled=enabled)
+                if gpu.uuid in self.ops.gpus:
+                    self.ops.gpus[gpu.uuid] = replace(known, mig_enabled=enabled)
+            found.append(gpu)
+        return found
+
+    async def release(self, gpus: Sequence[Gpu], plan: NodePlan, labels: Mapping[str, str],
+                      published: Iterable[Mapping[str, Any]]) -> list[Gpu]:
+        """``gpus`` after switching MIG mode off on each GPU the plan left out for it (a whole-GPU,
+        memory or shared policy takes it) where the agent may: Hopper or later, not where the GPU
+        Operator's MIG manager runs (its config owns the mode), and only once nothing of the GPU is
+        published (its old devices drained: no claim can be prepared on it) and it has no MIG
+        instance, as NVIDIA's DRA driver's ``maybeDisableMigMode``. The next plan then publishes."""
+        wanted = {item.index for item in plan.left_out if item.reason == MIG_MODE_ON}
+        if not wanted or mig_manager_active(labels):
+            return list(gpus)
+        # A layout's GPU left by its policy keeps its instances (the check below); once they are gone
+        # its applied record does not hold the GPU in MIG mode.
+        busy = {device_gpu(d) for d in published} | {p.gpu.uuid for p in self.pending.values()}
+        found = []
+        for gpu in gpus:
+            if gpu.index in wanted and gpu.mig_enabled and switches_mig_mode(gpu) and gpu.uuid not in busy:
+                try:
+                    async with self.ops.lock(gpu.uuid):
+                        if not await self.ops.call(self.ops.backend.mig_instances, gpu):
+                            await self.ops.call(self.ops.backend.set_mig_mode, gpu, False)
+                            log.info("MIG mode switched off: a policy takes the GPU whole", node=self.node,
+                                     gpu=gpu.uuid, index=gpu.index)
+                            gpu = replace(gpu, mig_enabled=False)
+                            if gpu.uuid in self.ops.gpus:
+                                self.ops.gpus[gpu.uuid] = replace(self.ops.gpus[gpu.uuid], mig_enabled=False)
+                except GpuBackendError as error:
+                    log.warning("could not switch MIG mode off; tried again next cycle", node=self.node,
+                                gpu=gpu.uuid, error=str(error))
+            found.append(gpu)
+        return found
+
     # 1. What each static GPU publishes
 
     async def adjust(self, plan: NodePlan, policies: Sequence[GpuSlicePolicy]) -> NodePlan:
@@ -138,7 +199,7 @@ class MigManager:
         typed += [d for found in replaced.values() for d in found]
         typed = [_with_instance_uuid(d, uuids.get(d.gpu_uuid, {})) for d in typed]
         typed.sort(key=lambda d: (d.memory, d.name))
-        return NodePlan(layout(plan.counter_sets, [d.manifest() for d in typed]), plan.notes, tuple(typed))
+        return replace(plan, slices=layout(plan.counter_sets, [d.manifest() for d in typed]), typed=tuple(typed))
 
     def drained(self, published: Iterable[dict[str, Any]]) -> set[str]:
         """Devices of GPUs reconfigured since the last cycle: their instances are gone, so they go now."""

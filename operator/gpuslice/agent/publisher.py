@@ -32,7 +32,9 @@ from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.watch import list_all
 from gpuslice.observability.failpoints import failpoint
 from gpuslice.planning.coexistence import other_driver_gpus, taken_gpus
-from gpuslice.planning.node_pool import NodePlan, plan_node_pool
+from gpuslice.planning.left_out import ANNOTATION as LEFT_OUT
+from gpuslice.planning.left_out import left_out_annotations
+from gpuslice.planning.node_pool import NodePlan, PlannedSlice, plan_node_pool
 from gpuslice.planning.pool_safety import SafePlan, changing, make_safe, normalized, with_statuses
 from gpuslice.planning.taints import Taint, status_taints_by_gpu
 
@@ -158,6 +160,10 @@ def _content(spec: dict[str, Any]) -> Any:
     return normalized({"sharedCounters": spec.get("sharedCounters") or [], "devices": spec.get("devices") or []})
 
 
+def _left_out(slice_: Mapping[str, Any]) -> str | None:
+    return ((slice_.get("metadata") or {}).get("annotations") or {}).get(LEFT_OUT)
+
+
 def _records(last: Published | None, generation: int, devices: list[dict[str, Any]],
              counter_sets: list[dict[str, Any]]) -> bool:
     """Whether ``last`` records this generation as published (quantities by value, taint times ignored)."""
@@ -195,6 +201,8 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
     reconfigures a drained GPU after the write). ``unsupported``: slicing mode -> why the API
     server cannot serve it (``agent.startup``). A GPU another DRA driver publishes on the node is
     left out (its allocated devices held as any GPU's that went), and ``others`` tells people.
+    GPUs the plan leaves out for a state only the agent sees (``planning.left_out``) are written on
+    every slice of the pool, on an empty one when it has no device, for the controller.
     """
     drains = drains if drains is not None else Drains()
     refusals = refusals if refusals is not None else Refusals()
@@ -215,6 +223,8 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
     if others is not None:
         await others.report(kube, node, gpus, taken)
     gpus = [g for g in gpus if g.uuid not in taken]
+    if mig is not None:
+        gpus = await mig.refresh(gpus)
     published = [d for s in existing for d in s["spec"].get("devices") or []]
     counter_sets = [c for s in existing for c in s["spec"].get("sharedCounters") or []]
     last = record.load() if record is not None else None
@@ -222,6 +232,8 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         published, counter_sets = last.devices, last.counter_sets
         log.warning("the pool's slices are gone (the kubelet wipes them when the plugin was away); republishing"
                     " from the agent's record, allocated devices unchanged", node=node, devices=len(published))
+    if mig is not None:  # a GPU in MIG mode a whole-GPU policy takes, once nothing of it is published
+        gpus = await mig.release(gpus, plan_node_pool(labels, gpus, policies.plannable), labels, published)
 
     async def planned(policies_now: list[GpuSlicePolicy]) -> NodePlan:
         plan = plan_node_pool(labels, gpus, policies_now)
@@ -254,12 +266,15 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         safe: SafePlan = make_safe(plan, published, counter_sets, allocated, drained=drained, frozen=frozen)
         gpu_statuses = status_taints_by_gpu(statuses or {}, mig.statuses(allocated, published) if mig else {})
         slices = with_statuses(safe.slices, gpu_statuses)
+        told = left_out_annotations(plan.left_out)
+        if not slices and told:
+            slices = (PlannedSlice("devices-00"),)
         wanted = {slice_name(node, s.suffix): s for s in slices}
         unchanged = (
             set(wanted) == set(current) and len(generations) == 1 and counts == {len(wanted)}
             and all(_content(current[name]["spec"]) == normalized({"sharedCounters": list(s.shared_counters),
                                                                    "devices": list(s.devices)})
-                    for name, s in wanted.items())
+                    and _left_out(current[name]) == told.get(LEFT_OUT) for name, s in wanted.items())
         )
         DEVICES.set(sum(len(s.devices) for s in slices))
         HELD.set(len(safe.held))
@@ -278,7 +293,7 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
                                  again)
         manifests = {name: resource_slice(
             node, node_body["metadata"]["uid"], planned.suffix, generation + 1, len(wanted),
-            shared_counters=list(planned.shared_counters), devices=list(planned.devices),
+            shared_counters=list(planned.shared_counters), devices=list(planned.devices), annotations=told,
         ) for name, planned in wanted.items()}
         answers = await dry_run(kube, manifests.values(), FIELD_MANAGER)
         if not answers:

@@ -38,8 +38,8 @@ class AgentSettings(ProcessSettings):
     backend: Literal["nvml", "fake"] = Field(default="nvml", description=(
         "Where GPUs come from: nvml (the NVIDIA driver) or fake (kind and the dev cluster; state in state_dir)."))
     fake_gpus: str | None = Field(default=None, description=(
-        "Fake backend: MODEL:COUNT[:mig-off][,MODEL:COUNT...] (mig-off: MIG-capable GPUs start with MIG mode"
-        " off); unset: the node's gpuslice.dev/fake-gpu-* labels."))
+        "Fake backend: MODEL:COUNT[:mig-off|:mig-on][,MODEL:COUNT...] (the MIG mode MIG-capable GPUs start"
+        " in; by default on before Hopper, off from Hopper on); unset: the node's gpuslice.dev/fake-gpu-* labels."))
     nvidia_cdi_dir: tuple[Path, ...] = Field(default=(), description=(
         "NVML backend: where the NVIDIA Container Toolkit's CDI specs are (nvidia.com/gpu,"
         " management.nvidia.com/gpu or k8s.device-plugin.nvidia.com/gpu), whose libraries and hooks each claim's"

@@ -5,7 +5,7 @@ every 10 s: work that grows with the fleet times the policies, for a status that
 changed. The watch handlers now note what each event can affect, and the timer refreshes
 a policy only when something did (or its last reconcile failed):
 
-- a slice: the policies of the devices in it;
+- a slice: the policies of the devices in it, and those its pool leaves out now or did before;
 - a claim: the policies of the devices it holds or held (a released claim's event no longer
   names its devices, so the last ones seen are remembered);
 - a node's labels (what the inventory reads), a node added or removed, a namespace's labels or
@@ -35,6 +35,7 @@ class Changes:
     refreshed: dict[str, int] = field(default_factory=dict)  # policy -> epoch of its last refresh
     device_policy: dict[DeviceRef, str] = field(default_factory=dict)
     claim_devices: dict[tuple[str, str], tuple[DeviceRef, ...]] = field(default_factory=dict)
+    pool_left_out: dict[str, frozenset[str]] = field(default_factory=dict)  # pool -> policies it left out
     node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     shared: dict[str, object] = field(default_factory=dict)
     nodes_version: int = 0  # bumped by every change of a node's labels (what the inventory reads)
@@ -56,10 +57,19 @@ class Changes:
         self.dirty.discard(policy)
         self.refreshed.pop(policy, None)
 
-    def slice_seen(self, view: SliceView) -> None:
+    def slice_seen(self, view: SliceView) -> set[str]:
+        """Notes the slice; the policies whose status it may change (a policy no longer left out
+        included: the slice that says so no longer names it)."""
         for device, policy in view.devices:
             self.device_policy[DeviceRef(view.pool, device)] = policy
-        self.mark(policy for _, policy in view.devices)
+        left_out = frozenset(item.policy for item in view.left_out)
+        touched = set(view.policies) | self.pool_left_out.get(view.pool, frozenset())
+        if left_out:
+            self.pool_left_out[view.pool] = left_out
+        else:
+            self.pool_left_out.pop(view.pool, None)
+        self.mark(touched)
+        return touched
 
     def claim_seen(self, key: tuple[str, str], view: ClaimView | None) -> None:
         before = self.claim_devices.pop(key, ())

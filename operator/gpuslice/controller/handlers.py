@@ -219,18 +219,18 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
 
     @kopf.index("resource.k8s.io", "v1", "resourceslices", registry=registry, id="slice_index",
                 when=lambda spec, **_: spec.get("driver") == DRIVER)
-    def slice_index(spec: kopf.Spec, **_: Any) -> dict[str, SliceView]:
+    def slice_index(spec: kopf.Spec, annotations: kopf.Annotations, **_: Any) -> dict[str, SliceView]:
         """Our slices by pool (a Store holds each of a pool's slices). What changed is noted by
         slice_event, which Kopf runs after this index is updated, for every event."""
-        view = SliceView.from_slice(spec)
+        view = SliceView.from_slice(spec, annotations)
         return {view.pool: view}
 
     @kopf.index("resource.k8s.io", "v1", "resourceslices", registry=registry, id="policy_pool_index",
                 when=lambda spec, **_: spec.get("driver") == DRIVER)
-    def policy_pool_index(spec: kopf.Spec, **_: Any) -> dict[str, str]:
-        """The pool of each slice, under every policy it publishes devices of."""
+    def policy_pool_index(spec: kopf.Spec, annotations: kopf.Annotations, **_: Any) -> dict[str, str]:
+        """The pool of each slice, under every policy it publishes devices of or leaves out."""
         pool = str((spec.get("pool") or {}).get("name", ""))
-        return {policy: pool for policy in slice_policies(spec)}
+        return {policy: pool for policy in slice_policies(spec, annotations)}
 
     @kopf.index("resource.k8s.io", "v1", "resourceslices", registry=registry, id="other_driver_index",
                 when=lambda spec, **_: spec.get("driver") != DRIVER and bool(spec.get("nodeName")))
@@ -340,16 +340,17 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
 
     @kopf.on.event("resource.k8s.io", "v1", "resourceslices", registry=registry,
                    when=lambda spec, **_: spec.get("driver") == DRIVER)
-    async def slice_event(spec: kopf.Spec, type: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
+    async def slice_event(spec: kopf.Spec, annotations: kopf.Annotations, type: str | None, memo: kopf.Memo,
+                          **kwargs: Any) -> None:
         """Devices came or went: their policies' status follows at once. Nothing a policy makes
         depends on its devices (taints travel on them), so its objects are not converged again: at
         1,000 nodes that was a third of the requests until the fleet was published."""
-        view = SliceView.from_slice(spec)
-        changes.slice_seen(view)  # a deleted slice's devices count too
+        view = SliceView.from_slice(spec, annotations)
+        told = changes.slice_seen(view)  # a deleted slice's devices count too
         if type is None or "ctx" not in memo:
             return  # the initial listing: resume handlers cover it
         now = current(kwargs)
-        names = sorted({policy for _, policy in view.devices if policy})
+        names = sorted(told)
         await _reconcile_each(memo.ctx, [now.policies[n] for n in names if n in now.policies], now,
                               converge_objects=False)
 

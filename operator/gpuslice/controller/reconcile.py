@@ -335,6 +335,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         other_drivers=world.other_drivers_on(selection.nodes),
         mig_manager_nodes=sorted(n for n in selection.nodes if policy.spec.slicing.mode == "mig"
                                  and mig_manager_active(world.nodes.get(n, {}))),
+        left_out=world.left_out(policy.name, set(selection.nodes)),
         # The record the tenancy rule reads moves with valid specs only: a frozen policy's devices
         # stay where they were, and so do the nodes they may be allocated on.
         selected_nodes=None if problems else nodes,

@@ -16,6 +16,7 @@ from gpuslice.api.status import (
     TenantStatus,
 )
 from gpuslice.planning.kinds import DeviceKind, limit_bytes, quota
+from gpuslice.planning.left_out import MIG_MODE_OFF, MIG_MODE_ON, LeftOut
 from gpuslice.planning.usage import Usage
 from gpuslice.planning.validation import Problem, Selection
 
@@ -43,6 +44,7 @@ class Findings:
     publishing_nodes: Sequence[str] = ()  # while deleting: nodes whose agents still publish its devices
     other_drivers: Sequence[str] = ()  # selected nodes where another DRA driver publishes GPUs
     mig_manager_nodes: Sequence[str] = ()  # selected nodes where the GPU Operator's MIG manager runs (mig mode)
+    left_out: Sequence[tuple[str, LeftOut]] = ()  # (node, GPU) its agent left out for the GPU's state
     selected_nodes: Sequence[str] | None = None  # the nodes to record (None: keep the record, not valid now)
     unselected: Sequence[str] = ()  # nodes publishing its devices that it does not select
     memory_unenforced: str = ""  # why a tenant's maxMemory cannot be put in force (the webhook's side)
@@ -50,6 +52,22 @@ class Findings:
 
 def _condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
     return Condition(type=type_, status="True" if ok else "False", reason=reason, message=message)
+
+
+# What the agents left out, by reason (planning.left_out), worded here: an agent names only GPUs.
+LEFT_OUT = {
+    MIG_MODE_OFF: "MIG mode is off on {gpus}, and these GPUs (before Hopper, such as A100 and A30) switch it only at a"
+                  " GPU reset, which gpuslice does not do: nvidia-persistenced, DCGM and other clients keep the GPU"
+                  " from resetting. So no MIG device of this policy is published on them. Enable MIG mode on each"
+                  " (nvidia-smi -i INDEX -mig 1, then reset the GPU with its clients stopped, or reboot; the GPU"
+                  " Operator's MIG manager does both); the agent publishes at its next cycle after.",
+    MIG_MODE_ON: "MIG mode is on on {gpus}: a GPU in MIG mode cannot be used whole (CUDA sees only its MIG devices;"
+                 " NVIDIA's toolkit gives it no whole-GPU entry), so no device of this policy is published on them."
+                 " On Hopper and later the agent switches MIG mode off once nothing of the GPU is published and it"
+                 " has no MIG instance (not where the GPU Operator's MIG manager runs: set its config to"
+                 " all-disabled); before Hopper switch it off yourself (nvidia-smi -i INDEX -mig 0, then reset the"
+                 " GPU with its clients stopped, or reboot).",
+}
 
 
 def conditions(f: Findings) -> list[Condition]:
@@ -135,6 +153,9 @@ def conditions(f: Findings) -> list[Condition]:
                               " (nvidia.com/gpu.deploy.mig-manager=true) and would undo this policy's MIG instances,"
                               " so gpuslice publishes none of its devices there; label those nodes"
                               " nvidia.com/gpu.deploy.mig-manager=false to let gpuslice manage MIG.")
+    elif reasons := [r for r in LEFT_OUT if any(item.reason == r for _, item in f.left_out)]:
+        degraded = _condition("Degraded", True, reasons[0],
+                              LEFT_OUT[reasons[0]].format(gpus=_gpus(f.left_out, reasons[0])))
     elif f.pending:
         degraded = _condition("Degraded", True, "ChangePending",
                               f"{f.pending} allocated devices keep their old shape until their claims are released;"
@@ -142,6 +163,12 @@ def conditions(f: Findings) -> list[Condition]:
     else:
         degraded = _condition("Degraded", False, "AsExpected", "")
     return [valid, published, ready, degraded]
+
+
+def _gpus(left_out: Sequence[tuple[str, LeftOut]], reason: str, most: int = 10) -> str:
+    """``node n1 GPU 0 (NVIDIA A100-SXM4-40GB), ...`` for the items of ``reason``, the first ``most``."""
+    found = [f"node {node} GPU {item.index} ({item.product})" for node, item in left_out if item.reason == reason]
+    return ", ".join(found[:most]) + (f" and {len(found) - most} more" if len(found) > most else "")
 
 
 def build_status(policy: GpuSlicePolicy, f: Findings, now: str) -> GpuSlicePolicyStatus:

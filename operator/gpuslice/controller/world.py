@@ -22,6 +22,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.controller.tenancy import LedgerView, QuotaView
 from gpuslice.inventory.nodes import NodeGpus, node_gpus
+from gpuslice.planning.left_out import LeftOut
 from gpuslice.planning.selection import selected_nodes
 from gpuslice.planning.usage import ClaimView, SliceView
 from gpuslice.planning.validation import Selection, select
@@ -78,12 +79,22 @@ class World:
         return [f"{node}: {driver} ({count} GPU devices)" for (node, driver), count in found.items()]
 
     def slices_of(self, policy: str) -> list[SliceView]:
-        """Every slice of every pool that publishes a device of ``policy``: all of a pool's slices,
-        as whether a pool is complete (and so counted) depends on them all."""
+        """Every slice of every pool that publishes a device of ``policy`` (or leaves it out): all
+        of a pool's slices, as whether a pool is complete (and so counted) depends on them all."""
         if self.slice_pools is None or self.policy_pools is None:
-            pools = {v.pool for v in self.slices if any(p == policy for _, p in v.devices)}
+            pools = {v.pool for v in self.slices if policy in v.policies}
             return [v for v in self.slices if v.pool in pools]
         return [v for pool in sorted(set(self.policy_pools.get(policy, ()))) for v in self.slice_pools.get(pool, ())]
+
+    def left_out(self, policy: str, nodes: Collection[str]) -> list[tuple[str, LeftOut]]:
+        """(node, what) for each GPU of ``nodes`` whose agent left ``policy``'s devices out, as the
+        pool's newest generation says (planning.left_out); other nodes' word is not taken."""
+        newest: dict[str, int] = {}
+        views = [v for v in self.slices_of(policy) if v.pool in nodes]
+        for view in views:
+            newest[view.pool] = max(newest.get(view.pool, 0), view.generation)
+        return sorted({(v.pool, item) for v in views if v.generation == newest[v.pool]
+                       for item in v.left_out if item.policy == policy})
 
     def _version(self) -> tuple[int, int] | None:
         return None if self.nodes_version is None else (self.nodes_version, len(self.nodes))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from gpuslice.dra.names import DRIVER, MANAGED_BY
@@ -16,6 +17,7 @@ def slice_name(node: str, suffix: str) -> str:
 def resource_slice(
     node: str, node_uid: str, suffix: str, generation: int, count: int,
     *, shared_counters: list[dict[str, Any]] | None = None, devices: list[dict[str, Any]] | None = None,
+    annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A slice of the node's pool, owned by the Node so it goes when the node goes."""
     spec: dict[str, Any] = {
@@ -33,6 +35,7 @@ def resource_slice(
         "metadata": {
             "name": slice_name(node, suffix),
             "labels": {**MANAGED_BY, LABEL_NODE: node},
+            **({"annotations": dict(annotations)} if annotations else {}),
             "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid,
                                  "controller": True}],
         },

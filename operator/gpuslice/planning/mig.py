@@ -9,8 +9,11 @@ from gpuslice.inventory.catalog import MigProfile
 
 
 def mig_device_name(gpu_tag: str, profile: str, start: int) -> str:
-    """``gpu-2d3e5f1a-mig-1g10gb-me-at-3``: GPU, profile and placement, readable back from the name."""
-    return f"{gpu_tag}-mig-{profile.replace('.', '').replace('+', '-')}-at-{start}"
+    """``gpu-2d3e5f1a-mig-1g10gb-me-at-3``: GPU, profile and placement, readable back from the name.
+    ``+me`` is spelt ``-me`` (as always: published names do not change); go-nvlib's ``-me`` (no media
+    engine, ``1_SLICE_NO_ME``) is spelt ``-nome``, so ``1g.10gb+me`` and ``1g.10gb-me`` never share one."""
+    spelt = profile.replace("-me", "-nome").replace(".", "").replace("+", "-")
+    return f"{gpu_tag}-mig-{spelt}-at-{start}"
 
 
 def parse_mig_device_name(name: str) -> tuple[str, str, int] | None:

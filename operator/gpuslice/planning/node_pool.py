@@ -22,6 +22,8 @@ from gpuslice.inventory.nodes import same_product
 from gpuslice.planning.coexistence import MIG_MANAGER_LABEL, mig_manager_active
 from gpuslice.planning.devices import CounterSet, gpu_tag
 from gpuslice.planning.devices import Device as TypedDevice
+from gpuslice.planning.left_out import LeftOut
+from gpuslice.planning.mig_mode import conflict_note, mig_mode_conflict
 from gpuslice.planning.modes import mode_of
 from gpuslice.planning.selection import seniority
 
@@ -45,6 +47,7 @@ class NodePlan:
     slices: tuple[PlannedSlice, ...]
     notes: tuple[str, ...] = ()  # why a policy left a GPU out, for logs and status
     typed: tuple[TypedDevice, ...] = ()  # the planned devices, typed (same order as ``devices``)
+    left_out: tuple[LeftOut, ...] = ()  # GPUs left out for a state the controller cannot see (planning.left_out)
 
     @property
     def devices(self) -> list[Device]:
@@ -122,12 +125,14 @@ def plan_node_pool(labels: Mapping[str, str], gpus: Sequence[Gpu], policies: Ite
     Per GPU, the most senior policy that selects it decides its mode and its isolation:
     memory-mode policies of one isolation share a GPU (its counters keep their sum within
     the GPU); a shared or MIG policy has it to itself. Policies being deleted publish
-    nothing new.
+    nothing new. A GPU whose MIG mode the mode cannot use, and the agent cannot switch,
+    publishes nothing for it (``planning.mig_mode``).
     """
     active = sorted((p for p in policies if not p.metadata.deletion_timestamp), key=seniority)
     counter_sets: list[CounterSet] = []
     devices: list[TypedDevice] = []
     notes: list[str] = []
+    left_out: list[LeftOut] = []
     clashing = _ambiguous_tags(gpus, notes)
     for gpu in sorted(gpus, key=lambda g: g.index):
         takers = [p for p in active if selects(p, labels, gpu)]
@@ -143,6 +148,11 @@ def plan_node_pool(labels: Mapping[str, str], gpus: Sequence[Gpu], policies: Ite
         sharing = takers[:1] if mode.exclusive else [p for p in takers if p.spec.slicing.mode == mode.name]
         notes += [f"{p.name}: GPU {gpu.index} is taken by {takers[0].name} ({mode.name} mode)"
                   for p in takers if p not in sharing]
+        conflict = mig_mode_conflict(mode.name, gpu)
+        if conflict is not None:
+            notes += [conflict_note(p.name, gpu, conflict) for p in sharing]
+            left_out += [LeftOut(p.name, conflict, gpu.index, gpu.product_name) for p in sharing]
+            continue
         sharing = _isolation_takers(gpu, sharing, notes)
         if not sharing:
             continue
@@ -155,7 +165,7 @@ def plan_node_pool(labels: Mapping[str, str], gpus: Sequence[Gpu], policies: Ite
         devices.extend(found)
     ordered = sorted(devices, key=lambda d: (d.memory, d.name))
     return NodePlan(layout([c.manifest() for c in counter_sets], [d.manifest() for d in ordered]),
-                    tuple(notes), tuple(ordered))
+                    tuple(notes), tuple(ordered), tuple(left_out))
 
 
 def layout(counter_sets: Sequence[dict[str, Any]], devices: Sequence[Device]) -> tuple[PlannedSlice, ...]:

@@ -22,6 +22,8 @@ from gpuslice.dra.names import (
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.planning.cluster_objects import DeviceRef
 from gpuslice.planning.kinds import FULL, SHARED, SLICE
+from gpuslice.planning.left_out import LeftOut
+from gpuslice.planning.left_out import decode as decode_left_out
 
 __all__ = ["PENDING_TAINT_KEY", "ClaimResult", "ClaimView", "DeviceInfo", "SliceView", "Usage", "device_info",
            "devices_by_policy", "failed_devices", "foreign_claims", "pending_devices", "unhealthy_devices", "usage"]
@@ -66,9 +68,10 @@ class SliceView:
     info: tuple[tuple[str, DeviceInfo], ...] = ()  # (device name, what it is)
     failed: frozenset[str] = frozenset()  # devices of a GPU whose MIG reconfiguration failed (rolled back)
     unhealthy: frozenset[str] = frozenset()  # devices of a GPU the agent found unhealthy
+    left_out: tuple[LeftOut, ...] = ()  # GPUs the agent's plan left out, and why (planning.left_out)
 
     @classmethod
-    def from_slice(cls, spec: Mapping[str, Any]) -> SliceView:
+    def from_slice(cls, spec: Mapping[str, Any], annotations: Mapping[str, str] | None = None) -> SliceView:
         devices: list[tuple[str, str]] = []
         info: list[tuple[str, DeviceInfo]] = []
         pending: set[str] = set()
@@ -87,13 +90,19 @@ class SliceView:
             info.append((str(device["name"]), DeviceInfo(_kind(attributes), _memory(device))))
         pool = spec.get("pool") or {}
         return cls(str(pool.get("name", "")), int(pool.get("generation", 0)), tuple(devices), frozenset(pending),
-                   int(pool.get("resourceSliceCount", 1)), tuple(info), frozenset(failed), frozenset(unhealthy))
+                   int(pool.get("resourceSliceCount", 1)), tuple(info), frozenset(failed), frozenset(unhealthy),
+                   decode_left_out(annotations))
+
+    @property
+    def policies(self) -> frozenset[str]:
+        """The policies this slice says something about: those of its devices, those left out."""
+        return frozenset({p for _, p in self.devices if p} | {item.policy for item in self.left_out})
 
 
-def slice_policies(spec: Mapping[str, Any]) -> frozenset[str]:
-    """The policies whose devices one of our ResourceSlices publishes (read without building a
-    SliceView: the controller indexes every slice by them)."""
-    found = set()
+def slice_policies(spec: Mapping[str, Any], annotations: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The policies whose devices one of our ResourceSlices publishes, or says are left out (read
+    without building a SliceView: the controller indexes every slice by them)."""
+    found = {item.policy for item in decode_left_out(annotations)}
     for device in spec.get("devices") or []:
         attribute = (device.get("attributes") or {}).get(f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}") or {}
         if attribute.get("string"):

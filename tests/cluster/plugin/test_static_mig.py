@@ -154,13 +154,14 @@ async def test_a_layout_on_gpus_whose_mig_mode_is_off_turns_it_on_and_publishes(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str, cluster: Any,
 ) -> None:
-    """GPUs fresh from the factory (or after the GPU Operator's all-disabled) have MIG mode off: the
-    layout still fits them, so the agent switches them to MIG mode, makes the instances, publishes
-    them, and a pod runs on one."""
-    node = await plugin_node("a100-40gb", 2, ["--fake-gpus", "a100-40gb:2:mig-off"])
+    """Hopper GPUs fresh from the factory (or after the GPU Operator's all-disabled) have MIG mode
+    off: the layout still fits them, and Hopper switches MIG mode without a reset, so the agent
+    switches them to MIG mode, makes the instances, publishes them, and a pod runs on one."""
+    node = await plugin_node("h100-80gb", 2, ["--fake-gpus", "h100-80gb:2:mig-off"])
     assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [False, False]
-    await tenant_policy(make_policy, namespace, node.name, {"mode": "mig", "mig": {"layout": {"3g.20gb": 2}}})
-    await settled(kube, node, {0: THREE_G, 1: THREE_G})
+    await tenant_policy(make_policy, namespace, node.name, {"mode": "mig", "mig": {"layout": {"3g.40gb": 2}}})
+    three_g = [("3g.40gb", 0), ("3g.40gb", 4)]
+    await settled(kube, node, {0: three_g, 1: three_g})
     assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [True, True]
     made = {(int(i), m["start"]): m["uuid"] for i, g in node.fake_state()["gpus"].items() for m in g["instances"]}
     published = {(d["attributes"]["gpuslice.dev/index"]["int"], d["attributes"]["gpuslice.dev/placementStart"]["int"]):
@@ -168,4 +169,43 @@ async def test_a_layout_on_gpus_whose_mig_mode_is_off_turns_it_on_and_publishes(
     assert published == made, "each static device carries its instance's UUID, as NVIDIA's do"
     await create_pods(kube, namespace, "gpu-slice", ["on-mig"])
     await running(kube, namespace, ["on-mig"])
-    assert exec_env(cluster, namespace, "on-mig")["GPUSLICE_MIG_PROFILE"] == "3g.20gb"
+    assert exec_env(cluster, namespace, "on-mig")["GPUSLICE_MIG_PROFILE"] == "3g.40gb"
+
+
+async def degraded_as(kube: KubeClient, policy: str, reason: str, within: float = 60) -> dict[str, Any]:
+    async def degraded() -> dict[str, Any] | None:
+        conditions = (await kube.get(f"{POLICIES}/{policy}")).get("status", {}).get("conditions") or []
+        found = next((c for c in conditions if c["type"] == "Degraded"), None)
+        return found if found and found["reason"] == reason else None
+
+    found: dict[str, Any] = await wait_for(degraded, within=within, what=f"the policy's Degraded reason {reason}")
+    return found
+
+
+async def test_an_ampere_gpu_whose_mig_mode_is_off_waits_for_its_admin(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
+    namespace: str,
+) -> None:
+    """An A100 switches MIG mode only at a GPU reset, which the agent does not do (planning.mig_mode,
+    as NVIDIA's DRA driver): with MIG mode off nothing of a layout is published or tried, and the
+    policy's status says why and what to do, from what the agent wrote on its pool. Once an admin
+    has switched one GPU (and reset it), the next cycle applies the layout there."""
+    node = await plugin_node("a100-40gb", 2, ["--fake-gpus", "a100-40gb:2:mig-off", "--resync", "3"])
+    policy = await tenant_policy(make_policy, namespace, node.name, {"mode": "mig", "mig": {"layout": {"3g.20gb": 2}}})
+    condition = await degraded_as(kube, policy, "MigModeOff")
+    assert f"MIG mode is off on node {node.name} GPU 0 (NVIDIA A100-SXM4-40GB), node {node.name} GPU 1" \
+        in condition["message"]
+    assert "nvidia-smi -i INDEX -mig 1" in condition["message"]
+    assert await pool_devices(kube, node.name) == {}
+    slices = await kube.list("/apis/resource.k8s.io/v1/resourceslices", fieldSelector=f"spec.nodeName={node.name}")
+    assert [s["metadata"]["name"] for s in slices] == [f"gpuslice-{node.name}-devices-00"], "an empty slice says it"
+    assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [False, False], "nothing tried"
+
+    node.fake_gpu("mig-mode", "0", "on")  # an admin's nvidia-smi -i 0 -mig 1, and a GPU reset
+    await settled(kube, node, {0: THREE_G, 1: []})
+
+    async def only_gpu_1() -> bool:
+        found = await degraded_as(kube, policy, "MigModeOff")
+        return "GPU 0" not in found["message"] and f"node {node.name} GPU 1" in found["message"]
+
+    await wait_for(only_gpu_1, within=60, what="the status to name GPU 1 only")

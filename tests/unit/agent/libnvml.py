@@ -75,7 +75,8 @@ class FakeGpu:
     uuid: str
     bus: int
     minor: int
-    mig_mode: int = 0  # current; pending follows it (no reset needed in this stand-in)
+    mig_mode: int = 0  # current
+    pending: int | None = None  # the mode set below Hopper, which only a GPU reset makes current
     lost: bool = False
     memory_supported: bool = True  # False: nvmlDeviceGetMemoryInfo answers NOT_SUPPORTED
     unplaceable: frozenset[int] = frozenset()  # profile ids whose placements answer NOT_SUPPORTED
@@ -99,6 +100,7 @@ class FakeLibNvml:
                  fail_init: int | None = None) -> None:
         """``gpus``: (catalog model, MIG mode on) per GPU, indexed in order."""
         self.driver, self.cuda, self.fail_init = driver, cuda, fail_init
+        self.privileged = True  # False: a user NVML refuses its privileged queries (NO_PERMISSION)
         self.calls: list[str] = []
         self._keep: list[Any] = []  # the opaque structures handles point at
         self.gpus = [FakeGpu(MODELS[model], f"GPU-{index:08x}-aaaa-bbbb-cccc-{index:012x}", 0x18 + 0x10 * index,
@@ -283,10 +285,12 @@ class FakeLibNvml:
 
     def _nvmlDeviceGetMigMode(self, handle: Any, current: Any, pending: Any) -> int:
         gpu = self._gpu(handle)
+        if gpu is not None and gpu.lost:
+            return pynvml.NVML_ERROR_GPU_IS_LOST
         if gpu is None or not gpu.model.mig_capable:
             return pynvml.NVML_ERROR_NOT_SUPPORTED
         _set(current, gpu.mig_mode)
-        _set(pending, gpu.mig_mode)
+        _set(pending, gpu.mig_mode if gpu.pending is None else gpu.pending)
         return OK
 
     def _nvmlDeviceSetMigMode(self, handle: Any, mode: int, status: Any) -> int:
@@ -295,9 +299,21 @@ class FakeLibNvml:
             return pynvml.NVML_ERROR_NOT_SUPPORTED
         if gpu.gis and mode == pynvml.NVML_DEVICE_MIG_DISABLE:
             return pynvml.NVML_ERROR_IN_USE
+        if ARCH[gpu.model.architecture] < pynvml.NVML_DEVICE_ARCH_HOPPER:
+            # Below Hopper the mode is only pending until a GPU reset, which the GPU's clients
+            # (nvidia-persistenced, DCGM) keep from happening: nvml.h's activationStatus IN_USE.
+            gpu.pending = mode
+            _set(status, pynvml.NVML_ERROR_IN_USE)
+            return OK
         gpu.mig_mode = mode
         _set(status, OK)
         return OK
+
+    def reset(self, index: int) -> None:
+        """A GPU reset (``nvidia-smi -r``): a pending MIG mode becomes current."""
+        gpu = self.gpus[index]
+        if gpu.pending is not None:
+            gpu.mig_mode, gpu.pending = gpu.pending, None
 
     def _nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, enum: int, ref: Any) -> int:
         """v1: on any MIG-capable GPU, whatever its MIG mode; no name in its structure."""
@@ -335,6 +351,8 @@ class FakeLibNvml:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
         if gpu is not None and profile_id in gpu.unplaceable:
             return pynvml.NVML_ERROR_NOT_SUPPORTED
+        if not self.privileged:  # nvml.h: "Requires privileged user."
+            return pynvml.NVML_ERROR_NO_PERMISSION
         starts = found[1].starts
         if count._obj.value < len(starts):
             return pynvml.NVML_ERROR_INSUFFICIENT_SIZE

@@ -10,8 +10,9 @@ import pynvml
 import pytest
 from click.testing import CliRunner
 
+from gpuslice.agent import check as check_module
 from gpuslice.agent.check import READ_CALLS, ReadOnlyNvml, WriteRefused, run_check
-from gpuslice.agent.gpus import nvml
+from gpuslice.agent.gpus import GpuBackendError, nvml
 from gpuslice.agent.gpus.nvml import NvmlBackend
 from gpuslice.cli import main
 from gpuslice.inventory.catalog import MI
@@ -19,9 +20,18 @@ from tests.unit.agent import cdi_fixtures
 from tests.unit.agent.libnvml import FakeLibNvml, installed
 
 
-def check(lib: FakeLibNvml, root: Path, spec: str | None) -> tuple[int, str]:
+def hooks_on(root: Path, *paths: str) -> Path:
+    """A host whose filesystem has ``paths`` (the toolkit's hook binaries)."""
+    for path in paths:
+        (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (root / path.lstrip("/")).touch()
+    return root
+
+
+def check(lib: FakeLibNvml, root: Path, spec: str | None,
+          hooks: tuple[str, ...] = (cdi_fixtures.HOOK, cdi_fixtures.OPERATOR_HOOK)) -> tuple[int, str]:
     cdi = root / "cdi"
-    cdi.mkdir()
+    cdi.mkdir(parents=True)
     if spec is not None:
         (cdi / "nvidia.yaml").write_text(spec)
     lines: list[str] = []
@@ -31,7 +41,8 @@ def check(lib: FakeLibNvml, root: Path, spec: str | None) -> tuple[int, str]:
             if gpu.mig_enabled:
                 backend.create_mig(gpu, gpu.mig_profiles[0], 0)
         lib.calls.clear()
-        code = run_check(pynvml, [cdi], lines.append, **cdi_fixtures.host(root))
+        code = run_check(pynvml, [cdi], lines.append, host_root=hooks_on(root / "host", *hooks),
+                         **cdi_fixtures.host(root))
     return code, "\n".join(lines)
 
 
@@ -92,7 +103,7 @@ def test_what_differs_from_the_catalog_and_a_missing_spec_are_problems(tmp_path:
 
 
 def test_a_write_never_reaches_the_gpu(tmp_path: Path) -> None:
-    lib = FakeLibNvml([("a100-40gb", False)])
+    lib = FakeLibNvml([("h100-80gb", False)])
     with installed(lib):
         backend = NvmlBackend(ReadOnlyNvml(pynvml))  # type: ignore[arg-type]
         [gpu] = backend.discover()
@@ -104,7 +115,8 @@ def test_a_write_never_reaches_the_gpu(tmp_path: Path) -> None:
     assert lib.gpus[0].mig_mode == 0, "MIG mode untouched"
 
 
-def test_the_agent_command_runs_the_check_without_a_cluster(tmp_path: Path) -> None:
+def test_the_agent_command_runs_the_check_without_a_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(check_module, "HOST_ROOT", hooks_on(tmp_path / "host", cdi_fixtures.HOOK))
     lib = FakeLibNvml([("l4", False)])
     (tmp_path / "cdi").mkdir()
     (tmp_path / "cdi" / "nvidia.yaml").write_text(cdi_fixtures.device_plugin(lib.gpus[0].uuid))
@@ -148,4 +160,56 @@ def test_a_profile_nvml_names_otherwise_than_go_nvlib_is_a_problem(tmp_path: Pat
     lib.gpus[0].model = replace(model, mig_profiles=renamed)  # what the versioned query answers
     code, text = check(lib, tmp_path, cdi_fixtures.nvml_mode(lib.gpus[0].uuid, "MIG-none"))
     assert "GPU 0: profile 3g.20gb (go-nvlib's name) is 'MIG 3g.19gb' to NVML" in text
+    assert code == 1
+
+
+def test_the_check_loads_nvml_from_the_driver_root_it_is_given(tmp_path: Path) -> None:
+    """--nvidia-driver-root reaches the check (a GPU Operator node keeps libnvidia-ml.so.1 only under
+    /run/nvidia/driver): a root without the library is a problem line naming it, not a traceback."""
+    (tmp_path / "driver").mkdir()
+    with installed(FakeLibNvml([("l4", False)])):
+        result = CliRunner().invoke(main, ["agent", "--backend", "nvml", "--check", "--node", "gpu-host",
+                                           "--nvidia-driver-root", str(tmp_path / "driver")],
+                                    env={"KUBECONFIG": "/nowhere"})
+    assert f"NVML from the driver's root {tmp_path / 'driver'}" in result.output
+    assert f"PROBLEM: no libnvidia-ml.so.1 under --nvidia-driver-root {tmp_path / 'driver'}" in result.output
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_a_user_nvml_refuses_the_placement_query_is_told_to_run_as_root(tmp_path: Path) -> None:
+    """nvmlDeviceGetGpuInstancePossiblePlacements "Requires privileged user" (nvml.h): as another
+    user the check goes on, and says what it could not read."""
+    lib = FakeLibNvml([("h100-80gb", False), ("l4", False)])
+    lib.privileged = False
+    code, text = check(lib, tmp_path, cdi_fixtures.nvml_mode(lib.gpus[0].uuid, "MIG-none"))
+    assert "NVML refused the MIG placement query (NO_PERMISSION: it needs root)" in text
+    assert "NVIDIA L4" in text, "the rest of the check ran"
+    assert "== CDI" in text
+    assert code == 1
+
+
+def test_a_hook_the_host_does_not_have_is_a_problem(tmp_path: Path) -> None:
+    """`nvidia-ctk cdi generate` on a GPU Operator node without --nvidia-cdi-hook-path names
+    /usr/bin/nvidia-cdi-hook, which only the toolkit's container has: every container would fail."""
+    lib = FakeLibNvml([("l4", False)])
+    code, text = check(lib, tmp_path, cdi_fixtures.nvml_mode(lib.gpus[0].uuid, "MIG-none"),
+                       hooks=(cdi_fixtures.OPERATOR_HOOK,))
+    assert f"names the hook {cdi_fixtures.HOOK}, which" in text
+    assert "--nvidia-cdi-hook-path=/usr/local/nvidia/toolkit/nvidia-cdi-hook" in text
+    assert code == 1
+    code, text = check(lib, tmp_path / "again", cdi_fixtures.nvml_mode(lib.gpus[0].uuid, "MIG-none"))
+    assert f"{cdi_fixtures.HOOK}: present" in text
+    assert code == 0, text[-2000:]
+
+
+def test_an_nvml_error_in_the_mig_listing_is_a_problem_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fails(self: NvmlBackend, gpu: object) -> None:
+        raise GpuBackendError("NVML failed while listing (GPU is lost)")
+
+    monkeypatch.setattr(NvmlBackend, "versioned_profile_names", fails)
+    lib = FakeLibNvml([("h100-80gb", False)])
+    code, text = check(lib, tmp_path, cdi_fixtures.nvml_mode(lib.gpus[0].uuid, "MIG-none"))
+    assert "PROBLEM: GPU 0 MIG: NVML failed while listing (GPU is lost)" in text
+    assert "== CDI" in text, "the check went on"
     assert code == 1

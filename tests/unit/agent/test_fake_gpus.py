@@ -43,13 +43,13 @@ def test_instances_take_their_memory_slices_and_outlive_the_backend(tmp_path: Pa
 
 
 def test_mig_mode_and_injected_failures(tmp_path: Path) -> None:
-    fake = backend(tmp_path)
+    fake = FakeBackend("node-a", [("h100-80gb", 2)], tmp_path)
     gpu = fake.discover()[0]
-    one = gpu.mig_profile("1g.5gb")
+    one = gpu.mig_profile("1g.10gb")
     assert one is not None
     fake.set_mig_mode(gpu, False)
     assert not fake.mig_enabled(gpu)
-    assert backend(tmp_path).discover()[0].mig_enabled is False, "MIG mode persists"
+    assert FakeBackend("node-a", [("h100-80gb", 2)], tmp_path).discover()[0].mig_enabled is False, "MIG mode persists"
     with pytest.raises(GpuBackendError, match="not in MIG mode"):
         fake.create_mig(gpu, one, 0)
     fake.set_mig_mode(gpu, True)
@@ -57,7 +57,7 @@ def test_mig_mode_and_injected_failures(tmp_path: Path) -> None:
     fake.state.update(lambda s: s.failures.append(InjectedFailure(operation="create-mig", gpu=0, remaining=1)))
     with pytest.raises(GpuBackendError, match="create-mig failed"):
         fake.create_mig(gpu, one, 0)
-    assert fake.create_mig(gpu, one, 0).profile == "1g.5gb", "the injected failure is used up"
+    assert fake.create_mig(gpu, one, 0).profile == "1g.10gb", "the injected failure is used up"
 
 
 def test_faults_are_reported_by_uuid_until_cleared(tmp_path: Path) -> None:
@@ -88,12 +88,29 @@ def test_fake_processes_are_kept_per_gpu_and_pid(tmp_path: Path) -> None:
 def test_mig_capable_gpus_can_start_with_mig_mode_off(tmp_path: Path) -> None:
     """As a GPU fresh from the factory (or after the GPU Operator's all-disabled): MIG mode off, its
     profiles known all the same (NVML's v1 query answers whatever the mode)."""
-    fake = FakeBackend("node-a", parse_fake_gpus("a100-40gb:2:mig-off,l4:1"), tmp_path)
+    fake = FakeBackend("node-a", parse_fake_gpus("h100-80gb:2:mig-off,l4:1"), tmp_path)
     gpus = fake.discover()
     assert [(g.mig_capable, g.mig_enabled) for g in gpus] == [(True, False), (True, False), (False, False)]
-    assert gpus[0].mig_profile("3g.20gb") is not None
+    assert gpus[0].mig_profile("3g.40gb") is not None
     fake.set_mig_mode(gpus[0], True)
-    assert [g.mig_enabled for g in FakeBackend("node-a", parse_fake_gpus("a100-40gb:2:mig-off"), tmp_path).discover()] \
+    assert [g.mig_enabled for g in FakeBackend("node-a", parse_fake_gpus("h100-80gb:2:mig-off"), tmp_path).discover()] \
         == [True, False], "after that, the state file knows better"
-    with pytest.raises(GpuBackendError, match=r"unknown option 'mig-of'; the one option is mig-off"):
+
+
+def test_mig_capable_gpus_start_as_a_node_is_usually_found(tmp_path: Path) -> None:
+    """Without an option an A100 starts in MIG mode (an admin gave the node to MIG: only a reset
+    switches it), an H100 with MIG mode off (from the factory; the agent switches it); mig-on and
+    mig-off say otherwise."""
+    fake = FakeBackend("node-a", parse_fake_gpus("a100-40gb:1,h100-80gb:1,h100-80gb:1:mig-on,l4:1"), tmp_path)
+    assert [g.mig_enabled for g in fake.discover()] == [True, False, True, False]
+
+
+def test_an_ampere_gpu_switches_mig_mode_only_at_a_reset(tmp_path: Path) -> None:
+    """As a real A100 on a node whose clients hold it (planning.mig_mode): the agent never switches it."""
+    fake = FakeBackend("node-a", parse_fake_gpus("a100-40gb:1:mig-off"), tmp_path)
+    [gpu] = fake.discover()
+    with pytest.raises(GpuBackendError, match=r"switches MIG mode only at a GPU reset"):
+        fake.set_mig_mode(gpu, True)
+    assert not fake.mig_enabled(gpu)
+    with pytest.raises(GpuBackendError, match=r"unknown option 'mig-of'; the options are mig-off and mig-on"):
         parse_fake_gpus("a100-40gb:2:mig-of")

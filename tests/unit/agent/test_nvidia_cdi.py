@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,10 @@ class Node:
 
 
 def grant(gpu: Gpu) -> Grant:
-    [device] = plan_node_pool({}, [gpu], [policy("p", {"mode": "shared", "sliceSize": "5Gi"})]).typed
+    """A grant of the GPU (its edits depend on the GPU and the instance given with it); planned as if
+    MIG mode were off, as a shared policy publishes only then (planning.mig_mode)."""
+    [device] = plan_node_pool({}, [replace(gpu, mig_enabled=False)],
+                              [policy("p", {"mode": "shared", "sliceSize": "5Gi"})]).typed
     return Grant("ns/c", "gpu", device)
 
 

@@ -14,7 +14,14 @@ import pynvml
 import pytest
 
 from gpuslice.agent.gpus import GpuBackendError
-from gpuslice.agent.gpus.nvml import NVML_LIBRARY, NvmlBackend, load_nvml_from, mig_memory_gb
+from gpuslice.agent.gpus.nvml import (
+    COMPUTE_PROFILES,
+    GI_PROFILES,
+    NVML_LIBRARY,
+    NvmlBackend,
+    load_nvml_from,
+    mig_memory_gb,
+)
 from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.mig_manager import MigManager
 from gpuslice.inventory.catalog import MODELS
@@ -69,11 +76,35 @@ def test_mig_profiles_of_a_gpu_whose_mig_mode_is_off(model: str) -> None:
         assert (gpu.mig_capable, gpu.mig_enabled) == (True, False)
         assert sorted(gpu.mig_profiles, key=lambda p: p.name) == sorted(MODELS[model].mig_profiles,
                                                                          key=lambda p: p.name)
+        if gpu.architecture == "Ampere":
+            return  # switched only at a reset: test_the_agent_never_switches_mig_mode_below_hopper
         backend.set_mig_mode(gpu, True)
         three = next(p for p in gpu.mig_profiles if p.name.startswith("3g."))
         made = backend.create_mig(gpu, three, 0)
         assert backend.mig_instances(gpu) == [made], "made and listed by the profiles read with MIG off"
         assert lib.gpus[0].mig_mode == pynvml.NVML_DEVICE_MIG_ENABLE
+
+
+def test_the_agent_never_switches_mig_mode_below_hopper() -> None:
+    """On an A100 NVML's SetMigMode only sets a pending mode while the GPU's clients hold it (the
+    stand-in as nvml.h says: activationStatus IN_USE), which a later reset would make current
+    unasked: the backend refuses before it reaches NVML, and says what to do."""
+    with installed(FakeLibNvml([("a100-40gb", False), ("h100-80gb", False)])) as lib:
+        backend = NvmlBackend(pynvml)
+        a100, h100 = backend.discover()
+        with pytest.raises(GpuBackendError, match=r"GPU 0 \(.*, Ampere\) switches MIG mode only at a GPU reset.*"
+                                                  r"nvidia-smi -i 0 -mig 1"):
+            backend.set_mig_mode(a100, True)
+        assert lib.writes == []
+        assert pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByIndex(0)) == [0, 0], "no pending mode set"
+        backend.set_mig_mode(h100, True)
+        assert backend.mig_enabled(h100), "Hopper switches without a reset"
+        # The stand-in below Hopper, as NVML there: pending until a reset.
+        pynvml.nvmlDeviceSetMigMode(pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_DEVICE_MIG_ENABLE)
+        assert pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByIndex(0)) == [0, 1]
+        assert not backend.mig_enabled(a100)
+        lib.reset(0)
+        assert backend.mig_enabled(a100)
 
 
 def test_go_nvlibs_memory_rounding() -> None:
@@ -124,7 +155,7 @@ def test_makes_lists_and_destroys_mig_instances(a100s: FakeLibNvml) -> None:
     assert backend.mig_instances(gpu) == []
     backend.destroy_mig(gpu, made)  # already gone: nothing to do
 
-    backend.set_mig_mode(gpu, False)
+    a100s.gpus[1].mig_mode = pynvml.NVML_DEVICE_MIG_DISABLE  # an admin's switch and reset
     assert not backend.mig_enabled(gpu)
     assert backend.mig_instances(gpu) == [], "no instances without MIG mode"
 
@@ -218,12 +249,13 @@ def test_a_file_that_is_no_library_is_refused_with_its_path(tmp_path: Path) -> N
 
 
 async def test_a_static_layout_on_a_gpu_whose_mig_mode_is_off_enables_mig_and_publishes(tmp_path: Path) -> None:
-    """The MIG manager on the NVML backend: the layout fits a GPU whose MIG mode is off (its profiles
-    read with v1), so the GPU is switched to MIG mode and given the layout's instances, which publish."""
-    with installed(FakeLibNvml([("a100-40gb", False)])) as lib:
+    """The MIG manager on the NVML backend: the layout fits a Hopper GPU whose MIG mode is off (its
+    profiles read with v1), so the GPU is switched to MIG mode and given the layout's instances,
+    which publish."""
+    with installed(FakeLibNvml([("h100-80gb", False)])) as lib:
         backend = NvmlBackend(pynvml)
         gpus = backend.discover()
-        layout = policy("p", {"mode": "mig", "mig": {"layout": {"3g.20gb": 2}}})
+        layout = policy("p", {"mode": "mig", "mig": {"layout": {"3g.40gb": 2}}})
         manager = MigManager("n", GpuOps(backend, gpus), tmp_path)
         adjusted = await manager.adjust(plan_node_pool({}, gpus, [layout]), [layout])
         assert list(manager.pending) == [gpus[0].uuid], "the layout fits a GPU whose MIG mode is off"
@@ -232,10 +264,87 @@ async def test_a_static_layout_on_a_gpu_whose_mig_mode_is_off_enables_mig_and_pu
         assert await manager.reconfigure(None, set(), adjusted.devices, refused=set())
         assert manager.failed == {}
         assert lib.gpus[0].mig_mode == pynvml.NVML_DEVICE_MIG_ENABLE
-        assert [(i.profile, i.start) for i in backend.mig_instances(gpus[0])] == [("3g.20gb", 0), ("3g.20gb", 4)]
+        assert [(i.profile, i.start) for i in backend.mig_instances(gpus[0])] == [("3g.40gb", 0), ("3g.40gb", 4)]
+        gpus = await manager.refresh(gpus)
         published = await manager.adjust(plan_node_pool({}, gpus, [layout]), [layout])
         assert manager.pending == {}
-        assert sorted((d.profile, d.placement) for d in published.typed) == [("3g.20gb", (0, 4)), ("3g.20gb", (4, 4))]
+        assert sorted((d.profile, d.placement) for d in published.typed) == [("3g.40gb", (0, 4)), ("3g.40gb", (4, 4))]
         instances = {i.start: i.uuid for i in backend.mig_instances(gpus[0])}
         assert {d["attributes"]["gpuslice.dev/placementStart"]["int"]: d["attributes"]["uuid"]["string"]
                 for d in published.devices} == instances, "each with its instance's UUID, as NVIDIA's static devices"
+
+
+async def test_an_ampere_gpu_whose_mig_mode_is_off_is_left_to_its_admin(tmp_path: Path) -> None:
+    """An A100 with MIG mode off switches it only at a reset (planning.mig_mode): neither a static
+    layout nor dynamic MIG publishes there, the MIG manager does not try, nothing reaches NVML, and
+    the plan says why for the controller. Once an admin switched it and reset the GPU, the next
+    cycle reads MIG mode on and the layout is applied."""
+    with installed(FakeLibNvml([("a100-40gb", False)])) as lib:
+        backend = NvmlBackend(pynvml)
+        gpus = backend.discover()
+        layout = policy("p", {"mode": "mig", "mig": {"layout": {"3g.20gb": 2}}})
+        dynamic = policy("d", {"mode": "mig", "mig": {"profiles": ["1g.5gb"]}})
+        manager = MigManager("n", GpuOps(backend, gpus), tmp_path)
+        for mig in (layout, dynamic):
+            plan = await manager.adjust(plan_node_pool({}, gpus, [mig]), [mig])
+            assert (plan.devices, manager.pending) == ([], {})
+            assert [(i.policy, i.reason, i.index) for i in plan.left_out] == [(mig.name, "MigModeOff", 0)]
+            assert "switches it only at a GPU reset" in plan.notes[0]
+        assert lib.writes == []
+        lib.gpus[0].pending = pynvml.NVML_DEVICE_MIG_ENABLE
+        lib.reset(0)
+        gpus = await manager.refresh(gpus)
+        assert gpus[0].mig_enabled
+        plan = await manager.adjust(plan_node_pool({}, gpus, [layout]), [layout])
+        assert plan.left_out == ()
+        assert list(manager.pending) == [gpus[0].uuid], "now the layout is applied"
+
+
+async def test_a_gpu_whose_mig_mode_cannot_be_read_keeps_the_last_one_known(tmp_path: Path) -> None:
+    """One GPU fallen off the bus does not stop the node's publishing: its last MIG mode stands."""
+    with installed(FakeLibNvml([("h100-80gb", True), ("h100-80gb", False)])) as lib:
+        backend = NvmlBackend(pynvml)
+        gpus = backend.discover()
+        manager = MigManager("n", GpuOps(backend, gpus), tmp_path)
+        lib.gpus[0].lost = True
+        lib.gpus[0].mig_mode = pynvml.NVML_DEVICE_MIG_DISABLE  # not read: the GPU does not answer
+        lib.gpus[1].mig_mode = pynvml.NVML_DEVICE_MIG_ENABLE
+        assert [g.mig_enabled for g in await manager.refresh(gpus)] == [True, True]
+        assert manager.ops.gpus[gpus[1].uuid].mig_enabled, "what prepare reads follows"
+
+
+async def test_mig_mode_is_switched_off_for_a_whole_gpu_policy_on_hopper_once_nothing_holds_the_gpu(
+    tmp_path: Path,
+) -> None:
+    """A memory policy on GPUs in MIG mode (left from a mig policy or dynamic MIG): the agent switches
+    MIG mode off on the H100 once nothing of the GPU is published and it has no instance, as NVIDIA's
+    maybeDisableMigMode; never on the A100 (a reset), nor where the GPU Operator's MIG manager runs."""
+    memory = policy("m", {"mode": "memory", "sliceSize": "10Gi"})
+    with installed(FakeLibNvml([("h100-80gb", True), ("a100-40gb", True)])) as lib:
+        backend = NvmlBackend(pynvml)
+        gpus = backend.discover()
+        manager = MigManager("n", GpuOps(backend, gpus), tmp_path)
+        plan = plan_node_pool({}, gpus, [memory])
+        assert [(i.reason, i.index) for i in plan.left_out] == [("MigModeOn", 0), ("MigModeOn", 1)]
+        held = [{"name": "old", "attributes": {"gpuslice.dev/uuid": {"string": gpus[0].uuid}}}]
+        assert [g.mig_enabled for g in await manager.release(gpus, plan, {}, held)] == [True, True], \
+            "a device of the GPU is still published (its claim may be prepared)"
+        busy = backend.create_mig(gpus[0], gpus[0].mig_profiles[0], 0)
+        assert [g.mig_enabled for g in await manager.release(gpus, plan, {}, [])] == [True, True], "an instance"
+        backend.destroy_mig(gpus[0], busy)
+        operator = {"nvidia.com/gpu.deploy.mig-manager": "true"}
+        assert [g.mig_enabled for g in await manager.release(gpus, plan, operator, [])] == [True, True]
+        assert "nvmlDeviceSetMigMode" not in lib.writes
+        manager._record(gpus[0].uuid, "a-layout-since-changed", [])  # its instances deleted by an admin
+        released = await manager.release(gpus, plan, {}, [])
+        assert [g.mig_enabled for g in released] == [False, True]
+        assert (lib.gpus[0].mig_mode, lib.gpus[1].mig_mode, lib.gpus[1].pending) == (0, 1, None)
+        assert manager.ops.gpus[gpus[0].uuid].mig_enabled is False, "what prepare reads follows"
+        assert plan_node_pool({}, released, [memory]).left_out == (plan.left_out[1],), "the H100 publishes now"
+
+
+def test_every_gpu_instance_size_has_a_compute_instance_profile() -> None:
+    """create_mig makes a compute instance as large as its GPU instance: each size GI_PROFILES names
+    (6 and 8 on GPUs of eight slices) has NVML's constant."""
+    assert {slices for slices, _ in GI_PROFILES.values()} <= set(COMPUTE_PROFILES)
+    assert all(hasattr(pynvml, name) for name in COMPUTE_PROFILES.values())

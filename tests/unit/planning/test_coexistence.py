@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from gpuslice.agent.gpus.fake import FakeBackend
@@ -59,7 +60,8 @@ def test_mig_policies_publish_nothing_where_the_mig_manager_runs() -> None:
         assert plan.devices == []
         assert "MIG manager is active" in plan.notes[0]
         assert plan_node_pool({MIG_MANAGER_LABEL: "false"}, GPUS[:1], [mig]).devices != []
-    assert plan_node_pool({MIG_MANAGER_LABEL: "true"}, GPUS[:1], [memory]).devices != [], "only MIG fights it"
+    off = [replace(GPUS[0], mig_enabled=False)]  # as the MIG manager's all-disabled leaves it
+    assert plan_node_pool({MIG_MANAGER_LABEL: "true"}, off, [memory]).devices != [], "only MIG fights it"
 
 
 def test_the_policy_says_degraded_and_why() -> None:

@@ -178,3 +178,12 @@ def test_a_policys_taints_are_on_each_of_its_devices_and_read_back() -> None:
         else:
             assert "taints" not in device
     assert [Device.from_manifest(d) for d in plan.devices] == list(plan.typed)
+
+
+def test_mig_device_names_of_plus_me_and_go_nvlibs_minus_me_differ() -> None:
+    """``+me`` keeps its published spelling; go-nvlib's ``-me`` (no media engine) gets its own."""
+    names = {p: mig_device_name("gpu-2d3e5f1a", p, 3) for p in ("1g.10gb+me", "1g.10gb-me", "1g.10gb+me.all",
+                                                                  "1g.10gb")}
+    assert names["1g.10gb+me"] == "gpu-2d3e5f1a-mig-1g10gb-me-at-3"
+    assert names["1g.10gb-me"] == "gpu-2d3e5f1a-mig-1g10gb-nome-at-3"
+    assert len(set(names.values())) == len(names)

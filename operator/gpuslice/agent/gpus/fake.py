@@ -25,19 +25,30 @@ from gpuslice.agent.gpus.fake_state import FakeGpu, FakeMigInstance, FakeState, 
 from gpuslice.inventory.catalog import MODELS, MigProfile
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.grants import Grant
+from gpuslice.planning.mig_mode import BEFORE_HOPPER, switches_mig_mode
 
 
 class FakeGpus(NamedTuple):
-    """``number`` GPUs of catalog ``model``; ``mig``: whether a MIG-capable one starts in MIG mode."""
+    """``number`` GPUs of catalog ``model``; ``mig``: whether a MIG-capable one starts in MIG mode
+    (None: as a node is usually found, ``starts_in_mig_mode``)."""
 
     model: str
     number: int
-    mig: bool = True
+    mig: bool | None = None
+
+
+def starts_in_mig_mode(architecture: str) -> bool:
+    """A MIG-capable fake GPU first seen without an option: before Hopper (A100, A30) in MIG mode,
+    as an admin who gave the node to MIG left it (only a GPU reset switches it there,
+    planning.mig_mode); Hopper and later with MIG mode off, as from the factory (the agent switches
+    it as a policy needs)."""
+    return architecture in BEFORE_HOPPER
 
 
 def parse_fake_gpus(text: str) -> list[FakeGpus]:
-    """``h100-80gb:8``, ``h100-80gb:4,l4:2`` or ``a100-40gb:2:mig-off`` (MIG-capable GPUs that start
-    with MIG mode off, as a GPU fresh from the factory or the GPU Operator's ``all-disabled``)."""
+    """``h100-80gb:8``, ``h100-80gb:4,l4:2``, ``a100-40gb:2:mig-off`` (MIG-capable GPUs that start
+    with MIG mode off, as a GPU fresh from the factory or the GPU Operator's ``all-disabled``) or
+    ``h100-80gb:2:mig-on``; without an option, ``starts_in_mig_mode``."""
     parsed = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         model, _, rest = part.partition(":")
@@ -50,10 +61,10 @@ def parse_fake_gpus(text: str) -> list[FakeGpus]:
             raise GpuBackendError(f"--fake-gpus: {part!r} needs a count, e.g. {model}:8.") from None
         if not 1 <= number <= 16:
             raise GpuBackendError(f"--fake-gpus: {part!r}: count must be 1 to 16.")
-        if option not in ("", "mig-off"):
-            raise GpuBackendError(f"--fake-gpus: {part!r}: unknown option {option!r}; the one option is"
-                                  f" mig-off ({model}:{number}:mig-off: MIG-capable GPUs start with MIG mode off).")
-        parsed.append(FakeGpus(model, number, option != "mig-off"))
+        if option not in ("", "mig-off", "mig-on"):
+            raise GpuBackendError(f"--fake-gpus: {part!r}: unknown option {option!r}; the options are mig-off and"
+                                  f" mig-on ({model}:{number}:mig-off: MIG-capable GPUs start with MIG mode off).")
+        parsed.append(FakeGpus(model, number, {"": None, "mig-off": False, "mig-on": True}[option]))
     if not parsed:
         raise GpuBackendError("--fake-gpus is empty; give MODEL:COUNT, e.g. h100-80gb:8.")
     return parsed
@@ -70,7 +81,7 @@ def fake_uuid(node: str, index: int) -> str:
 class FakeBackend:
     name = "fake"
 
-    def __init__(self, node: str, gpus: Sequence[tuple[str, int] | tuple[str, int, bool]],
+    def __init__(self, node: str, gpus: Sequence[tuple[str, int] | tuple[str, int, bool | None]],
                  state_dir: Path | None = None) -> None:
         self.node = node
         self.gpus = [FakeGpus(*g) for g in gpus]
@@ -94,14 +105,14 @@ class FakeBackend:
                     driver_version=FAKE_DRIVER,
                     minor=index,
                     mig_capable=model.mig_capable,
-                    mig_enabled=model.mig_capable and mig,
+                    mig_enabled=model.mig_capable and (starts_in_mig_mode(model.architecture) if mig is None else mig),
                     mig_profiles=model.mig_profiles,
                     brand=model.brand,
                     cuda_driver_version=FAKE_CUDA,
                     pcie_root=f"pci0000:{bus - 1:02x}",  # each GPU behind its own root port, as on HGX boards
                 ))
-        # A GPU first seen comes up as the catalog says (MIG-capable ones in MIG mode unless
-        # mig-off); after that its state file knows better.
+        # A GPU first seen comes up as its option, or starts_in_mig_mode, says; after that its
+        # state file knows better.
         def settle(state: FakeState) -> list[Gpu]:
             for gpu in found:
                 state.gpus.setdefault(gpu.index, FakeGpu(mig_enabled=gpu.mig_enabled))
@@ -120,6 +131,10 @@ class FakeBackend:
             fake = self._gpu_state(state, gpu)
             if not gpu.mig_capable:
                 raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}, {gpu.product_name}) has no MIG mode.")
+            if not switches_mig_mode(gpu):
+                raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}, {gpu.architecture}) switches MIG mode only at a"
+                                      " GPU reset, as a real one (planning.mig_mode); set it in the fake GPUs'"
+                                      " state file instead.")
             if not enabled and fake.instances:
                 raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}) still has {len(fake.instances)} MIG instances;"
                                       " destroy them before turning MIG mode off.")

@@ -40,6 +40,7 @@ from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model
 from gpuslice.inventory.pci import PciAddressError, normalized_bus_id, pcie_root
 from gpuslice.planning.grants import Grant
+from gpuslice.planning.mig_mode import switches_mig_mode
 
 log = structlog.get_logger(__name__)
 # go-nvlib's strings for NVML's enums (pkg/nvlib/device/device.go: GetArchitectureAsString,
@@ -65,9 +66,12 @@ GI_PROFILES = {"1_SLICE": (1, ""), "1_SLICE_REV1": (1, "+me"), "1_SLICE_REV2": (
                "2_SLICE_REV1": (2, "+me"), "2_SLICE_GFX": (2, "+gfx"), "2_SLICE_NO_ME": (2, "-me"),
                "2_SLICE_ALL_ME": (2, "+me.all"), "3_SLICE": (3, ""), "3_SLICE_GFX": (3, "+gfx"), "4_SLICE": (4, ""),
                "4_SLICE_GFX": (4, "+gfx"), "6_SLICE": (6, ""), "7_SLICE": (7, ""), "8_SLICE": (8, "")}
+# One per GPU instance size GI_PROFILES names (6 and 8: GPUs of eight slices); a constant the installed
+# pynvml lacks is skipped (_compute_profile).
 COMPUTE_PROFILES = {1: "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE", 2: "NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE",
                     3: "NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE", 4: "NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE",
-                    7: "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE"}
+                    6: "NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE", 7: "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE",
+                    8: "NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE"}
 
 
 # Where a driver's root holds libnvidia-ml.so.1 (Debian/Ubuntu per architecture, RHEL, the rest).
@@ -130,6 +134,7 @@ class NvmlBackend:
         self._profile_ids: dict[tuple[str, str], int] = {}  # (GPU UUID, profile) -> NVML profile enum
         self._events: dict[str, Fault] = {}
         self._events_lock = threading.Lock()
+        self.refused: list[str] = []  # what NVML refused this process at discovery (not root), for the check
         self._watcher: threading.Thread | None = None
 
     @contextlib.contextmanager
@@ -246,6 +251,14 @@ class NvmlBackend:
                 nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, placements, ctypes.byref(count))
             except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
                 continue  # a profile NVML cannot place is left out, as NVIDIA's DRA driver does (nvlib.go)
+            except nvml.NVMLError_NoPermission:
+                # "Requires privileged user" (nvml.h): no profile of the GPU can be placed, so none is kept.
+                why = (f"GPU {uuid}: NVML refused the MIG placement query (NO_PERMISSION: it needs root), so its MIG"
+                       " profiles are left out and no MIG device is published on it; run as root")
+                log.warning("NVML refused the MIG placement query: no MIG profile of the GPU is kept (run as root)",
+                            gpu=uuid)
+                self.refused.append(why)
+                return ()
             found = [(placements[i].start, placements[i].size) for i in range(count.value)]
             slices, suffix = known[profile]
             name = f"{slices}g.{mig_memory_gb(memory, int(info.memorySizeMB))}gb{suffix}"
@@ -286,6 +299,12 @@ class NvmlBackend:
             return bool(current == nvml.NVML_DEVICE_MIG_ENABLE)
 
     def set_mig_mode(self, gpu: Gpu, enabled: bool) -> None:
+        if not switches_mig_mode(gpu):
+            # NVML would only set a pending mode, which takes effect at the next reset (planning.mig_mode).
+            raise GpuBackendError(
+                f"GPU {gpu.index} ({gpu.uuid}, {gpu.architecture}) switches MIG mode only at a GPU reset, which"
+                f" gpuslice does not do: switch it with nvidia-smi -i {gpu.index} -mig {int(enabled)}, then reset"
+                " the GPU with its clients stopped, or reboot.")
         with self._session(f"switching MIG mode of GPU {gpu.index} ({gpu.uuid})") as nvml:
             handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
             mode = nvml.NVML_DEVICE_MIG_ENABLE if enabled else nvml.NVML_DEVICE_MIG_DISABLE
@@ -331,10 +350,11 @@ class NvmlBackend:
     def _first_compute_instance(self, gpu_instance: Any) -> int:
         nvml = self.nvml
         for slices in sorted(COMPUTE_PROFILES, reverse=True):
+            if (profile := getattr(nvml, COMPUTE_PROFILES[slices], None)) is None:
+                continue
             try:
                 info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                    gpu_instance, getattr(nvml, COMPUTE_PROFILES[slices]),
-                    nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                    gpu_instance, profile, nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
             except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
                 continue
             instances = (nvml.c_nvmlComputeInstance_t * MAX_INSTANCES)()
@@ -358,9 +378,10 @@ class NvmlBackend:
 
     def create_mig(self, gpu: Gpu, profile: MigProfile, start: int) -> MigInstance:
         enum = self._profile_enum(gpu, profile.name)
-        ci_profile = COMPUTE_PROFILES.get(profile.compute_slices)
+        ci_profile = getattr(self.nvml, COMPUTE_PROFILES.get(profile.compute_slices, ""), None)
         if ci_profile is None:
-            raise GpuBackendError(f"MIG profile {profile.name} has no compute instance profile of its size.")
+            raise GpuBackendError(f"MIG profile {profile.name} has no compute instance profile of its size"
+                                  f" ({profile.compute_slices} slices) in this NVML binding.")
         with self._session(f"creating a {profile.name} instance at memory slice {start} of GPU {gpu.index}"
                            f" ({gpu.uuid})") as nvml:
             handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
@@ -372,7 +393,7 @@ class NvmlBackend:
             gpu_instance = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, info.id, ctypes.byref(placement))
             try:
                 ci_info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                    gpu_instance, getattr(nvml, ci_profile), nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                    gpu_instance, ci_profile, nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
                 compute = nvml.nvmlGpuInstanceCreateComputeInstance(gpu_instance, ci_info.id)
             except nvml.NVMLError:
                 nvml.nvmlGpuInstanceDestroy(gpu_instance)  # no half instance is left behind
