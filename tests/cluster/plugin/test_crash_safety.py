@@ -257,7 +257,10 @@ async def test_checkpoints_from_before_a_reboot_are_undone_not_answered_from(
 
     await node.agent.stop()
     await node.start_agent(boot_id="boot-after")
-    assert "the node booted since these claims were prepared" in node.agent_log
+    # Healthy is the agent's loops running; its kubelet plugin recovers beside them.
+    async def recovered() -> bool:
+        return "the node booted since these claims were prepared" in node.agent_log
+    await wait_for(recovered, within=60, what="recovery to undo the checkpoints of the earlier boot")
     assert node.checkpoints() == []
     assert node.cdi_specs() == []
     assert node.mig_instances() == [], "what the checkpoint recorded is undone"
