@@ -30,6 +30,7 @@ from typing import Any
 
 from gpuslice.api.policy import GROUP, KIND, VERSION
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, MANAGED_BY, TENANCY_JUDGED, TENANCY_LABEL
+from gpuslice.planning import defrag_rule
 from gpuslice.planning.cluster_objects import Manifest
 
 ADMISSION_V1 = "admissionregistration.k8s.io/v1"
@@ -196,6 +197,7 @@ def tenancy_policy() -> Manifest:
             lambda x: f"has({x}.tolerations) && {x}.tolerations.exists(t, {_bad_toleration('t')})")),
         ("overStep", "params.spec.slicing.mode == 'shared' && variables.limited && "
                      + _any_request(lambda x: "!" + _capacity_within_step(x))),
+        *defrag_rule.variables(),
     ]
     policy = f"' + {_POLICY} + '"
     validations = [
@@ -244,6 +246,7 @@ def tenancy_policy() -> Manifest:
          f" each allocation of its shared devices is one sliceSize (' + params.spec.slicing.sliceSize + '):"
          f" remove capacity.requests or ask for at most that much of memory (count: N gives N of them)'"),
     ]
+    validations.append(defrag_rule.validation())  # a GPU being freed goes to the pod it is freed for
     return {
         "apiVersion": ADMISSION_V1, "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": TENANCY, "labels": dict(MANAGED_BY)},
