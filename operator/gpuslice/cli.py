@@ -39,9 +39,10 @@ class LazyGroup(click.Group):
     LAZY: ClassVar[dict[str, str]] = {"dev-cluster": "gpuslice.devcluster.command:dev_cluster",
                                       "fake-gpu": "gpuslice.fakegpu:fake_gpu",
                                       "status": "gpuslice.inspect.commands:status",
-                                      "why": "gpuslice.inspect.commands:why"}
+                                      "why": "gpuslice.inspect.commands:why",
+                                      "defrag": "gpuslice.inspect.defrag:defrag"}
     EXTRA: ClassVar[dict[str, tuple[str, ...]]] = {"dev-cluster": ("rich", "cryptography"), "status": ("rich",),
-                                                   "why": ("rich",)}
+                                                   "why": ("rich",), "defrag": ("rich",)}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.LAZY])

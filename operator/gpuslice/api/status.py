@@ -117,6 +117,9 @@ class DefragMove(ApiModel):
     evicted: list[str] = Field(default_factory=list, max_length=64, description=(
         "UIDs of the pods evicted so far (an eviction of a pod already gone is never sent again)."))
     by: str = Field(default="", max_length=253, description="controller (Auto) or gpuslice defrag and its user.")
+    phase: Literal["Requested", "Evicting", "Placing"] = Field(default="Requested", description=(
+        "Requested: waiting for the node agent to taint the GPU (nothing is evicted before); Evicting: the"
+        " controller evicts the pods; Placing: they are gone, the waiting claim is to be allocated."))
     started: str = Field(description="When the move began.")
     expires: str = Field(description=(
         "When the move gives up: the record goes and the taint lifts, whether or not the claim got the GPU."))
@@ -125,6 +128,7 @@ class DefragMove(ApiModel):
 class DefragOutcome(ApiModel):
     """How the last move for this policy ended."""
 
+    id: str = Field(default="", max_length=32, description="The move's id.")
     time: str
     outcome: Literal["Freed", "Failed"]
     message: str = Field(default="", max_length=2048)

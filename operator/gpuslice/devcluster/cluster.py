@@ -47,6 +47,8 @@ CONTROLLERS = (
     # Tenants' workloads: the tenant guide's Deployments (docs/tenants.md) run here as they would anywhere.
     "deployment-controller",
     "replicaset-controller",
+    # PodDisruptionBudgets' status (what the Eviction API checks: defragmentation moves pods with it).
+    "disruption-controller",
 )
 NODE_CONTROLLERS = ("node-lifecycle-controller", "taint-eviction-controller")
 # A short grace, so a stopped runner shows as NotReady in seconds, not minutes.

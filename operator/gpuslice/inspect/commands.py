@@ -105,8 +105,30 @@ async def _diagnose(kubeconfig: str | None, namespace: str, name: str) -> Any:
     async with await _connect(kubeconfig) as kube:
         snapshot = await read_snapshot(kube)
         facts = await read_facts(kube, namespace, name)
-    result = status_report(snapshot)
-    return diagnose(facts, snapshot.policies, result.policies, result.map)
+        result = status_report(snapshot)
+        diagnosis = diagnose(facts, snapshot.policies, result.policies, result.map)
+        if any(f.code == "NoFreeDevice" for f in diagnosis.findings):
+            diagnosis = await _with_defrag(kube, diagnosis)
+    return diagnosis
+
+
+async def _with_defrag(kube: KubeClient, diagnosis: Any) -> Any:
+    """The diagnosis, with what moving pods would do for the pod (gpuslice defrag's plan for it)."""
+    from dataclasses import replace
+
+    from gpuslice.controller.defrag_read import read_cluster
+    from gpuslice.kube.client import KubeError
+    from gpuslice.planning.defrag_model import defrag_finding
+    from gpuslice.planning.pending import Finding
+
+    try:
+        plans = (await read_cluster(kube)).plans()
+    except KubeError as error:
+        note = Finding("Defragmentation", f"whether moving pods would help was not worked out: {error.message}"
+                                          " (it reads pods and PodDisruptionBudgets: gpuslice-viewer)", blocking=False)
+        return replace(diagnosis, findings=(*diagnosis.findings, note))
+    found = [f for p in plans if p.pod == diagnosis.subject and (f := defrag_finding(p)) is not None]
+    return replace(diagnosis, findings=(*diagnosis.findings, *found[:1]))
 
 
 @click.command("why")

@@ -3,13 +3,15 @@ and applies, ``gpuslice why`` quotes, and the controller's Auto mode carries out
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import pydantic
 
 from gpuslice.api.status import DefragMove
 from gpuslice.planning.defrag_facts import Blocker, ClaimFacts, DisruptionBudget, PodFacts
 from gpuslice.planning.devices import gpu_tag
-from gpuslice.planning.pending import Body, class_owner
+from gpuslice.planning.pending import Body, Finding, class_owner
 from gpuslice.planning.published import Pool
 
 
@@ -126,3 +128,35 @@ def waiting_pods(pods: Sequence[PodFacts], claims: Sequence[ClaimFacts], policie
                 problem = f"claim {claim.ref} asks for admin access, which takes no device from anyone"
             found.append(Waiting(pod, claim, policy, kind, request.device_class, problem))
     return found
+
+
+def moves_in_flight(policies: Iterable[Body]) -> list[DefragMove]:
+    """The GPUs being freed, as the policies' status records them (a record that does not parse is skipped)."""
+    found = []
+    for body in policies:
+        for move in ((body.get("status") or {}).get("defragmentation") or {}).get("inFlight") or []:
+            try:
+                found.append(DefragMove.model_validate(move))
+            except pydantic.ValidationError:
+                continue
+    return found
+
+
+def defrag_finding(plan: Plan) -> Finding | None:
+    """What ``gpuslice why`` says about moving pods for the pod it diagnoses."""
+    target = plan.target
+    if plan.ready and target is not None:
+        moves = ", ".join(m.pod for m in target.moves)
+        return Finding("Defragmentation", f"Moving {len(target.moves)} pod{'s' if len(target.moves) != 1 else ''}"
+                                          f" ({moves}) would free {target.label} for it, the fewest moves of any GPU:"
+                                          f" gpuslice defrag --apply {plan.pod} does that (or the policy's"
+                                          " spec.defragmentation.mode: Auto, once it has waited minPendingSeconds).",
+                       blocking=False)
+    if plan.verdict == "InFlight":
+        return Finding("Defragmentation", f"gpuslice is freeing a GPU for it now: {plan.message}.", blocking=False)
+    if plan.verdict in ("Blocked", "NoRoom", "Unsupported"):
+        why = plan.message
+        if plan.verdict == "Blocked":
+            why = "; ".join(f"{o.label}: {o.blockers[0].message}" for o in plan.alternatives[:4] if o.blockers)
+        return Finding("Defragmentation", f"Moving pods cannot free a GPU for it: {why}.", blocking=False)
+    return None
