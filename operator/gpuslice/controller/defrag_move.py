@@ -12,9 +12,10 @@ the world again and does the next thing:
    ``--defrag-taint-wait`` gives the move up, having evicted nothing;
 3. each pod the record names is evicted through the Eviction API, with its UID as a precondition
    (a StatefulSet's replacement of the same name is never evicted), only if it still may be moved
-   and still holds a device of the GPU. A pod already gone or terminating counts as moved and is
-   not evicted again. A PodDisruptionBudget's refusal (429) ends the move. Each eviction is
-   recorded in ``evicted`` right after it is sent.
+   (owner, tenant, opt-out: a record can be written by hand) and still holds a device of the GPU.
+   Disruption budgets are the Eviction API's to judge, at that moment: its refusal (429) ends the
+   move. A pod already gone or terminating counts as moved and is not evicted again. Each eviction
+   is recorded in ``evicted`` right after it is sent.
 
 The record is the whole state: a controller killed at any point resumes from it, and since every
 eviction is bound to a UID the record names, nothing is evicted twice and nothing it does not name
@@ -39,7 +40,7 @@ from gpuslice.controller.events import post_object_event
 from gpuslice.dra.names import DEFRAG_TAINT_KEY, DRIVER, short_hash
 from gpuslice.kube.client import NO_RETRY, Conflict, KubeClient, KubeError, NotFound, TooManyRequests
 from gpuslice.observability.failpoints import failpoint
-from gpuslice.planning.defrag_facts import DisruptionBudget, PodFacts, opted_out_namespaces, pod_blocker
+from gpuslice.planning.defrag_facts import PodFacts, opted_out_namespaces, pod_blocker
 from gpuslice.planning.defrag_model import Plan
 from gpuslice.planning.defrag_taints import parse_time
 from gpuslice.planning.taints import device_gpu
@@ -216,13 +217,10 @@ class Mover:
             return None  # gone or going: moved already, never evicted again
         pod = PodFacts.from_body(body)
         namespace = await self._get(f"/api/v1/namespaces/{victim.namespace}")
-        budgets = [DisruptionBudget.from_body(b) for b in await self.kube.list(
-            f"/apis/policy/v1/namespaces/{victim.namespace}/poddisruptionbudgets")]
-        blocker = pod_blocker(pod, tenants_of(policy), opted_out_namespaces([namespace] if namespace else []),
-                              budgets)
+        # Budgets are the Eviction API's to judge, at the moment of the eviction (the plan read them).
+        blocker = pod_blocker(pod, tenants_of(policy), opted_out_namespaces([namespace] if namespace else []), ())
         if blocker is not None:
-            return ("Disruption" if blocker.code == "Disruption" else "Unmovable",
-                    f"{blocker.message}; nothing more was evicted")
+            return "Unmovable", f"{blocker.message}; nothing more was evicted"
         if not await self._holds_gpu(pod, move):
             return None  # it no longer holds a device of the GPU: nothing to move it for
         eviction = {"apiVersion": "policy/v1", "kind": "Eviction",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRIVER
-from gpuslice.kube.client import KubeClient, NotFound
+from gpuslice.kube.client import Forbidden, KubeClient, NotFound
 from gpuslice.planning.defrag import plan_defrag
 from gpuslice.planning.defrag_facts import ClaimFacts, DisruptionBudget, PodFacts, opted_out_namespaces
 from gpuslice.planning.defrag_model import Cluster, Plan, Waiting, moves_in_flight, waiting_pods
@@ -66,9 +66,9 @@ async def read_cluster(kube: KubeClient, policy: str | None = None) -> Reading:
     policies, slices, claims, nodes = await asyncio.gather(
         kube.list(POLICIES), kube.list(f"{RESOURCE}/resourceslices", fieldSelector=f"spec.driver={DRIVER}"),
         kube.list(f"{RESOURCE}/resourceclaims"), kube.list("/api/v1/nodes"))
-    try:
+    try:  # devices the agents drain are no place for a moved pod
         draining = {n: str(v).split() for n, v in ((await kube.get(DRAINING)).get("data") or {}).items()}
-    except NotFound:
+    except (NotFound, Forbidden):
         draining = {}
     concerned = [p for p in policies if policy is None or p["metadata"]["name"] == policy]
     tenants = {str(p["metadata"]["name"]): tenants_of(p) for p in policies}

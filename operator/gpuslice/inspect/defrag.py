@@ -178,5 +178,7 @@ def defrag(targets: tuple[str, ...], policy: str | None, apply_: bool, timeout: 
         from gpuslice.inspect.render.defrag import defrag_view
 
         _console().print(defrag_view(plans))
-    sys.exit(0 if all(a.outcome == "Freed" for a in applied) else 1)
+    freed = {a.pod for a in applied if a.outcome == "Freed"}
+    # 0: every waiting pod got its GPU or needs no move; 1: a move failed, or a pod could not be helped.
+    sys.exit(0 if all(p.pod in freed or p.verdict in ("NotNeeded", "InFlight") for p in plans) else 1)
 
