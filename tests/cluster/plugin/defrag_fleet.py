@@ -143,7 +143,7 @@ class Fragmented:
 
 
 async def make_fragmented(kube: KubeClient, cluster: DevCluster, node: PluginNode, make_policy: PolicyFactory,
-                          tenants: Sequence[str], spec: dict[str, Any] | None = None) -> Fragmented:
+                          tenants: Sequence[str], spec: dict[str, Any] | None = None, gpus: int = GPUS) -> Fragmented:
     body = await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
                               "slicing": SLICING, "tenants": [{"namespace": t} for t in tenants], **(spec or {})})
 
@@ -160,6 +160,7 @@ async def make_fragmented(kube: KubeClient, cluster: DevCluster, node: PluginNod
     async def published() -> bool:
         devices = [d for s in await kube.list(SLICES, fieldSelector=f"spec.nodeName={node.name}")
                    for d in s["spec"].get("devices") or []]
-        return len(devices) == GPUS * 5
-    await wait_for(published, within=60, what="three H100s in 20G slices and whole GPUs published")
+        return len(devices) == gpus * 5
+
+    await wait_for(published, within=60, what="H100s in 20G slices and whole GPUs published")
     return Fragmented(kube, cluster, node, str(body["metadata"]["name"]))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.devcluster.cluster import DevCluster
-from gpuslice.kube.client import KubeClient
+from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.kubeutil import pod_with_claim, wait_for
 from tests.cluster.observability.test_metrics import scrape
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
@@ -79,8 +79,10 @@ async def test_apply_frees_the_gpu_with_the_fewest_movable_pods_and_every_deploy
     after = await fleet.uids([namespace])
     moved = {p for p in before if before[p] != after.get(p)}
     assert moved == {f"{namespace}/{fleet.placed[n][1]}" for n in ("web-e", "web-f")}, "only the plan's pods moved"
-    assert {await fleet.gpu_of(namespace, p.split("/")[1]) for p in after if "/web-e" in p or "/web-f" in p} \
-        != {fleet.gpu("web-e")}, "the replacements went elsewhere"
+    replacements = [p.split("/")[1] for p in after if p not in before]
+    assert fleet.gpu("web-e") not in {await fleet.gpu_of(namespace, p) for p in replacements if p.startswith("web-")}
+    for pod in replacements:  # steered off by the taint: the scheduler never even tried the freed GPU for them
+        assert not [e for e in await pod_events(kube, namespace, pod) if "is being freed" in e.get("message", "")], pod
     await wait_for(lambda: _none(fleet.defrag_tainted), within=30, what="the taint to lift once the claim is allocated")
     status = await wait_for(fleet.ended, within=30, what="the move's record to go")
     assert status.get("inFlight") in (None, [])
@@ -270,3 +272,71 @@ def _plan(kind: type[Any], body: dict[str, Any]) -> Any:
                              for m in target["moves"]))
     return kind(body["pod"], body["podUid"], body["claim"], body["claimUid"], body["policy"], body["kind"],
                 body["since"], body["verdict"], body["message"], option)
+
+
+async def test_a_gpu_being_freed_goes_to_the_claim_it_is_freed_for_and_no_other(
+    kube: KubeClient, cluster: DevCluster, controller: ControllerProcess, make_policy: PolicyFactory,
+    plugin_node: PluginNodeFactory, namespace: str,
+) -> None:
+    """The tenancy rule, with the scheduler's write of an allocation made by hand (so that which claim
+    the scheduler tries first does not matter): while a move is recorded for a GPU, a device of it is
+    allocated only to the waiting claim (or one its pod owns)."""
+    from gpuslice.api.status import DefragMove, ObjectRef
+    from gpuslice.controller.defrag_move import now_utc, stamp, start, update_defrag
+    from tests.cluster.agent.test_publishing import tag
+
+    node = await plugin_node("h100-80gb", 1)
+    fleet = await make_fragmented(kube, cluster, node, make_policy, [namespace], gpus=1)
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    full = f"full.{fleet.policy}.gpuslice.dev"
+    made = {}
+    big = await kube.create(f"/api/v1/namespaces/{namespace}/pods", {  # only its UID matters
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "big"},
+        "spec": {"containers": [{"name": "work", "image": "registry.k8s.io/pause:3.10"}]}})
+    for name, owner in (("waiting", None), ("other", None), ("owned", big["metadata"]["uid"])):
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": full}}]}}}
+        if owner:
+            body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "big", "uid": owner}]
+        made[name] = await wait_for(lambda b=body: _created(kube, claims, b), within=30, what=f"claim {name}")
+    gpu_tag = tag(node.name)
+    move = DefragMove(id="d-test", node=node.name, gpu="GPU-unused", gpu_tag=gpu_tag, device="x",
+                      claim=ObjectRef(namespace=namespace, name="waiting", uid=made["waiting"]["metadata"]["uid"]),
+                      pod=ObjectRef(namespace=namespace, name="big", uid=big["metadata"]["uid"]), by="a test",
+                      started=stamp(now_utc()), expires="2099-01-01T00:00:00Z")
+    assert await start(kube, fleet.policy, move, []) is None
+
+    async def allocate(name: str) -> str:
+        body = await kube.get(f"{claims}/{name}")
+        body["status"] = {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.gpuslice.dev", "pool": node.name,
+             "device": f"{gpu_tag}-{fleet.policy}-full"}]}}}
+        try:
+            await kube.request("PUT", f"{claims}/{name}/status", body, query={"dryRun": "All"})
+        except KubeError as error:
+            return error.message
+        return "admitted"
+
+    async def refused_other() -> str | None:
+        said = await allocate("other")
+        return said if "is being freed by gpuslice" in said else None
+
+    said = await wait_for(refused_other, within=30, what="the tenancy rule to keep the GPU for the waiting claim")
+    assert f"for pod {namespace}/big" in said
+    assert await allocate("waiting") == "admitted"
+    assert await allocate("owned") == "admitted", "a claim the waiting pod owns (its extended resources)"
+    await update_defrag(kube, fleet.policy, lambda c: c.model_copy(update={"in_flight": []}))
+
+    async def admitted_other() -> bool:
+        return await allocate("other") == "admitted"
+
+    await wait_for(admitted_other, within=30, what="the GPU to be anyone's once the move is gone")
+
+
+async def _created(kube: KubeClient, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        return await kube.create(path, body)
+    except KubeError as error:
+        if "try again in a moment" in error.message:  # the tenant's quota on its way
+            return None
+        raise
