@@ -6,7 +6,9 @@ halfway evicts nothing twice."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -65,6 +67,11 @@ async def test_apply_frees_the_gpu_with_the_fewest_movable_pods_and_every_deploy
     bare = option(plan, fleet.gpu("bare-0"))
     assert [b["code"] for b in bare["blockers"]] == ["Bare"], "the fewest pods, but one is bare"
     assert len(option(plan, fleet.gpu("web-b"))["moves"]) == 3
+
+    why = await asyncio.to_thread(_gpuslice, cluster, "why", f"{namespace}/big", "-o", "json")
+    [finding] = [f for f in json.loads(why)["findings"] if f["code"] == "Defragmentation"]
+    assert "Moving 2 pods" in finding["message"]
+    assert f"{node.name} GPU {fleet.gpu('web-e')}" in finding["message"]
 
     # Another whole-GPU pod, younger: the GPU freed for "big" goes to "big" (the tenancy rule refuses it
     # any other claim), and no other GPU can be freed for this one (its pods would have nowhere to go).
@@ -200,6 +207,10 @@ async def test_the_controller_killed_between_an_eviction_and_its_record_evicts_n
         [move] = status["defragmentation"]["inFlight"]
         assert not move.get("evicted"), "killed before the eviction was recorded"
         assert await fleet.defrag_tainted(), "the GPU stays tainted while its move is recorded"
+        report = json.loads(await asyncio.to_thread(_gpuslice, cluster, "status", "-o", "json"))
+        [freeing] = [g for n in report["map"]["nodes"] for g in n["gpus"] if g["freeing"]]
+        assert (freeing["node"], freeing["index"]) == (node.name, fleet.gpu("web-e"))
+        assert f"being freed for {namespace}/big" in freeing["freeing"]
         doomed.process = None
         controller.start()
         async with asyncio.timeout(240):
@@ -340,3 +351,11 @@ async def _created(kube: KubeClient, path: str, body: dict[str, Any]) -> dict[st
         if "try again in a moment" in error.message:  # the tenant's quota on its way
             return None
         raise
+
+
+def _gpuslice(cluster: DevCluster, *args: str) -> str:
+    """A gpuslice command as a platform engineer runs it; its output."""
+    done = subprocess.run([sys.executable, "-m", "gpuslice", *args, "--kubeconfig", str(cluster.kubeconfig)],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode in (0, 1), done.stderr
+    return done.stdout
