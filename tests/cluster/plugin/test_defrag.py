@@ -19,7 +19,7 @@ from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.kubeutil import pod_with_claim, wait_for
 from tests.cluster.observability.test_metrics import scrape
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import PluginNodeFactory, event_with, pod_events, running
+from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, event_with, pod_events, running
 from tests.cluster.plugin.defrag_fleet import GPUS, Fragmented, make_fragmented
 
 # In the scheduler's order of devices: two Deployments' pods on the first GPU (the one to free, and
@@ -43,6 +43,16 @@ async def waiting_big(fleet: Fragmented, namespace: str) -> None:
     await wait_for(unschedulable, within=60, what="the whole-GPU pod to be unschedulable")
 
 
+async def fragmented_and_waiting(kube: KubeClient, cluster: DevCluster, plugin_node: PluginNodeFactory,
+                                 make_policy: PolicyFactory, namespace: str) -> tuple[PluginNode, Fragmented]:
+    """The LAYOUT on a new node, and a whole-GPU pod "big" waiting."""
+    node = await plugin_node("h100-80gb", GPUS)
+    fleet = await make_fragmented(kube, cluster, node, make_policy, [namespace])
+    await fleet.lay_out(laid(namespace))
+    await waiting_big(fleet, namespace)
+    return node, fleet
+
+
 def option(plan: dict[str, Any], index: int) -> dict[str, Any]:
     found = [o for o in [plan.get("target"), *plan["alternatives"]] if o and o["index"] == index]
     assert found, plan
@@ -53,10 +63,7 @@ async def test_apply_frees_the_gpu_with_the_fewest_movable_pods_and_every_deploy
     kube: KubeClient, cluster: DevCluster, controller: ControllerProcess, make_policy: PolicyFactory,
     plugin_node: PluginNodeFactory, namespace: str,
 ) -> None:
-    node = await plugin_node("h100-80gb", GPUS)
-    fleet = await make_fragmented(kube, cluster, node, make_policy, [namespace])
-    await fleet.lay_out(laid(namespace))
-    await waiting_big(fleet, namespace)
+    node, fleet = await fragmented_and_waiting(kube, cluster, plugin_node, make_policy, namespace)
     before = await fleet.uids([namespace])
 
     [plan] = fleet.plan_json()
@@ -148,10 +155,7 @@ async def test_an_eviction_a_budget_refuses_ends_the_move_and_lifts_the_taint(
     from gpuslice.controller.defrag_move import new_move, now_utc, start
     from gpuslice.planning.defrag_model import Plan
 
-    node = await plugin_node("h100-80gb", GPUS)
-    fleet = await make_fragmented(kube, cluster, node, make_policy, [namespace])
-    await fleet.lay_out(laid(namespace))
-    await waiting_big(fleet, namespace)
+    _node, fleet = await fragmented_and_waiting(kube, cluster, plugin_node, make_policy, namespace)
     [plan_body] = fleet.plan_json()
     assert [m["pod"].split("/")[1].rsplit("-", 2)[0] for m in plan_body["target"]["moves"]] == ["web-e", "web-f"]
     await kube.create(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", {
@@ -186,10 +190,7 @@ async def test_the_controller_killed_between_an_eviction_and_its_record_evicts_n
     kube: KubeClient, cluster: DevCluster, controller: ControllerProcess, controller_kubeconfig: Path,
     make_policy: PolicyFactory, plugin_node: PluginNodeFactory, namespace: str, tmp_path: Path,
 ) -> None:
-    node = await plugin_node("h100-80gb", GPUS)
-    fleet = await make_fragmented(kube, cluster, node, make_policy, [namespace])
-    await fleet.lay_out(laid(namespace))
-    await waiting_big(fleet, namespace)
+    node, fleet = await fragmented_and_waiting(kube, cluster, plugin_node, make_policy, namespace)
     before = await fleet.uids([namespace])
     await controller.stop()
     doomed = ControllerProcess(controller_kubeconfig, tmp_path / "doomed.log",

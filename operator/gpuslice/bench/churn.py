@@ -1,0 +1,123 @@
+"""The fragmentation figure's trace and arithmetic (pure): a seeded churn of inference pods and
+whole-GPU pods, and the offline count of the fewest evictions a move could have made.
+
+Inference pods arrive as a Poisson process and live an exponential time, each asking for one
+10G or one 20G slice (two memory policies sharing every GPU, as the packing figure's ladder does);
+whole-GPU pods arrive now and then and live longer. Time is in simulated minutes; the figure
+replays it faster than real time (``ChurnSpec.seconds_per_minute``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+G = 10**9
+H100 = 81_559 * 2**20  # NVML's H100 80GB, the fake GPUs' memory
+SLOTS = {10: 8, 20: 4}  # slices of each size one H100 publishes (10G: 8, 20G: 4)
+
+
+@dataclass(frozen=True)
+class ChurnSpec:
+    seed: int = 11
+    minutes: float = 240.0  # simulated
+    gpus: int = 16
+    inference_per_minute: float = 1.1
+    inference_life: float = 60.0  # mean, minutes
+    small_share: float = 0.7  # of inference pods, the 10G ones (the rest 20G)
+    prefill: int = 70  # inference pods running at minute 0
+    large_every: float = 8.0  # mean minutes between whole-GPU pods
+    large_life: float = 30.0
+    seconds_per_minute: float = 2.0  # the replay's speed: real seconds per simulated minute
+
+
+@dataclass(frozen=True)
+class Arrival:
+    name: str
+    kind: str  # "10", "20" (GB slice) or "full"
+    at: float  # minutes
+    life: float
+
+    @property
+    def until(self) -> float:
+        return self.at + self.life
+
+
+def churn_trace(spec: ChurnSpec) -> list[Arrival]:
+    rng = random.Random(spec.seed)
+    found: list[Arrival] = []
+    for _i in range(spec.prefill):
+        found.append(Arrival(f"inf-{len(found):04d}", "10" if rng.random() < spec.small_share else "20", 0.0,
+                             rng.expovariate(1 / spec.inference_life)))
+    t = 0.0
+    while True:
+        t += rng.expovariate(spec.inference_per_minute)
+        if t >= spec.minutes:
+            break
+        found.append(Arrival(f"inf-{len(found):04d}", "10" if rng.random() < spec.small_share else "20", t,
+                             rng.expovariate(1 / spec.inference_life)))
+    t, k = 0.0, 0
+    while True:
+        t += rng.expovariate(1 / spec.large_every)
+        if t >= spec.minutes * 0.8:  # the last fifth lets the last ones be placed
+            break
+        found.append(Arrival(f"big-{k:03d}", "full", t, rng.expovariate(1 / spec.large_life) + 10))
+        k += 1
+    return sorted(found, key=lambda a: (a.at, a.name))
+
+
+@dataclass(frozen=True)
+class GpuLoad:
+    """One GPU when a move started: the sizes (GB) of the inference pods on it, and whether it can
+    take moved pods (not holding a whole-GPU pod, not being freed)."""
+
+    pods: tuple[int, ...]
+    open: bool = True
+
+
+def _fits(sizes: Sequence[int], loads: Sequence[list[int]]) -> bool:
+    """Whether every pod of ``sizes`` finds a slice on some GPU of ``loads`` (exact, by backtracking):
+    a GPU holds slices while its memory lasts and while it has slices of that size left."""
+    if not sizes:
+        return True
+    size, rest = sizes[0], sizes[1:]
+    tried: set[tuple[int, ...]] = set()
+    for gpu in loads:
+        key = tuple(sorted(gpu))
+        if key in tried:
+            continue
+        tried.add(key)
+        if sum(gpu) * G + size * G <= H100 and gpu.count(size) < SLOTS[size]:
+            gpu.append(size)
+            ok = _fits(rest, loads)
+            gpu.pop()
+            if ok:
+                return True
+    return False
+
+
+def fewest_evictions(gpus: Sequence[GpuLoad]) -> int | None:
+    """The fewest pods to evict so that one GPU is empty for a whole-GPU pod and every evicted pod
+    has a slice elsewhere: by trying every GPU (a whole GPU needs every pod on it gone)."""
+    best: int | None = None
+    for index, gpu in enumerate(gpus):
+        if not gpu.open:
+            continue
+        if best is not None and len(gpu.pods) >= best:
+            continue
+        others = [list(g.pods) for i, g in enumerate(gpus) if i != index and g.open]
+        if _fits(sorted(gpu.pods, reverse=True), others):
+            best = len(gpu.pods)
+    return best
+
+
+def waiting_with_room(samples: Sequence[tuple[float, bool, int]], need: int) -> float:
+    """Minutes a pod waited while the fleet had ``need`` bytes free in all: ``samples`` are
+    (minute, waiting, free bytes), in order; each counts until the next."""
+    total = 0.0
+    for (t, waiting, free), (t_next, _, _) in itertools.pairwise(samples):
+        if waiting and free >= need:
+            total += t_next - t
+    return total
