@@ -14,10 +14,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-G = 10**9
-H100 = 81_559 * 2**20  # NVML's H100 80GB, the fake GPUs' memory
-SLOTS = {10: 8, 20: 4}  # slices of each size one H100 publishes (10G: 8, 20G: 4)
-
 
 @dataclass(frozen=True)
 class ChurnSpec:
@@ -69,30 +65,47 @@ def churn_trace(spec: ChurnSpec) -> list[Arrival]:
 
 
 @dataclass(frozen=True)
-class GpuLoad:
-    """One GPU when a move started: the sizes (GB) of the inference pods on it, and whether it can
-    take moved pods (not holding a whole-GPU pod, not being freed)."""
+class Held:
+    """A device a pod holds: its kind (policy and kind, e.g. ``p-10g/slice``) and what it consumes of
+    its GPU's counters, as the scheduler counts them."""
 
-    pods: tuple[int, ...]
+    kind: str
+    memory: int
+    compute: int
+
+
+@dataclass(frozen=True)
+class GpuLoad:
+    """One GPU when a move was planned: the devices its inference pods hold, its counters, how many
+    devices of each kind it publishes, and whether it can take moved pods (it holds no whole-GPU pod
+    and is not being freed)."""
+
+    pods: tuple[Held, ...]
+    memory: int
+    compute: int
+    slots: tuple[tuple[str, int], ...] = ()
     open: bool = True
 
 
-def _fits(sizes: Sequence[int], loads: Sequence[list[int]]) -> bool:
-    """Whether every pod of ``sizes`` finds a slice on some GPU of ``loads`` (exact, by backtracking):
-    a GPU holds slices while its memory lasts and while it has slices of that size left."""
-    if not sizes:
+def _fits(pods: Sequence[Held], gpus: Sequence[GpuLoad], placed: list[list[Held]]) -> bool:
+    """Whether every pod finds a device of its kind on some GPU (``placed[i]``: what GPU i holds
+    then), with the GPU's memory and compute counters not exceeded: exact, by backtracking."""
+    if not pods:
         return True
-    size, rest = sizes[0], sizes[1:]
-    tried: set[tuple[int, ...]] = set()
-    for gpu in loads:
-        key = tuple(sorted(gpu))
+    pod, rest = pods[0], pods[1:]
+    tried: set[tuple[int, tuple[Held, ...]]] = set()
+    for index, gpu in enumerate(gpus):
+        held = placed[index]
+        key = (id(gpu.slots), tuple(sorted(held, key=lambda h: (h.kind, h.memory))))
         if key in tried:
             continue
         tried.add(key)
-        if sum(gpu) * G + size * G <= H100 and gpu.count(size) < SLOTS[size]:
-            gpu.append(size)
-            ok = _fits(rest, loads)
-            gpu.pop()
+        if (sum(h.memory for h in held) + pod.memory <= gpu.memory
+                and sum(h.compute for h in held) + pod.compute <= gpu.compute
+                and sum(h.kind == pod.kind for h in held) < dict(gpu.slots).get(pod.kind, 0)):
+            held.append(pod)
+            ok = _fits(rest, gpus, placed)
+            held.pop()
             if ok:
                 return True
     return False
@@ -100,15 +113,14 @@ def _fits(sizes: Sequence[int], loads: Sequence[list[int]]) -> bool:
 
 def fewest_evictions(gpus: Sequence[GpuLoad]) -> int | None:
     """The fewest pods to evict so that one GPU is empty for a whole-GPU pod and every evicted pod
-    has a slice elsewhere: by trying every GPU (a whole GPU needs every pod on it gone)."""
+    has a device of its kind elsewhere: trying every GPU (a whole GPU needs every pod on it gone)
+    and every placement of its pods on the others."""
     best: int | None = None
     for index, gpu in enumerate(gpus):
-        if not gpu.open:
+        if not gpu.open or (best is not None and len(gpu.pods) >= best):
             continue
-        if best is not None and len(gpu.pods) >= best:
-            continue
-        others = [list(g.pods) for i, g in enumerate(gpus) if i != index and g.open]
-        if _fits(sorted(gpu.pods, reverse=True), others):
+        others = [g for i, g in enumerate(gpus) if i != index and g.open]
+        if _fits(sorted(gpu.pods, key=lambda h: (-h.memory, h.kind)), others, [list(g.pods) for g in others]):
             best = len(gpu.pods)
     return best
 

@@ -19,16 +19,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuslice.bench.churn import ChurnSpec, G, GpuLoad, churn_trace, fewest_evictions, waiting_with_room
+from gpuslice.bench.churn import ChurnSpec, GpuLoad, Held, churn_trace, fewest_evictions, waiting_with_room
 from gpuslice.bench.harness import POLICIES, SLICES, BenchCluster, wait_until
 from gpuslice.bench.workload import PAUSE, ensure_namespace
 from gpuslice.dra.names import DRIVER
+from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeError, NotFound
 from gpuslice.planning.defrag_model import moves_in_flight
-from gpuslice.planning.published import gpu_memory, read_pools
+from gpuslice.planning.published import PublishedDevice, gpu_memory, read_pools
 
 NODES = ("bench-frag-1", "bench-frag-2")
 NAMESPACE = "bench-frag"
@@ -63,6 +65,24 @@ def workload(name: str, kind: str) -> tuple[str, dict[str, Any]]:
                  "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec}}}
 
 
+def _load(devices: list[PublishedDevice], counter_sets: Mapping[str, Mapping[str, int]]) -> GpuLoad:
+    """One GPU for the offline count: its inference pods' devices and its counters."""
+    def held(device: PublishedDevice) -> Held:
+        counters = dict(device.device.counters)
+        return Held(f"{device.device.policy}/{device.device.kind}", _amount(counters.get("memory", "0")),
+                    _amount(counters.get("compute", "0")))
+
+    capacity = counter_sets.get(devices[0].device.counter_set or "", {})
+    slots = Counter(f"{d.device.policy}/{d.device.kind}" for d in devices)
+    return GpuLoad(tuple(held(d) for d in devices if d.allocated and d.device.kind == "slice"),
+                   capacity.get("memory", 0), capacity.get("compute", 0), tuple(sorted(slots.items())),
+                   open=not any(d.allocated and d.device.kind == "full" for d in devices))
+
+
+def _amount(text: str) -> int:
+    return quantity_bytes(text) if text else 0
+
+
 class Observer:
     """Samples the fleet while the trace runs: which whole-GPU pods wait, the free memory, moves."""
 
@@ -71,6 +91,7 @@ class Observer:
         self.samples: dict[str, list[tuple[float, bool, int]]] = {}
         self.moves: dict[str, dict[str, Any]] = {}
         self.full = 0  # a whole GPU's memory
+        self.before: list[GpuLoad] = []  # the fleet at the sample before this one: what a new move was planned on
 
     async def sample(self, live_large: set[str]) -> None:
         now = self.minute()
@@ -84,11 +105,9 @@ class Observer:
                 by_gpu.setdefault(device.device.gpu_uuid, []).append(device)
             for devices in by_gpu.values():
                 memory = gpu_memory(devices, pool.counter_sets)
-                self.full = max(self.full, memory)
                 held = [d for d in devices if d.allocated]
                 free += memory - sum(d.device.memory for d in held)
-                loads.append(GpuLoad(tuple(d.device.memory // G for d in held if d.device.kind == "slice"),
-                                     open=not any(d.device.kind == "full" for d in held)))
+                loads.append(_load(devices, pool.counter_sets))
         allocated = {str((c["metadata"].get("ownerReferences") or [{}])[0].get("name")) for c in claims
                      if (c.get("status") or {}).get("allocation")}
         for name in live_large:
@@ -99,9 +118,9 @@ class Observer:
             self.moves[last["id"]].update(outcome=last.get("outcome"), message=last.get("message"))
         for move in moves_in_flight([policy_body]):
             if move.id not in self.moves:
-                target = [g for g in loads if g.open]
-                self.moves[move.id] = {"evictions_planned": len(move.evictions), "fewest": fewest_evictions(target),
-                                       "minute": round(now, 1)}
+                self.moves[move.id] = {"evictions_planned": len(move.evictions),
+                                       "fewest": fewest_evictions(self.before or loads), "minute": round(now, 1)}
+        self.before = loads
 
 
 async def replay(cluster: BenchCluster, spec: ChurnSpec, mode: str, say: Callable[[str], None]) -> dict[str, Any]:

@@ -86,11 +86,13 @@ class Defragmenter:
         if not aged:
             return
         others = [m for m in reading.cluster.in_flight if m not in moves_in_flight([body])]
+        waiting = {w.pod.uid for w in reading.waiting}
+        self.told = {uid: said for uid, said in self.told.items() if uid in waiting}  # only pods still waiting
         for plan in plan_defrag(reading.cluster, aged):
             if plan.verdict in ("NotNeeded", "InFlight"):
                 continue
             if not plan.ready:
-                code = "NoRoom" if plan.verdict == "NoRoom" else _first_blocker(plan)
+                code = plan.verdict if plan.verdict in ("NoRoom", "Unsupported") else _first_blocker(plan)
                 await self._tell(name, plan, code, f"gpuslice cannot free a GPU for this pod: {plan.message}"
                                  + _blockers(plan))
                 continue
