@@ -25,18 +25,15 @@ not defragmented (a shared device cannot be closed to the moved pods and open to
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
 from gpuslice.planning.defrag_facts import Blocker, ClaimFacts, PodFacts, budget_excess, pod_blocker
 from gpuslice.planning.defrag_model import Cluster, GpuOption, Move, Plan, Waiting
+from gpuslice.planning.defrag_search import Key, fewest
 from gpuslice.planning.devices import Device
 from gpuslice.planning.published import PublishedDevice, gpu_memory
-
-Key = tuple[str, str]  # (counter set, counter)
-SEARCH_BUDGET = 20_000  # sets of pods tried per GPU before the largest-first answer is taken
 
 
 def _amount(text: str) -> int:
@@ -248,7 +245,7 @@ class _Planner:
             found[",".join(u.ref for u in chosen)] = placed
             return True
 
-        chosen, exact = _fewest(deficit, movable, feasible)
+        chosen, exact = fewest(deficit, movable, feasible)
         if chosen is None:
             return replace(base, blockers=tuple(dict.fromkeys(refusals[-1:] + stuck))), []
         where, placed = found[",".join(u.ref for u in chosen)]
@@ -359,60 +356,6 @@ def _summary(chosen: GpuOption, others: Sequence[GpuOption]) -> str:
     if feasible:
         text += f" (the fewest: the next best, {feasible[0].label}, needs {len(feasible[0].moves)})"
     return text
-
-
-def _lower_bound(deficit: Mapping[Key, int], units: Sequence[_Unit]) -> int:
-    """No set smaller than this covers every counter: per counter, its largest holders first."""
-    bound = 0
-    for key, missing in deficit.items():
-        count, total = 0, 0
-        for amount in sorted((u.cons.get(key, 0) for u in units), reverse=True):
-            if total >= missing:
-                break
-            total += amount
-            count += 1
-        bound = max(bound, count)
-    return bound
-
-
-def _covers(chosen: Iterable[_Unit], deficit: Mapping[Key, int]) -> bool:
-    chosen = list(chosen)
-    return all(sum(u.cons.get(k, 0) for u in chosen) >= missing for k, missing in deficit.items())
-
-
-def _fewest(deficit: Mapping[Key, int], units: Sequence[_Unit],
-            feasible: Callable[[Sequence[_Unit]], bool]) -> tuple[list[_Unit] | None, bool]:
-    """The smallest set of ``units`` covering ``deficit`` that is ``feasible``; least memory among
-    those. Exact within SEARCH_BUDGET sets; past it, the largest first (and False)."""
-    if not deficit:
-        return [], True
-    tried = 0
-    for size in range(max(1, _lower_bound(deficit, units)), len(units) + 1):
-        best: list[_Unit] | None = None
-        combos = sorted(itertools.combinations(units, size), key=lambda c: (sum(u.memory for u in c),
-                                                                            [u.ref for u in c])) \
-            if _binomial(len(units), size) <= SEARCH_BUDGET - tried else None
-        if combos is None:
-            break
-        for combo in combos:
-            tried += 1
-            if _covers(combo, deficit) and feasible(combo):
-                best = list(combo)
-                break
-        if best is not None:
-            return best, True
-    greedy: list[_Unit] = []
-    for unit in sorted(units, key=lambda u: (-u.memory, u.ref)):
-        greedy.append(unit)
-        if _covers(greedy, deficit):
-            return (greedy, False) if feasible(greedy) else (None, False)
-    return None, False
-
-
-def _binomial(n: int, k: int) -> int:
-    from math import comb
-
-    return comb(n, k)
 
 
 def plan_defrag(cluster: Cluster, waiting: Sequence[Waiting]) -> list[Plan]:
