@@ -20,11 +20,11 @@ class ChurnSpec:
     seed: int = 11
     minutes: float = 240.0  # simulated
     gpus: int = 16
-    inference_per_minute: float = 1.1
+    inference_per_minute: float = 0.9
     inference_life: float = 60.0  # mean, minutes
     small_share: float = 0.7  # of inference pods, the 10G ones (the rest 20G)
-    prefill: int = 70  # inference pods running at minute 0
-    large_every: float = 8.0  # mean minutes between whole-GPU pods
+    prefill: int = 55  # inference pods running at minute 0
+    large_every: float = 12.0  # mean minutes between whole-GPU pods
     large_life: float = 30.0
     seconds_per_minute: float = 2.0  # the replay's speed: real seconds per simulated minute
 
@@ -125,9 +125,20 @@ def fewest_evictions(gpus: Sequence[GpuLoad]) -> int | None:
     return best
 
 
-def waiting_with_room(samples: Sequence[tuple[float, bool, int]], need: int) -> float:
-    """Minutes a pod waited while the fleet had ``need`` bytes free in all: ``samples`` are
-    (minute, waiting, free bytes), in order; each counts until the next."""
+SLICE = 10**10  # the smallest slice of the figure's policies
+ROOM = 8 * SLICE  # what a GPU's slices hold: free slices worth that much can take any GPU's pods
+
+
+def usable(free: int) -> int:
+    """Free memory of one GPU that a slice can use: whole 10G slices (an H100's last 5.5 GB, which
+    no slice fits, is no room for a moved pod)."""
+    return free // SLICE * SLICE
+
+
+def waiting_with_room(samples: Sequence[tuple[float, bool, int]], need: int = ROOM) -> float:
+    """Minutes a pod waited while the fleet had ``need`` bytes free in slices (summed over GPUs):
+    ``samples`` are (minute, waiting, usable free bytes), in order; each counts until the next. With
+    a GPU's worth of free slices, moving one GPU's pods can make room."""
     total = 0.0
     for (t, waiting, free), (t_next, _, _) in itertools.pairwise(samples):
         if waiting and free >= need:

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuslice.bench.churn import ChurnSpec, GpuLoad, Held, churn_trace, fewest_evictions, waiting_with_room
+from gpuslice.bench.churn import ChurnSpec, GpuLoad, Held, churn_trace, fewest_evictions, usable, waiting_with_room
 from gpuslice.bench.harness import POLICIES, SLICES, BenchCluster, wait_until
 from gpuslice.bench.workload import PAUSE, ensure_namespace
 from gpuslice.dra.names import DRIVER
@@ -90,7 +90,6 @@ class Observer:
         self.api, self.minute = cluster.api, minute
         self.samples: dict[str, list[tuple[float, bool, int]]] = {}
         self.moves: dict[str, dict[str, Any]] = {}
-        self.full = 0  # a whole GPU's memory
         self.before: list[GpuLoad] = []  # the fleet at the sample before this one: what a new move was planned on
 
     async def sample(self, live_large: set[str]) -> None:
@@ -106,7 +105,7 @@ class Observer:
             for devices in by_gpu.values():
                 memory = gpu_memory(devices, pool.counter_sets)
                 held = [d for d in devices if d.allocated]
-                free += memory - sum(d.device.memory for d in held)
+                free += usable(memory - sum(d.device.memory for d in held))
                 loads.append(_load(devices, pool.counter_sets))
         allocated = {str((c["metadata"].get("ownerReferences") or [{}])[0].get("name")) for c in claims
                      if (c.get("status") or {}).get("allocation")}
@@ -175,8 +174,7 @@ async def replay(cluster: BenchCluster, spec: ChurnSpec, mode: str, say: Callabl
     finally:
         stop.set()
         await sampler
-    need = observer.full
-    waits = {name: waiting_with_room([*samples, (minute(), False, 0)], need)
+    waits = {name: waiting_with_room([*samples, (minute(), False, 0)])
              for name, samples in observer.samples.items()}
     events = await api.list(f"/api/v1/namespaces/{NAMESPACE}/events")
     evictions = sum(int(e.get("count") or 1) for e in events if e.get("reason") == "MovedByGpuslice")

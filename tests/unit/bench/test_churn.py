@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from gpuslice.bench.churn import ChurnSpec, GpuLoad, Held, churn_trace, fewest_evictions, waiting_with_room
+from gpuslice.bench.churn import ChurnSpec, GpuLoad, Held, churn_trace, fewest_evictions, usable, waiting_with_room
 
 G = 10**9
 H100 = 81_559 * 2**20
@@ -55,3 +55,12 @@ def test_the_fewest_evictions_agree_with_trying_every_assignment() -> None:
 def test_waiting_counts_only_while_the_fleet_had_the_room() -> None:
     samples = [(0.0, True, 100), (1.0, True, 50), (3.0, True, 90), (4.0, False, 90), (6.0, False, 0)]
     assert waiting_with_room(samples, 80) == 2.0
+
+
+def test_room_is_free_memory_in_whole_slices_a_gpus_worth_in_the_fleet() -> None:
+    assert usable(H100) == 80 * G, "an H100's last 5.5 GB holds no slice"
+    assert usable(H100 - 35 * G) == 50 * G
+    leftovers = 16 * usable(H100 - 8 * 10 * G)  # sixteen full GPUs' remainders: 88 GB free, none usable
+    assert leftovers == 0
+    samples = [(0.0, True, leftovers), (1.0, True, 70 * G), (2.0, True, 80 * G), (3.0, False, 0)]
+    assert waiting_with_room(samples) == 1.0, "only with 8 free slices in the fleet can moves make room"
