@@ -13,9 +13,10 @@ the world again and does the next thing:
 3. each pod the record names is evicted through the Eviction API, with its UID as a precondition
    (a StatefulSet's replacement of the same name is never evicted), only if it still may be moved
    (owner, tenant, opt-out: a record can be written by hand) and still holds a device of the GPU.
-   Disruption budgets are the Eviction API's to judge, at that moment: its refusal (429) ends the
-   move. A pod already gone or terminating counts as moved and is not evicted again. Each eviction
-   is recorded in ``evicted`` right after it is sent.
+   Disruption budgets are the Eviction API's to judge, at that moment: its refusal (429, or the 500
+   for a pod two budgets select) ends the move, as does a 403. A pod already gone or terminating
+   counts as moved and is not evicted again. Each eviction is recorded in ``evicted`` right after
+   it is sent.
 
 The record is the whole state: a controller killed at any point resumes from it, and since every
 eviction is bound to a UID the record names, nothing is evicted twice and nothing it does not name
@@ -38,7 +39,16 @@ from gpuslice.controller.defrag_metrics import EVICTIONS, FAILED, FREED, who
 from gpuslice.controller.defrag_read import POLICIES, RESOURCE, tenants_of
 from gpuslice.controller.events import post_object_event
 from gpuslice.dra.names import DEFRAG_TAINT_KEY, DRIVER, short_hash
-from gpuslice.kube.client import NO_RETRY, Conflict, KubeClient, KubeError, NotFound, TooManyRequests
+from gpuslice.kube.client import (
+    NO_RETRY,
+    Conflict,
+    Forbidden,
+    KubeClient,
+    KubeError,
+    NotFound,
+    ServerError,
+    TooManyRequests,
+)
 from gpuslice.observability.failpoints import failpoint
 from gpuslice.planning.defrag_facts import PodFacts, opted_out_namespaces, pod_blocker
 from gpuslice.planning.defrag_model import Plan
@@ -234,6 +244,16 @@ class Mover:
         except TooManyRequests as error:
             return "Disruption", (f"the eviction of {victim.namespace}/{victim.name} was refused ({error.message});"
                                   " nothing more was evicted")
+        except ServerError as error:
+            if "PodDisruptionBudget" not in error.message:
+                raise  # the server failed: the next step tries again, until the move expires
+            return "Disruption", (f"the eviction of {victim.namespace}/{victim.name} was refused ({error.message});"
+                                  " nothing more was evicted")
+        except Forbidden as error:
+            if error.transient:
+                raise
+            return "Forbidden", (f"the eviction of {victim.namespace}/{victim.name} was forbidden ({error.message});"
+                                 " nothing more was evicted")
         failpoint("controller.defrag-evicted")  # the worst moment: evicted, not yet recorded
         EVICTIONS.labels(str(policy["metadata"]["name"]), who(move.by)).inc()
         log.info("evicted to free a GPU", policy=policy["metadata"]["name"], move=move.id,

@@ -15,7 +15,8 @@ its device back and something will make it again:
   it, and the replacement asks for the same claim;
 - neither the pod nor its namespace carries ``gpuslice.dev/defrag: "false"`` (label or annotation);
 - its namespace is a tenant of the policy whose GPU is being freed;
-- it is not already terminating, and no PodDisruptionBudget that selects it allows no disruption.
+- it is not already terminating, and no PodDisruptionBudget that selects it allows no disruption
+  (nor do two select it: the Eviction API refuses such a pod outright, with a 500).
 """
 
 from __future__ import annotations
@@ -185,8 +186,12 @@ def pod_blocker(pod: PodFacts, tenants: Iterable[str], opted_out_namespaces: Ite
         return Blocker("OptedOut", ref, f"namespace {pod.namespace} carries {DEFRAG_OPT_OUT}=false")
     if pod.deleting:
         return Blocker("Terminating", ref, f"{ref} is terminating already: its device comes back when it is gone")
-    for budget in budgets:
-        if budget.allowed <= 0 and budget.selects(pod):
+    selecting = [b for b in budgets if b.selects(pod)]
+    if len(selecting) > 1:
+        return Blocker("Disruption", ref, f"PodDisruptionBudgets {' and '.join(b.ref for b in selecting)} both select"
+                                          f" {ref}: the Eviction API evicts no pod that two budgets select")
+    for budget in selecting:
+        if budget.allowed <= 0:
             return Blocker("Disruption", ref, f"PodDisruptionBudget {budget.ref} allows no disruption of {ref} now")
     return None
 

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.kubeutil import pod_with_claim, wait_for
@@ -146,27 +148,33 @@ async def test_a_budget_and_an_opted_out_tenant_block_their_gpus_and_the_plan_sa
     assert await fleet.defrag_tainted() == []
 
 
+@pytest.mark.parametrize("budgets", [{"keep-f": 0}, {"keep-f": 5, "also-f": 5}], ids=["none-allowed", "two-budgets"])
 async def test_an_eviction_a_budget_refuses_ends_the_move_and_lifts_the_taint(
     kube: KubeClient, cluster: DevCluster, controller: ControllerProcess, make_policy: PolicyFactory,
-    plugin_node: PluginNodeFactory, namespace: str,
+    plugin_node: PluginNodeFactory, namespace: str, budgets: dict[str, int],
 ) -> None:
-    """A budget that allows no disruption of the second pod of a move, made after the plan: the first
-    eviction passes, the Eviction API refuses the second, and the move stops there."""
+    """A budget that allows no disruption of the second pod of a move, or two budgets that select
+    it (which the Eviction API refuses with a 500 however much they allow), made after the plan:
+    the first eviction passes, the Eviction API refuses the second, and the move stops there."""
     from gpuslice.controller.defrag_move import new_move, now_utc, start
     from gpuslice.planning.defrag_model import Plan
 
     _node, fleet = await fragmented_and_waiting(kube, cluster, plugin_node, make_policy, namespace)
     [plan_body] = fleet.plan_json()
     assert [m["pod"].split("/")[1].rsplit("-", 2)[0] for m in plan_body["target"]["moves"]] == ["web-e", "web-f"]
-    await kube.create(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "keep-f"},
-        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "web-f"}}}})
+    for name, unavailable in budgets.items():
+        await kube.create(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", {
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name},
+            "spec": {"maxUnavailable": unavailable, "selector": {"matchLabels": {"app": "web-f"}}}})
 
     async def counted() -> bool:
-        budget = await kube.get(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/keep-f")
-        return (budget.get("status") or {}).get("observedGeneration") == budget["metadata"]["generation"]
+        for name in budgets:
+            budget = await kube.get(f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{name}")
+            if (budget.get("status") or {}).get("observedGeneration") != budget["metadata"]["generation"]:
+                return False
+        return True
 
-    await wait_for(counted, within=60, what="the disruption controller to count the budget")
+    await wait_for(counted, within=60, what="the disruption controller to count the budgets")
     before = await fleet.uids([namespace])
     move = new_move(_plan(Plan, plan_body), "a test", now_utc(), 120)
     assert await start(kube, fleet.policy, move, []) is None

@@ -47,6 +47,20 @@ def test_a_budget_that_allows_no_disruption_blocks_the_gpu_and_the_plan_says_so(
     assert "PodDisruptionBudget team-a/critical allows no disruption" in blocked.blockers[0].message
 
 
+def test_a_pod_two_budgets_select_is_not_moved_however_much_they_allow() -> None:
+    """The Eviction API refuses (500) to evict a pod that more than one budget selects."""
+    fleet = fragmented()
+    fleet.pods[0]["metadata"]["labels"] = {"app": "web", "tier": "gpu"}
+    fleet.budget("web", 5, {"app": "web"})
+    fleet.budget("gpu", 5, {"tier": "gpu"})
+    [plan] = fleet.plans()
+    assert plan.target is not None
+    assert plan.target.index == 2
+    blocked = next(o for o in plan.alternatives if o.index == 0)
+    assert [(b.code, b.subject) for b in blocked.blockers] == [("Disruption", "team-a/rs-1")]
+    assert "team-a/web and team-a/gpu both select team-a/rs-1" in blocked.blockers[0].message
+
+
 def test_a_budget_that_two_moves_together_would_exceed_blocks_them() -> None:
     fleet = fragmented()
     fleet.budget("web", 1, {"app": "web"})
