@@ -28,7 +28,7 @@ from gpuslice.controller.defrag_read import POLICIES, Reading, read_cluster
 from gpuslice.controller.startup import whoami
 from gpuslice.inspect.commands import _connect, _console, _run
 from gpuslice.inspect.snapshot import InspectError
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotReady
 from gpuslice.planning.defrag_model import Plan, moves_in_flight
 from gpuslice.planning.defrag_taints import parse_time
 from gpuslice.planning.occupancy import as_json
@@ -53,11 +53,13 @@ def _selected(plan: Plan, targets: tuple[str, ...]) -> bool:
 async def _read(kube: KubeClient, policy: str | None) -> Reading:
     try:
         return await read_cluster(kube, policy)
+    except NotReady as error:  # an API server just started: not a matter of RBAC
+        raise InspectError(f"reading the cluster failed: {error}") from None
+    except Forbidden as error:
+        raise InspectError(f"reading what gpuslice defrag plans from is forbidden for this identity"
+                           f" ({error.message}); bind the ClusterRole gpuslice-viewer (manifests/viewer-rbac.yaml)"
+                           " to it") from None
     except KubeError as error:
-        if error.status == 403:
-            raise InspectError(f"reading what gpuslice defrag plans from is forbidden for this identity"
-                               f" ({error.message}); bind the ClusterRole gpuslice-viewer (manifests/viewer-rbac.yaml)"
-                               " to it") from None
         raise InspectError(f"reading the cluster failed: {error}") from None
 
 
