@@ -44,9 +44,10 @@ class LazyGroup(click.Group):
                                       "fake-gpu": "gpuslice.fakegpu:fake_gpu",
                                       "status": "gpuslice.inspect.commands:status",
                                       "why": "gpuslice.inspect.commands:why",
-                                      "delete-policies": "gpuslice.uninstall:delete_policies"}
+                                      "delete-policies": "gpuslice.uninstall:delete_policies",
+                                      "defrag": "gpuslice.inspect.defrag:defrag"}
     EXTRA: ClassVar[dict[str, tuple[str, ...]]] = {"dev-cluster": ("rich",), "status": ("rich",),
-                                                   "why": ("rich",)}
+                                                   "why": ("rich",), "defrag": ("rich",)}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted([*super().list_commands(ctx), *self.LAZY])

@@ -28,7 +28,9 @@ CONTROLLER_USER = "system:serviceaccount:gpuslice-system:gpuslice-controller"
 # seconds rather than the 15 s a production Lease waits.
 LEASE_ENV = {"GPUSLICE_LEASE_DURATION": "5", "GPUSLICE_RENEW_DEADLINE": "3.5", "GPUSLICE_RETRY_PERIOD": "1",
              # The API server calls the maxMemory webhook on loopback (memory_webhook below).
-             "GPUSLICE_WEBHOOK_HOSTS": "127.0.0.1"}
+             "GPUSLICE_WEBHOOK_HOSTS": "127.0.0.1",
+             # Auto defragmentation looks every 2 s rather than 30 (the defrag tests wait for it).
+             "GPUSLICE_DEFRAG_INTERVAL": "2"}
 WEBHOOK_RBAC = MANIFESTS / "webhook-rbac.yaml"
 WEBHOOK_USER = "system:serviceaccount:gpuslice-system:gpuslice-webhook"
 
@@ -85,10 +87,10 @@ async def stop_group(process: subprocess.Popen[bytes] | None, sig: int, within: 
 class ControllerProcess:
     """`gpuslice controller` in a subprocess, so tests can kill and restart it."""
 
-    def __init__(self, kubeconfig: Path, log: Path) -> None:
+    def __init__(self, kubeconfig: Path, log: Path, env: dict[str, str] | None = None) -> None:
         from gpuslice.devcluster.cluster import free_port
 
-        self.kubeconfig, self.log = kubeconfig, log
+        self.kubeconfig, self.log, self.env = kubeconfig, log, dict(env or {})
         self.metrics_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -98,7 +100,7 @@ class ControllerProcess:
                 [sys.executable, "-m", "gpuslice", "controller", "--kubeconfig", str(self.kubeconfig),
                  "--metrics-port", str(self.metrics_port)],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, **LEASE_ENV},
+                env={**os.environ, **LEASE_ENV, **self.env},
             )
 
     async def stop(self, sig: int = signal.SIGTERM) -> None:

@@ -46,11 +46,12 @@ from typing import Any
 import structlog
 
 from gpuslice.agent.backoff import Backoff
+from gpuslice.dra.names import DRAIN_LIST_LABEL, DRAIN_OBJECT_PREFIX
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 
 NAMESPACE = "gpuslice-system"
-DRAINING = "gpuslice-draining-"  # + node: ConfigMap, data {node: space-separated device names}
-LABEL = "gpuslice.dev/drain-list"  # the gpuslice-drain binding selects its parameters by this label
+DRAINING = DRAIN_OBJECT_PREFIX  # + node: ConfigMap, data {node: space-separated device names}
+LABEL = DRAIN_LIST_LABEL  # the gpuslice-drain binding selects its parameters by this label
 PROBE = "gpuslice-drain-probe"  # ConfigMap whose create the agents dry-run
 MARKER = "gpuslice-drain: "  # how the admission rule's message begins, then "pool/device ..."
 RETENTION = 600.0  # seconds a removed device stays listed

@@ -10,6 +10,7 @@ change is judged on claims read then.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.watch import list_all
 from gpuslice.observability.failpoints import failpoint
 from gpuslice.planning.coexistence import other_driver_gpus, taken_gpus
+from gpuslice.planning.defrag_taints import freeing_on_node, with_defrag_taints
 from gpuslice.planning.left_out import ANNOTATION as LEFT_OUT
 from gpuslice.planning.left_out import left_out_annotations
 from gpuslice.planning.node_pool import NodePlan, PlannedSlice, plan_node_pool
@@ -47,6 +49,7 @@ CLAIM_READS = Counter("gpuslice_agent_claim_reads", "Publish cycles that read ev
 REFUSED = Gauge("gpuslice_agent_refused_policies",
                 "Policies left out on this node: the API server refused their devices.")
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 ATTR_POLICY_KEY = f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}"
 log = structlog.get_logger(__name__)
 
@@ -101,7 +104,7 @@ def _not_yet_valid(policy: GpuSlicePolicy) -> str | None:
 
 
 async def read_policies(kube: KubeClient, unsupported: Mapping[str, str] | None = None) -> Policies:
-    return sort_policies(await kube.list("/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"), unsupported)
+    return sort_policies(await kube.list(POLICIES), unsupported)
 
 
 def _parse(body: dict[str, Any]) -> GpuSlicePolicy | str:
@@ -210,10 +213,12 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         if view.node is None:
             raise KubeError(404, "NotFound", f'nodes "{node}" not found', None)
         node_body = view.node
-        policies = sort_policies(view.policies.values(), unsupported, view.parsed)
+        bodies = list(view.policies.values())
+        policies = sort_policies(bodies, unsupported, view.parsed)
     else:
         node_body = await kube.get(f"/api/v1/nodes/{node}")
-        policies = await read_policies(kube, unsupported)
+        bodies = await kube.list(POLICIES)
+        policies = sort_policies(bodies, unsupported)
     labels = node_body["metadata"].get("labels") or {}
     # Every driver's slices on this node, in one read: ours, and the GPUs other drivers publish,
     # which this node's pool leaves out (planning.coexistence).
@@ -266,6 +271,7 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
         safe: SafePlan = make_safe(plan, published, counter_sets, allocated, drained=drained, frozen=frozen)
         gpu_statuses = status_taints_by_gpu(statuses or {}, mig.statuses(allocated, published) if mig else {})
         slices = with_statuses(safe.slices, gpu_statuses)
+        slices = with_defrag_taints(slices, freeing_on_node(bodies, node, datetime.datetime.now(datetime.UTC)))
         told = left_out_annotations(plan.left_out)
         if not slices and told:
             slices = (PlannedSlice("devices-00"),)

@@ -44,7 +44,8 @@ def planned_from(policy: dict[str, Any]) -> tuple[Any, ...]:
     meta, status = policy.get("metadata") or {}, policy.get("status") or {}
     valid: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Valid"), {})
     return (policy.get("spec"), meta.get("generation"), meta.get("creationTimestamp"), meta.get("deletionTimestamp"),
-            status.get("observedGeneration"), valid.get("status"), valid.get("reason"))
+            status.get("observedGeneration"), valid.get("status"), valid.get("reason"),
+            (status.get("defragmentation") or {}).get("inFlight"))  # GPUs being freed: their taint
 
 
 @dataclass

@@ -357,6 +357,24 @@ class Taint(ApiModel):
     )
 
 
+class Defragmentation(ApiModel):
+    """Whether the gpuslice controller moves pods on its own to free a GPU for a pod that waits
+    (docs/controller.md#defragmentation). ``gpuslice defrag`` plans and applies the same moves by
+    hand whatever the mode."""
+
+    mode: Literal["Off", "Auto"] = Field(default="Off", description=(
+        "Off: the controller moves nothing (gpuslice defrag still can, by hand). Auto: for a pod whose"
+        " claim of this policy has waited minPendingSeconds while the policy's GPUs hold enough free"
+        " memory in pieces, the controller evicts the fewest movable pods that free one GPU for it,"
+        " one GPU at a time, within maxEvictionsPerHour."))
+    max_evictions_per_hour: int = Field(default=6, ge=0, le=1000, description=(
+        "Auto: most pods the controller evicts for this policy in any hour (a plan that needs more than"
+        " what is left waits)."))
+    min_pending_seconds: int = Field(default=300, ge=0, le=86400, description=(
+        "Auto: how long a pod's claim must have waited before pods are moved for it (the scheduler may"
+        " yet place it as pods end on their own)."))
+
+
 class GpuSlicePolicySpec(ApiModel):
     """What a platform team decides for a set of GPUs: how they are sliced and who may use them."""
 
@@ -385,6 +403,9 @@ class GpuSlicePolicySpec(ApiModel):
         " (beyond the agent's --overuse-tolerance, for --overuse-grace seconds): Report (an Event on the pod, a"
         " metric and a condition on its claim) or Evict (the same, then the pod is evicted through the"
         " Eviction API, so PodDisruptionBudgets hold)."))
+    defragmentation: Defragmentation = Field(default_factory=Defragmentation, description=(
+        "Moving pods to free a GPU (or a large slice) for a pod that waits while the policy's GPUs hold"
+        " enough free memory in pieces. Off by default."))
 
     rules = (
         Rule(None,  # the schema's list-map key rejects duplicates ("Duplicate value")

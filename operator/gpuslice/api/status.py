@@ -114,6 +114,64 @@ class AdmittedTenant(ApiModel):
         " so it is never allocated."))
 
 
+class ObjectRef(ApiModel):
+    """A namespaced object by name and UID."""
+
+    namespace: str = Field(max_length=63)
+    name: str = Field(max_length=253)
+    uid: str = Field(default="", max_length=64)
+
+
+class DefragMove(ApiModel):
+    """A GPU being freed for a waiting pod. Written by whoever carries the move out (gpuslice defrag
+    --apply, or the controller in Auto mode) before it evicts anything, and removed once the waiting
+    claim is allocated, the move fails, or it expires. While it is here and unexpired, the node agent
+    taints every device of the GPU but the one named (gpuslice.dev/defrag:NoSchedule), and the tenancy
+    admission rule lets no claim but the waiting one (or one its pod owns) be allocated a device of the GPU."""
+
+    id: str = Field(max_length=32, description="Names the move: the value of its device taint.")
+    node: str = Field(max_length=253, description="The node (and pool) of the GPU.")
+    gpu: str = Field(max_length=128, description="The GPU's UUID.")
+    gpu_tag: str = Field(max_length=32, description=(
+        "gpu- and the UUID's first eight hex digits: every device of the GPU is named with it and '-' first."))
+    gpu_index: int = Field(default=0, description="The GPU's index on its node, for people.")
+    device: str = Field(max_length=253, description="The device the waiting claim asks for: left untainted.")
+    claim: ObjectRef = Field(description="The waiting claim: the one claim the GPU's devices go to.")
+    pod: ObjectRef = Field(description="The waiting pod (a claim it owns may be allocated too).")
+    evictions: list[ObjectRef] = Field(default_factory=list, max_length=64, description=(
+        "The pods the plan moves, by UID: nothing else is ever evicted for it."))
+    evicted: list[str] = Field(default_factory=list, max_length=64, description=(
+        "UIDs of the pods evicted so far (an eviction of a pod already gone is never sent again)."))
+    by: str = Field(default="", max_length=253, description="controller (Auto) or gpuslice defrag and its user.")
+    phase: Literal["Requested", "Evicting", "Placing"] = Field(default="Requested", description=(
+        "Requested: waiting for the node agent to taint the GPU (nothing is evicted before); Evicting: the"
+        " controller evicts the pods; Placing: they are gone, the waiting claim is to be allocated."))
+    started: str = Field(description="When the move began.")
+    expires: str = Field(description=(
+        "When the move gives up: the record goes and the taint lifts, whether or not the claim got the GPU."))
+
+
+class DefragOutcome(ApiModel):
+    """How the last move for this policy ended."""
+
+    id: str = Field(default="", max_length=32, description="The move's id.")
+    time: str
+    outcome: Literal["Freed", "Failed"]
+    message: str = Field(default="", max_length=2048)
+
+
+class DefragmentationStatus(ApiModel):
+    """Moves under way and the Auto eviction budget. Written by gpuslice defrag --apply and the
+    controller's defragmenter only, never by the status refresh."""
+
+    in_flight: list[DefragMove] = Field(default_factory=list, max_length=16, description=(
+        "GPUs being freed now. The tenancy admission policy and the node agents read this list."))
+    evictions: list[str] = Field(default_factory=list, max_length=1000, description=(
+        "Auto mode: when each of the controller's evictions of the last hour was (or is to be) sent:"
+        " spec.defragmentation.maxEvictionsPerHour bounds it, across controller restarts."))
+    last: DefragOutcome | None = Field(default=None, description="How the last move ended.")
+
+
 class GpuSlicePolicyStatus(ApiModel):
     """Observed state, written by the gpuslice controller."""
 
@@ -159,3 +217,6 @@ class GpuSlicePolicyStatus(ApiModel):
         " this policy. The label is removed only where a policy recorded it, so a label someone"
         " else set is never taken away."),
         json_schema_extra={"x-kubernetes-list-type": "set"})
+    defragmentation: DefragmentationStatus | None = Field(default=None, description=(
+        "Written by gpuslice defrag --apply and the controller's Auto mode only: GPUs being freed for"
+        " waiting pods (the tenancy admission policy and the node agents read them)."))

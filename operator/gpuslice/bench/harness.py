@@ -142,13 +142,15 @@ class BenchCluster:
         self.controller_kubeconfig, self.webhook_kubeconfig = await gpuslice_install.install(
             self.api, self.dev.state.root, self.dev.server, self.ca_pem, self.webhook_port)
 
-    async def start_controller(self) -> Component:
+    async def start_controller(self, *flags: str) -> Component:
+        """``flags``: more of the controller's settings (the fragmentation figure's shorter timers)."""
         assert self.controller_kubeconfig is not None
         # The Lease a real install has (15 s, renewed within 10): the dev cluster's short one for fault
         # tests (4 s) runs out while a thousand agents load the apiserver, and the controller then
         # writes nothing.
         component = gpuslice_install.controller_component(
-            self.controller_kubeconfig, self.dev.state.logs / "gpuslice-controller.log", free_port(), lease=())
+            self.controller_kubeconfig, self.dev.state.logs / "gpuslice-controller.log", free_port(), lease=(),
+            extra_args=flags)
         await component.start()
         self.dev.components.append(component)
         await component.wait_healthy()

@@ -46,6 +46,10 @@ TARGETS: tuple[Target, ...] = (
     Target("scale.steady_writes", "scale: API writes in steady state", "==", 0, "lower"),
     Target("scale.controller_peak_rss_mib", "scale: controller peak RSS", "<=", 300, "lower", " MiB"),
     Target("scale.agent_peak_rss_mib", "scale: one agent process peak RSS", "<=", 100, "lower", " MiB"),
+    Target("fragmentation.waiting_cut", "fragmentation: whole-GPU pods' waiting with room, cut by Auto", ">=", 0.8,
+           "higher"),
+    Target("fragmentation.evictions_vs_fewest", "fragmentation: Auto's evictions vs the fewest possible", "<=", 1.5,
+           "lower", "x"),
 )
 
 
@@ -83,7 +87,8 @@ def headline(figures: Mapping[str, Any]) -> dict[str, float]:
     keys = [t.key for t in TARGETS] + [
         "packing.modes.whole.pods_placed", "packing.modes.shared.pods_placed", "packing.modes.memory.pods_placed",
         "packing.modes.mig-static.pods_placed", "scale.converge_seconds", "scale.converge_requests",
-        "planner.validate_10k_gpus_ms",
+        "planner.validate_10k_gpus_ms", "fragmentation.off.gpu_hours_waiting_with_room",
+        "fragmentation.auto.gpu_hours_waiting_with_room", "fragmentation.auto.evictions",
     ]
     flat = {}
     for key in keys:

@@ -24,7 +24,7 @@ from gpuslice.bench.harness import BenchCluster, BenchPartial
 from gpuslice.bench.report import headline, latest, regressions, render_text, trim_history, verdicts
 from gpuslice.bench.trace import TraceSpec
 
-FIGURES = ("packing", "scheduler", "scale", "planner")
+FIGURES = ("packing", "fragmentation", "scheduler", "scale", "planner")
 
 
 @dataclass(frozen=True)
@@ -38,12 +38,13 @@ class Size:
     scale_policies: int
     scale_namespaces: int
     steady_seconds: float
+    churn_minutes: float  # the fragmentation figure's trace, in simulated minutes (each run)
 
 
 SIZES = {
-    "full": Size("full", (8, 100), 512, 1000, 50, 200, 300.0),
-    "medium": Size("medium", (8, 24), 512, 300, 50, 200, 120.0),
-    "small": Size("small", (2,), 64, 40, 10, 20, 30.0),
+    "full": Size("full", (8, 100), 512, 1000, 50, 200, 300.0, 240.0),
+    "medium": Size("medium", (8, 24), 512, 300, 50, 200, 120.0, 180.0),
+    "small": Size("small", (2,), 64, 40, 10, 20, 30.0, 120.0),
 }
 
 
@@ -92,7 +93,7 @@ async def measure(size: Size, only: tuple[str, ...], state_dir: Path,
         save(figures, kubernetes)
         if "error" in figures[name]:
             say(f"{name}: FAILED: {figures[name]['error']}\n{figures[name]['post_mortem']}")
-            later = [f for f in ("packing", "scheduler", "scale") if f in only and f not in figures]
+            later = [f for f in ("packing", "fragmentation", "scheduler", "scale") if f in only and f not in figures]
             if cluster is not None and later:
                 try:
                     await cluster.reset()
@@ -107,7 +108,7 @@ async def measure(size: Size, only: tuple[str, ...], state_dir: Path,
             return planner_figure()
 
         await figure("planner", planner)
-    if not {"packing", "scheduler", "scale"} & set(only):
+    if not {"packing", "fragmentation", "scheduler", "scale"} & set(only):
         return figures, kubernetes
     cluster = BenchCluster(state_dir, say)
     try:
@@ -118,6 +119,12 @@ async def measure(size: Size, only: tuple[str, ...], state_dir: Path,
             from gpuslice.bench.packing_figure import packing_figure
 
             await figure("packing", lambda: packing_figure(cluster, TraceSpec(), say))
+        if "fragmentation" in only:
+            from gpuslice.bench.churn import ChurnSpec
+            from gpuslice.bench.fragmentation_figure import fragmentation_figure
+
+            churn = ChurnSpec(minutes=float(os.environ.get("BENCH_CHURN_MINUTES", size.churn_minutes)))
+            await figure("fragmentation", lambda: fragmentation_figure(cluster, churn, say))
         if "scheduler" in only:
             from gpuslice.bench.scheduler_figure import scheduler_figure
 

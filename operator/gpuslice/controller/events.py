@@ -20,18 +20,25 @@ log = structlog.get_logger(__name__)
 
 
 async def post_event(kube: KubeClient, policy: str, uid: str, kind: str, reason: str, message: str) -> None:
-    """Post an Event, or count a repeat on the existing one, as the kubelet's event correlator does.
+    """An Event on a policy (in ``default``, where ``kubectl describe gsp`` finds it)."""
+    await post_object_event(kube, EVENT_NAMESPACE, {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": policy,
+                                                    "uid": uid}, kind, reason, message)
 
-    The name is derived from what the event says, so a repeat finds its earlier self.
-    """
+
+async def post_object_event(kube: KubeClient, namespace: str, involved: dict[str, str], kind: str, reason: str,
+                            message: str) -> None:
+    """Post an Event about ``involved`` (an object reference; a namespaced object's in its own
+    namespace) in ``namespace``, or count a repeat on the existing one, as the
+    kubelet's event correlator does. The name is derived from what the event says, so a repeat
+    finds its earlier self."""
     now = datetime.datetime.now(datetime.UTC)
     stamp = now.strftime(_TIME)
-    events = f"/api/v1/namespaces/{EVENT_NAMESPACE}/events"
-    name = f"{policy}.{short_hash(uid, kind, reason, message)}"
+    events = f"/api/v1/namespaces/{namespace}/events"
+    name = f"{involved['name'][:200]}.{short_hash(involved.get('uid', ''), kind, reason, message)}"
     body = {
         "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": name, "namespace": EVENT_NAMESPACE},
-        "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": policy, "uid": uid},
+        "metadata": {"name": name, "namespace": namespace},
+        "involvedObject": involved,
         "reason": reason, "message": message[:1024], "type": kind,
         "source": {"component": "gpuslice-controller"},
         "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
@@ -49,4 +56,4 @@ async def post_event(kube: KubeClient, policy: str, uid: str, kind: str, reason:
             await kube.merge_patch(f"{events}/{name}", {"count": int(earlier.get("count") or 1) + 1,
                                                         "lastTimestamp": stamp})
     except KubeError as error:  # an event is worth a log line, never a failed reconcile
-        log.warning("could not post event", policy=policy, reason=reason, error=error.message)
+        log.warning("could not post event", involved=involved.get("name"), reason=reason, error=error.message)

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import kopf
+import structlog
 
 from gpuslice.api.ledger import LEDGER_PLURAL
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
@@ -21,6 +22,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
 from gpuslice.controller.changes import Changes
 from gpuslice.controller.crd import crd_leaving as crd_is_leaving
+from gpuslice.controller.defrag_auto import Defragmenter
 from gpuslice.controller.login import KopfLogin
 from gpuslice.controller.overuse import EVICTION_RETRY, OveruseEnforcer, Policies
 from gpuslice.controller.reconcile import Context, reconcile, report_deleting
@@ -35,6 +37,7 @@ from gpuslice.planning.coexistence import other_driver_gpus
 from gpuslice.planning.usage import ClaimView, SliceView, slice_policies
 
 POLICY = (GROUP, VERSION, PLURAL)
+log = structlog.get_logger(__name__)
 
 
 def _values(index: Any) -> list[Any]:
@@ -136,6 +139,7 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
         # exit. A request to an apiserver going down with us must not keep us alive for minutes.
         settings.process.ultimate_exiting_timeout = ours.shutdown_grace
         memo.ctx = await start_context(await client(), ours)
+        memo.defrag = Defragmenter(memo.ctx.kube, ours)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
@@ -312,6 +316,23 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
             return
         with contextlib.suppress(kopf.TemporaryError):  # logged; not a delay for this timer (refresh_status)
             await reconcile(memo.ctx, body, current(kwargs))
+
+    @kopf.daemon(*POLICY, registry=registry, initial_delay=1.0, cancellation_timeout=5.0)
+    async def defragment(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **kwargs: Any) -> None:
+        """Carries the policy's recorded moves out, and in Auto mode starts them (controller.defrag_auto)."""
+        while not stopped:
+            if _orphaned(body, kwargs) or "defrag" not in memo:
+                return
+            delay = 10.0
+            try:
+                delay = await memo.defrag.tick(body)
+            except KubeError as error:  # the API server away or busy: the record says where to go on
+                log.warning("defragmentation step failed; will retry", policy=body["metadata"]["name"],
+                            error=str(error))
+            except Exception:  # a move must never end the daemon: the next tick reads the record again
+                log.exception("defragmentation step failed unexpectedly; will retry", policy=body["metadata"]["name"])
+            await stopped.wait(delay)
+        memo.defrag.forget(body["metadata"]["name"])
 
     @kopf.on.event("v1", "namespaces", registry=registry)
     async def namespace_event(name: str, labels: kopf.Labels, uid: str | None, status: kopf.Status,

@@ -398,6 +398,8 @@ async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings,
                                                      findings.mig_failed, findings.unhealthy))
     new = status_body(status)
     old = policy.status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    # Moves under way are the defragmenter's to write (controller.defrag): never from a body read earlier.
+    old.pop("defragmentation", None)
     if new == old:
         return
     try:

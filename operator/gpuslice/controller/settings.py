@@ -48,6 +48,15 @@ class ControllerSettings(ProcessSettings):
         "Hours the webhook's CA is valid (ten years); a new one is trusted next to it with a third left."))
     webhook_cert_interval: float = Field(default=600.0, gt=0, description=(
         "Seconds between checks of the webhook's certificates (and of the caBundle someone may have removed)."))
+    defrag_interval: float = Field(default=30.0, gt=0, description=(
+        "Seconds between looks, per policy in defragmentation mode Auto, for pods waiting long enough that"
+        " moving pods would make room for (a look lists the claims, and the pods of the policy's tenants)."))
+    defrag_timeout: float = Field(default=300.0, gt=0, description=(
+        "Seconds a move may take, from its start until the waiting claim is allocated, before it is given up:"
+        " its record goes and its GPU's taint lifts (gpuslice defrag --timeout sets its own)."))
+    defrag_taint_wait: float = Field(default=30.0, gt=0, description=(
+        "Seconds a move waits for the node agent to taint the GPU being freed before it evicts anything;"
+        " past that the move is given up (the agent may be down), having evicted nothing."))
 
     @model_validator(mode="after")
     def _leases(self) -> ControllerSettings:

@@ -54,7 +54,8 @@ CONTROLLERS = (
     # Tenants' workloads: the tenant guide's Deployments (docs/tenants.md) run here as they would anywhere.
     "deployment-controller",
     "replicaset-controller",
-    # PodDisruptionBudgets' status, which the Eviction API reads (an overusing pod's eviction, agent/usage).
+    # PodDisruptionBudgets' status, which the Eviction API reads (an overusing pod's eviction, agent/usage;
+    # defragmentation's moves).
     "disruption-controller",
 )
 NODE_CONTROLLERS = ("node-lifecycle-controller", "taint-eviction-controller")

@@ -118,14 +118,14 @@ SHORT_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")
 
 
 def controller_component(kubeconfig: Path, log: Path, liveness_port: int,
-                         lease: Sequence[str] = SHORT_LEASE) -> Component:
+                         lease: Sequence[str] = SHORT_LEASE, extra_args: Sequence[str] = ()) -> Component:
     """``lease``: the Lease's flags; none for the defaults a real install runs with (the bench,
     whose loaded apiserver answers a renewal slower than the short Lease allows). The webhook's
     certificate also names 127.0.0.1, where this API server calls it."""
     return Component(
         "gpuslice-controller",
         [sys.executable, "-m", "gpuslice", "controller", f"--kubeconfig={kubeconfig}",
-         f"--liveness-port={liveness_port}", "--webhook-hosts=127.0.0.1", *lease],
+         f"--liveness-port={liveness_port}", "--webhook-hosts=127.0.0.1", *lease, *extra_args],
         log, http_health(f"http://127.0.0.1:{liveness_port}/healthz"), startup_timeout=60,
     )
 

@@ -26,7 +26,12 @@ PENDING_TAINT_KEY = "gpuslice.dev/pending-change"  # an allocated device keeps i
 RECONFIGURING_TAINT_KEY = "gpuslice.dev/reconfiguring"  # the GPU's MIG layout is about to change
 UNHEALTHY_TAINT_KEY = "gpuslice.dev/unhealthy"  # the GPU reported a fault (planning.health)
 MIG_FAILED_TAINT_KEY = "gpuslice.dev/mig-failed"  # a MIG reconfiguration failed and was rolled back
-SAFETY_TAINT_KEYS = (PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY, UNHEALTHY_TAINT_KEY, MIG_FAILED_TAINT_KEY)
+# A GPU being freed for a waiting pod (defragmentation): on its devices but the one the pod gets.
+DEFRAG_TAINT_KEY = "gpuslice.dev/defrag"
+SAFETY_TAINT_KEYS = (PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY, UNHEALTHY_TAINT_KEY, MIG_FAILED_TAINT_KEY,
+                     DEFRAG_TAINT_KEY)
+# A pod or namespace labelled or annotated so is never moved to free a GPU.
+DEFRAG_OPT_OUT = DEFRAG_TAINT_KEY
 
 
 def device_class_name(policy: str) -> str:
@@ -68,3 +73,8 @@ def class_policy(device_class: str) -> str | None:
         return None
     parts = device_class.removesuffix(suffix).split(".")
     return parts[-1] or None
+
+# Each node agent's drain object: ConfigMap gpuslice-system/gpuslice-draining-<node>, labelled so
+# (the gpuslice-drain binding selects its parameters by the label), data {node: device names}.
+DRAIN_OBJECT_PREFIX = "gpuslice-draining-"
+DRAIN_LIST_LABEL = "gpuslice.dev/drain-list"

@@ -137,10 +137,34 @@ async def _diagnose(access: ClusterAccess, target: str | None, namespace: str | 
             pods = [p for p in pods if asks_for_devices(p, classes, snapshot.policies)]  # else NoClaims: unlisted
             per_namespace = await namespaces_facts(kube, (p["metadata"]["namespace"] for p in pods), classes)
             facts = [replace(per_namespace[p["metadata"]["namespace"]], pod=p) for p in pods]
-    found = [diagnose(f, snapshot.policies, result.policies, result.map) for f in facts]
-    if target is None:  # a listing: only the pods that wait for a gpuslice device
-        found = [d for d in found if not {f.code for f in d.findings} & {"NotGpuslice", "NoClaims"}]
+        found = [diagnose(f, snapshot.policies, result.policies, result.map) for f in facts]
+        if target is None:  # a listing: only the pods that wait for a gpuslice device
+            found = [d for d in found if not {f.code for f in d.findings} & {"NotGpuslice", "NoClaims"}]
+        if any(f.code == "NoFreeDevice" for d in found for f in d.findings):
+            found = await _with_defrag(kube, found)
     return found
+
+
+async def _with_defrag(kube: KubeClient, diagnoses: list[Any]) -> list[Any]:
+    """The diagnoses, each pod that finds no free device with what moving pods would do for it
+    (gpuslice defrag's plan for it; the cluster read once for all)."""
+    from gpuslice.controller.defrag_read import read_cluster
+    from gpuslice.kube.client import KubeError
+    from gpuslice.planning.defrag_model import defrag_finding
+    from gpuslice.planning.pending import Finding
+
+    try:
+        plans = (await read_cluster(kube)).plans()
+    except KubeError as error:
+        note = Finding("Defragmentation", f"whether moving pods would help was not worked out: {error.message}"
+                                          " (it reads pods and PodDisruptionBudgets: gpuslice-viewer)", blocking=False)
+        return [replace(d, findings=(*d.findings, note)) if any(f.code == "NoFreeDevice" for f in d.findings)
+                else d for d in diagnoses]
+    out = []
+    for diagnosis in diagnoses:
+        found = [f for p in plans if p.pod == diagnosis.subject and (f := defrag_finding(p)) is not None]
+        out.append(replace(diagnosis, findings=(*diagnosis.findings, *found[:1])) if found else diagnosis)
+    return out
 
 
 @click.command("why")

@@ -1,4 +1,4 @@
-"""``kubectl gpuslice status|why|plan``: the inspecting commands as a kubectl plugin.
+"""``kubectl gpuslice status|why|plan|defrag``: the inspecting commands as a kubectl plugin.
 
 kubectl runs any ``kubectl-<name>`` on the PATH as ``kubectl <name>``; installing
 gpuslice with its cli extra (``pipx install 'gpuslice[cli]'``) puts ``kubectl-gpuslice`` there. Here ``plan``
@@ -13,6 +13,7 @@ import click
 
 from gpuslice import __version__
 from gpuslice.inspect.commands import cluster_options, cluster_plan, status, why
+from gpuslice.inspect.defrag import defrag
 from gpuslice.inspect.extra import need_cli_extra
 from gpuslice.kube.useragent import set_component
 from gpuslice.settings import ClusterAccess
@@ -21,11 +22,13 @@ from gpuslice.settings import ClusterAccess
 @click.group(name="kubectl gpuslice")
 @click.version_option(__version__, prog_name="kubectl-gpuslice")
 def main() -> None:
-    """gpuslice for kubectl: the GPU occupancy map, why a pod waits for its GPU, what a policy edit would do."""
+    """gpuslice for kubectl: the GPU occupancy map, why a pod waits for its GPU, what a policy edit would do,
+    which pods to move to free a GPU."""
 
 
 main.add_command(status)
 main.add_command(why)
+main.add_command(defrag)
 
 
 @main.command("plan")

@@ -15,15 +15,16 @@ from dataclasses import replace
 from typing import Any
 
 from gpuslice.api.ledger import LEDGERS
-from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRIVER
+from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRIVER
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.pending import Facts
+from gpuslice.planning.published import drain_lists
 from gpuslice.planning.status_report import Snapshot
 
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 RESOURCE = "/apis/resource.k8s.io/v1"
 CONFIGMAPS = f"/api/v1/namespaces/{CONTROLLER_NAMESPACE}/configmaps"
-DRAIN_LABEL = "gpuslice.dev/drain-list=true"  # one drain object per draining node (agent.drain)
+DRAIN_LABEL = f"{DRAIN_LIST_LABEL}=true"  # one drain object per draining node (agent.drain)
 VIEWER = "gpuslice-viewer (manifests/viewer-rbac.yaml)"
 NAMESPACES_AT_ONCE = 4  # why -A: namespaces read at a time, five lists each, so 20 requests at most
 
@@ -82,11 +83,7 @@ async def read_snapshot(kube: KubeClient) -> Snapshot:
     rules = await _taint_rules(kube, notes)
     drains = await _optional(kube.list(CONFIGMAPS, labelSelector=DRAIN_LABEL),
                              "the agents' drain lists (ConfigMaps gpuslice-draining-<node> in gpuslice-system)", notes)
-    listed = {}
-    for body in drains or []:  # each object counts only for the node it is named after, as the rule reads it
-        node = body["metadata"]["name"].removeprefix("gpuslice-draining-")
-        listed[node] = str((body.get("data") or {}).get(node) or "").split()
-    return Snapshot(policies, slices, claims, nodes, rules, listed, tuple(notes))
+    return Snapshot(policies, slices, claims, nodes, rules, drain_lists(drains or []), tuple(notes))
 
 
 async def device_classes(kube: KubeClient) -> dict[str, dict[str, Any]]:

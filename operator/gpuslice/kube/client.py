@@ -248,11 +248,14 @@ class KubeClient:
         content_type: str = "application/json",
         accept: str = "application/json",
         idempotent: bool | None = None,
+        retry: RetryPolicy | None = None,
     ) -> Object:
-        """One API request, repeated on transient failures as :class:`RetryPolicy` allows.
+        """One API request, repeated on transient failures as :class:`RetryPolicy` allows (``retry``,
+        else the client's).
 
         ``idempotent`` overrides what the method and content type say (see RetryPolicy).
         """
+        policy = retry or self.retry
         if idempotent is None:
             idempotent = method in _IDEMPOTENT_METHODS or (method == "PATCH" and content_type in _IDEMPOTENT_PATCHES)
         started = time.monotonic()
@@ -264,9 +267,9 @@ class KubeClient:
             except KubeError as error:
                 unsent = isinstance(error, Unreachable) and not error.sent
                 repeatable = isinstance(error, TooManyRequests) or unsent or (error.transient and idempotent)
-                delay = self.retry.delay(attempt, error)
-                if (not repeatable or attempt >= self.retry.attempts
-                        or time.monotonic() + delay - started > self.retry.budget):
+                delay = policy.delay(attempt, error)
+                if (not repeatable or attempt >= policy.attempts
+                        or time.monotonic() + delay - started > policy.budget):
                     raise
                 log.debug("API request failed; retrying", method=method, path=path, error=str(error),
                           attempt=attempt, retry_in=round(delay, 2))
@@ -295,9 +298,11 @@ class KubeClient:
     async def list(self, path: str, **query: str | int | bool) -> list[Object]:
         return cast(list[Object], (await self.get(path, **query)).get("items", []))
 
-    async def create(self, path: str, body: Object, *, idempotent: bool = False, **query: str | int | bool) -> Object:
-        """POST; ``idempotent=True`` when a repeat is harmless (a named object: AlreadyExists)."""
-        return await self.request("POST", path, body, query=query, idempotent=idempotent)
+    async def create(self, path: str, body: Object, *, idempotent: bool = False, retry: RetryPolicy | None = None,
+                     **query: str | int | bool) -> Object:
+        """POST; ``idempotent=True`` when a repeat is harmless (a named object: AlreadyExists); ``retry``
+        in place of the client's (``NO_RETRY`` for an eviction: a budget's 429 is an answer)."""
+        return await self.request("POST", path, body, query=query, idempotent=idempotent, retry=retry)
 
     async def replace(self, path: str, body: Object) -> Object:
         return await self.request("PUT", path, body)

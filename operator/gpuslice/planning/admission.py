@@ -37,6 +37,7 @@ from gpuslice.dra.names import (
     MEMORY_LABEL,
     MEMORY_WEBHOOK_CA,
     MEMORY_WEBHOOK_TLS,
+    TENANCY_JUDGED,
     TENANCY_LABEL,
 )
 from gpuslice.planning.cluster_objects import Manifest
@@ -104,7 +105,9 @@ def _owned(o: str) -> str:
 def controller_writes(controller_user: str = CONTROLLER_USER) -> Manifest:
     """What the controller may write, beyond what RBAC can say: objects of kinds whose names vary
     per policy only when they are gpuslice's (labels and names, before and after), namespaces only
-    in their admin-access label, ResourceClaims only as a dry run (its tenancy probe)."""
+    in their admin-access label, ResourceClaims only as a dry run (its tenancy probe), evictions
+    only in the namespaces a policy names (defragmentation, overusing pods), Events only there and
+    in default."""
     owned_kinds = ["deviceclasses", "resourceclaimtemplates", "devicetaintrules", "resourcequotas", "gpusliceledgers"]
     secrets = [MEMORY_WEBHOOK_CA, MEMORY_WEBHOOK_TLS]
     labels = "has({o}.metadata.labels) ? {o}.metadata.labels : {{}}"
@@ -127,6 +130,10 @@ def controller_writes(controller_user: str = CONTROLLER_USER) -> Manifest:
                  "resources": ["secrets"]},
                 {"apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE", "DELETE"],
                  "resources": ["gpusliceledgers"]},
+                # Evictions (defragmentation, overusing pods), and Events on the pods it moves, frees a GPU for
+                # or finds overusing.
+                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods/eviction"]},
+                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["events"]},
             ]},
             "matchConditions": [{"name": "is-gpuslice-controller",
                                  "expression": f"request.userInfo.username == '{controller_user}'"}],
@@ -136,6 +143,10 @@ def controller_writes(controller_user: str = CONTROLLER_USER) -> Manifest:
                 {"name": "name", "expression": "variables.target.metadata.name"},
                 {"name": "newLabels", "expression": labels.format(o="object")},
                 {"name": "oldLabels", "expression": labels.format(o="oldObject")},
+                {"name": "tenantNamespace", "expression": (
+                    f"namespaceObject != null && has(namespaceObject.metadata.labels) && '{TENANCY_LABEL}' in"
+                    f" namespaceObject.metadata.labels && namespaceObject.metadata.labels['{TENANCY_LABEL}']"
+                    f" == '{TENANCY_JUDGED}'")},
             ],
             "validations": [
                 {"expression": "!variables.owns || (" + _owned("variables.target")
@@ -164,6 +175,15 @@ def controller_writes(controller_user: str = CONTROLLER_USER) -> Manifest:
                  "reason": "Forbidden"},
                 {"expression": "request.resource.resource != 'resourceclaims' || request.dryRun",
                  "message": "the gpuslice controller may create ResourceClaims only as a dry run (its tenancy probe)",
+                 "reason": "Forbidden"},
+                {"expression": "request.resource.resource != 'pods' || variables.tenantNamespace",
+                 "messageExpression": ("'the gpuslice controller may evict pods only in the namespaces a policy names"
+                                       f" (labelled {TENANCY_LABEL}={TENANCY_JUDGED}), not in ' + request.namespace"),
+                 "reason": "Forbidden"},
+                {"expression": ("request.resource.resource != 'events' || request.namespace == 'default'"
+                                " || variables.tenantNamespace"),
+                 "messageExpression": ("'the gpuslice controller may post Events only in default and in the namespaces"
+                                       " a policy names, not in ' + request.namespace"),
                  "reason": "Forbidden"},
             ],
         },

@@ -65,6 +65,7 @@ class GpuMap:
     devices: tuple[PublishedDevice, ...]
     admin: tuple[Holder, ...] = ()  # adminAccess claims: they see the GPU and take none of it
     offers: tuple[str, ...] = ()  # what else a claim could get here now, e.g. "the whole GPU (inference)"
+    freeing: str = ""  # being freed for a waiting pod (defragmentation): for whom, by whom, until when
 
     def bytes_in(self, *states: SegmentState) -> int:
         return sum(s.span for s in self.segments if s.state in states)

@@ -76,7 +76,7 @@ class Diagnosis:
         return tuple(f for f in self.findings if f.blocking)
 
 
-def _requests(spec: Body, claim: str) -> list[Request]:
+def claim_requests(spec: Body, claim: str) -> list[Request]:
     found = []
     for request in ((spec.get("devices") or {}).get("requests")) or []:
         options = [(request.get("name", ""), request["exactly"])] if request.get("exactly") else [
@@ -108,7 +108,7 @@ def class_owner(device_class: str, policies: Iterable[Body]) -> tuple[str, str] 
     return parts[-1], kind
 
 
-def _pod_claim_names(pod: Body) -> dict[str, str]:
+def pod_claim_names(pod: Body) -> dict[str, str]:
     """The pod's claim entries -> the claim each got (template claims once made)."""
     made = {str(s.get("name")): str(s.get("resourceClaimName")) for s in
             (pod.get("status") or {}).get("resourceClaimStatuses") or [] if s.get("resourceClaimName")}
@@ -356,12 +356,12 @@ def diagnose(facts: Facts, policies: Sequence[Body], totals: Sequence[PolicyTota
         subject = f"{facts.namespace}/{pod['metadata']['name']}"
         phase = str((pod.get("status") or {}).get("phase", ""))
         event_names.add(str(pod["metadata"]["name"]))
-        names = _pod_claim_names(pod)
+        names = pod_claim_names(pod)
         for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
             claim_name = names.get(str(entry.get("name")))
             claim = facts.claims.get(claim_name) if claim_name else None
             if claim is not None:
-                requests += [(r, True, claim) for r in _requests(claim.get("spec") or {}, claim_name or "")]
+                requests += [(r, True, claim) for r in claim_requests(claim.get("spec") or {}, claim_name or "")]
                 event_names.add(str(claim_name))
             elif entry.get("resourceClaimTemplateName"):
                 template = facts.templates.get(str(entry["resourceClaimTemplateName"]))
@@ -371,7 +371,7 @@ def diagnose(facts: Facts, policies: Sequence[Body], totals: Sequence[PolicyTota
                     requests.append((Request(label, str(entry.get("name")), ""), False, None))
                 else:
                     spec = (template.get("spec") or {}).get("spec") or {}
-                    requests += [(r, False, None) for r in _requests(spec, label)]
+                    requests += [(r, False, None) for r in claim_requests(spec, label)]
             else:
                 requests.append((Request(f"{claim_name or entry.get('resourceClaimName')} (missing)",
                                          str(entry.get("name")), ""), False, None))
@@ -382,7 +382,7 @@ def diagnose(facts: Facts, policies: Sequence[Body], totals: Sequence[PolicyTota
         subject = f"{facts.namespace}/{facts.claim_name}"
         claim = facts.claims.get(facts.claim_name or "")
         if claim is not None:
-            requests += [(r, True, claim) for r in _requests(claim.get("spec") or {}, str(facts.claim_name))]
+            requests += [(r, True, claim) for r in claim_requests(claim.get("spec") or {}, str(facts.claim_name))]
         event_names.add(str(facts.claim_name))
 
     findings: list[Finding] = []

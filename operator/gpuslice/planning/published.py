@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuslice.dra.names import DRIVER, PENDING_TAINT_KEY, SAFETY_TAINT_KEYS
+from gpuslice.dra.names import DRAIN_OBJECT_PREFIX, DRIVER, PENDING_TAINT_KEY, SAFETY_TAINT_KEYS
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.inventory.nodes import catalog_model
 from gpuslice.planning.devices import Device
@@ -194,6 +194,19 @@ def rule_taints(rules: Iterable[Body]) -> list[tuple[Mapping[str, Any], DeviceTa
 
 def _matches(selector: Mapping[str, Any], pool: str, device: str) -> bool:
     return selector.get("pool") in (None, pool) and selector.get("device") in (None, device)
+
+
+def drain_lists(objects: Iterable[Body]) -> dict[str, list[str]]:
+    """The devices each node's agent drains, from the drain objects (ConfigMaps
+    ``gpuslice-draining-<node>``): each counts only for the node it is named after, as the drain
+    rule reads it, so one agent's object says nothing of another node."""
+    listed: dict[str, list[str]] = {}
+    for body in objects:
+        name = str(body["metadata"]["name"])
+        if name.startswith(DRAIN_OBJECT_PREFIX):
+            node = name.removeprefix(DRAIN_OBJECT_PREFIX)
+            listed[node] = str((body.get("data") or {}).get(node) or "").split()
+    return listed
 
 
 def read_pools(slices: Iterable[Body], claims: Iterable[Body] = (), rules: Iterable[Body] = (),

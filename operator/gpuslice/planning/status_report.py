@@ -7,10 +7,11 @@ occupancy map and the totals. Rendering (terminal, SVG, HTML, JSON) is elsewhere
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuslice.inventory.nodes import node_gpus
+from gpuslice.planning.defrag_model import moves_in_flight
 from gpuslice.planning.occupancy import OccupancyMap, occupancy
 from gpuslice.planning.published import Pool, read_pools
 from gpuslice.planning.totals import PolicyTotals, TenantTotals, policy_totals, tenant_totals
@@ -53,11 +54,28 @@ def gpu_counts(nodes: Sequence[Body]) -> dict[str, int]:
     return counts
 
 
+def _freeing(found: OccupancyMap, policies: Sequence[Body]) -> OccupancyMap:
+    """The map with each GPU being freed for a waiting pod marked (status.defragmentation.inFlight)."""
+    moves = {(m.node, m.gpu): m for m in moves_in_flight(policies)}
+    if not moves:
+        return found
+    nodes = []
+    for node in found.nodes:
+        gpus = []
+        for gpu in node.gpus:
+            move = moves.get((node.name, gpu.uuid))
+            gpus.append(replace(gpu, freeing=f"being freed for {move.pod.namespace}/{move.pod.name}"
+                                             f" ({move.phase.lower()}, {move.by}, until {move.expires})")
+                        if move else gpu)
+        nodes.append(replace(node, gpus=tuple(gpus)))
+    return OccupancyMap(tuple(nodes))
+
+
 def status_report(snapshot: Snapshot) -> StatusReport:
     pools = snapshot.pools()
     policies = policy_totals(snapshot.policies, pools, snapshot.claims, snapshot.nodes)
     notes = list(snapshot.notes)
     notes += [f"node {p.node}: the agent is rewriting its pool (generation {p.generation} is not complete);"
               " the scheduler allocates nothing from it until it is" for p in pools if not p.complete]
-    return StatusReport(occupancy(pools, gpu_counts(snapshot.nodes)), tuple(policies),
+    return StatusReport(_freeing(occupancy(pools, gpu_counts(snapshot.nodes)), snapshot.policies), tuple(policies),
                         tuple(tenant_totals(policies)), tuple(notes))

@@ -38,6 +38,7 @@ from gpuslice.dra.names import (
     TENANCY_JUDGED,
     TENANCY_LABEL,
 )
+from gpuslice.planning import defrag_rule
 from gpuslice.planning.cluster_objects import Manifest
 
 ADMISSION_V1 = "admissionregistration.k8s.io/v1"
@@ -269,6 +270,7 @@ def tenancy_policy() -> Manifest:
                      f" && q.firstAvailable.exists(s, s.name == x.request.split('/')[1] && {_ours('s')}))))"
                      " && !(has(params.status) && has(params.status.selectedNodes)"
                      " && x.pool in params.status.selectedNodes)).map(x, x.pool + '/' + x.device)"),
+        *defrag_rule.variables(),
     ]
     policy = f"' + {_POLICY} + '"
     validations = [
@@ -328,6 +330,7 @@ def tenancy_policy() -> Manifest:
          f" policy that gives its node none; they are never allocated. If the node was just added to"
          f" spec.nodeSelector, gpuslice records it in a moment'"),
     ]
+    validations.append(defrag_rule.validation())  # a GPU being freed goes to the pod it is freed for
     return {
         "apiVersion": ADMISSION_V1, "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": TENANCY, "labels": dict(MANAGED_BY)},

@@ -142,3 +142,23 @@ async def test_the_webhook_writes_only_the_charges_and_reads_only_its_certificat
     await refused(as_webhook.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}",
                                          {"spec": {"tenants": []}}), "forbidden")
     await refused(as_webhook.delete(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/any"), "forbidden")
+
+
+async def test_evictions_and_pod_events_only_in_namespaces_a_policy_names(
+    as_controller: KubeClient, kube: KubeClient, namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    """Defragmentation gave the controller evictions and Events everywhere by RBAC; the admission
+    policy keeps both to the namespaces a policy names (labelled gpuslice.dev/tenancy=judged)."""
+    outside = await namespaces("outside")
+    await kube.create(f"/api/v1/namespaces/{outside}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bystander"},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}})
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "bystander", "namespace": outside},
+                "deleteOptions": {"dryRun": ["All"]}}
+    await refused(as_controller.create(f"/api/v1/namespaces/{outside}/pods/bystander/eviction", eviction),
+                  "may evict pods only in the namespaces a policy names")
+    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "sneaky", "namespace": outside},
+             "involvedObject": {"kind": "Pod", "name": "bystander", "namespace": outside},
+             "reason": "X", "message": "x", "type": "Normal"}
+    await refused(as_controller.create(f"/api/v1/namespaces/{outside}/events", event), "may post Events only")
+    assert (await kube.get(f"/api/v1/namespaces/{outside}/pods/bystander"))["metadata"].get("deletionTimestamp") is None

@@ -82,6 +82,7 @@ def svg(report: StatusReport) -> str:
                         f'<tspan dx="6" fill="#6b7280">{escape(gpu.mode)}</tspan></text>')
             body += _bar(gpu, LEFT, y)
             extra = gpu_summary(gpu) + (f" · {'; '.join(gpu.tainted_reasons)}" if gpu.tainted_reasons else "")
+            extra += f" · {gpu.freeing}" if gpu.freeing else ""
             body.append(f'<text x="{LEFT + BAR + 8}" y="{y + 15}" font-size="10" fill="#4b5563">'
                         f'{escape(extra)}</text>')
             y += ROW

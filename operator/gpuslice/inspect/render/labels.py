@@ -146,7 +146,7 @@ def _shape(gpu: GpuMap) -> tuple[object, ...]:
 
 
 def idle(gpu: GpuMap) -> bool:
-    return all(s.state in ("free", "slack") for s in gpu.segments) and not gpu.admin
+    return all(s.state in ("free", "slack") for s in gpu.segments) and not gpu.admin and not gpu.freeing
 
 
 def rows(gpus: Sequence[GpuMap]) -> list[tuple[str, GpuMap]]:

@@ -66,6 +66,8 @@ def _node(node: NodeMap, width: int) -> RenderableType:
             detail.append("admin access: " + ", ".join(h.ref for h in gpu.admin))
         if gpu.offers:
             detail.append("also free: " + ", ".join(gpu.offers))
+        if gpu.freeing:
+            detail.append(gpu.freeing)
         lines.append(Text("           " + " · ".join(detail), style="dim"))
     return Group(*lines)
 

@@ -1,0 +1,20 @@
+"""Prometheus metrics of defragmentation: what was moved, what was freed, and what stood in the way.
+Labels are bounded: policy names, who asked (``auto``, ``manual``), and a fixed set of reasons."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+EVICTIONS = Counter("gpuslice_defrag_evictions", "Pods evicted to free a GPU for a waiting pod.", ["policy", "by"])
+FREED = Counter("gpuslice_defrag_gpus_freed", "Moves that ended with the waiting claim allocated.", ["policy", "by"])
+FAILED = Counter("gpuslice_defrag_moves_failed", "Moves given up, by reason (Disruption: a PodDisruptionBudget"
+                 " refused an eviction; Timeout; NotTainted: the node agent did not taint the GPU; Unmovable: a pod"
+                 " of the plan may no longer move; Gone: the waiting claim went).", ["policy", "reason"])
+BLOCKED = Counter("gpuslice_defrag_plans_blocked", "Auto mode: pods that waited long enough but got no move, by"
+                  " reason (Budget: maxEvictionsPerHour; NoRoom; or what blocked the best GPU: Bare, Disruption,"
+                  " OptedOut, NotATenant, NowhereToGo, Job, DaemonSet, ...).", ["policy", "reason"])
+IN_FLIGHT = Gauge("gpuslice_defrag_moves_in_flight", "GPUs being freed now.", ["policy"])
+
+
+def who(by: str) -> str:
+    return "auto" if by.startswith("controller") else "manual"

@@ -1,0 +1,87 @@
+"""Read what the defragmentation planner needs from the API server, and plan.
+
+Shared by ``gpuslice defrag``, ``gpuslice why`` and the controller's Auto mode. Cluster-wide it
+lists the policies, gpuslice's ResourceSlices, the claims and the nodes; pods, disruption budgets
+and the namespaces' opt-outs are read only in the namespaces that are tenants of the policies
+concerned: only their pods can wait for a policy's devices, or be moved to free them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRIVER
+from gpuslice.kube.client import Forbidden, KubeClient, NotFound
+from gpuslice.planning.defrag import plan_defrag
+from gpuslice.planning.defrag_facts import ClaimFacts, DisruptionBudget, PodFacts, opted_out_namespaces
+from gpuslice.planning.defrag_model import Cluster, Plan, Waiting, moves_in_flight, waiting_pods
+from gpuslice.planning.published import drain_lists, read_pools
+
+POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+RESOURCE = "/apis/resource.k8s.io/v1"
+CONFIGMAPS = f"/api/v1/namespaces/{CONTROLLER_NAMESPACE}/configmaps"
+Body = Mapping[str, Any]
+READS_AT_ONCE = 8  # namespaces read at a time
+
+
+def tenants_of(policy: Body) -> frozenset[str]:
+    return frozenset(str(t.get("namespace")) for t in (policy.get("spec") or {}).get("tenants") or [])
+
+
+@dataclass(frozen=True)
+class Reading:
+    policies: list[dict[str, Any]]
+    cluster: Cluster
+    waiting: list[Waiting]
+
+    def plans(self) -> list[Plan]:
+        return plan_defrag(self.cluster, self.waiting)
+
+
+async def _per_namespace(kube: KubeClient, namespaces: Sequence[str], path: str) -> list[dict[str, Any]]:
+    gate = asyncio.Semaphore(READS_AT_ONCE)
+
+    async def one(namespace: str) -> list[dict[str, Any]]:
+        async with gate:
+            return await kube.list(path.format(namespace=namespace))
+
+    return [item for found in await asyncio.gather(*(one(n) for n in namespaces)) for item in found]
+
+
+async def _namespaces(kube: KubeClient, names: Sequence[str]) -> list[dict[str, Any]]:
+    found = []
+    for name in names:
+        try:
+            found.append(await kube.get(f"/api/v1/namespaces/{name}"))
+        except NotFound:
+            continue
+    return found
+
+
+async def read_cluster(kube: KubeClient, policy: str | None = None) -> Reading:
+    """Everything the planner reads; with ``policy``, the pods that wait for that policy only."""
+    policies, slices, claims, nodes = await asyncio.gather(
+        kube.list(POLICIES), kube.list(f"{RESOURCE}/resourceslices", fieldSelector=f"spec.driver={DRIVER}"),
+        kube.list(f"{RESOURCE}/resourceclaims"), kube.list("/api/v1/nodes"))
+    try:  # devices the agents drain are no place for a moved pod
+        draining = drain_lists(await kube.list(CONFIGMAPS, labelSelector=f"{DRAIN_LIST_LABEL}=true"))
+    except (NotFound, Forbidden):
+        draining = {}
+    concerned = [p for p in policies if policy is None or p["metadata"]["name"] == policy]
+    tenants = {str(p["metadata"]["name"]): tenants_of(p) for p in policies}
+    names = sorted({n for p in concerned for n in tenants[str(p["metadata"]["name"])]})
+    pods, budgets, namespaces = await asyncio.gather(
+        _per_namespace(kube, names, "/api/v1/namespaces/{namespace}/pods"),
+        _per_namespace(kube, names, "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"),
+        _namespaces(kube, names))
+    pod_facts = [PodFacts.from_body(p) for p in pods]
+    claim_facts = [ClaimFacts.from_body(c) for c in claims]
+    cluster = Cluster(read_pools(slices, claims, (), draining), claim_facts, pod_facts,
+                      [DisruptionBudget.from_body(b) for b in budgets], tenants, opted_out_namespaces(namespaces),
+                      {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {}) for n in nodes},
+                      tuple(moves_in_flight(policies)))
+    waiting = [w for w in waiting_pods(pod_facts, claim_facts, policies) if policy is None or w.policy == policy]
+    return Reading(policies, cluster, waiting)
