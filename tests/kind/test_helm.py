@@ -86,15 +86,26 @@ def installed(deployed: Kind) -> Kind:
 def test_helm_install_runs_gpuslice_and_a_tenant_pod_gets_its_slice(installed: Kind) -> None:
     kind = installed
     assert "deployed" in helm(kind, "status", *RELEASE).stdout
+    # Helm's --wait takes a Deployment one copy short of its replicas (its maxUnavailable) as ready.
+    def every_copy_ready() -> bool:
+        pods = [p for c in ("controller", "agent", "webhook") for p in gpuslice_pods(kind, c)]
+        return all(ready(p) for p in pods)
+    try:
+        kind.wait_until("every gpuslice pod Ready", every_copy_ready, within=300)
+    except AssertionError:
+        print(kind.kubectl("-n", "gpuslice-system", "get", "pods", "-o", "wide"))
+        print(kind.kubectl("-n", "gpuslice-system", "describe", "pods", check=False)[-6000:])
+        raise
     controllers, agents = gpuslice_pods(kind, "controller"), gpuslice_pods(kind, "agent")
     assert len(controllers) == 2
     assert len(agents) == len(kind.workers)
-    assert all(ready(p) for p in controllers + agents)
+    assert len(gpuslice_pods(kind, "webhook")) == 2
     # The monitoring objects, applied for real against the Prometheus Operator's CRDs, and metrics
     # Services that select every copy and agent on their metrics port.
     for kind_, name in (("servicemonitor", "gpuslice-controller"), ("servicemonitor", "gpuslice-agent"),
                         ("prometheusrule", "gpuslice"), ("configmap", "gpuslice-dashboard"),
-                        ("networkpolicy", "gpuslice-controller"), ("networkpolicy", "gpuslice-agent")):
+                        ("networkpolicy", "gpuslice-controller"), ("networkpolicy", "gpuslice-agent"),
+                        ("servicemonitor", "gpuslice-webhook"), ("networkpolicy", "gpuslice-webhook")):
         kind.kubectl("-n", "gpuslice-system", "get", kind_, name)
     for component, pods in (("controller", controllers), ("agent", agents)):
         def selected(component: str = component, pods: list[dict[str, Any]] = pods) -> bool:
