@@ -67,6 +67,7 @@ class ComputeInstance:
     uuid: str
     handle: Any = None
     device: Any = None  # the MIG device's handle
+    processes: list[tuple[int, int, bool]] = field(default_factory=list)  # as FakeGpu's, on this MIG device
 
 
 @dataclass
@@ -443,11 +444,20 @@ class FakeLibNvml:
     # SUCCESS when there are none); with an array of the size asked for, the entries.
 
     def _processes(self, handle: Any, count: Any, array: Any, mps: bool) -> int:
-        gpu = self._gpu(handle)
-        if gpu is None and self._mig(handle) is None:
+        gpu, mig = self._gpu(handle), self._mig(handle)
+        if mig is not None:
+            listed = mig.processes
+        elif gpu is None:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
-        # A MIG device's processes are listed on its own handle (none in this stand-in).
-        found = [(pid, used) for pid, used, client in gpu.processes if client == mps] if gpu else []
+        elif gpu.mig_mode == pynvml.NVML_DEVICE_MIG_ENABLE:
+            # nvml.h: "In MIG mode, if device handle is provided, the API returns aggregate information,
+            # only if the caller has appropriate privileges": every MIG device's processes.
+            if not self.privileged:
+                return pynvml.NVML_ERROR_NO_PERMISSION
+            listed = [p for gi in gpu.gis.values() for ci in gi.cis.values() for p in ci.processes]
+        else:
+            listed = gpu.processes
+        found = [(pid, used) for pid, used, client in listed if client == mps]
         if not found:
             _set(count, 0)
             return OK

@@ -221,6 +221,23 @@ def test_processes_with_mps_clients_and_their_sm_shares_since_the_last_read() ->
     assert lib.writes == []
 
 
+def test_processes_of_a_gpu_in_mig_mode_are_counted_once_from_its_mig_devices(a100s: FakeLibNvml) -> None:
+    """The parent's handle answers the aggregate of its MIG devices (nvml.h); adding it to theirs would
+    charge every process twice, and report (or evict) a pod within its slice as overusing."""
+    backend = NvmlBackend(pynvml)
+    gpu = backend.discover()[0]
+    three = gpu.mig_profile("3g.20gb")
+    assert three is not None
+    backend.create_mig(gpu, three, 0)
+    backend.create_mig(gpu, three, 4)
+    first, second = (ci for gi in sorted(a100s.gpus[0].gis.values(), key=lambda g: g.id) for ci in gi.cis.values())
+    first.processes = [(101, 2 * 1024**3, False)]
+    second.processes = [(202, 3 * 1024**3, True), (202, 3 * 1024**3, False)]
+    assert {p.pid: p.used for p in backend.processes(gpu)} == {101: 2 * 1024**3, 202: 3 * 1024**3}
+    a100s.privileged = False  # the aggregate is refused to others: the MIG devices still answer
+    assert {p.pid: p.used for p in backend.processes(gpu)} == {101: 2 * 1024**3, 202: 3 * 1024**3}
+
+
 def test_nvml_is_loaded_from_the_drivers_root_where_the_driver_keeps_it(tmp_path: Path) -> None:
     # The GPU Operator's containerized driver (/run/nvidia/driver) on Ubuntu, mounted in the agent.
     library = tmp_path / "usr/lib/x86_64-linux-gnu" / NVML_LIBRARY

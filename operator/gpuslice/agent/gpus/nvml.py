@@ -524,13 +524,16 @@ class NvmlBackend:
     # What runs on a GPU
 
     def processes(self, gpu: Gpu) -> list[GpuProcess]:
-        """NVML's compute processes of the GPU and of its MIG devices, MPS clients included (NVML
-        lists them apart: ``nvmlDeviceGetMPSComputeRunningProcesses``), with each one's device
-        memory; and the SM share of each from the process utilisation samples since the last call
-        (``nvmlDeviceGetProcessUtilization``; not every GPU or MIG device keeps them)."""
+        """NVML's compute processes of the GPU, or in MIG mode of each of its MIG devices, MPS
+        clients included (NVML lists them apart: ``nvmlDeviceGetMPSComputeRunningProcesses``), with
+        each one's device memory; and the SM share of each from the process utilisation samples
+        since the last call (``nvmlDeviceGetProcessUtilization``; not every GPU or MIG device keeps
+        them). In MIG mode the parent's handle is never asked: nvml.h says it then answers the
+        aggregate of its MIG devices (to a privileged caller), which added to theirs counts each
+        process twice."""
         with self._session(f"reading the processes of GPU {gpu.index}") as nvml:
             handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
-            handles = [handle, *self._mig_handles(handle)] if gpu.mig_enabled else [handle]
+            handles = self._mig_handles(handle) if gpu.mig_enabled else [handle]
             used: dict[int, int] = {}
             for device in handles:
                 seen: dict[int, int] = {}
