@@ -30,10 +30,12 @@ from pathlib import Path
 
 import structlog
 
+from gpuslice.agent.events import node_ref, record_event
 from gpuslice.agent.gpus import GpuBackend, GpuBackendError, GpuProcess
 from gpuslice.agent.kubeletplugin.checkpoint import ClaimCheckpoint, PreparedDevice
 from gpuslice.agent.usage.actions import apply_marks
 from gpuslice.agent.usage.metrics import USAGE_PASSES, USE, UseSnapshot
+from gpuslice.agent.usage.pidns import sees_node_pids
 from gpuslice.agent.usage.podresources import HeldDevice, PodResources, PodResourcesError
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.inventory.gpus import Gpu
@@ -92,6 +94,7 @@ class UsageCollector:
         self.tracker = OveruseTracker(self.settings.tolerance, self.settings.grace)
 
     async def run(self, stop: asyncio.Event) -> None:
+        await self.check_pid_namespace()
         while not stop.is_set():
             try:
                 await self.once(time.monotonic())
@@ -113,6 +116,22 @@ class UsageCollector:
                 async with asyncio.timeout(self.settings.interval):
                     await stop.wait()
         await self.kubelet.close()
+
+    async def check_pid_namespace(self) -> bool | None:
+        """Says once, in the log and a Node Event, when the agent does not share the node's PID
+        namespace (``pidns``): NVML then lists none of the pods' processes, so no overuse is seen."""
+        sees = sees_node_pids(self.host_proc)
+        if sees is False:
+            message = (f"the node agent runs in a PID namespace of its own ({self.host_proc} is the node's /proc"
+                       " and its processes differ): NVML lists only the processes the agent can see, so no pod's"
+                       " GPU use is measured and no overuse is reported. Run the agent's pod with hostPID: true"
+                       " (the DaemonSet's default).")
+            log.error("GPU processes of pods are not visible to the agent", node=self.node, problem=message)
+            await record_event(self.kube, self.node, node_ref(self.node), "GpuProcessesNotVisible", message)
+        elif sees is None:
+            log.info("could not tell whether the agent shares the node's PID namespace (--host-proc is no procfs)",
+                     node=self.node, host_proc=str(self.host_proc))
+        return sees
 
     async def once(self, now: float) -> NodeUse:
         held = await self.kubelet.list(self.node)
