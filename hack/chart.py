@@ -127,7 +127,8 @@ VALUES = [
     Value("agent.tolerations", ARRAY, "", at=(*DS, (*POD, "tolerations"))),
     Value("agent.affinity", OBJECT, "Default: not on nodes where the GPU Operator deploys NVIDIA's DRA driver"
           " (one driver per GPU; docs/nvidia.md).", at=(*DS, (*POD, "affinity"))),
-    Value("agent.resources", RESOURCES, "Measured figures: docs/install.md, \"Resources\".",
+    Value("agent.resources", RESOURCES, "Measured figures: docs/install.md, \"Resources\". No memory limit: the MPS"
+          " daemons and servers are the agent's children, in its memory cgroup.",
           at=(*DS, (*CONTAINER, "resources"))),
     Value("metrics.service.enabled", BOOL, "A headless metrics Service per workload (on with serviceMonitor).",
           default=False),
@@ -457,6 +458,8 @@ def kind_values(nvidia: dict[tuple[str, str], Obj], kind: dict[tuple[str, str], 
     mine, wanted = lookup(nvidia[DS], (*POD, "nodeSelector")), lookup(theirs, (*POD, "nodeSelector"))
     if mine != wanted:  # Helm merges maps into the defaults: null takes a default key out
         differs["nodeSelector"] = {**{key: None for key in mine if key not in wanted}, **wanted}
+    if lookup(nvidia[DS], (*CONTAINER, "resources")) != lookup(theirs, (*CONTAINER, "resources")):
+        differs["resources"] = lookup(theirs, (*CONTAINER, "resources"))  # the base's memory limit on kind
     if has(nvidia[DS], (*POD, "affinity")) and not has(theirs, (*POD, "affinity")):
         differs["affinity"] = {key: None for key in lookup(nvidia[DS], (*POD, "affinity"))}
     return {"agent": differs}

@@ -433,6 +433,8 @@ def test_overuse_is_reported_summed_per_tenant_and_evicted_where_asked(deployed:
         fake_use(deployed, "team-a", "use-a", "12Gi")  # a 10G slice: over
         fake_use(deployed, "team-a", "use-b", "3Gi")
         node = deployed.json("-n", "team-a", "get", "pod", "use-a")["spec"]["nodeName"]
+        # hostPID: each agent shares its kind node's PID namespace, where NVML would number the pods' processes.
+        assert not deployed.items("events", "-n", "default", "--field-selector", "reason=GpuProcessesNotVisible")
 
         def reported() -> bool:
             events = deployed.items("events", "-n", "team-a", "--field-selector",

@@ -59,7 +59,8 @@ READ_CALLS = frozenset({
     "nvmlComputeInstanceGetInfo", "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex",
     "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId",
     # what runs on each GPU, for each pod's use (agent.usage)
-    "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses",
+    "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetMPSComputeRunningProcesses_v2",  # before R510
     "nvmlDeviceGetProcessUtilization",
 })
 _NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z_][A-Za-z0-9_]{0,31}$")

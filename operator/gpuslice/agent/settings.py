@@ -93,8 +93,10 @@ class AgentSettings(ProcessSettings):
         "The kubelet's PodResources API: which container of which pod holds which gpuslice device, for each"
         " pod's GPU use."))
     host_proc: Path = Field(default=Path("/proc"), description=(
-        "The node's /proc (the host's PID namespace, as NVML numbers GPU processes): each process's cgroup names"
-        " its pod. The DaemonSet mounts the host's /proc at /host/proc."))
+        "The node's /proc: each GPU process's cgroup names its pod. NVML numbers a GPU's processes in the"
+        " agent's own PID namespace and lists only those it sees there, so the DaemonSet runs the agent with"
+        " hostPID: true and mounts the host's /proc at /host/proc; at start the agent compares the two and"
+        " says so (log, Node Event GpuProcessesNotVisible) when they differ."))
     usage_interval: float = Field(default=10.0, ge=0, description=(
         "Seconds between measurements of each pod's GPU use (NVML's processes against the pods' allocations:"
         " metrics and overuse); 0 turns them off."))

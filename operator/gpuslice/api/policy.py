@@ -201,7 +201,10 @@ class Slicing(ApiModel):
         " NVIDIA MPS control daemon per GPU that has such devices allocated and gives each container a pinned"
         " device memory limit equal to its allocation and an active-thread percentage in proportion: CUDA"
         " allocations beyond the slice fail. MPS is cooperative (a process that changes its own environment"
-        " escapes it); MIG is the hard boundary. Volta or newer GPUs only."))
+        " escapes it), and the GPU's daemon, its control pipe and shared memory are shared by every tenant"
+        " whose MPS claims land on that GPU: a tenant's container can stop or slow the others' there. MIG is"
+        " the hard boundary between tenants; give an MPS policy GPUs of its own for tenants that do not trust"
+        " each other. Volta or newer GPUs only."))
 
     rules = (
         Rule("self.mode == 'mig' || has(self.sliceSize)",

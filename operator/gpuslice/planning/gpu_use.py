@@ -21,7 +21,7 @@ the GPU's unattributed use.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 # The pod's UID in a container's cgroup path, in both the cgroupfs driver's form
@@ -169,9 +169,11 @@ class OveruseTracker:
     grace: float
     _over: dict[tuple[PodRef, str], _Over] = field(default_factory=dict)
 
-    def update(self, uses: Iterable[PodGpuUse], now: float) -> tuple[list[PodGpuUse], list[PodGpuUse]]:
+    def update(self, uses: Iterable[PodGpuUse], now: float,
+               keep: Collection[str] = ()) -> tuple[list[PodGpuUse], list[PodGpuUse]]:
         """The pods (on a GPU) that have now been over for ``grace`` (reported once), and those
-        reported before that are back within their allocation. A pod that is gone is forgotten."""
+        reported before that are back within their allocation. A pod that is gone is forgotten,
+        except on the GPUs of ``keep`` (not measured this time: their processes could not be read)."""
         started, ended, seen = [], [], set()
         for use in uses:
             key = (use.pod, use.gpu)
@@ -188,7 +190,8 @@ class OveruseTracker:
                 if state.reported:
                     ended.append(use)
         for key in set(self._over) - seen:
-            del self._over[key]
+            if key[1] not in keep:
+                del self._over[key]
         return started, ended
 
     def overusing(self, pod: PodRef, gpu: str) -> bool:

@@ -1,7 +1,8 @@
 """What `kubectl apply -k` installs, checked against the real apiserver without installing it:
 every object of the base and of each overlay passes a server-side dry-run (schema, defaulting,
-admission), install.yaml is the nvidia overlay as rendered now, and the controller's pod meets
-the `restricted` Pod Security Standard while the agent's (host paths, root) does not."""
+admission), install.yaml is the nvidia overlay as rendered now, the controller's pod meets
+the `restricted` Pod Security Standard while the agent's (host paths, root, the host's PID
+namespace) does not, not even `baseline`."""
 
 from __future__ import annotations
 
@@ -98,5 +99,34 @@ async def test_the_controller_pod_meets_restricted_and_the_agent_pod_does_not(ku
             await admit(pod_template(objects, "DaemonSet"), "agent")
         assert refused.value.status == 403, refused.value
         assert "restricted" in str(refused.value), refused.value
+    finally:
+        await delete_namespace(kube, namespace)
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+async def test_the_agent_runs_in_the_nodes_pid_namespace_and_can_tell_when_it_does_not(
+        kube: KubeClient, kustomize: str, unique: str, kustomization: str) -> None:
+    """NVML lists a GPU's processes in the caller's PID namespace: without hostPID the agent sees no pod's.
+    --host-proc is the node's /proc by hostPath (not the container's own /proc, which would always match
+    it), so the agent's start-up check can tell. Pod Security's baseline refuses hostPID: the agent's
+    namespace must be privileged."""
+    template = pod_template(render(kustomize, kustomization), "DaemonSet")
+    assert template["spec"]["hostPID"] is True
+    [agent] = template["spec"]["containers"]
+    [host_proc] = [a.split("=", 1)[1] for a in agent["args"] if a.startswith("--host-proc=")]
+    [mount] = [m for m in agent["volumeMounts"] if m["mountPath"] == host_proc]
+    [volume] = [v for v in template["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"]["path"] == "/proc"
+    assert host_proc != "/proc"
+    namespace = await create_namespace(kube, f"baseline-{unique}", {"pod-security.kubernetes.io/enforce": "baseline"})
+    try:
+        # Pod Security is judged here; the dev cluster has no RuntimeClass nvidia to admit it into.
+        spec = {**template["spec"], "serviceAccountName": "default", "runtimeClassName": None}
+        with pytest.raises(KubeError) as refused:
+            await kube.request("POST", f"/api/v1/namespaces/{namespace}/pods",
+                               {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agent"}, "spec": spec},
+                               query={"dryRun": "All"})
+        assert refused.value.status == 403, refused.value
+        assert "host namespaces (hostPID=true)" in str(refused.value), refused.value
     finally:
         await delete_namespace(kube, namespace)

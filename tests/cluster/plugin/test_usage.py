@@ -21,7 +21,7 @@ from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.devcluster.nodes import fake_gpu_node
 from gpuslice.kube.client import Forbidden, Invalid, KubeClient, KubeError
 from tests.cluster.agent.conftest import cluster_ca
-from tests.cluster.agent.test_publishing import create_pods, published
+from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
 from tests.cluster.inspect.conftest import Cli, gpuslice, viewer_kubeconfig  # noqa: F401 (fixtures)
 from tests.cluster.kubeutil import pod_claim, wait_for
 from tests.cluster.observability.test_metrics import served
@@ -170,6 +170,52 @@ async def test_use_against_allocation_per_pod_and_tenant_and_overuse_reported(
     await kube.delete(f"/api/v1/namespaces/{namespace}/pods/idle")
     await gone(kube, namespace, ["idle"])
     await metric_is(node, "gpuslice_pod_gpu_memory_allocated_bytes", pods["idle"], None)
+
+
+async def gpu_of(kube: KubeClient, node: PluginNode, namespace: str, pod: str) -> int:
+    """The index of the GPU the pod's claim was allocated on, from the device's published attributes."""
+    claim = await pod_claim(kube, namespace, pod)
+    assert claim is not None
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    slices = await kube.get("/apis/resource.k8s.io/v1/resourceslices",
+                            query={"fieldSelector": f"spec.nodeName={node.name}"})
+    return next(int(d["attributes"]["gpuslice.dev/index"]["int"]) for s in slices["items"]
+                for d in s["spec"].get("devices") or [] if d["name"] == result["device"])
+
+
+async def test_a_gpu_whose_processes_cannot_be_read_leaves_the_others_measured_and_its_marks_as_they_are(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
+    namespace: str,
+) -> None:
+    """NVML failing on one GPU (lost, an old driver's missing symbol) is that GPU's: the other GPUs' pods are
+    still measured, and an overuse mark on the failing GPU's claim is neither lifted nor renewed."""
+    node = await plugin_node("h100-80gb", 2, FAST)
+    policy = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "80G"})
+    await published(kube, node.name, 2)  # one slice per GPU: the two pods are on different GPUs
+    await create_pods(kube, namespace, "gpu-slice", ["over", "fine"])
+    await running(kube, namespace, ["over", "fine"])
+    gpus = {pod: await gpu_of(kube, node, namespace, pod) for pod in ("over", "fine")}
+    assert sorted(gpus.values()) == [0, 1]
+    labels = {"namespace": namespace, "pod": "fine", "policy": policy, "container": "work"}
+    in_pod(node, 4201, await pod_uid(kube, namespace, "over"))
+    in_pod(node, 4202, await pod_uid(kube, namespace, "fine"))
+    node.fake_gpu("use", str(gpus["over"]), "--pid", "4201", "--memory", "79Gi")  # over 80G (74.5Gi) + 5%
+    node.fake_gpu("use", str(gpus["fine"]), "--pid", "4202", "--memory", "10Gi")
+    await metric_is(node, "gpuslice_pod_gpu_memory_used_bytes", labels, 10 * GI)
+    assert (await wait_for(lambda: claim_condition(kube, namespace, "over"), what="the overuse mark"))["status"] == "True"
+
+    node.fake_gpu("fail", "processes", "--gpu", str(gpus["over"]), "--times", "-1")
+    node.fake_gpu("use", str(gpus["over"]), "--pid", "4201", "--memory", "1Gi")  # unseen: its GPU cannot be read
+    node.fake_gpu("use", str(gpus["fine"]), "--pid", "4202", "--memory", "20Gi")
+    await metric_is(node, "gpuslice_pod_gpu_memory_used_bytes", labels, 20 * GI)
+    failed = await node.metric("gpuslice_agent_usage_passes_total", {"outcome": "failed"}) or 0
+    node.fake_gpu("use", str(gpus["fine"]), "--pid", "4202", "--memory", "21Gi")  # passes keep running
+    await metric_is(node, "gpuslice_pod_gpu_memory_used_bytes", labels, 21 * GI)
+    assert (await node.metric("gpuslice_agent_usage_passes_total", {"outcome": "failed"}) or 0) == failed
+    condition = await claim_condition(kube, namespace, "over")
+    assert condition is not None
+    assert condition["status"] == "True", "a GPU not read says nothing about its pods: the mark stays"
+    assert await node.metric("gpuslice_pod_gpu_memory_used_bytes", {**labels, "pod": "over"}) is None
 
 
 async def test_every_usage_metric_the_dashboard_and_alerts_use_is_served_with_its_labels(

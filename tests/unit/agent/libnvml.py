@@ -67,6 +67,7 @@ class ComputeInstance:
     uuid: str
     handle: Any = None
     device: Any = None  # the MIG device's handle
+    processes: list[tuple[int, int, bool]] = field(default_factory=list)  # as FakeGpu's, on this MIG device
 
 
 @dataclass
@@ -101,6 +102,7 @@ class FakeLibNvml:
         """``gpus``: (catalog model, MIG mode on) per GPU, indexed in order."""
         self.driver, self.cuda, self.fail_init = driver, cuda, fail_init
         self.privileged = True  # False: a user NVML refuses its privileged queries (NO_PERMISSION)
+        self.missing: set[str] = set()  # symbols this driver's library lacks (an older driver)
         self.calls: list[str] = []
         self._keep: list[Any] = []  # the opaque structures handles point at
         self.gpus = [FakeGpu(MODELS[model], f"GPU-{index:08x}-aaaa-bbbb-cccc-{index:012x}", 0x18 + 0x10 * index,
@@ -122,7 +124,7 @@ class FakeLibNvml:
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(type(self), f"_{name}", None)
-        if method is None:
+        if method is None or name in self.missing:
             raise AttributeError(name)  # pynvml answers NVML_ERROR_FUNCTION_NOT_FOUND
 
         def call(*args: Any) -> int:
@@ -443,11 +445,22 @@ class FakeLibNvml:
     # SUCCESS when there are none); with an array of the size asked for, the entries.
 
     def _processes(self, handle: Any, count: Any, array: Any, mps: bool) -> int:
-        gpu = self._gpu(handle)
-        if gpu is None and self._mig(handle) is None:
+        gpu, mig = self._gpu(handle), self._mig(handle)
+        if gpu is not None and gpu.lost:
+            return pynvml.NVML_ERROR_GPU_IS_LOST
+        if mig is not None:
+            listed = mig.processes
+        elif gpu is None:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
-        # A MIG device's processes are listed on its own handle (none in this stand-in).
-        found = [(pid, used) for pid, used, client in gpu.processes if client == mps] if gpu else []
+        elif gpu.mig_mode == pynvml.NVML_DEVICE_MIG_ENABLE:
+            # nvml.h: "In MIG mode, if device handle is provided, the API returns aggregate information,
+            # only if the caller has appropriate privileges": every MIG device's processes.
+            if not self.privileged:
+                return pynvml.NVML_ERROR_NO_PERMISSION
+            listed = [p for gi in gpu.gis.values() for ci in gi.cis.values() for p in ci.processes]
+        else:
+            listed = gpu.processes
+        found = [(pid, used) for pid, used, client in listed if client == mps]
         if not found:
             _set(count, 0)
             return OK
@@ -463,6 +476,13 @@ class FakeLibNvml:
         return self._processes(handle, count, array, mps=False)
 
     def _nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: Any, count: Any, array: Any) -> int:
+        return self._processes(handle, count, array, mps=True)
+
+    # Before R510 (c_nvmlProcessInfo_v2_t: the same pid and usedGpuMemory).
+    def _nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any, count: Any, array: Any) -> int:
+        return self._processes(handle, count, array, mps=False)
+
+    def _nvmlDeviceGetMPSComputeRunningProcesses_v2(self, handle: Any, count: Any, array: Any) -> int:
         return self._processes(handle, count, array, mps=True)
 
     def _nvmlDeviceGetProcessUtilization(self, handle: Any, array: Any, count: Any, since: Any) -> int:

@@ -221,6 +221,42 @@ def test_processes_with_mps_clients_and_their_sm_shares_since_the_last_read() ->
     assert lib.writes == []
 
 
+def test_processes_of_a_gpu_in_mig_mode_are_counted_once_from_its_mig_devices(a100s: FakeLibNvml) -> None:
+    """The parent's handle answers the aggregate of its MIG devices (nvml.h); adding it to theirs would
+    charge every process twice, and report (or evict) a pod within its slice as overusing."""
+    backend = NvmlBackend(pynvml)
+    gpu = backend.discover()[0]
+    three = gpu.mig_profile("3g.20gb")
+    assert three is not None
+    backend.create_mig(gpu, three, 0)
+    backend.create_mig(gpu, three, 4)
+    first, second = (ci for gi in sorted(a100s.gpus[0].gis.values(), key=lambda g: g.id) for ci in gi.cis.values())
+    first.processes = [(101, 2 * 1024**3, False)]
+    second.processes = [(202, 3 * 1024**3, True), (202, 3 * 1024**3, False)]
+    assert {p.pid: p.used for p in backend.processes(gpu)} == {101: 2 * 1024**3, 202: 3 * 1024**3}
+    a100s.privileged = False  # the aggregate is refused to others: the MIG devices still answer
+    assert {p.pid: p.used for p in backend.processes(gpu)} == {101: 2 * 1024**3, 202: 3 * 1024**3}
+
+
+def test_a_driver_before_r510_lists_processes_through_the_v2_calls_and_a_failing_gpu_is_that_gpus() -> None:
+    """pynvml calls the _v3 symbols, which drivers before R510 lack (FunctionNotFound): the _v2 ones
+    answer there. Any other NVML error is the GPU's: raised for it alone (the collector measures the others)."""
+    lib = FakeLibNvml([("a100-40gb", False), ("a100-40gb", False)])
+    lib.gpus[0].processes = [(101, 2 * 1024**3, False), (202, 3 * 1024**3, True)]
+    lib.missing = {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v3"}
+    with installed(lib):
+        backend = NvmlBackend(pynvml)
+        first, second = backend.discover()
+        assert {p.pid: p.used for p in backend.processes(first)} == {101: 2 * 1024**3, 202: 3 * 1024**3}
+        assert {"nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetMPSComputeRunningProcesses_v2"} <= set(
+            lib.calls)
+        lib.gpus[1].lost = True
+        with pytest.raises(GpuBackendError, match=r"reading the processes of GPU 1 \(GPU is lost\)"):
+            backend.processes(second)
+        assert len(backend.processes(first)) == 2
+    assert lib.writes == []
+
+
 def test_nvml_is_loaded_from_the_drivers_root_where_the_driver_keeps_it(tmp_path: Path) -> None:
     # The GPU Operator's containerized driver (/run/nvidia/driver) on Ubuntu, mounted in the agent.
     library = tmp_path / "usr/lib/x86_64-linux-gnu" / NVML_LIBRARY

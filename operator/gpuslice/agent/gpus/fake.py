@@ -195,8 +195,12 @@ class FakeBackend:
         return []
 
     def processes(self, gpu: Gpu) -> list[GpuProcess]:
-        """The processes ``gpuslice fake-gpu use`` put on the GPU."""
-        return [GpuProcess(p.pid, gpu.uuid, p.memory, p.sm) for p in self.state.read().processes if p.gpu == gpu.index]
+        """The processes ``gpuslice fake-gpu use`` put on the GPU (``fake-gpu fail processes``: NVML's
+        lists fail on it)."""
+        state = self.state.read()
+        if any(f.operation == "processes" and f.gpu in (None, gpu.index) for f in state.failures):
+            self.state.update(lambda s: self._injected(s, "processes", gpu))
+        return [GpuProcess(p.pid, gpu.uuid, p.memory, p.sm) for p in state.processes if p.gpu == gpu.index]
 
     def mps_commands(self, shm: Path) -> tuple[list[str], list[str]]:
         """gpuslice's stand-in for nvidia-cuda-mps-control (``agent.mps.standin``): a fake GPU runs no

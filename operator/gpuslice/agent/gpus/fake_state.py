@@ -20,8 +20,8 @@ from gpuslice.agent.files import locked, write_atomic
 
 STATE_FILE = "fake-gpus.json"
 LOCK_FILE = "fake-gpus.lock"
-Operation = Literal["create-mig", "destroy-mig", "set-mig-mode"]
-OPERATIONS: tuple[Operation, ...] = ("create-mig", "destroy-mig", "set-mig-mode")
+Operation = Literal["create-mig", "destroy-mig", "set-mig-mode", "processes"]
+OPERATIONS: tuple[Operation, ...] = ("create-mig", "destroy-mig", "set-mig-mode", "processes")
 T = TypeVar("T")
 
 

@@ -52,6 +52,10 @@ BRANDS = {0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForc
           13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX"}
 MPS_CONTROL = "nvidia-cuda-mps-control"
 MPS_SEARCH = ("usr/bin", "bin", "usr/local/bin", "usr/sbin")
+# NVML's process lists (compute, then MPS clients): the _v3 symbols, and the _v2 ones a driver before R510 has.
+# Versioned: pynvml's unversioned wrappers turn a missing symbol into NVMLLibraryMismatchError, no NVMLError.
+PROCESS_LISTS = (("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"),
+                 ("nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v2"))
 MAX_PLACEMENTS = 16
 MAX_INSTANCES = 8
 # Application errors, not the GPU's (the NVIDIA DRA driver ignores the same): graphics engine
@@ -524,28 +528,40 @@ class NvmlBackend:
     # What runs on a GPU
 
     def processes(self, gpu: Gpu) -> list[GpuProcess]:
-        """NVML's compute processes of the GPU and of its MIG devices, MPS clients included (NVML
-        lists them apart: ``nvmlDeviceGetMPSComputeRunningProcesses``), with each one's device
-        memory; and the SM share of each from the process utilisation samples since the last call
-        (``nvmlDeviceGetProcessUtilization``; not every GPU or MIG device keeps them)."""
+        """NVML's compute processes of the GPU, or in MIG mode of each of its MIG devices, MPS
+        clients included (NVML lists them apart: ``nvmlDeviceGetMPSComputeRunningProcesses``), with
+        each one's device memory; and the SM share of each from the process utilisation samples
+        since the last call (``nvmlDeviceGetProcessUtilization``; not every GPU or MIG device keeps
+        them). In MIG mode the parent's handle is never asked: nvml.h says it then answers the
+        aggregate of its MIG devices (to a privileged caller), which added to theirs counts each
+        process twice."""
         with self._session(f"reading the processes of GPU {gpu.index}") as nvml:
             handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
-            handles = [handle, *self._mig_handles(handle)] if gpu.mig_enabled else [handle]
+            handles = self._mig_handles(handle) if gpu.mig_enabled else [handle]
             used: dict[int, int] = {}
             for device in handles:
                 seen: dict[int, int] = {}
-                for list_processes in (nvml.nvmlDeviceGetComputeRunningProcesses,
-                                       nvml.nvmlDeviceGetMPSComputeRunningProcesses):
-                    try:
-                        for process in list_processes(device):
-                            memory = int(process.usedGpuMemory or 0)
-                            seen[int(process.pid)] = max(seen.get(int(process.pid), 0), memory)
-                    except (nvml.NVMLError_NotSupported, nvml.NVMLError_NotFound):
-                        continue
+                for listing in PROCESS_LISTS:
+                    for process in self._listed(device, *listing):
+                        memory = int(process.usedGpuMemory or 0)
+                        seen[int(process.pid)] = max(seen.get(int(process.pid), 0), memory)
                 for pid, memory in seen.items():  # a client listed twice on one device counts once
                     used[pid] = used.get(pid, 0) + memory
             busy = self._sm_shares(handle, gpu.uuid)
         return [GpuProcess(pid, gpu.uuid, memory, busy.get(pid)) for pid, memory in sorted(used.items())]
+
+    def _listed(self, device: Any, name: str, older: str) -> list[Any]:
+        """One of NVML's process lists of a device: the ``_v3`` call, which drivers before R510 lack
+        (FunctionNotFound), so the ``_v2`` one there; none where the device keeps none (NotSupported,
+        NotFound). Any other error is the GPU's, raised."""
+        nvml = self.nvml
+        try:
+            try:
+                return list(getattr(nvml, name)(device))
+            except nvml.NVMLError_FunctionNotFound:
+                return list(getattr(nvml, older)(device))
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_NotFound):
+            return []
 
     def _mig_handles(self, handle: Any) -> list[Any]:
         nvml, found = self.nvml, []

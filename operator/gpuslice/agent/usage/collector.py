@@ -30,10 +30,12 @@ from pathlib import Path
 
 import structlog
 
+from gpuslice.agent.events import node_ref, record_event
 from gpuslice.agent.gpus import GpuBackend, GpuBackendError, GpuProcess
 from gpuslice.agent.kubeletplugin.checkpoint import ClaimCheckpoint, PreparedDevice
 from gpuslice.agent.usage.actions import apply_marks
 from gpuslice.agent.usage.metrics import USAGE_PASSES, USE, UseSnapshot
+from gpuslice.agent.usage.pidns import sees_node_pids
 from gpuslice.agent.usage.podresources import HeldDevice, PodResources, PodResourcesError
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.inventory.gpus import Gpu
@@ -87,11 +89,13 @@ class UsageCollector:
     _marks: dict[str, dict[DeviceKey, Mark]] = field(default_factory=dict)  # claim -> what it says now
     _reported: dict[tuple[PodRef, str], tuple[str, str]] = field(default_factory=dict)  # -> (since, message)
     _failing: bool = False  # said once, until a pass succeeds again
+    _unread: set[str] = field(default_factory=set)  # GPUs whose processes the last pass could not read
 
     def __post_init__(self) -> None:
         self.tracker = OveruseTracker(self.settings.tolerance, self.settings.grace)
 
     async def run(self, stop: asyncio.Event) -> None:
+        await self.check_pid_namespace()
         while not stop.is_set():
             try:
                 await self.once(time.monotonic())
@@ -114,19 +118,37 @@ class UsageCollector:
                     await stop.wait()
         await self.kubelet.close()
 
+    async def check_pid_namespace(self) -> bool | None:
+        """Says once, in the log and a Node Event, when the agent does not share the node's PID
+        namespace (``pidns``): NVML then lists none of the pods' processes, so no overuse is seen."""
+        sees = sees_node_pids(self.host_proc)
+        if sees is False:
+            message = (f"the node agent runs in a PID namespace of its own ({self.host_proc} is the node's /proc"
+                       " and its processes differ): NVML lists only the processes the agent can see, so no pod's"
+                       " GPU use is measured and no overuse is reported. Run the agent's pod with hostPID: true"
+                       " (the DaemonSet's default).")
+            log.error("GPU processes of pods are not visible to the agent", node=self.node, problem=message)
+            await record_event(self.kube, self.node, node_ref(self.node), "GpuProcessesNotVisible", message)
+        elif sees is None:
+            log.info("could not tell whether the agent shares the node's PID namespace (--host-proc is no procfs)",
+                     node=self.node, host_proc=str(self.host_proc))
+        return sees
+
     async def once(self, now: float) -> NodeUse:
         held = await self.kubelet.list(self.node)
-        holdings = self._holdings(held)
-        processes = [p for gpu in self.gpus for p in await asyncio.to_thread(self.backend.processes, gpu)]
+        processes, unread = await self._processes()
+        every = self._holdings(held)
+        holdings = [h for h in every if h.gpu not in unread]
         cgroups = {p.pid: self._pod_uid(p) for p in processes}
         uids = await self._pod_uids(held, {uid for uid in cgroups.values() if uid}, now)
         by_uid = {uid: pod for pod, uid in uids.items()}
         pod_of_pid = {pid: by_uid[uid] for pid, uid in cgroups.items() if uid in by_uid}
         use = measure(holdings, processes, pod_of_pid)
-        started, ended = self.tracker.update(use.pods, now)
+        started, ended = self.tracker.update(use.pods, now, keep=unread)
         for pod_use in started:
             self._started(pod_use)
         self._reported = {key: said for key, said in self._reported.items() if self.tracker.overusing(*key)}
+        kept = {DeviceKey(self.node, h.device, h.share_id or "") for h in every if h.gpu in unread}
         back = {}
         for pod_use in ended:
             back[(pod_use.pod, pod_use.gpu)] = (
@@ -134,11 +156,32 @@ class UsageCollector:
                 f" (uses {format_bytes(pod_use.used)})")
             log.info("a pod is back within its GPU memory allocation", node=self.node, pod=str(pod_use.pod),
                      gpu=pod_use.gpu)
-        await self._mark(use, uids, {h.claim for h in holdings}, back)
+        await self._mark(use, uids, {h.claim for h in every}, back, kept)
         USE.snapshot = UseSnapshot(
             self.node, use, frozenset((str(u.pod), u.gpu) for u in use.pods if self.tracker.overusing(u.pod, u.gpu)),
-            tuple(g.uuid for g in self.gpus))
+            tuple(g.uuid for g in self.gpus if g.uuid not in unread))
         return use
+
+    async def _processes(self) -> tuple[list[GpuProcess], set[str]]:
+        """Each GPU's processes, and the GPUs whose could not be read: one GPU that fails (lost, an NVML
+        error) leaves the others measured; the pass fails only when none could be read."""
+        processes: list[GpuProcess] = []
+        unread: dict[str, GpuBackendError] = {}
+        for gpu in self.gpus:
+            try:
+                processes += await asyncio.to_thread(self.backend.processes, gpu)
+            except GpuBackendError as error:
+                unread[gpu.uuid] = error
+        if unread and len(unread) == len(self.gpus):
+            raise next(iter(unread.values()))
+        for uuid, failure in unread.items():
+            (log.debug if uuid in self._unread else log.warning)(
+                "could not read a GPU's processes; its pods are not measured this pass (their overuse state is"
+                " kept)", node=self.node, gpu=uuid, error=str(failure))
+        for uuid in self._unread - set(unread):
+            log.info("reading a GPU's processes works again", node=self.node, gpu=uuid)
+        self._unread = set(unread)
+        return processes, set(unread)
 
     # Who holds what
 
@@ -209,10 +252,11 @@ class UsageCollector:
         OVERUSE_ACTIONS.labels(self.node, use.policy, use.pod.namespace, "reported").inc()
 
     async def _mark(self, use: NodeUse, uids: Mapping[PodRef, str], held: set[str],
-                    back: Mapping[tuple[PodRef, str], str]) -> None:
+                    back: Mapping[tuple[PodRef, str], str], unread: set[DeviceKey]) -> None:
         """Each claim held here says who is over on each of its devices: every pod reported over its
         allocation on the device's GPU (and not yet back), or none. Written only where that changed.
-        A pod still over after an agent restart, within the grace, keeps the mark it had."""
+        A pod still over after an agent restart, within the grace, keeps the mark it had; a device on
+        a GPU whose processes could not be read this pass (``unread``) keeps its mark as it is."""
         wanted: dict[str, dict[DeviceKey, list[Overuser]]] = {}
         ended: dict[tuple[str, DeviceKey], str] = {}
         for pod_use in use.pods:
@@ -233,6 +277,10 @@ class UsageCollector:
             current = self._marks.get(claim, {})
             marks = {}
             for key in sorted(set(current) | set(wanted.get(claim, {}))):
+                if key in unread:
+                    if key in current:
+                        marks[key] = current[key]
+                    continue
                 overusers = tuple(dict.fromkeys(wanted.get(claim, {}).get(key, ())))
                 old = current.get(key)
                 if not overusers and old is None:
