@@ -13,7 +13,7 @@ from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
 from tests.cluster.controller.test_allocation import allocation, pod_using
-from tests.cluster.controller.test_limits import claim, request
+from tests.cluster.controller.test_limits import claim, refused, request
 from tests.cluster.controller.test_max_memory import (
     GI,
     budget_policy,
@@ -183,3 +183,27 @@ async def test_a_tenant_with_every_right_in_its_namespace_may_not_write_ledgers_
     for verb in ("update", "patch"):
         assert not await may(verb, "namespaces", ns="", group="", name=namespace)
         assert not await may(verb, "resourceclaims", "binding", ns="", group="resource.k8s.io")
+
+
+async def test_mig_profiles_are_charged_their_memory(
+    kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str, cluster: DevCluster,
+) -> None:
+    """Dynamic MIG (1g.10gb and 3g.40gb on an H100: partitionable devices with shared counters, which
+    no other maxMemory test takes), maxMemory 20Gi: a 3g.40gb is refused when made, two 1g.10gb
+    (9984Mi each) are allocated, a third is refused at allocation."""
+    name, _, _ = await budget_policy(kube, make_policy, gpu_node, namespace,
+                                     {"mode": "mig", "mig": {"profiles": ["1g.10gb", "3g.40gb"]}},
+                                     max_memory="20Gi", devices=9)
+    small, large = f"1g.10gb.{name}.gpuslice.dev", f"3g.40gb.{name}.gpuslice.dev"
+    await refused(kube, namespace, claim("large", request(large)), "maxMemory: 20Gi")
+    for i in range(3):
+        await claim_with_pod(kube, namespace, f"m{i}", claim(f"m{i}", request(small)))
+    said = await refused_at_allocation(kube, namespace, "m2", "maxMemory")
+    assert "this claim asks 9984Mi" in said or "this claim asks 9.8Gi" in said, said
+    await scheduler_attempts(cluster, 3)
+    found = await allocated_in(kube, namespace)
+    assert len(found) == 2, f"{namespace} holds {found} with maxMemory 20Gi"
+    assert (await ledger(kube, name, namespace))["status"]["heldBytes"] == 2 * 9984 * 2**20
+    with contextlib.suppress(KubeError):
+        await kube.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)
