@@ -1,0 +1,97 @@
+"""Hostile review 2 (P1): a compromised node's kubelet credentials name their ResourceSlice's pool
+after another node.
+
+The NodeRestriction admission plugin lets a kubelet (``system:node:<name>``) create any
+ResourceSlice whose ``spec.nodeName`` is its own node, of any driver and **any pool name**
+(k8s.io/kubernetes v1.37.2 plugin/pkg/admission/noderestriction, ``admitResourceSlice``). The
+agent's own-node rule binds the pool to the node only for the agent's token. gpuslice then trusts
+a pool's name to be its node: the tenancy rule admits an allocation when ``result.pool`` is in the
+policy's ``status.selectedNodes``, and the maxMemory webhook sizes a device by (pool, device). So a
+node the policy does not select publishes, under the pool name of one it does, a slice of a higher
+generation (the scheduler then ignores the real node's slices of that pool) with a device of the
+policy: the tenant's pod is scheduled onto the rogue node, which docs/agent.md's threat model says
+a compromised node cannot do ("get a device allocated to a policy that does not select its node"),
+and which its advice (select nodes by ``node-restriction.kubernetes.io/`` labels) does not stop.
+Real API server (Node authorizer, NodeRestriction), scheduler and controller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuslice.devcluster.cluster import DevCluster
+from gpuslice.kube.client import KubeClient, KubeError
+from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
+from tests.cluster.agent.test_publishing import published
+from tests.cluster.controller.test_objects import get_or_none
+from tests.cluster.kubeutil import RESOURCE, pod_claim, pod_with_claim, wait_for
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+
+__all__ = ["agent_rbac", "gpu_node"]
+
+
+def as_kubelet(cluster: DevCluster, path: Path, node: str) -> Path:
+    """The admin's kubeconfig acting as the node's kubelet (``system:node:<node>`` in
+    ``system:nodes``): the identity the Node authorizer and NodeRestriction judge."""
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    context = config["contexts"][0]["context"]
+    admin = next(u["user"] for u in config["users"] if u["name"] == context["user"])
+    config["users"] = [{"name": "kubelet", "user": {**admin, "as": f"system:node:{node}",
+                                                    "as-groups": ["system:nodes", "system:authenticated"]}}]
+    config["contexts"] = [{"name": "kubelet", "context": {"cluster": context["cluster"], "user": "kubelet"}}]
+    config["current-context"] = "kubelet"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+async def test_a_kubelet_naming_its_pool_after_a_selected_node_lures_no_tenant(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str, cluster: DevCluster, tmp_path: Path,
+) -> None:
+    real = await gpu_node("h100-80gb", 1)
+    rogue = await gpu_node("l4", 1)
+    await rogue.agent.stop()  # the node is compromised: its kubelet's credentials are the attacker's
+    name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": real.name}},
+                               "slicing": {"mode": "memory", "sliceSize": "10G"},
+                               "tenants": [{"namespace": namespace}]}))["metadata"]["name"]
+    devices = await published(kube, real.name, 8)
+    genuine = next(iter(devices.values()))
+    generation = max(int(s["spec"]["pool"]["generation"]) for s in await kube.list(f"{RESOURCE}/resourceslices")
+                     if s["spec"]["pool"]["name"] == real.name)
+    lure: dict[str, Any] = {"name": "lure-0", "attributes": genuine["attributes"],
+                            "capacity": {"memory": {"value": "10G"}}}
+    path = f"{RESOURCE}/resourceslices/lure-{rogue.name}"
+    async with await KubeClient.from_kubeconfig(as_kubelet(cluster, tmp_path / "kubelet", rogue.name)) as kubelet:
+        await kubelet.create(f"{RESOURCE}/resourceslices", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"lure-{rogue.name}"},
+            "spec": {"driver": "gpu.gpuslice.dev", "nodeName": rogue.name, "devices": [lure],
+                     "pool": {"name": real.name, "generation": generation + 1000, "resourceSliceCount": 1}}})
+    try:
+        await wait_for(lambda: get_or_none(kube, f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates/gpu-slice"),
+                       what="the tenant's claim template")
+        await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_with_claim("victim", "gpu-slice"))
+
+        async def placed() -> str | None:
+            pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/victim")
+            node: str | None = pod["spec"].get("nodeName")
+            return node
+
+        try:
+            node = await wait_for(placed, within=30, what="the tenant's pod to be scheduled")
+        except AssertionError:
+            return  # held: never scheduled (the real node's devices are out of date, the lure refused)
+        claim = await pod_claim(kube, namespace, "victim")
+        results = ((claim or {}).get("status") or {}).get("allocation", {}).get("devices", {}).get("results")
+        print("scheduled onto", node, "with", results)
+        assert node != rogue.name, (
+            f"the tenant's pod was scheduled onto {rogue.name}, a node policy {name} does not select, with"
+            f" {results}: its kubelet named its pool {real.name}")
+    finally:
+        with contextlib.suppress(KubeError):
+            await kube.delete(path)
+        with contextlib.suppress(KubeError):
+            await kube.delete(f"/api/v1/namespaces/{namespace}/pods/victim", gracePeriodSeconds=0)
