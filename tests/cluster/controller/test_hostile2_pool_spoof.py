@@ -9,9 +9,11 @@ a pool's name to be its node: the tenancy rule admits an allocation when ``resul
 policy's ``status.selectedNodes``, and the maxMemory webhook sizes a device by (pool, device). So a
 node the policy does not select publishes, under the pool name of one it does, a slice of a higher
 generation (the scheduler then ignores the real node's slices of that pool) with a device of the
-policy: the tenant's pod is scheduled onto the rogue node, which docs/agent.md's threat model says
-a compromised node cannot do ("get a device allocated to a policy that does not select its node"),
-and which its advice (select nodes by ``node-restriction.kubernetes.io/`` labels) does not stop.
+policy: the tenant's pod was scheduled onto the rogue node, which docs/agent.md's threat model says a
+compromised node cannot do ("get a device allocated to a policy that does not select its node"),
+and which its advice (select nodes by ``node-restriction.kubernetes.io/`` labels) did not stop.
+Now the tenancy rule allocates a policy's device only from the pool of the node the allocation is
+for (its nodeSelector, read as the API server reads it), and the pod stays Pending saying why.
 Real API server (Node authorizer, NodeRestriction), scheduler and controller.
 """
 
@@ -28,6 +30,7 @@ from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
 from tests.cluster.agent.test_publishing import published
 from tests.cluster.controller.test_objects import get_or_none
+from tests.cluster.controller.test_tenancy import scheduling_events
 from tests.cluster.kubeutil import RESOURCE, pod_claim, pod_with_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
@@ -75,21 +78,14 @@ async def test_a_kubelet_naming_its_pool_after_a_selected_node_lures_no_tenant(
                        what="the tenant's claim template")
         await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_with_claim("victim", "gpu-slice"))
 
-        async def placed() -> str | None:
-            pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/victim")
-            node: str | None = pod["spec"].get("nodeName")
-            return node
-
-        try:
-            node = await wait_for(placed, within=30, what="the tenant's pod to be scheduled")
-        except AssertionError:
-            return  # held: never scheduled (the real node's devices are out of date, the lure refused)
+        events = await scheduling_events(kube, namespace, "victim", "in a pool named after another node")
+        message = next(e["message"] for e in events if "in a pool named after another node" in e["message"])
+        assert f"devices {real.name}/lure-0 of GpuSlicePolicy {name}" in message, message
+        assert f"than the one they are on ({rogue.name})" in message, message
         claim = await pod_claim(kube, namespace, "victim")
-        results = ((claim or {}).get("status") or {}).get("allocation", {}).get("devices", {}).get("results")
-        print("scheduled onto", node, "with", results)
-        assert node != rogue.name, (
-            f"the tenant's pod was scheduled onto {rogue.name}, a node policy {name} does not select, with"
-            f" {results}: its kubelet named its pool {real.name}")
+        assert not ((claim or {}).get("status") or {}).get("allocation"), "never allocated"
+        pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/victim")
+        assert not pod["spec"].get("nodeName"), f"scheduled onto {pod['spec'].get('nodeName')}"
     finally:
         with contextlib.suppress(KubeError):
             await kube.delete(path)
