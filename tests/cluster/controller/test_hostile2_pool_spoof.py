@@ -19,7 +19,9 @@ Real API server (Node authorizer, NodeRestriction), scheduler and controller.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +31,13 @@ from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
 from tests.cluster.agent.test_publishing import published
+from tests.cluster.controller.test_limits import claim, request
+from tests.cluster.controller.test_max_memory import budget_policy, claim_with_pod, ledger
 from tests.cluster.controller.test_objects import get_or_none
 from tests.cluster.controller.test_tenancy import scheduling_events
 from tests.cluster.kubeutil import RESOURCE, pod_claim, pod_with_claim, wait_for
-from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.observe import scheduler_settled
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
 
 __all__ = ["agent_rbac", "gpu_node"]
 
@@ -91,3 +96,58 @@ async def test_a_kubelet_naming_its_pool_after_a_selected_node_lures_no_tenant(
             await kube.delete(path)
         with contextlib.suppress(KubeError):
             await kube.delete(f"/api/v1/namespaces/{namespace}/pods/victim", gracePeriodSeconds=0)
+
+
+async def test_a_kubelet_naming_its_pool_after_another_node_resizes_none_of_its_devices_for_max_memory(
+    kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str, cluster: DevCluster, tmp_path: Path,
+) -> None:
+    """P2: the maxMemory webhook sizes a device by (pool, device) from every slice of the driver. A
+    rogue kubelet publishes, under the pool name of a node the policy selects, the names of that
+    node's devices at 1Mi each, then deletes its slice (so the real one is current again): the
+    tenant with maxMemory 30Gi then takes all seven 10Gi slices, each charged 1Mi."""
+    name, klass, devices = await budget_policy(kube, make_policy, gpu_node, namespace,
+                                               {"mode": "memory", "sliceSize": "10Gi"}, devices=7)
+    [pool] = {s["spec"]["pool"]["name"] for s in await kube.list(f"{RESOURCE}/resourceslices")
+              if {d["name"] for d in s["spec"].get("devices") or []} & set(devices)}
+    rogue = await gpu_node("l4", 1)
+    await rogue.agent.stop()
+    generation = max(int(s["spec"]["pool"]["generation"]) for s in await kube.list(f"{RESOURCE}/resourceslices")
+                     if s["spec"]["pool"]["name"] == pool)
+    fakes = [{"name": device, "capacity": {"memory": {"value": "1Mi"}}} for device in sorted(devices)]
+    path = f"{RESOURCE}/resourceslices/poison-{rogue.name}"
+    async with await KubeClient.from_kubeconfig(as_kubelet(cluster, tmp_path / "kubelet", rogue.name)) as kubelet:
+        await kubelet.create(f"{RESOURCE}/resourceslices", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"poison-{rogue.name}"},
+            "spec": {"driver": "gpu.gpuslice.dev", "nodeName": rogue.name, "devices": fakes,
+                     "pool": {"name": pool, "generation": generation + 1000, "resourceSliceCount": 1}}})
+        await memory_webhook_saw(kube, path)
+        await kubelet.delete(path)
+    try:
+        for i in range(7):
+            await claim_with_pod(kube, namespace, f"s{i}", claim(f"s{i}", request(klass)))
+        async def allocated() -> list[str]:
+            return [c["metadata"]["name"] for c in await kube.list(f"{RESOURCE}/namespaces/{namespace}/resourceclaims")
+                    if (c.get("status") or {}).get("allocation")]
+
+        await wait_for(lambda: allocated_at_least(allocated, 3), within=60, what="three 10Gi slices")
+        await scheduler_settled(cluster)
+        found = await allocated()
+        held = (await ledger(kube, name, namespace))["status"]
+        print("allocated", found, "charged", held.get("heldBytes"))
+        assert len(found) == 3, f"{namespace} holds {len(found)} slices of 10Gi with maxMemory 30Gi, charged {held}"
+    finally:
+        with contextlib.suppress(KubeError):
+            await kube.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)
+
+
+async def memory_webhook_saw(kube: KubeClient, path: str) -> None:
+    """The slice has been there long enough for the webhook's watch: its resourceVersion is behind the
+    one of a write made after it (a watch delivers in resourceVersion order; a second is ample on
+    loopback, and the assertion after it is what the test checks)."""
+    await wait_for(lambda: get_or_none(kube, path), within=10, what="the rogue slice")
+    await asyncio.sleep(2)
+
+
+async def allocated_at_least(allocated: Callable[[], Awaitable[list[str]]], count: int) -> bool:
+    return len(await allocated()) >= count
