@@ -36,7 +36,7 @@ from tests.cluster.controller.test_max_memory import budget_policy, claim_with_p
 from tests.cluster.controller.test_objects import get_or_none
 from tests.cluster.controller.test_tenancy import scheduling_events
 from tests.cluster.kubeutil import RESOURCE, pod_claim, pod_with_claim, wait_for
-from tests.cluster.observe import scheduler_settled
+from tests.cluster.observe import scheduler_attempts
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
 
 __all__ = ["agent_rbac", "gpu_node"]
@@ -102,10 +102,11 @@ async def test_a_kubelet_naming_its_pool_after_another_node_resizes_none_of_its_
     kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
     gpu_node: GpuNodeFactory, namespace: str, cluster: DevCluster, tmp_path: Path,
 ) -> None:
-    """P2: the maxMemory webhook sizes a device by (pool, device) from every slice of the driver. A
-    rogue kubelet publishes, under the pool name of a node the policy selects, the names of that
-    node's devices at 1Mi each, then deletes its slice (so the real one is current again): the
-    tenant with maxMemory 30Gi then takes all seven 10Gi slices, each charged 1Mi."""
+    """P2: the maxMemory webhook sized a device by (pool, device) from every slice of the driver. A
+    rogue kubelet publishes, under the pool name of a node the policy selects and with an older
+    generation (so the scheduler keeps using the real slices), the names of that node's devices at
+    1Mi each: the tenant with maxMemory 30Gi took all seven 10Gi slices, each charged 1Mi. Now the
+    webhook reads memory only from a slice of its own node's pool, and the tenant gets three."""
     name, klass, devices = await budget_policy(kube, make_policy, gpu_node, namespace,
                                                {"mode": "memory", "sliceSize": "10Gi"}, devices=7)
     [pool] = {s["spec"]["pool"]["name"] for s in await kube.list(f"{RESOURCE}/resourceslices")
@@ -114,15 +115,15 @@ async def test_a_kubelet_naming_its_pool_after_another_node_resizes_none_of_its_
     await rogue.agent.stop()
     generation = max(int(s["spec"]["pool"]["generation"]) for s in await kube.list(f"{RESOURCE}/resourceslices")
                      if s["spec"]["pool"]["name"] == pool)
+    assert generation >= 1
     fakes = [{"name": device, "capacity": {"memory": {"value": "1Mi"}}} for device in sorted(devices)]
     path = f"{RESOURCE}/resourceslices/poison-{rogue.name}"
     async with await KubeClient.from_kubeconfig(as_kubelet(cluster, tmp_path / "kubelet", rogue.name)) as kubelet:
         await kubelet.create(f"{RESOURCE}/resourceslices", {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"poison-{rogue.name}"},
             "spec": {"driver": "gpu.gpuslice.dev", "nodeName": rogue.name, "devices": fakes,
-                     "pool": {"name": pool, "generation": generation + 1000, "resourceSliceCount": 1}}})
-        await memory_webhook_saw(kube, path)
-        await kubelet.delete(path)
+                     "pool": {"name": pool, "generation": generation - 1, "resourceSliceCount": 1}}})
+    await memory_webhook_saw(kube, path)
     try:
         for i in range(7):
             await claim_with_pod(kube, namespace, f"s{i}", claim(f"s{i}", request(klass)))
@@ -131,7 +132,9 @@ async def test_a_kubelet_naming_its_pool_after_another_node_resizes_none_of_its_
                     if (c.get("status") or {}).get("allocation")]
 
         await wait_for(lambda: allocated_at_least(allocated, 3), within=60, what="three 10Gi slices")
-        await scheduler_settled(cluster)
+        # The pods refused are tried again with backoff; none left to try means all were allocated.
+        with contextlib.suppress(AssertionError):
+            await scheduler_attempts(cluster, 4, within=30)
         found = await allocated()
         held = (await ledger(kube, name, namespace))["status"]
         print("allocated", found, "charged", held.get("heldBytes"))
@@ -139,6 +142,8 @@ async def test_a_kubelet_naming_its_pool_after_another_node_resizes_none_of_its_
     finally:
         with contextlib.suppress(KubeError):
             await kube.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)
+        with contextlib.suppress(KubeError):
+            await kube.delete(path)
 
 
 async def memory_webhook_saw(kube: KubeClient, path: str) -> None:
