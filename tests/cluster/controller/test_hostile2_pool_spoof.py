@@ -156,3 +156,41 @@ async def memory_webhook_saw(kube: KubeClient, path: str) -> None:
 
 async def allocated_at_least(allocated: Callable[[], Awaitable[list[str]]], count: int) -> bool:
     return len(await allocated()) >= count
+
+
+async def test_a_kubelet_naming_its_pool_after_a_selected_node_holds_no_policy_hostage(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str, cluster: DevCluster, tmp_path: Path,
+) -> None:
+    """P3: a rogue kubelet publishes a device of the policy under the pool name of a node the policy
+    selects (an older generation: the scheduler ignores it). Deleting the policy must not wait for it:
+    the real node's agent takes its own devices away, and nobody else's slice counts as that node's."""
+    real = await gpu_node("h100-80gb", 1)
+    rogue = await gpu_node("l4", 1)
+    await rogue.agent.stop()
+    name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": real.name}},
+                               "slicing": {"mode": "memory", "sliceSize": "10G"},
+                               "tenants": [{"namespace": namespace}]}))["metadata"]["name"]
+    devices = await published(kube, real.name, 8)
+    genuine = next(iter(devices.values()))
+    generation = max(int(s["spec"]["pool"]["generation"]) for s in await kube.list(f"{RESOURCE}/resourceslices")
+                     if s["spec"]["pool"]["name"] == real.name)
+    assert generation >= 1
+    path = f"{RESOURCE}/resourceslices/hostage-{rogue.name}"
+    async with await KubeClient.from_kubeconfig(as_kubelet(cluster, tmp_path / "kubelet", rogue.name)) as kubelet:
+        await kubelet.create(f"{RESOURCE}/resourceslices", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"hostage-{rogue.name}"},
+            "spec": {"driver": "gpu.gpuslice.dev", "nodeName": rogue.name,
+                     "devices": [{"name": "hostage-0", "attributes": genuine["attributes"],
+                                  "capacity": {"memory": {"value": "10G"}}}],
+                     "pool": {"name": real.name, "generation": generation - 1, "resourceSliceCount": 1}}})
+    try:
+        await kube.delete(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}")
+
+        async def gone() -> bool:
+            return await get_or_none(kube, f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}") is None
+
+        await wait_for(gone, within=60, what=f"policy {name} to go though a rogue slice names {real.name}'s pool")
+    finally:
+        with contextlib.suppress(KubeError):
+            await kube.delete(path)
