@@ -56,28 +56,48 @@ def as_kubelet(cluster: DevCluster, path: Path, node: str) -> Path:
     return path
 
 
-async def test_a_kubelet_naming_its_pool_after_a_selected_node_lures_no_tenant(
-    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-    namespace: str, cluster: DevCluster, tmp_path: Path,
-) -> None:
+async def pool_generation(kube: KubeClient, pool: str) -> int:
+    generation = max(int(s["spec"]["pool"]["generation"]) for s in await kube.list(f"{RESOURCE}/resourceslices")
+                     if s["spec"]["pool"]["name"] == pool)
+    assert generation >= 1
+    return generation
+
+
+async def publish_as_kubelet(cluster: DevCluster, tmp_path: Path, rogue: str, name: str, pool: str, generation: int,
+                             devices: list[dict[str, Any]]) -> str:
+    """As ``rogue``'s kubelet, a slice of its own node under the pool name ``pool``; its path."""
+    async with await KubeClient.from_kubeconfig(as_kubelet(cluster, tmp_path / "kubelet", rogue)) as kubelet:
+        await kubelet.create(f"{RESOURCE}/resourceslices", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": "gpu.gpuslice.dev", "nodeName": rogue, "devices": devices,
+                     "pool": {"name": pool, "generation": generation, "resourceSliceCount": 1}}})
+    return f"{RESOURCE}/resourceslices/{name}"
+
+
+async def real_and_rogue(kube: KubeClient, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+                         namespace: str) -> tuple[str, str, str, dict[str, Any]]:
+    """A policy of 10G slices selecting one H100 node, and a compromised node it does not select (its
+    agent stopped: its kubelet's credentials are the attacker's): (real node, rogue node, policy, one
+    of the real node's devices)."""
     real = await gpu_node("h100-80gb", 1)
     rogue = await gpu_node("l4", 1)
-    await rogue.agent.stop()  # the node is compromised: its kubelet's credentials are the attacker's
+    await rogue.agent.stop()
     name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": real.name}},
                                "slicing": {"mode": "memory", "sliceSize": "10G"},
                                "tenants": [{"namespace": namespace}]}))["metadata"]["name"]
     devices = await published(kube, real.name, 8)
-    genuine = next(iter(devices.values()))
-    generation = max(int(s["spec"]["pool"]["generation"]) for s in await kube.list(f"{RESOURCE}/resourceslices")
-                     if s["spec"]["pool"]["name"] == real.name)
+    return real.name, rogue.name, str(name), next(iter(devices.values()))
+
+
+async def test_a_kubelet_naming_its_pool_after_a_selected_node_lures_no_tenant(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
+    namespace: str, cluster: DevCluster, tmp_path: Path,
+) -> None:
+    real, rogue, name, genuine = await real_and_rogue(kube, make_policy, gpu_node, namespace)
     lure: dict[str, Any] = {"name": "lure-0", "attributes": genuine["attributes"],
                             "capacity": {"memory": {"value": "10G"}}}
-    path = f"{RESOURCE}/resourceslices/lure-{rogue.name}"
-    async with await KubeClient.from_kubeconfig(as_kubelet(cluster, tmp_path / "kubelet", rogue.name)) as kubelet:
-        await kubelet.create(f"{RESOURCE}/resourceslices", {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"lure-{rogue.name}"},
-            "spec": {"driver": "gpu.gpuslice.dev", "nodeName": rogue.name, "devices": [lure],
-                     "pool": {"name": real.name, "generation": generation + 1000, "resourceSliceCount": 1}}})
+    path = await publish_as_kubelet(cluster, tmp_path, rogue, f"lure-{rogue}", real,
+                                    await pool_generation(kube, real) + 1000, [lure])
     try:
         await wait_for(lambda: get_or_none(kube, f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates/gpu-slice"),
                        what="the tenant's claim template")
@@ -85,8 +105,8 @@ async def test_a_kubelet_naming_its_pool_after_a_selected_node_lures_no_tenant(
 
         events = await scheduling_events(kube, namespace, "victim", "in a pool named after another node")
         message = next(e["message"] for e in events if "in a pool named after another node" in e["message"])
-        assert f"devices {real.name}/lure-0 of GpuSlicePolicy {name}" in message, message
-        assert f"than the one they are on ({rogue.name})" in message, message
+        assert f"devices {real}/lure-0 of GpuSlicePolicy {name}" in message, message
+        assert f"than the one they are on ({rogue})" in message, message
         claim = await pod_claim(kube, namespace, "victim")
         assert not ((claim or {}).get("status") or {}).get("allocation"), "never allocated"
         pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/victim")
@@ -113,16 +133,9 @@ async def test_a_kubelet_naming_its_pool_after_another_node_resizes_none_of_its_
               if {d["name"] for d in s["spec"].get("devices") or []} & set(devices)}
     rogue = await gpu_node("l4", 1)
     await rogue.agent.stop()
-    generation = max(int(s["spec"]["pool"]["generation"]) for s in await kube.list(f"{RESOURCE}/resourceslices")
-                     if s["spec"]["pool"]["name"] == pool)
-    assert generation >= 1
     fakes = [{"name": device, "capacity": {"memory": {"value": "1Mi"}}} for device in sorted(devices)]
-    path = f"{RESOURCE}/resourceslices/poison-{rogue.name}"
-    async with await KubeClient.from_kubeconfig(as_kubelet(cluster, tmp_path / "kubelet", rogue.name)) as kubelet:
-        await kubelet.create(f"{RESOURCE}/resourceslices", {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"poison-{rogue.name}"},
-            "spec": {"driver": "gpu.gpuslice.dev", "nodeName": rogue.name, "devices": fakes,
-                     "pool": {"name": pool, "generation": generation - 1, "resourceSliceCount": 1}}})
+    path = await publish_as_kubelet(cluster, tmp_path, rogue.name, f"poison-{rogue.name}", pool,
+                                    await pool_generation(kube, pool) - 1, fakes)
     await memory_webhook_saw(kube, path)
     try:
         for i in range(7):
@@ -165,32 +178,18 @@ async def test_a_kubelet_naming_its_pool_after_a_selected_node_holds_no_policy_h
     """P3: a rogue kubelet publishes a device of the policy under the pool name of a node the policy
     selects (an older generation: the scheduler ignores it). Deleting the policy must not wait for it:
     the real node's agent takes its own devices away, and nobody else's slice counts as that node's."""
-    real = await gpu_node("h100-80gb", 1)
-    rogue = await gpu_node("l4", 1)
-    await rogue.agent.stop()
-    name = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": real.name}},
-                               "slicing": {"mode": "memory", "sliceSize": "10G"},
-                               "tenants": [{"namespace": namespace}]}))["metadata"]["name"]
-    devices = await published(kube, real.name, 8)
-    genuine = next(iter(devices.values()))
-    generation = max(int(s["spec"]["pool"]["generation"]) for s in await kube.list(f"{RESOURCE}/resourceslices")
-                     if s["spec"]["pool"]["name"] == real.name)
-    assert generation >= 1
-    path = f"{RESOURCE}/resourceslices/hostage-{rogue.name}"
-    async with await KubeClient.from_kubeconfig(as_kubelet(cluster, tmp_path / "kubelet", rogue.name)) as kubelet:
-        await kubelet.create(f"{RESOURCE}/resourceslices", {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"hostage-{rogue.name}"},
-            "spec": {"driver": "gpu.gpuslice.dev", "nodeName": rogue.name,
-                     "devices": [{"name": "hostage-0", "attributes": genuine["attributes"],
-                                  "capacity": {"memory": {"value": "10G"}}}],
-                     "pool": {"name": real.name, "generation": generation - 1, "resourceSliceCount": 1}}})
+    real, rogue, name, genuine = await real_and_rogue(kube, make_policy, gpu_node, namespace)
+    path = await publish_as_kubelet(cluster, tmp_path, rogue, f"hostage-{rogue}", real,
+                                    await pool_generation(kube, real) - 1, [
+                                        {"name": "hostage-0", "attributes": genuine["attributes"],
+                                         "capacity": {"memory": {"value": "10G"}}}])
     try:
         await kube.delete(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}")
 
         async def gone() -> bool:
             return await get_or_none(kube, f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}") is None
 
-        await wait_for(gone, within=60, what=f"policy {name} to go though a rogue slice names {real.name}'s pool")
+        await wait_for(gone, within=60, what=f"policy {name} to go though a rogue slice names {real}'s pool")
     finally:
         with contextlib.suppress(KubeError):
             await kube.delete(path)
