@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import kopf
@@ -65,6 +65,14 @@ def world(kwargs: dict[str, Any], memo: FleetMemo | None = None, nodes_version: 
         memo=memo,
         other_drivers={node: list(store) for node, store in kwargs["other_driver_index"].items()},
     )
+
+
+def own_pool(spec: Mapping[str, Any]) -> bool:
+    """A slice of gpuslice's driver in its own node's pool, as the agents publish them. A kubelet may
+    publish a slice of its node under any pool name (NodeRestriction checks only spec.nodeName): one
+    named after another node is no device of that node here (the tenancy rule allocates none of it),
+    so it holds no policy's deletion and changes no device's policy."""
+    return spec.get("driver") == DRIVER and spec.get("nodeName") == (spec.get("pool") or {}).get("name")
 
 
 def _overuse_policies(kwargs: dict[str, Any]) -> Policies:
@@ -222,7 +230,7 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
         changes.node_seen(name, None if type == "DELETED" else dict(labels))
 
     @kopf.index("resource.k8s.io", "v1", "resourceslices", registry=registry, id="slice_index",
-                when=lambda spec, **_: spec.get("driver") == DRIVER)
+                when=lambda spec, **_: own_pool(spec))
     def slice_index(spec: kopf.Spec, annotations: kopf.Annotations, **_: Any) -> dict[str, SliceView]:
         """Our slices by pool (a Store holds each of a pool's slices). What changed is noted by
         slice_event, which Kopf runs after this index is updated, for every event."""
@@ -230,7 +238,7 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
         return {view.pool: view}
 
     @kopf.index("resource.k8s.io", "v1", "resourceslices", registry=registry, id="policy_pool_index",
-                when=lambda spec, **_: spec.get("driver") == DRIVER)
+                when=lambda spec, **_: own_pool(spec))
     def policy_pool_index(spec: kopf.Spec, annotations: kopf.Annotations, **_: Any) -> dict[str, str]:
         """The pool of each slice, under every policy it publishes devices of or leaves out."""
         pool = str((spec.get("pool") or {}).get("name", ""))
@@ -360,7 +368,7 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
         await _reconcile_each(memo.ctx, affected, now)
 
     @kopf.on.event("resource.k8s.io", "v1", "resourceslices", registry=registry,
-                   when=lambda spec, **_: spec.get("driver") == DRIVER)
+                   when=lambda spec, **_: own_pool(spec))
     async def slice_event(spec: kopf.Spec, annotations: kopf.Annotations, type: str | None, memo: kopf.Memo,
                           **kwargs: Any) -> None:
         """Devices came or went: their policies' status follows at once. Nothing a policy makes

@@ -257,10 +257,23 @@ def tenancy_policy() -> Manifest:
         # the controller is stalled) loosens nothing.
         ("overStep", "variables.countLimited && (" + _any_request(lambda x: "!" + _within_class(x))
                      + " || " + _OVER_CONSUMED + ")"),
+        # The node the allocation is for, read as the API server reads it (nodeNameFromAllocation):
+        # a selector of one term with one field, metadata.name In [node]; else ''.
+        ("allocatedNode", "!variables.allocating || !has(object.status.allocation.nodeSelector)"
+                          " || !has(object.status.allocation.nodeSelector.nodeSelectorTerms)"
+                          " || size(object.status.allocation.nodeSelector.nodeSelectorTerms) != 1 ? '' :"
+                          " [object.status.allocation.nodeSelector.nodeSelectorTerms[0]].map(t,"
+                          " (has(t.matchExpressions) && size(t.matchExpressions) > 0) || !has(t.matchFields)"
+                          " || size(t.matchFields) != 1 || t.matchFields[0].key != 'metadata.name'"
+                          " || t.matchFields[0].operator != 'In' || !has(t.matchFields[0].values)"
+                          " || size(t.matchFields[0].values) != 1 ? '' : t.matchFields[0].values[0])[0]"),
         # At allocation: the policy's devices (results of a request, or subrequest, of its classes) on
-        # a pool the policy does not select. A node agent publishes only its own node's pool, but a
-        # compromised one could publish devices claiming any policy: they go only where the policy's
-        # recorded nodes are (status.selectedNodes, which the controller alone writes).
+        # a pool the policy does not select, or in a pool named after another node than the one the
+        # allocation is for. A node agent publishes only its own node's pool, but a compromised one
+        # could publish devices claiming any policy, and a kubelet may publish a slice of its own node
+        # under any pool name (NodeRestriction checks only spec.nodeName): they go only where the
+        # policy's recorded nodes are (status.selectedNodes, which the controller alone writes), and
+        # only from the pool of the node they are on.
         ("offNodes", "!variables.allocating || !has(object.status.allocation.devices)"
                      " || !has(object.status.allocation.devices.results) ? [] :"
                      f" object.status.allocation.devices.results.filter(x, x.driver == '{DRIVER}'"
@@ -269,7 +282,8 @@ def tenancy_policy() -> Manifest:
                      " && size(x.request.split('/')) > 1"
                      f" && q.firstAvailable.exists(s, s.name == x.request.split('/')[1] && {_ours('s')}))))"
                      " && !(has(params.status) && has(params.status.selectedNodes)"
-                     " && x.pool in params.status.selectedNodes)).map(x, x.pool + '/' + x.device)"),
+                     " && x.pool in params.status.selectedNodes && x.pool == variables.allocatedNode))"
+                     ".map(x, x.pool + '/' + x.device)"),
         *defrag_rule.variables(),
     ]
     policy = f"' + {_POLICY} + '"
@@ -326,9 +340,10 @@ def tenancy_policy() -> Manifest:
          f" (count: N gives N of them)'"),
         ("size(variables.offNodes) == 0",
          f"variables.who + ': devices ' + variables.offNodes.join(', ') + ' of GpuSlicePolicy {policy} are on"
-         f" nodes that policy does not select (status.selectedNodes): a node agent published devices of a"
-         f" policy that gives its node none; they are never allocated. If the node was just added to"
-         f" spec.nodeSelector, gpuslice records it in a moment'"),
+         f" nodes that policy does not select (status.selectedNodes), or in a pool named after another node"
+         f" than the one they are on (' + (variables.allocatedNode == '' ? 'no single node' : variables.allocatedNode)"
+         f" + '): a node agent or kubelet published devices of a policy that gives its node none; they are never"
+         f" allocated. If the node was just added to spec.nodeSelector, gpuslice records it in a moment'"),
     ]
     validations.append(defrag_rule.validation())  # a GPU being freed goes to the pod it is freed for
     return {

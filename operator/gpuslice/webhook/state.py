@@ -103,8 +103,15 @@ def _name(obj: dict[str, Any]) -> str:
 
 
 def _slice_devices(obj: dict[str, Any]) -> dict[tuple[str, str], int]:
+    """The memory of each device of a slice, by (pool, device). Only a slice of its own node's pool
+    counts: the agents publish only those, and a kubelet may publish a slice of its node under any
+    pool name (NodeRestriction checks only spec.nodeName), which must not resize another node's
+    devices here (nor are its own ever allocated: the tenancy rule takes a device only from the
+    pool of the node the allocation is for)."""
     spec = obj.get("spec") or {}
     pool = str((spec.get("pool") or {}).get("name", ""))
+    if spec.get("nodeName") != pool:
+        return {}
     found = {}
     for device in spec.get("devices") or []:
         value = ((device.get("capacity") or {}).get("memory") or {}).get("value")

@@ -8,8 +8,9 @@ from gpuslice.kube.client import KubeClient
 from gpuslice.webhook.state import State
 
 
-def _slice(name: str, pool: str, devices: dict[str, str]) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "spec": {"driver": "gpu.gpuslice.dev", "pool": {"name": pool}, "devices": [
+def _slice(name: str, pool: str, devices: dict[str, str], node: str | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"driver": "gpu.gpuslice.dev", "pool": {"name": pool},
+                                                 "nodeName": node or pool, "devices": [
         {"name": d, "capacity": {"memory": {"value": m}}} for d, m in devices.items()]}}
 
 
@@ -44,3 +45,13 @@ def test_claims_are_kept_by_namespace_and_only_gpuslices() -> None:
     assert state.dirty == {"team-a", "team-b"}
     state.claims.handle("DELETED", claim("team-a", "u1", "p.gpuslice.dev"))
     assert state.namespace_claims("team-a") == []
+
+
+def test_a_slice_under_another_nodes_pool_name_resizes_nothing() -> None:
+    """A kubelet may publish a slice of its own node under any pool name (NodeRestriction checks only
+    spec.nodeName): one named after another node leaves that node's devices as their own slice says."""
+    state = State(cast(KubeClient, None))
+    state.slices.handle(None, _slice("a", "node-a", {"s-0": "10Gi"}))
+    state.slices.handle("ADDED", _slice("rogue", "node-a", {"s-0": "1Mi", "s-9": "1Mi"}, node="node-b"))
+    assert state.device_memory("node-a", "s-0") == 10 * 2**30
+    assert state.device_memory("node-a", "s-9") is None
