@@ -5,8 +5,9 @@ An MPS client's pipe directory (read-write) holds its control daemon's socket, w
 `terminate_client` and `set_*` from anyone who can reach it, and its `/dev/shm` is shared with every
 client of that daemon. Once the agent ran one daemon per GPU, so any tenant on an MPS GPU could stop
 the others' MPS server and read or write their shared memory. Now each tenant namespace on a GPU has
-its own daemon, pipe and shared-memory directories (NVIDIA's DRA driver has one per claim); these
-tests are the review's repros, turned into regression tests.
+its own daemon, pipe and shared-memory directories (NVIDIA's DRA driver has one per claim); the first
+two tests are the review's repros, turned into regression tests; the third holds each daemon to its own
+namespace's claims.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ from typing import Any
 from gpuslice.kube.client import KubeClient
 from tests.cluster.agent.test_publishing import create_pods, published
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, process_alive, running, until
+from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, gone, process_alive, running, until
 from tests.cluster.plugin.test_mps import mps_mounts
+
+
+def exists(path: str) -> bool:
+    return Path(path).exists()
 
 
 async def neighbours(kube: KubeClient, make_policy: PolicyFactory, plugin_node: PluginNodeFactory, namespace: str,
@@ -79,3 +84,26 @@ async def test_a_tenant_cannot_stop_its_neighbours_mps_daemon(
     await until(lambda: (node.mps_daemons().get((gpu, namespace)) or mine) != mine, within=30,
                 what="the attacker's daemon to be started again")
     assert node.mps_daemons() == {(gpu, namespace): node.mps_daemons()[(gpu, namespace)], (gpu, other): pid}
+
+
+async def test_each_tenants_daemon_lives_as_long_as_its_own_claims_on_the_gpu(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
+    namespace: str, namespaces: Any,
+) -> None:
+    """Two daemons on one GPU: the first tenant's last pod going stops its daemon and removes its pipe and
+    shared memory; the neighbour's daemon and directories are untouched."""
+    node, other = await neighbours(kube, make_policy, plugin_node, namespace, namespaces)
+    daemons = node.mps_daemons()
+    [gpu] = {g for g, _ in daemons}
+    assert set(daemons) == {(gpu, namespace), (gpu, other)}, "a daemon for each tenant on the GPU"
+    mine, theirs = mps_mounts(node, namespace, "attacker"), mps_mounts(node, other, "victim")
+
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods/attacker")
+    await gone(kube, namespace, ["attacker"])
+    await until(lambda: (gpu, namespace) not in node.mps_daemons(), what="the first tenant's daemon to be stopped")
+    assert not process_alive(daemons[(gpu, namespace)])
+    assert not exists(mine["/tmp/nvidia-mps"])
+    assert not exists(mine["/dev/shm"])
+    assert node.mps_daemons() == {(gpu, other): daemons[(gpu, other)]}, "the neighbour's daemon runs on"
+    assert exists(theirs["/tmp/nvidia-mps"] + "/control")
+    assert exists(theirs["/dev/shm"])
