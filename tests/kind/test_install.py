@@ -413,7 +413,7 @@ def test_an_mps_notebook_reaches_its_gpus_daemon_through_containerd(deployed: Ki
     assert int(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]) >= 1
     assert "control" in deployed.kubectl("-n", "data-science", "exec", "notebook", "--", "ls", "/tmp/nvidia-mps")
     node = deployed.json("-n", "data-science", "get", "pod", "notebook")["spec"]["nodeName"]
-    records = deployed.node_exec(node, "sh", "-c", f"cat /var/lib/kubelet/plugins/{DRIVER}/mps/*/daemon.json")
+    records = deployed.node_exec(node, "sh", "-c", f"cat /var/lib/kubelet/plugins/{DRIVER}/mps/*/*/daemon.json")
     pid = json.loads(records.splitlines()[0])["pid"]
     agent = agent_on(deployed, node)
     assert "gpuslice.agent.mps.standin" in deployed.kubectl(

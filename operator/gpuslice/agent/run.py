@@ -274,7 +274,7 @@ class _Agent:
         plugin = self.plugin = await NodePlugin.start(node, kube, backend, gpus, settings.plugin, health)
         # Prepared MPS clients keep their daemon whatever the API server does.
         self.helpers.append(asyncio.create_task(plugin.preparer.mps.run(
-            self.stop, plugin.preparer.mps_gpus, settings.mps_check_interval)))
+            self.stop, plugin.preparer.mps_daemons, settings.mps_check_interval)))
         watches = AgentWatches(kube, node, self.wake, self.stop)
         try:
             verdict = await self.server_verdict(kube) if await self.containers_servable(kube, backend) else None

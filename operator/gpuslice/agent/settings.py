@@ -83,12 +83,12 @@ class AgentSettings(ProcessSettings):
         "Seconds an unhealthy GPU must go without a fault before its taint is lifted: a flapping GPU does"
         " not churn the slices."))
     mps_dir: Path | None = Field(default=None, description=(
-        "Where each GPU's MPS control daemon keeps its pipe and log directories (policies with"
-        " slicing.isolation: MPS), mounted into its clients at the same path on the host; unset: mps/ in"
-        " state_dir."))
+        "Where the MPS control daemons (one per GPU and tenant namespace, for policies with"
+        " slicing.isolation: MPS) keep their pipe and log directories, mounted into their clients; keep it"
+        " short (its sockets must fit a unix socket path's 107 bytes); unset: mps/ in state_dir."))
     mps_shm_dir: Path = Field(default=_PLUGIN.mps_shm_dir, description=(
-        "Where each GPU's MPS shared-memory directory is made: /dev/shm of its daemon and of its client"
-        " containers. Keep it on a tmpfs (the host's /dev/shm)."))
+        "Where each MPS control daemon's shared-memory directory is made (one per GPU and tenant namespace):"
+        " /dev/shm of the daemon and of its client containers. Keep it on a tmpfs (the host's /dev/shm)."))
     pod_resources_socket: Path = Field(default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"), description=(
         "The kubelet's PodResources API: which container of which pod holds which gpuslice device, for each"
         " pod's GPU use."))
@@ -111,8 +111,8 @@ class AgentSettings(ProcessSettings):
         " spaces), e.g. its multi-user flag where tenants' containers run as different users (the driver's"
         " documentation names it; NVIDIA's DRA driver passes -M)."))
     mps_check_interval: float = Field(default=2.0, gt=0, description=(
-        "Seconds between checks that every GPU with MPS devices prepared has its control daemon running"
-        " (a dead one is started again)."))
+        "Seconds between checks that every GPU and tenant namespace with MPS devices prepared has its"
+        " control daemon running (a dead one is started again)."))
 
     @field_validator("node")
     @classmethod

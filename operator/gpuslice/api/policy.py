@@ -198,13 +198,13 @@ class Slicing(ApiModel):
     mig: MigSlicing | None = Field(default=None, description="MIG settings; mig mode only.")
     isolation: Literal["None", "MPS"] = Field(default="None", description=(
         "memory and shared mode: None (the default) makes a slice a scheduling boundary only. MPS runs one"
-        " NVIDIA MPS control daemon per GPU that has such devices allocated and gives each container a pinned"
-        " device memory limit equal to its allocation and an active-thread percentage in proportion: CUDA"
-        " allocations beyond the slice fail. MPS is cooperative (a process that changes its own environment"
-        " escapes it), and the GPU's daemon, its control pipe and shared memory are shared by every tenant"
-        " whose MPS claims land on that GPU: a tenant's container can stop or slow the others' there. MIG is"
-        " the hard boundary between tenants; give an MPS policy GPUs of its own for tenants that do not trust"
-        " each other. Volta or newer GPUs only."))
+        " NVIDIA MPS control daemon per GPU and tenant namespace that has such devices allocated and gives"
+        " each container a pinned device memory limit equal to its allocation and an active-thread percentage"
+        " in proportion: CUDA allocations beyond the slice fail. A namespace's daemon, its control pipe and"
+        " shared memory are its own (the containers of one namespace share them, no other tenant's do);"
+        " namespaces on one GPU have a server each, which the GPU time-slices. MPS is cooperative (a process"
+        " that changes its own environment escapes it); MIG is the hard boundary between tenants. Volta or"
+        " newer GPUs only."))
 
     rules = (
         Rule("self.mode == 'mig' || has(self.sliceSize)",

@@ -94,7 +94,7 @@ def stop_mps_daemons(node_dir: Path) -> list[int]:
     agent on purpose (its pods keep running), so a stopped dev cluster stops them itself. The pids
     killed."""
     killed = []
-    for record in (node_dir / "agent" / "mps").glob("*/daemon.json"):
+    for record in (node_dir / "agent" / "mps").glob("*/*/daemon.json"):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             pid = int(json.loads(record.read_text())["pid"])
             if "gpuslice.agent.mps.standin" in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "):

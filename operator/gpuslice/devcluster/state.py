@@ -19,7 +19,10 @@ from gpuslice.dra.names import DRIVER, short_hash
 
 MAX_SOCKET_PATH = 107  # bytes of a unix socket path (sockaddr_un.sun_path, less its NUL)
 # The longest socket path below a node's directory: the kubelet plugin's registration socket.
-SOCKET_ROOM = len(f"/plugins_registry/{DRIVER}-reg.sock")
+# The longest socket path under a node's directory: the kubelet plugin's registration socket, or a
+# socket in an MPS daemon's pipe directory (agent.mps.daemons: its tags are of fixed length).
+SOCKET_ROOM = max(len(f"/plugins_registry/{DRIVER}-reg.sock"), len("/agent/mps/gpu-01234567/ns-0123456789ab/pipe/")
+                  + 20)
 
 
 def default_state_dir() -> Path:

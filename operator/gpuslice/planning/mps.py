@@ -1,14 +1,16 @@
 """What a container of an MPS policy is given (pure): the daemon's directories and its limits.
 
-One NVIDIA MPS control daemon serves each GPU that has MPS devices prepared (``agent.mps``).
-A container reaches it through three directories of that GPU, mounted where CUDA looks by
-default, so a client finds its GPU's daemon even with its variables cleared:
+One NVIDIA MPS control daemon serves the MPS claims of one tenant namespace on one GPU
+(``agent.mps``): its control socket takes ``quit`` and ``terminate_client`` from any client, and
+its clients share ``/dev/shm``, so no two namespaces share one. A container reaches its
+namespace's daemon through three directories of that daemon, mounted where CUDA looks by
+default, so a client finds its daemon even with its variables cleared:
 
 - the pipe directory at ``/tmp/nvidia-mps`` (``CUDA_MPS_PIPE_DIRECTORY``'s default), read-write:
   the daemon's control socket and each server's;
 - the log directory at ``/var/log/nvidia-mps`` (``CUDA_MPS_LOG_DIRECTORY``'s default), read-only:
   the daemon's own log, which clients never write;
-- the GPU's shared-memory directory at ``/dev/shm``: an MPS server and its clients exchange
+- the daemon's shared-memory directory at ``/dev/shm``: an MPS server and its clients exchange
   shared memory there, so both must see the same one (NVIDIA's DRA driver and device plugin
   mount theirs the same way: ``sharing.go`` ``GetCDIContainerEdits``, ``internal/plugin/mps.go``).
 
@@ -32,8 +34,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from gpuslice.dra.cdi import ContainerEdits
+from gpuslice.dra.names import short_hash
 from gpuslice.dra.nvidia_cdi import MPS_PIPE_DIRECTORY
 
 PIPE_IN_CONTAINER = MPS_PIPE_DIRECTORY
@@ -46,9 +50,22 @@ LOG_DIRECTORY = "CUDA_MPS_LOG_DIRECTORY"
 MIB = 1024**2
 
 
+class DaemonKey(NamedTuple):
+    """Whose daemon: a GPU (its UUID) and the tenant namespace whose claims on it it serves."""
+
+    gpu: str
+    namespace: str
+
+
+def namespace_tag(namespace: str) -> str:
+    """``ns-<12 hex digits>``: the namespace's directory name under its GPU's. A hash, not the name
+    (up to 63 bytes), so that the pipe directory's sockets fit a unix socket path whatever the name."""
+    return f"ns-{short_hash(namespace, length=12)}"
+
+
 @dataclass(frozen=True)
 class DaemonDirs:
-    """One GPU's MPS directories on the host."""
+    """One daemon's MPS directories on the host."""
 
     pipe: Path
     log: Path
@@ -68,7 +85,7 @@ def thread_percentage(allocated: int, gpu_memory: int) -> int:
 
 
 def client_edits(dirs: DaemonDirs, allocated: int, gpu_memory: int) -> ContainerEdits:
-    """The container edits that make a container an MPS client of its GPU's daemon, limited to
+    """The container edits that make a container an MPS client of its namespace's daemon, limited to
     ``allocated`` bytes of the GPU's ``gpu_memory``."""
     env: Mapping[str, str] = {
         PIPE_DIRECTORY: PIPE_IN_CONTAINER,

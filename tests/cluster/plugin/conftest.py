@@ -114,14 +114,14 @@ class PluginNode:
     async def registered(self) -> bool:
         return "registered with the kubelet" in self.agent_log
 
-    def mps_daemons(self) -> dict[str, int]:
-        """The running MPS control daemons (stand-ins) of this node, pid by GPU UUID, from the agent's
-        records, checked against the processes that are alive."""
+    def mps_daemons(self) -> dict[tuple[str, str], int]:
+        """The running MPS control daemons (stand-ins) of this node, pid by (GPU UUID, namespace), from
+        the agent's records, checked against the processes that are alive."""
         found = {}
-        for record in (self.root / "agent" / "mps").glob("*/daemon.json"):
+        for record in (self.root / "agent" / "mps").glob("*/*/daemon.json"):
             body = json.loads(record.read_text())
             if process_alive(int(body["pid"])):
-                found[str(body["gpu"])] = int(body["pid"])
+                found[(str(body["gpu"]), str(body["namespace"]))] = int(body["pid"])
         return found
 
     async def metric(self, name: str, labels: dict[str, str]) -> float | None:

@@ -1,15 +1,13 @@
 """Hostile review 2 (MPS): what two tenants on one MPS GPU share, read from the mounts the kubelet's
 own DRA code resolved for their containers (the pod runner), with the real scheduler.
 
-The README's isolation table says of `isolation: MPS` that "another tenant's memory is readable: no".
-That is true of GPU memory (each Volta+ client has its own address space), but the agent mounts one
-host directory per GPU over every MPS container's `/dev/shm` and one pipe directory (read-write, with
-the control daemon's socket) into every MPS container of that GPU, whatever its namespace. Tenants
-who follow docs/nvidia.md ("run an MPS policy's containers as one UID") then share POSIX shared
-memory (a framework's shm tensors, the MPS server's own segments) and any of them can send the
-control daemon `quit` or `terminate_client`: one tenant's host shared memory is readable and
-writable by another, and one tenant can stop the others' MPS server. NVIDIA's DRA driver runs a
-daemon (and so a /dev/shm) per claim, never across namespaces.
+An MPS client's pipe directory (read-write) holds its control daemon's socket, which takes `quit`,
+`terminate_client` and `set_*` from anyone who can reach it, and its `/dev/shm` is shared with every
+client of that daemon. Once the agent ran one daemon per GPU, so any tenant on an MPS GPU could stop
+the others' MPS server and read or write their shared memory. Now each tenant namespace on a GPU has
+its own daemon, pipe and shared-memory directories (NVIDIA's DRA driver has one per claim); the first
+two tests are the review's repros, turned into regression tests; the third holds each daemon to its own
+namespace's claims.
 """
 
 from __future__ import annotations
@@ -18,13 +16,15 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from gpuslice.kube.client import KubeClient
 from tests.cluster.agent.test_publishing import create_pods, published
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, process_alive, running, until
+from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, gone, process_alive, running, until
 from tests.cluster.plugin.test_mps import mps_mounts
+
+
+def exists(path: str) -> bool:
+    return Path(path).exists()
 
 
 async def neighbours(kube: KubeClient, make_policy: PolicyFactory, plugin_node: PluginNodeFactory, namespace: str,
@@ -44,10 +44,6 @@ async def neighbours(kube: KubeClient, make_policy: PolicyFactory, plugin_node: 
     return node, other
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "hostile2 M1: every MPS container of a GPU, of any tenant, gets the same host /dev/shm and the same"
-    " read-write pipe directory; a fix needs a daemon (and shm) per tenant or per claim, as NVIDIA's DRA"
-    " driver has. Until then the README's isolation table must say so"))
 async def test_two_tenants_on_one_mps_gpu_share_no_host_shared_memory_or_control_pipe(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str, namespaces: Any,
@@ -64,28 +60,50 @@ async def test_two_tenants_on_one_mps_gpu_share_no_host_shared_memory_or_control
         f"tenants {namespace} and {other} get the same MPS control pipe directory: {mine['/tmp/nvidia-mps']}")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "hostile2 M2: the pipe directory every MPS container of a GPU gets read-write holds the control"
-    " daemon's socket, so any tenant on the GPU can send it quit (or terminate_client) and stop the"
-    " neighbours' MPS server; a fix needs a daemon per tenant or per claim"))
 async def test_a_tenant_cannot_stop_its_neighbours_mps_daemon(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str, namespaces: Any,
 ) -> None:
     node, other = await neighbours(kube, make_policy, plugin_node, namespace, namespaces)
-    [pid] = node.mps_daemons().values()
     # What `echo quit | nvidia-cuda-mps-control` does inside the attacker's container, whose
-    # /tmp/nvidia-mps is this host directory (the victim's is the same one).
+    # /tmp/nvidia-mps is this host directory; each daemon writes its pid there.
     pipe = Path(mps_mounts(node, namespace, "attacker")["/tmp/nvidia-mps"])
-    assert Path(mps_mounts(node, other, "victim")["/tmp/nvidia-mps"]) == pipe
+    victims = Path(mps_mounts(node, other, "victim")["/tmp/nvidia-mps"])
+    mine = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+    pid = int((victims / "nvidia-cuda-mps-control.pid").read_text())
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(5.0)
         connection.connect(str(pipe / "control"))
         connection.sendall(b"quit")
         connection.shutdown(socket.SHUT_WR)
         print("the daemon answered", connection.recv(4096))
-    try:
-        await until(lambda: not process_alive(pid), within=10, what="the daemon to quit")
-    except AssertionError:
-        return  # held: the daemon ignored the neighbour
-    raise AssertionError(f"tenant {namespace} stopped the MPS daemon (pid {pid}) that tenant {other}'s pod uses")
+    await until(lambda: not process_alive(mine), within=10, what="the attacker's own daemon to quit")
+    assert process_alive(pid), f"tenant {namespace} stopped the MPS daemon (pid {pid}) that tenant {other}'s pod uses"
+    # The agent starts the attacker's daemon again (its claim still needs one); the victim's is untouched.
+    [gpu] = {g for g, _ in node.mps_daemons()}
+    await until(lambda: (node.mps_daemons().get((gpu, namespace)) or mine) != mine, within=30,
+                what="the attacker's daemon to be started again")
+    assert node.mps_daemons() == {(gpu, namespace): node.mps_daemons()[(gpu, namespace)], (gpu, other): pid}
+
+
+async def test_each_tenants_daemon_lives_as_long_as_its_own_claims_on_the_gpu(
+    kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
+    namespace: str, namespaces: Any,
+) -> None:
+    """Two daemons on one GPU: the first tenant's last pod going stops its daemon and removes its pipe and
+    shared memory; the neighbour's daemon and directories are untouched."""
+    node, other = await neighbours(kube, make_policy, plugin_node, namespace, namespaces)
+    daemons = node.mps_daemons()
+    [gpu] = {g for g, _ in daemons}
+    assert set(daemons) == {(gpu, namespace), (gpu, other)}, "a daemon for each tenant on the GPU"
+    mine, theirs = mps_mounts(node, namespace, "attacker"), mps_mounts(node, other, "victim")
+
+    await kube.delete(f"/api/v1/namespaces/{namespace}/pods/attacker")
+    await gone(kube, namespace, ["attacker"])
+    await until(lambda: (gpu, namespace) not in node.mps_daemons(), what="the first tenant's daemon to be stopped")
+    assert not process_alive(daemons[(gpu, namespace)])
+    assert not exists(mine["/tmp/nvidia-mps"])
+    assert not exists(mine["/dev/shm"])
+    assert node.mps_daemons() == {(gpu, other): daemons[(gpu, other)]}, "the neighbour's daemon runs on"
+    assert exists(theirs["/tmp/nvidia-mps"] + "/control")
+    assert exists(theirs["/dev/shm"])

@@ -1,6 +1,6 @@
 """MPS for memory and shared slices (slicing.isolation: MPS) on fake nodes, with the real scheduler and the
-kubelet's own DRA code: one control daemon (the fake backend's stand-in, a real process) per GPU with MPS
-devices prepared, started before the first prepare, kept while a claim needs it, stopped after the last
+kubelet's own DRA code: one control daemon (the fake backend's stand-in, a real process) per GPU and tenant
+namespace with MPS devices prepared, started before the first prepare, kept while a claim needs it, stopped after the last
 unprepare, started again when it dies, adopted by a restarted agent, and never left behind by one killed
 mid-prepare; and each container's CDI edits carry the daemon's directories and the limits of its claim."""
 
@@ -15,6 +15,7 @@ import pytest
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.devices import gpu_tag
+from gpuslice.planning.mps import namespace_tag
 from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
 from tests.cluster.kubeutil import pod_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
@@ -54,7 +55,7 @@ def mps_mounts(node: PluginNode, namespace: str, pod: str) -> dict[str, str]:
             if m["destination"] in ("/tmp/nvidia-mps", "/var/log/nvidia-mps", "/dev/shm")}
 
 
-async def test_one_daemon_per_gpu_with_each_containers_limits(
+async def test_one_daemon_per_gpu_and_namespace_with_each_containers_limits(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str,
 ) -> None:
@@ -68,26 +69,28 @@ async def test_one_daemon_per_gpu_with_each_containers_limits(
     await running(kube, namespace, ["a", "b"])
     gpus = {pod: gpu_of(devices, (await result_of(kube, namespace, pod))["device"]) for pod in ("a", "b")}
     daemons = node.mps_daemons()
-    assert set(daemons) == set(gpus.values()), "a daemon for each GPU a pod's slice is on, and no other"
+    assert set(daemons) == {(g, namespace) for g in gpus.values()}, "a daemon for each GPU a pod's slice is on"
     for pod, gpu in gpus.items():
         env = node.env(namespace, pod)
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={10**10 // MIB}M", "the slice, in MiB"
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "12", "10G of 79.6 GiB, rounded up"
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
         assert env["GPUSLICE_ISOLATION"] == "MPS"
-        home = node.root / "agent" / "mps" / gpu_tag(gpu)
+        home = node.root / "agent" / "mps" / gpu_tag(gpu) / namespace_tag(namespace)
         assert mps_mounts(node, namespace, pod) == {
             "/tmp/nvidia-mps": str(home / "pipe"), "/var/log/nvidia-mps": str(home / "log"),
-            "/dev/shm": str(node.root / "mps-shm" / gpu_tag(gpu))}, "its own GPU's daemon"
+            "/dev/shm": str(node.root / "mps-shm" / gpu_tag(gpu) / namespace_tag(namespace))}, "its daemon's"
         assert (home / "pipe" / "control").exists()
 
     # A daemon that dies is started again, and the Node says so.
-    gpu, pid = sorted(daemons.items())[0]
+    key, pid = sorted(daemons.items())[0]
+    gpu = key[0]
     os.kill(pid, signal.SIGKILL)
-    again = await until(lambda: (node.mps_daemons().get(gpu) or pid) != pid and node.mps_daemons()[gpu],
+    again = await until(lambda: (node.mps_daemons().get(key) or pid) != pid and node.mps_daemons()[key],
                         within=30, what="the killed daemon to be started again")
     assert process_alive(again)
-    event = await event_with(kube, "default", node.name, f"the MPS control daemon of GPU {gpu} was started again")
+    event = await event_with(kube, "default", node.name,
+                             f"the MPS control daemon of namespace {namespace} on GPU {gpu} was started again")
     assert event["reason"] == "MpsDaemonRestarted"
     assert await node.metric("gpuslice_agent_mps_daemons", {"node": node.name}) == len(set(gpus.values()))
 
@@ -98,12 +101,13 @@ async def test_one_daemon_per_gpu_with_each_containers_limits(
     if gpus["a"] == gpus["b"]:
         assert node.mps_daemons() == current, "b still needs it"
     else:
-        assert node.mps_daemons() == {gpus["b"]: current[gpus["b"]]}, "a's GPU has no claim left"
+        assert node.mps_daemons() == {(gpus["b"], namespace): current[(gpus["b"], namespace)]}, "a's GPU has none left"
     await kube.delete(f"/api/v1/namespaces/{namespace}/pods/b")
     await gone(kube, namespace, ["b"])
     await until(lambda: node.mps_daemons() == {}, what="every daemon to be stopped")
     assert all(not process_alive(p) for p in (*daemons.values(), again))
-    assert "Accepting command 'quit'" in (node.root / "agent" / "mps" / gpu_tag(gpu) / "log" / "control.log").read_text()
+    log = node.root / "agent" / "mps" / gpu_tag(gpu) / namespace_tag(namespace) / "log" / "control.log"
+    assert "Accepting command 'quit'" in log.read_text()
 
 
 async def test_shared_devices_limit_each_container_to_its_consumed_capacity(
@@ -115,7 +119,7 @@ async def test_shared_devices_limit_each_container_to_its_consumed_capacity(
     [device] = (await published(kube, node.name, 1)).values()
     await create_pods(kube, namespace, "gpu-slice", ["s1", "s2"])
     await running(kube, namespace, ["s1", "s2"])
-    assert list(node.mps_daemons()) == [device["attributes"]["gpuslice.dev/uuid"]["string"]], "one daemon, shared"
+    assert list(node.mps_daemons()) == [(device["attributes"]["gpuslice.dev/uuid"]["string"], namespace)], "one, shared"
     for pod in ("s1", "s2"):
         consumed = quantity_bytes((await result_of(kube, namespace, pod))["consumedCapacity"]["memory"])
         env = node.env(namespace, pod)
@@ -141,13 +145,13 @@ async def test_a_killed_agent_leaves_the_daemon_to_its_clients_and_the_next_one_
     namespace: str,
 ) -> None:
     node, _ = await one_gpu_with_pods(kube, make_policy, plugin_node, namespace, MPS_20G, 4, ["keep"])
-    [(gpu, pid)] = node.mps_daemons().items()
+    [(key, pid)] = node.mps_daemons().items()
 
     await node.kill_agent()
     assert process_alive(pid), "the daemon outlives a killed agent: its clients keep their server"
     await node.start_agent()
     await until(lambda: "MPS control daemon adopted" in node.agent_log, what="the daemon to be adopted")
-    assert node.mps_daemons() == {gpu: pid}, "adopted, not restarted under the running pod"
+    assert node.mps_daemons() == {key: pid}, "adopted, not restarted under the running pod"
 
     await kube.delete(f"/api/v1/namespaces/{namespace}/pods/keep")
     await gone(kube, namespace, ["keep"])
@@ -218,7 +222,7 @@ async def test_turning_isolation_off_under_a_running_pod_holds_its_device_and_da
     was published (MPS), held with the pending-change taint, and its daemon runs until it is released."""
     node, policy = await one_gpu_with_pods(kube, make_policy, plugin_node, namespace, MPS_20G, 4, ["kept"])
     held = (await result_of(kube, namespace, "kept"))["device"]
-    [(gpu, pid)] = node.mps_daemons().items()
+    [(key, pid)] = node.mps_daemons().items()
 
     await kube.merge_patch(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{policy}",
                            {"spec": {"slicing": {"isolation": "None"}}})
@@ -232,7 +236,7 @@ async def test_turning_isolation_off_under_a_running_pod_holds_its_device_and_da
     kept = devices[held]
     assert kept["attributes"]["gpuslice.dev/isolation"] == {"string": "MPS"}, "the held device is as it was"
     assert any(t["key"] == "gpuslice.dev/pending-change" for t in kept.get("taints") or [])
-    assert node.mps_daemons() == {gpu: pid}, "its daemon runs on under the pod"
+    assert node.mps_daemons() == {key: pid}, "its daemon runs on under the pod"
 
     await kube.delete(f"/api/v1/namespaces/{namespace}/pods/kept")
     await gone(kube, namespace, ["kept"])

@@ -60,7 +60,7 @@ class PreparedDevice(pydantic.BaseModel):
     consumed_memory: int | None = None
     admin_access: bool = False
     mig: MigRecord | None = None
-    mps: bool = False  # a client of its GPU's MPS control daemon (isolation MPS): the daemon runs while it is here
+    mps: bool = False  # a client of the MPS daemon of its GPU and namespace (isolation MPS): it runs while this is here
     policy: str | None = None  # the device's policy, as published when it was prepared
     allocated: int | None = None  # bytes of GPU memory the claim was allocated: its use is measured against it
 

@@ -8,8 +8,9 @@ so that a device cannot vanish between that check and the ``started`` checkpoint
 which from then on counts as allocated for the publisher. Then each device is
 prepared by its mode (``modes``), one CDI spec is written for the claim, and the
 checkpoint says ``completed``; only then does the kubelet get the CDI ids. A device of a policy
-with ``slicing.isolation: MPS`` makes its GPU's MPS control daemon run (``agent.mps``) before the
-spec is written, and its container an MPS client with the claim's limits (``planning.mps``).
+with ``slicing.isolation: MPS`` makes the MPS control daemon of its GPU and the claim's namespace
+run (``agent.mps``) before the spec is written, and its container a client of that daemon with the
+claim's limits (``planning.mps``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.devices import Device
 from gpuslice.planning.grants import Grant, consumed_memory, prefixed
 from gpuslice.planning.modes import environment
-from gpuslice.planning.mps import DaemonDirs, client_edits
+from gpuslice.planning.mps import DaemonDirs, DaemonKey, client_edits
 
 log = structlog.get_logger(__name__)
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -64,6 +65,11 @@ class ClaimRef:
 def grant_memory(record: PreparedDevice, device: Device) -> int:
     """The GPU memory a prepared device stands for: the claim's share of a shared device, else the device's."""
     return record.consumed_memory if record.consumed_memory is not None else device.memory
+
+
+def mps_keys(checkpoint: ClaimCheckpoint) -> set[DaemonKey]:
+    """The daemons the claim is a client of: one per GPU it has MPS devices on, of its namespace."""
+    return {DaemonKey(d.gpu_uuid, checkpoint.namespace) for d in checkpoint.devices if d.mps}
 
 
 async def published_pool(kube: KubeClient, node: str) -> dict[str, Device]:
@@ -166,8 +172,8 @@ class Preparer:
             mps_gpus = sorted({d.gpu_uuid for d in devices if d.mps})
             if len(mps_gpus) > 1:
                 raise DeviceUnusable(
-                    f"claim {claim} was allocated MPS devices of {len(mps_gpus)} GPUs ({', '.join(mps_gpus)}); one MPS"
-                    " control daemon serves each GPU and a CUDA process connects to one, so a claim of a policy with"
+                    f"claim {claim} was allocated MPS devices of {len(mps_gpus)} GPUs ({', '.join(mps_gpus)}); an MPS"
+                    " control daemon serves one GPU and a CUDA process connects to one, so a claim of a policy with"
                     " slicing.isolation: MPS may hold devices of one GPU only. Ask for them on one GPU (a"
                     " matchAttribute constraint on gpu.gpuslice.dev/parentUUID), or in separate claims and pods.")
             checkpoint = ClaimCheckpoint(uid=claim.uid, namespace=claim.namespace, name=claim.name, phase="started",
@@ -228,11 +234,11 @@ class Preparer:
             if access.common is not None:  # the NVIDIA toolkit's libraries and hooks, once per claim
                 shared = shared + access.common
             done.append(record.model_copy(update={"cdi_ids": [cdi.qualified(name)]}))
-        for gpu, dirs in daemons.items():
+        for key, dirs in daemons.items():
             # Every MPS device of the claim is on this GPU (checked at start): once for the claim, its
             # containers may allocate all of them.
             allocated = sum(grant_memory(d, devices[d.device]) for d in checkpoint.devices if d.mps)
-            shared += client_edits(dirs, allocated, self.ops.gpu(gpu).memory)
+            shared += client_edits(dirs, allocated, self.ops.gpu(key.gpu).memory)
         common = shared + cdi.ContainerEdits(env=prefixed({"CLAIM": str(claim), "DEVICES": ",".join(
             r.device for r in done)}))
         spec = cdi.claim_spec(edits, common)
@@ -243,24 +249,26 @@ class Preparer:
         log.info("claim prepared", claim=str(claim), uid=claim.uid, devices=[d.device for d in done])
         return done
 
-    async def _mps_daemons(self, claim: ClaimRef, checkpoint: ClaimCheckpoint) -> dict[str, DaemonDirs]:
-        """The MPS control daemon of each GPU the claim has MPS devices on, running (started if needed)."""
+    async def _mps_daemons(self, claim: ClaimRef, checkpoint: ClaimCheckpoint) -> dict[DaemonKey, DaemonDirs]:
+        """The MPS control daemon of the claim's namespace on each GPU the claim has MPS devices on,
+        running (started if needed)."""
         found = {}
-        for gpu in sorted({d.gpu_uuid for d in checkpoint.devices if d.mps}):
+        for key in sorted(mps_keys(checkpoint)):
             try:
-                found[gpu] = await self.mps.ensure(gpu)
+                found[key] = await self.mps.ensure(key)
             except MpsError as error:
                 raise DeviceUnusable(f"claim {claim}: {error}") from error
         if found:
             kill_point("prepare-mps-started")
         return found
 
-    def _needs_mps(self, gpu: str) -> Callable[[], bool]:
-        return lambda: gpu in self.mps_gpus()
+    def _needs_mps(self, key: DaemonKey) -> Callable[[], bool]:
+        return lambda: key in self.mps_daemons()
 
-    def mps_gpus(self) -> set[str]:
-        """GPUs whose MPS control daemon must run: those a checkpoint (any phase) has MPS devices on."""
-        return {d.gpu_uuid for c in self.checkpoints.all() for d in c.devices if d.mps}
+    def mps_daemons(self) -> set[DaemonKey]:
+        """The MPS control daemons that must run: of each GPU and namespace a checkpoint (any phase)
+        has MPS devices on."""
+        return {key for c in self.checkpoints.all() for key in mps_keys(c)}
 
     async def _access(self, claim: ClaimRef, record: PreparedDevice, device: Device,
                       instance: MigInstance | None) -> Access:
@@ -298,8 +306,8 @@ class Preparer:
             await prep_of(record.mode).unprepare(self.ops, record)
         await asyncio.to_thread(self.cdi.remove, checkpoint.uid)
         await asyncio.to_thread(self.checkpoints.remove, checkpoint.uid)
-        for gpu in sorted({d.gpu_uuid for d in checkpoint.devices if d.mps}):
-            await self.mps.release(gpu, self._needs_mps(gpu))
+        for key in sorted(mps_keys(checkpoint)):
+            await self.mps.release(key, self._needs_mps(key))
 
     def held_devices(self) -> set[str]:
         """Devices of this pool that a local checkpoint names (prepared, or being prepared): the

@@ -8,8 +8,8 @@ ours that no ``completed`` checkpoint backs is removed. On GPUs that serve dynam
 MIG, an instance no checkpoint backs is destroyed: its placement is published as
 free, and a claim given it would fail to make it. Instances of a static layout are
 never touched here. The MPS control daemons an earlier agent left are adopted where
-a completed claim still has MPS devices on their GPU and stopped elsewhere, and a GPU
-that needs one and has none gets one (``agent.mps.daemons``). A completed claim whose
+a completed claim of their namespace still has MPS devices on their GPU and stopped
+elsewhere, and a GPU and namespace that need one and have none get one (``agent.mps.daemons``). A completed claim whose
 ResourceClaim is gone (the kubelet never unprepared it: force-deleted pod, node down)
 is unprepared.
 """
@@ -72,7 +72,7 @@ async def recover(preparer: Preparer, dynamic_mig_gpus: set[str]) -> Recovered:
                 log.error("could not clear MIG instances no claim backs; will try again at the next start",
                           gpu=uuid, error=str(error))
     try:
-        await preparer.mps.adopt(preparer.mps_gpus())
+        await preparer.mps.adopt(preparer.mps_daemons())
     except MpsError as error:  # the supervision loop tries again
         log.error("an MPS control daemon could not be started at start-up; will retry", error=str(error))
     if found.rebooted:

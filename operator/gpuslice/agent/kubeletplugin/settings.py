@@ -59,8 +59,8 @@ class PluginSettings:
     cdi_dir: Path = Path("/var/run/cdi")
     state_dir: Path | None = None
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
-    mps_dir: Path | None = None  # each GPU's MPS pipe and log directories; unset: <state dir>/mps
-    mps_shm_dir: Path = Path("/dev/shm/gpuslice-mps")  # each GPU's MPS shared memory (the host's tmpfs)
+    mps_dir: Path | None = None  # the MPS daemons' pipe and log directories; unset: <state dir>/mps
+    mps_shm_dir: Path = Path("/dev/shm/gpuslice-mps")  # the MPS daemons' shared memory (the host's tmpfs)
 
     @property
     def paths(self) -> PluginPaths:

@@ -1,15 +1,24 @@
-"""One MPS control daemon per GPU that has MPS devices prepared, supervised by the agent.
+"""One MPS control daemon per GPU and tenant namespace with MPS devices prepared, supervised by the agent.
 
-Which GPUs need one is what the claim checkpoints say (a device prepared with ``mps``), never
-what is in memory: a daemon is started before the first such claim's CDI spec is written
-(prepare), stopped once the last such claim is unprepared, started again when it dies (the
-supervision loop, with backoff), and at the agent's start matched against the checkpoints that
-survived: a daemon of a GPU that still needs one is adopted, any other is stopped, a missing one
-is started before the kubelet plugin registers.
+A daemon's pipe directory holds its control socket, which any client can send ``quit``,
+``terminate_client`` or ``set_*``, and its shared-memory directory is its clients' ``/dev/shm``:
+so a daemon serves the claims of one namespace only, never two tenants (NVIDIA's DRA driver
+likewise runs one per claim). Several daemons on one GPU each start their own MPS server, and the
+GPU time-slices between servers: that is the cost; the clients of one namespace share a server
+and run concurrently.
 
-Each daemon gets its GPU's directories (``<mps dir>/<gpu tag>/pipe`` and ``log``, and
-``<mps shm dir>/<gpu tag>``, with the tag of ``planning.devices.gpu_tag``: short, so the
-sockets in the pipe directory stay within a unix socket path's 107 bytes),
+Which (GPU, namespace) pairs need one is what the claim checkpoints say (a device prepared with
+``mps``, and the claim's namespace), never what is in memory: a daemon is started before the
+first such claim's CDI spec is written (prepare), stopped once the last such claim is unprepared,
+started again when it dies (the supervision loop, with backoff), and at the agent's start matched
+against the checkpoints that survived: a daemon that is still needed is adopted, any other is
+stopped, a missing one is started before the kubelet plugin registers.
+
+Each daemon gets its own directories (``<mps dir>/<gpu tag>/<namespace tag>/pipe`` and ``log``,
+and ``<mps shm dir>/<gpu tag>/<namespace tag>``, with the tags of ``planning.devices.gpu_tag`` and
+``planning.mps.namespace_tag``: short and of fixed length, so the sockets in the pipe directory
+stay within a unix socket path's 107 bytes whatever the namespace's name; its record names the
+namespace, and a tag that some other namespace's daemon holds is refused, never shared),
 ``CUDA_VISIBLE_DEVICES`` set to its GPU's UUID (so its clients see that GPU alone, as device
 0), and its own session: an agent that dies (SIGKILL, OOM) does not take
 it along, so running clients keep their daemon and the next agent adopts it. A record of what was
@@ -42,15 +51,19 @@ from prometheus_client import Counter, Gauge
 
 from gpuslice.agent.gpus import GpuBackend, GpuBackendError
 from gpuslice.planning.devices import gpu_tag
-from gpuslice.planning.mps import DaemonDirs
+from gpuslice.planning.mps import DaemonDirs, DaemonKey, namespace_tag
 
 log = structlog.get_logger(__name__)
 RECORD = "daemon.json"
 READY_FILES = ("nvidia-cuda-mps-control.pid", "control")
-DAEMONS = Gauge("gpuslice_agent_mps_daemons", "MPS control daemons the agent runs (one per GPU with MPS devices"
-                " prepared).", ["node"])
+# Room for the names of the sockets in a pipe directory: the daemon's "control" and the others it
+# and its servers make there, with some to spare.
+SOCKET_NAME_ROOM = 20
+MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+DAEMONS = Gauge("gpuslice_agent_mps_daemons", "MPS control daemons the agent runs (one per GPU and tenant"
+                " namespace with MPS devices prepared).", ["node"])
 RESTARTS = Counter("gpuslice_agent_mps_daemon_restarts_total", "MPS control daemons the agent found dead and"
-                   " started again.", ["node", "gpu"])
+                   " started again.", ["node", "gpu", "namespace"])
 
 
 class MpsError(Exception):
@@ -74,49 +87,67 @@ class _Retry:
 class MpsDaemons:
     node: str
     backend: GpuBackend
-    root: Path  # <mps dir>: one directory per GPU, with pipe/, log/ and the record
-    shm_root: Path  # <mps shm dir>: one shared-memory directory per GPU
+    root: Path  # <mps dir>: per GPU, a directory per namespace with pipe/, log/ and the record
+    shm_root: Path  # <mps shm dir>: per GPU, a shared-memory directory per namespace
     proc: Path = Path("/proc")  # the agent's own: its daemons are in its PID namespace
     ready_timeout: float = 15.0
     stop_timeout: float = 5.0
     on_restart: Callable[[str, str], Awaitable[None]] | None = None  # (gpu, message): a Node Event
-    running: dict[str, Running] = field(default_factory=dict)
-    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-    _retry: dict[str, _Retry] = field(default_factory=dict)
+    running: dict[DaemonKey, Running] = field(default_factory=dict)
+    _locks: dict[DaemonKey, asyncio.Lock] = field(default_factory=dict)
+    _retry: dict[DaemonKey, _Retry] = field(default_factory=dict)
 
-    def dirs(self, gpu: str) -> DaemonDirs:
-        home = self.home(gpu)
-        return DaemonDirs(home / "pipe", home / "log", self.shm_root / gpu_tag(gpu))
+    def dirs(self, key: DaemonKey) -> DaemonDirs:
+        home = self.home(key)
+        return DaemonDirs(home / "pipe", home / "log", self.shm_root / gpu_tag(key.gpu) / namespace_tag(key.namespace))
 
-    def home(self, gpu: str) -> Path:
-        return self.root / gpu_tag(gpu)
+    def home(self, key: DaemonKey) -> Path:
+        return self.root / gpu_tag(key.gpu) / namespace_tag(key.namespace)
 
-    def lock(self, gpu: str) -> asyncio.Lock:
-        return self._locks.setdefault(gpu, asyncio.Lock())
+    def lock(self, key: DaemonKey) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
 
-    def pid(self, gpu: str) -> int | None:
-        running = self.running.get(gpu)
+    def pid(self, key: DaemonKey) -> int | None:
+        running = self.running.get(key)
         return running.pid if running is not None and self._alive(running) else None
 
     # Starting and stopping
 
-    async def ensure(self, gpu: str) -> DaemonDirs:
-        """The GPU's daemon, started if it is not running; its directories."""
-        async with self.lock(gpu):
-            running = self.running.get(gpu)
+    async def ensure(self, key: DaemonKey) -> DaemonDirs:
+        """The daemon of the namespace on the GPU, started if it is not running; its directories."""
+        async with self.lock(key):
+            running = self.running.get(key)
             if running is None or not self._alive(running):
-                await self._start(gpu)
-            return self.dirs(gpu)
+                await self._start(key)
+            return self.dirs(key)
 
-    async def release(self, gpu: str, still_needed: Callable[[], bool]) -> None:
-        """Stop the GPU's daemon unless ``still_needed()`` (asked under the GPU's lock, so a prepare
-        that wrote its checkpoint first keeps it)."""
-        async with self.lock(gpu):
+    async def release(self, key: DaemonKey, still_needed: Callable[[], bool]) -> None:
+        """Stop the daemon unless ``still_needed()`` (asked under its lock, so a prepare that wrote
+        its checkpoint first keeps it)."""
+        async with self.lock(key):
             if not still_needed():
-                await self._stop(gpu)
+                await self._stop(key)
 
-    async def _start(self, gpu: str) -> None:
-        dirs = self.dirs(gpu)
+    def _check_dirs(self, key: DaemonKey, dirs: DaemonDirs) -> None:
+        """Refuse directories another namespace's daemon holds (the same tag: a hash collision) and a
+        pipe directory too long for the sockets in it."""
+        holder = _record_key(self.home(key) / RECORD)
+        other = next((k for k in self.running if k != key and self.home(k) == self.home(key)), None) or (
+            holder if holder != key else None)
+        if other is not None:
+            raise MpsError(f"the MPS directories {self.home(key)} of namespace {key.namespace} on GPU {key.gpu} are"
+                           f" those of namespace {other.namespace}'s daemon (their tags collide); a daemon is never"
+                           " shared across namespaces, so this namespace's MPS claims on this GPU wait until that"
+                           " daemon is stopped")
+        longest = len(os.fsencode(dirs.pipe)) + 1 + SOCKET_NAME_ROOM
+        if longest > MAX_SOCKET_PATH:
+            raise MpsError(f"the MPS pipe directory {dirs.pipe} is too long for the sockets the daemon makes in it"
+                           f" ({longest} of a unix socket path's {MAX_SOCKET_PATH} bytes); give the agent a"
+                           " shorter --mps-dir")
+
+    async def _start(self, key: DaemonKey) -> None:
+        dirs = self.dirs(key)
+        self._check_dirs(key, dirs)
         for directory in (dirs.pipe, dirs.log, dirs.shm):
             directory.mkdir(parents=True, exist_ok=True)
             directory.chmod(0o755 if directory != dirs.shm else 0o1777)  # clients of any user
@@ -127,7 +158,7 @@ class MpsDaemons:
         except GpuBackendError as error:
             raise MpsError(str(error)) from error
         env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
-        env.update({"CUDA_VISIBLE_DEVICES": gpu, "CUDA_MPS_PIPE_DIRECTORY": str(dirs.pipe),
+        env.update({"CUDA_VISIBLE_DEVICES": key.gpu, "CUDA_MPS_PIPE_DIRECTORY": str(dirs.pipe),
                     "CUDA_MPS_LOG_DIRECTORY": str(dirs.log)})
         with (dirs.log / "daemon.out").open("ab") as out:
             try:
@@ -146,33 +177,38 @@ class MpsDaemons:
                 tail = _tail(dirs.log / "daemon.out") or _tail(dirs.log / "control.log")
                 why = f"exited with {process.returncode}" if time.monotonic() <= deadline else \
                     f"was not ready within {self.ready_timeout:.0f} s"
-                raise MpsError(f"the MPS control daemon of GPU {gpu} ({' '.join(daemon)}) {why}"
+                raise MpsError(f"the MPS control daemon of namespace {key.namespace} on GPU {key.gpu}"
+                               f" ({' '.join(daemon)}) {why}"
                                + (f"; its output ends: {tail}" if tail else ""))
             await asyncio.sleep(0.05)
-        self.running[gpu] = running
-        _write_record(self.home(gpu) / RECORD, gpu, running)
+        self.running[key] = running
+        _write_record(self.home(key) / RECORD, key, running)
         DAEMONS.labels(self.node).set(len(self.running))
-        log.info("MPS control daemon started", node=self.node, gpu=gpu, pid=process.pid, pipe=str(dirs.pipe))
+        log.info("MPS control daemon started", node=self.node, gpu=key.gpu, namespace=key.namespace, pid=process.pid,
+                 pipe=str(dirs.pipe))
 
-    async def _stop(self, gpu: str) -> None:
-        running = self.running.pop(gpu, None) or self._recorded(gpu)
-        dirs = self.dirs(gpu)
+    async def _stop(self, key: DaemonKey) -> None:
+        running = self.running.pop(key, None) or self._recorded(key)
+        dirs = self.dirs(key)
         if running is not None and self._alive(running):
-            await self._quit(gpu, dirs)
+            await self._quit(key, dirs)
             if not await self._ended(running, self.stop_timeout):
-                log.warning("the MPS control daemon did not quit; terminating it", node=self.node, gpu=gpu,
-                            pid=running.pid)
+                log.warning("the MPS control daemon did not quit; terminating it", node=self.node, gpu=key.gpu,
+                            namespace=key.namespace, pid=running.pid)
                 self._signal(running, signal.SIGTERM)
                 if not await self._ended(running, self.stop_timeout):
                     self._signal(running, signal.SIGKILL)
                     await self._ended(running, self.stop_timeout)
-            log.info("MPS control daemon stopped", node=self.node, gpu=gpu, pid=running.pid)
-        (self.home(gpu) / RECORD).unlink(missing_ok=True)
+            log.info("MPS control daemon stopped", node=self.node, gpu=key.gpu, namespace=key.namespace,
+                     pid=running.pid)
+        (self.home(key) / RECORD).unlink(missing_ok=True)
         for directory in (dirs.pipe, dirs.shm):  # the log stays, for whoever wants to read it
             shutil.rmtree(directory, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the GPU's shm directory, once its last namespace's is gone
+            dirs.shm.parent.rmdir()
         DAEMONS.labels(self.node).set(len(self.running))
 
-    async def _quit(self, gpu: str, dirs: DaemonDirs) -> None:
+    async def _quit(self, key: DaemonKey, dirs: DaemonDirs) -> None:
         try:
             _, client = self.backend.mps_commands(dirs.shm)
             env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(dirs.pipe), "CUDA_MPS_LOG_DIRECTORY": str(dirs.log)}
@@ -182,67 +218,70 @@ class MpsDaemons:
             async with asyncio.timeout(self.stop_timeout):
                 await process.communicate(b"quit\n")
         except (GpuBackendError, OSError, TimeoutError) as error:
-            log.warning("could not ask the MPS control daemon to quit", node=self.node, gpu=gpu, error=str(error))
+            log.warning("could not ask the MPS control daemon to quit", node=self.node, gpu=key.gpu,
+                        namespace=key.namespace, error=str(error))
 
     # Supervision
 
-    async def adopt(self, needed: Iterable[str]) -> None:
-        """At start: daemons an earlier agent left are adopted where a GPU still needs one, stopped
-        everywhere else; a GPU that needs one and has none gets one."""
+    async def adopt(self, needed: Iterable[DaemonKey]) -> None:
+        """At start: daemons an earlier agent left are adopted where still needed, stopped everywhere
+        else; a (GPU, namespace) that needs one and has none gets one."""
         wanted = set(needed)
-        recorded = [_record_gpu(path) for path in sorted(self.root.glob(f"*/{RECORD}"))] if self.root.is_dir() else []
-        for gpu in filter(None, recorded):
-            running = self._recorded(gpu)
+        records = sorted(self.root.glob(f"*/*/{RECORD}")) if self.root.is_dir() else []
+        for key in filter(None, map(_record_key, records)):
+            running = self._recorded(key)
             alive = running is not None and self._alive(running)
-            if gpu in wanted and running is not None and alive:
-                self.running[gpu] = running
-                log.info("MPS control daemon adopted", node=self.node, gpu=gpu, pid=running.pid)
-            elif gpu not in wanted:
-                async with self.lock(gpu):
-                    await self._stop(gpu)
-            # A needed GPU whose daemon died with the earlier agent (its container) gets a new one
-            # below, in the same directories: its clients' containers have them bind-mounted, and a
+            if key in wanted and running is not None and alive:
+                self.running[key] = running
+                log.info("MPS control daemon adopted", node=self.node, gpu=key.gpu, namespace=key.namespace,
+                         pid=running.pid)
+            elif key not in wanted:
+                async with self.lock(key):
+                    await self._stop(key)
+            # A needed daemon that died with the earlier agent (its container) gets a new one below,
+            # in the same directories: its clients' containers have them bind-mounted, and a
             # directory made anew would be another one, empty, for them.
-        for gpu in sorted(wanted - set(self.running)):
-            await self.ensure(gpu)
+        for key in sorted(wanted - set(self.running)):
+            await self.ensure(key)
         DAEMONS.labels(self.node).set(len(self.running))
 
-    async def reconcile(self, needed: Callable[[], set[str]]) -> None:
+    async def reconcile(self, needed: Callable[[], set[DaemonKey]]) -> None:
         """One supervision pass: a needed daemon that died is started again (with backoff while it
-        keeps failing); a daemon no GPU needs any more is stopped."""
+        keeps failing); a daemon no claim needs any more is stopped."""
         wanted = needed()
-        for gpu in sorted(wanted):
-            running = self.running.get(gpu)
+        for key in sorted(wanted):
+            running = self.running.get(key)
             if running is not None and self._alive(running):
-                self._retry.pop(gpu, None)
+                self._retry.pop(key, None)
                 continue
-            retry = self._retry.setdefault(gpu, _Retry())
+            retry = self._retry.setdefault(key, _Retry())
             if time.monotonic() < retry.next_try:
                 continue
-            async with self.lock(gpu):
-                running = self.running.get(gpu)
-                if gpu not in needed() or (running is not None and self._alive(running)):
+            async with self.lock(key):
+                running = self.running.get(key)
+                if key not in needed() or (running is not None and self._alive(running)):
                     continue
-                self.running.pop(gpu, None)
+                self.running.pop(key, None)
                 why = ("it died" if running is not None else "it was not running")
                 try:
-                    await self._start(gpu)
+                    await self._start(key)
                 except MpsError as error:
                     retry.failures += 1
                     retry.next_try = time.monotonic() + min(60.0, 2.0 ** retry.failures)
-                    log.error("MPS control daemon could not be started again; will retry", node=self.node, gpu=gpu,
-                              error=str(error), retry_in=retry.next_try - time.monotonic())
+                    log.error("MPS control daemon could not be started again; will retry", node=self.node,
+                              gpu=key.gpu, namespace=key.namespace, error=str(error),
+                              retry_in=retry.next_try - time.monotonic())
                     continue
-            RESTARTS.labels(self.node, gpu).inc()
-            message = f"the MPS control daemon of GPU {gpu} was started again ({why}); MPS clients connected to" \
-                      " it lost their server and must reconnect"
-            log.warning(message, node=self.node, gpu=gpu)
+            RESTARTS.labels(self.node, key.gpu, key.namespace).inc()
+            message = (f"the MPS control daemon of namespace {key.namespace} on GPU {key.gpu} was started again"
+                       f" ({why}); MPS clients connected to it lost their server and must reconnect")
+            log.warning(message, node=self.node, gpu=key.gpu, namespace=key.namespace)
             if self.on_restart is not None:
-                await self.on_restart(gpu, message)
-        for gpu in sorted(set(self.running) - wanted):
-            await self.release(gpu, _member(gpu, needed))
+                await self.on_restart(key.gpu, message)
+        for key in sorted(set(self.running) - wanted):
+            await self.release(key, _member(key, needed))
 
-    async def run(self, stop: asyncio.Event, needed: Callable[[], set[str]], every: float) -> None:
+    async def run(self, stop: asyncio.Event, needed: Callable[[], set[DaemonKey]], every: float) -> None:
         while not stop.is_set():
             try:
                 await self.reconcile(needed)
@@ -267,9 +306,9 @@ class MpsDaemons:
             return running.process.returncode is None
         return self._start_time(running.pid) == running.started
 
-    def _recorded(self, gpu: str) -> Running | None:
+    def _recorded(self, key: DaemonKey) -> Running | None:
         try:
-            body = json.loads((self.home(gpu) / RECORD).read_text())
+            body = json.loads((self.home(key) / RECORD).read_text())
             return Running(int(body["pid"]), str(body["started"]))
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -293,23 +332,25 @@ class MpsDaemons:
                 os.kill(running.pid, sig)
 
 
-def _member(gpu: str, needed: Callable[[], set[str]]) -> Callable[[], bool]:
-    return lambda: gpu in needed()
+def _member(key: DaemonKey, needed: Callable[[], set[DaemonKey]]) -> Callable[[], bool]:
+    return lambda: key in needed()
 
 
-def _write_record(path: Path, gpu: str, running: Running) -> None:
+def _write_record(path: Path, key: DaemonKey, running: Running) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps({"gpu": gpu, "pid": running.pid, "started": running.started}) + "\n")
+    temporary.write_text(json.dumps({"gpu": key.gpu, "namespace": key.namespace, "pid": running.pid,
+                                     "started": running.started}) + "\n")
     temporary.replace(path)
 
 
-def _record_gpu(path: Path) -> str | None:
+def _record_key(path: Path) -> DaemonKey | None:
     try:
-        gpu = json.loads(path.read_text())["gpu"]
+        body = json.loads(path.read_text())
+        gpu, namespace = body["gpu"], body["namespace"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return gpu if isinstance(gpu, str) else None
+    return DaemonKey(gpu, namespace) if isinstance(gpu, str) and isinstance(namespace, str) else None
 
 
 def _tail(path: Path, lines: int = 3) -> str:
