@@ -98,6 +98,10 @@ async def test_a_kubelet_naming_its_pool_after_a_selected_node_lures_no_tenant(
                             "capacity": {"memory": {"value": "10G"}}}
     path = await publish_as_kubelet(cluster, tmp_path, rogue, f"lure-{rogue}", real,
                                     await pool_generation(kube, real) + 1000, [lure])
+    # The scheduler sees a node's own slices only when it considers that node: with the real node
+    # open it may pick it (a genuine device, no harm done) or the rogue one first. Cordoned, the
+    # rogue node is the only candidate, so the lure is tried every time.
+    await kube.merge_patch(f"/api/v1/nodes/{real}", {"spec": {"unschedulable": True}})
     try:
         await wait_for(lambda: get_or_none(kube, f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates/gpu-slice"),
                        what="the tenant's claim template")
@@ -112,6 +116,8 @@ async def test_a_kubelet_naming_its_pool_after_a_selected_node_lures_no_tenant(
         pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/victim")
         assert not pod["spec"].get("nodeName"), f"scheduled onto {pod['spec'].get('nodeName')}"
     finally:
+        with contextlib.suppress(KubeError):
+            await kube.merge_patch(f"/api/v1/nodes/{real}", {"spec": {"unschedulable": None}})
         with contextlib.suppress(KubeError):
             await kube.delete(path)
         with contextlib.suppress(KubeError):
