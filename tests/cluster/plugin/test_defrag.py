@@ -330,7 +330,11 @@ async def test_a_gpu_being_freed_goes_to_the_claim_it_is_freed_for_and_no_other(
         body = await kube.get(f"{claims}/{name}")
         body["status"] = {"allocation": {"devices": {"results": [
             {"request": "gpu", "driver": "gpu.gpuslice.dev", "pool": node.name,
-             "device": f"{gpu_tag}-{fleet.policy}-full"}]}}}
+             "device": f"{gpu_tag}-{fleet.policy}-full"}]},
+            # As the scheduler writes it: the tenancy rule takes a policy's device only from the pool
+            # of the node the allocation is for.
+            "nodeSelector": {"nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node.name]}]}]}}}
         try:
             await kube.request("PUT", f"{claims}/{name}/status", body, query={"dryRun": "All"})
         except KubeError as error:
