@@ -84,14 +84,35 @@ async def rush(kube: KubeClient, ns: str, bodies: dict[str, dict[str, Any]], mem
             quiet[:] = [] if fits else (quiet or [now])
             return not fits and now - quiet[0] >= 5
 
-        await wait_for(settled, within=240, every=0.5,
-                       what=f"the rush to settle (held {held.now / GI:.0f}Gi, waiting {sorted(set(bodies) - set(held.claims))})")
+        try:
+            await wait_for(settled, within=240, every=0.5, what=f"the rush to settle (held {held.now / GI:.0f}Gi)")
+        except AssertionError as error:
+            raise AssertionError(f"{error}; {await why_waiting(kube, ns, sorted(set(bodies) - set(held.claims)))}") from None
     finally:
         stop.set()
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
     return held
+
+
+async def why_waiting(kube: KubeClient, ns: str, waiting: list[str]) -> str:
+    """What a stalled rush was waiting on: the ledger's charges and, for some waiting pods, the
+    scheduler's condition and their last Event (so a stall in CI can be explained from its log)."""
+    said = [f"waiting {waiting}"]
+    for ledger in await kube.list(LEDGERS):
+        if ledger["metadata"]["name"].endswith(f".{ns}"):
+            status = ledger.get("status") or {}
+            said.append(f"ledger charges {(status.get('heldBytes') or 0) / GI}Gi in {len(status.get('charges') or [])}"
+                        f" charges: {status.get('charges')}")
+    events = await kube.list(f"/api/v1/namespaces/{ns}/events")
+    for name in waiting[:4]:
+        pod = await kube.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+        scheduled = [c for c in pod.get("status", {}).get("conditions", []) if c.get("type") == "PodScheduled"]
+        last = [f"{e.get('lastTimestamp') or e.get('eventTime')} {e.get('reason')}: {e.get('message')}"
+                for e in events if e["involvedObject"]["name"] == name][-2:]
+        said.append(f"pod {name}: {scheduled} {last}")
+    return "; ".join(said)
 
 
 async def latency(webhook: WebhookProcess) -> str:

@@ -187,7 +187,11 @@ async def test_killed_mid_prepare_the_agent_recovers_with_no_orphan_daemon(
     assert node.env(namespace, "w")["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={20 * 10**9 // MIB}M"
     await kube.delete(f"/api/v1/namespaces/{namespace}/pods/w")
     await gone(kube, namespace, ["w"])
-    await until(lambda: node.mps_daemons() == {}, what="the daemon to be stopped")
+    try:
+        await until(lambda: node.mps_daemons() == {}, what="the daemon to be stopped")
+    except AssertionError as error:  # what the agent did, so that a failure in CI can be explained
+        said = [line[:300] for line in node.agent_log.splitlines() if "unprepare" in line or "MPS" in line]
+        raise AssertionError(f"{error}; the agent said: {said[-12:]}") from None
     assert not process_alive(pid)
 
 
