@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -88,7 +89,12 @@ class Defragmenter:
         others = [m for m in reading.cluster.in_flight if m not in moves_in_flight([body])]
         waiting = {w.pod.uid for w in reading.waiting}
         self.told = {uid: said for uid, said in self.told.items() if uid in waiting}  # only pods still waiting
-        for plan in plan_defrag(reading.cluster, aged):
+        plans = plan_defrag(reading.cluster, aged)
+        # Each look that had pods to help, and what the planner said of them: how a run that moved
+        # little can be told apart from one that could not (NotNeeded: a device is free already).
+        log.info("defragmentation looked", policy=name, waiting=len(reading.waiting), aged=len(aged),
+                 verdicts=dict(Counter(p.verdict for p in plans)))
+        for plan in plans:
             if plan.verdict in ("NotNeeded", "InFlight"):
                 continue
             if not plan.ready:
