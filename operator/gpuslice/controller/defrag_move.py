@@ -48,6 +48,7 @@ from gpuslice.kube.client import (
     NotFound,
     ServerError,
     TooManyRequests,
+    refused_by_disruption_budget,
 )
 from gpuslice.observability.failpoints import failpoint
 from gpuslice.planning.defrag_facts import PodFacts, opted_out_namespaces, pod_blocker
@@ -241,12 +242,9 @@ class Mover:
                                    retry=NO_RETRY)
         except (NotFound, Conflict):
             return None  # gone, or another pod of that name now: ours is gone
-        except TooManyRequests as error:
-            return "Disruption", (f"the eviction of {victim.namespace}/{victim.name} was refused ({error.message});"
-                                  " nothing more was evicted")
-        except ServerError as error:
-            if "PodDisruptionBudget" not in error.message:
-                raise  # the server failed: the next step tries again, until the move expires
+        except (TooManyRequests, ServerError) as error:
+            if not refused_by_disruption_budget(error):
+                raise  # the server failed or shed load: the next step tries again, until the move expires
             return "Disruption", (f"the eviction of {victim.namespace}/{victim.name} was refused ({error.message});"
                                   " nothing more was evicted")
         except Forbidden as error:

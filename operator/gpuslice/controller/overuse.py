@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from gpuslice.kube.client import KubeClient, KubeError, NotFound, TooManyRequests
+from gpuslice.kube.client import KubeClient, KubeError, NotFound, TooManyRequests, refused_by_disruption_budget
 from gpuslice.kube.events import create_event, pod_ref
 from gpuslice.observability.metrics import OVERUSE_ACTIONS
 from gpuslice.planning.overuse import CONDITION, OverusingPod, overusing_pods, reserved_pods
@@ -131,6 +131,10 @@ class OveruseEnforcer:
             return
         except TooManyRequests as error:
             self._later(state)
+            if not refused_by_disruption_budget(error):  # the server shedding load, not a budget
+                log.warning("the API server is busy; will try the eviction of an overusing pod again", pod=pod.ref,
+                            policy=policy, error=error.message)
+                return
             log.warning("a PodDisruptionBudget holds the eviction of an overusing pod; will try again", pod=pod.ref,
                         policy=policy, error=error.message)
             OVERUSE_ACTIONS.labels(pod.node, policy, pod.namespace, "eviction_blocked").inc()

@@ -156,6 +156,20 @@ _BY_STATUS: dict[int, type[KubeError]] = {
 }
 
 
+DISRUPTION_BUDGET_CAUSE = "DisruptionBudget"  # policy/v1 DisruptionBudgetCause
+SEVERAL_BUDGETS = "more than one PodDisruptionBudget"  # the Eviction API's 500 for a pod under several
+
+
+def refused_by_disruption_budget(error: KubeError) -> bool:
+    """Whether an eviction was refused for PodDisruptionBudgets: a 429 whose causes name the
+    budget, or the 500 for a pod under several budgets. A 429 without that cause is the server
+    shedding load (priority and fairness): a retry, not a refusal."""
+    if isinstance(error, TooManyRequests):
+        causes = (error.body.get("details") or {}).get("causes") or []
+        return any(isinstance(c, dict) and c.get("type") == DISRUPTION_BUDGET_CAUSE for c in causes)
+    return isinstance(error, ServerError) and SEVERAL_BUDGETS in error.message
+
+
 def _seconds(value: str | None) -> float | None:
     try:
         return max(0.0, float(value)) if value else None

@@ -24,6 +24,7 @@ from gpuslice.kube.client import (
     ServerError,
     TooManyRequests,
     Unreachable,
+    refused_by_disruption_budget,
 )
 from gpuslice.kube.credentials import Credentials
 from gpuslice.kube.transport import AiohttpTransport
@@ -285,3 +286,19 @@ def test_kopf_backoffs_never_run_out_and_start_afresh_for_each_request() -> None
     backoffs = EndlessBackoff()
     assert list(itertools.islice(backoffs, 7)) == [0.5, 1.0, 2.0, 3.0, 5.0, 5.0, 5.0]
     assert next(iter(backoffs)) == 0.5, "each request iterates anew (Kopf chains the iterable per request)"
+
+
+def test_an_eviction_refused_by_a_budget_is_told_from_a_server_shedding_load() -> None:
+    """The Eviction API's refusals (pkg/registry/core/pod/storage/eviction.go) name the budget in
+    their causes; priority and fairness answers 429 too, with no such cause: that one is retried."""
+    budget = KubeError.of(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
+                          {"details": {"causes": [{"type": "DisruptionBudget",
+                                                   "message": "The disruption budget keep needs 1 healthy pods"}]}})
+    shed = KubeError.of(429, "TooManyRequests", "Too many requests, please try again later.", {}, 1.0)
+    several = KubeError.of(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the"
+                           " eviction subresource does not support.")
+    failed = KubeError.of(500, "InternalError", "etcdserver: request timed out")
+    assert refused_by_disruption_budget(budget)
+    assert refused_by_disruption_budget(several)
+    assert not refused_by_disruption_budget(shed)
+    assert not refused_by_disruption_budget(failed)
