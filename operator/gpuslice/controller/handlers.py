@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import kopf
@@ -34,6 +34,7 @@ from gpuslice.controller.world import FleetMemo, World, parse_policy
 from gpuslice.dra.names import DRIVER, LABEL_POLICY
 from gpuslice.kube.client import EndlessBackoff, KubeClient, KubeError
 from gpuslice.planning.coexistence import other_driver_gpus
+from gpuslice.planning.published import own_pool
 from gpuslice.planning.usage import ClaimView, SliceView, slice_policies
 
 POLICY = (GROUP, VERSION, PLURAL)
@@ -65,14 +66,6 @@ def world(kwargs: dict[str, Any], memo: FleetMemo | None = None, nodes_version: 
         memo=memo,
         other_drivers={node: list(store) for node, store in kwargs["other_driver_index"].items()},
     )
-
-
-def own_pool(spec: Mapping[str, Any]) -> bool:
-    """A slice of gpuslice's driver in its own node's pool, as the agents publish them. A kubelet may
-    publish a slice of its node under any pool name (NodeRestriction checks only spec.nodeName): one
-    named after another node is no device of that node here (the tenancy rule allocates none of it),
-    so it holds no policy's deletion and changes no device's policy."""
-    return spec.get("driver") == DRIVER and spec.get("nodeName") == (spec.get("pool") or {}).get("name")
 
 
 def _overuse_policies(kwargs: dict[str, Any]) -> Policies:

@@ -209,10 +209,19 @@ def drain_lists(objects: Iterable[Body]) -> dict[str, list[str]]:
     return listed
 
 
+def own_pool(spec: Mapping[str, Any]) -> bool:
+    """A slice of gpuslice's driver in its own node's pool, as the agents publish them. A kubelet may
+    publish a slice of its node under any pool name (NodeRestriction checks only spec.nodeName): one
+    named after another node is no device of that node (the tenancy rule allocates none of it), so
+    it holds no policy's deletion, changes no device's policy, and counts in no reading of a pool."""
+    return spec.get("driver") == DRIVER and spec.get("nodeName") == (spec.get("pool") or {}).get("name")
+
+
 def read_pools(slices: Iterable[Body], claims: Iterable[Body] = (), rules: Iterable[Body] = (),
                draining: Mapping[str, Iterable[str]] | None = None) -> list[Pool]:
-    """Each node's pool from our ResourceSlices (other drivers' are ignored), newest generation."""
-    ours = [s for s in slices if (s.get("spec") or {}).get("driver") == DRIVER]
+    """Each node's pool from our ResourceSlices, newest generation: other drivers' slices are
+    ignored, and so are slices a node published under another node's pool name (``own_pool``)."""
+    ours = [s for s in slices if own_pool(s.get("spec") or {})]
     newest: dict[str, int] = {}
     for item in ours:
         pool = item["spec"].get("pool") or {}
