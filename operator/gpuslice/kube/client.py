@@ -110,6 +110,11 @@ class NotReady(Forbidden):
 class NotFound(KubeError):
     """404: the object (or its namespace, or the resource type) does not exist."""
 
+    @property
+    def kind(self) -> str:
+        """The resource the server found missing (``details.kind``: "nodes", "resourceclaims"), or ""."""
+        return str((self.body.get("details") or {}).get("kind") or "")
+
 
 class Conflict(KubeError):
     """409: a write lost a race (resourceVersion) or the name is taken."""
@@ -123,8 +128,18 @@ class Gone(KubeError):
     """410: a watch or list continuation is too old."""
 
 
+IMMUTABLE = "field is immutable"  # apimachinery's validation.FieldImmutableErrorMsg
+
+
 class Invalid(KubeError):
     """422: the object does not validate; ``body['details']['causes']`` names the fields."""
+
+    @property
+    def immutable(self) -> bool:
+        """Whether it was refused for changing a field that cannot change (the object must be replaced)."""
+        causes = (self.body.get("details") or {}).get("causes") or []
+        return IMMUTABLE in self.message or any(
+            isinstance(c, dict) and IMMUTABLE in str(c.get("message") or "") for c in causes)
 
 
 class TooManyRequests(KubeError):

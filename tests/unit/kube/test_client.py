@@ -302,3 +302,18 @@ def test_an_eviction_refused_by_a_budget_is_told_from_a_server_shedding_load() -
     assert refused_by_disruption_budget(several)
     assert not refused_by_disruption_budget(shed)
     assert not refused_by_disruption_budget(failed)
+
+
+def test_a_missing_kind_and_an_immutable_field_are_read_from_the_status_not_its_text() -> None:
+    missing = KubeError.of(404, "NotFound", 'nodes "gpu-1" not found', {"details": {"name": "gpu-1", "kind": "nodes"}})
+    assert isinstance(missing, NotFound)
+    assert missing.kind == "nodes"
+    assert KubeError.of(404, "NotFound", "the server could not find the requested resource").kind == ""  # type: ignore[attr-defined]
+    immutable = KubeError.of(422, "Invalid", 'ResourceClaimTemplate.resource.k8s.io "gpu" is invalid', {
+        "details": {"causes": [{"reason": "FieldValueInvalid", "message": "Invalid value: ...: field is immutable",
+                                "field": "spec"}]}})
+    assert isinstance(immutable, Invalid)
+    assert immutable.immutable
+    other = KubeError.of(422, "Invalid", "spec.devices: Required value", {"details": {"causes": []}})
+    assert isinstance(other, Invalid)
+    assert not other.immutable
