@@ -10,6 +10,7 @@ change is judged on claims read then.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER, PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY
 from gpuslice.dra.resourceslice import resource_slice, slice_name
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.kube.watch import list_all
 from gpuslice.observability.failpoints import failpoint
 from gpuslice.planning.coexistence import other_driver_gpus, taken_gpus
@@ -322,11 +323,8 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
                               [c for s in slices for c in s.shared_counters]))
     deleted = []
     for name in sorted(set(current) - set(wanted)):  # obsolete first, as the upstream helper does
-        try:
+        with contextlib.suppress(NotFound):
             await kube.delete(f"{SLICES}/{name}")
-        except KubeError as error:
-            if error.status != 404:
-                raise
         deleted.append(name)
     written = []
     for name, manifest in manifests.items():

@@ -43,7 +43,7 @@ from gpuslice.agent.usage.podresources import PodResources
 from gpuslice.agent.watches import AgentWatches
 from gpuslice.dra.support import Verdict
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.observability.logging import configure_logging
 from gpuslice.observability.metrics import announce, serve_metrics
 from gpuslice.planning.devices import Device
@@ -108,7 +108,7 @@ async def publish_loop(kube: KubeClient, settings: AgentSettings, gpus: list[Gpu
             backoff.reset()
         except Exception as error:  # the loop is the agent's purpose: it outlives any failed cycle
             wait = backoff.next()
-            if isinstance(error, KubeError) and error.status == 404 and "nodes" in error.message:
+            if isinstance(error, NotFound) and error.kind == "nodes":
                 log.warning("this agent's Node does not exist (yet); will retry", node=node)
             elif isinstance(error, KubeError | aiohttp.ClientError | TimeoutError | ConnectionError):
                 # The apiserver busy (429), restarting or slow: expected at scale, not a bug.

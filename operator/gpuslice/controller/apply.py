@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from gpuslice.dra.names import LABEL_POLICY, short_hash
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import Invalid, KubeClient, KubeError, NotFound
 from gpuslice.kube.paths import collection, object_path
 from gpuslice.observability.failpoints import failpoint
 
@@ -77,9 +77,8 @@ async def apply_object(kube: KubeClient, manifest: dict[str, Any], live: dict[st
     path = object_path(manifest)
     try:
         await kube.apply(path, manifest, field_manager=FIELD_MANAGER)
-    except KubeError as error:
-        immutable = error.status == 422 and "immutable" in error.message
-        if not (immutable and live is not None):
+    except Invalid as error:
+        if not (error.immutable and live is not None):
             raise
         # A ResourceClaimTemplate's spec cannot change: replace the template. Claims
         # already made from it keep their own copy of the spec.
@@ -125,9 +124,10 @@ async def converge(
             try:
                 await kube.delete(path)
                 result.deleted.append(path)
+            except NotFound:
+                pass
             except KubeError as error:
-                if error.status != 404:
-                    result.errors.append(f"deleting {path}: {error.message}")
+                result.errors.append(f"deleting {path}: {error.message}")
     if result.written or result.deleted or result.errors or result.taken:
         log.info("converged", policy=policy, written=result.written, deleted=result.deleted, errors=result.errors,
                  taken=result.taken)

@@ -210,9 +210,7 @@ async def tenancy_unenforced(kube: KubeClient, namespace: str, policy: str, clas
     except KubeError as error:
         if error.transient:
             raise  # e.g. an API server just started, its admission not ready yet: ask again soon
-        if rule in error.message and "failed to configure" in error.message:
-            # The rule is there and fails closed, but the API server cannot evaluate it yet: after a
-            # restart its REST mapper learns the GpuSlicePolicy CRD (the rule's paramKind) within 30 s.
+        if not_configured_yet(error, rule):
             raise NotReady(error.status, error.reason, error.message, error.body) from error
         if rule in error.message and TENANCY_DENIAL in error.message and f"GpuSlicePolicy {policy}" in error.message:
             return await _non_tenants_missing(kube, fix)
@@ -221,6 +219,16 @@ async def tenancy_unenforced(kube: KubeClient, namespace: str, policy: str, clas
                 f" {error.message}.{fix}")
     return (f"tenancy is not enforced: the apiserver admitted a dry-run ResourceClaim for DeviceClass {class_name}"
             f" from namespace {namespace}, which is not a tenant.{fix}")
+
+
+NOT_CONFIGURED = "failed to configure"  # the API server's words for a rule it holds but cannot evaluate yet
+
+
+def not_configured_yet(error: KubeError, rule: str) -> bool:
+    """Whether ``rule`` (as the API server quotes it) is there and fails closed, but the API server
+    cannot evaluate it yet: after a restart its REST mapper learns the rule's paramKind (the
+    GpuSlicePolicy CRD) within 30 s."""
+    return rule in error.message and NOT_CONFIGURED in error.message
 
 
 async def _non_tenants_missing(kube: KubeClient, fix: str) -> str | None:

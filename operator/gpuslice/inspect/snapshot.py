@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuslice.api.ledger import LEDGERS
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRIVER
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotFound, Unauthorized
 from gpuslice.planning.pending import Facts
 from gpuslice.planning.published import drain_lists
 from gpuslice.planning.status_report import Snapshot
@@ -34,13 +34,13 @@ class InspectError(Exception):
 
 
 def _denied(what: str, error: KubeError) -> InspectError:
-    if error.status == 403:
+    if isinstance(error, Forbidden):
         return InspectError(f"reading {what} is forbidden for this identity ({error.message}); bind the ClusterRole"
                             f" {VIEWER} to it.")
-    if error.status == 401:
+    if isinstance(error, Unauthorized):
         return InspectError(f"the API server does not accept this identity's credentials ({error.message}); check"
                             " the kubeconfig (an expired token?).")
-    if error.status == 404 and "GpuSlicePolicies" in what:
+    if isinstance(error, NotFound) and "GpuSlicePolicies" in what:
         return InspectError("the GpuSlicePolicy CRD is not installed in this cluster (kubectl apply -f crds/).")
     return InspectError(f"reading {what} failed: {error}")
 
@@ -55,9 +55,9 @@ async def _list(kube: KubeClient, what: str, path: str, **query: str) -> list[di
 async def _optional(call: Awaitable[Any], what: str, notes: list[str]) -> Any:
     try:
         return await call
+    except NotFound:
+        return None
     except KubeError as error:
-        if error.status == 404:
-            return None
         notes.append(f"{what} could not be read ({error.status} {error.reason}): the map leaves it out")
         return None
 

@@ -41,7 +41,7 @@ from gpuslice.agent.mps.daemons import MpsDaemons, MpsError
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.dra import cdi
 from gpuslice.dra.names import DRIVER
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.planning.devices import Device
 from gpuslice.planning.grants import Grant, consumed_memory, prefixed
 from gpuslice.planning.modes import environment
@@ -124,10 +124,8 @@ class Preparer:
         path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
         try:
             body = await self.kube.get(path)
-        except KubeError as error:
-            if error.status == 404:
-                raise ClaimNotFound(f"claim {claim} does not exist (deleted before it was prepared).") from None
-            raise
+        except NotFound:
+            raise ClaimNotFound(f"claim {claim} does not exist (deleted before it was prepared).") from None
         if body["metadata"].get("uid") != claim.uid:
             raise ClaimNotFound(f"claim {claim} was deleted and recreated (uid {body['metadata'].get('uid')}, the"
                                 f" kubelet asked for {claim.uid}); the kubelet prepares the new one separately.")
@@ -195,12 +193,12 @@ class Preparer:
         for policy, admin in wanted:
             try:
                 body = await self.kube.get(f"{POLICIES}/{policy}")
+            except NotFound:
+                raise NotATenant(f"claim {claim} was allocated devices of GpuSlicePolicy {policy}, which does"
+                                 " not exist now; they are given to no container (if the policy is being"
+                                 " replaced, the kubelet's retry succeeds once it is back; else delete the"
+                                 " pod).") from None
             except KubeError as error:
-                if error.status == 404:
-                    raise NotATenant(f"claim {claim} was allocated devices of GpuSlicePolicy {policy}, which does"
-                                     " not exist now; they are given to no container (if the policy is being"
-                                     " replaced, the kubelet's retry succeeds once it is back; else delete the"
-                                     " pod).") from None
                 raise PluginError(f"claim {claim}: reading GpuSlicePolicy {policy}, whose devices it was"
                                   f" allocated, failed ({error}); the kubelet retries.") from error
             spec = body.get("spec") or {}

@@ -24,7 +24,7 @@ from gpuslice.agent.gpus import GpuBackendError
 from gpuslice.agent.kubeletplugin.checkpoint import ClaimCheckpoint
 from gpuslice.agent.kubeletplugin.prepare import ClaimRef, Preparer
 from gpuslice.agent.mps.daemons import MpsError
-from gpuslice.kube.client import KubeError
+from gpuslice.kube.client import KubeError, NotFound
 
 log = structlog.get_logger(__name__)
 
@@ -93,10 +93,10 @@ async def collect_stale(preparer: Preparer) -> list[str]:
         path = f"/apis/resource.k8s.io/v1/namespaces/{checkpoint.namespace}/resourceclaims/{checkpoint.name}"
         try:
             uid = (await preparer.kube.get(path))["metadata"].get("uid")
-        except KubeError as error:
-            if error.status != 404:
-                continue  # cannot tell now; next time
+        except NotFound:
             uid = None
+        except KubeError:
+            continue  # cannot tell now; next time
         if uid != checkpoint.uid:
             await preparer.unprepare(ClaimRef(checkpoint.namespace, checkpoint.name, checkpoint.uid))
             stale.append(checkpoint.key)
