@@ -26,6 +26,7 @@ from gpuslice.agent.gpus.fake_state import FakeState, FakeStateFile, admin_sets_
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.devcluster.recorded import find_recorded
 from gpuslice.devcluster.state import StateDir, default_state_dir
+from gpuslice.errors import GpusliceError
 from gpuslice.inspect.commands import print_map
 from gpuslice.inventory.nodes import FAKE_COUNT, FAKE_MODEL
 from gpuslice.kube.client import KubeClient, KubeError
@@ -40,7 +41,7 @@ SHAPES = (("h100-80gb", 8), ("a100-40gb", 4))  # as kind/cluster.yaml
 NOTEBOOK_NODE, NOTEBOOK_LABEL = "gpu-node-2", {"gpuslice.dev/pool": "notebooks"}
 
 
-class DemoFailed(Exception):
+class DemoFailed(GpusliceError):
     pass
 
 

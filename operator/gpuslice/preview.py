@@ -19,12 +19,13 @@ from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN
 from gpuslice.dra.resourceslice import resource_slice
+from gpuslice.errors import GpusliceError
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.mig_layout import Instance, layout_targets, steps
 from gpuslice.planning.node_pool import NodePlan, plan_node_pool
 
 
-class PlanError(Exception):
+class PlanError(GpusliceError):
     pass
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.kube.credentials import KubeconfigError
 from gpuslice.settings import KUBECONFIG_HELP
@@ -24,7 +25,7 @@ from gpuslice.settings import KUBECONFIG_HELP
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 
 
-class PoliciesRemain(Exception):
+class PoliciesRemain(GpusliceError):
     """Policies still there when the time ran out; the message names them and what holds them."""
 
 

@@ -39,6 +39,7 @@ from gpuslice.dra.nvidia_cdi import (
     whole_gpu_edits,
 )
 from gpuslice.dra.nvidia_toolkit import NvidiaCdiError
+from gpuslice.errors import GpusliceError
 from gpuslice.inventory.catalog import MI
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model, product_key
@@ -69,7 +70,7 @@ HOST_ROOT = Path("/")  # where the host's files are seen: device-check.sh runs t
 _SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")
 
 
-class WriteRefused(RuntimeError):
+class WriteRefused(GpusliceError, RuntimeError):
     """The check tried an NVML call that is not a query."""
 
 

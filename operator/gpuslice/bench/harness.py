@@ -24,6 +24,7 @@ from gpuslice.devcluster.nodes import fake_gpu_node
 from gpuslice.devcluster.ports import free_port
 from gpuslice.devcluster.process import Component
 from gpuslice.dra.names import DRIVER
+from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.watch import list_all
 
@@ -33,7 +34,7 @@ POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-class BenchError(Exception):
+class BenchError(GpusliceError):
     """The bench could not measure something; the message says what and where to look."""
 
 

@@ -36,6 +36,7 @@ from gpuslice.controller.tenancy import (
 from gpuslice.controller.tenancy_labels import sync_routes
 from gpuslice.controller.world import World
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
+from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.cluster_objects import DeviceRef, desired_ledgers, desired_objects
 from gpuslice.planning.coexistence import mig_manager_active
@@ -172,7 +173,7 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, conv
             ctx.succeeded(name)
 
 
-class ConvergeFailed(Exception):
+class ConvergeFailed(GpusliceError):
     """Something the policy needs could not be put in place (status says what)."""
 
 

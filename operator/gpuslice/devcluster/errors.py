@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from gpuslice.errors import GpusliceError
 
-class DevClusterError(Exception):
+
+class DevClusterError(GpusliceError):
     """A failure the user can fix; the message says what happened and what to do."""
 
     def __init__(self, message: str, *, log_tail: str | None = None) -> None:

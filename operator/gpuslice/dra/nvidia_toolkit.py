@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuslice.dra.cdi import ContainerEdits, DeviceNode
+from gpuslice.errors import GpusliceError
 
 ACCEPTED = ("nvidia.com/gpu", "management.nvidia.com/gpu", "k8s.device-plugin.nvidia.com/gpu")
 GENERATE = ("`nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml` on the node (NVIDIA Container Toolkit"
@@ -29,7 +30,7 @@ _HOST_DRIVER = re.compile(r"^--host-driver-version=(\S+)$")
 _LIBRARY = re.compile(r"^lib(?:cuda|nvidia-ml)\.so\.(\d+(?:\.\d+)+)$")
 
 
-class NvidiaCdiError(Exception):
+class NvidiaCdiError(GpusliceError):
     """A container cannot be given the device; the message says what is missing and the fix."""
 
 

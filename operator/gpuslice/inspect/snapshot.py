@@ -16,6 +16,7 @@ from typing import Any
 
 from gpuslice.api.ledger import LEDGERS
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRIVER
+from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotFound, Unauthorized
 from gpuslice.planning.pending import Facts
 from gpuslice.planning.published import drain_lists
@@ -29,7 +30,7 @@ VIEWER = "gpuslice-viewer (manifests/viewer-rbac.yaml)"
 NAMESPACES_AT_ONCE = 4  # why -A: namespaces read at a time, five lists each, so 20 requests at most
 
 
-class InspectError(Exception):
+class InspectError(GpusliceError):
     """What keeps the command from answering, and what to do about it."""
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import posixpath
 import re
 
+from gpuslice.errors import GpusliceError
+
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 # deviceattribute's verifyPCIBDFFormat, as is.
@@ -24,7 +26,7 @@ BDF = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-9a-f]{1})$")
 _EIGHT_DIGIT_DOMAIN = re.compile(r"^0{4}[0-9a-f]{4}:")  # go-nvlib's pciBusIDPrefixRE
 
 
-class PciAddressError(ValueError):
+class PciAddressError(GpusliceError, ValueError):
     pass
 
 

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuslice.errors import GpusliceError
 
-class KubeconfigError(ValueError):
+
+class KubeconfigError(GpusliceError, ValueError):
     """No credentials could be loaded; the message says why and what to do."""
 
 

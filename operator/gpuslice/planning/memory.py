@@ -22,12 +22,13 @@ from gpuslice.api.ledger import Charge
 from gpuslice.api.status import ClassInForce
 from gpuslice.dra.names import DRIVER, class_policy
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
+from gpuslice.errors import GpusliceError
 
 Body = Mapping[str, Any]
 MemoryOf = Callable[[str, str], int | None]  # (pool, device) -> bytes, None when not known
 
 
-class UnknownDevice(Exception):
+class UnknownDevice(GpusliceError):
     """A device in an allocation that no published slice (yet) describes."""
 
     def __init__(self, pool: str, device: str) -> None:

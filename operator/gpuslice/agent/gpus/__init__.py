@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpuslice.dra.cdi import ContainerEdits
+from gpuslice.errors import GpusliceError
 from gpuslice.inventory.catalog import MigProfile
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.gpu_use import GpuProcess
@@ -23,7 +24,7 @@ from gpuslice.planning.health import Fault
 __all__ = ["Access", "Fault", "GpuBackend", "GpuBackendError", "GpuProcess", "MigInstance"]
 
 
-class GpuBackendError(Exception):
+class GpuBackendError(GpusliceError):
     """The backend cannot see the GPUs, or refused an operation; the message says why and what to do."""
 
 

@@ -32,6 +32,7 @@ import pydantic
 import structlog
 
 from gpuslice.agent.files import remove_durably, write_atomic
+from gpuslice.errors import GpusliceError
 
 log = structlog.get_logger(__name__)
 Phase = Literal["started", "completed"]
@@ -102,7 +103,7 @@ VERSIONS: dict[int, type[ClaimCheckpointV1] | type[ClaimCheckpoint]] = {1: Claim
 LATEST = max(VERSIONS)
 
 
-class CheckpointTooNew(Exception):
+class CheckpointTooNew(GpusliceError):
     """A checkpoint written by a newer agent: this one cannot tell what it records."""
 
 

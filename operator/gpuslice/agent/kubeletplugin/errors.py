@@ -3,8 +3,10 @@ in the pod's Events, so it names the claim, the device and what to do."""
 
 from __future__ import annotations
 
+from gpuslice.errors import GpusliceError
 
-class PluginError(Exception):
+
+class PluginError(GpusliceError):
     """A claim failed; ``str()`` is what the pod's Event shows."""
 
 

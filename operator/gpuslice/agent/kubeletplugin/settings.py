@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice.dra.names import DRIVER
+from gpuslice.errors import GpusliceError
 
 MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 
-class PluginPathError(Exception):
+class PluginPathError(GpusliceError):
     pass
 
 

@@ -50,6 +50,7 @@ import structlog
 from prometheus_client import Counter, Gauge
 
 from gpuslice.agent.gpus import GpuBackend, GpuBackendError
+from gpuslice.errors import GpusliceError
 from gpuslice.planning.devices import gpu_tag
 from gpuslice.planning.mps import DaemonDirs, DaemonKey, namespace_tag
 
@@ -66,7 +67,7 @@ RESTARTS = Counter("gpuslice_agent_mps_daemon_restarts_total", "MPS control daem
                    " started again.", ["node", "gpu", "namespace"])
 
 
-class MpsError(Exception):
+class MpsError(GpusliceError):
     """An MPS control daemon could not be started; the message says why."""
 
 

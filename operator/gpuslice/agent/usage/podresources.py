@@ -18,10 +18,11 @@ import grpc
 
 from gpuslice.agent.kubeletplugin.proto import podresources_pb2, podresources_pb2_grpc
 from gpuslice.dra.names import DRIVER
+from gpuslice.errors import GpusliceError
 from gpuslice.planning.gpu_use import PodRef
 
 
-class PodResourcesError(Exception):
+class PodResourcesError(GpusliceError):
     """The kubelet's PodResources API could not be read; the message says where and why."""
 
 
