@@ -45,7 +45,7 @@ from typing import Any
 
 import structlog
 
-from gpuslice.agent.backoff import Backoff
+from gpuslice.backoff import Backoff
 from gpuslice.dra.names import DRAIN_LIST_LABEL, DRAIN_OBJECT_PREFIX
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 

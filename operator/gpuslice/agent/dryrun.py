@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslice.agent.backoff import spread
+from gpuslice.backoff import spread
 from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN
 from gpuslice.dra.support import lost_fields, lost_gates
 from gpuslice.kube.client import BadRequest, Forbidden, Invalid, KubeClient, KubeError

@@ -32,12 +32,12 @@ from typing import Any
 
 import structlog
 
-from gpuslice.agent.backoff import spread
 from gpuslice.agent.events import policy_ref, record_event
 from gpuslice.agent.files import write_atomic
 from gpuslice.agent.gpus import GpuBackendError
 from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.backoff import spread
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.coexistence import mig_manager_active

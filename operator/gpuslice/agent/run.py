@@ -20,7 +20,6 @@ import aiohttp
 import structlog
 from prometheus_client import REGISTRY, Gauge, Histogram
 
-from gpuslice.agent.backoff import Backoff, spread
 from gpuslice.agent.coexistence import OtherDrivers
 from gpuslice.agent.drain import RECHECK, Drains
 from gpuslice.agent.dryrun import Refusals
@@ -41,6 +40,7 @@ from gpuslice.agent.startup import (
 from gpuslice.agent.usage.collector import UsageCollector, UsageSettings
 from gpuslice.agent.usage.podresources import PodResources
 from gpuslice.agent.watches import AgentWatches
+from gpuslice.backoff import Backoff, spread
 from gpuslice.dra.support import Verdict
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError, NotFound

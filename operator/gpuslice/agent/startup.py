@@ -18,9 +18,9 @@ from typing import TypeVar
 import aiohttp
 import structlog
 
-from gpuslice.agent.backoff import Backoff
 from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.settings import AgentSettings
+from gpuslice.backoff import Backoff
 from gpuslice.dra.support import Verdict
 from gpuslice.inventory.nodes import FAKE_COUNT, FAKE_MODEL
 from gpuslice.kube.client import KubeClient, KubeError, NotFound

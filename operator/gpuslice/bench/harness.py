@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import re
 import time
 from collections import Counter
@@ -17,6 +16,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from gpuslice.backoff import Backoff
 from gpuslice.devcluster import binaries as binaries_module
 from gpuslice.devcluster import operator as gpuslice_install
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
@@ -323,7 +323,7 @@ async def retry(call: Callable[[], Awaitable[T]], attempts: int = 8) -> T:
         except (aiohttp.ClientError, TimeoutError, OSError):
             if attempt == attempts - 1:
                 raise
-        await asyncio.sleep(min(2.0**attempt, 15.0) * random.uniform(0.5, 1.0))
+        await asyncio.sleep(Backoff(1.0, 15.0).after(attempt + 1))
     raise AssertionError("unreachable")
 
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import random
 from collections.abc import Awaitable, Callable
 
 import structlog
 
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
+from gpuslice.backoff import Backoff, spread
 from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotFound
 
 log = structlog.get_logger(__name__)
@@ -77,7 +77,7 @@ async def wait_for_crd(kube: KubeClient, stop: asyncio.Event, while_missing: Cal
     the controller asks and the CRD is not served. Asks again after ``first`` seconds, doubling to
     ``cap``, each half either way at random (a restarted API server is not asked by every
     controller at once)."""
-    delay, said = first, None
+    backoff, said = Backoff(first, cap), None
     while not stop.is_set():
         try:
             state = await crd_state(kube)
@@ -92,9 +92,8 @@ async def wait_for_crd(kube: KubeClient, stop: asyncio.Event, while_missing: Cal
             await while_missing()
         except KubeError as error:
             log.warning("could not ask whether the GpuSlicePolicy CRD is served; asking again", error=str(error))
-        if await _sleep_or_stop(stop, delay * random.uniform(0.5, 1.5)):
+        if await _sleep_or_stop(stop, backoff.next()):
             break
-        delay = min(delay * 2, cap)
     return False
 
 
@@ -107,7 +106,7 @@ async def until_crd_leaves(kube: KubeClient, leaving: asyncio.Event, interval: f
     ``interval`` seconds; the policies' deletion handler asks as soon as the last one goes). A
     failed question is no answer."""
     while not leaving.is_set():
-        await asyncio.sleep(interval * random.uniform(0.5, 1.5))
+        await asyncio.sleep(spread(interval))
         try:
             if await crd_leaving(kube):
                 leaving.set()

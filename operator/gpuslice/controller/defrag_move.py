@@ -28,13 +28,13 @@ from __future__ import annotations
 import asyncio
 import datetime
 import functools
-import random
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import structlog
 
 from gpuslice.api.status import DefragmentationStatus, DefragMove, DefragOutcome, ObjectRef
+from gpuslice.backoff import Backoff
 from gpuslice.controller.defrag_metrics import EVICTIONS, FAILED, FREED, who
 from gpuslice.controller.defrag_read import POLICIES, RESOURCE, tenants_of
 from gpuslice.controller.events import post_object_event
@@ -59,6 +59,9 @@ from gpuslice.planning.taints import device_gpu
 log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]
 WRITE_TRIES = 8
+
+
+CONFLICT_BACKOFF = Backoff(0.1, 2.0)  # another writer of the policy's status: read again after a moment
 
 
 def stamp(moment: datetime.datetime) -> str:
@@ -107,7 +110,7 @@ async def update_defrag(kube: KubeClient, policy: str,
             await kube.merge_patch(f"{POLICIES}/{policy}/status", patch)
             return None
         except Conflict:
-            await asyncio.sleep(random.uniform(0.05, 0.2) * 2 ** min(attempt, 4))
+            await asyncio.sleep(CONFLICT_BACKOFF.after(attempt + 1))
     raise KubeError(409, "Conflict", f"status.defragmentation of GpuSlicePolicy {policy} kept changing", None)
 
 

@@ -21,7 +21,6 @@ starts over, or a new leader, does not post one twice. Everything here runs only
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from gpuslice.backoff import Backoff
 from gpuslice.kube.client import KubeClient, KubeError, NotFound, TooManyRequests, refused_by_disruption_budget
 from gpuslice.kube.events import create_event, pod_ref
 from gpuslice.observability.metrics import OVERUSE_ACTIONS
@@ -172,7 +172,7 @@ class OveruseEnforcer:
 
     def _later(self, state: _Eviction) -> None:
         state.failures += 1
-        delay = min(FIRST_RETRY * 2 ** (state.failures - 1), LAST_RETRY) * random.uniform(0.5, 1.5)
+        delay = Backoff(FIRST_RETRY, LAST_RETRY).after(state.failures)
         state.next_at = self.clock() + delay
 
     async def _event(self, kube: KubeClient, pod: OverusingPod, reason: str, message: str,

@@ -20,6 +20,7 @@ import structlog
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.api.status import AdmittedTenant, ClassInForce
+from gpuslice.backoff import Backoff
 from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
 from gpuslice.controller.apply import LEDGER_KINDS, LIMIT_KINDS, REST_KINDS, ApplyResult, converge
 from gpuslice.controller.events import post_event
@@ -123,8 +124,9 @@ class Context:
         seen, count = self.failures.get(policy, (generation, 0))
         count = count + 1 if seen == generation else 1
         self.failures[policy] = (generation, count)
-        delay = min(self.first_retry * 2.0 ** (count - 1), min(TRANSIENT_RETRY, self.last_retry) if transient
-                    else self.last_retry)
+        # Not spread: one controller retries one policy, no fleet arrives in step.
+        limit = min(TRANSIENT_RETRY, self.last_retry) if transient else self.last_retry
+        delay = Backoff(self.first_retry, limit, jitter=False).after(count)
         self.retry_at[policy] = self.clock() + delay
         self.unconverged.add(policy)
         return delay

@@ -20,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime
-import random
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from gpuslice import certs
+from gpuslice.backoff import Backoff, spread
 from gpuslice.dra.names import (
     CONTROLLER_NAMESPACE,
     MANAGED_BY,
@@ -159,18 +159,19 @@ async def ensure_webhook_tls(kube: KubeClient, settings: TlsSettings, now: datet
 async def keep_webhook_tls(kube: KubeClient, settings: TlsSettings, stop: asyncio.Event, interval: float) -> None:
     """``ensure_webhook_tls`` every ``interval`` seconds (sooner right after a new CA), until ``stop``;
     a pass that fails is tried again after 2 s doubling to ``interval``, with jitter."""
-    delay = 2.0
+    backoff = Backoff(2.0, interval)
     while not stop.is_set():
         try:
             done = await ensure_webhook_tls(kube, settings)
             # Soon again after a new CA (the serving certificate follows), or while there is no
             # webhook configuration to give the CA to (installed after the controller started).
-            wait = min(interval, 10.0) if done.again_soon else interval
-            delay = 2.0
+            wait = spread(min(interval, 10.0) if done.again_soon else interval)
+            backoff.reset()
         except KubeError as error:
-            log.warning("webhook certificates could not be kept; trying again", error=str(error), retry_in=delay)
-            wait, delay = delay, min(delay * 2, interval)
+            wait = backoff.next()
+            log.warning("webhook certificates could not be kept; trying again", error=str(error),
+                        retry_in=round(wait, 1))
         try:
-            await asyncio.wait_for(stop.wait(), timeout=wait * random.uniform(0.9, 1.1))
+            await asyncio.wait_for(stop.wait(), timeout=wait)
         except TimeoutError:
             continue

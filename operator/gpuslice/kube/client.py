@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import random
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any, ClassVar, cast
 import aiohttp
 import structlog
 
+from gpuslice.backoff import Backoff
 from gpuslice.kube import metrics
 from gpuslice.kube.transport import ApiError, Transport, connect
 
@@ -211,7 +211,7 @@ class RetryPolicy:
     max_delay: float = 2.0
 
     def delay(self, attempt: int, error: KubeError) -> float:
-        backoff = min(self.max_delay, self.first_delay * 2 ** (attempt - 1)) * random.uniform(0.75, 1.25)
+        backoff = Backoff(self.first_delay, self.max_delay).after(attempt)
         return float(max(backoff, min(error.retry_after or 0.0, 2 * self.max_delay)))
 
 

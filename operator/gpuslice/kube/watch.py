@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from gpuslice.backoff import Backoff
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.transport import ApiError
 
@@ -87,7 +88,7 @@ async def watch(kube: KubeClient, path: str, handler: Handler, stop: asyncio.Eve
     loop never ends on its own.
     """
     version = ""
-    backoff = 1.0
+    backoff = Backoff(1.0, MAX_BACKOFF)
     query = dict(query or {})
     while not stop.is_set():
         try:
@@ -101,7 +102,7 @@ async def watch(kube: KubeClient, path: str, handler: Handler, stop: asyncio.Eve
                     on_listed()
             # Each watch ends after a spread of ``server_timeout``, so a fleet does not reconnect in step.
             version = await _stream(kube, path, query, version, int(server_timeout * random.uniform(0.8, 1.0)), handler)
-            backoff = 1.0
+            backoff.reset()
         except Gone:
             version = ""
         except asyncio.CancelledError:
@@ -111,5 +112,4 @@ async def watch(kube: KubeClient, path: str, handler: Handler, stop: asyncio.Eve
                 on_error(error)
             version = ""
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), backoff * random.uniform(0.5, 1.0))
-            backoff = min(backoff * 2, MAX_BACKOFF)
+                await asyncio.wait_for(stop.wait(), backoff.next())

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import structlog
 
 from gpuslice.api.ledger import MAX_CHARGES, Charge, GpuSliceLedger, ledger_path
+from gpuslice.backoff import Backoff
 from gpuslice.dra.names import DRIVER
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import Conflict, NotFound
@@ -37,6 +37,8 @@ from gpuslice.webhook.metrics import CONFLICTS, RELEASED
 from gpuslice.webhook.state import State
 
 log = structlog.get_logger(__name__)
+# Webhooks racing for one ledger: a few milliseconds, spread, so the losers do not collide again.
+CONFLICT_BACKOFF = Backoff(0.005, 0.05)
 TRIES = 12  # writes of one charge before the request is refused (as busy): far more than contention needs
 
 
@@ -113,7 +115,7 @@ class Ledgers:
                     written = await self._write(ledger, list(verdict.charges))
                 except Conflict:
                     CONFLICTS.inc()
-                    await asyncio.sleep(random.uniform(0, 0.01 * (attempt + 1)))
+                    await asyncio.sleep(CONFLICT_BACKOFF.after(attempt + 1))
                     ledger = await self.read(policy, namespace, fresh=True)
                     continue
                 failpoint("webhook.charged")  # the charge is written, the answer not yet given

@@ -6,7 +6,7 @@ from typing import Any, cast
 
 import pytest
 
-from gpuslice.agent.backoff import Backoff
+from gpuslice.backoff import Backoff
 from gpuslice.agent.drain import LABEL, MARKER, RECHECK, RETENTION, Drains
 from gpuslice.kube.client import Forbidden, Invalid, KubeClient, NotFound, ServerError
 

@@ -179,7 +179,7 @@ async def test_cancelled_from_outside_the_request_goes_too() -> None:
 
 
 def test_retries_are_spread_so_a_fleet_does_not_ask_in_step() -> None:
-    from gpuslice.agent.backoff import spread
+    from gpuslice.backoff import spread
 
     waits = {round(spread(8.0), 3) for _ in range(50)}
     assert len(waits) > 10

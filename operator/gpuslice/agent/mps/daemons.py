@@ -50,6 +50,7 @@ import structlog
 from prometheus_client import Counter, Gauge
 
 from gpuslice.agent.gpus import GpuBackend, GpuBackendError
+from gpuslice.backoff import Backoff
 from gpuslice.errors import GpusliceError
 from gpuslice.planning.devices import gpu_tag
 from gpuslice.planning.mps import DaemonDirs, DaemonKey, namespace_tag
@@ -60,6 +61,7 @@ READY_FILES = ("nvidia-cuda-mps-control.pid", "control")
 # Room for the names of the sockets in a pipe directory: the daemon's "control" and the others it
 # and its servers make there, with some to spare.
 SOCKET_NAME_ROOM = 20
+RESTART_BACKOFF = Backoff(2.0, 60.0)  # a daemon that keeps failing to start is tried again less often
 MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 DAEMONS = Gauge("gpuslice_agent_mps_daemons", "MPS control daemons the agent runs (one per GPU and tenant"
                 " namespace with MPS devices prepared).", ["node"])
@@ -268,7 +270,7 @@ class MpsDaemons:
                     await self._start(key)
                 except MpsError as error:
                     retry.failures += 1
-                    retry.next_try = time.monotonic() + min(60.0, 2.0 ** retry.failures)
+                    retry.next_try = time.monotonic() + RESTART_BACKOFF.after(retry.failures)
                     log.error("MPS control daemon could not be started again; will retry", node=self.node,
                               gpu=key.gpu, namespace=key.namespace, error=str(error),
                               retry_in=retry.next_try - time.monotonic())
