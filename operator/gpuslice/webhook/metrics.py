@@ -23,6 +23,10 @@ RELEASED = Counter("gpuslice_webhook_charges_released_total",
                    "Charges released by the recalculation: claims deleted or deallocated, and writes that never"
                    " happened.")
 
+RECKON_FAILURES = Counter("gpuslice_webhook_recount_failures_total",
+                          "Ledger recounts that failed unexpectedly (a bug: the log has the traceback); each is"
+                          " tried again.")
+
 
 class LedgerMetrics:
     """Each maxMemory ledger as this copy's watch sees it, read at scrape time (every copy serves the

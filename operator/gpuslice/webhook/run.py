@@ -24,11 +24,12 @@ import structlog
 from aiohttp import web
 
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, MEMORY_WEBHOOK_PATH
+from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.observability.logging import configure_logging
 from gpuslice.observability.metrics import announce, serve_metrics
 from gpuslice.webhook.ledger import Ledgers
-from gpuslice.webhook.metrics import LEDGER_METRICS, REVIEW_SECONDS, REVIEWS
+from gpuslice.webhook.metrics import LEDGER_METRICS, RECKON_FAILURES, REVIEW_SECONDS, REVIEWS
 from gpuslice.webhook.review import Answer, Reviewer
 from gpuslice.webhook.settings import WebhookSettings
 from gpuslice.webhook.state import State
@@ -110,7 +111,10 @@ def application(reviewer: Reviewer) -> web.Application:
 
 async def _reckon_loop(ledgers: Ledgers, state: State, stop: asyncio.Event, settings: WebhookSettings) -> None:
     """Recalculate a namespace's ledgers when its claims or ledgers change, and every ledger every
-    ``resync`` seconds; a pass that fails is tried again on the next."""
+    ``resync`` seconds; a pass that fails is tried again on the next. Nothing ends the loop but
+    ``stop``: it is what releases the charges of allocation writes that never happened, and without
+    it a tenant whose writes failed (the webhook killed mid-request) would wait below its limit for
+    good."""
     grace = datetime.timedelta(seconds=settings.charge_grace)
     last_full = 0.0
     while not stop.is_set():
@@ -131,6 +135,32 @@ async def _reckon_loop(ledgers: Ledgers, state: State, stop: asyncio.Event, sett
                 log.warning("ledger could not be recounted; trying again", ledger=name, error=str(error))
                 state.changed.set()
                 await asyncio.sleep(1.0)
+            except Exception:
+                log.exception("ledger could not be recounted (unexpectedly); trying again", ledger=name)
+                RECKON_FAILURES.inc()
+                state.changed.set()
+                await asyncio.sleep(1.0)
+
+
+class TaskEnded(GpusliceError):
+    """A task the webhook needs ended before it was stopped; the process exits (non-zero) for its
+    Deployment to start it again."""
+
+
+async def _until_stop_or_task_ends(stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
+    """Wait for ``stop``; a task of the process that ends before it (it never should) ends the
+    process, with its error logged, so that its Deployment starts a whole one again instead of
+    one that answers while its caches or its recounts have stopped."""
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    for task in done:
+        if task is not stopping and not task.cancelled():
+            log.error("a task of the webhook ended; stopping so that the webhook is started again",
+                      task=task.get_name(), error=repr(task.exception()))
+            raise TaskEnded(f"the webhook's {task.get_name()} task ended ({task.exception()!r})")
 
 
 async def run_webhook(settings: WebhookSettings) -> None:
@@ -152,7 +182,8 @@ async def run_webhook(settings: WebhookSettings) -> None:
         return (True, "ok") if state.synced else (False, "caches not synced yet")
 
     metrics = await serve_metrics(settings.metrics_port, ready=ready) if settings.metrics_port else None
-    tasks = [asyncio.create_task(state.run(stop)), asyncio.create_task(tls.keep(stop, settings.tls_interval))]
+    tasks = [asyncio.create_task(state.run(stop), name="caches"),
+             asyncio.create_task(tls.keep(stop, settings.tls_interval), name="certificates")]
     runner: web.AppRunner | None = None
     try:
         while not await tls.refresh():
@@ -166,8 +197,8 @@ async def run_webhook(settings: WebhookSettings) -> None:
         await runner.setup()
         await web.TCPSite(runner, settings.address, settings.port, ssl_context=tls.context).start()
         log.info("webhook started", address=settings.address, port=settings.port, path=MEMORY_WEBHOOK_PATH)
-        tasks.append(asyncio.create_task(_reckon_loop(ledgers, state, stop, settings)))
-        await stop.wait()
+        tasks.append(asyncio.create_task(_reckon_loop(ledgers, state, stop, settings), name="recounts"))
+        await _until_stop_or_task_ends(stop, tasks)
     finally:
         stop.set()
         for task in tasks:
