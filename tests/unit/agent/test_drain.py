@@ -6,8 +6,8 @@ from typing import Any, cast
 
 import pytest
 
-from gpuslice.backoff import Backoff
 from gpuslice.agent.drain import LABEL, MARKER, RECHECK, RETENTION, Drains
+from gpuslice.backoff import Backoff
 from gpuslice.kube.client import Forbidden, Invalid, KubeClient, NotFound, ServerError
 
 
