@@ -156,11 +156,14 @@ async def _until_stop_or_task_ends(stop: asyncio.Event, tasks: list[asyncio.Task
         done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopping.cancel()
+    if stop.is_set():
+        return  # stopping: the tasks that watch ``stop`` may end in the same turn, and that is no failure
     for task in done:
-        if task is not stopping and not task.cancelled():
+        if task is not stopping:
+            error = "cancelled" if task.cancelled() else repr(task.exception())
             log.error("a task of the webhook ended; stopping so that the webhook is started again",
-                      task=task.get_name(), error=repr(task.exception()))
-            raise TaskEnded(f"the webhook's {task.get_name()} task ended ({task.exception()!r})")
+                      task=task.get_name(), error=error)
+            raise TaskEnded(f"the webhook's {task.get_name()} task ended ({error})")
 
 
 async def run_webhook(settings: WebhookSettings) -> None:
