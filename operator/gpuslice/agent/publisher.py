@@ -30,7 +30,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER, PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY
 from gpuslice.dra.resourceslice import resource_slice, slice_name
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.kube.client import KubeClient, KubeError, NotFound
+from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.kube.watch import list_all
 from gpuslice.observability.failpoints import failpoint
 from gpuslice.planning.coexistence import other_driver_gpus, taken_gpus
@@ -212,7 +212,7 @@ async def publish(kube: KubeClient, node: str, gpus: list[Gpu], drains: Drains |
     refusals = refusals if refusals is not None else Refusals()
     if view is not None and view.synced:
         if view.node is None:
-            raise KubeError(404, "NotFound", f'nodes "{node}" not found', None)
+            raise NotFound(404, "NotFound", f'nodes "{node}" not found', {"details": {"kind": "nodes", "name": node}})
         node_body = view.node
         bodies = list(view.policies.values())
         policies = sort_policies(bodies, unsupported, view.parsed)
