@@ -245,14 +245,12 @@ class Mover:
                                    retry=NO_RETRY)
         except (NotFound, Conflict):
             return None  # gone, or another pod of that name now: ours is gone
-        except (TooManyRequests, ServerError) as error:
-            if not refused_by_disruption_budget(error):
+        except (TooManyRequests, ServerError, Forbidden) as error:
+            if refused_by_disruption_budget(error):
+                return "Disruption", (f"the eviction of {victim.namespace}/{victim.name} was refused"
+                                      f" ({error.message}); nothing more was evicted")
+            if not isinstance(error, Forbidden) or error.transient:
                 raise  # the server failed or shed load: the next step tries again, until the move expires
-            return "Disruption", (f"the eviction of {victim.namespace}/{victim.name} was refused ({error.message});"
-                                  " nothing more was evicted")
-        except Forbidden as error:
-            if error.transient:
-                raise
             return "Forbidden", (f"the eviction of {victim.namespace}/{victim.name} was forbidden ({error.message});"
                                  " nothing more was evicted")
         failpoint("controller.defrag-evicted")  # the worst moment: evicted, not yet recorded

@@ -29,7 +29,15 @@ from typing import Any
 import structlog
 
 from gpuslice.backoff import Backoff
-from gpuslice.kube.client import KubeClient, KubeError, NotFound, TooManyRequests, refused_by_disruption_budget
+from gpuslice.kube.client import (
+    Forbidden,
+    KubeClient,
+    KubeError,
+    NotFound,
+    ServerError,
+    TooManyRequests,
+    refused_by_disruption_budget,
+)
 from gpuslice.kube.events import create_event, pod_ref
 from gpuslice.observability.metrics import OVERUSE_ACTIONS
 from gpuslice.planning.overuse import CONDITION, OverusingPod, overusing_pods, reserved_pods
@@ -129,11 +137,11 @@ class OveruseEnforcer:
         except NotFound:
             state.done = True  # gone already
             return
-        except TooManyRequests as error:
+        except (TooManyRequests, Forbidden, ServerError) as error:
             self._later(state)
-            if not refused_by_disruption_budget(error):  # the server shedding load, not a budget
-                log.warning("the API server is busy; will try the eviction of an overusing pod again", pod=pod.ref,
-                            policy=policy, error=error.message)
+            if not refused_by_disruption_budget(error):  # the server shedding load or failing, not a budget
+                log.warning("could not evict an overusing pod; will try again", pod=pod.ref, policy=policy,
+                            error=str(error))
                 return
             log.warning("a PodDisruptionBudget holds the eviction of an overusing pod; will try again", pod=pod.ref,
                         policy=policy, error=error.message)

@@ -176,10 +176,11 @@ SEVERAL_BUDGETS = "more than one PodDisruptionBudget"  # the Eviction API's 500 
 
 
 def refused_by_disruption_budget(error: KubeError) -> bool:
-    """Whether an eviction was refused for PodDisruptionBudgets: a 429 whose causes name the
-    budget, or the 500 for a pod under several budgets. A 429 without that cause is the server
-    shedding load (priority and fairness): a retry, not a refusal."""
-    if isinstance(error, TooManyRequests):
+    """Whether an eviction was refused for PodDisruptionBudgets: a 429 or a 403 whose causes name
+    the budget (the Eviction API's refusals, pkg/registry/core/pod/storage/eviction.go), or the 500
+    for a pod under several budgets. A 429 without that cause is the server shedding load (priority
+    and fairness): a retry, not a refusal."""
+    if isinstance(error, TooManyRequests | Forbidden):
         causes = (error.body.get("details") or {}).get("causes") or []
         return any(isinstance(c, dict) and c.get("type") == DISRUPTION_BUDGET_CAUSE for c in causes)
     return isinstance(error, ServerError) and SEVERAL_BUDGETS in error.message

@@ -298,6 +298,12 @@ def test_an_eviction_refused_by_a_budget_is_told_from_a_server_shedding_load() -
     several = KubeError.of(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the"
                            " eviction subresource does not support.")
     failed = KubeError.of(500, "InternalError", "etcdserver: request timed out")
+    negative = KubeError.of(403, "Forbidden", "Cannot evict pod as it would violate the pod's disruption budget.",
+                            {"details": {"causes": [{"type": "DisruptionBudget", "message": "The disruption budget"
+                                                     " keep does not allow evicting pods currently"}]}})
+    rbac = KubeError.of(403, "Forbidden", 'pods "x" is forbidden: User cannot create resource "pods/eviction"')
+    assert refused_by_disruption_budget(negative)
+    assert not refused_by_disruption_budget(rbac)
     assert refused_by_disruption_budget(budget)
     assert refused_by_disruption_budget(several)
     assert not refused_by_disruption_budget(shed)
