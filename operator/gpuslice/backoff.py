@@ -23,7 +23,7 @@ def spread(seconds: float) -> float:
 @dataclass
 class Backoff:
     """``first`` seconds after one failure, doubling with each failure in a row up to ``limit``;
-    spread by :func:`spread` (never past ``limit``) unless ``jitter`` is off.
+    spread as :func:`spread` does, but never past ``limit``, unless ``jitter`` is off.
 
     Used as a value (:meth:`after` a count of failures the caller keeps) or as a counter
     (:meth:`next` after each failure, :meth:`reset` after a success)."""
@@ -36,7 +36,9 @@ class Backoff:
     def after(self, failures: int) -> float:
         """The wait after ``failures`` failures in a row (none after none)."""
         bare = self._bare(failures)
-        return min(spread(bare), self.limit) if self.jitter else bare
+        # Half either way, but never past the limit: at the limit the waits spread below it rather
+        # than pile up on it (a fleet in a long outage still tries again out of step).
+        return random.uniform(0.5 * bare, min(1.5 * bare, self.limit)) if self.jitter else bare
 
     @property
     def current(self) -> float:
