@@ -87,7 +87,11 @@ async def rush(kube: KubeClient, ns: str, bodies: dict[str, dict[str, Any]], mem
         try:
             await wait_for(settled, within=240, every=0.5, what=f"the rush to settle (held {held.now / GI:.0f}Gi)")
         except AssertionError as error:
-            raise AssertionError(f"{error}; {await why_waiting(kube, ns, sorted(set(bodies) - set(held.claims)))}") from None
+            try:
+                why = await why_waiting(kube, ns, sorted(set(bodies) - set(held.claims)))
+            except Exception as failed:  # the stall is the finding, not a failure to describe it
+                why = f"(could not say what it waited on: {failed!r})"
+            raise AssertionError(f"{error}; {why}") from None
     finally:
         stop.set()
         watcher.cancel()
