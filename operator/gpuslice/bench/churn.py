@@ -135,12 +135,31 @@ def usable(free: int) -> int:
     return free // SLICE * SLICE
 
 
-def waiting_with_room(samples: Sequence[tuple[float, bool, int]], need: int = ROOM) -> float:
-    """Minutes a pod waited while the fleet had ``need`` bytes free in slices (summed over GPUs):
-    ``samples`` are (minute, waiting, usable free bytes), in order; each counts until the next. With
-    a GPU's worth of free slices, moving one GPU's pods can make room."""
-    total = 0.0
-    for (t, waiting, free), (t_next, _, _) in itertools.pairwise(samples):
-        if waiting and free >= need:
-            total += t_next - t
-    return total
+@dataclass(frozen=True)
+class FleetSample:
+    """The fleet at one sample: the whole-GPU pods waiting, the GPUs with nothing allocated (a
+    waiting whole-GPU pod can have one without any move), and the usable free memory of the others."""
+
+    minute: float
+    waiting: int
+    empty_gpus: int
+    free_elsewhere: int  # usable free bytes on GPUs that hold something
+
+
+def blocked_with_room(sample: FleetSample, need: int = ROOM) -> int:
+    """Waiting whole-GPU pods that no empty GPU can take (the others wait for the scheduler, which
+    no move shortens) and for which the fleet's scattered free slices could make room: at most one
+    per GPU's worth (``need``) of them."""
+    return min(max(0, sample.waiting - sample.empty_gpus), sample.free_elsewhere // need)
+
+
+def waiting_with_room(samples: Sequence[FleetSample], need: int = ROOM) -> float:
+    """Pod-minutes whole-GPU pods waited for want of an empty GPU while the fleet's free slices
+    elsewhere came to a GPU's worth per pod: ``samples`` in order, each counting until the next.
+    This is what moving pods can shorten."""
+    return sum(blocked_with_room(s, need) * (after.minute - s.minute) for s, after in itertools.pairwise(samples))
+
+
+def waiting_at_all(samples: Sequence[FleetSample]) -> float:
+    """Pod-minutes whole-GPU pods waited, for whatever reason (the scheduler's own delay included)."""
+    return sum(s.waiting * (after.minute - s.minute) for s, after in itertools.pairwise(samples))

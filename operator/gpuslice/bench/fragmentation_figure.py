@@ -18,12 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuslice.bench.churn import ChurnSpec, GpuLoad, Held, churn_trace, fewest_evictions, usable, waiting_with_room
+from gpuslice.bench.churn import (
+    ChurnSpec,
+    FleetSample,
+    GpuLoad,
+    Held,
+    blocked_with_room,
+    churn_trace,
+    fewest_evictions,
+    usable,
+    waiting_at_all,
+    waiting_with_room,
+)
 from gpuslice.bench.harness import POLICIES, SLICES, BenchCluster, wait_until
 from gpuslice.bench.workload import PAUSE, ensure_namespace
 from gpuslice.dra.names import DRIVER
@@ -35,27 +47,38 @@ from gpuslice.planning.published import PublishedDevice, gpu_memory, read_pools
 NODES = ("bench-frag-1", "bench-frag-2")
 NAMESPACE = "bench-frag"
 LABEL = {"gpuslice.dev/bench": "fragmentation"}
-POLICY = {"10": "bench-frag-10g", "20": "bench-frag-20g"}
-TEMPLATE = {"10": "gpu-10g", "20": "gpu-20g", "full": "gpu-10g-full"}
+SIZES = ("10", "20")
 RESOURCE = "/apis/resource.k8s.io/v1"
 MIN_PENDING_MINUTES = 3.0  # Auto waits this long (simulated) before moving pods for a whole-GPU pod
 
 
+def policy_name(size: str, mode: str) -> str:
+    """Each mode's run has policies of its own names (and so devices, classes and templates): the
+    Auto run inherits nothing of the Off run's, whatever of it is still going away."""
+    return f"bench-frag-{size}g-{mode.lower()}"
+
+
+def template(kind: str, mode: str) -> str:
+    """The claim template of ``kind`` ("10", "20" or "full": the 10G policy's whole-GPU template)."""
+    return f"gpu-10g-{mode.lower()}-full" if kind == "full" else f"gpu-{kind}g-{mode.lower()}"
+
+
 def policy(size: str, mode: str, spec: ChurnSpec) -> dict[str, Any]:
     pending = max(1, round(MIN_PENDING_MINUTES * spec.seconds_per_minute))
-    return {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy", "metadata": {"name": POLICY[size]},
+    return {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy",
+            "metadata": {"name": policy_name(size, mode)},
             "spec": {"nodeSelector": {"matchLabels": LABEL},
                      "slicing": {"mode": "memory", "sliceSize": f"{size}G", "allowFullGpu": size == "10"},
-                     "tenants": [{"namespace": NAMESPACE}], "claimTemplateName": TEMPLATE[size],
+                     "tenants": [{"namespace": NAMESPACE}], "claimTemplateName": template(size, mode),
                      "defragmentation": {"mode": mode if size == "10" else "Off", "maxEvictionsPerHour": 1000,
                                          "minPendingSeconds": pending}}}
 
 
-def workload(name: str, kind: str) -> tuple[str, dict[str, Any]]:
+def workload(name: str, kind: str, mode: str) -> tuple[str, dict[str, Any]]:
     """(collection, body): a ReplicaSet of one inference pod, or a bare whole-GPU pod."""
     pod_spec = {"terminationGracePeriodSeconds": 0,
                 "containers": [{"name": "main", "image": PAUSE, "resources": {"claims": [{"name": "gpu"}]}}],
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE[kind]}]}
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template(kind, mode)}]}
     if kind == "full":
         return f"/api/v1/namespaces/{NAMESPACE}/pods", {"apiVersion": "v1", "kind": "Pod",
                                                          "metadata": {"name": name}, "spec": pod_spec}
@@ -84,11 +107,12 @@ def _amount(text: str) -> int:
 
 
 class Observer:
-    """Samples the fleet while the trace runs: which whole-GPU pods wait, the free memory, moves."""
+    """Samples the fleet while the trace runs: the whole-GPU pods waiting, the empty GPUs, the free
+    memory elsewhere, and the moves of the run's 10G policy."""
 
-    def __init__(self, cluster: BenchCluster, minute: Callable[[], float]) -> None:
-        self.api, self.minute = cluster.api, minute
-        self.samples: dict[str, list[tuple[float, bool, int]]] = {}
+    def __init__(self, cluster: BenchCluster, minute: Callable[[], float], policy: str) -> None:
+        self.api, self.minute, self.policy = cluster.api, minute, policy
+        self.fleet: list[FleetSample] = []
         self.moves: dict[str, dict[str, Any]] = {}
         self.before: list[GpuLoad] = []  # the fleet at the sample before this one: what a new move was planned on
 
@@ -97,7 +121,7 @@ class Observer:
         slices = await self.api.list(f"{RESOURCE}/resourceslices", fieldSelector=f"spec.driver={DRIVER}")
         claims = await self.api.list(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims")
         pools = read_pools(slices, claims)
-        loads, free = [], 0
+        loads, empty, free = [], 0, 0
         for pool in pools:
             by_gpu: dict[str, list[Any]] = {}
             for device in pool.devices:
@@ -105,13 +129,15 @@ class Observer:
             for devices in by_gpu.values():
                 memory = gpu_memory(devices, pool.counter_sets)
                 held = [d for d in devices if d.allocated]
-                free += usable(memory - sum(d.device.memory for d in held))
+                if held:
+                    free += usable(memory - sum(d.device.memory for d in held))
+                else:
+                    empty += 1
                 loads.append(_load(devices, pool.counter_sets))
         allocated = {str((c["metadata"].get("ownerReferences") or [{}])[0].get("name")) for c in claims
                      if (c.get("status") or {}).get("allocation")}
-        for name in live_large:
-            self.samples.setdefault(name, []).append((now, name not in allocated, free))
-        policy_body = await self.api.get(f"{POLICIES}/{POLICY['10']}")
+        self.fleet.append(FleetSample(now, len(live_large - allocated), empty, free))
+        policy_body = await self.api.get(f"{POLICIES}/{self.policy}")
         last = (((policy_body.get("status") or {}).get("defragmentation") or {}).get("last")) or {}
         if last.get("id") in self.moves:
             self.moves[last["id"]].update(outcome=last.get("outcome"), message=last.get("message"))
@@ -122,17 +148,32 @@ class Observer:
         self.before = loads
 
 
+def auto_looks(log: str, policy: str) -> dict[str, int]:
+    """What Auto's looks found for the run's policy, from the controller's log: its planner's
+    verdicts for aged waiting pods, counted (a look with none aged is not logged)."""
+    found: Counter[str] = Counter()
+    for line in log.splitlines():
+        if '"defragmentation looked"' not in line:
+            continue
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if entry.get("policy") == policy:
+                found.update({str(k): int(v) for k, v in (entry.get("verdicts") or {}).items()})
+    return dict(sorted(found.items()))
+
+
 async def replay(cluster: BenchCluster, spec: ChurnSpec, mode: str, say: Callable[[str], None]) -> dict[str, Any]:
     api = cluster.api
-    for size in ("10", "20"):
+    names = {policy_name(size, mode) for size in SIZES}
+    for size in SIZES:
         await api.create(POLICIES, policy(size, mode, spec))
 
     async def ready() -> bool:
         with contextlib.suppress(KubeError):
-            await api.get(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates/{TEMPLATE['full']}")
-            devices = sum(len(s["spec"].get("devices") or []) for s in
-                          await api.list(f"{SLICES}", fieldSelector=f"spec.driver={DRIVER}")
-                          if s["spec"].get("nodeName") in NODES)
+            await api.get(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates/{template('full', mode)}")
+            devices = sum(1 for s in await api.list(f"{SLICES}", fieldSelector=f"spec.driver={DRIVER}")
+                          if s["spec"].get("nodeName") in NODES for d in s["spec"].get("devices") or []
+                          if ((d.get("attributes") or {}).get("gpuslice.dev/policy") or {}).get("string") in names)
             return devices == len(NODES) * 8 * (8 + 1 + 4)
         return False
 
@@ -146,7 +187,7 @@ async def replay(cluster: BenchCluster, spec: ChurnSpec, mode: str, say: Callabl
     def minute() -> float:
         return (time.monotonic() - started) / spec.seconds_per_minute
 
-    observer = Observer(cluster, minute)
+    observer = Observer(cluster, minute, policy_name("10", mode))
     live_large: set[str] = set()
     stop = asyncio.Event()
 
@@ -161,7 +202,7 @@ async def replay(cluster: BenchCluster, spec: ChurnSpec, mode: str, say: Callabl
     try:
         for at, _, action, arrival in steps:
             await asyncio.sleep(max(0.0, at * spec.seconds_per_minute - (time.monotonic() - started)))
-            collection, body = workload(arrival.name, arrival.kind)
+            collection, body = workload(arrival.name, arrival.kind, mode)
             with contextlib.suppress(NotFound):
                 if action == "create":
                     await api.create(collection, body)
@@ -174,8 +215,7 @@ async def replay(cluster: BenchCluster, spec: ChurnSpec, mode: str, say: Callabl
     finally:
         stop.set()
         await sampler
-    waits = {name: waiting_with_room([*samples, (minute(), False, 0)])
-             for name, samples in observer.samples.items()}
+    fleet = [*observer.fleet, FleetSample(minute(), 0, 0, 0)]
     events = await api.list(f"/api/v1/namespaces/{NAMESPACE}/events")
     evictions = sum(int(e.get("count") or 1) for e in events if e.get("reason") == "MovedByGpuslice")
     freed = sum(1 for e in events if e.get("reason") == "DefragmentationFreed")
@@ -183,34 +223,39 @@ async def replay(cluster: BenchCluster, spec: ChurnSpec, mode: str, say: Callabl
     blocked = sorted({str(e.get("message", ""))[:300] for e in events if e.get("reason") == "DefragmentationBlocked"})
     fewest = [m["fewest"] for m in observer.moves.values() if m["fewest"] is not None]
     log = cluster.dev.state.logs / "gpuslice-controller.log"
-    notes = [line[:400] for line in (log.read_text(errors="replace").splitlines() if log.exists() else [])
-             if "defragmentation" in line and '"warning"' in line][-5:]
+    text = log.read_text(errors="replace") if log.exists() else ""
+    notes = [line[:400] for line in text.splitlines() if "defragmentation" in line and '"warning"' in line][-5:]
     result = {"large_pods": len([a for a in trace if a.kind == "full"]), "inference_pods": len(trace),
-              "gpu_hours_waiting_with_room": round(sum(waits.values()) / 60, 3),
+              "gpu_hours_waiting_with_room": round(waiting_with_room(fleet) / 60, 3),
+              "gpu_hours_waiting": round(waiting_at_all(fleet) / 60, 3),
+              "samples_blocked_with_room": sum(1 for s in fleet if blocked_with_room(s)),
+              "samples": len(fleet), "auto_looks": auto_looks(text, policy_name("10", mode)),
               "evictions": evictions, "moves": len(observer.moves), "moves_freed": freed, "moves_failed": failed,
               "fewest_evictions": sum(fewest), "move_log": list(observer.moves.values())[:50],
               "controller_warnings": notes, "blocked": blocked[:10]}
     say(f"fragmentation: {mode}: {result['gpu_hours_waiting_with_room']} GPU-hours of whole-GPU pods waiting with"
-        f" room; {evictions} evictions in {len(observer.moves)} moves ({freed} freed a GPU), fewest possible"
+        f" room (of {result['gpu_hours_waiting']} waiting); {evictions} evictions in {len(observer.moves)} moves"
+        f" ({freed} freed a GPU), fewest possible"
         f" {sum(fewest)}")
-    await clear(cluster)
+    await clear(cluster, mode)
     return result
 
 
-async def clear(cluster: BenchCluster) -> None:
+async def clear(cluster: BenchCluster, mode: str) -> None:
     api = cluster.api
     for collection in (f"/apis/apps/v1/namespaces/{NAMESPACE}/replicasets", f"/api/v1/namespaces/{NAMESPACE}/pods"):
         for item in await api.list(collection):
             with contextlib.suppress(NotFound):
                 await api.delete(f"{collection}/{item['metadata']['name']}", gracePeriodSeconds=0)
-    for name in POLICY.values():
+    names = [policy_name(size, mode) for size in SIZES]
+    for name in names:
         with contextlib.suppress(NotFound):
             await api.delete(f"{POLICIES}/{name}")
 
     async def empty() -> bool:
         if await api.list(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims"):
             return False
-        return not [p for p in await api.list(POLICIES) if p["metadata"]["name"] in POLICY.values()]
+        return not [p for p in await api.list(POLICIES) if p["metadata"]["name"] in names]
 
     await wait_until(empty, 180, "the fragmentation figure's pods, claims and policies to go")
 

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import itertools
 
-from gpuslice.bench.churn import ChurnSpec, GpuLoad, Held, churn_trace, fewest_evictions, usable, waiting_with_room
+from gpuslice.bench.churn import (
+    ChurnSpec,
+    FleetSample,
+    GpuLoad,
+    Held,
+    blocked_with_room,
+    churn_trace,
+    fewest_evictions,
+    usable,
+    waiting_with_room,
+)
 
 G = 10**9
 H100 = 81_559 * 2**20
@@ -53,7 +63,16 @@ def test_the_fewest_evictions_agree_with_trying_every_assignment() -> None:
 
 
 def test_waiting_counts_only_while_the_fleet_had_the_room() -> None:
-    samples = [(0.0, True, 100), (1.0, True, 50), (3.0, True, 90), (4.0, False, 90), (6.0, False, 0)]
+    samples = [FleetSample(0.0, 1, 0, 100), FleetSample(1.0, 1, 0, 50), FleetSample(3.0, 1, 0, 90),
+               FleetSample(4.0, 0, 0, 90), FleetSample(6.0, 0, 0, 0)]
+    assert waiting_with_room(samples, 80) == 2.0
+
+
+def test_a_pod_an_empty_gpu_can_take_waits_for_the_scheduler_not_for_room() -> None:
+    assert blocked_with_room(FleetSample(0.0, 1, 1, 800), 80) == 0, "an empty GPU: no move shortens it"
+    assert blocked_with_room(FleetSample(0.0, 3, 1, 800), 80) == 2
+    assert blocked_with_room(FleetSample(0.0, 3, 0, 170), 80) == 2, "room for two GPUs' worth, not three"
+    samples = [FleetSample(0.0, 2, 1, 200), FleetSample(2.0, 2, 2, 200), FleetSample(3.0, 0, 0, 0)]
     assert waiting_with_room(samples, 80) == 2.0
 
 
@@ -62,5 +81,6 @@ def test_room_is_free_memory_in_whole_slices_a_gpus_worth_in_the_fleet() -> None
     assert usable(H100 - 35 * G) == 50 * G
     leftovers = 16 * usable(H100 - 8 * 10 * G)  # sixteen full GPUs' remainders: 88 GB free, none usable
     assert leftovers == 0
-    samples = [(0.0, True, leftovers), (1.0, True, 70 * G), (2.0, True, 80 * G), (3.0, False, 0)]
+    samples = [FleetSample(0.0, 1, 0, leftovers), FleetSample(1.0, 1, 0, 70 * G), FleetSample(2.0, 1, 0, 80 * G),
+               FleetSample(3.0, 0, 0, 0)]
     assert waiting_with_room(samples) == 1.0, "only with 8 free slices in the fleet can moves make room"
