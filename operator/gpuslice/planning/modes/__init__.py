@@ -1,11 +1,15 @@
-"""One module per slicing mode, behind one interface.
+"""One module per slicing mode, behind one interface: the registry of modes.
 
 A mode knows how to cut one GPU into devices for the policies that chose it,
 which counter set guards that GPU, what would make a policy of its kind
 impossible on the GPUs it selects, and what a container given one of its
 devices is told. The node planner, the controller's validation and the kubelet
-plugin only dispatch here; nothing else branches on the mode (the plugin's
-per-mode I/O, such as making a MIG instance, is ``agent.kubeletplugin.modes``).
+plugin dispatch here. The plugin's per-mode I/O, such as making a MIG instance,
+is ``agent.kubeletplugin.modes``, keyed by the same names. The modules below
+this one (the device model, and what reads published devices back) cannot
+import it: they ask the mode's traits (``planning.mode_traits``), which each
+mode here carries. What still branches outside the modes, and what adding a
+mode takes, is in docs/modes.md.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.devices import CounterSet, Device, Mode
 from gpuslice.planning.grants import Grant
+from gpuslice.planning.mode_traits import ModeTraits
 from gpuslice.planning.modes import memory, mig, shared
 from gpuslice.planning.selection import Problem, Selection
 
@@ -24,6 +29,11 @@ from gpuslice.planning.selection import Problem, Selection
 class SlicingMode(Protocol):
     @property
     def name(self) -> Mode: ...
+
+    @property
+    def traits(self) -> ModeTraits:
+        """What this mode's devices are, for the modules below the registry."""
+        ...
 
     @property
     def exclusive(self) -> bool:
@@ -48,7 +58,7 @@ class SlicingMode(Protocol):
         ...
 
 
-MODES: dict[str, SlicingMode] = {m.name: m for m in (memory.MODE, shared.MODE, mig.MODE)}
+MODES: dict[Mode, SlicingMode] = {m.name: m for m in (memory.MODE, shared.MODE, mig.MODE)}
 
 
 def mode_of(policy: GpuSlicePolicy) -> SlicingMode:

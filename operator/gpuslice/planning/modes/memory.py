@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.planning.devices import CounterSet, Device, device_name, gpu_ref, gpu_tag
+from gpuslice.planning.devices import CounterSet, Device, Mode, device_name, gpu_ref, gpu_tag
 from gpuslice.planning.grants import Grant, common_environment, prefixed
+from gpuslice.planning.mode_traits import MEMORY, ModeTraits
 from gpuslice.planning.selection import MAX_SLICES_PER_GPU, Problem, Selection
 
 COMPUTE_UNITS = 1000  # a GPU's compute, in thousandths, shared in proportion to memory
@@ -28,8 +28,12 @@ def _counters(gpu: Gpu, memory: int) -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True)
 class MemoryMode:
-    name: Literal["memory"] = "memory"
+    traits: ModeTraits = MEMORY
     exclusive: bool = False
+
+    @property
+    def name(self) -> Mode:
+        return self.traits.name
 
     def devices(self, gpu: Gpu, policies: Sequence[GpuSlicePolicy], notes: list[str]) -> list[Device]:
         found = []
@@ -46,7 +50,7 @@ class MemoryMode:
                              f" {MAX_SLICES_PER_GPU} slices of GPU {gpu.index}")
                 continue
             tag = format_bytes(size).lower()
-            common = {"policy": policy.name, "mode": "memory", "counter_set": counter_set, **gpu_ref(gpu)}
+            common = {"policy": policy.name, "mode": self.name, "counter_set": counter_set, **gpu_ref(gpu)}
             found += [Device(name=device_name(gpu, policy.name, f"{tag}-{k}"), kind="slice", memory=size,
                              slice_size=slicing.slice_size, counters=_counters(gpu, size), **common)
                       for k in range(gpu.memory // size)]

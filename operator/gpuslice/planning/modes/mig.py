@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.catalog import MEMORY_SLICES, MigProfile
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.planning.devices import CounterSet, Device, gpu_ref, gpu_tag
+from gpuslice.planning.devices import CounterSet, Device, Mode, gpu_ref, gpu_tag
 from gpuslice.planning.grants import Grant, common_environment, prefixed
 from gpuslice.planning.mig import mig_device_name, static_layout
+from gpuslice.planning.mode_traits import MIG, ModeTraits
 from gpuslice.planning.selection import Problem, Selection
 
 MEDIA = "media-engines"
@@ -33,7 +33,7 @@ def mig_device(gpu: Gpu, policy: GpuSlicePolicy, profile: MigProfile, start: int
     if profile.media:
         counters.append((MEDIA, "1"))
     return Device(
-        name=mig_device_name(gpu_tag(gpu.uuid), profile.name, start), policy=policy.name, mode="mig",
+        name=mig_device_name(gpu_tag(gpu.uuid), profile.name, start), policy=policy.name, mode=MIG.name,
         kind=profile.name, memory=profile.memory, profile=profile.name, placement=(start, profile.size),
         counter_set=counter_set_name(gpu), counters=tuple(sorted(counters)), engines=profile.engines, **gpu_ref(gpu),
     )
@@ -41,8 +41,12 @@ def mig_device(gpu: Gpu, policy: GpuSlicePolicy, profile: MigProfile, start: int
 
 @dataclass(frozen=True)
 class MigMode:
-    name: Literal["mig"] = "mig"
+    traits: ModeTraits = MIG
     exclusive: bool = True
+
+    @property
+    def name(self) -> Mode:
+        return self.traits.name
 
     def devices(self, gpu: Gpu, policies: Sequence[GpuSlicePolicy], notes: list[str]) -> list[Device]:
         policy = policies[0]
