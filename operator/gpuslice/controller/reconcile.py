@@ -41,8 +41,8 @@ from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.cluster_objects import DeviceRef, desired_ledgers, desired_objects
 from gpuslice.planning.coexistence import mig_manager_active
-from gpuslice.planning.kinds import DeviceKind, classes_in_force, device_kinds
-from gpuslice.planning.modes import mode_of
+from gpuslice.planning.kinds import DeviceKind, classes_in_force
+from gpuslice.planning.modes import device_kinds, mode_of
 from gpuslice.planning.usage import (
     device_info,
     devices_by_policy,

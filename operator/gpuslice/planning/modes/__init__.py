@@ -21,6 +21,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.devices import CounterSet, Device, Mode
 from gpuslice.planning.grants import Grant
+from gpuslice.planning.kinds import DeviceKind
 from gpuslice.planning.mode_traits import ModeTraits
 from gpuslice.planning.modes import memory, mig, shared
 from gpuslice.planning.selection import Problem, Selection
@@ -44,6 +45,11 @@ class SlicingMode(Protocol):
         """``gpu``'s devices for ``policies`` (several only for a sharing mode), noting what is left out."""
         ...
 
+    def kinds(self, policy: GpuSlicePolicy, selection: Selection) -> list[DeviceKind]:
+        """The kinds of device ``policy`` offers on the GPUs it selects, each its own DeviceClass,
+        quota and template (``planning.kinds``), in the order the policy's status lists them."""
+        ...
+
     def counter_set(self, gpu: Gpu) -> CounterSet | None:
         """The counter set that guards ``gpu`` in this mode, or None when the scheduler's own
         accounting does (consumable capacity)."""
@@ -63,6 +69,11 @@ MODES: dict[Mode, SlicingMode] = {m.name: m for m in (memory.MODE, shared.MODE, 
 
 def mode_of(policy: GpuSlicePolicy) -> SlicingMode:
     return MODES[policy.spec.slicing.mode]
+
+
+def device_kinds(policy: GpuSlicePolicy, selection: Selection) -> list[DeviceKind]:
+    """The policy's kinds of device: smallest first within MIG, the slices first otherwise."""
+    return mode_of(policy).kinds(policy, selection)
 
 
 def environment(grant: Grant) -> dict[str, str]:

@@ -11,11 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.dra.names import device_class_name
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.devices import CounterSet, Device, Mode, device_name, gpu_ref, gpu_tag
 from gpuslice.planning.grants import Grant, common_environment, prefixed
-from gpuslice.planning.mode_traits import MEMORY, ModeTraits
+from gpuslice.planning.kinds import FULL, SLICE, DeviceKind, selector
+from gpuslice.planning.mode_traits import FULL_SLICE_SIZE, MEMORY, ModeTraits
 from gpuslice.planning.selection import MAX_SLICES_PER_GPU, Problem, Selection
 
 COMPUTE_UNITS = 1000  # a GPU's compute, in thousandths, shared in proportion to memory
@@ -57,6 +59,18 @@ class MemoryMode:
             if slicing.allow_full_gpu:
                 found.append(Device(name=device_name(gpu, policy.name, "full"), kind="full", memory=gpu.memory,
                                     counters=_counters(gpu, gpu.memory), **common))
+        return found
+
+    def kinds(self, policy: GpuSlicePolicy, selection: Selection) -> list[DeviceKind]:
+        name, slicing = policy.name, policy.spec.slicing
+        assert slicing.slice_size is not None
+        found = [DeviceKind(SLICE, device_class_name(name), slicing.slice_bytes,
+                            selector(name, mode=self.name, sliceSize=slicing.slice_size), "")]
+        if slicing.allow_full_gpu:
+            largest = max((g.memory for g in selection.gpus if g.memory is not None), default=0)
+            smallest = min((g.memory for g in selection.gpus if g.memory is not None), default=0)
+            found.append(DeviceKind(FULL, f"{FULL}.{device_class_name(name)}", largest,
+                                    selector(name, mode=self.name, sliceSize=FULL_SLICE_SIZE), f"-{FULL}", smallest))
         return found
 
     def counter_set(self, gpu: Gpu) -> CounterSet | None:

@@ -9,19 +9,32 @@ of a layout placed by backtracking over NVML's placement table.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.inventory.catalog import MEMORY_SLICES, MigProfile
+from gpuslice.dra.names import device_class_name
+from gpuslice.inventory.catalog import GI, MEMORY_SLICES, MigProfile
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.devices import CounterSet, Device, Mode, gpu_ref, gpu_tag
 from gpuslice.planning.grants import Grant, common_environment, prefixed
+from gpuslice.planning.kinds import DeviceKind, profile_tag, selector
 from gpuslice.planning.mig import mig_device_name, static_layout
 from gpuslice.planning.mode_traits import MIG, ModeTraits
 from gpuslice.planning.selection import Problem, Selection
 
 MEDIA = "media-engines"
+
+
+def profile_memory(profile: str, selection: Selection, pick: Callable[[list[int]], int] = max) -> int:
+    """What one instance of ``profile`` has on the GPUs selected (the largest figure, or what
+    ``pick`` takes); for GPUs the catalog does not know, the GB figure in its name read as GiB
+    (above what NVML reports)."""
+    known = [p.memory for g in selection.gpus if g.model for p in g.model.mig_profiles if p.name == profile]
+    if known:
+        return pick(known)
+    nominal = profile.split(".", 1)[1].removesuffix("+me").removesuffix("gb")
+    return int(nominal) * GI if nominal.isdigit() else 0
 
 
 def counter_set_name(gpu: Gpu) -> str:
@@ -69,6 +82,16 @@ class MigMode:
                 continue
             found.extend(mig_device(gpu, policy, profile, start) for start in profile.starts)
         return found
+
+    def kinds(self, policy: GpuSlicePolicy, selection: Selection) -> list[DeviceKind]:
+        name, mig = policy.name, policy.spec.slicing.mig
+        assert mig is not None
+        profiles = list(dict.fromkeys([*(mig.profiles or []), *(mig.layout or {})]))
+        kinds = [DeviceKind(p, f"{profile_tag(p)}.{device_class_name(name)}", profile_memory(p, selection),
+                            selector(name, mode=self.name, profile=p), f"-{profile_tag(p)}",
+                            profile_memory(p, selection, min))
+                 for p in profiles]
+        return sorted(kinds, key=lambda k: (k.memory, k.kind))
 
     def counter_set(self, gpu: Gpu) -> CounterSet | None:
         counters = [(f"memory-slice-{i}", "1") for i in range(MEMORY_SLICES)] + [(MEDIA, "1")]

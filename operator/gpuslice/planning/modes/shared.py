@@ -12,10 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.dra.names import device_class_name
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.devices import CounterSet, Device, Mode, device_name, gpu_ref
 from gpuslice.planning.grants import Grant, common_environment, prefixed
+from gpuslice.planning.kinds import SHARED as SHARED_KIND
+from gpuslice.planning.kinds import DeviceKind, selector
 from gpuslice.planning.mode_traits import SHARED, ModeTraits
 from gpuslice.planning.modes.memory import slice_fit_problems
 from gpuslice.planning.selection import Problem, Selection
@@ -45,6 +48,10 @@ class SharedMode:
             return []
         return [Device(name=device_name(gpu, policy.name, "shared"), policy=policy.name, mode=self.name,
                        kind="shared", memory=gpu.memory, slice_size=slicing.slice_size, **gpu_ref(gpu))]
+
+    def kinds(self, policy: GpuSlicePolicy, selection: Selection) -> list[DeviceKind]:
+        return [DeviceKind(SHARED_KIND, device_class_name(policy.name), policy.spec.slicing.slice_bytes,
+                           selector(policy.name, mode=self.name), "")]
 
     def counter_set(self, gpu: Gpu) -> CounterSet | None:
         return None
