@@ -7,6 +7,7 @@ from typing import get_args
 
 from gpuslice.agent.kubeletplugin.modes import PREPS
 from gpuslice.api.policy import SlicingModeName
+from gpuslice.dra.support import FEATURES
 from gpuslice.planning.mode_traits import TRAITS
 from gpuslice.planning.modes import MODES
 
@@ -29,3 +30,11 @@ def test_traits_read_kinds_as_the_modes_make_them() -> None:
     assert TRAITS["memory"].kind("full", "") == "full"
     assert TRAITS["shared"].kind("10Gi", "") == "shared"
     assert TRAITS["mig"].kind("", "1g.10gb") == "1g.10gb"
+
+
+def test_the_support_matrix_names_only_registered_modes() -> None:
+    """dra.support sits below planning and names the modes each feature gate serves; a new mode
+    must appear there (device taints serve every mode: drains and held changes rest on them)."""
+    named = {mode for feature in FEATURES.values() for mode in feature.modes}
+    assert named == set(MODES)
+    assert set(FEATURES["taints"].modes) == set(MODES)
