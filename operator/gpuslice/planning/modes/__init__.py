@@ -15,7 +15,7 @@ mode takes, is in docs/modes.md.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.gpus import Gpu
@@ -57,6 +57,12 @@ class SlicingMode(Protocol):
 
     def fit_problems(self, policy: GpuSlicePolicy, selection: Selection) -> list[Problem]:
         """What makes ``policy`` impossible on the GPUs it selects."""
+        ...
+
+    def example(self, gpu: Gpu) -> dict[str, Any] | None:
+        """A ``spec.slicing`` of this mode that makes every kind of device it can make of ``gpu``
+        (the node check, ``gpuslice agent check``, prints each kind's attributes); None when it
+        makes none there."""
         ...
 
     def environment(self, grant: Grant) -> dict[str, str]:

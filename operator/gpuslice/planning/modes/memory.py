@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import device_class_name
@@ -78,6 +79,9 @@ class MemoryMode:
 
     def fit_problems(self, policy: GpuSlicePolicy, selection: Selection) -> list[Problem]:
         return slice_fit_problems(policy, selection, max_slices=MAX_SLICES_PER_GPU)
+
+    def example(self, gpu: Gpu) -> dict[str, Any] | None:
+        return {"mode": self.name, "sliceSize": "4Gi", "allowFullGpu": True}
 
     def environment(self, grant: Grant) -> dict[str, str]:
         return prefixed({**common_environment(grant), "SLICE_SIZE": grant.device.slice_size or "full"})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import device_class_name
@@ -133,6 +134,11 @@ class MigMode:
         for problem in problems:
             unique.setdefault((problem.reason, problem.message.split(" (")[0]), problem)
         return list(unique.values())
+
+    def example(self, gpu: Gpu) -> dict[str, Any] | None:
+        if not gpu.mig_profiles:
+            return None
+        return {"mode": self.name, "mig": {"profiles": [p.name for p in gpu.mig_profiles]}}
 
     def environment(self, grant: Grant) -> dict[str, str]:
         device = grant.device

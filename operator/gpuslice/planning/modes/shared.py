@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import device_class_name
@@ -72,6 +73,9 @@ class SharedMode:
                 " or use mode memory for whole GPUs.",
             )]
         return []
+
+    def example(self, gpu: Gpu) -> dict[str, Any] | None:
+        return {"mode": self.name, "sliceSize": "4Gi"}
 
     def environment(self, grant: Grant) -> dict[str, str]:
         env = {**common_environment(grant), "SLICE_SIZE": grant.device.slice_size or ""}
