@@ -45,6 +45,7 @@ from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model, product_key
 from gpuslice.planning.gpu_use import parse_cgroup
 from gpuslice.planning.mig_mode import switches_mig_mode
+from gpuslice.planning.modes import MODES
 from gpuslice.planning.node_pool import MPS_MIN_COMPUTE_CAPABILITY, plan_node_pool
 
 # The NVML functions the check may call: queries only (the backend's discovery and its listing of
@@ -203,19 +204,20 @@ def _nvml_views(report: Report, backend: NvmlBackend, gpu: Gpu) -> None:
 
 def _attributes(report: Report, gpus: list[Gpu]) -> None:
     report.line("== Attributes each kind of device would carry (as published in its ResourceSlice)")
-    policies = [_policy("check-memory", {"mode": "memory", "sliceSize": "4Gi", "allowFullGpu": True}),
-                _policy("check-shared", {"mode": "shared", "sliceSize": "4Gi"})]
     for gpu in gpus[:1] + [g for g in gpus[1:] if g.product_name != gpus[0].product_name]:
         kinds: dict[str, dict[str, Any]] = {}
-        trial = [replace(gpu, mig_enabled=False)]
-        for policy in policies:
-            for device in plan_node_pool({}, trial, [policy]).devices:
-                kinds.setdefault(device["attributes"]["type"]["string"], device)
-        if gpu.mig_profiles:
-            # As in MIG mode: whatever the mode now (the inventory says whether the agent may switch it).
-            mig = _policy("check-mig", {"mode": "mig", "mig": {"profiles": [p.name for p in gpu.mig_profiles]}})
-            for device in plan_node_pool({}, [replace(gpu, mig_enabled=True)], [mig]).devices:
-                kinds.setdefault(f"mig {device['attributes']['profile']['string']}", device)
+        for mode in MODES.values():
+            slicing = mode.example(gpu)
+            if slicing is None:
+                continue
+            # In the MIG mode the mode needs, whatever the GPU's is now (the inventory says whether
+            # the agent may switch it).
+            trial = [replace(gpu, mig_enabled=mode.traits.instances)]
+            for device in plan_node_pool({}, trial, [_policy(f"check-{mode.name}", slicing)]).devices:
+                attributes = device["attributes"]
+                kind = (f"mig {attributes['profile']['string']}" if mode.traits.instances
+                        else attributes["type"]["string"])
+                kinds.setdefault(kind, device)
         for kind, device in kinds.items():
             report.line(f"GPU {gpu.index}, {kind} device {device['name']}:")
             report.line("  " + json.dumps({"attributes": device["attributes"], "capacity": device["capacity"]},

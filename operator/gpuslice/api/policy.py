@@ -182,10 +182,14 @@ class MigSlicing(ApiModel):
     )
 
 
+SlicingModeName = Literal["memory", "shared", "mig"]
+"""The slicing modes the API accepts; what each one is lives in ``planning.modes`` (a test holds the two equal)."""
+
+
 class Slicing(ApiModel):
     """How each selected GPU is cut into devices that tenants claim."""
 
-    mode: Literal["memory", "shared", "mig"] = Field(description=(
+    mode: SlicingModeName = Field(description=(
         "memory: fixed slices of sliceSize that draw on the GPU's memory counter (KEP-4815);"
         " shared: one device per GPU that many claims share, each taking capacity in steps of"
         " sliceSize (KEP-5075); mig: hardware MIG partitions."))

@@ -41,7 +41,8 @@ from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.cluster_objects import DeviceRef, desired_ledgers, desired_objects
 from gpuslice.planning.coexistence import mig_manager_active
-from gpuslice.planning.kinds import DeviceKind, classes_in_force, device_kinds
+from gpuslice.planning.kinds import DeviceKind, classes_in_force
+from gpuslice.planning.modes import device_kinds, mode_of
 from gpuslice.planning.usage import (
     device_info,
     devices_by_policy,
@@ -336,7 +337,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         mig_failed=len(devices & failed_devices(mine)),
         unhealthy=len(devices & unhealthy_devices(mine)),
         other_drivers=world.other_drivers_on(selection.nodes),
-        mig_manager_nodes=sorted(n for n in selection.nodes if policy.spec.slicing.mode == "mig"
+        mig_manager_nodes=sorted(n for n in selection.nodes if mode_of(policy).traits.instances
                                  and mig_manager_active(world.nodes.get(n, {}))),
         left_out=world.left_out(policy.name, set(selection.nodes)),
         # The record the tenancy rule reads moves with valid specs only: a frozen policy's devices

@@ -34,7 +34,7 @@ def _placement_free(device: PublishedDevice, taken: set[int]) -> bool:
 def _free_memory(gpu: GpuMap) -> int:
     used = 0
     for device in gpu.devices:
-        if device.device.mode == "shared":
+        if device.device.traits.consumable:
             used += sum(h.memory if h.memory is not None else 0 for h in device.users)
         elif device.allocated:
             used += device.device.memory

@@ -17,7 +17,8 @@ from gpuslice.api.ledger import LEDGER_KIND, ledger_name
 from gpuslice.api.policy import GROUP, KIND, VERSION, Tenant
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, LABEL_POLICY, MANAGED_BY, quota_resource
-from gpuslice.planning.kinds import SHARED, DeviceKind, device_kinds, quota, template_names
+from gpuslice.planning.kinds import SHARED, DeviceKind, quota, template_names
+from gpuslice.planning.modes import device_kinds
 from gpuslice.planning.selection import Selection
 
 Manifest = dict[str, Any]

@@ -110,7 +110,7 @@ def _fleet(cluster: Cluster) -> list[_Gpu]:
 
 
 def _held_memory(device: PublishedDevice) -> int:
-    if device.device.mode == "shared":
+    if device.device.traits.consumable:
         return sum(h.memory or 0 for h in device.users)
     return device.device.memory if device.allocated else 0
 
@@ -155,7 +155,7 @@ class _Planner:
                 if dev.pub.name not in unit.devices:
                     unit.devices.append(dev.pub.name)
                     unit.kinds.append(dev)
-                    unit.memory += dev.pub.device.memory if dev.pub.device.mode != "shared" else (holder.memory or 0)
+                    unit.memory += (holder.memory or 0) if dev.pub.device.traits.consumable else dev.pub.device.memory
                     for k, v in dev.cons.items():
                         unit.cons[k] = unit.cons.get(k, 0) + v
         return sorted(units.values(), key=lambda u: u.ref)
@@ -273,7 +273,7 @@ class _Planner:
         if not candidates:
             return head("Unsupported", f"no GPU of {waiting.policy} that the pod may use offers a {waiting.kind}"
                                        " device")
-        if any(d.pub.device.mode == "shared" for g in candidates for d in g.devices if _kind_of(d, waiting)):
+        if any(d.pub.device.traits.consumable for g in candidates for d in g.devices if _kind_of(d, waiting)):
             return head("Unsupported", "shared-capacity devices are not defragmented: a shared device cannot be"
                                        " closed to the moved pods and open to this one")
         open_gpus = [g for g in candidates if not g.freeing]

@@ -17,17 +17,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from gpuslice.api.policy import SlicingModeName
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, short_hash
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
 from gpuslice.inventory.catalog import Engines
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.pci import PCI_BUS_ID_ATTRIBUTE as PCI_BUS_ID
 from gpuslice.planning.attributes import GpuFacts, mig_capacities, nvidia_attributes, read_engines, read_facts
+from gpuslice.planning.mode_traits import FULL_SLICE_SIZE, ModeTraits, traits_of
 
-Mode = Literal["memory", "shared", "mig"]
-MODES: tuple[Mode, ...] = ("memory", "shared", "mig")
+Mode = SlicingModeName
 # The agent's own taint on a device whose change waits (planning.usage.PENDING_TAINT_KEY, set by
 # pool_safety): a state of the device, not part of what the device is.
 PENDING_CHANGE_TAINT = f"{ATTRIBUTE_DOMAIN}/pending-change"
@@ -103,6 +104,13 @@ class Device:
     mig_uuid: str | None = None
 
     @property
+    def traits(self) -> ModeTraits:
+        """What devices of this one's mode are (``planning.mode_traits``)."""
+        traits = traits_of(self.mode)
+        assert traits is not None, self.mode  # Mode is the traits table's keys (tests/unit/planning/test_modes.py)
+        return traits
+
+    @property
     def whole_gpu(self) -> bool:
         """The device is the GPU itself (not a part of it): ``uuid`` rather than ``parentUUID``."""
         return self.kind in ("full", "shared")
@@ -120,7 +128,7 @@ class Device:
         if self.mig_uuid:
             attributes[MIG_UUID] = _attr(self.mig_uuid)
         if self.kind == "full":
-            attributes[f"{ATTRIBUTE_DOMAIN}/sliceSize"] = _attr("full")
+            attributes[f"{ATTRIBUTE_DOMAIN}/sliceSize"] = _attr(FULL_SLICE_SIZE)
         elif self.slice_size is not None:
             attributes[f"{ATTRIBUTE_DOMAIN}/sliceSize"] = _attr(self.slice_size)
         if self.isolation is not None:
@@ -130,7 +138,7 @@ class Device:
             attributes[f"{ATTRIBUTE_DOMAIN}/placementStart"] = _attr(self.placement[0])
             attributes[f"{ATTRIBUTE_DOMAIN}/placementSize"] = _attr(self.placement[1])
         device: dict[str, Any] = {"name": self.name, "attributes": attributes}
-        if self.mode == "shared":
+        if self.traits.consumable:
             step = format_bytes(quantity_bytes(self.slice_size or "0"))
             device["allowMultipleAllocations"] = True
             device["capacity"] = {"memory": {"value": format_bytes(self.memory), "requestPolicy": {
@@ -152,12 +160,13 @@ class Device:
         policy, mode = _read(attributes, "policy"), _read(attributes, "mode")
         uuid = _read(attributes, "uuid") or _read(attributes, "parentUUID")
         index = _read(attributes, "index")
-        if not isinstance(policy, str) or mode not in MODES or not isinstance(uuid, str) or not isinstance(index, int):
+        traits = traits_of(str(mode))
+        if not isinstance(policy, str) or traits is None or not isinstance(uuid, str) or not isinstance(index, int):
             return None
         size, profile = _read(attributes, "sliceSize"), _read(attributes, "profile")
         isolation = _read(attributes, "isolation")
         start, span = _read(attributes, "placementStart"), _read(attributes, "placementSize")
-        kind = {"memory": "full" if size == "full" else "slice", "shared": "shared"}.get(str(mode), str(profile))
+        kind = traits.kind(str(size), str(profile))
         uses = (body.get("consumesCounters") or [{}])[0]
         capacity = body.get("capacity") or {}
         try:
@@ -165,10 +174,10 @@ class Device:
         except ValueError:
             return None
         return cls(
-            name=str(body.get("name", "")), policy=policy, mode=mode, kind=kind, gpu_uuid=uuid,
+            name=str(body.get("name", "")), policy=policy, mode=traits.name, kind=kind, gpu_uuid=uuid,
             gpu_index=index, product_name=str(_read(attributes, "productName") or ""),
             pci_bus_id=str((attributes.get(PCI_BUS_ID) or {}).get("string", "")), memory=memory,
-            slice_size=str(size) if isinstance(size, str) and size != "full" else None,
+            slice_size=str(size) if isinstance(size, str) and size != FULL_SLICE_SIZE else None,
             profile=str(profile) if isinstance(profile, str) else None,
             placement=(start, span) if isinstance(start, int) and isinstance(span, int) else None,
             counter_set=uses.get("counterSet"),
@@ -177,7 +186,7 @@ class Device:
                          for t in body.get("taints") or [] if t.get("key") != PENDING_CHANGE_TAINT),
             facts=read_facts(attributes), engines=read_engines(capacity),
             isolation=isolation if isinstance(isolation, str) else None,
-            mig_uuid=str((attributes.get(MIG_UUID) or {}).get("string")) if mode == "mig" and MIG_UUID in attributes
+            mig_uuid=str((attributes.get(MIG_UUID) or {}).get("string")) if traits.instances and MIG_UUID in attributes
             else None,
         )
 
@@ -186,7 +195,8 @@ def without_instance_uuid(device: Mapping[str, Any]) -> dict[str, Any]:
     """A published device without its static MIG instance's UUID: what a plan made without the
     instances (the controller's) can know of it."""
     attributes = device.get("attributes") or {}
-    if _read(attributes, "mode") != "mig" or MIG_UUID not in attributes:
+    traits = traits_of(str(_read(attributes, "mode")))
+    if traits is None or not traits.instances or MIG_UUID not in attributes:
         return dict(device)
     return {**device, "attributes": {k: v for k, v in attributes.items() if k != MIG_UUID}}
 

@@ -11,20 +11,21 @@ Class names are ``<policy>.gpuslice.dev`` for the slices (memory and shared mode
 and ``<kind>.<policy>.gpuslice.dev`` for the others. Policy names hold no dots
 (the CRD allows a DNS label only), so the policy of a class is the label just
 before ``gpuslice.dev``: the tenancy admission policy reads it that way.
+
+Which kinds a policy offers is its mode's business (``SlicingMode.kinds``; all of a
+policy's: ``planning.modes.device_kinds``); this module is what every kind shares.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
 from gpuslice.api.policy import Tenant
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.api.status import ClassInForce
-from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER, device_class_name
+from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.dra.quantity import format_bytes
-from gpuslice.inventory.catalog import GI
-from gpuslice.planning.selection import Selection
 
 SLICE, FULL, SHARED = "slice", "full", "shared"
 
@@ -58,44 +59,11 @@ def _attribute(name: str) -> str:
     return f'device.attributes["{ATTRIBUTE_DOMAIN}"].?{name}.orValue("")'
 
 
-def _selector(policy: str, **attributes: str) -> str:
+def selector(policy: str, **attributes: str) -> str:
+    """The CEL selector of a DeviceClass: gpuslice's devices of ``policy`` with these attributes."""
     terms = [f'device.driver == "{DRIVER}"', f'{_attribute(ATTR_POLICY)} == "{policy}"']
     terms += [f'{_attribute(name)} == "{value}"' for name, value in attributes.items()]
     return " && ".join(terms)
-
-
-def _mig_memory(profile: str, selection: Selection, pick: Callable[[list[int]], int] = max) -> int:
-    """What one instance of ``profile`` has on the GPUs selected (the largest figure, or what
-    ``pick`` takes); for GPUs the catalog does not know, the GB figure in its name read as GiB
-    (above what NVML reports)."""
-    known = [p.memory for g in selection.gpus if g.model for p in g.model.mig_profiles if p.name == profile]
-    if known:
-        return pick(known)
-    nominal = profile.split(".", 1)[1].removesuffix("+me").removesuffix("gb")
-    return int(nominal) * GI if nominal.isdigit() else 0
-
-
-def device_kinds(policy: GpuSlicePolicy, selection: Selection) -> list[DeviceKind]:
-    """The policy's kinds of device, smallest first within MIG, the slices first otherwise."""
-    name, slicing = policy.name, policy.spec.slicing
-    if slicing.mode == "memory":
-        assert slicing.slice_size is not None
-        found = [DeviceKind(SLICE, device_class_name(name), slicing.slice_bytes,
-                            _selector(name, mode="memory", sliceSize=slicing.slice_size), "")]
-        if slicing.allow_full_gpu:
-            largest = max((g.memory for g in selection.gpus if g.memory is not None), default=0)
-            smallest = min((g.memory for g in selection.gpus if g.memory is not None), default=0)
-            found.append(DeviceKind(FULL, f"{FULL}.{device_class_name(name)}", largest,
-                                    _selector(name, mode="memory", sliceSize="full"), f"-{FULL}", smallest))
-        return found
-    if slicing.mode == "shared":
-        return [DeviceKind(SHARED, device_class_name(name), slicing.slice_bytes, _selector(name, mode="shared"), "")]
-    assert slicing.mig is not None
-    profiles = list(dict.fromkeys([*(slicing.mig.profiles or []), *(slicing.mig.layout or {})]))
-    kinds = [DeviceKind(p, f"{profile_tag(p)}.{device_class_name(name)}", _mig_memory(p, selection),
-                        _selector(name, mode="mig", profile=p), f"-{profile_tag(p)}", _mig_memory(p, selection, min))
-             for p in profiles]
-    return sorted(kinds, key=lambda k: (k.memory, k.kind))
 
 
 def quota(tenant: Tenant, kind: DeviceKind) -> int | None:
@@ -136,8 +104,8 @@ def template_names(policy: GpuSlicePolicy, tenant: Tenant, kinds: list[DeviceKin
     allowed = usable(tenant, kinds)
     names: dict[str, DeviceKind] = {}
     primary = next((k for k in allowed if k.primary), None)
-    if primary is None and policy.spec.slicing.mode == "mig" and allowed:
-        primary = allowed[0]
+    if primary is None and allowed and not any(k.primary for k in kinds):
+        primary = allowed[0]  # a mode of no primary kind (MIG): the smallest kind the tenant may use
     if primary is not None:
         names[base] = primary
     for kind in allowed:
@@ -146,10 +114,9 @@ def template_names(policy: GpuSlicePolicy, tenant: Tenant, kinds: list[DeviceKin
     return names
 
 
-def all_template_names(policy: GpuSlicePolicy) -> set[str]:
-    """Every template name the policy may make in some tenant (for conflicts between policies)."""
+def all_template_names(policy: GpuSlicePolicy, kinds: Sequence[DeviceKind]) -> set[str]:
+    """Every template name the policy (of ``kinds``) may make in some tenant (for conflicts between policies)."""
     base = policy.spec.claim_template_name
-    kinds = device_kinds(policy, Selection(()))
     return {base} | {base + k.template_suffix for k in kinds if not k.primary}
 
 

@@ -45,11 +45,11 @@ class Step:
 
 def layout_targets(devices: Iterable[Device], policies: Iterable[GpuSlicePolicy]) -> dict[str, LayoutTarget]:
     """The GPUs whose planned devices come from a static ``mig.layout``, by UUID."""
-    static = {p.name for p in policies if p.spec.slicing.mode == "mig" and p.spec.slicing.mig is not None
-              and p.spec.slicing.mig.layout}
+    # slicing.mig is set in mig mode only (the schema's rule).
+    static = {p.name for p in policies if p.spec.slicing.mig is not None and p.spec.slicing.mig.layout}
     found: dict[str, list[Device]] = {}
     for device in devices:
-        if device.mode == "mig" and device.policy in static and device.profile and device.placement:
+        if device.traits.instances and device.policy in static and device.profile and device.placement:
             found.setdefault(device.gpu_uuid, []).append(device)
     return {uuid: LayoutTarget(uuid, found_devices[0].policy, tuple(sorted(
         (d.profile or "", d.placement[0]) for d in found_devices if d.placement is not None)))

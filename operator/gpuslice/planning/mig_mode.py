@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.left_out import MIG_MODE_OFF, MIG_MODE_ON
+from gpuslice.planning.mode_traits import ModeTraits
 
 # go-nvlib's strings (nvml.ARCHITECTURES) of the architectures before Hopper. Anything else, an
 # architecture NVML reports as unknown included, counts as Hopper or later, as NVIDIA's comparison
@@ -43,11 +44,11 @@ def switches_mig_mode(gpu: Gpu) -> bool:
     return gpu.mig_capable and gpu.architecture not in BEFORE_HOPPER
 
 
-def mig_mode_conflict(mode: str, gpu: Gpu) -> str | None:
+def mig_mode_conflict(mode: ModeTraits, gpu: Gpu) -> str | None:
     """Why a policy of slicing ``mode`` can have no device on ``gpu`` in its MIG mode now, if so."""
-    if mode == "mig" and gpu.mig_capable and not gpu.mig_enabled and not switches_mig_mode(gpu):
+    if mode.instances and gpu.mig_capable and not gpu.mig_enabled and not switches_mig_mode(gpu):
         return MIG_MODE_OFF
-    if mode != "mig" and gpu.mig_enabled:
+    if not mode.instances and gpu.mig_enabled:
         return MIG_MODE_ON
     return None
 

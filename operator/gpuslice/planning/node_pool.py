@@ -139,7 +139,7 @@ def plan_node_pool(labels: Mapping[str, str], gpus: Sequence[Gpu], policies: Ite
         if not takers or gpu_tag(gpu.uuid) in clashing:
             continue
         mode = mode_of(takers[0])
-        if mode.name == "mig" and mig_manager_active(labels):
+        if mode.traits.instances and mig_manager_active(labels):
             notes.append(f"{takers[0].name}: GPU {gpu.index} is on a node where the GPU Operator's MIG manager is"
                          f" active ({MIG_MANAGER_LABEL}=true), which would undo this policy's MIG instances; set"
                          f" {MIG_MANAGER_LABEL}=false on the node")
@@ -148,7 +148,7 @@ def plan_node_pool(labels: Mapping[str, str], gpus: Sequence[Gpu], policies: Ite
         sharing = takers[:1] if mode.exclusive else [p for p in takers if p.spec.slicing.mode == mode.name]
         notes += [f"{p.name}: GPU {gpu.index} is taken by {takers[0].name} ({mode.name} mode)"
                   for p in takers if p not in sharing]
-        conflict = mig_mode_conflict(mode.name, gpu)
+        conflict = mig_mode_conflict(mode.traits, gpu)
         if conflict is not None:
             notes += [conflict_note(p.name, gpu, conflict) for p in sharing]
             left_out += [LeftOut(p.name, conflict, gpu.index, gpu.product_name) for p in sharing]

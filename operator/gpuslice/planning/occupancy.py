@@ -219,7 +219,10 @@ def gpu_map(node: str, devices: Sequence[PublishedDevice], counter_sets: Mapping
     total = gpu_memory(devices, counter_sets)
     modes = sorted({d.device.mode for d in devices})
     mode = modes[0] if len(modes) == 1 else "+".join(modes)
-    cut = {"mig": _mig_gpu, "shared": _shared_gpu}.get(mode, _memory_gpu)
+    # A GPU of one mode is cut as its devices are; mixed modes (a transition) as memory slices.
+    traits = {d.device.traits for d in devices}
+    only = next(iter(traits)) if len(traits) == 1 else None
+    cut = _mig_gpu if only and only.instances else _shared_gpu if only and only.consumable else _memory_gpu
     segments, offers = cut(devices, total)
     admin = tuple(sorted({h for d in devices for h in d.holders if h.admin}, key=_order))
     return GpuMap(node, first.gpu_uuid, first.gpu_index, first.product_name, total, mode,

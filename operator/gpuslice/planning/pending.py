@@ -19,7 +19,9 @@ from gpuslice.api.status import ClassInForce
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, CONTROLLER_NAMESPACE, MEMORY_WEBHOOK, quota_resource
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
 from gpuslice.planning.availability import across, largest_free
+from gpuslice.planning.kinds import SHARED, SLICE
 from gpuslice.planning.memory import request_least, shown
+from gpuslice.planning.mode_traits import traits_of
 from gpuslice.planning.occupancy import OccupancyMap
 from gpuslice.planning.totals import PolicyTotals, parse_policy
 
@@ -104,7 +106,8 @@ def class_owner(device_class: str, policies: Iterable[Body]) -> tuple[str, str] 
         return None
     mode = next(str(((b.get("spec") or {}).get("slicing") or {}).get("mode", "")) for b in policies
                 if b["metadata"]["name"] == parts[-1])
-    kind = ".".join(parts[:-1]) or ("shared" if mode == "shared" else "slice")
+    traits = traits_of(mode)
+    kind = ".".join(parts[:-1]) or (SHARED if traits is not None and traits.consumable else SLICE)
     return parts[-1], kind
 
 

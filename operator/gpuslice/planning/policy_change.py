@@ -87,7 +87,7 @@ def gpus_from_devices(devices: Sequence[PublishedDevice], pool: Pool) -> list[Gp
             driver_version=facts.driver_version,
             minor=facts.minor if facts.minor is not None else first.gpu_index,
             # MIG mode as the GPU's published devices show it (planning.mig_mode: MIG devices only in it).
-            mig_capable=bool(model and model.mig_capable), mig_enabled=any(d.device.mode == "mig" for d in mine),
+            mig_capable=bool(model and model.mig_capable), mig_enabled=any(d.device.traits.instances for d in mine),
             mig_profiles=model.mig_profiles if model else (), brand=facts.brand or "Unknown",
             cuda_driver_version=facts.cuda_driver_version, pcie_root=facts.pcie_root))
     return sorted(found, key=lambda g: g.index)

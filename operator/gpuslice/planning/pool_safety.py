@@ -97,10 +97,16 @@ def with_statuses(slices: Iterable[PlannedSlice], taints: Mapping[str, Sequence[
                  for s in slices)
 
 
+# The signature of a device no counter set guards: the scheduler's capacity accounting does
+# (a consumable-capacity device, ModeTraits.consumable), which no counter set can be mixed with.
+_CAPACITY_GUARDED = frozenset({"capacity"})
+
+
 def _signature(device: Device) -> frozenset[str]:
-    """What guards the device's share of the GPU: its counter sets, or being shared."""
+    """What guards the device's share of the GPU: its counter sets, or the scheduler's capacity
+    accounting. Read from the device as published, whatever its mode."""
     sets = frozenset(str(c["counterSet"]) for c in device.get("consumesCounters") or [])
-    return sets or frozenset({"shared"})
+    return sets or _CAPACITY_GUARDED
 
 
 @dataclass(frozen=True)
@@ -145,8 +151,8 @@ def make_safe(
     for gpu, signatures in held_by_gpu.items():
         new_signatures = {_signature(d) for d in wanted.values() if _gpu(d) == gpu and d["name"] not in held}
         combined = signatures | new_signatures
-        # Mixing is safe only under one counter set; a shared device is never mixed.
-        if gpu is None or (new_signatures and (len(combined) > 1 or frozenset({"shared"}) in combined)):
+        # Mixing is safe only under one counter set; a capacity-guarded device is never mixed.
+        if gpu is None or (new_signatures and (len(combined) > 1 or _CAPACITY_GUARDED in combined)):
             blocked.add(gpu)
 
     devices = [d for name, d in wanted.items() if name not in held and _gpu(d) not in blocked] + list(held.values())

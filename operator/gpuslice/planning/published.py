@@ -124,7 +124,7 @@ class PublishedDevice:
     @property
     def step(self) -> int:
         """A shared device's capacity step (its policy's sliceSize); 0 for other devices."""
-        return _quantity(self.device.slice_size) if self.device.mode == "shared" and self.device.slice_size else 0
+        return _quantity(self.device.slice_size) if self.device.traits.consumable and self.device.slice_size else 0
 
 
 @dataclass(frozen=True)

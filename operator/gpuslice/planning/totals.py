@@ -17,7 +17,8 @@ import pydantic
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.nodes import NodeGpus, node_gpus
 from gpuslice.planning.cluster_objects import DeviceRef
-from gpuslice.planning.kinds import device_kinds, limit_bytes, quota
+from gpuslice.planning.kinds import limit_bytes, quota
+from gpuslice.planning.modes import device_kinds
 from gpuslice.planning.published import Pool
 from gpuslice.planning.usage import ClaimView, DeviceInfo, foreign_claims, usage
 from gpuslice.planning.validation import select

@@ -21,9 +21,9 @@ from gpuslice.dra.names import (
 )
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.planning.cluster_objects import DeviceRef
-from gpuslice.planning.kinds import FULL, SHARED, SLICE
 from gpuslice.planning.left_out import LeftOut
 from gpuslice.planning.left_out import decode as decode_left_out
+from gpuslice.planning.mode_traits import MEMORY, traits_of
 
 __all__ = ["PENDING_TAINT_KEY", "ClaimResult", "ClaimView", "DeviceInfo", "SliceView", "Usage", "device_info",
            "devices_by_policy", "failed_devices", "foreign_claims", "pending_devices", "unhealthy_devices", "usage"]
@@ -48,12 +48,8 @@ def _kind(attributes: Mapping[str, Any]) -> str:
     def read(name: str) -> str:
         return str((attributes.get(f"{ATTRIBUTE_DOMAIN}/{name}") or {}).get("string", ""))
 
-    mode = read("mode")
-    if mode == "shared":
-        return SHARED
-    if mode == "mig":
-        return read("profile")
-    return FULL if read("sliceSize") == "full" else SLICE
+    traits = traits_of(read("mode"))
+    return (traits or MEMORY).kind(read("sliceSize"), read("profile"))
 
 
 @dataclass(frozen=True)

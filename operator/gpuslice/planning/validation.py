@@ -14,7 +14,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.api.status import MAX_SELECTED_NODES
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.planning.kinds import all_template_names
-from gpuslice.planning.modes import MODES, mode_of
+from gpuslice.planning.modes import MODES, device_kinds, mode_of
 from gpuslice.planning.selection import MAX_SLICES_PER_GPU, Problem, Selection, select, seniority
 
 __all__ = ["MAX_SLICES_PER_GPU", "Problem", "Selection", "select", "seniority", "validate"]
@@ -56,7 +56,8 @@ def _conflicts(
                 " Set it alike, or narrow spec.nodeSelector or spec.gpuSelector of one of them.",
             ))
         common = tenants & {t.namespace for t in other.spec.tenants}
-        clash = all_template_names(policy) & all_template_names(other)
+        clash = (all_template_names(policy, device_kinds(policy, Selection(())))
+                 & all_template_names(other, device_kinds(other, Selection(()))))
         if common and clash:
             problems.append(Problem(
                 "ClaimTemplateConflict",

@@ -13,7 +13,7 @@ from gpuslice.api.status import AdmittedTenant, LimitsInForce
 from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.controller.tenancy import QuotaView, admitted_tenants, tenancy_unenforced
 from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotReady
-from gpuslice.planning.kinds import device_kinds
+from gpuslice.planning.modes import device_kinds
 from gpuslice.planning.selection import Selection
 
 POLICY = GpuSlicePolicy.model_validate({

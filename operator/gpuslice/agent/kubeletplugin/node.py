@@ -37,7 +37,7 @@ def mig_gpus(record: PublishedRecord) -> set[str]:
     """GPUs whose last published devices were MIG devices (by UUID)."""
     last = record.load()
     devices = [Device.from_manifest(d) for d in (last.devices if last else [])]
-    return {d.gpu_uuid for d in devices if d is not None and d.mode == "mig"}
+    return {d.gpu_uuid for d in devices if d is not None and d.traits.instances}
 
 
 def published_devices(record: PublishedRecord) -> list[tuple[str, str]]:

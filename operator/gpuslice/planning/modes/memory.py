@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.dra.names import device_class_name
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.planning.devices import CounterSet, Device, device_name, gpu_ref, gpu_tag
+from gpuslice.planning.devices import CounterSet, Device, Mode, device_name, gpu_ref, gpu_tag
 from gpuslice.planning.grants import Grant, common_environment, prefixed
+from gpuslice.planning.kinds import FULL, SLICE, DeviceKind, selector
+from gpuslice.planning.mode_traits import FULL_SLICE_SIZE, MEMORY, ModeTraits
 from gpuslice.planning.selection import MAX_SLICES_PER_GPU, Problem, Selection
 
 COMPUTE_UNITS = 1000  # a GPU's compute, in thousandths, shared in proportion to memory
@@ -28,8 +31,12 @@ def _counters(gpu: Gpu, memory: int) -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True)
 class MemoryMode:
-    name: Literal["memory"] = "memory"
+    traits: ModeTraits = MEMORY
     exclusive: bool = False
+
+    @property
+    def name(self) -> Mode:
+        return self.traits.name
 
     def devices(self, gpu: Gpu, policies: Sequence[GpuSlicePolicy], notes: list[str]) -> list[Device]:
         found = []
@@ -46,7 +53,7 @@ class MemoryMode:
                              f" {MAX_SLICES_PER_GPU} slices of GPU {gpu.index}")
                 continue
             tag = format_bytes(size).lower()
-            common = {"policy": policy.name, "mode": "memory", "counter_set": counter_set, **gpu_ref(gpu)}
+            common = {"policy": policy.name, "mode": self.name, "counter_set": counter_set, **gpu_ref(gpu)}
             found += [Device(name=device_name(gpu, policy.name, f"{tag}-{k}"), kind="slice", memory=size,
                              slice_size=slicing.slice_size, counters=_counters(gpu, size), **common)
                       for k in range(gpu.memory // size)]
@@ -55,11 +62,26 @@ class MemoryMode:
                                     counters=_counters(gpu, gpu.memory), **common))
         return found
 
+    def kinds(self, policy: GpuSlicePolicy, selection: Selection) -> list[DeviceKind]:
+        name, slicing = policy.name, policy.spec.slicing
+        assert slicing.slice_size is not None
+        found = [DeviceKind(SLICE, device_class_name(name), slicing.slice_bytes,
+                            selector(name, mode=self.name, sliceSize=slicing.slice_size), "")]
+        if slicing.allow_full_gpu:
+            largest = max((g.memory for g in selection.gpus if g.memory is not None), default=0)
+            smallest = min((g.memory for g in selection.gpus if g.memory is not None), default=0)
+            found.append(DeviceKind(FULL, f"{FULL}.{device_class_name(name)}", largest,
+                                    selector(name, mode=self.name, sliceSize=FULL_SLICE_SIZE), f"-{FULL}", smallest))
+        return found
+
     def counter_set(self, gpu: Gpu) -> CounterSet | None:
         return CounterSet(gpu_tag(gpu.uuid), _counters(gpu, gpu.memory))
 
     def fit_problems(self, policy: GpuSlicePolicy, selection: Selection) -> list[Problem]:
         return slice_fit_problems(policy, selection, max_slices=MAX_SLICES_PER_GPU)
+
+    def example(self, gpu: Gpu) -> dict[str, Any] | None:
+        return {"mode": self.name, "sliceSize": "4Gi", "allowFullGpu": True}
 
     def environment(self, grant: Grant) -> dict[str, str]:
         return prefixed({**common_environment(grant), "SLICE_SIZE": grant.device.slice_size or "full"})

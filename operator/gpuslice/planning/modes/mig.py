@@ -9,19 +9,33 @@ of a layout placed by backtracking over NVML's placement table.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.inventory.catalog import MEMORY_SLICES, MigProfile
+from gpuslice.dra.names import device_class_name
+from gpuslice.inventory.catalog import GI, MEMORY_SLICES, MigProfile
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.planning.devices import CounterSet, Device, gpu_ref, gpu_tag
+from gpuslice.planning.devices import CounterSet, Device, Mode, gpu_ref, gpu_tag
 from gpuslice.planning.grants import Grant, common_environment, prefixed
+from gpuslice.planning.kinds import DeviceKind, profile_tag, selector
 from gpuslice.planning.mig import mig_device_name, static_layout
+from gpuslice.planning.mode_traits import MIG, ModeTraits
 from gpuslice.planning.selection import Problem, Selection
 
 MEDIA = "media-engines"
+
+
+def profile_memory(profile: str, selection: Selection, pick: Callable[[list[int]], int] = max) -> int:
+    """What one instance of ``profile`` has on the GPUs selected (the largest figure, or what
+    ``pick`` takes); for GPUs the catalog does not know, the GB figure in its name read as GiB
+    (above what NVML reports)."""
+    known = [p.memory for g in selection.gpus if g.model for p in g.model.mig_profiles if p.name == profile]
+    if known:
+        return pick(known)
+    nominal = profile.split(".", 1)[1].removesuffix("+me").removesuffix("gb")
+    return int(nominal) * GI if nominal.isdigit() else 0
 
 
 def counter_set_name(gpu: Gpu) -> str:
@@ -33,7 +47,7 @@ def mig_device(gpu: Gpu, policy: GpuSlicePolicy, profile: MigProfile, start: int
     if profile.media:
         counters.append((MEDIA, "1"))
     return Device(
-        name=mig_device_name(gpu_tag(gpu.uuid), profile.name, start), policy=policy.name, mode="mig",
+        name=mig_device_name(gpu_tag(gpu.uuid), profile.name, start), policy=policy.name, mode=MIG.name,
         kind=profile.name, memory=profile.memory, profile=profile.name, placement=(start, profile.size),
         counter_set=counter_set_name(gpu), counters=tuple(sorted(counters)), engines=profile.engines, **gpu_ref(gpu),
     )
@@ -41,8 +55,12 @@ def mig_device(gpu: Gpu, policy: GpuSlicePolicy, profile: MigProfile, start: int
 
 @dataclass(frozen=True)
 class MigMode:
-    name: Literal["mig"] = "mig"
+    traits: ModeTraits = MIG
     exclusive: bool = True
+
+    @property
+    def name(self) -> Mode:
+        return self.traits.name
 
     def devices(self, gpu: Gpu, policies: Sequence[GpuSlicePolicy], notes: list[str]) -> list[Device]:
         policy = policies[0]
@@ -65,6 +83,16 @@ class MigMode:
                 continue
             found.extend(mig_device(gpu, policy, profile, start) for start in profile.starts)
         return found
+
+    def kinds(self, policy: GpuSlicePolicy, selection: Selection) -> list[DeviceKind]:
+        name, mig = policy.name, policy.spec.slicing.mig
+        assert mig is not None
+        profiles = list(dict.fromkeys([*(mig.profiles or []), *(mig.layout or {})]))
+        kinds = [DeviceKind(p, f"{profile_tag(p)}.{device_class_name(name)}", profile_memory(p, selection),
+                            selector(name, mode=self.name, profile=p), f"-{profile_tag(p)}",
+                            profile_memory(p, selection, min))
+                 for p in profiles]
+        return sorted(kinds, key=lambda k: (k.memory, k.kind))
 
     def counter_set(self, gpu: Gpu) -> CounterSet | None:
         counters = [(f"memory-slice-{i}", "1") for i in range(MEMORY_SLICES)] + [(MEDIA, "1")]
@@ -106,6 +134,11 @@ class MigMode:
         for problem in problems:
             unique.setdefault((problem.reason, problem.message.split(" (")[0]), problem)
         return list(unique.values())
+
+    def example(self, gpu: Gpu) -> dict[str, Any] | None:
+        if not gpu.mig_profiles:
+            return None
+        return {"mode": self.name, "mig": {"profiles": [p.name for p in gpu.mig_profiles]}}
 
     def environment(self, grant: Grant) -> dict[str, str]:
         device = grant.device

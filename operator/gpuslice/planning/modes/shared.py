@@ -10,21 +10,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.dra.names import device_class_name
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.planning.devices import CounterSet, Device, device_name, gpu_ref
+from gpuslice.planning.devices import CounterSet, Device, Mode, device_name, gpu_ref
 from gpuslice.planning.grants import Grant, common_environment, prefixed
+from gpuslice.planning.kinds import SHARED as SHARED_KIND
+from gpuslice.planning.kinds import DeviceKind, selector
+from gpuslice.planning.mode_traits import SHARED, ModeTraits
 from gpuslice.planning.modes.memory import slice_fit_problems
 from gpuslice.planning.selection import Problem, Selection
 
 
 @dataclass(frozen=True)
 class SharedMode:
-    name: Literal["shared"] = "shared"
+    traits: ModeTraits = SHARED
     exclusive: bool = True
+
+    @property
+    def name(self) -> Mode:
+        return self.traits.name
 
     def devices(self, gpu: Gpu, policies: Sequence[GpuSlicePolicy], notes: list[str]) -> list[Device]:
         policy = policies[0]
@@ -39,8 +47,12 @@ class SharedMode:
             notes.append(f"{policy.name}: sliceSize {slicing.slice_size} is more than half of GPU {gpu.index}"
                          f" ({format_bytes(gpu.memory)}); a shared device needs room for two")
             return []
-        return [Device(name=device_name(gpu, policy.name, "shared"), policy=policy.name, mode="shared",
+        return [Device(name=device_name(gpu, policy.name, "shared"), policy=policy.name, mode=self.name,
                        kind="shared", memory=gpu.memory, slice_size=slicing.slice_size, **gpu_ref(gpu))]
+
+    def kinds(self, policy: GpuSlicePolicy, selection: Selection) -> list[DeviceKind]:
+        return [DeviceKind(SHARED_KIND, device_class_name(policy.name), policy.spec.slicing.slice_bytes,
+                           selector(policy.name, mode=self.name), "")]
 
     def counter_set(self, gpu: Gpu) -> CounterSet | None:
         return None
@@ -61,6 +73,9 @@ class SharedMode:
                 " or use mode memory for whole GPUs.",
             )]
         return []
+
+    def example(self, gpu: Gpu) -> dict[str, Any] | None:
+        return {"mode": self.name, "sliceSize": "4Gi"}
 
     def environment(self, grant: Grant) -> dict[str, str]:
         env = {**common_environment(grant), "SLICE_SIZE": grant.device.slice_size or ""}

@@ -16,6 +16,7 @@ from gpuslice.agent.kubeletplugin.checkpoint import MigRecord, PreparedDevice
 from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.kubeletplugin.modes import memory, mig, shared
 from gpuslice.planning.devices import Device
+from gpuslice.planning.mode_traits import MEMORY, MIG, SHARED
 
 
 class DevicePrep(Protocol):
@@ -32,7 +33,8 @@ class DevicePrep(Protocol):
         ...
 
 
-PREPS: dict[str, DevicePrep] = {"memory": memory.PREP, "shared": shared.PREP, "mig": mig.PREP}
+# Keyed as the registry is (planning.modes.MODES; tests/unit/planning/test_modes.py holds them equal).
+PREPS: dict[str, DevicePrep] = {MEMORY.name: memory.PREP, SHARED.name: shared.PREP, MIG.name: mig.PREP}
 
 
 def prep_of(mode: str) -> DevicePrep:
