@@ -428,7 +428,7 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
             # the CRD deleted next, none is left routed to a rule whose parameter is gone.
             others = (b for n, b in now.policies.items() if n != name)
             await sync_routes(ctx.kube, ctx.tenancy_labels, now.namespaces, others, ctx.namespace)
-        ctx.forget(name)
+        ctx.forget(name, str(body["metadata"].get("uid") or ""))
         changes.forget(name)
         changes.everything()  # a conflict it caused may be gone
         # Owner references take everything else away with the policy.

@@ -56,6 +56,7 @@ from gpuslice.planning.usage import (
 from gpuslice.planning.validation import Problem, validate
 
 log = structlog.get_logger(__name__)
+GONE_KEPT = 10_000  # deleted policies remembered (a reconcile of one is at most seconds behind)
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 
 
@@ -99,6 +100,9 @@ class Context:
     # The newest generation reconciled per policy (by uid): an event handler that held a body
     # across awaits (one policy after another) must not converge an older spec over a newer one.
     newest: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # UIDs of policies whose deletion finished: a reconcile that waited on the policy's lock, or an
+    # event handler's body read before the deletion, must not bring its status and series back.
+    gone: dict[str, None] = field(default_factory=dict)
     tenancy_labels: asyncio.Lock = field(default_factory=asyncio.Lock)  # controller.tenancy_labels
     clock: Callable[[], float] = time.monotonic
     first_retry: float = FIRST_RETRY  # ControllerSettings.first_retry
@@ -107,8 +111,12 @@ class Context:
     def lock(self, policy: str) -> asyncio.Lock:
         return self.locks.setdefault(policy, asyncio.Lock())
 
-    def forget(self, policy: str) -> None:
-        """A deleted policy's bookkeeping goes with it."""
+    def forget(self, policy: str, uid: str = "") -> None:
+        """A deleted policy's bookkeeping goes with it (and, by ``uid``, anything reconciled of it later)."""
+        if uid:
+            self.gone[uid] = None
+            while len(self.gone) > GONE_KEPT:
+                del self.gone[next(iter(self.gone))]
         for store in (self.locks, self.failures, self.retry_at, self.label_records, self.admitted, self.tenancy,
                       self.newest, self.in_force):
             store.pop(policy, None)
@@ -153,6 +161,8 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, conv
     converge_objects = converge_objects or unprobed or (name in ctx.unconverged and ctx.due(name))
     uid = str(body["metadata"].get("uid") or "")
     async with ctx.lock(name):
+        if uid and uid in ctx.gone:
+            return  # deleted since this body was read: nothing of it is reported again
         seen_uid, seen = ctx.newest.get(name, (uid, generation))
         if seen_uid == uid and generation < seen:
             return  # an older body than one already reconciled: the newer one's work stands

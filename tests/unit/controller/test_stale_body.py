@@ -36,3 +36,23 @@ async def test_a_policy_made_again_under_its_name_is_reconciled_from_its_first_g
     kube.applied.clear()
     await reconcile(ctx, edited(1, ["a"], uid="u-2"), WORLD)
     assert templates(kube) == ["/apis/resource.k8s.io/v1/namespaces/a/resourceclaimtemplates/gpu-slice"]
+
+
+async def test_a_body_read_before_its_policy_was_deleted_brings_nothing_back() -> None:
+    """A reconcile that waited on the policy's lock while its deletion finished (or an event's body
+    read before it) would record the policy's status again: its metric series would then stay for
+    good, and its objects be applied again until the owner references took them."""
+    from gpuslice.controller.metrics import POLICY_METRICS
+
+    kube = Refuses()
+    kube.refuse = False
+    ctx = Context(kube=cast(KubeClient, kube), username="u")
+    await reconcile(ctx, edited(1, ["a"]), WORLD)
+    assert str(POLICY["metadata"]["name"]) in POLICY_METRICS.policies
+    ctx.forget(str(POLICY["metadata"]["name"]), "u-1")
+    kube.applied.clear()
+    await reconcile(ctx, edited(1, ["a"]), WORLD)
+    assert str(POLICY["metadata"]["name"]) not in POLICY_METRICS.policies
+    assert kube.applied == []
+    await reconcile(ctx, edited(1, ["a"], uid="u-2"), WORLD)  # made again under its name: a new policy
+    assert str(POLICY["metadata"]["name"]) in POLICY_METRICS.policies
