@@ -182,7 +182,8 @@ def refused_by_disruption_budget(error: KubeError) -> bool:
     and fairness): a retry, not a refusal."""
     if isinstance(error, TooManyRequests | Forbidden):
         causes = (error.body.get("details") or {}).get("causes") or []
-        return any(isinstance(c, dict) and c.get("type") == DISRUPTION_BUDGET_CAUSE for c in causes)
+        # A StatusCause's Type is "reason" on the wire (apimachinery meta/v1 types.go).
+        return any(isinstance(c, dict) and c.get("reason") == DISRUPTION_BUDGET_CAUSE for c in causes)
     return isinstance(error, ServerError) and SEVERAL_BUDGETS in error.message
 
 

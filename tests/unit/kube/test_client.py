@@ -292,14 +292,14 @@ def test_an_eviction_refused_by_a_budget_is_told_from_a_server_shedding_load() -
     """The Eviction API's refusals (pkg/registry/core/pod/storage/eviction.go) name the budget in
     their causes; priority and fairness answers 429 too, with no such cause: that one is retried."""
     budget = KubeError.of(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
-                          {"details": {"causes": [{"type": "DisruptionBudget",
+                          {"details": {"causes": [{"reason": "DisruptionBudget",
                                                    "message": "The disruption budget keep needs 1 healthy pods"}]}})
     shed = KubeError.of(429, "TooManyRequests", "Too many requests, please try again later.", {}, 1.0)
     several = KubeError.of(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the"
                            " eviction subresource does not support.")
     failed = KubeError.of(500, "InternalError", "etcdserver: request timed out")
     negative = KubeError.of(403, "Forbidden", "Cannot evict pod as it would violate the pod's disruption budget.",
-                            {"details": {"causes": [{"type": "DisruptionBudget", "message": "The disruption budget"
+                            {"details": {"causes": [{"reason": "DisruptionBudget", "message": "The disruption budget"
                                                      " keep does not allow evicting pods currently"}]}})
     rbac = KubeError.of(403, "Forbidden", 'pods "x" is forbidden: User cannot create resource "pods/eviction"')
     assert refused_by_disruption_budget(negative)
