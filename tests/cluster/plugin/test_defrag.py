@@ -372,3 +372,39 @@ def _gpuslice(cluster: DevCluster, *args: str) -> str:
                           capture_output=True, text=True, check=False, timeout=120)
     assert done.returncode in (0, 1), done.stderr
     return done.stdout
+
+
+async def test_auto_mode_frees_one_gpu_after_another_for_two_waiting_pods(
+    kube: KubeClient, cluster: DevCluster, controller: ControllerProcess, make_policy: PolicyFactory,
+    plugin_node: PluginNodeFactory, namespace: str,
+) -> None:
+    """One Deployment's pod on each GPU and two whole-GPU pods waiting: Auto frees a GPU for the older
+    (one eviction), then, once that move is over, another for the younger (one more: the replacement
+    went to one of the other two GPUs, and the GPU left with one pod is the one to free)."""
+    node = await plugin_node("h100-80gb", GPUS)
+    auto = {"defragmentation": {"mode": "Auto", "maxEvictionsPerHour": 10, "minPendingSeconds": 0}}
+    fleet = await make_fragmented(kube, cluster, node, make_policy, [namespace], auto)
+    apps = ["web-a", "web-b", "web-c"]
+    await fleet.lay_out([[("dep", app, namespace)] for app in apps])
+    await waiting_big(fleet, namespace)
+    await fleet.kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_with_claim("big-2", "gpu-slice-full"))
+
+    await running(kube, namespace, ["big", "big-2"], within=240)
+    assert await fleet.gpu_of(namespace, "big") != await fleet.gpu_of(namespace, "big-2")
+    await fleet.deployments_ready(namespace, apps)
+    async def both_ended() -> dict[str, Any] | None:
+        status = await fleet.policy_status()
+        found = status.get("defragmentation") or {}
+        return dict(found) if found.get("last") and not found.get("inFlight") else None
+
+    status = await wait_for(both_ended, within=30, what="the second move's record to go")
+    assert status["last"]["outcome"] == "Freed"
+    assert "big-2" in status["last"]["message"], status["last"]
+    assert len(status["evictions"]) == 2, "one pod moved for each GPU: the fewest"
+    for pod in ("big", "big-2"):
+        await event_with(kube, namespace, pod, "was freed")
+    await wait_for(lambda: _none(fleet.defrag_tainted), within=30, what="the taints to lift")
+    metrics = await scrape(controller.metrics_port)
+    assert f'gpuslice_defrag_gpus_freed_total{{by="auto",policy="{fleet.policy}"}} 2.0' in metrics
+    assert f'gpuslice_defrag_evictions_total{{by="auto",policy="{fleet.policy}"}} 2.0' in metrics
+    assert '"defragmentation looked"' in controller.log.read_text(), "Auto logs what each look found"
