@@ -63,13 +63,19 @@ async def test_the_webhook_keeps_answering_while_its_certificates_rotate(
                 refusals.append(said)
             await asyncio.sleep(2)
     finally:
-        # Back to long-lived certificates (what the session's controller makes), in two passes: a new
-        # CA is trusted first, the serving certificate follows.
+        # Back to long-lived certificates (what the session's controller makes). The short CA is
+        # kept until a third of its life is left, and a serving certificate never outlives its CA,
+        # so this takes passes until a new CA is trusted and a year-long certificate is served: the
+        # session's controller passes only every 10 minutes, and later tests need the webhook.
         long = TlsSettings(service_hosts("127.0.0.1"), datetime.timedelta(days=365), datetime.timedelta(days=3650))
-        for _ in range(3):
+
+        async def long_lived() -> bool:
             await ensure_webhook_tls(kube, long)
-            await asyncio.sleep(3)
-        await wait_for(lambda: _probe_ok(kube), within=30, what="the webhook to serve a long-lived certificate")
+            expires = certs.expires(await serving(kube))
+            day = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=1)
+            return expires is not None and expires > day and await _probe_ok(kube)
+
+        await wait_for(long_lived, within=120, every=2, what="the webhook to serve a long-lived certificate")
     print(f"{len(leaves)} serving certificates and {len(cas)} CAs in 90 s; refusals: {refusals[:3]}")
     assert not refusals, f"the API server could not call the webhook during a rotation: {refusals[:3]}"
     assert len(leaves) >= 4, "the serving certificate was not rotated"
