@@ -43,7 +43,7 @@ from gpuslice.observability.metrics import OVERUSE_ACTIONS
 from gpuslice.planning.overuse import CONDITION, OverusingPod, overusing_pods, reserved_pods
 
 log = structlog.get_logger(__name__)
-FIRST_RETRY, LAST_RETRY = 5.0, 60.0
+RETRY = Backoff(5.0, 60.0)  # an eviction that failed: 5 s doubling to a minute, with jitter
 EVICTION_RETRY = 5.0  # how often an Evict policy's timer looks for evictions due
 COMPONENT = "gpuslice-controller"
 
@@ -180,8 +180,7 @@ class OveruseEnforcer:
 
     def _later(self, state: _Eviction) -> None:
         state.failures += 1
-        delay = Backoff(FIRST_RETRY, LAST_RETRY).after(state.failures)
-        state.next_at = self.clock() + delay
+        state.next_at = self.clock() + RETRY.after(state.failures)
 
     async def _event(self, kube: KubeClient, pod: OverusingPod, reason: str, message: str,
                      kind: str = "Warning") -> None:
