@@ -131,13 +131,12 @@ async def _reckon_loop(ledgers: Ledgers, state: State, stop: asyncio.Event, sett
                 continue
             try:
                 await ledgers.reckon_ledger(name, grace)
-            except KubeError as error:
-                log.warning("ledger could not be recounted; trying again", ledger=name, error=str(error))
-                state.changed.set()
-                await asyncio.sleep(1.0)
-            except Exception:
-                log.exception("ledger could not be recounted (unexpectedly); trying again", ledger=name)
-                RECKON_FAILURES.inc()
+            except Exception as error:  # the loop never dies: a ledger not recounted holds its charges
+                if isinstance(error, KubeError):
+                    log.warning("ledger could not be recounted; trying again", ledger=name, error=str(error))
+                else:
+                    log.exception("ledger could not be recounted (unexpectedly); trying again", ledger=name)
+                    RECKON_FAILURES.inc()
                 state.changed.set()
                 await asyncio.sleep(1.0)
 
