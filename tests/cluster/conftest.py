@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuslice.devcluster import binaries
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.kubeutil import create_namespace, delete_namespace, wait_for
+from tests.cluster.kubeutil import create_namespace, delete_namespace, dev_cluster, wait_for
 
 NODES = 2
 GPUS_PER_NODE = 8
@@ -68,9 +67,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture(scope="session")
 async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DevCluster]:
-    found = await binaries.resolve(build_if_missing=False)
     spec = ClusterSpec(tmp_path_factory.mktemp("dev-cluster"), nodes=NODES, gpus_per_node=GPUS_PER_NODE)
-    async with DevCluster(spec, binaries=found) as running:
+    async with dev_cluster(spec) as running:
         yield running
 
 

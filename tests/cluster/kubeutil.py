@@ -7,12 +7,14 @@ import atexit
 import contextlib
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from gpuslice.devcluster import binaries
+from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
 
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -169,3 +171,12 @@ def policy_devices(pool: str, node: str, policy: str, count: int, memory: str = 
     for item in slices:
         item["spec"]["pool"]["name"] = pool
     return slices
+
+
+@contextlib.asynccontextmanager
+async def dev_cluster(spec: ClusterSpec) -> AsyncIterator[DevCluster]:
+    """A dev cluster from the cached control-plane binaries (``make kube-bin`` built them; a test
+    never builds Kubernetes), stopped when the block ends."""
+    found = await binaries.resolve(build_if_missing=False)
+    async with DevCluster(spec, binaries=found) as cluster:
+        yield cluster

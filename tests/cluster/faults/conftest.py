@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 
-from gpuslice.devcluster import binaries
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.kube.client import NO_RETRY, KubeClient, KubeError, NotFound
 from tests.cluster.faults.invariants import InvariantChecker
-from tests.cluster.kubeutil import create_namespace, delete_namespace, wait_for
+from tests.cluster.kubeutil import create_namespace, delete_namespace, dev_cluster, wait_for
 
 NODES = ("gpu-node-1", "gpu-node-2")
 RECOVERY = 30.0  # seconds the controller and the agents may take once the API server is back
@@ -33,10 +32,9 @@ RESOURCE = "/apis/resource.k8s.io/v1"
 
 @pytest.fixture(scope="package")
 async def faults_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DevCluster]:
-    found = await binaries.resolve(build_if_missing=False)
     spec = ClusterSpec(tmp_path_factory.mktemp("faults-cluster"), nodes=len(NODES), gpus_per_node=2,
                        gpu_model="h100-80gb", operator=True, proxied_scheduler=True)
-    async with DevCluster(spec, binaries=found) as cluster:
+    async with dev_cluster(spec) as cluster:
         yield cluster
 
 

@@ -21,11 +21,10 @@ import yaml
 
 from gpuslice.agent.drain import DRAINING
 from gpuslice.agent.drain import LABEL as DRAIN_LIST
-from gpuslice.devcluster import binaries
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.planning.admission import static_manifests
-from tests.cluster.kubeutil import create_namespace, wait_for
+from tests.cluster.kubeutil import create_namespace, dev_cluster, wait_for
 from tests.cluster.operator_fixtures import (
     ADMISSION,
     MANIFESTS,
@@ -46,9 +45,8 @@ TENANCY_LABEL = "gpuslice.dev/tenancy"
 
 @pytest.fixture(scope="module")
 async def scluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DevCluster]:
-    found = await binaries.resolve(build_if_missing=False)
     spec = ClusterSpec(tmp_path_factory.mktemp("scoped-admission"), nodes=1, gpus_per_node=2)
-    async with DevCluster(spec, binaries=found) as cluster:
+    async with dev_cluster(spec) as cluster:
         yield cluster
 
 

@@ -25,6 +25,7 @@ from tests.cluster.kubeutil import (
     RESOURCE,
     claim_template,
     create_namespace,
+    dev_cluster,
     device_class,
     device_slice,
     pod_with_claim,
@@ -37,9 +38,8 @@ NODE = "gpu-node-1"
 
 @pytest.fixture(scope="module")
 async def runner_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DevCluster]:
-    found = await binaries.resolve(build_if_missing=False)
     spec = ClusterSpec(tmp_path_factory.mktemp("runner-cluster"), nodes=1, gpus_per_node=1, pod_runner=True)
-    async with DevCluster(spec, binaries=found) as cluster:
+    async with dev_cluster(spec) as cluster:
         yield cluster
 
 
