@@ -503,6 +503,20 @@ def lease_holder(kind: Kind) -> str:
     return str(holder or "").rpartition("-")[0]
 
 
+def lease_identity(kind: Kind) -> str:
+    return str(kind.json("-n", "gpuslice-system", "get", "lease", "gpuslice-controller")["spec"].get("holderIdentity"))
+
+
+def failover_facts(kind: Kind, standby: str) -> str:
+    """What a failed failover needs explained: the Lease, each controller pod's state, the standby's log."""
+    lease = kind.json("-n", "gpuslice-system", "get", "lease", "gpuslice-controller")["spec"]
+    pods = [f"{p['metadata']['name']}: {p['status'].get('phase')}, ready {ready(p)}, restarts {restarts(p)},"
+            f" containers {[c.get('state') for c in p['status'].get('containerStatuses', [])]}"
+            for p in gpuslice_pods(kind, "controller")]
+    log = kind.kubectl("-n", "gpuslice-system", "logs", standby, "-c", "controller", "--tail", "30", check=False)
+    return f"Lease {lease}\npods:\n  " + "\n  ".join(pods) + f"\nthe standby's log (last 30 lines):\n{log}"
+
+
 def container_pid(kind: Kind, pod: dict[str, Any], container: str) -> tuple[str, int]:
     """The node, and the pid there, of one of the pod's containers (as containerd runs it)."""
     node = pod["spec"]["nodeName"]
@@ -549,8 +563,16 @@ def test_the_standby_takes_over_when_the_leader_is_killed_and_converges_an_edit(
     [standby] = [p["metadata"]["name"] for p in gpuslice_pods(deployed, "controller") if p["metadata"]["name"] != leader]
     node, pid = container_pid(deployed, killed, "controller")
     started = time.monotonic()
+    killed_identity = lease_identity(deployed)
     deployed.node_exec(node, "kill", "-9", str(pid))  # SIGKILL: no chance to give the Lease up
-    deployed.wait_until("the standby to take the Lease", lambda: lease_holder(deployed) == standby, within=120, every=1)
+    try:
+        # Any new holder first: the killed copy's restarted process (same pod) competes too, but it
+        # must first watch the Lease for its whole duration, so the waiting standby comes first.
+        deployed.wait_until("another controller to take the Lease", lambda: lease_identity(deployed) != killed_identity,
+                            within=120, every=1)
+        assert lease_holder(deployed) == standby, f"the killed copy's restart took the Lease, not the standby {standby}"
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{failover_facts(deployed, standby)}") from None
     took = time.monotonic() - started
     # The new leader acts: a tenant added to a policy gets its claim template and the status says so.
     deployed.kubectl("create", "namespace", "failover")
