@@ -25,9 +25,10 @@ from gpuslice.controller.crd import crd_leaving as crd_is_leaving
 from gpuslice.controller.defrag_auto import Defragmenter
 from gpuslice.controller.login import KopfLogin
 from gpuslice.controller.overuse import EVICTION_RETRY, OveruseEnforcer, Policies
-from gpuslice.controller.reconcile import Context, reconcile, report_deleting
+from gpuslice.controller.reconcile import reconcile, report_deleting
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import start_context
+from gpuslice.controller.state import Context
 from gpuslice.controller.tenancy import LedgerView, QuotaView
 from gpuslice.controller.tenancy_labels import routed_as_wanted, sync_routes
 from gpuslice.controller.world import FleetMemo, World, parse_policy
@@ -294,10 +295,10 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
         ctx: Context = memo.ctx
         # Probed for this generation, and the apiserver refused the probe as it should; a failed probe
         # is tried again on every refresh (a dry run), not only when the converge's backoff is up.
-        probed, unenforced = ctx.tenancy.get(name, (None, None))
+        state = ctx.policy(name)
+        probed, unenforced = state.tenancy or (None, None)
         probed = probed == body["metadata"].get("generation") and not unenforced
-        if (not changes.take(name) and judged and probed and name not in ctx.unconverged
-                and name not in ctx.clock_waits):
+        if not changes.take(name) and judged and probed and not state.unconverged and not state.clock_wait:
             return  # nothing this policy's status reads has changed since its last refresh
         try:
             await reconcile(memo.ctx, body, current(kwargs), converge_objects=False)
@@ -417,8 +418,10 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
             waiting = await report_deleting(ctx, body, now)
             if waiting:
                 raise kopf.TemporaryError(waiting, delay=5)
-            mine = ctx.label_records.get(name, frozenset((body.get("status") or {}).get("adminAccessLabels") or []))
-            plan = plan_labels(set(), now.namespaces, mine, now.label_records(ctx.label_records, but=name))
+            mine = ctx.policy(name).label_record
+            if mine is None:
+                mine = frozenset((body.get("status") or {}).get("adminAccessLabels") or [])
+            plan = plan_labels(set(), now.namespaces, mine, now.label_records(ctx.label_records(), but=name))
 
             async def record(_: list[str]) -> None:
                 return None  # the record goes with the policy

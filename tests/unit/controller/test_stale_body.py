@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from gpuslice.controller.reconcile import Context, reconcile
+from gpuslice.controller.reconcile import reconcile
+from gpuslice.controller.state import Context
 from gpuslice.controller.world import World
 from gpuslice.kube.client import KubeClient
 from tests.unit.controller.test_retry import POLICY, WORLD, Refuses, templates

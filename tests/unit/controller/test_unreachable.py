@@ -12,7 +12,7 @@ from aiohttp import web
 
 from gpuslice.controller.events import post_event
 from gpuslice.controller.handlers import _reconcile_each
-from gpuslice.controller.reconcile import Context
+from gpuslice.controller.state import Context
 from gpuslice.controller.world import World
 from gpuslice.kube.client import KubeClient, RetryPolicy
 from gpuslice.kube.credentials import Credentials
