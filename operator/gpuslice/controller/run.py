@@ -16,7 +16,9 @@ from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.controller.crd import CRD_NAME, FIX, CrdState, crd_state, until_crd_leaves, wait_for_crd
 from gpuslice.controller.handlers import build_registry
 from gpuslice.controller.leader import GuardedClient, LeaderElector, WriteGuard, identity
+from gpuslice.controller.login import KopfLogin
 from gpuslice.controller.metrics import LEADER
+from gpuslice.controller.runtime import Runtime
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import check_label_guard, own_namespace, whoami
 from gpuslice.controller.tenancy_labels import MEMORY_ROUTE, sync_tenancy_labels
@@ -173,7 +175,8 @@ async def _run_kopf(settings: ControllerSettings, client: Callable[[], Awaitable
              asyncio.create_task(until_crd_leaves(kube, leaving, settings.crd_interval))]
     try:
         await kopf.operator(
-            registry=build_registry(settings, client, leaving),
+            registry=build_registry(settings),
+            memo=Runtime(settings, client, KopfLogin(settings.kubeconfig), leaving),
             clusterwide=True,
             standalone=True,
             stop_flag=operator_stop,

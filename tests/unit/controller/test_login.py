@@ -21,6 +21,7 @@ from kopf._core.engines import activities, indexing
 
 from gpuslice.controller import login
 from gpuslice.controller.handlers import build_registry
+from gpuslice.controller.runtime import Runtime
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.devcluster.pki import CertificateAuthority
 from gpuslice.kube import auth, tls
@@ -65,17 +66,19 @@ async def kopf_with(path: Path) -> AsyncIterator[Get]:
     async def no_client() -> Any:
         raise AssertionError("not used by the login handler")
 
-    registry = build_registry(ControllerSettings(kubeconfig=path), no_client)
+    settings = ControllerSettings(kubeconfig=path)
+    registry = build_registry(settings)
+    runtime = Runtime(settings, no_client, login.KopfLogin(path))
     vault = credentials.Vault()
-    settings = kopf.OperatorSettings()
-    settings.networking.error_backoffs = [0.1]
+    kopf_settings = kopf.OperatorSettings()
+    kopf_settings.networking.error_backoffs = [0.1]
     token = kopf_auth.vault_var.set(vault)
     task = asyncio.create_task(activities.authenticator(
-        registry=registry, settings=settings, indices=indexing.OperatorIndexers().indices, vault=vault,
-        memo=ephemera.AnyMemo(ephemera.Memo())))
+        registry=registry, settings=kopf_settings, indices=indexing.OperatorIndexers().indices, vault=vault,
+        memo=ephemera.AnyMemo(runtime)))
 
     async def get(url: str) -> Any:
-        return await asyncio.wait_for(api.get(url, settings=settings, logger=logging.getLogger("test")), 20)
+        return await asyncio.wait_for(api.get(url, settings=kopf_settings, logger=logging.getLogger("test")), 20)
 
     try:
         yield get
