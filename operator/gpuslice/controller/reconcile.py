@@ -177,7 +177,7 @@ async def _admit(ctx: Context, policy: GpuSlicePolicy, world: World, kinds: Sequ
 
 async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, converge_objects: bool) -> None:
     try:
-        policy = GpuSlicePolicy.from_body(body)
+        policy = world.policy_of(body)  # parsed once per change by the index (world.py)
     except pydantic.ValidationError as error:
         await _write_invalid_shape(ctx, body, parse_problem(body["metadata"]["name"], error))
         return
@@ -400,7 +400,7 @@ async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -
     devices = devices_by_policy(mine).get(name, set())
     held = usage(devices, world.claims)
     try:
-        policy = GpuSlicePolicy.from_body(body)
+        policy: GpuSlicePolicy | None = world.policy_of(body)
     except pydantic.ValidationError:
         policy = None  # a spec that never parsed: nothing to report on, deletion still waits
     publishing = {ref.pool for ref in published_by_policy(mine).get(name, set())}
