@@ -11,8 +11,8 @@ records. So a copy acts only while it holds the Lease ``gpuslice-system/gpuslice
   acting, and so does one whose own clock says the lease ran out (a process that was frozen
   and thawed finds its time gone before it writes anything: :class:`LeaderGuard`);
 - on a clean stop it gives the Lease up, so a successor takes over at once;
-- every write of the process, Kopf's own included, is refused unless it holds the Lease
-  (:class:`WriteGuard`).
+- every write of the controller, Kopf's own included, is refused unless it holds the Lease
+  (:class:`WriteGuard`, a middleware on each of its sessions to the API server).
 
 Writes are optimistic (``resourceVersion``): of two copies taking a free Lease at once, the
 API server lets exactly one succeed.
@@ -231,39 +231,29 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 class WriteGuard:
-    """Refuses every API write of this process while it is not the leader, Kopf's own included.
+    """Refuses every API write of the controller while it is not the leader, Kopf's own included.
 
     Kopf writes with its own HTTP session (finalizers, progress annotations, Events), which no
     client of ours wraps; a copy thawed after its Lease ran out could otherwise write one of
-    those before its loop notices. So every ``aiohttp`` request of the process passes here: a
-    method that writes is refused, before anything is sent, unless this copy leads or the
-    request is about the Lease itself.
+    those before its loop notices. So this is an aiohttp client middleware, the first on every
+    session the controller opens to the API server (Kopf's, controller.login; its clients',
+    kube.transport): a method that writes is refused, before anything else runs or is sent,
+    unless this copy leads or the request is about the Lease itself. Sessions that are not the
+    controller's to the API server (an oidc token refresh) are not its business.
     """
 
     def __init__(self, elector: LeaderElector) -> None:
         self.elector = elector
-        self._original: Any = None
 
     def allows(self, method: str, url: str) -> bool:
         return (method.upper() in SAFE_METHODS or self.elector.leading()
                 or f"/leases/{LEASE_NAME}" in url)
 
-    def install(self) -> None:
-        original = self._original = aiohttp.ClientSession._request
-        guard = self
-
-        async def _request(session: aiohttp.ClientSession, method: str, str_or_url: Any, *args: Any,
-                           **kwargs: Any) -> Any:
-            if not guard.allows(method, str(str_or_url)):
-                log.warning("write refused: this controller does not hold the leader Lease", method=method,
-                            url=str(str_or_url))
-                raise aiohttp.ClientConnectionError("this controller does not hold the leader Lease: write refused"
-                                                    " before it was sent")
-            return await original(session, method, str_or_url, *args, **kwargs)
-
-        aiohttp.ClientSession._request = _request  # type: ignore[method-assign,assignment]
-
-    def uninstall(self) -> None:
-        if self._original is not None:
-            aiohttp.ClientSession._request = self._original  # type: ignore[method-assign]
-            self._original = None
+    async def __call__(self, request: aiohttp.ClientRequest,
+                       handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
+        if not self.allows(request.method, str(request.url)):
+            log.warning("write refused: this controller does not hold the leader Lease", method=request.method,
+                        url=str(request.url))
+            raise aiohttp.ClientConnectionError("this controller does not hold the leader Lease: write refused"
+                                                " before it was sent")
+        return await handler(request)

@@ -21,18 +21,20 @@ Kopf logs in again when a session expires or is refused (401):
   server already rejected, which it tells by comparing them, and a new session each time would
   never compare equal, so a rejected token would make every watcher log in again without pause.
   A session that expired is never handed back: Kopf closed it. Each run of Kopf has its own
-  ``KopfLogin`` (the registry makes one): the controller runs Kopf again once its CRD is back, and
-  the sessions the last run closed when it stopped must not be handed to the next.
+  ``KopfLogin`` (in its memo, controller.runtime): the controller runs Kopf again once its CRD is
+  back, and the sessions the last run closed when it stopped must not be handed to the next.
 """
 
 from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import kopf
 
 from gpuslice.kube.auth import EXPIRY_MARGIN, Auth, Used, auth_for
@@ -48,11 +50,13 @@ KEPT = 3  # sessions remembered for Kopf's comparison, as Kopf remembers the las
 
 class KopfLogin:
     """Kopf's logins for one controller (``kubeconfig`` as gpuslice's client reads it, the pod's
-    ServiceAccount first). ``environ`` and ``account`` are for tests."""
+    ServiceAccount first). ``middlewares`` run first on every request of Kopf's (the leader write
+    guard: controller.leader); ``environ`` and ``account`` are for tests."""
 
-    def __init__(self, kubeconfig: Path | None, *, environ: dict[str, str] | None = None,
-                 account: Path | None = None) -> None:
+    def __init__(self, kubeconfig: Path | None, *, middlewares: Sequence[aiohttp.ClientMiddlewareType] = (),
+                 environ: dict[str, str] | None = None, account: Path | None = None) -> None:
         self.kubeconfig, self.environ, self.account = kubeconfig, environ, account
+        self.middlewares = tuple(middlewares)
         self.files: TlsFiles | None = None
         self.auth: Auth | None = None
         self.sessions: dict[tuple[Any, ...], kopf.AiohttpSession] = {}
@@ -80,7 +84,7 @@ class KopfLogin:
             max(expiry - EXPIRY_MARGIN, now + MIN_LIFETIME), datetime.UTC)
         session = open_session(credentials, auth.header, pair, environ=self.environ, trace_configs=[trace_config()],
                                agent=user_agent(f"kopf/{version('kopf')}", "gpuslice-controller"), limit=0,
-                               stale=files.reload)
+                               stale=files.reload, middlewares=self.middlewares)
         self.sessions.pop(key, None)  # an expired one of the same credentials: the new one is the newest
         self.sessions[key] = kopf.AiohttpSession(aiohttp_session=session, server=credentials.server,
                                                  default_namespace=credentials.namespace, expiration=expiration)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kopf
@@ -20,15 +19,13 @@ import structlog
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.api.status import AdmittedTenant, ClassInForce
-from gpuslice.backoff import Backoff
 from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
 from gpuslice.controller.apply import LEDGER_KINDS, LIMIT_KINDS, REST_KINDS, ApplyResult, converge
 from gpuslice.controller.events import post_event
 from gpuslice.controller.metrics import POLICY_METRICS, RECONCILE_DURATION, RECONCILES, PolicyFigures
+from gpuslice.controller.state import Context
 from gpuslice.controller.status import STATUS_REFUSED, TENANCY_NOT_ENFORCED, Findings, build_status, status_body
 from gpuslice.controller.tenancy import (
-    LedgerView,
-    QuotaView,
     admitted_tenants,
     memory_in_force,
     memory_webhook_unenforced,
@@ -36,9 +33,8 @@ from gpuslice.controller.tenancy import (
 )
 from gpuslice.controller.tenancy_labels import sync_routes
 from gpuslice.controller.world import World
-from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.errors import GpusliceError
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import KubeError
 from gpuslice.planning.cluster_objects import DeviceRef, desired_ledgers, desired_objects
 from gpuslice.planning.coexistence import mig_manager_active
 from gpuslice.planning.kinds import DeviceKind, classes_in_force
@@ -56,94 +52,9 @@ from gpuslice.planning.usage import (
 from gpuslice.planning.validation import Problem, validate
 
 log = structlog.get_logger(__name__)
-GONE_KEPT = 10_000  # deleted policies remembered (a reconcile of one is at most seconds behind)
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
-
-
-# Backoff between converges that failed: bounded, so bad input is retried now and then, never in a loop.
-FIRST_RETRY, LAST_RETRY = 2.0, 300.0
-# An API server that is restarting, overloaded or not ready yet is asked again within this long.
-TRANSIENT_RETRY = 10.0
 CLOCK_WAIT = 2.0  # the most a reconcile waits for a new quota's second to pass (tenancy.SECOND)
 MEMORY_PROBE_FOR = 30.0  # seconds a probe of the maxMemory webhook stands for
-
-
-@dataclass
-class Context:
-    """What every handler shares: the API client, per-policy locks, and what the controller
-    itself last recorded in each policy's status (fresher than any body a handler is given)."""
-
-    kube: KubeClient
-    username: str
-    namespace: str = CONTROLLER_NAMESPACE
-    taint_rule_api: str = "resource.k8s.io/v1"
-    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-    # Policies whose last converge failed. Event handlers (a namespace appeared, a slice changed)
-    # are not retried by Kopf, so the status timer converges these again when their backoff is up.
-    unconverged: set[str] = field(default_factory=set)
-    failures: dict[str, tuple[int, int]] = field(default_factory=dict)  # policy -> (generation, count)
-    retry_at: dict[str, float] = field(default_factory=dict)
-    label_records: dict[str, frozenset[str]] = field(default_factory=dict)
-    admitted: dict[str, list[AdmittedTenant]] = field(default_factory=dict)
-    in_force: dict[str, list[ClassInForce]] = field(default_factory=dict)  # status.classesInForce
-    # The last tenancy probe per policy: (generation, what is wrong or None when enforced).
-    tenancy: dict[str, tuple[int, str | None]] = field(default_factory=dict)
-    # What each live gpuslice quota enforced when last seen, to act only when that changes.
-    quotas_seen: dict[tuple[str, str], QuotaView] = field(default_factory=dict)
-    ledgers_seen: dict[str, LedgerView] = field(default_factory=dict)  # the same for maxMemory ledgers
-    # The last probe of the maxMemory webhook: (when, by the clock; what is wrong, or None when it answers).
-    memory_probe: tuple[float, str | None] | None = None
-    # Policies with a tenant that waits only for its quota's second to pass, longer than a reconcile
-    # waits (a clock behind the apiserver's), or for the maxMemory webhook to answer its probe: the
-    # status timer refreshes these though nothing changed.
-    clock_waits: set[str] = field(default_factory=set)
-    # The newest generation reconciled per policy (by uid): an event handler that held a body
-    # across awaits (one policy after another) must not converge an older spec over a newer one.
-    newest: dict[str, tuple[str, int]] = field(default_factory=dict)
-    # UIDs of policies whose deletion finished: a reconcile that waited on the policy's lock, or an
-    # event handler's body read before the deletion, must not bring its status and series back.
-    gone: dict[str, None] = field(default_factory=dict)
-    tenancy_labels: asyncio.Lock = field(default_factory=asyncio.Lock)  # controller.tenancy_labels
-    clock: Callable[[], float] = time.monotonic
-    first_retry: float = FIRST_RETRY  # ControllerSettings.first_retry
-    last_retry: float = LAST_RETRY
-
-    def lock(self, policy: str) -> asyncio.Lock:
-        return self.locks.setdefault(policy, asyncio.Lock())
-
-    def forget(self, policy: str, uid: str = "") -> None:
-        """A deleted policy's bookkeeping goes with it (and, by ``uid``, anything reconciled of it later)."""
-        if uid:
-            self.gone[uid] = None
-            while len(self.gone) > GONE_KEPT:
-                del self.gone[next(iter(self.gone))]
-        for store in (self.locks, self.failures, self.retry_at, self.label_records, self.admitted, self.tenancy,
-                      self.newest, self.in_force):
-            store.pop(policy, None)
-        self.unconverged.discard(policy)
-        self.clock_waits.discard(policy)
-        POLICY_METRICS.forget(policy)
-
-    def due(self, policy: str) -> bool:
-        return self.clock() >= self.retry_at.get(policy, 0.0)
-
-    def failed(self, policy: str, generation: int, transient: bool = False) -> float:
-        """Count a failed converge; the seconds until the next try (doubling, bounded; a transient
-        failure of the API server is not the policy's fault and is retried sooner)."""
-        seen, count = self.failures.get(policy, (generation, 0))
-        count = count + 1 if seen == generation else 1
-        self.failures[policy] = (generation, count)
-        # Not spread: one controller retries one policy, no fleet arrives in step.
-        limit = min(TRANSIENT_RETRY, self.last_retry) if transient else self.last_retry
-        delay = Backoff(self.first_retry, limit, jitter=False).after(count)
-        self.retry_at[policy] = self.clock() + delay
-        self.unconverged.add(policy)
-        return delay
-
-    def succeeded(self, policy: str) -> None:
-        self.failures.pop(policy, None)
-        self.retry_at.pop(policy, None)
-        self.unconverged.discard(policy)
 
 
 def _now() -> str:
@@ -157,16 +68,18 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, conv
     generation = int(body["metadata"].get("generation") or 0)
     # A generation whose tenancy was never probed (a restart, or a timer that saw the edit before the
     # update handler did) is converged and probed now, rather than reported as unverified.
-    unprobed = ctx.tenancy.get(name, (None, None))[0] != generation
-    converge_objects = converge_objects or unprobed or (name in ctx.unconverged and ctx.due(name))
+    tenancy = ctx.policy(name).tenancy
+    unprobed = tenancy is None or tenancy[0] != generation
+    converge_objects = converge_objects or unprobed or (ctx.policy(name).unconverged and ctx.due(name))
     uid = str(body["metadata"].get("uid") or "")
     async with ctx.lock(name):
         if uid and uid in ctx.gone:
             return  # deleted since this body was read: nothing of it is reported again
-        seen_uid, seen = ctx.newest.get(name, (uid, generation))
+        state = ctx.policy(name)  # after the lock: a deletion may have forgotten the one before
+        seen_uid, seen = state.newest or (uid, generation)
         if seen_uid == uid and generation < seen:
             return  # an older body than one already reconciled: the newer one's work stands
-        ctx.newest[name] = (uid, generation)
+        state.newest = (uid, generation)
         started = time.monotonic()
         try:
             await _reconcile(ctx, body, world, converge_objects)
@@ -191,12 +104,14 @@ class ConvergeFailed(GpusliceError):
 
 
 def _records(ctx: Context, policy: GpuSlicePolicy) -> tuple[frozenset[str], list[AdmittedTenant]]:
-    labels = ctx.label_records.get(policy.name, frozenset(policy.status.admin_access_labels))
-    return labels, ctx.admitted.get(policy.name, list(policy.status.admitted_tenants))
+    state = ctx.policy(policy.name)
+    labels = state.label_record if state.label_record is not None else frozenset(policy.status.admin_access_labels)
+    return labels, state.admitted if state.admitted is not None else list(policy.status.admitted_tenants)
 
 
 def _in_force(ctx: Context, policy: GpuSlicePolicy) -> list[ClassInForce]:
-    return ctx.in_force.get(policy.name, list(policy.status.classes_in_force))
+    kept = ctx.policy(policy.name).in_force
+    return kept if kept is not None else list(policy.status.classes_in_force)
 
 
 async def _write_records(ctx: Context, policy: GpuSlicePolicy, labels: frozenset[str] | None = None,
@@ -213,12 +128,13 @@ async def _write_records(ctx: Context, policy: GpuSlicePolicy, labels: frozenset
         patch["classesInForce"] = [c.model_dump(by_alias=True, exclude_none=True) for c in classes]
     if patch:
         await ctx.kube.merge_patch(f"{POLICIES}/{policy.name}/status", {"status": patch})
+    state = ctx.policy(policy.name)
     if labels is not None:
-        ctx.label_records[policy.name] = labels
+        state.label_record = labels
     if admitted is not None:
-        ctx.admitted[policy.name] = admitted
+        state.admitted = admitted
     if classes is not None:
-        ctx.in_force[policy.name] = classes
+        state.in_force = classes
 
 
 async def _memory_probe(ctx: Context, policy: GpuSlicePolicy, world: World) -> str | None:
@@ -254,17 +170,14 @@ async def _admit(ctx: Context, policy: GpuSlicePolicy, world: World, kinds: Sequ
         await _write_records(ctx, policy, admitted=admission.tenants)
         if admission.again_in is None or admission.again_in > CLOCK_WAIT:
             # A clock far behind the apiserver's: the status refresh looks again (nothing else will).
-            if admission.again_in is None and not memory_wait:
-                ctx.clock_waits.discard(policy.name)
-            else:
-                ctx.clock_waits.add(policy.name)
+            ctx.policy(policy.name).clock_wait = admission.again_in is not None or bool(memory_wait)
             return unproven
         await asyncio.sleep(admission.again_in)
 
 
 async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, converge_objects: bool) -> None:
     try:
-        policy = GpuSlicePolicy.from_body(body)
+        policy = world.policy_of(body)  # parsed once per change by the index (world.py)
     except pydantic.ValidationError as error:
         await _write_invalid_shape(ctx, body, parse_problem(body["metadata"]["name"], error))
         return
@@ -313,7 +226,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         errors, taken = labelling + limits.errors + ledgers.errors + rest.errors, limits.taken + rest.taken
         try:
             plan = plan_labels(set(policy.spec.admin_access.namespaces), world.namespaces, _records(ctx, policy)[0],
-                               world.label_records(ctx.label_records, but=policy.name))
+                               world.label_records(ctx.label_records(), but=policy.name))
             await sync_admin_labels(ctx.kube, policy.name, plan, _records(ctx, policy)[0],
                                     lambda record: _write_records(ctx, policy, labels=frozenset(record)))
         except KubeError as error:
@@ -321,14 +234,14 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         unanswered = await _probe(ctx, policy, kinds[0].class_name)
     else:
         memory_unproven = await _admit(ctx, policy, world, kinds)
-        if not problems and ctx.tenancy.get(policy.name, (-1, None))[1] and (
-                ctx.tenancy[policy.name][0] == policy.metadata.generation):
+        probed = ctx.policy(policy.name).tenancy
+        if not problems and probed is not None and probed[1] and probed[0] == policy.metadata.generation:
             # This generation's probe failed: probe again (a dry run), not only at the next converge.
             unanswered = await _probe(ctx, policy, kinds[0].class_name)
     if unanswered is not None and policy.status.observed_generation == policy.metadata.generation:
         raise unanswered  # the status already judged this generation: it stands until an answer comes
     if not problems:
-        generation, unenforced = ctx.tenancy.get(policy.name, (-1, None))
+        generation, unenforced = ctx.policy(policy.name).tenancy or (-1, None)
         if generation != policy.metadata.generation:
             unenforced = "gpuslice has not yet verified that tenancy is enforced for this generation of the policy."
             if unanswered is not None:
@@ -396,7 +309,7 @@ async def _probe(ctx: Context, policy: GpuSlicePolicy, class_name: str) -> KubeE
         if not error.transient:
             raise
         return error
-    ctx.tenancy[policy.name] = (policy.metadata.generation, unenforced)
+    ctx.policy(policy.name).tenancy = (policy.metadata.generation, unenforced)
     return None
 
 
@@ -487,7 +400,7 @@ async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -
     devices = devices_by_policy(mine).get(name, set())
     held = usage(devices, world.claims)
     try:
-        policy = GpuSlicePolicy.from_body(body)
+        policy: GpuSlicePolicy | None = world.policy_of(body)
     except pydantic.ValidationError:
         policy = None  # a spec that never parsed: nothing to report on, deletion still waits
     publishing = {ref.pool for ref in published_by_policy(mine).get(name, set())}

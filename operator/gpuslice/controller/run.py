@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import os
 import signal
 from collections.abc import Awaitable, Callable
 
@@ -16,7 +15,9 @@ from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.controller.crd import CRD_NAME, FIX, CrdState, crd_state, until_crd_leaves, wait_for_crd
 from gpuslice.controller.handlers import build_registry
 from gpuslice.controller.leader import GuardedClient, LeaderElector, WriteGuard, identity
+from gpuslice.controller.login import KopfLogin
 from gpuslice.controller.metrics import LEADER
+from gpuslice.controller.runtime import Runtime
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import check_label_guard, own_namespace, whoami
 from gpuslice.controller.tenancy_labels import MEMORY_ROUTE, sync_tenancy_labels
@@ -57,8 +58,6 @@ async def _wait_any(*events: asyncio.Event) -> None:
 async def run_controller(settings: ControllerSettings) -> None:
     configure_logging(settings.log_level, settings.log_format)
     announce("controller")
-    if settings.kubeconfig:
-        os.environ["KUBECONFIG"] = str(settings.kubeconfig)  # what kopf.login_with_kubeconfig reads
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -108,12 +107,11 @@ async def _operate(settings: ControllerSettings, elector: LeaderElector | None, 
     until ``stop`` or until the Lease is lost (then at once: no write after it)."""
     halt = asyncio.Event()
     keeper = asyncio.create_task(elector.keep(stop)) if elector is not None else None
-    guard = WriteGuard(elector) if elector is not None else None
-    if guard is not None:
-        guard.install()
+    # On every session to the API server from here on, Kopf's included (Runtime.logins).
+    guards = [WriteGuard(elector)] if elector is not None else []
 
     async def client() -> KubeClient:
-        transport = await connect(settings.kubeconfig)
+        transport = await connect(settings.kubeconfig, middlewares=guards)
         if elector is None:
             return KubeClient(transport, timeout=settings.request_timeout)
         return GuardedClient(transport, elector, timeout=settings.request_timeout)
@@ -132,7 +130,7 @@ async def _operate(settings: ControllerSettings, elector: LeaderElector | None, 
             datetime.timedelta(hours=settings.webhook_ca_hours)), halt, settings.webhook_cert_interval))
     try:
         while await wait_for_crd(kube, halt, lambda: _unlabel_all(kube, lock, namespace)):
-            if not await _run_kopf(settings, client, kube, halt):
+            if not await _run_kopf(settings, client, KopfLogin(settings.kubeconfig, middlewares=guards), kube, halt):
                 break
     finally:
         watcher.cancel()
@@ -141,8 +139,6 @@ async def _operate(settings: ControllerSettings, elector: LeaderElector | None, 
             with contextlib.suppress(asyncio.CancelledError):
                 await tls
         await kube.close()
-        if guard is not None:
-            guard.uninstall()
         if keeper is not None:
             stop_keeping = not keeper.done()
             if stop_keeping:
@@ -160,9 +156,11 @@ async def _unlabel_all(kube: KubeClient, lock: asyncio.Lock, own: str) -> None:
     await sync_tenancy_labels(kube, lock, namespaces, {own}, MEMORY_ROUTE)
 
 
-async def _run_kopf(settings: ControllerSettings, client: Callable[[], Awaitable[KubeClient]], kube: KubeClient,
-                    halt: asyncio.Event) -> bool:
-    """Kopf until ``halt``, or until the CRD leaves (controller.crd): then True (wait for it again)."""
+async def _run_kopf(settings: ControllerSettings, client: Callable[[], Awaitable[KubeClient]], logins: KopfLogin,
+                    kube: KubeClient, halt: asyncio.Event) -> bool:
+    """Kopf until ``halt``, or until the CRD leaves (controller.crd): then True (wait for it again).
+    ``logins`` are this run's alone: the sessions the last run closed when it stopped must not be
+    handed to the next (controller.login)."""
     operator_stop, leaving = asyncio.Event(), asyncio.Event()
 
     async def stopper() -> None:
@@ -173,7 +171,8 @@ async def _run_kopf(settings: ControllerSettings, client: Callable[[], Awaitable
              asyncio.create_task(until_crd_leaves(kube, leaving, settings.crd_interval))]
     try:
         await kopf.operator(
-            registry=build_registry(settings, client, leaving),
+            registry=build_registry(settings),
+            memo=Runtime(settings, client, logins, leaving),
             clusterwide=True,
             standalone=True,
             stop_flag=operator_stop,

@@ -8,8 +8,8 @@ import kopf
 import structlog
 
 from gpuslice.controller.apply import FIELD_MANAGER
-from gpuslice.controller.reconcile import Context
 from gpuslice.controller.settings import ControllerSettings
+from gpuslice.controller.state import Context
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, TENANCY_JUDGED, TENANCY_LABEL
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.discovery import served_resources

@@ -135,6 +135,16 @@ class World:
         pools = self.slice_pools.keys() if self.slice_pools is not None else {v.pool for v in self.slices}
         return selected_nodes(policy, self.nodes, {g.node for _, g in self.inventory()} | set(pools))
 
+    def policy_of(self, body: Mapping[str, Any]) -> GpuSlicePolicy:
+        """``body`` parsed: the index's, when it parsed this very version (its resourceVersion);
+        raises pydantic.ValidationError when it does not parse (the caller reports why)."""
+        meta = body.get("metadata") or {}
+        kept = self.parsed.get(meta.get("name", "")) if self.parsed is not None else None
+        if kept is not None and kept.metadata.resource_version and (
+                kept.metadata.resource_version == meta.get("resourceVersion")):
+            return kept
+        return GpuSlicePolicy.from_body(body)
+
     def parsed_policies(self) -> list[GpuSlicePolicy]:
         found = []
         for name, body in self.policies.items():

@@ -56,14 +56,16 @@ def identity_middleware(credentials: Credentials, header: Header | None) -> aioh
 def open_session(credentials: Credentials, header: Header | None, pair: tuple[bytes, bytes] | None, *, agent: str,
                  environ: Mapping[str, str] | None = None, resolver: aiohttp.abc.AbstractResolver | None = None,
                  trace_configs: Sequence[aiohttp.TraceConfig] = (), limit: int = 100,
-                 stale: Callable[[], bool] | None = None) -> aiohttp.ClientSession:
+                 stale: Callable[[], bool] | None = None,
+                 middlewares: Sequence[aiohttp.ClientMiddlewareType] = ()) -> aiohttp.ClientSession:
     """A session to ``credentials.server``. ``pair``: an exec plugin's client certificate and key,
     over the kubeconfig's. ``limit=0`` for Kopf's (unlimited connections, as Kopf's own).
     ``stale``: asked before each request; once True (a TLS file changed), the session closes itself
     and the request fails with the RuntimeError Kopf takes for a closed session, so that Kopf logs
-    in again and gets a session with the new material."""
+    in again and gets a session with the new material. ``middlewares``: the caller's, first of all
+    (the controller's leader write guard refuses a write before anything else runs)."""
     proxy = proxy_for(credentials.server, credentials.proxy_url, os.environ if environ is None else environ)
-    middlewares = [identity_middleware(credentials, header)]
+    chain = [*middlewares, identity_middleware(credentials, header)]
     if stale is not None:
         async def renew(request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
             if stale():
@@ -71,10 +73,10 @@ def open_session(credentials: Credentials, header: Header | None, pair: tuple[by
                 raise RuntimeError("the TLS material changed: this session is closed, a new one is needed")
             return await handler(request)
 
-        middlewares.insert(0, renew)
+        chain.insert(len(middlewares), renew)
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(ssl=ssl_context(credentials, pair, "the exec plugin's client certificate"),
                                        resolver=resolver, limit=limit),
-        headers={"User-Agent": agent}, proxy=proxy, middlewares=tuple(middlewares),
+        headers={"User-Agent": agent}, proxy=proxy, middlewares=tuple(chain),
         trace_configs=list(trace_configs) or None)
     return session

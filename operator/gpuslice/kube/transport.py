@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -53,11 +53,14 @@ class Transport(Protocol):
 
 class AiohttpTransport:
     """Requests as client-go sends them for ``credentials``. ``resolver`` is for tests that give a
-    name to a loopback server."""
+    name to a loopback server; ``middlewares`` run first on every request, on every session this
+    transport opens (the controller's leader write guard)."""
 
     def __init__(self, credentials: Credentials, *, environ: Mapping[str, str] | None = None,
-                 resolver: aiohttp.abc.AbstractResolver | None = None) -> None:
+                 resolver: aiohttp.abc.AbstractResolver | None = None,
+                 middlewares: Sequence[aiohttp.ClientMiddlewareType] = ()) -> None:
         self.credentials = credentials
+        self._middlewares = tuple(middlewares)
         self.auth: Auth = auth_for(credentials)
         self._files = TlsFiles(credentials)
         self._environ, self._resolver = environ, resolver
@@ -71,7 +74,7 @@ class AiohttpTransport:
 
     def _new_session(self) -> aiohttp.ClientSession:
         return open_session(self.credentials, None, self._pair, agent=user_agent(),
-                            environ=self._environ, resolver=self._resolver)
+                            environ=self._environ, resolver=self._resolver, middlewares=self._middlewares)
 
     async def _headers(self, content_type: str, accept: str) -> tuple[list[tuple[str, str]], Used]:
         """The request's own headers, Authorization among them, and the credential they carry (for
@@ -154,13 +157,14 @@ class AiohttpTransport:
             await session.close()
 
 
-async def connect(path: Path | str | None = None, context: str | None = None, *,
-                  pod_first: bool = True) -> AiohttpTransport:
+async def connect(path: Path | str | None = None, context: str | None = None, *, pod_first: bool = True,
+                  middlewares: Sequence[aiohttp.ClientMiddlewareType] = ()) -> AiohttpTransport:
     """A transport for ``path`` (a kubeconfig) and ``context``. The CLI passes ``pod_first=False``
     for kubectl's order: ``path``, then $KUBECONFIG, then ~/.kube/config, then the pod's
     ServiceAccount. The controller and the agent keep ``pod_first``: the pod's ServiceAccount
     before any kubeconfig but ``path``; the controller's Kopf session is built the same way."""
-    transport = AiohttpTransport(resolve(path, context, pod_first=pod_first))  # a few small local files, read once
+    # A few small local files, read once.
+    transport = AiohttpTransport(resolve(path, context, pod_first=pod_first), middlewares=middlewares)
     if isinstance(transport.auth, ExecAuth):
         try:
             await transport.authenticate()  # run the plugin now: a failure is said before any request

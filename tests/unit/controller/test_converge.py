@@ -15,7 +15,8 @@ import pytest
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.controller.apply import APPLIED, OWNED_KINDS, ApplyResult, converge
-from gpuslice.controller.reconcile import Context, reconcile
+from gpuslice.controller.reconcile import reconcile
+from gpuslice.controller.state import Context
 from gpuslice.dra.names import LABEL_POLICY
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.cluster_objects import desired_objects

@@ -10,8 +10,9 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import aiohttp
 import kopf
 import pytest
 from kopf._cogs.clients import api
@@ -21,9 +22,12 @@ from kopf._core.engines import activities, indexing
 
 from gpuslice.controller import login
 from gpuslice.controller.handlers import build_registry
+from gpuslice.controller.leader import LEASE_NAME, LeaderElector, WriteGuard
+from gpuslice.controller.runtime import Runtime
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.devcluster.pki import CertificateAuthority
 from gpuslice.kube import auth, tls
+from gpuslice.kube.transport import ApiError, connect
 from tests.unit.kube.loopback import ApiServer, Check, ConnectProxy, Seen, ca_data, kubeconfig, write_plugin
 
 NAME = "apiserver.test"  # the proxy tunnels it to this machine
@@ -65,17 +69,19 @@ async def kopf_with(path: Path) -> AsyncIterator[Get]:
     async def no_client() -> Any:
         raise AssertionError("not used by the login handler")
 
-    registry = build_registry(ControllerSettings(kubeconfig=path), no_client)
+    settings = ControllerSettings(kubeconfig=path)
+    registry = build_registry(settings)
+    runtime = Runtime(settings, no_client, login.KopfLogin(path))
     vault = credentials.Vault()
-    settings = kopf.OperatorSettings()
-    settings.networking.error_backoffs = [0.1]
+    kopf_settings = kopf.OperatorSettings()
+    kopf_settings.networking.error_backoffs = [0.1]
     token = kopf_auth.vault_var.set(vault)
     task = asyncio.create_task(activities.authenticator(
-        registry=registry, settings=settings, indices=indexing.OperatorIndexers().indices, vault=vault,
-        memo=ephemera.AnyMemo(ephemera.Memo())))
+        registry=registry, settings=kopf_settings, indices=indexing.OperatorIndexers().indices, vault=vault,
+        memo=ephemera.AnyMemo(runtime)))
 
     async def get(url: str) -> Any:
-        return await asyncio.wait_for(api.get(url, settings=settings, logger=logging.getLogger("test")), 20)
+        return await asyncio.wait_for(api.get(url, settings=kopf_settings, logger=logging.getLogger("test")), 20)
 
     try:
         yield get
@@ -204,3 +210,48 @@ async def test_kopf_logs_in_again_when_the_client_certificate_files_are_renewed(
         await get("/api/v1/namespaces")
         await get("/api/v1/namespaces")
     assert [s.client_cn for s in server.seen] == ["first", "second", "second"]
+
+
+class Leading:
+    """The elector as the write guard asks it: does this copy lead now?"""
+
+    def __init__(self) -> None:
+        self.now = False
+
+    def leading(self) -> bool:
+        return self.now
+
+
+async def test_a_copy_that_does_not_lead_sends_no_write_on_kopfs_session_nor_its_clients(
+        ca: CertificateAuthority, servers: list[ApiServer | ConnectProxy], tmp_path: Path) -> None:
+    """The leader write guard is a middleware on every session the controller opens: Kopf's (its
+    finalizers, annotations and Events) and its clients'. A write is refused before it is sent
+    unless this copy leads; reads, and the Lease itself, always go."""
+    server = await serve(servers, ca, tmp_path)
+    base = f"https://127.0.0.1:{server.port}"
+    path = config(tmp_path / "kubeconfig", ca, base, {"token": "t"})
+    elector = Leading()
+    guard = WriteGuard(cast(LeaderElector, elector))
+    kopf_session = (await login.KopfLogin(path, middlewares=[guard]).session()).aiohttp_session
+    transport = await connect(path, middlewares=[guard])
+    lease = f"/apis/coordination.k8s.io/v1/namespaces/gpuslice-system/leases/{LEASE_NAME}"
+    try:
+        with pytest.raises(aiohttp.ClientConnectionError, match="does not hold the leader Lease"):
+            async with kopf_session.patch(f"{base}/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/p", json={}):
+                pass
+        with pytest.raises(aiohttp.ClientConnectionError, match="does not hold the leader Lease"):
+            await transport.request("POST", "/api/v1/namespaces/a/events", {}, {}, "application/json",
+                                    "application/json", 5)
+        assert server.seen == [], "a write was sent"
+        async with kopf_session.get(f"{base}/api/v1/namespaces"):
+            pass
+        with pytest.raises(ApiError):  # the loopback server answers 404: it was sent
+            await transport.request("PUT", lease, {}, {}, "application/json", "application/json", 5)
+        assert [(s.method, s.path) for s in server.seen] == [("GET", "/api/v1/namespaces"), ("PUT", lease)]
+        elector.now = True
+        async with kopf_session.patch(f"{base}/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/p", json={}):
+            pass
+        assert server.seen[-1].method == "PATCH"
+    finally:
+        await kopf_session.close()
+        await transport.close()

@@ -16,7 +16,8 @@ import kopf
 import pytest
 
 from gpuslice.controller.admin_access import NamespaceView
-from gpuslice.controller.reconcile import LAST_RETRY, TRANSIENT_RETRY, Context, reconcile
+from gpuslice.controller.reconcile import reconcile
+from gpuslice.controller.state import LAST_RETRY, TRANSIENT_RETRY, Context
 from gpuslice.controller.tenancy import QuotaView
 from gpuslice.controller.world import World
 from gpuslice.dra.names import quota_resource
@@ -194,9 +195,9 @@ async def test_a_tenant_waiting_on_a_clock_far_behind_is_looked_at_again_by_the_
     world = dataclasses.replace(WORLD, policies={"team-a": limited},
                                 quotas={("a", "gpuslice-team-a"): QuotaView("team-a", ahead, hard)})
     await reconcile(ctx, limited, world)
-    assert ctx.admitted["team-a"] == []
+    assert ctx.policies["team-a"].admitted == []
     assert "team-a" in ctx.clock_waits
     now = dataclasses.replace(world, quotas={("a", "gpuslice-team-a"): QuotaView("team-a", "2026-11-29T10:00:00Z", hard)})
     await reconcile(ctx, limited, now, converge_objects=False)
-    assert [a.namespace for a in ctx.admitted["team-a"]] == ["a"]
+    assert [a.namespace for a in ctx.policies["team-a"].admitted] == ["a"]
     assert "team-a" not in ctx.clock_waits

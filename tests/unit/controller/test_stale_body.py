@@ -4,9 +4,11 @@ converge its spec over it (a tenant just removed would get its template and quot
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
-from gpuslice.controller.reconcile import Context, reconcile
+from gpuslice.controller.reconcile import reconcile
+from gpuslice.controller.state import Context
 from gpuslice.controller.world import World
 from gpuslice.kube.client import KubeClient
 from tests.unit.controller.test_retry import POLICY, WORLD, Refuses, templates
@@ -56,3 +58,22 @@ async def test_a_body_read_before_its_policy_was_deleted_brings_nothing_back() -
     assert kube.applied == []
     await reconcile(ctx, edited(1, ["a"], uid="u-2"), WORLD)  # made again under its name: a new policy
     assert str(POLICY["metadata"]["name"]) in POLICY_METRICS.policies
+
+
+async def test_a_reconcile_that_waited_on_a_deleted_policys_lock_keeps_its_records_for_the_new_one() -> None:
+    """A policy made again under its name while a reconcile of it waited on the old one's lock: what
+    that reconcile records is the new policy's, kept in its state, not in the one its deletion forgot."""
+    kube = Refuses()
+    kube.refuse = False
+    ctx = Context(kube=cast(KubeClient, kube), username="u")
+    name = str(POLICY["metadata"]["name"])
+    old = ctx.policy(name)
+    async with old.lock:  # the deletion's, while a reconcile of the policy made again waits
+        waiting = asyncio.create_task(reconcile(ctx, edited(1, ["a"], uid="u-2"), WORLD))
+        await asyncio.sleep(0)
+        ctx.forget(name, "u-1")
+    await waiting
+    assert ctx.policies[name] is not old
+    assert ctx.policies[name].newest == ("u-2", 1)
+    assert ctx.policies[name].tenancy is not None, "its tenancy probe is recorded for it"
+    assert old.newest is None

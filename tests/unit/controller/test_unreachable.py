@@ -11,8 +11,8 @@ import pytest
 from aiohttp import web
 
 from gpuslice.controller.events import post_event
-from gpuslice.controller.handlers import _reconcile_each
-from gpuslice.controller.reconcile import Context
+from gpuslice.controller.state import Context
+from gpuslice.controller.watch_handlers import reconcile_each
 from gpuslice.controller.world import World
 from gpuslice.kube.client import KubeClient, RetryPolicy
 from gpuslice.kube.credentials import Credentials
@@ -55,7 +55,7 @@ async def test_every_policy_an_event_touches_is_tried_when_the_server_drops_conn
     bodies = [policy("first"), policy("second")]
     world = World(policies={b["metadata"]["name"]: b for b in bodies}, namespaces={}, nodes={},  # type: ignore[index]
                   slices=[], claims=[])
-    await _reconcile_each(ctx, bodies, world)
+    await reconcile_each(ctx, bodies, world)
     # The first gets as far as its tenancy probe, which fails too; never judged, it then tries to
     # say that it is unverified (which fails as well). The second is reconciled after the first failed.
     probe = "POST /apis/resource.k8s.io/v1/namespaces/gpuslice-system/resourceclaims"

@@ -119,3 +119,16 @@ def test_the_nodes_a_policy_selects_are_those_its_node_selector_matches_with_gpu
                                                              "gpuSelector": {"products": ["NVIDIA L4"]}}})
     assert gpu_filtered is not None
     assert world.nodes_selected(gpu_filtered) == ("agent-only", "n1", "n3")
+
+
+def test_a_reconcile_takes_the_indexs_parse_only_of_the_same_version_of_its_body() -> None:
+    indexed = {**body("p", "x"), "metadata": {**body("p", "x")["metadata"], "resourceVersion": "7"}}
+    kept = parse_policy(indexed)
+    assert kept is not None
+    world = World(policies={"p": indexed}, namespaces={}, nodes={}, slices=[], claims=[], parsed={"p": kept})
+    assert world.policy_of(indexed) is kept
+    newer = {**indexed, "metadata": {**indexed["metadata"], "resourceVersion": "8", "generation": 2}}
+    assert world.policy_of(newer) is not kept
+    assert world.policy_of(newer).metadata.generation == 2
+    unversioned = body("p", "x")  # a body without a resourceVersion is never taken for the index's
+    assert world.policy_of(unversioned) is not kept

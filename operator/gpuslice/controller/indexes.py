@@ -1,0 +1,157 @@
+"""The controller's Kopf indexes: what it keeps in memory of what it watches.
+
+Kopf watches policies, namespaces, nodes, our ResourceSlices and the ResourceClaims, and keeps
+in-memory indexes of what it saw, so a reconcile reads the cluster from memory (:func:`world`)
+and only writes. Foreign objects are only indexed or observed: no timer, daemon or finalizer ever
+touches them. Kopf runs index handlers in a thread before it stores what they return, so they
+note nothing: the event handlers that run after them do (controller.changes says why).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from gpuslice.api.ledger import LEDGER_PLURAL
+from gpuslice.api.policy import GROUP, PLURAL, VERSION
+from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.controller.admin_access import NamespaceView
+from gpuslice.controller.overuse import Policies
+from gpuslice.controller.tenancy import LedgerView, QuotaView
+from gpuslice.controller.world import FleetMemo, World, parse_policy
+from gpuslice.dra.names import DRIVER, LABEL_POLICY
+from gpuslice.planning.coexistence import other_driver_gpus
+from gpuslice.planning.published import own_pool
+from gpuslice.planning.usage import ClaimView, SliceView, slice_policies
+
+POLICY = (GROUP, VERSION, PLURAL)
+SLICES = ("resource.k8s.io", "v1", "resourceslices")
+
+
+def other_driver(spec: kopf.Spec, **_: Any) -> bool:
+    """A slice of another DRA driver on a node (it may name GPUs: planning.coexistence)."""
+    return spec.get("driver") != DRIVER and bool(spec.get("nodeName"))
+
+
+def ours(spec: kopf.Spec, **_: Any) -> bool:
+    return own_pool(spec)
+
+
+def _values(index: Any) -> list[Any]:
+    return [value for store in index.values() for value in store]
+
+
+def _one_per_key(index: Any) -> dict[Any, Any]:
+    return {key: value for key, store in index.items() for value in store}
+
+
+def world(kwargs: dict[str, Any], memo: FleetMemo | None = None, nodes_version: int | None = None) -> World:
+    return World(
+        policies=_one_per_key(kwargs["policy_index"]),
+        namespaces=_one_per_key(kwargs["namespace_index"]),
+        nodes=_one_per_key(kwargs["node_index"]),
+        slices=_values(kwargs["slice_index"]),
+        claims=[c for c in _values(kwargs["claim_index"]) if c is not None],
+        foreign_classes={k: v for k, v in _one_per_key(kwargs["class_index"]).items() if v is not False},
+        quotas=_one_per_key(kwargs["quota_index"]),
+        ledgers=_one_per_key(kwargs["ledger_index"]),
+        slice_pools=kwargs["slice_index"],
+        policy_pools=kwargs["policy_pool_index"],
+        parsed=_one_per_key(kwargs["parsed_index"]),
+        nodes_version=nodes_version,
+        memo=memo,
+        other_drivers={node: list(store) for node, store in kwargs["other_driver_index"].items()},
+    )
+
+
+def overuse_policies(kwargs: dict[str, Any]) -> Policies:
+    """A device's policy as its slice publishes it, and what that policy says about overuse."""
+    slices, bodies = kwargs["slice_index"], kwargs["policy_index"]
+
+    def policy_of(pool: str, device: str) -> str | None:
+        return next((policy or None for view in slices.get(pool, ()) for name, policy in view.devices
+                     if name == device), None)
+
+    def on_overuse(policy: str) -> str:
+        return next((str((body.get("spec") or {}).get("onOveruse") or "Report") for body in bodies.get(policy, ())),
+                    "Report")
+
+    return Policies(policy_of, on_overuse)
+
+
+def class_value(labels: kopf.Labels, spec: kopf.Spec) -> str | bool | None:
+    """A DeviceClass's extended resource; False for one of ours (only others' can conflict)."""
+    return False if LABEL_POLICY in labels else spec.get("extendedResourceName")
+
+
+def policy_index(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
+    return {name: dict(body)}
+
+
+def parsed_index(name: str, body: kopf.Body, **_: Any) -> dict[str, GpuSlicePolicy | None]:
+    """Each policy parsed once per change: every reconcile judges it against all the others."""
+    return {name: parse_policy(body)}
+
+
+def namespace_index(name: str, labels: kopf.Labels, uid: str | None, status: kopf.Status,
+                    **_: Any) -> dict[str, NamespaceView]:
+    """What changed is noted by namespace_event, once this index holds it (changes.py says why)."""
+    return {name: NamespaceView.from_namespace(labels, uid, status)}
+
+
+def class_index(name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any) -> dict[str, str | bool | None]:
+    """DeviceClasses gpuslice did not make, with their extended resource (ours map to False)."""
+    return {name: class_value(labels, spec)}
+
+
+def quota_index(namespace: str | None, name: str, labels: kopf.Labels, meta: kopf.Meta, status: kopf.Status,
+                **_: Any) -> dict[tuple[str, str], QuotaView]:
+    return {(namespace or "", name): QuotaView.from_quota(labels[LABEL_POLICY], meta, status)}
+
+
+def ledger_index(name: str, spec: kopf.Spec, status: kopf.Status, **_: Any) -> dict[str, LedgerView]:
+    return {name: LedgerView.from_ledger(spec, status)}
+
+
+def node_index(name: str, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, str]]:
+    return {name: dict(labels)}
+
+
+def slice_index(spec: kopf.Spec, annotations: kopf.Annotations, **_: Any) -> dict[str, SliceView]:
+    """Our slices by pool (a Store holds each of a pool's slices). What changed is noted by
+    slice_event, which Kopf runs after this index is updated, for every event."""
+    view = SliceView.from_slice(spec, annotations)
+    return {view.pool: view}
+
+
+def policy_pool_index(spec: kopf.Spec, annotations: kopf.Annotations, **_: Any) -> dict[str, str]:
+    """The pool of each slice, under every policy it publishes devices of or leaves out."""
+    pool = str((spec.get("pool") or {}).get("name", ""))
+    return {policy: pool for policy in slice_policies(spec, annotations)}
+
+
+def other_driver_index(spec: kopf.Spec, **_: Any) -> dict[str, tuple[str, int]]:
+    """Other drivers' slices that name GPUs, by node (planning.coexistence)."""
+    found = other_driver_gpus(spec)
+    return {str(spec["nodeName"]): (found.driver, found.gpu_devices)} if found.gpu_devices else {}
+
+
+def claim_index(namespace: str | None, name: str, status: kopf.Status, **_: Any) -> dict[tuple[str, str], Any]:
+    return {(namespace or "", name): ClaimView.from_claim(namespace or "", name, status)}
+
+
+def register_indexes(registry: kopf.OperatorRegistry) -> None:
+    """Every index :func:`world` reads, by the id it reads it under."""
+    kopf.index(*POLICY, registry=registry, id="policy_index")(policy_index)
+    kopf.index(*POLICY, registry=registry, id="parsed_index")(parsed_index)
+    kopf.index("v1", "namespaces", registry=registry, id="namespace_index")(namespace_index)
+    kopf.index("resource.k8s.io", "v1", "deviceclasses", registry=registry, id="class_index")(class_index)
+    kopf.index("v1", "resourcequotas", registry=registry, id="quota_index",
+               labels={LABEL_POLICY: kopf.PRESENT})(quota_index)
+    kopf.index(GROUP, VERSION, LEDGER_PLURAL, registry=registry, id="ledger_index")(ledger_index)
+    kopf.index("v1", "nodes", registry=registry, id="node_index")(node_index)
+    kopf.index(*SLICES, registry=registry, id="slice_index", when=ours)(slice_index)
+    kopf.index(*SLICES, registry=registry, id="policy_pool_index", when=ours)(policy_pool_index)
+    kopf.index(*SLICES, registry=registry, id="other_driver_index", when=other_driver)(other_driver_index)
+    kopf.index("resource.k8s.io", "v1", "resourceclaims", registry=registry, id="claim_index")(claim_index)
