@@ -20,8 +20,9 @@ from typing import Any
 
 from gpuslice.api.ledger import Charge
 from gpuslice.api.status import ClassInForce
-from gpuslice.dra.names import DRIVER, class_policy
+from gpuslice.dra.names import class_policy
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
+from gpuslice.dra.wire import admin_access, allocation_results, consumed_quantity
 from gpuslice.errors import GpusliceError
 
 Body = Mapping[str, Any]
@@ -58,10 +59,6 @@ def claim_policies(spec: Body) -> set[str]:
     return {p for c in request_classes(spec).values() if (p := class_policy(c))}
 
 
-def allocation_results(claim: Body) -> list[Body]:
-    return list(((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")) or [])
-
-
 def held_by_policy(claim: Body, memory_of: MemoryOf,
                    upper_bound: Callable[[str], int | None] | None = None) -> dict[str, int]:
     """What the claim's allocation holds of each policy's devices, in bytes (empty when it has none).
@@ -71,20 +68,20 @@ def held_by_policy(claim: Body, memory_of: MemoryOf,
     classes = request_classes(claim.get("spec") or {})
     held: dict[str, int] = {}
     for result in allocation_results(claim):
-        if result.get("driver") != DRIVER or result.get("adminAccess"):
+        if admin_access(result):
             continue
-        policy = class_policy(classes.get(str(result.get("request", "")), ""))
+        policy = class_policy(classes.get(result["request"], ""))
         if policy is None:
             continue  # gpuslice-device-classes refuses that allocation; nothing of a policy's to charge
-        consumed = (result.get("consumedCapacity") or {}).get("memory")
+        consumed = consumed_quantity(result)
         if consumed is not None:
-            memory: int | None = quantity_bytes(str(consumed))
+            memory: int | None = quantity_bytes(consumed)
         else:
-            memory = memory_of(str(result.get("pool", "")), str(result.get("device", "")))
+            memory = memory_of(result["pool"], result["device"])
             if memory is None and upper_bound is not None:
-                memory = upper_bound(classes.get(str(result.get("request", "")), ""))
+                memory = upper_bound(classes.get(result["request"], ""))
         if memory is None:
-            raise UnknownDevice(str(result.get("pool", "")), str(result.get("device", "")))
+            raise UnknownDevice(result["pool"], result["device"])
         held[policy] = held.get(policy, 0) + memory
     return held
 
