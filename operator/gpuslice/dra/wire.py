@@ -34,7 +34,8 @@ class AllocationResult(TypedDict):
     consumedCapacity: NotRequired[dict[str, str]]  # capacity name -> quantity (shared devices)
 
 
-def _result(raw: Json) -> AllocationResult:
+def result_of(raw: Json) -> AllocationResult:
+    """One raw allocation result, typed."""
     result = AllocationResult(request=str(raw.get("request", "")), driver=str(raw.get("driver", "")),
                               pool=str(raw.get("pool", "")), device=str(raw.get("device", "")))
     if raw.get("adminAccess") is not None:
@@ -49,7 +50,7 @@ def _result(raw: Json) -> AllocationResult:
 def status_results(status: Json, driver: str | None = DRIVER) -> list[AllocationResult]:
     """The allocation results in a claim's ``status``: those of ``driver`` (None: every driver's)."""
     raw = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or []
-    return [_result(r) for r in raw if driver is None or r.get("driver") == driver]
+    return [result_of(r) for r in raw if driver is None or r.get("driver") == driver]
 
 
 def allocation_results(claim: Json, driver: str | None = DRIVER) -> list[AllocationResult]:

@@ -25,7 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslice.dra.names import DEFRAG_OPT_OUT, DRIVER
+from gpuslice.dra.names import DEFRAG_OPT_OUT
+from gpuslice.dra.wire import admin_access, status_results
 from gpuslice.planning.pending import Request, claim_requests, pod_claim_names
 
 Body = Mapping[str, Any]
@@ -102,8 +103,7 @@ class ClaimFacts:
         meta, status = body.get("metadata") or {}, body.get("status") or {}
         owner = _controller(meta)
         allocation = status.get("allocation") or {}
-        results = tuple((str(r.get("pool")), str(r.get("device")), bool(r.get("adminAccess")))
-                        for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver") == DRIVER)
+        results = tuple((r["pool"], r["device"], admin_access(r)) for r in status_results(status))
         reserved = tuple((str(r.get("name")), str(r.get("uid"))) for r in status.get("reservedFor") or []
                          if r.get("resource") == "pods")
         name = str(meta.get("name", ""))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuslice.dra.names import DRIVER
+from gpuslice.dra.wire import share_id, status_results
 
 CONDITION = "GpuMemoryOveruse"
 OVER, WITHIN = "OverAllocation", "WithinAllocation"  # the condition's reasons
@@ -143,9 +144,7 @@ def reserved_pods(status: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _allocated(status: Mapping[str, Any]) -> set[DeviceKey]:
-    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-    return {DeviceKey(str(r.get("pool")), str(r.get("device")), str(r.get("shareID") or ""))
-            for r in results if r.get("driver") == DRIVER}
+    return {DeviceKey(r["pool"], r["device"], share_id(r)) for r in status_results(status)}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 from gpuslice.api.status import ClassInForce
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, CONTROLLER_NAMESPACE, MEMORY_WEBHOOK, quota_resource
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
+from gpuslice.dra.wire import AllocationResult, allocation_results
 from gpuslice.planning.availability import across, largest_free
 from gpuslice.planning.kinds import SHARED, SLICE
 from gpuslice.planning.memory import request_least, shown
@@ -323,14 +324,15 @@ def _capacity(request: Request, policy: str, kind: str, cluster: OccupancyMap) -
     return findings
 
 
-def _overuse_findings(namespace: str, claim: str, results: Sequence[Body], cluster: OccupancyMap) -> list[Finding]:
+def _overuse_findings(namespace: str, claim: str, results: Sequence[AllocationResult],
+                      cluster: OccupancyMap) -> list[Finding]:
     """Who uses more of the claim's GPUs than they were allocated, as the node agents found (their
     GpuMemoryOveruse condition): on a shared GPU a neighbour over its slice is why this pod's own
     CUDA allocations fail, though the scheduler's accounts are right."""
     findings, said = [], set()
     for result in results:
         for gpu in cluster.gpus:
-            if gpu.node != result.get("pool") or not any(d.name == result.get("device") for d in gpu.devices):
+            if gpu.node != result["pool"] or not any(d.name == result["device"] for d in gpu.devices):
                 continue
             for holder in gpu.overusing:
                 if (gpu.uuid, holder.ref) in said:
@@ -402,11 +404,10 @@ def diagnose(facts: Facts, policies: Sequence[Body], totals: Sequence[PolicyTota
         findings.append(Finding("NoClaims", f"{subject} asks for no device (no resourceClaims, no extended"
                                             " resource a DeviceClass serves).", blocking=False))
     for request, made, claim, (policy, kind) in ours:
-        allocation = ((claim or {}).get("status") or {}).get("allocation")
-        if allocation:
-            results = (allocation.get("devices") or {}).get("results") or []
-            where = ", ".join(f"{r.get('device')} on {r.get('pool')}" for r in results
-                              if r.get("request") in (request.name, request.name.split("/")[0]))
+        if ((claim or {}).get("status") or {}).get("allocation"):
+            results = allocation_results(claim or {}, driver=None)
+            where = ", ".join(f"{r['device']} on {r['pool']}" for r in results
+                              if r["request"] in (request.name, request.name.split("/")[0]))
             findings.append(Finding("Allocated", f"Claim {request.claim} is allocated: {where or 'yes'}.",
                                     blocking=False))
             findings += _overuse_findings(facts.namespace, request.claim, results, cluster)
