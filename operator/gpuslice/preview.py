@@ -17,8 +17,8 @@ import yaml
 from gpuslice.agent.gpus import GpuBackendError
 from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.dra.names import ATTRIBUTE_DOMAIN
 from gpuslice.dra.resourceslice import resource_slice
+from gpuslice.dra.wire import attribute, device_policy
 from gpuslice.errors import GpusliceError
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.mig_layout import Instance, layout_targets, steps
@@ -83,8 +83,8 @@ def preview(paths: list[Path], gpus: str, node: str, labels: dict[str, str],
                        shared_counters=list(s.shared_counters), devices=list(s.devices))
         for s in plan.slices
     ]
-    per_policy = Counter(d["attributes"][f"{ATTRIBUTE_DOMAIN}/policy"]["string"] for d in plan.devices)
-    per_gpu = Counter(d["attributes"][f"{ATTRIBUTE_DOMAIN}/index"]["int"] for d in plan.devices)
+    per_policy = Counter(device_policy(d) for d in plan.devices)
+    per_gpu = Counter(attribute(d, "index") for d in plan.devices)
     lines = [f"# gpuslice plan for node {node}: {len(inventory)} GPU(s) ({gpus}), {len(policies)} policies",
              f"# {len(plan.slices)} slices: {len(plan.counter_sets)} counter sets, {len(plan.devices)} devices"]
     lines += [f"#   policy {name}: {count} devices" for name, count in sorted(per_policy.items())]

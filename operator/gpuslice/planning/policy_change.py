@@ -16,6 +16,7 @@ from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import PENDING_TAINT_KEY
+from gpuslice.dra.wire import device_policy
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model
 from gpuslice.planning.devices import without_instance_uuid
@@ -163,7 +164,7 @@ def plan_change(edited: GpuSlicePolicy, policies: Iterable[Body], pools: Sequenc
         for device in pool.devices:
             before[device.device.policy] += 1
         for name in planned:
-            after[str(((planned[name].get("attributes") or {}).get("gpuslice.dev/policy") or {}).get("string"))] += 1
+            after[str(device_policy(planned[name]))] += 1
         for name in frozen_devices:
             after[by_name[name].device.policy] += 1
         counted = len({d.device.gpu_uuid for d in pool.devices})
