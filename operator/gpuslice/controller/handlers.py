@@ -32,6 +32,7 @@ from gpuslice.controller.tenancy import LedgerView, QuotaView
 from gpuslice.controller.tenancy_labels import routed_as_wanted, sync_routes
 from gpuslice.controller.world import FleetMemo, World, parse_policy
 from gpuslice.dra.names import DRIVER, LABEL_POLICY
+from gpuslice.dra.wire import pool_mark
 from gpuslice.kube.client import EndlessBackoff, KubeClient, KubeError
 from gpuslice.planning.coexistence import other_driver_gpus
 from gpuslice.planning.published import own_pool
@@ -234,7 +235,7 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
                 when=lambda spec, **_: own_pool(spec))
     def policy_pool_index(spec: kopf.Spec, annotations: kopf.Annotations, **_: Any) -> dict[str, str]:
         """The pool of each slice, under every policy it publishes devices of or leaves out."""
-        pool = str((spec.get("pool") or {}).get("name", ""))
+        pool = pool_mark(spec)[0]
         return {policy: pool for policy in slice_policies(spec, annotations)}
 
     @kopf.index("resource.k8s.io", "v1", "resourceslices", registry=registry, id="other_driver_index",

@@ -110,10 +110,17 @@ def device_gpu(device: Json) -> str | None:
     return text_attribute(device, "uuid") or text_attribute(device, "parentUUID") or None
 
 
+def device_capacity(device: Json, name: str = "memory") -> str | None:
+    """A published device's capacity ``name``, as written; None when it has none."""
+    value = ((device.get("capacity") or {}).get(name) or {}).get("value")
+    return str(value) if value is not None else None
+
+
 def device_memory(device: Json) -> int | None:
-    """The ``memory`` capacity of a published device, in bytes; None when unreadable."""
+    """The ``memory`` capacity of a published device, in bytes; None when it has none readable."""
+    value = device_capacity(device)
     try:
-        return quantity_bytes(str(((device.get("capacity") or {}).get("memory") or {}).get("value", "0")))
+        return quantity_bytes(value) if value is not None else None
     except ValueError:
         return None
 

@@ -49,7 +49,8 @@ def test_device_gpu_memory_and_attributes() -> None:
              "capacity": {"memory": {"value": "80Gi"}}}
     part = {"attributes": {"gpuslice.dev/parentUUID": {"string": "GPU-1"}}, "capacity": {"memory": {"value": "x"}}}
     assert (wire.device_gpu(whole), wire.device_gpu(part), wire.device_gpu({})) == ("GPU-1", "GPU-1", None)
-    assert (wire.device_memory(whole), wire.device_memory(part), wire.device_memory({})) == (80 * 2**30, None, 0)
+    assert (wire.device_memory(whole), wire.device_memory(part), wire.device_memory({})) == (80 * 2**30, None, None)
+    assert (wire.device_capacity(whole), wire.device_capacity(part), wire.device_capacity({})) == ("80Gi", "x", None)
     assert wire.attribute(whole, "index") == 2
     assert wire.text_attribute(whole, "index") == ""
 
