@@ -18,7 +18,7 @@ import structlog
 
 from gpuslice.api.ledger import LEDGER_PLURAL
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
-from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.api.resource import GpuSlicePolicy, valid_policy
 from gpuslice.controller.admin_access import NamespaceView, plan_labels, sync_admin_labels
 from gpuslice.controller.changes import Changes
 from gpuslice.controller.crd import crd_leaving as crd_is_leaving
@@ -30,7 +30,7 @@ from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import start_context
 from gpuslice.controller.tenancy import LedgerView, QuotaView
 from gpuslice.controller.tenancy_labels import routed_as_wanted, sync_routes
-from gpuslice.controller.world import FleetMemo, World, parse_policy
+from gpuslice.controller.world import FleetMemo, World
 from gpuslice.dra.names import DRIVER, LABEL_POLICY
 from gpuslice.dra.wire import pool_mark
 from gpuslice.kube.client import EndlessBackoff, KubeClient, KubeError
@@ -162,7 +162,7 @@ def build_registry(settings: ControllerSettings, client: Callable[[], Awaitable[
     @kopf.index(*POLICY, registry=registry, id="parsed_index")
     def parsed_index(name: str, body: kopf.Body, **_: Any) -> dict[str, GpuSlicePolicy | None]:
         """Each policy parsed once per change: every reconcile judges it against all the others."""
-        return {name: parse_policy(body)}
+        return {name: valid_policy(body)}
 
     @kopf.index("v1", "namespaces", registry=registry, id="namespace_index")
     def namespace_index(name: str, labels: kopf.Labels, uid: str | None, status: kopf.Status,

@@ -16,9 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pydantic
-
-from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.api.resource import GpuSlicePolicy, valid_policy
 from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.controller.tenancy import LedgerView, QuotaView
 from gpuslice.inventory.nodes import NodeGpus, node_gpus
@@ -138,7 +136,7 @@ class World:
     def parsed_policies(self) -> list[GpuSlicePolicy]:
         found = []
         for name, body in self.policies.items():
-            policy = self.parsed[name] if self.parsed is not None and name in self.parsed else parse_policy(body)
+            policy = self.parsed[name] if self.parsed is not None and name in self.parsed else valid_policy(body)
             if policy is not None and not policy.metadata.deletion_timestamp:
                 found.append(policy)
         return found
@@ -159,9 +157,3 @@ class World:
         return found
 
 
-def parse_policy(body: Mapping[str, Any]) -> GpuSlicePolicy | None:
-    """The policy, or None when its spec does not parse (its own reconcile reports why)."""
-    try:
-        return GpuSlicePolicy.from_body(body)
-    except pydantic.ValidationError:
-        return None

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuslice.api.resource import ParseProblem, parse_policy
 from gpuslice.api.status import ClassInForce
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, CONTROLLER_NAMESPACE, MEMORY_WEBHOOK, quota_resource
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
@@ -24,7 +25,7 @@ from gpuslice.planning.kinds import SHARED, SLICE
 from gpuslice.planning.memory import request_least, shown
 from gpuslice.planning.mode_traits import traits_of
 from gpuslice.planning.occupancy import OccupancyMap
-from gpuslice.planning.totals import PolicyTotals, parse_policy
+from gpuslice.planning.totals import PolicyTotals
 
 Body = Mapping[str, Any]
 IMPLICIT_EXTENDED = "deviceclass.resource.kubernetes.io/"
@@ -215,8 +216,8 @@ def _policy_findings(request: Request, made: bool, facts: Facts, body: Body, kin
                      totals: PolicyTotals | None, cluster: OccupancyMap) -> list[Finding]:
     name = str(body["metadata"]["name"])
     parsed = parse_policy(body)
-    if isinstance(parsed, str):
-        return [Finding("PolicyInvalid", f"GpuSlicePolicy {name} does not parse ({parsed}); nothing of it is"
+    if isinstance(parsed, ParseProblem):
+        return [Finding("PolicyInvalid", f"GpuSlicePolicy {name} does not parse ({parsed.first}); nothing of it is"
                                          " allocatable until it is fixed.")]
     tenants = {t.namespace: t for t in parsed.spec.tenants}
     admins = set(parsed.spec.admin_access.namespaces)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.api.resource import GpuSlicePolicy, ParseProblem, parse_policy
 from gpuslice.dra.names import PENDING_TAINT_KEY
 from gpuslice.dra.wire import device_policy
 from gpuslice.inventory.gpus import Gpu
@@ -23,7 +23,7 @@ from gpuslice.planning.devices import without_instance_uuid
 from gpuslice.planning.node_pool import plan_node_pool
 from gpuslice.planning.pool_safety import make_safe, normalized
 from gpuslice.planning.published import Holder, Pool, PublishedDevice, gpu_memory
-from gpuslice.planning.totals import inventory, parse_policy
+from gpuslice.planning.totals import inventory
 from gpuslice.planning.validation import Problem, select, validate
 
 Body = Mapping[str, Any]
@@ -121,7 +121,7 @@ def plan_change(edited: GpuSlicePolicy, policies: Iterable[Body], pools: Sequenc
             new = False
             continue
         parsed = parse_policy(body)
-        if isinstance(parsed, str) or not _valid_now(parsed):
+        if isinstance(parsed, ParseProblem) or not _valid_now(parsed):
             frozen.add(name)
         elif not parsed.metadata.deletion_timestamp:
             live.append(parsed)
