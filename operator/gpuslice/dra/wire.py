@@ -58,12 +58,44 @@ def allocation_results(claim: Json, driver: str | None = DRIVER) -> list[Allocat
     return status_results(claim.get("status") or {}, driver)
 
 
+class DeviceStatus(TypedDict):
+    """One entry of a claim's ``status.devices`` (KEP-4817): what a driver says of an allocated device."""
+
+    driver: str
+    pool: str
+    device: str
+    shareID: NotRequired[str]
+    conditions: list[Json]  # metav1.Condition, as written
+    data: NotRequired[Any]  # the driver's own, any JSON
+
+
+def device_statuses(status: Json, driver: str | None = DRIVER) -> list[DeviceStatus]:
+    """The entries of a claim's ``status.devices``: those of ``driver`` (None: every driver's)."""
+    found = []
+    for raw in status.get("devices") or []:
+        if driver is not None and raw.get("driver") != driver:
+            continue
+        entry = DeviceStatus(driver=str(raw.get("driver", "")), pool=str(raw.get("pool", "")),
+                             device=str(raw.get("device", "")), conditions=list(raw.get("conditions") or []))
+        if raw.get("shareID") is not None:
+            entry["shareID"] = str(raw["shareID"])
+        if "data" in raw:
+            entry["data"] = raw["data"]
+        found.append(entry)
+    return found
+
+
+def device_condition(entry: DeviceStatus, kind: str) -> Json | None:
+    """The condition of type ``kind`` a driver wrote on the device; None when none."""
+    return next((c for c in entry["conditions"] if c.get("type") == kind), None)
+
+
 def admin_access(result: AllocationResult) -> bool:
     """Allocated with adminAccess: the scheduler counts the device as taken by no one."""
     return result.get("adminAccess", False)
 
 
-def share_id(result: AllocationResult) -> str:
+def share_id(result: AllocationResult | DeviceStatus) -> str:
     """The share of a device allocated many times (consumable capacity); '' for others."""
     return result.get("shareID", "")
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuslice.dra.names import DRIVER
-from gpuslice.dra.wire import share_id, status_results
+from gpuslice.dra.wire import DeviceStatus, device_condition, device_statuses, share_id, status_results
 
 CONDITION = "GpuMemoryOveruse"
 OVER, WITHIN = "OverAllocation", "WithinAllocation"  # the condition's reasons
@@ -93,11 +93,7 @@ def device_entry(key: DeviceKey, mark: Mark) -> dict[str, Any]:
     return entry
 
 
-def _condition(entry: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    return next((c for c in entry.get("conditions") or [] if c.get("type") == CONDITION), None)
-
-
-def _overusers(entry: Mapping[str, Any]) -> tuple[Overuser, ...]:
+def _overusers(entry: DeviceStatus) -> tuple[Overuser, ...]:
     data = entry.get("data")
     pods = data.get(PODS) if isinstance(data, Mapping) else None
     found = []
@@ -111,12 +107,12 @@ def _overusers(entry: Mapping[str, Any]) -> tuple[Overuser, ...]:
 def read_marks(status: Mapping[str, Any], pool: str) -> dict[DeviceKey, Mark]:
     """The marks on a claim's devices of ``pool`` (what a restarted agent of that node starts from)."""
     marks = {}
-    for entry in status.get("devices") or []:
-        condition = _condition(entry)
-        if entry.get("driver") != DRIVER or entry.get("pool") != pool or condition is None:
+    for entry in device_statuses(status):
+        condition = device_condition(entry, CONDITION)
+        if entry["pool"] != pool or condition is None:
             continue
         over = condition.get("status") == "True"
-        key = DeviceKey(pool, str(entry.get("device")), str(entry.get("shareID") or ""))
+        key = DeviceKey(pool, entry["device"], share_id(entry))
         marks[key] = Mark(_overusers(entry) if over else (), str(condition.get("message") or ""),
                           str(condition.get("lastTransitionTime") or ""), over)
     return marks

@@ -17,7 +17,14 @@ from typing import Any, Literal
 
 from gpuslice.dra.names import DRAIN_OBJECT_PREFIX, DRIVER, PENDING_TAINT_KEY, SAFETY_TAINT_KEYS
 from gpuslice.dra.quantity import quantity_bytes
-from gpuslice.dra.wire import admin_access, consumed_quantity, newest_generations, share_id, status_results
+from gpuslice.dra.wire import (
+    admin_access,
+    consumed_quantity,
+    device_statuses,
+    newest_generations,
+    share_id,
+    status_results,
+)
 from gpuslice.inventory.nodes import catalog_model
 from gpuslice.planning.devices import Device
 from gpuslice.planning.overuse import CONDITION
@@ -150,13 +157,10 @@ def _quantity(value: Any) -> int:
 def overuse_of(status: Body) -> dict[tuple[str, str, str], str]:
     """(pool, device, share id) -> the message of the agent's overuse condition, where it is True."""
     found = {}
-    for entry in status.get("devices") or []:
-        if entry.get("driver") != DRIVER:
-            continue
-        for condition in entry.get("conditions") or []:
+    for entry in device_statuses(status):
+        for condition in entry["conditions"]:
             if condition.get("type") == CONDITION and condition.get("status") == "True":
-                key = (str(entry.get("pool")), str(entry.get("device")), str(entry.get("shareID") or ""))
-                found[key] = str(condition.get("message", ""))
+                found[(entry["pool"], entry["device"], share_id(entry))] = str(condition.get("message", ""))
     return found
 
 

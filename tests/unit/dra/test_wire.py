@@ -77,3 +77,20 @@ def test_slices_of_one_generation_that_disagree_on_their_count_need_the_largest(
     assert wire.newest_of([("p", 1, 1), ("p", 1, 3)]) == {"p": (1, False)}
     assert wire.newest_of([("p", 1, 3), ("p", 1, 1)]) == {"p": (1, False)}
     assert wire.newest_of([("p", 1, 2), ("p", 1, 1)]) == {"p": (1, True)}
+
+
+def test_device_statuses_keep_our_drivers_and_find_a_condition() -> None:
+    status = {"devices": [
+        {"driver": DRIVER, "pool": "n1", "device": "d0", "shareID": "s", "data": {"k": 1},
+         "conditions": [{"type": "Ready", "status": "True"}, {"type": "GpuMemoryOveruse", "status": "False"}]},
+        {"driver": "other.example.com", "pool": "n1", "device": "eth0", "conditions": None},
+    ]}
+    (ours,) = wire.device_statuses(status)
+    assert (ours["pool"], ours["device"], wire.share_id(ours), ours.get("data")) == ("n1", "d0", "s", {"k": 1})
+    assert wire.device_condition(ours, "GpuMemoryOveruse") == {"type": "GpuMemoryOveruse", "status": "False"}
+    assert wire.device_condition(ours, "Other") is None
+    everyone = wire.device_statuses(status, driver=None)
+    assert [e["device"] for e in everyone] == ["d0", "eth0"]
+    assert everyone[1]["conditions"] == []
+    assert "shareID" not in everyone[1]
+    assert wire.device_statuses({}) == []
