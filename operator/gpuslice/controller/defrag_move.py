@@ -39,7 +39,7 @@ from gpuslice.controller.defrag_metrics import EVICTIONS, FAILED, FREED, who
 from gpuslice.controller.defrag_read import POLICIES, RESOURCE, tenants_of
 from gpuslice.controller.events import post_object_event
 from gpuslice.dra.names import DEFRAG_TAINT_KEY, DRIVER, short_hash
-from gpuslice.dra.wire import allocation_results, device_gpu, devices_of, newest_generation
+from gpuslice.dra.wire import allocation_results, device_gpu, devices_of, is_allocated, newest_generation
 from gpuslice.kube.client import (
     NO_RETRY,
     Conflict,
@@ -160,7 +160,7 @@ class Mover:
         if claim is None or claim["metadata"].get("uid") != move.claim.uid:
             return await self.finish(name, move, "Failed", "Gone", f"the waiting claim {move.claim.namespace}/"
                                                                    f"{move.claim.name} is gone")
-        if (claim.get("status") or {}).get("allocation"):
+        if is_allocated(claim):
             got = ", ".join(f"{r['device']} on {r['pool']}" for r in allocation_results(claim))
             return await self.finish(name, move, "Freed", "", f"{describe(move)} was freed and the claim of"
                                                               f" {move.pod.namespace}/{move.pod.name} got {got}")

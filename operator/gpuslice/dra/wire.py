@@ -58,6 +58,32 @@ def allocation_results(claim: Json, driver: str | None = DRIVER) -> list[Allocat
     return status_results(claim.get("status") or {}, driver)
 
 
+def is_allocated(claim: Json) -> bool:
+    """Whether the scheduler has allocated the claim (``status.allocation`` is set)."""
+    return bool((claim.get("status") or {}).get("allocation"))
+
+
+def allocation_node_selector(status: Json) -> Json:
+    """The node selector of a claim's allocation (where its devices are); {} when none."""
+    return ((status.get("allocation") or {}).get("nodeSelector")) or {}
+
+
+class ConsumerRef(TypedDict):
+    """One entry of a claim's ``status.reservedFor``: who may use the claim (a pod, for the scheduler)."""
+
+    apiGroup: str  # '' for the core group (pods)
+    resource: str
+    name: str
+    uid: str
+
+
+def reserved_for(status: Json) -> list[ConsumerRef]:
+    """The consumers a claim is reserved for, typed (absent fields read as '')."""
+    return [ConsumerRef(apiGroup=str(r.get("apiGroup") or ""), resource=str(r.get("resource") or ""),
+                        name=str(r.get("name") or ""), uid=str(r.get("uid") or ""))
+            for r in status.get("reservedFor") or []]
+
+
 class DeviceStatus(TypedDict):
     """One entry of a claim's ``status.devices`` (KEP-4817): what a driver says of an allocated device."""
 

@@ -25,7 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuslice.dra.names import DRIVER
-from gpuslice.dra.wire import DeviceStatus, device_condition, device_statuses, share_id, status_results
+from gpuslice.dra.wire import (
+    DeviceStatus,
+    allocation_node_selector,
+    device_condition,
+    device_statuses,
+    reserved_for,
+    share_id,
+    status_results,
+)
 
 CONDITION = "GpuMemoryOveruse"
 OVER, WITHIN = "OverAllocation", "WithinAllocation"  # the condition's reasons
@@ -122,7 +130,7 @@ def allocation_node(status: Mapping[str, Any]) -> str:
     """The node a claim is allocated on, read as the API server reads it to authorise a node-bound
     identity's write of ``status.devices`` (``nodeNameFromAllocation``): a selector of exactly one
     term with exactly one field, ``metadata.name In [node]``; else '' (no node's agent may write)."""
-    selector = (status.get("allocation") or {}).get("nodeSelector") or {}
+    selector = allocation_node_selector(status)
     terms = selector.get("nodeSelectorTerms") or []
     if len(terms) != 1 or terms[0].get("matchExpressions") or len(terms[0].get("matchFields") or []) != 1:
         return ""
@@ -135,8 +143,8 @@ def allocation_node(status: Mapping[str, Any]) -> str:
 
 def reserved_pods(status: Mapping[str, Any]) -> dict[str, str]:
     """Pod UID -> pod name, for the pods the claim is reserved for (written by the scheduler)."""
-    return {str(r["uid"]): str(r.get("name") or "") for r in status.get("reservedFor") or []
-            if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("uid")}
+    return {r["uid"]: r["name"] for r in reserved_for(status) if r["resource"] == "pods" and not r["apiGroup"]
+            and r["uid"]}
 
 
 def _allocated(status: Mapping[str, Any]) -> set[DeviceKey]:

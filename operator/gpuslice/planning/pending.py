@@ -19,7 +19,7 @@ from gpuslice.api.resource import ParseProblem, parse_policy
 from gpuslice.api.status import ClassInForce
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, CONTROLLER_NAMESPACE, MEMORY_WEBHOOK, quota_resource
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
-from gpuslice.dra.wire import AllocationResult, allocation_results
+from gpuslice.dra.wire import AllocationResult, allocation_results, is_allocated
 from gpuslice.planning.availability import across, largest_free
 from gpuslice.planning.kinds import SHARED, SLICE
 from gpuslice.planning.memory import request_least, shown
@@ -405,8 +405,8 @@ def diagnose(facts: Facts, policies: Sequence[Body], totals: Sequence[PolicyTota
         findings.append(Finding("NoClaims", f"{subject} asks for no device (no resourceClaims, no extended"
                                             " resource a DeviceClass serves).", blocking=False))
     for request, made, claim, (policy, kind) in ours:
-        if ((claim or {}).get("status") or {}).get("allocation"):
-            results = allocation_results(claim or {}, driver=None)
+        if claim is not None and is_allocated(claim):
+            results = allocation_results(claim, driver=None)
             where = ", ".join(f"{r['device']} on {r['pool']}" for r in results
                               if r["request"] in (request.name, request.name.split("/")[0]))
             findings.append(Finding("Allocated", f"Claim {request.claim} is allocated: {where or 'yes'}.",

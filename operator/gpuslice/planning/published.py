@@ -22,6 +22,7 @@ from gpuslice.dra.wire import (
     consumed_quantity,
     device_statuses,
     newest_generations,
+    reserved_for,
     share_id,
     status_results,
 )
@@ -170,8 +171,7 @@ def holders_by_device(claims: Iterable[Body]) -> dict[tuple[str, str], list[Hold
     for claim in claims:
         meta, status = claim.get("metadata") or {}, claim.get("status") or {}
         overused = overuse_of(status)
-        pods = tuple(sorted(str(r.get("name")) for r in status.get("reservedFor") or []
-                            if r.get("resource") == "pods" and r.get("name")))
+        pods = tuple(sorted(r["name"] for r in reserved_for(status) if r["resource"] == "pods" and r["name"]))
         for result in status_results(status):
             consumed = consumed_quantity(result)
             key = (result["pool"], result["device"])

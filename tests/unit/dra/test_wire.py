@@ -94,3 +94,15 @@ def test_device_statuses_keep_our_drivers_and_find_a_condition() -> None:
     assert everyone[1]["conditions"] == []
     assert "shareID" not in everyone[1]
     assert wire.device_statuses({}) == []
+
+
+def test_allocation_reservations_and_node_selector() -> None:
+    selector = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}
+    status = {"allocation": {"nodeSelector": selector},
+              "reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}, {"apiGroup": "x.io", "resource": "jobs"}]}
+    assert wire.is_allocated({"status": status})
+    assert not wire.is_allocated({"status": {"reservedFor": []}})
+    assert wire.allocation_node_selector(status) == selector
+    assert wire.allocation_node_selector({}) == {}
+    assert wire.reserved_for(status) == [{"apiGroup": "", "resource": "pods", "name": "p", "uid": "u"},
+                                         {"apiGroup": "x.io", "resource": "jobs", "name": "", "uid": ""}]
