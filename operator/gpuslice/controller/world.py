@@ -155,5 +155,3 @@ class World:
                     recorded = frozenset((body.get("status") or {}).get("adminAccessLabels") or [])
                 found |= recorded
         return found
-
-
