@@ -47,6 +47,55 @@ def result_of(raw: Json) -> AllocationResult:
     return result
 
 
+class ExactRequest(TypedDict):
+    """A claim's ``exactly`` request or one of its ``firstAvailable`` subrequests: one way to be met."""
+
+    name: str  # as an allocation result names it: ``<request>``, or ``<request>/<subrequest>``
+    deviceClassName: str
+    count: int  # 1 when not given
+    allocationMode: str  # ExactCount when not given
+    adminAccess: bool
+    memory: NotRequired[str]  # capacity.requests.memory, as written (consumable capacity)
+
+
+class DeviceRequest(TypedDict):
+    """One of a claim spec's ``devices.requests``: exactly one way, or the ways it may be met in order."""
+
+    name: str
+    exactly: NotRequired[ExactRequest]
+    firstAvailable: list[ExactRequest]
+
+
+def exact_request(raw: Json, name: str) -> ExactRequest:
+    """One way a request may be met, typed; ``name`` as allocation results will name it."""
+    request = ExactRequest(name=name, deviceClassName=str(raw.get("deviceClassName", "")),
+                           count=int(raw.get("count") or 1),
+                           allocationMode=str(raw.get("allocationMode") or "ExactCount"),
+                           adminAccess=bool(raw.get("adminAccess")))
+    memory = ((raw.get("capacity") or {}).get("requests") or {}).get("memory")
+    if memory is not None:
+        request["memory"] = str(memory)
+    return request
+
+
+def device_requests(spec: Json) -> list[DeviceRequest]:
+    """The requests of a ResourceClaim's (or template's) ``spec``."""
+    found = []
+    for raw in ((spec.get("devices") or {}).get("requests")) or []:
+        name = str(raw.get("name", ""))
+        request = DeviceRequest(name=name, firstAvailable=[exact_request(s, f"{name}/{s.get('name', '')}")
+                                                           for s in raw.get("firstAvailable") or []])
+        if raw.get("exactly"):
+            request["exactly"] = exact_request(raw["exactly"], name)
+        found.append(request)
+    return found
+
+
+def request_ways(request: DeviceRequest) -> list[ExactRequest]:
+    """How a request may be met: its ``exactly``, else its subrequests in order."""
+    return [request["exactly"]] if "exactly" in request else request["firstAvailable"]
+
+
 def status_results(status: Json, driver: str | None = DRIVER) -> list[AllocationResult]:
     """The allocation results in a claim's ``status``: those of ``driver`` (None: every driver's)."""
     raw = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or []

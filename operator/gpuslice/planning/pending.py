@@ -19,7 +19,14 @@ from gpuslice.api.resource import ParseProblem, parse_policy
 from gpuslice.api.status import ClassInForce
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, CONTROLLER_NAMESPACE, MEMORY_WEBHOOK, quota_resource
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
-from gpuslice.dra.wire import AllocationResult, allocation_results, is_allocated
+from gpuslice.dra.wire import (
+    AllocationResult,
+    ExactRequest,
+    allocation_results,
+    device_requests,
+    is_allocated,
+    request_ways,
+)
 from gpuslice.planning.availability import across, largest_free
 from gpuslice.planning.kinds import SHARED, SLICE
 from gpuslice.planning.memory import request_least, shown
@@ -81,16 +88,9 @@ class Diagnosis:
 
 
 def claim_requests(spec: Body, claim: str) -> list[Request]:
-    found = []
-    for request in ((spec.get("devices") or {}).get("requests")) or []:
-        options = [(request.get("name", ""), request["exactly"])] if request.get("exactly") else [
-            (f"{request.get('name', '')}/{s.get('name', '')}", s) for s in request.get("firstAvailable") or []]
-        for name, body in options:
-            memory = ((body.get("capacity") or {}).get("requests") or {}).get("memory")
-            found.append(Request(claim, str(name), str(body.get("deviceClassName", "")), int(body.get("count") or 1),
-                                 body.get("allocationMode") == "All", bool(body.get("adminAccess")),
-                                 quantity_bytes(str(memory)) if memory is not None else None))
-    return found
+    return [Request(claim, way["name"], way["deviceClassName"], way["count"], way["allocationMode"] == "All",
+                    way["adminAccess"], quantity_bytes(memory) if (memory := way.get("memory")) is not None else None)
+            for request in device_requests(spec) for way in request_ways(request)]
 
 
 def class_owner(device_class: str, policies: Iterable[Body]) -> tuple[str, str] | None:
@@ -279,10 +279,11 @@ def _memory(request: Request, facts: Facts, classes: Sequence[ClassInForce], pol
     limit = min(limit, int(spec.get("limitBytes") or limit))
     held = int(status.get("heldBytes") or 0)
     klass = next((c for c in classes if c.name == request.device_class), None)
-    body: dict[str, Any] = {"count": request.count, **({"allocationMode": "All"} if request.all_devices else {})}
+    way = ExactRequest(name=request.name, deviceClassName=request.device_class, count=request.count,
+                       allocationMode="All" if request.all_devices else "ExactCount", adminAccess=request.admin)
     if request.memory is not None:
-        body["capacity"] = {"requests": {"memory": str(request.memory)}}
-    asked = request_least(body, klass) if klass is not None else 0
+        way["memory"] = str(request.memory)
+    asked = request_least(way, klass) if klass is not None else 0
     if held + asked <= limit:
         return [Finding("MemoryLeft", f"Namespace {ns} holds {shown(held)} of its {shown(limit)} maxMemory in policy"
                                       f" {policy}; this claim asks {shown(asked)}, which fits.", blocking=False)]

@@ -106,3 +106,19 @@ def test_allocation_reservations_and_node_selector() -> None:
     assert wire.allocation_node_selector({}) == {}
     assert wire.reserved_for(status) == [{"apiGroup": "", "resource": "pods", "name": "p", "uid": "u"},
                                          {"apiGroup": "x.io", "resource": "jobs", "name": "", "uid": ""}]
+
+
+def test_device_requests_name_each_way_as_allocation_results_do() -> None:
+    spec = {"devices": {"requests": [
+        {"name": "gpu", "exactly": {"deviceClassName": "a.gpuslice.dev", "count": 2, "adminAccess": True}},
+        {"name": "any", "firstAvailable": [
+            {"name": "big", "deviceClassName": "b.gpuslice.dev", "allocationMode": "All"},
+            {"name": "shared", "deviceClassName": "c.gpuslice.dev", "capacity": {"requests": {"memory": "5Gi"}}}]},
+    ]}}
+    exact, first = wire.device_requests(spec)
+    assert wire.request_ways(exact) == [{"name": "gpu", "deviceClassName": "a.gpuslice.dev", "count": 2,
+                                         "allocationMode": "ExactCount", "adminAccess": True}]
+    big, shared = wire.request_ways(first)
+    assert (big["name"], big["allocationMode"], big["count"], "memory" in big) == ("any/big", "All", 1, False)
+    assert (shared["name"], shared.get("memory"), shared["adminAccess"]) == ("any/shared", "5Gi", False)
+    assert wire.device_requests({}) == []
