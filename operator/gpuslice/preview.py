@@ -11,14 +11,13 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import pydantic
 import yaml
 
 from gpuslice.agent.gpus import GpuBackendError
 from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
-from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.dra.names import ATTRIBUTE_DOMAIN
+from gpuslice.api.resource import GpuSlicePolicy, ParseProblem, parse_policy
 from gpuslice.dra.resourceslice import resource_slice
+from gpuslice.dra.wire import attribute, device_policy
 from gpuslice.errors import GpusliceError
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.mig_layout import Instance, layout_targets, steps
@@ -38,12 +37,12 @@ def load_policies(paths: list[Path]) -> list[GpuSlicePolicy]:
             if document.get("kind") != "GpuSlicePolicy":
                 raise PlanError(f"{path}: expected kind GpuSlicePolicy, found {document.get('kind')!r}")
             document["metadata"].setdefault("creationTimestamp", f"2000-01-01T00:00:{len(policies):02d}Z")
-            try:
-                policies.append(GpuSlicePolicy.from_body(document))
-            except pydantic.ValidationError as error:
+            parsed = parse_policy(document)
+            if isinstance(parsed, ParseProblem):
                 name = document.get("metadata", {}).get("name", "?")
-                problems = "; ".join(f"spec.{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in error.errors())
-                raise PlanError(f"{path}: GpuSlicePolicy {name} is invalid: {problems}") from None
+                problems = "; ".join(f"spec.{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in parsed.errors)
+                raise PlanError(f"{path}: GpuSlicePolicy {name} is invalid: {problems}")
+            policies.append(parsed)
     return policies
 
 
@@ -83,8 +82,8 @@ def preview(paths: list[Path], gpus: str, node: str, labels: dict[str, str],
                        shared_counters=list(s.shared_counters), devices=list(s.devices))
         for s in plan.slices
     ]
-    per_policy = Counter(d["attributes"][f"{ATTRIBUTE_DOMAIN}/policy"]["string"] for d in plan.devices)
-    per_gpu = Counter(d["attributes"][f"{ATTRIBUTE_DOMAIN}/index"]["int"] for d in plan.devices)
+    per_policy = Counter(device_policy(d) for d in plan.devices)
+    per_gpu = Counter(attribute(d, "index") for d in plan.devices)
     lines = [f"# gpuslice plan for node {node}: {len(inventory)} GPU(s) ({gpus}), {len(policies)} policies",
              f"# {len(plan.slices)} slices: {len(plan.counter_sets)} counter sets, {len(plan.devices)} devices"]
     lines += [f"#   policy {name}: {count} devices" for name, count in sorted(per_policy.items())]

@@ -39,6 +39,7 @@ from gpuslice.dra.nvidia_cdi import (
     whole_gpu_edits,
 )
 from gpuslice.dra.nvidia_toolkit import NvidiaCdiError
+from gpuslice.dra.wire import text_attribute
 from gpuslice.errors import GpusliceError
 from gpuslice.inventory.catalog import MI
 from gpuslice.inventory.gpus import Gpu
@@ -214,9 +215,9 @@ def _attributes(report: Report, gpus: list[Gpu]) -> None:
             # the agent may switch it).
             trial = [replace(gpu, mig_enabled=mode.traits.instances)]
             for device in plan_node_pool({}, trial, [_policy(f"check-{mode.name}", slicing)]).devices:
-                attributes = device["attributes"]
-                kind = (f"mig {attributes['profile']['string']}" if mode.traits.instances
-                        else attributes["type"]["string"])
+                # NVIDIA's attributes, unqualified (the driver's domain).
+                kind = (f"mig {text_attribute(device, 'profile', domain='')}" if mode.traits.instances
+                        else text_attribute(device, "type", domain=""))
                 kinds.setdefault(kind, device)
         for kind, device in kinds.items():
             report.line(f"GPU {gpu.index}, {kind} device {device['name']}:")

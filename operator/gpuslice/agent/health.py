@@ -20,10 +20,10 @@ from prometheus_client import Counter, Gauge
 from gpuslice.agent.events import node_ref, record_event
 from gpuslice.agent.gpus import GpuBackend, GpuBackendError
 from gpuslice.agent.settings import HealthSettings
+from gpuslice.dra.wire import TaintJSON
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.health import UNHEALTHY_TAINT_KEY, GpuHealth, step, taint
-from gpuslice.planning.taints import Taint
 
 log = structlog.get_logger(__name__)
 UNHEALTHY = Gauge("gpuslice_agent_gpu_unhealthy", "1 for each GPU that is unhealthy or lost now, labelled with why.",
@@ -42,7 +42,7 @@ class HealthMonitor:
         self._changed = asyncio.Condition()
         self._on_change = on_change
 
-    def taints(self) -> dict[str, list[Taint]]:
+    def taints(self) -> dict[str, list[TaintJSON]]:
         """The ``gpuslice.dev/unhealthy`` taint of each GPU that is not healthy, by UUID."""
         return {uuid: [t] for uuid, health in self.state.items() if (t := taint(health)) is not None}
 

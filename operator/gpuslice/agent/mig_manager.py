@@ -38,6 +38,7 @@ from gpuslice.agent.gpus import GpuBackendError
 from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.backoff import spread
+from gpuslice.dra.wire import TaintJSON, device_gpu
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.coexistence import mig_manager_active
@@ -46,7 +47,7 @@ from gpuslice.planning.left_out import MIG_MODE_ON
 from gpuslice.planning.mig_layout import Instance, LayoutTarget, Step, devices_of, inverse, layout_targets, steps
 from gpuslice.planning.mig_mode import switches_mig_mode
 from gpuslice.planning.node_pool import NodePlan, layout
-from gpuslice.planning.taints import MIG_FAILED_TAINT_KEY, RECONFIGURING_TAINT_KEY, Taint, device_gpu
+from gpuslice.planning.taints import MIG_FAILED_TAINT_KEY, RECONFIGURING_TAINT_KEY
 
 log = structlog.get_logger(__name__)
 APPLIED_FILE = "mig-layouts.json"
@@ -209,7 +210,7 @@ class MigManager:
 
     # 2. Taints
 
-    def statuses(self, allocated: set[str], published: Iterable[dict[str, Any]]) -> dict[str, list[Taint]]:
+    def statuses(self, allocated: set[str], published: Iterable[dict[str, Any]]) -> dict[str, list[TaintJSON]]:
         by_gpu: dict[str, set[str]] = {}
         for device in published:
             if (gpu := device_gpu(device)) is not None:
@@ -221,7 +222,7 @@ class MigManager:
                           if uuid not in self.busy and not self._waiting_retry(uuid, now))
             if free:
                 self.draining = free[0][1]
-        taints: dict[str, list[Taint]] = {}
+        taints: dict[str, list[TaintJSON]] = {}
         for uuid in self.busy | ({self.draining} if self.draining else set()):
             taints[uuid] = [{"key": RECONFIGURING_TAINT_KEY, "effect": "NoSchedule"}]
         for uuid in self.failed:

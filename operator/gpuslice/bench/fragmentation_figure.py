@@ -40,6 +40,7 @@ from gpuslice.bench.harness import POLICIES, SLICES, BenchCluster, wait_until
 from gpuslice.bench.workload import PAUSE, ensure_namespace
 from gpuslice.dra.names import DRIVER
 from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.dra.wire import device_policy, is_allocated
 from gpuslice.kube.client import KubeError, NotFound
 from gpuslice.planning.defrag_model import moves_in_flight
 from gpuslice.planning.published import PublishedDevice, gpu_memory, read_pools
@@ -135,7 +136,7 @@ class Observer:
                     empty += 1
                 loads.append(_load(devices, pool.counter_sets))
         allocated = {str((c["metadata"].get("ownerReferences") or [{}])[0].get("name")) for c in claims
-                     if (c.get("status") or {}).get("allocation")}
+                     if is_allocated(c)}
         self.fleet.append(FleetSample(now, len(live_large - allocated), empty, free))
         policy_body = await self.api.get(f"{POLICIES}/{self.policy}")
         last = (((policy_body.get("status") or {}).get("defragmentation") or {}).get("last")) or {}
@@ -173,7 +174,7 @@ async def replay(cluster: BenchCluster, spec: ChurnSpec, mode: str, say: Callabl
             await api.get(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates/{template('full', mode)}")
             devices = sum(1 for s in await api.list(f"{SLICES}", fieldSelector=f"spec.driver={DRIVER}")
                           if s["spec"].get("nodeName") in NODES for d in s["spec"].get("devices") or []
-                          if ((d.get("attributes") or {}).get("gpuslice.dev/policy") or {}).get("string") in names)
+                          if device_policy(d) in names)
             return devices == len(NODES) * 8 * (8 + 1 + 4)
         return False
 

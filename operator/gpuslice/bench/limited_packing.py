@@ -18,6 +18,7 @@ from gpuslice.bench.harness import POLICIES, BenchCluster, wait_until
 from gpuslice.bench.layouts import Layout
 from gpuslice.bench.workload import Placement, create_claims, place_pods_across
 from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.dra.wire import allocation_results, consumed_quantity
 from gpuslice.kube.watch import watch
 
 TENANTS = 4
@@ -36,8 +37,7 @@ class Budgets:
 
     def seen(self, kind: str | None, obj: dict[str, Any]) -> None:
         namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
-        results = ((obj.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
-        bytes_ = sum(quantity_bytes((r.get("consumedCapacity") or {}).get("memory") or "0") for r in results)
+        bytes_ = sum(quantity_bytes(consumed_quantity(r) or "0") for r in allocation_results(obj, driver=None))
         claims = self.held.setdefault(namespace, {})
         if kind == "DELETED" or not bytes_:
             claims.pop(name, None)

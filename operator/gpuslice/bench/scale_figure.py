@@ -26,6 +26,7 @@ from gpuslice.bench.harness import (
 )
 from gpuslice.bench.layouts import policy
 from gpuslice.bench.workload import expected_devices
+from gpuslice.dra.wire import device_policy
 
 POOL_LABEL = "gpuslice.dev/pool"
 # What gpuslice writes (the controller and the agents): a write to any of these in steady state is
@@ -128,7 +129,7 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
             if ready == len(bodies) or time.monotonic() - last_said > 60:
                 for s in await cluster.our_slices():
                     for d in s["spec"].get("devices") or []:
-                        counts[d["attributes"]["gpuslice.dev/policy"]["string"]] += 1
+                        counts[str(device_policy(d))] += 1
             if time.monotonic() - last_said > 60:
                 last_said = time.monotonic()
                 say(f"scale: {ready} of {len(bodies)} policies Ready, {sum(counts.values())} of"
@@ -231,7 +232,7 @@ async def _taint_one_policy(cluster: BenchCluster, bodies: list[dict[str, Any]],
         rules = await cluster.api.list("/apis/resource.k8s.io/v1/devicetaintrules",
                                        labelSelector=f"gpuslice.dev/policy={name}")
         on_devices = sum(1 for s in await cluster.our_slices() for d in s["spec"].get("devices") or []
-                         if d["attributes"]["gpuslice.dev/policy"]["string"] == name
+                         if device_policy(d) == name
                          and any(t.get("key") == taint["key"] for t in d.get("taints") or []))
         return len(rules) + 1 if max(len(rules), on_devices) >= want[name] else None
 

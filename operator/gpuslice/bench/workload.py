@@ -23,6 +23,7 @@ from gpuslice.bench.harness import (
 from gpuslice.bench.layouts import WHOLE_CLASS, Layout, whole_gpu_class, whole_gpu_slice
 from gpuslice.dra.names import MEMORY_WEBHOOK
 from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.dra.wire import allocation_results, consumed_quantity
 from gpuslice.kube.client import KubeError
 from gpuslice.kube.paths import object_path
 from gpuslice.planning.node_pool import plan_node_pool
@@ -245,10 +246,10 @@ async def place_pods_across(cluster: BenchCluster, claims: Sequence[tuple[str, s
     allocations: dict[str, tuple[str, int]] = {}
     for namespace in namespaces:
         for claim in await api.list(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"):
-            results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+            results = allocation_results(claim, driver=None)
             if results:
-                consumed = ((results[0].get("consumedCapacity") or {}).get("memory")) or "0"
-                allocations[claim["metadata"]["name"]] = (str(results[0]["request"]), quantity_bytes(str(consumed)))
+                consumed = consumed_quantity(results[0]) or "0"
+                allocations[claim["metadata"]["name"]] = (results[0]["request"], quantity_bytes(consumed))
     return Placement(len(claims), counts["bound"], counts["unschedulable"], cpu, created, bind_seconds, allocations,
                      counts["refused"])
 

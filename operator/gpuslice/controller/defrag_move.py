@@ -39,6 +39,7 @@ from gpuslice.controller.defrag_metrics import EVICTIONS, FAILED, FREED, who
 from gpuslice.controller.defrag_read import POLICIES, RESOURCE, tenants_of
 from gpuslice.controller.events import post_object_event
 from gpuslice.dra.names import DEFRAG_TAINT_KEY, DRIVER, short_hash
+from gpuslice.dra.wire import allocation_results, device_gpu, devices_of, is_allocated, newest_generation
 from gpuslice.kube.client import (
     NO_RETRY,
     Conflict,
@@ -54,7 +55,6 @@ from gpuslice.observability.failpoints import failpoint
 from gpuslice.planning.defrag_facts import PodFacts, opted_out_namespaces, pod_blocker
 from gpuslice.planning.defrag_model import Plan
 from gpuslice.planning.defrag_taints import parse_time
-from gpuslice.planning.taints import device_gpu
 
 log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]
@@ -160,10 +160,8 @@ class Mover:
         if claim is None or claim["metadata"].get("uid") != move.claim.uid:
             return await self.finish(name, move, "Failed", "Gone", f"the waiting claim {move.claim.namespace}/"
                                                                    f"{move.claim.name} is gone")
-        allocation = (claim.get("status") or {}).get("allocation")
-        if allocation:
-            got = ", ".join(f"{r.get('device')} on {r.get('pool')}" for r in
-                            (allocation.get("devices") or {}).get("results") or [] if r.get("driver") == DRIVER)
+        if is_allocated(claim):
+            got = ", ".join(f"{r['device']} on {r['pool']}" for r in allocation_results(claim))
             return await self.finish(name, move, "Freed", "", f"{describe(move)} was freed and the claim of"
                                                               f" {move.pod.namespace}/{move.pod.name} got {got}")
         expires, started = parse_time(move.expires), parse_time(move.started)
@@ -265,18 +263,16 @@ class Mover:
     async def _holds_gpu(self, pod: PodFacts, move: DefragMove) -> bool:
         for claim_name in pod.claims.values():
             claim = await self._get(f"{RESOURCE}/namespaces/{pod.namespace}/resourceclaims/{claim_name}")
-            results = (((claim or {}).get("status") or {}).get("allocation") or {}).get("devices") or {}
-            if any(r.get("driver") == DRIVER and r.get("pool") == move.node
-                   and str(r.get("device", "")).startswith(f"{move.gpu_tag}-") for r in results.get("results") or []):
+            if any(r["pool"] == move.node and r["device"].startswith(f"{move.gpu_tag}-")
+                   for r in allocation_results(claim or {})):
                 return True
         return False
 
     async def _tainted(self, move: DefragMove) -> bool:
         """Whether the agent published the move's taint on every device of the GPU but the kept one."""
         slices = await self.kube.list(f"{RESOURCE}/resourceslices", fieldSelector=f"spec.nodeName={move.node}")
-        ours = [s["spec"] for s in slices if s["spec"].get("driver") == DRIVER]
-        newest = max((int(s["pool"]["generation"]) for s in ours), default=0)
-        devices = [d for s in ours if int(s["pool"]["generation"]) == newest for d in s.get("devices") or []
+        newest = newest_generation((s["spec"] for s in slices if s["spec"].get("driver") == DRIVER), move.node)
+        devices = [d for d in (devices_of(newest) if newest else [])
                    if device_gpu(d) == move.gpu and d.get("name") != move.device]
         return bool(devices) and all(any(t.get("key") == DEFRAG_TAINT_KEY and t.get("value") == move.id
                                          for t in d.get("taints") or []) for d in devices)

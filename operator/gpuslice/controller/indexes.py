@@ -15,12 +15,13 @@ import kopf
 
 from gpuslice.api.ledger import LEDGER_PLURAL
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
-from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.api.resource import GpuSlicePolicy, valid_policy
 from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.controller.overuse import Policies
 from gpuslice.controller.tenancy import LedgerView, QuotaView
-from gpuslice.controller.world import FleetMemo, World, parse_policy
+from gpuslice.controller.world import FleetMemo, World
 from gpuslice.dra.names import DRIVER, LABEL_POLICY
+from gpuslice.dra.wire import pool_mark
 from gpuslice.planning.coexistence import other_driver_gpus
 from gpuslice.planning.published import own_pool
 from gpuslice.planning.usage import ClaimView, SliceView, slice_policies
@@ -91,7 +92,7 @@ def policy_index(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
 
 def parsed_index(name: str, body: kopf.Body, **_: Any) -> dict[str, GpuSlicePolicy | None]:
     """Each policy parsed once per change: every reconcile judges it against all the others."""
-    return {name: parse_policy(body)}
+    return {name: valid_policy(body)}
 
 
 def namespace_index(name: str, labels: kopf.Labels, uid: str | None, status: kopf.Status,
@@ -127,7 +128,7 @@ def slice_index(spec: kopf.Spec, annotations: kopf.Annotations, **_: Any) -> dic
 
 def policy_pool_index(spec: kopf.Spec, annotations: kopf.Annotations, **_: Any) -> dict[str, str]:
     """The pool of each slice, under every policy it publishes devices of or leaves out."""
-    pool = str((spec.get("pool") or {}).get("name", ""))
+    pool = pool_mark(spec)[0]
     return {policy: pool for policy in slice_policies(spec, annotations)}
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import structlog
 
 from gpuslice.backoff import Backoff
+from gpuslice.dra.wire import device_condition, device_statuses
 from gpuslice.kube.client import (
     Forbidden,
     KubeClient,
@@ -77,8 +78,7 @@ class OveruseEnforcer:
         the evictions now due."""
         if status is None and key not in self.named:
             return
-        marked = status is not None and any(c.get("type") == CONDITION for d in status.get("devices") or []
-                                            for c in d.get("conditions") or [])
+        marked = status is not None and any(device_condition(d, CONDITION) for d in device_statuses(status, None))
         if not marked and key not in self.named:
             return  # the common case: a claim no agent ever marked
         before = self.named.pop(key, {})
@@ -103,8 +103,8 @@ class OveruseEnforcer:
     @staticmethod
     def _ended(pod: OverusingPod, status: Mapping[str, Any] | None) -> str:
         """The agent's words where its condition speaks of this pod, else the controller's."""
-        for entry in (status or {}).get("devices") or []:
-            for condition in entry.get("conditions") or []:
+        for entry in device_statuses(status or {}, None):
+            for condition in entry["conditions"]:
                 said = str(condition.get("message") or "")
                 if condition.get("type") == CONDITION and said.startswith(f"pod {pod.ref} "):
                     return said

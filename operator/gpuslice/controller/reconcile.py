@@ -14,10 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kopf
-import pydantic
 import structlog
 
-from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.api.resource import GpuSlicePolicy, ParseProblem
 from gpuslice.api.status import AdmittedTenant, ClassInForce
 from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
 from gpuslice.controller.apply import LEDGER_KINDS, LIMIT_KINDS, REST_KINDS, ApplyResult, converge
@@ -176,10 +175,9 @@ async def _admit(ctx: Context, policy: GpuSlicePolicy, world: World, kinds: Sequ
 
 
 async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, converge_objects: bool) -> None:
-    try:
-        policy = world.policy_of(body)  # parsed once per change by the index (world.py)
-    except pydantic.ValidationError as error:
-        await _write_invalid_shape(ctx, body, parse_problem(body["metadata"]["name"], error))
+    policy = world.policy_of(body)  # parsed once per change by the index (world.py)
+    if isinstance(policy, ParseProblem):
+        await _write_invalid_shape(ctx, body, parse_problem(body["metadata"]["name"], policy))
         return
     if policy.metadata.deletion_timestamp:
         return
@@ -354,9 +352,9 @@ async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings,
                          "The spec is valid again; its objects are being brought up to date.")
 
 
-def parse_problem(name: str, error: pydantic.ValidationError) -> str:
+def parse_problem(name: str, problem: ParseProblem) -> str:
     """What a human needs from a spec that does not parse: the fields, what is wrong, the fix."""
-    fields = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()[:5])
+    fields = problem.fields(5)
     return (f"GpuSlicePolicy {name} does not parse: {fields}. Fix these fields (kubectl edit gsp {name});"
             " if the apiserver accepted them, the installed CRD is older than the controller: apply crds/.")
 
@@ -399,10 +397,8 @@ async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -
     mine = world.slices_of(name)
     devices = devices_by_policy(mine).get(name, set())
     held = usage(devices, world.claims)
-    try:
-        policy: GpuSlicePolicy | None = world.policy_of(body)
-    except pydantic.ValidationError:
-        policy = None  # a spec that never parsed: nothing to report on, deletion still waits
+    parsed = world.policy_of(body)
+    policy = parsed if isinstance(parsed, GpuSlicePolicy) else None  # None: it never parsed; deletion still waits
     publishing = {ref.pool for ref in published_by_policy(mine).get(name, set())}
     # Only the nodes the policy selects now hold it: a node that publishes its devices anyway (a
     # compromised agent) must not keep it from going, for good; nor one taken out of its selection

@@ -16,9 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pydantic
-
-from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.api.resource import GpuSlicePolicy, ParseProblem, parse_policy, valid_policy
 from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.controller.tenancy import LedgerView, QuotaView
 from gpuslice.inventory.nodes import NodeGpus, node_gpus
@@ -135,20 +133,20 @@ class World:
         pools = self.slice_pools.keys() if self.slice_pools is not None else {v.pool for v in self.slices}
         return selected_nodes(policy, self.nodes, {g.node for _, g in self.inventory()} | set(pools))
 
-    def policy_of(self, body: Mapping[str, Any]) -> GpuSlicePolicy:
+    def policy_of(self, body: Mapping[str, Any]) -> GpuSlicePolicy | ParseProblem:
         """``body`` parsed: the index's, when it parsed this very version (its resourceVersion);
-        raises pydantic.ValidationError when it does not parse (the caller reports why)."""
+        a ParseProblem when it does not parse (the caller reports why)."""
         meta = body.get("metadata") or {}
         kept = self.parsed.get(meta.get("name", "")) if self.parsed is not None else None
         if kept is not None and kept.metadata.resource_version and (
                 kept.metadata.resource_version == meta.get("resourceVersion")):
             return kept
-        return GpuSlicePolicy.from_body(body)
+        return parse_policy(body)
 
     def parsed_policies(self) -> list[GpuSlicePolicy]:
         found = []
         for name, body in self.policies.items():
-            policy = self.parsed[name] if self.parsed is not None and name in self.parsed else parse_policy(body)
+            policy = self.parsed[name] if self.parsed is not None and name in self.parsed else valid_policy(body)
             if policy is not None and not policy.metadata.deletion_timestamp:
                 found.append(policy)
         return found
@@ -167,11 +165,3 @@ class World:
                     recorded = frozenset((body.get("status") or {}).get("adminAccessLabels") or [])
                 found |= recorded
         return found
-
-
-def parse_policy(body: Mapping[str, Any]) -> GpuSlicePolicy | None:
-    """The policy, or None when its spec does not parse (its own reconcile reports why)."""
-    try:
-        return GpuSlicePolicy.from_body(body)
-    except pydantic.ValidationError:
-        return None

@@ -13,11 +13,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import pydantic
 import yaml
 
 from gpuslice.agent.gpus.fake import FakeBackend
-from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.api.resource import GpuSlicePolicy, ParseProblem, parse_policy
 from gpuslice.inspect.snapshot import InspectError, read_snapshot
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import FAKE_BACKEND, FAKE_COUNT, FAKE_MODEL
@@ -48,12 +47,11 @@ def edited(document: dict[str, Any], live: dict[str, Any] | None) -> GpuSlicePol
     meta["name"] = document["metadata"]["name"]
     meta["generation"] = int(meta.get("generation") or 0) + 1
     body = {"metadata": meta, "spec": document.get("spec") or {}, "status": (live or {}).get("status") or {}}
-    try:
-        return GpuSlicePolicy.from_body(body)
-    except pydantic.ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5])
-        raise InspectError(f"GpuSlicePolicy {meta['name']} is invalid: {problems} (the apiserver would refuse"
-                           " it)") from None
+    parsed = parse_policy(body)
+    if isinstance(parsed, ParseProblem):
+        raise InspectError(f"GpuSlicePolicy {meta['name']} is invalid: {parsed.fields(5)} (the apiserver would"
+                           " refuse it)")
+    return parsed
 
 
 def fake_gpus(nodes: Iterable[Mapping[str, Any]]) -> dict[str, list[Gpu]]:

@@ -25,7 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslice.dra.names import DEFRAG_OPT_OUT, DRIVER
+from gpuslice.dra.names import DEFRAG_OPT_OUT
+from gpuslice.dra.wire import admin_access, is_allocated, reserved_for, status_results
 from gpuslice.planning.pending import Request, claim_requests, pod_claim_names
 
 Body = Mapping[str, Any]
@@ -101,15 +102,12 @@ class ClaimFacts:
     def from_body(cls, body: Body) -> ClaimFacts:
         meta, status = body.get("metadata") or {}, body.get("status") or {}
         owner = _controller(meta)
-        allocation = status.get("allocation") or {}
-        results = tuple((str(r.get("pool")), str(r.get("device")), bool(r.get("adminAccess")))
-                        for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver") == DRIVER)
-        reserved = tuple((str(r.get("name")), str(r.get("uid"))) for r in status.get("reservedFor") or []
-                         if r.get("resource") == "pods")
+        results = tuple((r["pool"], r["device"], admin_access(r)) for r in status_results(status))
+        reserved = tuple((r["name"], r["uid"]) for r in reserved_for(status) if r["resource"] == "pods")
         name = str(meta.get("name", ""))
         return cls(str(meta.get("namespace", "")), name, str(meta.get("uid", "")),
                    owner[2] if owner and owner[0] == "Pod" else None, reserved, results,
-                   tuple(claim_requests(body.get("spec") or {}, name)), bool(allocation),
+                   tuple(claim_requests(body.get("spec") or {}, name)), is_allocated(body),
                    str(meta.get("creationTimestamp", "")))
 
 

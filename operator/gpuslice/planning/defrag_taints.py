@@ -18,8 +18,8 @@ from dataclasses import replace
 from typing import Any
 
 from gpuslice.dra.names import DEFRAG_TAINT_KEY
+from gpuslice.dra.wire import device_gpu
 from gpuslice.planning.node_pool import PlannedSlice
-from gpuslice.planning.taints import device_gpu
 
 
 def parse_time(text: str) -> datetime.datetime | None:

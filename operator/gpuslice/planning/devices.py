@@ -20,18 +20,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuslice.api.policy import SlicingModeName
-from gpuslice.dra.names import ATTRIBUTE_DOMAIN, short_hash
+from gpuslice.dra.names import ATTRIBUTE_DOMAIN, PENDING_TAINT_KEY, short_hash
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
+from gpuslice.dra.wire import text_attribute
 from gpuslice.inventory.catalog import Engines
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.pci import PCI_BUS_ID_ATTRIBUTE as PCI_BUS_ID
 from gpuslice.planning.attributes import GpuFacts, mig_capacities, nvidia_attributes, read_engines, read_facts
-from gpuslice.planning.mode_traits import FULL_SLICE_SIZE, ModeTraits, traits_of
+from gpuslice.planning.mode_traits import FULL_SLICE_SIZE, MEMORY, ModeTraits, traits_of
 
 Mode = SlicingModeName
-# The agent's own taint on a device whose change waits (planning.usage.PENDING_TAINT_KEY, set by
-# pool_safety): a state of the device, not part of what the device is.
-PENDING_CHANGE_TAINT = f"{ATTRIBUTE_DOMAIN}/pending-change"
 _HEX8 = re.compile(r"^[0-9a-f]{8}$")
 MIG_UUID = "uuid"  # unqualified: the driver's domain, where NVIDIA's attributes are
 NO_FACTS = GpuFacts()
@@ -183,12 +181,19 @@ class Device:
             counter_set=uses.get("counterSet"),
             counters=tuple(sorted((k, str(v.get("value"))) for k, v in (uses.get("counters") or {}).items())),
             taints=tuple((str(t.get("key", "")), str(t.get("value", "")), str(t.get("effect", "")))
-                         for t in body.get("taints") or [] if t.get("key") != PENDING_CHANGE_TAINT),
+                         # The agent's hold on a device whose change waits: a state, not what it is.
+                         for t in body.get("taints") or [] if t.get("key") != PENDING_TAINT_KEY),
             facts=read_facts(attributes), engines=read_engines(capacity),
             isolation=isolation if isinstance(isolation, str) else None,
             mig_uuid=str((attributes.get(MIG_UUID) or {}).get("string")) if traits.instances and MIG_UUID in attributes
             else None,
         )
+
+
+def published_kind(device: Mapping[str, Any]) -> str:
+    """The kind of any published device (memory mode's rules for one without a known mode)."""
+    traits = traits_of(text_attribute(device, "mode")) or MEMORY
+    return traits.kind(text_attribute(device, "sliceSize"), text_attribute(device, "profile"))
 
 
 def without_instance_uuid(device: Mapping[str, Any]) -> dict[str, Any]:

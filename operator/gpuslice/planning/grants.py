@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuslice.dra.quantity import format_bytes, quantity_bytes
+from gpuslice.dra import wire
+from gpuslice.dra.quantity import format_bytes
 from gpuslice.planning.devices import Device
 
 ENV_PREFIX = "GPUSLICE_"
@@ -39,12 +40,9 @@ class Grant:
 
 
 def consumed_memory(result: Mapping[str, Any]) -> int | None:
-    """The ``memory`` an allocation result consumed (consumable capacity), in bytes; None if it names none."""
-    value = (result.get("consumedCapacity") or {}).get("memory")
-    try:
-        return quantity_bytes(str(value)) if value is not None else None
-    except ValueError:
-        return None
+    """The ``memory`` a raw allocation result consumed, in bytes (``dra.wire.consumed_memory``): kept for
+    the kubelet plugin's prepare until it reads its results through ``dra.wire``."""
+    return wire.consumed_memory(wire.result_of(result))
 
 
 def common_environment(grant: Grant) -> dict[str, str]:

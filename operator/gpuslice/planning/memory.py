@@ -20,8 +20,16 @@ from typing import Any
 
 from gpuslice.api.ledger import Charge
 from gpuslice.api.status import ClassInForce
-from gpuslice.dra.names import DRIVER, class_policy
+from gpuslice.dra.names import class_policy
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
+from gpuslice.dra.wire import (
+    ExactRequest,
+    admin_access,
+    allocation_results,
+    consumed_quantity,
+    device_requests,
+    request_ways,
+)
 from gpuslice.errors import GpusliceError
 
 Body = Mapping[str, Any]
@@ -36,30 +44,19 @@ class UnknownDevice(GpusliceError):
         self.pool, self.device = pool, device
 
 
-def _requests(spec: Body) -> list[Body]:
-    return list(((spec.get("devices") or {}).get("requests")) or [])
-
-
 def request_classes(spec: Body) -> dict[str, str]:
     """The DeviceClass of each request and subrequest, by the name an allocation result gives it
     (``<request>`` or ``<request>/<subrequest>``)."""
     found: dict[str, str] = {}
-    for request in _requests(spec):
-        name = str(request.get("name", ""))
-        if request.get("exactly"):
-            found[name] = str(request["exactly"].get("deviceClassName", ""))
-        for sub in request.get("firstAvailable") or []:
-            found[f"{name}/{sub.get('name', '')}"] = str(sub.get("deviceClassName", ""))
+    for request in device_requests(spec):
+        for way in ([request["exactly"]] if "exactly" in request else []) + request["firstAvailable"]:
+            found[way["name"]] = way["deviceClassName"]
     return found
 
 
 def claim_policies(spec: Body) -> set[str]:
     """The policies whose classes a claim (or template) names anywhere."""
     return {p for c in request_classes(spec).values() if (p := class_policy(c))}
-
-
-def allocation_results(claim: Body) -> list[Body]:
-    return list(((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")) or [])
 
 
 def held_by_policy(claim: Body, memory_of: MemoryOf,
@@ -71,34 +68,34 @@ def held_by_policy(claim: Body, memory_of: MemoryOf,
     classes = request_classes(claim.get("spec") or {})
     held: dict[str, int] = {}
     for result in allocation_results(claim):
-        if result.get("driver") != DRIVER or result.get("adminAccess"):
+        if admin_access(result):
             continue
-        policy = class_policy(classes.get(str(result.get("request", "")), ""))
+        policy = class_policy(classes.get(result["request"], ""))
         if policy is None:
             continue  # gpuslice-device-classes refuses that allocation; nothing of a policy's to charge
-        consumed = (result.get("consumedCapacity") or {}).get("memory")
+        consumed = consumed_quantity(result)
         if consumed is not None:
-            memory: int | None = quantity_bytes(str(consumed))
+            memory: int | None = quantity_bytes(consumed)
         else:
-            memory = memory_of(str(result.get("pool", "")), str(result.get("device", "")))
+            memory = memory_of(result["pool"], result["device"])
             if memory is None and upper_bound is not None:
-                memory = upper_bound(classes.get(str(result.get("request", "")), ""))
+                memory = upper_bound(classes.get(result["request"], ""))
         if memory is None:
-            raise UnknownDevice(str(result.get("pool", "")), str(result.get("device", "")))
+            raise UnknownDevice(result["pool"], result["device"])
         held[policy] = held.get(policy, 0) + memory
     return held
 
 
-def request_least(request: Body, klass: ClassInForce) -> int:
+def request_least(request: ExactRequest, klass: ClassInForce) -> int:
     """The least one request of ``klass`` can be allocated: its count of devices (allocationMode
     All: at least one), each the least a device of the class holds, or in shared mode what it asks
     rounded up to the step (the class's memory)."""
-    count = 1 if request.get("allocationMode") == "All" else int(request.get("count") or 1)
+    count = 1 if request["allocationMode"] == "All" else request["count"]
     least = quantity_bytes(klass.least_memory)
-    asked = ((request.get("capacity") or {}).get("requests") or {}).get("memory")
+    asked = request.get("memory")
     if klass.shared and asked is not None:
         step = quantity_bytes(klass.memory) or 1
-        least = max(step, -(-quantity_bytes(str(asked)) // step) * step)
+        least = max(step, -(-quantity_bytes(asked) // step) * step)
     return count * least
 
 
@@ -107,17 +104,11 @@ def least_asked(spec: Body, policy: str, classes: Mapping[str, ClassInForce]) ->
     its requests of that policy's classes; a firstAvailable request counts its cheapest way (none,
     when one of its subrequests is of another policy or of a class not in force)."""
     total = 0
-    for request in _requests(spec):
-        exactly = request.get("exactly")
-        if exactly:
-            klass = classes.get(str(exactly.get("deviceClassName", "")))
-            if klass is not None and class_policy(klass.name) == policy:
-                total += request_least(exactly, klass)
-            continue
+    for request in device_requests(spec):
         ways = []
-        for sub in request.get("firstAvailable") or []:
-            klass = classes.get(str(sub.get("deviceClassName", "")))
-            ways.append(request_least(sub, klass) if klass is not None and class_policy(klass.name) == policy
+        for way in request_ways(request):
+            klass = classes.get(way["deviceClassName"])
+            ways.append(request_least(way, klass) if klass is not None and class_policy(klass.name) == policy
                         else 0)
         total += min(ways, default=0)
     return total

@@ -16,12 +16,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.dra.wire import DeviceJSON, device_memory
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import same_product
 from gpuslice.planning.coexistence import MIG_MANAGER_LABEL, mig_manager_active
-from gpuslice.planning.devices import CounterSet, gpu_tag
-from gpuslice.planning.devices import Device as TypedDevice
+from gpuslice.planning.devices import CounterSet, Device, gpu_tag
 from gpuslice.planning.left_out import LeftOut
 from gpuslice.planning.mig_mode import conflict_note, mig_mode_conflict
 from gpuslice.planning.modes import mode_of
@@ -30,7 +29,6 @@ from gpuslice.planning.selection import seniority
 MAX_COUNTER_SETS = 8
 MAX_DEVICES = 64
 MPS_MIN_COMPUTE_CAPABILITY = 7  # Volta
-Device = dict[str, Any]  # a device as published (JSON); planning.devices.Device is its typed form
 
 
 @dataclass(frozen=True)
@@ -39,18 +37,18 @@ class PlannedSlice:
 
     suffix: str  # the slice is named gpuslice-<node>-<suffix>
     shared_counters: tuple[dict[str, Any], ...] = ()
-    devices: tuple[Device, ...] = ()
+    devices: tuple[DeviceJSON, ...] = ()
 
 
 @dataclass(frozen=True)
 class NodePlan:
     slices: tuple[PlannedSlice, ...]
     notes: tuple[str, ...] = ()  # why a policy left a GPU out, for logs and status
-    typed: tuple[TypedDevice, ...] = ()  # the planned devices, typed (same order as ``devices``)
+    typed: tuple[Device, ...] = ()  # the planned devices, typed (same order as ``devices``)
     left_out: tuple[LeftOut, ...] = ()  # GPUs left out for a state the controller cannot see (planning.left_out)
 
     @property
-    def devices(self) -> list[Device]:
+    def devices(self) -> list[DeviceJSON]:
         return [d for s in self.slices for d in s.devices]
 
     @property
@@ -65,10 +63,6 @@ def selects(policy: GpuSlicePolicy, labels: Mapping[str, str], gpu: Gpu) -> bool
     if spec.gpu_selector.products and not any(same_product(gpu.product_name, p) for p in spec.gpu_selector.products):
         return False
     return gpu.memory >= spec.gpu_selector.min_memory_bytes
-
-
-def _consumed_memory(device: Device) -> int:
-    return quantity_bytes(device["capacity"]["memory"]["value"])
 
 
 def _chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
@@ -86,7 +80,7 @@ def _ambiguous_tags(gpus: Sequence[Gpu], notes: list[str]) -> set[str]:
     return clashing
 
 
-def _tainted(devices: Sequence[TypedDevice], policies: Sequence[GpuSlicePolicy]) -> list[TypedDevice]:
+def _tainted(devices: Sequence[Device], policies: Sequence[GpuSlicePolicy]) -> list[Device]:
     """Each device carries its policy's ``spec.taints``: the taint travels with the device the
     agent publishes, instead of a DeviceTaintRule per device (72,000 of them for one tainted
     policy on 1,000 nodes of 8 GPUs in 9 devices each)."""
@@ -94,7 +88,7 @@ def _tainted(devices: Sequence[TypedDevice], policies: Sequence[GpuSlicePolicy])
     return [replace(d, taints=taints[d.policy]) if taints.get(d.policy) else d for d in devices]
 
 
-def _isolated(devices: Sequence[TypedDevice], policies: Sequence[GpuSlicePolicy]) -> list[TypedDevice]:
+def _isolated(devices: Sequence[Device], policies: Sequence[GpuSlicePolicy]) -> list[Device]:
     """Devices of a policy with ``slicing.isolation: MPS`` say so (``gpuslice.dev/isolation``)."""
     mps = {p.name for p in policies if p.spec.slicing.isolation == "MPS"}
     return [replace(d, isolation="MPS") if d.policy in mps else d for d in devices]
@@ -130,7 +124,7 @@ def plan_node_pool(labels: Mapping[str, str], gpus: Sequence[Gpu], policies: Ite
     """
     active = sorted((p for p in policies if not p.metadata.deletion_timestamp), key=seniority)
     counter_sets: list[CounterSet] = []
-    devices: list[TypedDevice] = []
+    devices: list[Device] = []
     notes: list[str] = []
     left_out: list[LeftOut] = []
     clashing = _ambiguous_tags(gpus, notes)
@@ -168,9 +162,9 @@ def plan_node_pool(labels: Mapping[str, str], gpus: Sequence[Gpu], policies: Ite
                     tuple(notes), tuple(ordered), tuple(left_out))
 
 
-def layout(counter_sets: Sequence[dict[str, Any]], devices: Sequence[Device]) -> tuple[PlannedSlice, ...]:
+def layout(counter_sets: Sequence[dict[str, Any]], devices: Sequence[DeviceJSON]) -> tuple[PlannedSlice, ...]:
     """Counter sets and devices into slices within the API's limits, small devices first."""
-    ordered = sorted(devices, key=lambda d: (_consumed_memory(d), d["name"]))
+    ordered = sorted(devices, key=lambda d: (device_memory(d) or 0, d["name"]))
     counters = sorted(counter_sets, key=lambda c: str(c["name"]))
     slices = [PlannedSlice(f"counters-{i:02d}", shared_counters=tuple(chunk))
               for i, chunk in enumerate(_chunks(counters, MAX_COUNTER_SETS))]

@@ -25,6 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuslice.dra.names import DRIVER
+from gpuslice.dra.wire import (
+    DeviceStatus,
+    allocation_node_selector,
+    device_condition,
+    device_statuses,
+    reserved_for,
+    share_id,
+    status_results,
+)
 
 CONDITION = "GpuMemoryOveruse"
 OVER, WITHIN = "OverAllocation", "WithinAllocation"  # the condition's reasons
@@ -92,11 +101,7 @@ def device_entry(key: DeviceKey, mark: Mark) -> dict[str, Any]:
     return entry
 
 
-def _condition(entry: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    return next((c for c in entry.get("conditions") or [] if c.get("type") == CONDITION), None)
-
-
-def _overusers(entry: Mapping[str, Any]) -> tuple[Overuser, ...]:
+def _overusers(entry: DeviceStatus) -> tuple[Overuser, ...]:
     data = entry.get("data")
     pods = data.get(PODS) if isinstance(data, Mapping) else None
     found = []
@@ -110,12 +115,12 @@ def _overusers(entry: Mapping[str, Any]) -> tuple[Overuser, ...]:
 def read_marks(status: Mapping[str, Any], pool: str) -> dict[DeviceKey, Mark]:
     """The marks on a claim's devices of ``pool`` (what a restarted agent of that node starts from)."""
     marks = {}
-    for entry in status.get("devices") or []:
-        condition = _condition(entry)
-        if entry.get("driver") != DRIVER or entry.get("pool") != pool or condition is None:
+    for entry in device_statuses(status):
+        condition = device_condition(entry, CONDITION)
+        if entry["pool"] != pool or condition is None:
             continue
         over = condition.get("status") == "True"
-        key = DeviceKey(pool, str(entry.get("device")), str(entry.get("shareID") or ""))
+        key = DeviceKey(pool, entry["device"], share_id(entry))
         marks[key] = Mark(_overusers(entry) if over else (), str(condition.get("message") or ""),
                           str(condition.get("lastTransitionTime") or ""), over)
     return marks
@@ -125,7 +130,7 @@ def allocation_node(status: Mapping[str, Any]) -> str:
     """The node a claim is allocated on, read as the API server reads it to authorise a node-bound
     identity's write of ``status.devices`` (``nodeNameFromAllocation``): a selector of exactly one
     term with exactly one field, ``metadata.name In [node]``; else '' (no node's agent may write)."""
-    selector = (status.get("allocation") or {}).get("nodeSelector") or {}
+    selector = allocation_node_selector(status)
     terms = selector.get("nodeSelectorTerms") or []
     if len(terms) != 1 or terms[0].get("matchExpressions") or len(terms[0].get("matchFields") or []) != 1:
         return ""
@@ -138,14 +143,12 @@ def allocation_node(status: Mapping[str, Any]) -> str:
 
 def reserved_pods(status: Mapping[str, Any]) -> dict[str, str]:
     """Pod UID -> pod name, for the pods the claim is reserved for (written by the scheduler)."""
-    return {str(r["uid"]): str(r.get("name") or "") for r in status.get("reservedFor") or []
-            if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("uid")}
+    return {r["uid"]: r["name"] for r in reserved_for(status) if r["resource"] == "pods" and not r["apiGroup"]
+            and r["uid"]}
 
 
 def _allocated(status: Mapping[str, Any]) -> set[DeviceKey]:
-    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-    return {DeviceKey(str(r.get("pool")), str(r.get("device")), str(r.get("shareID") or ""))
-            for r in results if r.get("driver") == DRIVER}
+    return {DeviceKey(r["pool"], r["device"], share_id(r)) for r in status_results(status)}
 
 
 @dataclass(frozen=True)

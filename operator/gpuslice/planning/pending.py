@@ -15,15 +15,24 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuslice.api.resource import ParseProblem, parse_policy
 from gpuslice.api.status import ClassInForce
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, CONTROLLER_NAMESPACE, MEMORY_WEBHOOK, quota_resource
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
+from gpuslice.dra.wire import (
+    AllocationResult,
+    ExactRequest,
+    allocation_results,
+    device_requests,
+    is_allocated,
+    request_ways,
+)
 from gpuslice.planning.availability import across, largest_free
 from gpuslice.planning.kinds import SHARED, SLICE
 from gpuslice.planning.memory import request_least, shown
 from gpuslice.planning.mode_traits import traits_of
 from gpuslice.planning.occupancy import OccupancyMap
-from gpuslice.planning.totals import PolicyTotals, parse_policy
+from gpuslice.planning.totals import PolicyTotals
 
 Body = Mapping[str, Any]
 IMPLICIT_EXTENDED = "deviceclass.resource.kubernetes.io/"
@@ -79,16 +88,9 @@ class Diagnosis:
 
 
 def claim_requests(spec: Body, claim: str) -> list[Request]:
-    found = []
-    for request in ((spec.get("devices") or {}).get("requests")) or []:
-        options = [(request.get("name", ""), request["exactly"])] if request.get("exactly") else [
-            (f"{request.get('name', '')}/{s.get('name', '')}", s) for s in request.get("firstAvailable") or []]
-        for name, body in options:
-            memory = ((body.get("capacity") or {}).get("requests") or {}).get("memory")
-            found.append(Request(claim, str(name), str(body.get("deviceClassName", "")), int(body.get("count") or 1),
-                                 body.get("allocationMode") == "All", bool(body.get("adminAccess")),
-                                 quantity_bytes(str(memory)) if memory is not None else None))
-    return found
+    return [Request(claim, way["name"], way["deviceClassName"], way["count"], way["allocationMode"] == "All",
+                    way["adminAccess"], quantity_bytes(memory) if (memory := way.get("memory")) is not None else None)
+            for request in device_requests(spec) for way in request_ways(request)]
 
 
 def class_owner(device_class: str, policies: Iterable[Body]) -> tuple[str, str] | None:
@@ -214,8 +216,8 @@ def _policy_findings(request: Request, made: bool, facts: Facts, body: Body, kin
                      totals: PolicyTotals | None, cluster: OccupancyMap) -> list[Finding]:
     name = str(body["metadata"]["name"])
     parsed = parse_policy(body)
-    if isinstance(parsed, str):
-        return [Finding("PolicyInvalid", f"GpuSlicePolicy {name} does not parse ({parsed}); nothing of it is"
+    if isinstance(parsed, ParseProblem):
+        return [Finding("PolicyInvalid", f"GpuSlicePolicy {name} does not parse ({parsed.first}); nothing of it is"
                                          " allocatable until it is fixed.")]
     tenants = {t.namespace: t for t in parsed.spec.tenants}
     admins = set(parsed.spec.admin_access.namespaces)
@@ -277,10 +279,11 @@ def _memory(request: Request, facts: Facts, classes: Sequence[ClassInForce], pol
     limit = min(limit, int(spec.get("limitBytes") or limit))
     held = int(status.get("heldBytes") or 0)
     klass = next((c for c in classes if c.name == request.device_class), None)
-    body: dict[str, Any] = {"count": request.count, **({"allocationMode": "All"} if request.all_devices else {})}
+    way = ExactRequest(name=request.name, deviceClassName=request.device_class, count=request.count,
+                       allocationMode="All" if request.all_devices else "ExactCount", adminAccess=request.admin)
     if request.memory is not None:
-        body["capacity"] = {"requests": {"memory": str(request.memory)}}
-    asked = request_least(body, klass) if klass is not None else 0
+        way["memory"] = str(request.memory)
+    asked = request_least(way, klass) if klass is not None else 0
     if held + asked <= limit:
         return [Finding("MemoryLeft", f"Namespace {ns} holds {shown(held)} of its {shown(limit)} maxMemory in policy"
                                       f" {policy}; this claim asks {shown(asked)}, which fits.", blocking=False)]
@@ -323,14 +326,15 @@ def _capacity(request: Request, policy: str, kind: str, cluster: OccupancyMap) -
     return findings
 
 
-def _overuse_findings(namespace: str, claim: str, results: Sequence[Body], cluster: OccupancyMap) -> list[Finding]:
+def _overuse_findings(namespace: str, claim: str, results: Sequence[AllocationResult],
+                      cluster: OccupancyMap) -> list[Finding]:
     """Who uses more of the claim's GPUs than they were allocated, as the node agents found (their
     GpuMemoryOveruse condition): on a shared GPU a neighbour over its slice is why this pod's own
     CUDA allocations fail, though the scheduler's accounts are right."""
     findings, said = [], set()
     for result in results:
         for gpu in cluster.gpus:
-            if gpu.node != result.get("pool") or not any(d.name == result.get("device") for d in gpu.devices):
+            if gpu.node != result["pool"] or not any(d.name == result["device"] for d in gpu.devices):
                 continue
             for holder in gpu.overusing:
                 if (gpu.uuid, holder.ref) in said:
@@ -402,11 +406,10 @@ def diagnose(facts: Facts, policies: Sequence[Body], totals: Sequence[PolicyTota
         findings.append(Finding("NoClaims", f"{subject} asks for no device (no resourceClaims, no extended"
                                             " resource a DeviceClass serves).", blocking=False))
     for request, made, claim, (policy, kind) in ours:
-        allocation = ((claim or {}).get("status") or {}).get("allocation")
-        if allocation:
-            results = (allocation.get("devices") or {}).get("results") or []
-            where = ", ".join(f"{r.get('device')} on {r.get('pool')}" for r in results
-                              if r.get("request") in (request.name, request.name.split("/")[0]))
+        if claim is not None and is_allocated(claim):
+            results = allocation_results(claim, driver=None)
+            where = ", ".join(f"{r['device']} on {r['pool']}" for r in results
+                              if r["request"] in (request.name, request.name.split("/")[0]))
             findings.append(Finding("Allocated", f"Claim {request.claim} is allocated: {where or 'yes'}.",
                                     blocking=False))
             findings += _overuse_findings(facts.namespace, request.claim, results, cluster)

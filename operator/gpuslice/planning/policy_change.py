@@ -14,15 +14,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.api.resource import GpuSlicePolicy, ParseProblem, parse_policy
 from gpuslice.dra.names import PENDING_TAINT_KEY
+from gpuslice.dra.wire import device_policy
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model
 from gpuslice.planning.devices import without_instance_uuid
 from gpuslice.planning.node_pool import plan_node_pool
 from gpuslice.planning.pool_safety import make_safe, normalized
 from gpuslice.planning.published import Holder, Pool, PublishedDevice, gpu_memory
-from gpuslice.planning.totals import inventory, parse_policy
+from gpuslice.planning.totals import inventory
 from gpuslice.planning.validation import Problem, select, validate
 
 Body = Mapping[str, Any]
@@ -120,7 +121,7 @@ def plan_change(edited: GpuSlicePolicy, policies: Iterable[Body], pools: Sequenc
             new = False
             continue
         parsed = parse_policy(body)
-        if isinstance(parsed, str) or not _valid_now(parsed):
+        if isinstance(parsed, ParseProblem) or not _valid_now(parsed):
             frozen.add(name)
         elif not parsed.metadata.deletion_timestamp:
             live.append(parsed)
@@ -163,7 +164,7 @@ def plan_change(edited: GpuSlicePolicy, policies: Iterable[Body], pools: Sequenc
         for device in pool.devices:
             before[device.device.policy] += 1
         for name in planned:
-            after[str(((planned[name].get("attributes") or {}).get("gpuslice.dev/policy") or {}).get("string"))] += 1
+            after[str(device_policy(planned[name]))] += 1
         for name in frozen_devices:
             after[by_name[name].device.policy] += 1
         counted = len({d.device.gpu_uuid for d in pool.devices})

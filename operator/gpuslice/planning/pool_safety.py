@@ -26,8 +26,9 @@ from fractions import Fraction
 from typing import Any
 
 from gpuslice.dra.quantity import parse_quantity
-from gpuslice.planning.node_pool import Device, NodePlan, PlannedSlice, layout
-from gpuslice.planning.taints import PENDING_TAINT_KEY, Taint, device_gpu, with_status_taints, without_agent_taints
+from gpuslice.dra.wire import DeviceJSON, TaintJSON, device_gpu
+from gpuslice.planning.node_pool import NodePlan, PlannedSlice, layout
+from gpuslice.planning.taints import PENDING_TAINT_KEY, with_status_taints, without_agent_taints
 
 _QUANTITY_KEYS = {"value", "default", "min", "max", "step"}
 
@@ -48,30 +49,30 @@ def normalized(obj: Any, key: str = "") -> Any:
     return obj
 
 
-def _as_planned(device: Device) -> Device:
+def _as_planned(device: DeviceJSON) -> DeviceJSON:
     """The device as planned: without the taints the agent adds (pending change, GPU statuses)."""
     return without_agent_taints(device)
 
 
-def _with_pending(device: Device) -> Device:
+def _with_pending(device: DeviceJSON) -> DeviceJSON:
     taints = [t for t in device.get("taints", []) if t.get("key") != PENDING_TAINT_KEY]
     # No empty value: the apiserver omits it, and the published device must read back equal.
     taints.append({"key": PENDING_TAINT_KEY, "effect": "NoSchedule"})
     return {**device, "taints": taints}
 
 
-def _untainted(device: Device) -> Device:
+def _untainted(device: DeviceJSON) -> DeviceJSON:
     return {k: v for k, v in device.items() if k != "taints"}
 
 
-def same_device(new: Device, old: Device) -> bool:
+def same_device(new: DeviceJSON, old: DeviceJSON) -> bool:
     """The same device for any claim that holds it: equal but for taints. A policy's taints
     may change on an allocated device at once; they change what may land on it (or, with
     NoExecute, who may stay), not what a claim holds."""
     return bool(normalized(_untainted(new)) == normalized(_untainted(old)))
 
 
-def changing(plan: NodePlan, published: Iterable[Device], frozen: Set[str] = frozenset()) -> set[str]:
+def changing(plan: NodePlan, published: Iterable[DeviceJSON], frozen: Set[str] = frozenset()) -> set[str]:
     """Published devices the plan would remove or alter (beyond taints): only these need
     the claims read, and only while some exist does the agent need to watch claims."""
     wanted = {d["name"]: d for d in plan.devices}
@@ -86,14 +87,11 @@ def changing(plan: NodePlan, published: Iterable[Device], frozen: Set[str] = fro
     return found
 
 
-def _gpu(device: Device) -> str | None:
-    """The physical GPU, by UUID (an index can name another GPU after a restart)."""
-    return device_gpu(device)
-
-
-def with_statuses(slices: Iterable[PlannedSlice], taints: Mapping[str, Sequence[Taint]]) -> tuple[PlannedSlice, ...]:
+def with_statuses(slices: Iterable[PlannedSlice],
+                  taints: Mapping[str, Sequence[TaintJSON]]) -> tuple[PlannedSlice, ...]:
     """``slices`` with each device carrying its GPU's status taints (and no stale ones)."""
-    return tuple(replace(s, devices=tuple(with_status_taints(d, taints.get(_gpu(d) or "", ())) for d in s.devices))
+    return tuple(replace(s, devices=tuple(with_status_taints(d, taints.get(device_gpu(d) or "", ()))
+                                          for d in s.devices))
                  for s in slices)
 
 
@@ -102,7 +100,7 @@ def with_statuses(slices: Iterable[PlannedSlice], taints: Mapping[str, Sequence[
 _CAPACITY_GUARDED = frozenset({"capacity"})
 
 
-def _signature(device: Device) -> frozenset[str]:
+def _signature(device: DeviceJSON) -> frozenset[str]:
     """What guards the device's share of the GPU: its counter sets, or the scheduler's capacity
     accounting. Read from the device as published, whatever its mode."""
     sets = frozenset(str(c["counterSet"]) for c in device.get("consumesCounters") or [])
@@ -118,7 +116,7 @@ class SafePlan:
 
 
 def make_safe(
-    plan: NodePlan, published: Iterable[Device], counter_sets: Iterable[Mapping[str, Any]], allocated: Set[str],
+    plan: NodePlan, published: Iterable[DeviceJSON], counter_sets: Iterable[Mapping[str, Any]], allocated: Set[str],
     drained: Set[str] | None = None, frozen: Set[str] = frozenset(),
 ) -> SafePlan:
     """``plan``, except that allocated devices stay as published and free ones drain first
@@ -131,7 +129,7 @@ def make_safe(
     live = {d["name"]: d for d in published}
     live_sets = {str(c["name"]): dict(c) for c in counter_sets}
     wanted = {d["name"]: d for d in plan.devices if d["name"] not in frozen}
-    held: dict[str, Device] = {name: _as_planned(live[name]) for name in sorted(frozen & set(live))}
+    held: dict[str, DeviceJSON] = {name: _as_planned(live[name]) for name in sorted(frozen & set(live))}
     draining: list[str] = []
     for name in sorted(set(live) - frozen):
         old = _as_planned(live[name])
@@ -146,16 +144,17 @@ def make_safe(
 
     held_by_gpu: dict[str | None, set[frozenset[str]]] = {}
     for device in held.values():
-        held_by_gpu.setdefault(_gpu(device), set()).add(_signature(device))
+        held_by_gpu.setdefault(device_gpu(device), set()).add(_signature(device))
     blocked = set()
     for gpu, signatures in held_by_gpu.items():
-        new_signatures = {_signature(d) for d in wanted.values() if _gpu(d) == gpu and d["name"] not in held}
+        new_signatures = {_signature(d) for d in wanted.values() if device_gpu(d) == gpu and d["name"] not in held}
         combined = signatures | new_signatures
         # Mixing is safe only under one counter set; a capacity-guarded device is never mixed.
         if gpu is None or (new_signatures and (len(combined) > 1 or _CAPACITY_GUARDED in combined)):
             blocked.add(gpu)
 
-    devices = [d for name, d in wanted.items() if name not in held and _gpu(d) not in blocked] + list(held.values())
+    devices = [d for name, d in wanted.items() if name not in held and device_gpu(d) not in blocked]
+    devices += held.values()
     needed_sets = {str(c["counterSet"]) for d in devices for c in d.get("consumesCounters") or []}
     sets = {str(c["name"]): c for c in plan.counter_sets}
     for name in needed_sets - set(sets):

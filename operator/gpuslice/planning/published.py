@@ -17,6 +17,15 @@ from typing import Any, Literal
 
 from gpuslice.dra.names import DRAIN_OBJECT_PREFIX, DRIVER, PENDING_TAINT_KEY, SAFETY_TAINT_KEYS
 from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.dra.wire import (
+    admin_access,
+    consumed_quantity,
+    device_statuses,
+    newest_generations,
+    reserved_for,
+    share_id,
+    status_results,
+)
 from gpuslice.inventory.nodes import catalog_model
 from gpuslice.planning.devices import Device
 from gpuslice.planning.overuse import CONDITION
@@ -149,13 +158,10 @@ def _quantity(value: Any) -> int:
 def overuse_of(status: Body) -> dict[tuple[str, str, str], str]:
     """(pool, device, share id) -> the message of the agent's overuse condition, where it is True."""
     found = {}
-    for entry in status.get("devices") or []:
-        if entry.get("driver") != DRIVER:
-            continue
-        for condition in entry.get("conditions") or []:
+    for entry in device_statuses(status):
+        for condition in entry["conditions"]:
             if condition.get("type") == CONDITION and condition.get("status") == "True":
-                key = (str(entry.get("pool")), str(entry.get("device")), str(entry.get("shareID") or ""))
-                found[key] = str(condition.get("message", ""))
+                found[(entry["pool"], entry["device"], share_id(entry))] = str(condition.get("message", ""))
     return found
 
 
@@ -165,18 +171,14 @@ def holders_by_device(claims: Iterable[Body]) -> dict[tuple[str, str], list[Hold
     for claim in claims:
         meta, status = claim.get("metadata") or {}, claim.get("status") or {}
         overused = overuse_of(status)
-        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-        pods = tuple(sorted(str(r.get("name")) for r in status.get("reservedFor") or []
-                            if r.get("resource") == "pods" and r.get("name")))
-        for result in results:
-            if result.get("driver") != DRIVER:
-                continue
-            consumed = (result.get("consumedCapacity") or {}).get("memory")
-            key = (str(result.get("pool")), str(result.get("device")))
+        pods = tuple(sorted(r["name"] for r in reserved_for(status) if r["resource"] == "pods" and r["name"]))
+        for result in status_results(status):
+            consumed = consumed_quantity(result)
+            key = (result["pool"], result["device"])
             found[key].append(Holder(
                 str(meta.get("namespace", "")), str(meta.get("name", "")), pods,
-                _quantity(consumed) if consumed is not None else None, bool(result.get("adminAccess")),
-                overused.get((*key, str(result.get("shareID") or "")))))
+                _quantity(consumed) if consumed is not None else None, admin_access(result),
+                overused.get((*key, share_id(result)))))
     return found
 
 
@@ -221,19 +223,14 @@ def read_pools(slices: Iterable[Body], claims: Iterable[Body] = (), rules: Itera
                draining: Mapping[str, Iterable[str]] | None = None) -> list[Pool]:
     """Each node's pool from our ResourceSlices, newest generation: other drivers' slices are
     ignored, and so are slices a node published under another node's pool name (``own_pool``)."""
-    ours = [s for s in slices if own_pool(s.get("spec") or {})]
-    newest: dict[str, int] = {}
-    for item in ours:
-        pool = item["spec"].get("pool") or {}
-        newest[str(pool.get("name"))] = max(newest.get(str(pool.get("name")), 0), int(pool.get("generation", 0)))
+    generations = newest_generations(s["spec"] for s in slices if own_pool(s.get("spec") or {}))
     holders = holders_by_device(claims)
     taint_rules = rule_taints(rules)
     listed = {node: set(names) for node, names in (draining or {}).items()}
     pools = []
-    for name in sorted(newest):
-        current = [s["spec"] for s in ours if str((s["spec"].get("pool") or {}).get("name")) == name
-                   and int(s["spec"]["pool"].get("generation", 0)) == newest[name]]
-        expected = max(int(s["pool"].get("resourceSliceCount", 1)) for s in current)
+    for name in sorted(generations):
+        newest = generations[name]
+        current = newest.slices
         raw_sets = tuple(c for s in current for c in s.get("sharedCounters") or [])
         counter_sets = {str(c.get("name")): {k: _quantity((v or {}).get("value", "0"))
                                              for k, v in (c.get("counters") or {}).items()} for c in raw_sets}
@@ -249,7 +246,7 @@ def read_pools(slices: Iterable[Body], claims: Iterable[Body] = (), rules: Itera
                 devices.append(PublishedDevice(
                     node, device, raw, tuple(taints), tuple(holders.get((name, device.name), ())),
                     device.name in listed.get(name, set())))
-        pools.append(Pool(name, newest[name], len(current) >= expected,
+        pools.append(Pool(name, newest.generation, newest.complete,
                           tuple(sorted(devices, key=lambda d: (d.device.gpu_index, d.device.memory, d.name))),
                           counter_sets, raw_sets))
     return pools

@@ -11,26 +11,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuslice.dra.names import (
-    ATTRIBUTE_DOMAIN,
     DEFRAG_TAINT_KEY,
     MIG_FAILED_TAINT_KEY,
     PENDING_TAINT_KEY,
     RECONFIGURING_TAINT_KEY,
     UNHEALTHY_TAINT_KEY,
 )
+from gpuslice.dra.wire import TaintJSON, device_gpu
 
-__all__ = ["MIG_FAILED_TAINT_KEY", "PENDING_TAINT_KEY", "RECONFIGURING_TAINT_KEY", "UNHEALTHY_TAINT_KEY"]
+# device_gpu and Taint stay importable from here for the agent modules that still do (publisher,
+# run, kubeletplugin/node) until they import dra.wire's device_gpu and TaintJSON.
+__all__ = ["MIG_FAILED_TAINT_KEY", "PENDING_TAINT_KEY", "RECONFIGURING_TAINT_KEY", "UNHEALTHY_TAINT_KEY", "Taint",
+           "device_gpu"]
 STATUS_TAINT_KEYS = frozenset({UNHEALTHY_TAINT_KEY, RECONFIGURING_TAINT_KEY, MIG_FAILED_TAINT_KEY, DEFRAG_TAINT_KEY})
 AGENT_TAINT_KEYS = STATUS_TAINT_KEYS | {PENDING_TAINT_KEY}
-Taint = dict[str, Any]
-
-
-def device_gpu(device: Mapping[str, Any]) -> str | None:
-    """The physical GPU a published device stands on, by UUID."""
-    attributes = device.get("attributes") or {}
-    value = attributes.get(f"{ATTRIBUTE_DOMAIN}/uuid") or attributes.get(f"{ATTRIBUTE_DOMAIN}/parentUUID") or {}
-    found = value.get("string")
-    return str(found) if found is not None else None
+Taint = TaintJSON
 
 
 def without_agent_taints(device: Mapping[str, Any]) -> dict[str, Any]:
@@ -39,7 +34,7 @@ def without_agent_taints(device: Mapping[str, Any]) -> dict[str, Any]:
     return {**clean, "taints": taints} if taints else clean
 
 
-def with_status_taints(device: Mapping[str, Any], taints: Sequence[Taint]) -> dict[str, Any]:
+def with_status_taints(device: Mapping[str, Any], taints: Sequence[TaintJSON]) -> dict[str, Any]:
     """``device`` with ``taints`` (statuses of its GPU) in place of any it had."""
     kept = [t for t in device.get("taints") or [] if t.get("key") not in STATUS_TAINT_KEYS]
     merged = kept + sorted((dict(t) for t in taints), key=lambda t: str(t["key"]))
@@ -47,8 +42,8 @@ def with_status_taints(device: Mapping[str, Any], taints: Sequence[Taint]) -> di
     return {**clean, "taints": merged} if merged else clean
 
 
-def status_taints_by_gpu(*sources: Mapping[str, Sequence[Taint]]) -> dict[str, list[Taint]]:
-    merged: dict[str, list[Taint]] = {}
+def status_taints_by_gpu(*sources: Mapping[str, Sequence[TaintJSON]]) -> dict[str, list[TaintJSON]]:
+    merged: dict[str, list[TaintJSON]] = {}
     for source in sources:
         for gpu, taints in source.items():
             merged.setdefault(gpu, []).extend(taints)

@@ -12,9 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pydantic
-
-from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.api.resource import ParseProblem, parse_policy
 from gpuslice.inventory.nodes import NodeGpus, node_gpus
 from gpuslice.planning.cluster_objects import DeviceRef
 from gpuslice.planning.kinds import limit_bytes, quota
@@ -107,15 +105,6 @@ def inventory(nodes: Iterable[Body]) -> list[tuple[dict[str, str], NodeGpus]]:
     return found
 
 
-def parse_policy(body: Body) -> GpuSlicePolicy | str:
-    """The policy, or what keeps it from parsing."""
-    try:
-        return GpuSlicePolicy.from_body(body)
-    except pydantic.ValidationError as error:
-        first = error.errors()[0] if error.errors() else {"loc": (), "msg": str(error)}
-        return f"{'.'.join(map(str, first['loc']))}: {first['msg']}"
-
-
 def policy_totals(policies: Iterable[Body], pools: Sequence[Pool], claims: Iterable[Body],
                   nodes: Iterable[Body]) -> list[PolicyTotals]:
     known = inventory(nodes)
@@ -139,8 +128,8 @@ def policy_totals(policies: Iterable[Body], pools: Sequence[Pool], claims: Itera
         tenants: list[TenantUse] = []
         foreign: list[str] = []
         problem = ""
-        if isinstance(parsed, str):
-            problem = parsed
+        if isinstance(parsed, ParseProblem):
+            problem = parsed.first
         else:
             kinds = device_kinds(parsed, select(parsed, known))
             for tenant in parsed.spec.tenants:

@@ -11,19 +11,21 @@ from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslice.dra.names import (
-    ATTR_POLICY,
-    ATTRIBUTE_DOMAIN,
-    DRIVER,
-    MIG_FAILED_TAINT_KEY,
-    PENDING_TAINT_KEY,
-    UNHEALTHY_TAINT_KEY,
+from gpuslice.dra.names import MIG_FAILED_TAINT_KEY, PENDING_TAINT_KEY, UNHEALTHY_TAINT_KEY
+from gpuslice.dra.wire import (
+    admin_access,
+    consumed_memory,
+    device_memory,
+    device_policy,
+    newest_of,
+    pool_mark,
+    status_results,
+    taint_keys,
 )
-from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.planning.cluster_objects import DeviceRef
+from gpuslice.planning.devices import published_kind
 from gpuslice.planning.left_out import LeftOut
 from gpuslice.planning.left_out import decode as decode_left_out
-from gpuslice.planning.mode_traits import MEMORY, traits_of
 
 __all__ = ["PENDING_TAINT_KEY", "ClaimResult", "ClaimView", "DeviceInfo", "SliceView", "Usage", "device_info",
            "devices_by_policy", "failed_devices", "foreign_claims", "pending_devices", "unhealthy_devices", "usage"]
@@ -35,21 +37,6 @@ class DeviceInfo:
 
     kind: str
     memory: int
-
-
-def _memory(device: Mapping[str, Any]) -> int:
-    try:
-        return quantity_bytes(str(((device.get("capacity") or {}).get("memory") or {}).get("value", "0")))
-    except ValueError:
-        return 0
-
-
-def _kind(attributes: Mapping[str, Any]) -> str:
-    def read(name: str) -> str:
-        return str((attributes.get(f"{ATTRIBUTE_DOMAIN}/{name}") or {}).get("string", ""))
-
-    traits = traits_of(read("mode"))
-    return (traits or MEMORY).kind(read("sliceSize"), read("profile"))
 
 
 @dataclass(frozen=True)
@@ -74,20 +61,16 @@ class SliceView:
         failed: set[str] = set()
         unhealthy: set[str] = set()
         for device in spec.get("devices") or []:
-            keys = {t.get("key") for t in device.get("taints") or []}
+            keys = taint_keys(device)
             for key, found in ((PENDING_TAINT_KEY, pending), (MIG_FAILED_TAINT_KEY, failed),
                                (UNHEALTHY_TAINT_KEY, unhealthy)):
                 if key in keys:
                     found.add(str(device["name"]))
-            # Fully qualified: a bare name would belong to the driver's domain, not ours.
-            attributes = device.get("attributes") or {}
-            attribute = attributes.get(f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}") or {}
-            devices.append((device["name"], str(attribute.get("string", ""))))
-            info.append((str(device["name"]), DeviceInfo(_kind(attributes), _memory(device))))
-        pool = spec.get("pool") or {}
-        return cls(str(pool.get("name", "")), int(pool.get("generation", 0)), tuple(devices), frozenset(pending),
-                   int(pool.get("resourceSliceCount", 1)), tuple(info), frozenset(failed), frozenset(unhealthy),
-                   decode_left_out(annotations))
+            devices.append((device["name"], device_policy(device) or ""))
+            info.append((str(device["name"]), DeviceInfo(published_kind(device), device_memory(device) or 0)))
+        pool, generation, count = pool_mark(spec)
+        return cls(pool, generation, tuple(devices), frozenset(pending), count, tuple(info), frozenset(failed),
+                   frozenset(unhealthy), decode_left_out(annotations))
 
     @property
     def policies(self) -> frozenset[str]:
@@ -99,10 +82,7 @@ def slice_policies(spec: Mapping[str, Any], annotations: Mapping[str, str] | Non
     """The policies whose devices one of our ResourceSlices publishes, or says are left out (read
     without building a SliceView: the controller indexes every slice by them)."""
     found = {item.policy for item in decode_left_out(annotations)}
-    for device in spec.get("devices") or []:
-        attribute = (device.get("attributes") or {}).get(f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}") or {}
-        if attribute.get("string"):
-            found.add(str(attribute["string"]))
+    found |= {policy for device in spec.get("devices") or [] if (policy := device_policy(device))}
     return frozenset(found)
 
 
@@ -134,17 +114,8 @@ class ClaimView:
 
     @classmethod
     def from_claim(cls, namespace: str, name: str, status: Mapping[str, Any]) -> ClaimView | None:
-        results = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or []
-        ours = []
-        for r in results:
-            if r.get("driver") != DRIVER:
-                continue
-            consumed = ((r.get("consumedCapacity") or {}).get("memory"))
-            try:
-                amount = quantity_bytes(str(consumed)) if consumed is not None else None
-            except ValueError:
-                amount = None
-            ours.append(ClaimResult(DeviceRef(r["pool"], r["device"]), bool(r.get("adminAccess")), amount))
+        ours = [ClaimResult(DeviceRef(r["pool"], r["device"]), admin_access(r), consumed_memory(r))
+                for r in status_results(status)]
         return cls(namespace, name, tuple(ours)) if ours else None
 
 
@@ -163,16 +134,8 @@ def unhealthy_devices(slices: Iterable[SliceView]) -> set[DeviceRef]:
 
 def _complete_pools(slices: list[SliceView]) -> tuple[dict[str, int], set[str]]:
     """Each pool's newest generation, and the pools whose newest generation has all its slices."""
-    newest: dict[str, int] = {}
-    for view in slices:
-        newest[view.pool] = max(newest.get(view.pool, view.generation), view.generation)
-    present: dict[str, int] = defaultdict(int)
-    expected: dict[str, int] = {}
-    for view in slices:
-        if view.generation == newest[view.pool]:
-            present[view.pool] += 1
-            expected[view.pool] = view.slice_count
-    return newest, {pool for pool, count in present.items() if count >= expected[pool]}
+    found = newest_of((v.pool, v.generation, v.slice_count) for v in slices)
+    return {pool: generation for pool, (generation, _) in found.items()}, {p for p, (_, ok) in found.items() if ok}
 
 
 def _by_policy(views: Iterable[SliceView]) -> dict[str, set[DeviceRef]]:

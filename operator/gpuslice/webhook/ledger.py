@@ -20,15 +20,14 @@ import structlog
 
 from gpuslice.api.ledger import MAX_CHARGES, Charge, GpuSliceLedger, ledger_path
 from gpuslice.backoff import Backoff
-from gpuslice.dra.names import DRIVER
 from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.dra.wire import allocation_results, consumed_quantity
 from gpuslice.kube.client import Conflict, NotFound
 from gpuslice.observability.failpoints import failpoint
 from gpuslice.planning.memory import (
     ClaimState,
     UnknownDevice,
     Verdict,
-    allocation_results,
     held_by_policy,
     judge,
     reckon,
@@ -166,9 +165,8 @@ class Ledgers:
 
     async def learn_devices(self, claims: list[dict[str, Any]]) -> None:
         """Read the pools of devices in these claims' allocations that the watch has not brought."""
-        pools = {str(r.get("pool", "")) for c in claims for r in allocation_results(c)
-                 if r.get("driver") == DRIVER and (r.get("consumedCapacity") or {}).get("memory") is None
-                 and self.state.device_memory(str(r.get("pool", "")), str(r.get("device", ""))) is None}
+        pools = {r["pool"] for c in claims for r in allocation_results(c)
+                 if consumed_quantity(r) is None and self.state.device_memory(r["pool"], r["device"]) is None}
         for pool in sorted(pools):
             await self.state.learn_pool(pool)
 

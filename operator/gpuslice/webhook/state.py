@@ -20,6 +20,7 @@ from gpuslice.api.ledger import LEDGERS, GpuSliceLedger
 from gpuslice.api.status import ClassInForce
 from gpuslice.dra.names import DRIVER
 from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.dra.wire import device_memory, pool_mark
 from gpuslice.kube.client import KubeClient
 from gpuslice.kube.watch import watch
 from gpuslice.planning.memory import claim_policies
@@ -109,19 +110,11 @@ def _slice_devices(obj: dict[str, Any]) -> dict[tuple[str, str], int]:
     devices here (nor are its own ever allocated: the tenancy rule takes a device only from the
     pool of the node the allocation is for)."""
     spec = obj.get("spec") or {}
-    pool = str((spec.get("pool") or {}).get("name", ""))
+    pool = pool_mark(spec)[0]
     if spec.get("nodeName") != pool:
         return {}
-    found = {}
-    for device in spec.get("devices") or []:
-        value = ((device.get("capacity") or {}).get("memory") or {}).get("value")
-        if value is None:
-            continue
-        try:
-            found[(pool, str(device.get("name", "")))] = quantity_bytes(str(value))
-        except ValueError:
-            continue
-    return found
+    return {(pool, str(device.get("name", ""))): memory for device in spec.get("devices") or []
+            if (memory := device_memory(device)) is not None}
 
 
 def _ledger(obj: dict[str, Any]) -> GpuSliceLedger | None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuslice.controller.world import FleetMemo, World, parse_policy
+from gpuslice.api.resource import valid_policy
+from gpuslice.controller.world import FleetMemo, World
 from gpuslice.devcluster.nodes import fake_gpu_node
 from gpuslice.planning.usage import SliceView, devices_by_policy, slice_policies
 
@@ -59,7 +60,7 @@ def test_a_policy_reads_every_slice_of_its_pools_and_only_those() -> None:
 def test_a_selection_is_kept_until_the_nodes_or_the_spec_change() -> None:
     memo = FleetMemo()
     fleet = nodes(4)
-    policy = parse_policy(body("x", "x"))
+    policy = valid_policy(body("x", "x"))
     assert policy is not None
     first = World(policies={}, namespaces={}, nodes=fleet, slices=[], claims=[], nodes_version=1, memo=memo)
     assert [g.node for g in first.selection(policy).gpus] == ["n1", "n3"]
@@ -72,7 +73,7 @@ def test_a_selection_is_kept_until_the_nodes_or_the_spec_change() -> None:
     later = World(policies={}, namespaces={}, nodes=moved, slices=[], claims=[], nodes_version=2, memo=memo)
     assert [g.node for g in later.selection(policy).gpus] == ["n0", "n1", "n3"]
     # The policy's spec changed (a new generation): worked out again.
-    edited = parse_policy(body("x", "y", generation=2))
+    edited = valid_policy(body("x", "y", generation=2))
     assert edited is not None
     assert [g.node for g in later.selection(edited).gpus] == ["n2"]
 
@@ -82,7 +83,7 @@ def test_a_world_older_than_the_memo_neither_reads_nor_overwrites_it() -> None:
     memo = FleetMemo()
     fleet = nodes(4)
     moved = {**fleet, "n0": {**fleet["n0"], "pool": "x"}}
-    policy = parse_policy(body("x", "x"))
+    policy = valid_policy(body("x", "x"))
     assert policy is not None
     old = World(policies={}, namespaces={}, nodes=fleet, slices=[], claims=[], nodes_version=1, memo=memo)
     new = World(policies={}, namespaces={}, nodes=moved, slices=[], claims=[], nodes_version=2, memo=memo)
@@ -96,7 +97,7 @@ def test_a_policy_that_does_not_parse_is_left_out_of_the_others() -> None:
     bad = body("bad", "x")
     bad["spec"]["slicing"] = {"mode": "nonsense"}
     good = body("good", "x")
-    parsed = {"good": parse_policy(good), "bad": parse_policy(bad)}
+    parsed = {"good": valid_policy(good), "bad": valid_policy(bad)}
     assert parsed["bad"] is None
     for world in (World(policies={"good": good, "bad": bad}, namespaces={}, nodes={}, slices=[], claims=[]),
                   World(policies={"good": good, "bad": bad}, namespaces={}, nodes={}, slices=[], claims=[],
@@ -110,12 +111,12 @@ def test_the_nodes_a_policy_selects_are_those_its_node_selector_matches_with_gpu
     labels = {**nodes(4), "plain": {"pool": "x"}, "agent-only": {"pool": "x"}, "elsewhere": {"pool": "y"}}
     views = [SliceView.from_slice(slice_spec(pool, 1, 1, [(f"d-{pool}", "x")])) for pool in ("agent-only", "elsewhere")]
     world = World(policies={}, namespaces={}, nodes=labels, slices=views, claims=[])
-    policy = parse_policy(body("x", "x"))
+    policy = valid_policy(body("x", "x"))
     assert policy is not None
     # n1 and n3 have GPUs by their labels; agent-only has none by its labels but a gpuslice pool;
     # plain has neither; elsewhere publishes devices of x but x does not select it.
     assert world.nodes_selected(policy) == ("agent-only", "n1", "n3")
-    gpu_filtered = parse_policy({**body("x", "x"), "spec": {**body("x", "x")["spec"],
+    gpu_filtered = valid_policy({**body("x", "x"), "spec": {**body("x", "x")["spec"],
                                                              "gpuSelector": {"products": ["NVIDIA L4"]}}})
     assert gpu_filtered is not None
     assert world.nodes_selected(gpu_filtered) == ("agent-only", "n1", "n3")
@@ -123,7 +124,7 @@ def test_the_nodes_a_policy_selects_are_those_its_node_selector_matches_with_gpu
 
 def test_a_reconcile_takes_the_indexs_parse_only_of_the_same_version_of_its_body() -> None:
     indexed = {**body("p", "x"), "metadata": {**body("p", "x")["metadata"], "resourceVersion": "7"}}
-    kept = parse_policy(indexed)
+    kept = valid_policy(indexed)
     assert kept is not None
     world = World(policies={"p": indexed}, namespaces={}, nodes={}, slices=[], claims=[], parsed={"p": kept})
     assert world.policy_of(indexed) is kept

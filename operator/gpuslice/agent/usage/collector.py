@@ -38,6 +38,7 @@ from gpuslice.agent.usage.metrics import USAGE_PASSES, USE, UseSnapshot
 from gpuslice.agent.usage.pidns import sees_node_pids
 from gpuslice.agent.usage.podresources import HeldDevice, PodResources, PodResourcesError
 from gpuslice.dra.quantity import format_bytes
+from gpuslice.dra.wire import reserved_for
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.observability.metrics import OVERUSE_ACTIONS
@@ -229,8 +230,7 @@ class UsageCollector:
                 log.warning("could not read a claim for its pods' UIDs", node=self.node, claim=claim, error=str(error))
                 continue
             status = body.get("status") or {}
-            pods = {str(r["uid"]): str(r["name"]) for r in status.get("reservedFor") or []
-                    if r.get("resource") == "pods" and r.get("uid")}
+            pods = {r["uid"]: r["name"] for r in reserved_for(status) if r["resource"] == "pods" and r["uid"]}
             self._claims[claim] = _ClaimRead(now, pods)
             if claim not in self._marks:  # what an earlier agent of this node left on it
                 self._marks[claim] = read_marks(status, self.node)
