@@ -23,8 +23,8 @@ class ChurnSpec:
     inference_per_minute: float = 0.9
     inference_life: float = 60.0  # mean, minutes
     small_share: float = 0.7  # of inference pods, the 10G ones (the rest 20G)
-    prefill: int = 55  # inference pods running at minute 0
-    large_every: float = 12.0  # mean minutes between whole-GPU pods
+    prefill: int = 54  # inference pods running at minute 0 (the steady state: rate x life)
+    large_every: float = 8.0  # mean minutes between whole-GPU pods
     large_life: float = 30.0
     seconds_per_minute: float = 2.0  # the replay's speed: real seconds per simulated minute
 
