@@ -4,7 +4,7 @@ all against the fake API server (tests.fakeapi)."""
 
 from __future__ import annotations
 
-import asyncio
+import json
 from collections.abc import Set
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +16,7 @@ from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
 from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints, ClaimCheckpoint, PreparedDevice
 from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.kubeletplugin.prepare import Preparer
+from gpuslice.agent.mig_manager import APPLIED_FILE
 from gpuslice.agent.mps.daemons import MpsDaemons
 from gpuslice.agent.pool import NodePool
 from gpuslice.agent.published import PublishedRecord
@@ -127,10 +128,14 @@ class Pool:
 
     def preparer(self, boot_id: str = "boot-1", static: Set[str] = frozenset()) -> Preparer:
         """The node's kubelet plugin (a new process each call: its checkpoints and CDI specs are the
-        node's, on disk, and its GPUs are the pool's); ``static``: GPUs a static MIG layout owns."""
+        node's, on disk, and its GPUs are the pool's); ``static``: GPUs a static MIG layout owns (in
+        the MIG manager's record of applied layouts, as it writes it)."""
+        if static:
+            layouts = {uuid: {"policy": "static", "instances": []} for uuid in sorted(static)}
+            (self.state / APPLIED_FILE).write_text(json.dumps(layouts))
+        pool = NodePool.kept_in(self.state, bodies.NODE, self.kube, GpuOps(self.backend, self.gpus), boot_id=boot_id)
         mps = MpsDaemons(bodies.NODE, self.backend, self.state / "mps", self.state / "shm")
-        return Preparer(bodies.NODE, self.kube, GpuOps(self.backend, self.gpus), Checkpoints(self.state, boot_id),
-                        CdiDirectory(self.state / "cdi"), asyncio.Lock(), mps, static_gpus=lambda: set(static))
+        return Preparer(pool, CdiDirectory(self.state / "cdi"), mps)
 
     def slices(self) -> list[dict[str, Any]]:
         return [s for s in self.api.items(bodies.SLICES)

@@ -51,16 +51,15 @@ class NodePlugin:
                     health: HealthMonitor | None = None) -> NodePlugin:
         """Recover, then register. ``pool`` must be kept in the plugin's state directory
         (``NodePool.kept_in``): its checkpoints, record and MIG layouts are the plugin's too."""
-        node, kube, record, mig, checkpoints = pool.node, pool.kube, pool.record, pool.mig, pool.checkpoints
-        if record is None or mig is None or checkpoints is None:
+        node, kube, record = pool.node, pool.kube, pool.record
+        if record is None:
             raise ValueError("the kubelet plugin needs a pool kept in its state directory (NodePool.kept_in)")
 
         async def restarted(gpu: str, message: str) -> None:
             await record_event(kube, node, node_ref(node), "MpsDaemonRestarted", message)
 
         mps = MpsDaemons(node, backend, settings.resolved_mps_dir, settings.mps_shm_dir, on_restart=restarted)
-        preparer = Preparer(node, kube, pool.ops, checkpoints, CdiDirectory(settings.cdi_dir), pool.lock, mps,
-                            static_gpus=pool.static_gpus)
+        preparer = Preparer(pool, CdiDirectory(settings.cdi_dir), mps)
         await recover(preparer, mig_gpus(record))
         stream = health_stream(node, health, lambda: published_devices(record)) if health is not None else None
         server = KubeletPlugin(settings.paths, preparer, stream)
