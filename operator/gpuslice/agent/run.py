@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import time
 
@@ -307,8 +306,6 @@ async def run_agent(settings: AgentSettings) -> None:
     ``/readyz`` says why. Exiting instead would unregister the plugin, and the kubelet then
     deletes the node's slices."""
     configure_logging(settings.log_level, settings.log_format)
-    if settings.kubeconfig:
-        os.environ["KUBECONFIG"] = str(settings.kubeconfig)
     agent = _Agent(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
