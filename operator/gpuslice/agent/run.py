@@ -11,24 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 import structlog
 from prometheus_client import REGISTRY, Gauge, Histogram
 
-from gpuslice.agent.coexistence import OtherDrivers
 from gpuslice.agent.drain import RECHECK, Drains
-from gpuslice.agent.dryrun import Refusals
 from gpuslice.agent.events import node_ref, record_event
 from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.health import HealthMonitor
+from gpuslice.agent.kubeletplugin.checkpoint import read_boot_id
+from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.kubeletplugin.node import NodePlugin
 from gpuslice.agent.kubeletplugin.recovery import collect_stale
-from gpuslice.agent.publisher import CYCLES, publish
+from gpuslice.agent.pool import NodePool
+from gpuslice.agent.publisher import CYCLES
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.agent.startup import (
     AgentStopped,
@@ -47,7 +46,6 @@ from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.observability.logging import configure_logging
 from gpuslice.observability.metrics import announce, serve_metrics
 from gpuslice.planning.devices import Device
-from gpuslice.planning.taints import Taint
 
 log = structlog.get_logger(__name__)
 __all__ = ["AgentStopped", "publish_loop", "publish_ready", "run_agent"]
@@ -60,22 +58,15 @@ PUBLISH_DURATION = Histogram("gpuslice_agent_publish_duration_seconds",
                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0))
 
 
-async def publish_loop(kube: KubeClient, settings: AgentSettings, gpus: list[Gpu], wake: asyncio.Event,
-                       stop: asyncio.Event, watches: AgentWatches | None = None, plugin: NodePlugin | None = None,
-                       statuses: Callable[[], Mapping[str, Sequence[Taint]]] = dict,
-                       modes_out: Mapping[str, str] | None = None) -> None:
-    """Publish on every wake-up (bursts debounced), every ``resync`` seconds, and when a
-    draining device is due. With ``watches``, the policies and the Node come from them once
-    they have listed, and claims are watched only while a change waits for a claim. With the
-    kubelet ``plugin``, a cycle runs under its lock (prepare's check that a device is published
-    never interleaves with a write), counts its prepared devices as allocated, republishes from
-    its record, and lets its MIG manager work; ``statuses`` are the GPUs' health taints;
-    ``modes_out``, the slicing modes this server cannot serve, and why (their policies publish
-    nothing new here)."""
+async def publish_loop(settings: AgentSettings, pool: NodePool, wake: asyncio.Event, stop: asyncio.Event,
+                       watches: AgentWatches | None = None) -> None:
+    """Publish ``pool`` on every wake-up (bursts debounced), every ``resync`` seconds, and when a
+    draining device is due, each cycle under the pool's lock (prepare's check that a device is
+    published never interleaves with a write). With ``watches``, the policies and the Node come
+    from them once they have listed, and claims are watched only while a change waits for a claim."""
     node, resync, backoff = settings.node, settings.resync, Backoff(1.0, settings.max_backoff)
-    drains, refusals, others = Drains(recheck=Backoff(RECHECK, resync)), Refusals(), OtherDrivers()
     while not stop.is_set():
-        due = drains.due_in()
+        due = pool.drains.due_in()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(resync if due is None else min(resync, due)):
                 await wake.wait()
@@ -85,24 +76,16 @@ async def publish_loop(kube: KubeClient, settings: AgentSettings, gpus: list[Gpu
         wake.clear()
         started = time.monotonic()
         try:
-            view = watches.view if watches else None
             try:
-                if plugin is None:
-                    result = await publish(kube, node, gpus, drains, refusals, view, statuses=statuses(),
-                                           unsupported=modes_out, others=others)
-                else:
-                    # The wait for the lock (a prepare under way) is not the cycle's: timed once it is held.
-                    async with plugin.pool_lock:
-                        started = time.monotonic()
-                        result = await publish(kube, node, gpus, drains, refusals, view,
-                                               holds=plugin.preparer.held_devices(), record=plugin.record,
-                                               statuses=statuses(), mig=plugin.mig, unsupported=modes_out,
-                                               others=others)
+                # The wait for the lock (a prepare under way) is not the cycle's: timed once it is held.
+                async with pool.lock:
+                    started = time.monotonic()
+                    result = await pool.publish(watches.view if watches else None)
             finally:
                 PUBLISH_DURATION.observe(time.monotonic() - started)
             LAST_SUCCESS.labels(node).set(time.time())
             if watches is not None:
-                watches.want_claims(bool(result.held) or bool(plugin and plugin.mig.pending))
+                watches.want_claims(pool.waits_for_claims(result))
             if result.again:
                 wake.set()
             backoff.reset()
@@ -162,7 +145,7 @@ def usage_collector(kube: KubeClient, settings: AgentSettings, backend: GpuBacke
                     plugin: NodePlugin) -> UsageCollector:
     """Each pod's GPU use on this node, against the claims the plugin prepared."""
     def published() -> dict[str, tuple[str, int]]:
-        last = plugin.record.load()
+        last = plugin.pool.record.load() if plugin.pool.record is not None else None
         typed = [Device.from_manifest(d) for d in (last.devices if last else [])]
         return {d.name: (d.policy, d.memory) for d in typed if d is not None}
 
@@ -271,7 +254,11 @@ class _Agent:
         await health.check()  # the first publish already carries what is wrong now
         # The kubelet plugin registers only once the node matches its checkpoints (NodePlugin.start).
         self.waiting_for = "the kubelet plugin is starting (recovering its checkpoints)"
-        plugin = self.plugin = await NodePlugin.start(node, kube, backend, gpus, settings.plugin, health)
+        settings.plugin.paths.check()  # before anything is written on the node
+        pool = NodePool.kept_in(settings.plugin.resolved_state_dir, node, kube, GpuOps(backend, gpus),
+                                boot_id=read_boot_id(settings.plugin.boot_id_file), statuses=health.taints,
+                                drains=Drains(recheck=Backoff(RECHECK, settings.resync)))
+        plugin = self.plugin = await NodePlugin.start(pool, backend, settings.plugin, health)
         # Prepared MPS clients keep their daemon whatever the API server does.
         self.helpers.append(asyncio.create_task(plugin.preparer.mps.run(
             self.stop, plugin.preparer.mps_daemons, settings.mps_check_interval)))
@@ -280,9 +267,8 @@ class _Agent:
             verdict = await self.server_verdict(kube) if await self.containers_servable(kube, backend) else None
             if verdict is not None:
                 watches.start()
-                self.publisher = asyncio.create_task(publish_loop(
-                    kube, settings, gpus, self.wake, self.stop, watches, plugin, health.taints,
-                    verdict.unsupported_modes()))
+                pool.unsupported = verdict.unsupported_modes()  # their policies publish nothing new here
+                self.publisher = asyncio.create_task(publish_loop(settings, pool, self.wake, self.stop, watches))
                 self.helpers.append(asyncio.create_task(health.run(kube, self.stop)))
                 self.helpers.append(asyncio.create_task(stale_claims_loop(plugin, self.stop, settings.resync)))
                 if settings.usage_interval > 0:
@@ -320,8 +306,6 @@ async def run_agent(settings: AgentSettings) -> None:
     ``/readyz`` says why. Exiting instead would unregister the plugin, and the kubelet then
     deletes the node's slices."""
     configure_logging(settings.log_level, settings.log_format)
-    if settings.kubeconfig:
-        os.environ["KUBECONFIG"] = str(settings.kubeconfig)
     agent = _Agent(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -16,12 +16,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuslice.agent.drain import RECHECK, Drains
 from gpuslice.agent.gpus.fake import FakeBackend
+from gpuslice.agent.kubeletplugin.gpuops import GpuOps
+from gpuslice.agent.pool import NodePool
 from gpuslice.agent.run import publish_loop
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.agent.startup import AgentStopped, check_cluster
 from gpuslice.agent.watches import AgentWatches
-from gpuslice.inventory.gpus import Gpu
+from gpuslice.backoff import Backoff
 from gpuslice.kube.client import KubeClient
 
 
@@ -51,13 +54,14 @@ class Fleet:
             self.clients.append(kube)
             wake = asyncio.Event()
             wake.set()
-            gpus = FakeBackend(node, [("h100-80gb", 8)]).discover()
+            backend = FakeBackend(node, [("h100-80gb", 8)])
+            ops = GpuOps(backend, backend.discover())
             watches = AgentWatches(kube, node, wake, self.stop)
             watches.start()
             self.watches.append(watches)
-            self.tasks.append(asyncio.create_task(self._agent(kube, node, gpus, wake, watches)))
+            self.tasks.append(asyncio.create_task(self._agent(kube, node, ops, wake, watches)))
 
-    async def _agent(self, kube: KubeClient, node: str, gpus: list[Gpu], wake: asyncio.Event,
+    async def _agent(self, kube: KubeClient, node: str, ops: GpuOps, wake: asyncio.Event,
                      watches: AgentWatches) -> None:
         """What ``run_agent`` does after discovery, without the kubelet plugin: check the server, then publish."""
         try:
@@ -66,8 +70,10 @@ class Fleet:
             print(f"bench: agent {node} publishes nothing, as a real one would not: {error}", flush=True)
             return
         if verdict is not None:
-            await publish_loop(kube, AgentSettings(node=node, backend="fake", resync=self.resync), gpus, wake,
-                               self.stop, watches, modes_out=verdict.unsupported_modes())
+            pool = NodePool(node, kube, ops, unsupported=verdict.unsupported_modes(),
+                            drains=Drains(recheck=Backoff(RECHECK, self.resync)))
+            await publish_loop(AgentSettings(node=node, backend="fake", resync=self.resync), pool, wake, self.stop,
+                               watches)
 
     async def close(self) -> None:
         self.stop.set()

@@ -4,23 +4,25 @@ all against the fake API server (tests.fakeapi)."""
 
 from __future__ import annotations
 
-import asyncio
+import json
 from collections.abc import Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuslice.agent.drain import DRAINING, MARKER, NAMESPACE, PROBE, Drains
-from gpuslice.agent.dryrun import Refusals
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
-from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints
+from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints, ClaimCheckpoint, PreparedDevice
 from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.kubeletplugin.prepare import Preparer
+from gpuslice.agent.mig_manager import APPLIED_FILE
 from gpuslice.agent.mps.daemons import MpsDaemons
+from gpuslice.agent.pool import NodePool
 from gpuslice.agent.published import PublishedRecord
-from gpuslice.agent.publisher import PublishResult, publish
+from gpuslice.agent.publisher import PublishResult
 from gpuslice.dra.names import DRIVER
+from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
 from tests.fakeapi import FakeApi, Refusal, Request
 from tests.unit import bodies
@@ -58,7 +60,8 @@ class DrainRule:
 @dataclass
 class Pool:
     """Node ``bodies.NODE`` with ``count`` fake GPUs of ``model`` (in memory), published by
-    :meth:`publish` as the agent's loop does, keeping its drains, refusals and record between cycles."""
+    :meth:`publish` as the agent's loop does, its ``NodePool`` (``agent``) keeping its drains,
+    refusals and record between cycles."""
 
     api: FakeApi
     kube: KubeClient
@@ -66,9 +69,6 @@ class Pool:
     rule: DrainRule  # the drain rule as the API server enforces it
     model: str = "h100-80gb"
     count: int = 1
-    holds: set[str] = field(default_factory=set)  # what the kubelet plugin has prepared
-    drains: Drains = field(default_factory=Drains)
-    refusals: Refusals = field(default_factory=Refusals)
 
     @classmethod
     def on(cls, api: FakeApi, kube: KubeClient, state: Path, model: str = "h100-80gb", count: int = 1) -> Pool:
@@ -79,18 +79,44 @@ class Pool:
 
     def __post_init__(self) -> None:
         self.backend = FakeBackend(bodies.NODE, [(self.model, self.count)])
-        self.gpus = self.backend.discover()
-        self.record = PublishedRecord(self.state)
+        # What the kubelet plugin has prepared is on disk (its checkpoints); no MIG manager here.
+        self.agent = NodePool(bodies.NODE, self.kube, GpuOps(self.backend, self.backend.discover()),
+                              record=PublishedRecord(self.state), checkpoints=Checkpoints(self.state, "boot-1"))
         if self.api.get(f"/api/v1/nodes/{bodies.NODE}") is None:
             self.api.put(bodies.node(bodies.NODE, self.model, self.count))
 
+    @property
+    def gpus(self) -> list[Gpu]:
+        return self.agent.gpus
+
+    @gpus.setter
+    def gpus(self, gpus: list[Gpu]) -> None:
+        self.agent.gpus = gpus
+
+    @property
+    def drains(self) -> Drains:
+        return self.agent.drains
+
+    @property
+    def record(self) -> PublishedRecord:
+        assert self.agent.record is not None
+        return self.agent.record
+
     def restarted(self) -> Pool:
-        """The same node after its agent restarted: what it kept in memory is gone, its record is not."""
-        return Pool(self.api, self.kube, self.state, self.rule, self.model, self.count, set(self.holds))
+        """The same node after its agent restarted: what it kept in memory is gone, what is on disk is not."""
+        return Pool(self.api, self.kube, self.state, self.rule, self.model, self.count)
+
+    def hold(self, device: str) -> None:
+        """The kubelet plugin has started preparing ``device`` (its checkpoint says so), before the
+        claim's status says it is allocated."""
+        assert self.agent.checkpoints is not None
+        uid = f"uid-holding-{device}"
+        self.agent.checkpoints.write(ClaimCheckpoint(uid=uid, namespace="tenant", name=uid, phase="started", devices=[
+            PreparedDevice(request="gpu", pool=bodies.NODE, device=device, mode="memory", gpu_uuid="unknown")]))
 
     async def publish(self) -> PublishResult:
-        return await publish(self.kube, bodies.NODE, self.gpus, self.drains, self.refusals, holds=self.holds,
-                             record=self.record)
+        async with self.agent.lock:
+            return await self.agent.publish()
 
     async def settle(self, cycles: int = 6) -> PublishResult:
         """Publish until a cycle writes nothing (as the agent's loop, woken by its own writes, does)."""
@@ -102,10 +128,14 @@ class Pool:
 
     def preparer(self, boot_id: str = "boot-1", static: Set[str] = frozenset()) -> Preparer:
         """The node's kubelet plugin (a new process each call: its checkpoints and CDI specs are the
-        node's, on disk, and its GPUs are the pool's); ``static``: GPUs a static MIG layout owns."""
+        node's, on disk, and its GPUs are the pool's); ``static``: GPUs a static MIG layout owns (in
+        the MIG manager's record of applied layouts, as it writes it)."""
+        if static:
+            layouts = {uuid: {"policy": "static", "instances": []} for uuid in sorted(static)}
+            (self.state / APPLIED_FILE).write_text(json.dumps(layouts))
+        pool = NodePool.kept_in(self.state, bodies.NODE, self.kube, GpuOps(self.backend, self.gpus), boot_id=boot_id)
         mps = MpsDaemons(bodies.NODE, self.backend, self.state / "mps", self.state / "shm")
-        return Preparer(bodies.NODE, self.kube, GpuOps(self.backend, self.gpus), Checkpoints(self.state, boot_id),
-                        CdiDirectory(self.state / "cdi"), asyncio.Lock(), mps, static_gpus=lambda: set(static))
+        return Preparer(pool, CdiDirectory(self.state / "cdi"), mps)
 
     def slices(self) -> list[dict[str, Any]]:
         return [s for s in self.api.items(bodies.SLICES)

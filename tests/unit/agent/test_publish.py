@@ -1,4 +1,4 @@
-"""The publish cycle (agent.publisher.publish) against the fake API server, in seconds: an allocated
+"""The publish cycle (agent.pool.NodePool.publish) against the fake API server, in seconds: an allocated
 device is held as it was whatever the plan does, a refused policy is left out while the others
 publish, the kubelet's wipe is undone from the record with every allocated device as it was, a pool
 in its steady state writes nothing, and a drain waits for the API server's refusal of its probe.
@@ -67,7 +67,7 @@ async def test_an_allocated_device_is_held_as_it_was_while_the_plan_changes(pool
     if how == "claim":
         pool.allocate("c", held)
     else:  # prepared by the kubelet plugin, before the claim's status says so
-        pool.holds.add(held)
+        pool.hold(held)
 
     change(pool)
     result = await pool.settle()

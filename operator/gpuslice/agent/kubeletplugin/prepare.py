@@ -3,7 +3,7 @@
 Prepare reads the claim's allocation from the API server and keeps only this
 driver's results for this node's pool. Each device must be one the agent publishes
 now (the second line behind the drain: a device a policy edit removed while the
-scheduler was choosing it never reaches a container). Under the publisher's lock,
+scheduler was choosing it never reaches a container). Under the pool's lock (``agent.pool``),
 so that a device cannot vanish between that check and the ``started`` checkpoint,
 which from then on counts as allocated for the publisher. Then each device is
 prepared by its mode (``modes``), one CDI spec is written for the claim, and the
@@ -25,7 +25,7 @@ import structlog
 from gpuslice.agent.gpus import Access, GpuBackendError, MigInstance
 from gpuslice.agent.killpoints import kill_point
 from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
-from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints, ClaimCheckpoint, PreparedDevice
+from gpuslice.agent.kubeletplugin.checkpoint import ClaimCheckpoint, PreparedDevice
 from gpuslice.agent.kubeletplugin.errors import (
     ClaimNotFound,
     DeviceNotPublished,
@@ -35,9 +35,9 @@ from gpuslice.agent.kubeletplugin.errors import (
     PluginError,
     UnprepareFailed,
 )
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.kubeletplugin.modes import prep_of
 from gpuslice.agent.mps.daemons import MpsDaemons, MpsError
+from gpuslice.agent.pool import NodePool
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.dra import cdi
 from gpuslice.dra.names import DRIVER
@@ -88,13 +88,15 @@ async def published_pool(kube: KubeClient, node: str) -> dict[str, Device]:
 
 
 class Preparer:
-    def __init__(self, node: str, kube: KubeClient, ops: GpuOps, checkpoints: Checkpoints, cdi_dir: CdiDirectory,
-                 pool_lock: asyncio.Lock, mps: MpsDaemons, static_gpus: Callable[[], set[str]] = set) -> None:
-        self.node, self.kube, self.ops = node, kube, ops
-        self.checkpoints, self.cdi = checkpoints, cdi_dir
-        self.pool_lock = pool_lock
-        self.mps = mps
-        self.static_gpus = static_gpus  # GPUs whose MIG instances a static layout owns
+    """Prepares claims of ``pool``'s devices: under its lock, on its GPUs, in its checkpoints,
+    leaving the MIG instances of its static layouts alone."""
+
+    def __init__(self, pool: NodePool, cdi_dir: CdiDirectory, mps: MpsDaemons) -> None:
+        if pool.checkpoints is None:
+            raise ValueError("the kubelet plugin needs a pool kept in its state directory (NodePool.kept_in)")
+        self.pool, self.checkpoints = pool, pool.checkpoints
+        self.node, self.kube, self.ops = pool.node, pool.kube, pool.ops
+        self.cdi, self.mps = cdi_dir, mps
         self._claim_locks: dict[str, asyncio.Lock] = {}
 
     def _lock(self, uid: str) -> asyncio.Lock:
@@ -140,7 +142,7 @@ class Preparer:
         return results
 
     async def _start(self, claim: ClaimRef, results: list[dict[str, Any]]) -> tuple[ClaimCheckpoint, dict[str, Device]]:
-        async with self.pool_lock:
+        async with self.pool.lock:
             published = await published_pool(self.kube, self.node) if results else {}
             if results and not published:
                 raise DeviceUnusable(
@@ -155,7 +157,7 @@ class Preparer:
                     " drain removed it after the scheduler chose it); it is not given to any container. Delete the"
                     " pod (and the claim, unless a template made it) so that the scheduler allocates a published"
                     " device.")
-            static = self.static_gpus()
+            static = self.pool.static_gpus()
             devices = []
             for result in results:
                 device = published[result["device"]]
@@ -306,9 +308,3 @@ class Preparer:
         await asyncio.to_thread(self.checkpoints.remove, checkpoint.uid)
         for key in sorted(mps_keys(checkpoint)):
             await self.mps.release(key, self._needs_mps(key))
-
-    def held_devices(self) -> set[str]:
-        """Devices of this pool that a local checkpoint names (prepared, or being prepared): the
-        publisher treats them as allocated even before the claim's status says so. Not those
-        prepared with admin access, which takes no device and holds nothing back."""
-        return {d.device for c in self.checkpoints.all() for d in c.devices if not d.admin_access}

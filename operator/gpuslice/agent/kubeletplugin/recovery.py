@@ -58,7 +58,7 @@ async def recover(preparer: Preparer, dynamic_mig_gpus: set[str]) -> Recovered:
         preparer.cdi.remove(uid)
         found.specs_removed.append(uid)
     ops = preparer.ops
-    for uuid in sorted(dynamic_mig_gpus - preparer.static_gpus()):
+    for uuid in sorted(dynamic_mig_gpus - preparer.pool.static_gpus()):
         gpu = ops.gpus.get(uuid)
         if gpu is None or not gpu.mig_capable:
             continue

@@ -1,0 +1,369 @@
+"""The node's pool: everything the agent keeps about it, and its publish cycle as read, plan, write.
+
+One ``NodePool`` per agent process, built once (``agent.run``) and handed to whatever works on the
+pool: the publish loop, the kubelet plugin (its lock, its GPUs, the MIG manager's static layouts)
+and the usage collector (the published record). Upstream's example driver keeps its node state in
+one object the same way (``dra-example-kubeletplugin``'s ``DeviceState``).
+
+A cycle (``publish``) reads what it judges on (``read``), plans until the API server accepts the
+plan or every policy it refuses is left out (``plan``: dry runs only), and writes the plan when it
+changed (``write``). Each step can be driven alone against a fake API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gpuslice.agent.coexistence import OtherDrivers
+from gpuslice.agent.drain import Drains
+from gpuslice.agent.dryrun import GenerationRefused, Refusals, dry_run, refused_policies
+from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints
+from gpuslice.agent.kubeletplugin.gpuops import GpuOps
+from gpuslice.agent.mig_manager import MigManager
+from gpuslice.agent.published import Published, PublishedRecord
+from gpuslice.agent.publisher import (
+    CLAIM_READS,
+    CYCLES,
+    DEVICES,
+    FIELD_MANAGER,
+    HELD,
+    POLICIES,
+    REFUSED,
+    SLICES,
+    Policies,
+    PublishResult,
+    allocated_devices,
+    sort_policies,
+)
+from gpuslice.agent.watches import AgentView
+from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER, PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY
+from gpuslice.dra.resourceslice import resource_slice, slice_name
+from gpuslice.inventory.gpus import Gpu
+from gpuslice.kube.client import KubeClient, NotFound
+from gpuslice.observability.failpoints import failpoint
+from gpuslice.planning.coexistence import other_driver_gpus, taken_gpus
+from gpuslice.planning.defrag_taints import freeing_on_node, with_defrag_taints
+from gpuslice.planning.left_out import ANNOTATION as LEFT_OUT
+from gpuslice.planning.left_out import left_out_annotations
+from gpuslice.planning.node_pool import NodePlan, PlannedSlice, plan_node_pool
+from gpuslice.planning.pool_safety import SafePlan, changing, make_safe, normalized, with_statuses
+from gpuslice.planning.taints import Taint, status_taints_by_gpu
+
+ATTR_POLICY_KEY = f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}"
+log = structlog.get_logger(__name__)
+
+
+def _policy_of(device: dict[str, Any]) -> str | None:
+    value = (device.get("attributes") or {}).get(ATTR_POLICY_KEY, {}).get("string")
+    return str(value) if value is not None else None
+
+
+def _pending(device: dict[str, Any]) -> bool:
+    return any(t.get("key") == PENDING_TAINT_KEY for t in device.get("taints") or [])
+
+
+def _reconfiguring(device: dict[str, Any]) -> bool:
+    return any(t.get("key") == RECONFIGURING_TAINT_KEY for t in device.get("taints") or [])
+
+
+def _content(spec: dict[str, Any]) -> Any:
+    return normalized({"sharedCounters": spec.get("sharedCounters") or [], "devices": spec.get("devices") or []})
+
+
+def _left_out(slice_: Mapping[str, Any]) -> str | None:
+    return ((slice_.get("metadata") or {}).get("annotations") or {}).get(LEFT_OUT)
+
+
+def _records(last: Published | None, generation: int, devices: list[dict[str, Any]],
+             counter_sets: list[dict[str, Any]]) -> bool:
+    """Whether ``last`` records this generation as published (quantities by value, taint times ignored)."""
+    return last is not None and last.generation == generation and normalized(
+        {"devices": last.devices, "sharedCounters": last.counter_sets}) == normalized(
+        {"devices": devices, "sharedCounters": counter_sets})
+
+
+def _generations(policies: Policies) -> dict[str, int | None]:
+    return {p.name: p.metadata.generation for p in policies.plannable}
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one cycle judges on, read once at its start."""
+
+    node_body: dict[str, Any]
+    policy_bodies: list[dict[str, Any]]  # as listed: their defragmentation status taints devices
+    policies: Policies
+    gpus: list[Gpu]  # those this pool may publish: other drivers' left out, MIG modes as they are now
+    existing: list[dict[str, Any]]  # this pool's slices
+    published: list[dict[str, Any]]  # their devices (the record's, when the kubelet wiped the pool)
+    counter_sets: list[dict[str, Any]]
+    last: Published | None  # the record of the last write
+    drained: set[str]  # tainted devices no claim can get any more
+    allocated: set[str]  # devices claims (or this node's prepares) hold; read only when a change needs them
+    statuses: Mapping[str, Sequence[Taint]]  # the GPUs' health taints, by UUID
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self.node_body["metadata"].get("labels") or {})
+
+    @property
+    def current(self) -> dict[str, dict[str, Any]]:
+        return {s["metadata"]["name"]: s for s in self.existing}
+
+    @property
+    def generation(self) -> int:
+        """The pool's generation now: the newest of its slices and its record."""
+        seen = {int(s["spec"]["pool"]["generation"]) for s in self.existing}
+        return max(seen | ({self.last.generation} if self.last is not None else set()), default=0)
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """What a cycle would publish, made safe, as the API server accepts it (its dry run passed)."""
+
+    plan: NodePlan
+    safe: SafePlan
+    slices: tuple[PlannedSlice, ...]  # with health, MIG and defragmentation taints
+    refused: dict[str, str]  # policies left out: the API server refused their devices
+    listed: set[str]  # the node's drain list after this cycle
+    manifests: dict[str, dict[str, Any]]  # name -> ResourceSlice; empty when nothing is to be written
+    unchanged: bool  # the pool publishes this already (or nothing, and should)
+
+
+class NodePool:
+    """This node's pool and what the agent keeps about it between cycles.
+
+    ``gpus`` are those found at start; ``ops`` changes them one call at a time per GPU. ``lock``:
+    a cycle runs under it, and so does prepare's check that a device is published, so the two
+    never interleave. With the node's state directory (``kept_in``): ``record``, what was last
+    written (an empty pool, which the kubelet wiped, is taken to be what it says, so held devices
+    come back unchanged); ``checkpoints``, the kubelet plugin's prepares, whose devices count as
+    allocated whatever the claims say yet; ``mig``, which makes static MIG layouts real
+    (``mig_manager``: it adjusts the plan, adds its taints, and reconfigures a drained GPU after
+    the write). ``statuses``: taints by GPU UUID (unhealthy) laid onto every device of the GPU,
+    held ones included. ``unsupported``: slicing mode -> why the API server cannot serve it
+    (``agent.startup``); such policies keep what they published. ``drains``: free devices change
+    only once no claim can get them any more (``agent.drain``); ``refusals``: the policies whose
+    devices the API server refused (``agent.dryrun``). A GPU another DRA driver publishes on the
+    node is left out (its allocated devices held as any GPU's that went), and ``others`` tells
+    people. GPUs the plan leaves out for a state only the agent sees (``planning.left_out``) are
+    written on every slice of the pool, on an empty one when it has no device, for the controller.
+    """
+
+    def __init__(self, node: str, kube: KubeClient, ops: GpuOps, *, record: PublishedRecord | None = None,
+                 checkpoints: Checkpoints | None = None, mig: MigManager | None = None,
+                 statuses: Callable[[], Mapping[str, Sequence[Taint]]] = dict,
+                 unsupported: Mapping[str, str] | None = None, drains: Drains | None = None) -> None:
+        self.node, self.kube, self.ops = node, kube, ops
+        self.gpus: list[Gpu] = list(ops.gpus.values())
+        self.record, self.checkpoints, self.mig = record, checkpoints, mig
+        self.statuses, self.unsupported = statuses, unsupported
+        self.lock = asyncio.Lock()
+        self.drains = drains if drains is not None else Drains()
+        self.refusals, self.others = Refusals(), OtherDrivers()
+
+    @classmethod
+    def kept_in(cls, state: Path, node: str, kube: KubeClient, ops: GpuOps, *, boot_id: str | None = None,
+                statuses: Callable[[], Mapping[str, Sequence[Taint]]] = dict, drains: Drains | None = None) -> NodePool:
+        """The pool with what the node keeps in ``state`` (created if missing): the record, the
+        checkpoints (stamped with ``boot_id``) and the MIG manager's applied layouts."""
+        state.mkdir(parents=True, exist_ok=True)
+        return cls(node, kube, ops, record=PublishedRecord(state), checkpoints=Checkpoints(state, boot_id),
+                   mig=MigManager(node, ops, state), statuses=statuses, drains=drains)
+
+    def held(self) -> set[str]:
+        """Devices of this pool that a local checkpoint names (prepared, or being prepared): counted
+        as allocated even before the claim's status says so. Not those prepared with admin access,
+        which takes no device and holds nothing back."""
+        if self.checkpoints is None:
+            return set()
+        return {d.device for c in self.checkpoints.all() for d in c.devices if not d.admin_access}
+
+    def static_gpus(self) -> set[str]:
+        """GPUs whose MIG instances a static layout owns (prepare never makes or destroys them)."""
+        return self.mig.static_gpus() if self.mig is not None else set()
+
+    def waits_for_claims(self, result: PublishResult) -> bool:
+        """Whether a change waits for a claim to go (the agent then watches claims)."""
+        return bool(result.held) or bool(self.mig is not None and self.mig.pending)
+
+    async def publish(self, view: AgentView | None = None) -> PublishResult:
+        """One cycle (the caller holds ``lock``). With a synced ``view``, the policies and the Node
+        come from the agent's watches; without, they are read."""
+        observed = await self.read(view)
+        return await self.write(observed, await self.plan(observed))
+
+    # Read
+
+    async def read(self, view: AgentView | None = None) -> Observed:
+        """The Node, the policies, this node's slices (every driver's, in one read) and, when the
+        first plan would remove or alter a published device or a drain or a MIG reconfiguration
+        waits, every claim. The claims are read after the drains' probes, so a claim that got a
+        tainted device before the API server refused it is seen (and keeps it)."""
+        kube, node, mig = self.kube, self.node, self.mig
+        held, statuses = self.held(), self.statuses()
+        if view is not None and view.synced:
+            if view.node is None:
+                raise NotFound(404, "NotFound", f'nodes "{node}" not found',
+                               {"details": {"kind": "nodes", "name": node}})
+            node_body, bodies = view.node, list(view.policies.values())
+            policies = sort_policies(bodies, self.unsupported, view.parsed)
+        else:
+            node_body = await kube.get(f"/api/v1/nodes/{node}")
+            bodies = await kube.list(POLICIES)
+            policies = sort_policies(bodies, self.unsupported)
+        labels = node_body["metadata"].get("labels") or {}
+        on_node = await kube.list(SLICES, fieldSelector=f"spec.nodeName={node}")
+        existing = [s for s in on_node if s["spec"].get("driver") == DRIVER and s["spec"]["pool"]["name"] == node]
+        taken = taken_gpus(self.gpus, [other_driver_gpus(s["spec"]) for s in on_node
+                                       if s["spec"].get("driver") != DRIVER])
+        await self.others.report(kube, node, self.gpus, taken)
+        gpus = [g for g in self.gpus if g.uuid not in taken]
+        if mig is not None:
+            gpus = await mig.refresh(gpus)
+        published = [d for s in existing for d in s["spec"].get("devices") or []]
+        counter_sets = [c for s in existing for c in s["spec"].get("sharedCounters") or []]
+        last = self.record.load() if self.record is not None else None
+        if not existing and last is not None and last.devices:
+            published, counter_sets = last.devices, last.counter_sets
+            log.warning("the pool's slices are gone (the kubelet wipes them when the plugin was away); republishing"
+                        " from the agent's record, allocated devices unchanged", node=node, devices=len(published))
+        if mig is not None:  # a GPU in MIG mode a whole-GPU policy takes, once nothing of it is published
+            gpus = await mig.release(gpus, plan_node_pool(labels, gpus, policies.plannable), labels, published)
+        await self.drains.load(kube, node)
+        drained = await self.drains.refused(
+            kube, node, {d["name"] for d in published if _pending(d) or _reconfiguring(d)})
+        drained |= mig.drained(published) if mig is not None else set()
+        # Leaving refused policies out later only freezes more devices, so this plan is the most that can change.
+        first = await self._planned(labels, gpus, [p for p in policies.plannable
+                                                   if p.name not in self.refusals.current(_generations(policies))])
+        at_stake = changing(first, published, {d["name"] for d in published if _policy_of(d) in policies.frozen})
+        # A GPU waiting for a MIG reconfiguration is judged on the claims too: never under a claim.
+        needed = bool(at_stake or drained or (mig is not None and mig.pending))
+        allocated = (await allocated_devices(kube, node) if needed else set()) | held
+        CLAIM_READS.labels(outcome="read" if needed else "skipped").inc()
+        return Observed(node_body, bodies, policies, gpus, existing, published, counter_sets, last, drained,
+                        allocated, statuses)
+
+    async def _planned(self, labels: Mapping[str, str], gpus: list[Gpu], policies: list[GpuSlicePolicy]) -> NodePlan:
+        plan = plan_node_pool(labels, gpus, policies)
+        return await self.mig.adjust(plan, policies) if self.mig is not None else plan
+
+    # Plan
+
+    async def plan(self, observed: Observed) -> PoolPlan:
+        """The plan, made safe and tainted, as the API server accepts it: a generation it refuses in
+        a dry run leaves out the policies it blames, and is planned again (each round leaves out at
+        least one more, or raises ``GenerationRefused``)."""
+        node, mig, o = self.node, self.mig, observed
+        generations = {int(s["spec"]["pool"]["generation"]) for s in o.existing}
+        counts = {int(s["spec"]["pool"]["resourceSliceCount"]) for s in o.existing}
+        current = o.current
+        while True:
+            refused = self.refusals.current(_generations(o.policies))
+            plan = await self._planned(o.labels, o.gpus, [p for p in o.policies.plannable if p.name not in refused])
+            kept = {**o.policies.frozen, **refused}
+            frozen = {d["name"] for d in o.published if _policy_of(d) in kept}
+            safe = make_safe(plan, o.published, o.counter_sets, o.allocated, drained=o.drained, frozen=frozen)
+            gpu_statuses = status_taints_by_gpu(o.statuses,
+                                                mig.statuses(o.allocated, o.published) if mig else {})
+            slices = with_statuses(safe.slices, gpu_statuses)
+            slices = with_defrag_taints(slices, freeing_on_node(o.policy_bodies, node,
+                                                                datetime.datetime.now(datetime.UTC)))
+            told = left_out_annotations(plan.left_out)
+            if not slices and told:
+                slices = (PlannedSlice("devices-00"),)
+            wanted = {slice_name(node, s.suffix): s for s in slices}
+            unchanged = (
+                set(wanted) == set(current) and len(generations) == 1 and counts == {len(wanted)}
+                and all(_content(current[name]["spec"]) == normalized({"sharedCounters": list(s.shared_counters),
+                                                                       "devices": list(s.devices)})
+                        and _left_out(current[name]) == told.get(LEFT_OUT) for name, s in wanted.items())
+            )
+            DEVICES.set(sum(len(s.devices) for s in slices))
+            HELD.set(len(safe.held))
+            REFUSED.set(len(refused))
+            reconfiguring = mig.draining_devices(o.published) if mig is not None else set()
+            listed = self.drains.wanted(set(safe.draining) | reconfiguring, {d["name"] for d in o.published},
+                                        {d["name"] for s in slices for d in s.devices})
+            if unchanged or (not wanted and not current):
+                return PoolPlan(plan, safe, slices, refused, listed, {}, unchanged=True)
+            manifests = {name: resource_slice(
+                node, o.node_body["metadata"]["uid"], planned.suffix, o.generation + 1, len(wanted),
+                shared_counters=list(planned.shared_counters), devices=list(planned.devices), annotations=told,
+            ) for name, planned in wanted.items()}
+            answers = await dry_run(self.kube, manifests.values(), FIELD_MANAGER)
+            if not answers:
+                return PoolPlan(plan, safe, slices, refused, listed, manifests, unchanged=False)
+            blamed = await refused_policies(self.kube, manifests.values(), answers, FIELD_MANAGER)
+            if not set(blamed) - set(refused):
+                raise GenerationRefused(f"the API server still refuses the pool's next generation: {blamed}")
+            for name, reason in sorted(blamed.items()):
+                log.warning("devices refused by the API server; the policy is left out on this node, its published"
+                            " devices stay as they are", node=node, policy=name, reason=reason)
+            self.refusals.record(blamed, _generations(o.policies))
+
+    # Write
+
+    async def write(self, observed: Observed, plan: PoolPlan) -> PublishResult:
+        """The drain list; then, when the plan changed, the record and the slices (obsolete ones
+        deleted first, as the upstream helper does); then the MIG manager's reconfiguration of a
+        GPU that has drained, judged on the claims this cycle read."""
+        kube, node, o, safe = self.kube, self.node, observed, plan.safe
+        refused = tuple(sorted(plan.refused))
+        if plan.unchanged:
+            await self.drains.write(kube, node, plan.listed)
+            if (self.record is not None and o.existing
+                    and not _records(o.last, o.generation, o.published, o.counter_sets)):
+                # Slices of an earlier agent, or a generation recorded but never written (killed first).
+                self.record.save(Published(o.generation, o.published, o.counter_sets))
+            CYCLES.labels(outcome="unchanged").inc()
+            return PublishResult(o.generation, (), (), safe.held, plan.plan.notes, safe.draining, refused,
+                                 await self._reconfigure(o))
+        generation = o.generation + 1  # the whole generation passed the dry run: write it
+        await self.drains.write(kube, node, plan.listed)  # devices that start draining are listed before tainted
+        if self.record is not None:
+            # Recorded before any of it is written: a claim may get a device of this generation as soon as
+            # it is complete, and an agent killed before the record was saved, whose pool the kubelet then
+            # wiped, republished an older one without that device (T9 of the December hostile review).
+            self.record.save(Published(generation, [d for s in plan.slices for d in s.devices],
+                                       [c for s in plan.slices for c in s.shared_counters]))
+        deleted = []
+        for name in sorted(set(o.current) - set(plan.manifests)):
+            with contextlib.suppress(NotFound):
+                await kube.delete(f"{SLICES}/{name}")
+            deleted.append(name)
+        written = []
+        for name, manifest in plan.manifests.items():
+            await kube.apply(f"{SLICES}/{name}", manifest, field_manager=FIELD_MANAGER)
+            written.append(name)
+            failpoint("agent.slice-written")
+        failpoint("agent.pool-written")  # the whole generation is written (its record saved before)
+        CYCLES.labels(outcome="written").inc()
+        again = await self._reconfigure(o)
+        log.info("published pool", node=node, generation=generation,
+                 devices=sum(len(s.devices) for s in plan.slices), written=len(written), deleted=deleted,
+                 held=list(safe.held), draining=len(safe.draining), blocked_gpus=list(safe.blocked_gpus))
+        if safe.held:
+            log.warning("changes held back while claims hold devices", node=node, devices=list(safe.held))
+        for note in plan.plan.notes:
+            log.warning("planner note", node=node, note=note)
+        for name, reason in sorted({**o.policies.frozen, **plan.refused}.items()):
+            log.warning("policy's devices kept as published", node=node, policy=name, reason=reason)
+        return PublishResult(generation, tuple(written), tuple(deleted), safe.held, plan.plan.notes, safe.draining,
+                             refused, again)
+
+    async def _reconfigure(self, observed: Observed) -> bool:
+        """Let the MIG manager reconfigure a GPU that has drained (True: publish again now)."""
+        if self.mig is None:
+            return False
+        return await self.mig.reconfigure(self.kube, observed.allocated, observed.published, observed.drained)
