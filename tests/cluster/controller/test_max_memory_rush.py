@@ -29,6 +29,11 @@ from tests.cluster.operator_fixtures import WEBHOOK_ENV, ControllerProcess, Poli
 __all__ = ["agent_rbac", "gpu_node"]
 LIMIT = 30 * GI
 CLAIMS = 40
+# kube-scheduler counts allocations in flight when it filters: a pod turned away while refused ones
+# were in flight is tried again on the next claim deallocation or slice/class change, else by its
+# flush of pods unschedulable for 5 minutes (every 30 s): a rush may end only then
+# (docs/memory-limits.md, "What it does not guarantee").
+SETTLE = 400
 Fault = Callable[[], Awaitable[None]]
 
 
@@ -84,14 +89,17 @@ async def rush(kube: KubeClient, ns: str, bodies: dict[str, dict[str, Any]], mem
             quiet[:] = [] if fits else (quiet or [now])
             return not fits and now - quiet[0] >= 5
 
+        began = asyncio.get_running_loop().time()
         try:
-            await wait_for(settled, within=240, every=0.5, what=f"the rush to settle (held {held.now / GI:.0f}Gi)")
+            await wait_for(settled, within=SETTLE, every=0.5, what=f"the rush to settle (held {held.now / GI:.0f}Gi)")
         except AssertionError as error:
             try:
                 why = await why_waiting(kube, ns, sorted(set(bodies) - set(held.claims)))
             except Exception as failed:  # the stall is the finding, not a failure to describe it
                 why = f"(could not say what it waited on: {failed!r})"
             raise AssertionError(f"{error}; {why}") from None
+        print(f"settled {asyncio.get_running_loop().time() - began:.0f} s after"
+              f" {'the fault' if fault else 'the claims were made'}")
     finally:
         stop.set()
         watcher.cancel()
