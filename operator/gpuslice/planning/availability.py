@@ -9,7 +9,7 @@ counted apart, so ``why`` can say that the GPU is there but kept off.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gpuslice.planning.occupancy import GpuMap
@@ -84,6 +84,15 @@ def on_gpu(gpu: GpuMap, policy: str, kind: str, request: int | None = None) -> A
 
 def across(gpus: Iterable[GpuMap], policy: str, kind: str, request: int | None = None) -> list[Availability]:
     return [on_gpu(g, policy, kind, request) for g in gpus if policy in g.policies]
+
+
+def room_for(gpus: Sequence[GpuMap], policy: str, kind: str,
+             memory: int | None) -> tuple[list[Availability], int | None]:
+    """Where a request fits now, and the memory it takes: ``memory`` (its ``capacity.requests``)
+    rounded up to the policy's step, as the scheduler rounds a shared device's request."""
+    step = next((d.step for g in gpus for d in g.devices if d.device.policy == policy and d.step), 0)
+    rounded = -(-memory // step) * step if memory and step else None
+    return across(gpus, policy, kind, rounded), rounded
 
 
 def largest_free(gpus: Iterable[GpuMap], policy: str) -> tuple[GpuMap, str, int] | None:

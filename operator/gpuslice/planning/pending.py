@@ -27,7 +27,7 @@ from gpuslice.dra.wire import (
     is_allocated,
     request_ways,
 )
-from gpuslice.planning.availability import across, largest_free
+from gpuslice.planning.availability import largest_free, room_for
 from gpuslice.planning.kinds import SHARED, SLICE
 from gpuslice.planning.memory import request_least, shown
 from gpuslice.planning.mode_traits import traits_of
@@ -294,9 +294,7 @@ def _memory(request: Request, facts: Facts, classes: Sequence[ClassInForce], pol
 
 
 def _capacity(request: Request, policy: str, kind: str, cluster: OccupancyMap) -> list[Finding]:
-    step = next((d.step for g in cluster.gpus for d in g.devices if d.device.policy == policy and d.step), 0)
-    memory = -(-request.memory // step) * step if request.memory and step else None
-    places = across(cluster.gpus, policy, kind, memory)
+    places, memory = room_for(cluster.gpus, policy, kind, request.memory)
     free = sum(p.free for p in places)
     what = f"{_kind_words(kind)}" + (f" of {format_bytes(memory)}" if memory else "")
     if free >= max(1, request.count):
