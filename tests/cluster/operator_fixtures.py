@@ -30,7 +30,9 @@ LEASE_ENV = {"GPUSLICE_LEASE_DURATION": "5", "GPUSLICE_RENEW_DEADLINE": "3.5", "
              # The API server calls the maxMemory webhook on loopback (memory_webhook below).
              "GPUSLICE_WEBHOOK_HOSTS": "127.0.0.1",
              # Auto defragmentation looks every 2 s rather than 30 (the defrag tests wait for it).
-             "GPUSLICE_DEFRAG_INTERVAL": "2"}
+             "GPUSLICE_DEFRAG_INTERVAL": "2",
+             # Pods the scheduler turned away whose devices are free: asked about every 3 s, not 30.
+             "GPUSLICE_SCHEDULER_RETRY_INTERVAL": "3"}
 WEBHOOK_RBAC = MANIFESTS / "webhook-rbac.yaml"
 WEBHOOK_USER = "system:serviceaccount:gpuslice-system:gpuslice-webhook"
 

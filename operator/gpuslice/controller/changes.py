@@ -39,6 +39,7 @@ class Changes:
     node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     shared: dict[str, object] = field(default_factory=dict)
     nodes_version: int = 0  # bumped by every change of a node's labels (what the inventory reads)
+    devices_version: int = 0  # bumped by every event of one of our slices or of a claim
 
     def everything(self) -> None:
         self.epoch += 1
@@ -60,6 +61,7 @@ class Changes:
     def slice_seen(self, view: SliceView) -> set[str]:
         """Notes the slice; the policies whose status it may change (a policy no longer left out
         included: the slice that says so no longer names it)."""
+        self.devices_version += 1
         for device, policy in view.devices:
             self.device_policy[DeviceRef(view.pool, device)] = policy
         left_out = frozenset(item.policy for item in view.left_out)
@@ -72,6 +74,7 @@ class Changes:
         return touched
 
     def claim_seen(self, key: tuple[str, str], view: ClaimView | None) -> None:
+        self.devices_version += 1
         before = self.claim_devices.pop(key, ())
         now = view.devices if view is not None else ()
         if now:

@@ -41,12 +41,14 @@ class Reading:
         return plan_defrag(self.cluster, self.waiting)
 
 
-async def _per_namespace(kube: KubeClient, namespaces: Sequence[str], path: str) -> list[dict[str, Any]]:
+async def in_namespaces(kube: KubeClient, namespaces: Sequence[str], path: str,
+                        **query: str) -> list[dict[str, Any]]:
+    """``path`` (with ``{namespace}``) listed in each of ``namespaces``, a few at a time."""
     gate = asyncio.Semaphore(READS_AT_ONCE)
 
     async def one(namespace: str) -> list[dict[str, Any]]:
         async with gate:
-            return await kube.list(path.format(namespace=namespace))
+            return await kube.list(path.format(namespace=namespace), **query)
 
     return [item for found in await asyncio.gather(*(one(n) for n in namespaces)) for item in found]
 
@@ -74,8 +76,8 @@ async def read_cluster(kube: KubeClient, policy: str | None = None) -> Reading:
     tenants = {str(p["metadata"]["name"]): tenants_of(p) for p in policies}
     names = sorted({n for p in concerned for n in tenants[str(p["metadata"]["name"])]})
     pods, budgets, namespaces = await asyncio.gather(
-        _per_namespace(kube, names, "/api/v1/namespaces/{namespace}/pods"),
-        _per_namespace(kube, names, "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"),
+        in_namespaces(kube, names, "/api/v1/namespaces/{namespace}/pods"),
+        in_namespaces(kube, names, "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"),
         _namespaces(kube, names))
     pod_facts = [PodFacts.from_body(p) for p in pods]
     claim_facts = [ClaimFacts.from_body(c) for c in claims]

@@ -20,6 +20,7 @@ from gpuslice.controller.defrag_auto import Defragmenter
 from gpuslice.controller.indexes import POLICY, overuse_policies
 from gpuslice.controller.overuse import EVICTION_RETRY
 from gpuslice.controller.reconcile import reconcile, report_deleting
+from gpuslice.controller.retry import SchedulerRetry
 from gpuslice.controller.runtime import Runtime
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import start_context
@@ -53,6 +54,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> N
     # Set on the memo Kopf copies for each object it then watches: every handler sees them.
     memo.ctx = await start_context(await memo.client(), ours)
     memo.defrag = Defragmenter(memo.ctx.kube, ours)
+    memo.retry = SchedulerRetry(memo.ctx.kube, ours.scheduler_retry_interval, lambda: memo.changes.devices_version)
 
 
 async def cleanup(memo: Runtime, **_: Any) -> None:
@@ -134,9 +136,23 @@ async def defragment(body: kopf.Body, memo: Runtime, stopped: kopf.DaemonStopped
                         error=str(error))
         except Exception:  # a move must never end the daemon: the next tick reads the record again
             log.exception("defragmentation step failed unexpectedly; will retry", policy=body["metadata"]["name"])
+        await _retry(memo)
         await stopped.wait(delay)
     if memo.defrag is not None:
         memo.defrag.forget(body["metadata"]["name"])
+
+
+async def _retry(memo: Runtime) -> None:
+    """Pods the scheduler turned away whose devices are free (controller.retry): looked for from
+    every policy's daemon, at most once per interval in all, only while this copy leads."""
+    if memo.retry is None:
+        return
+    try:
+        await memo.retry.tick()
+    except KubeError as error:
+        log.warning("could not look for pods the scheduler turned away; will look again", error=str(error))
+    except Exception:  # never ends the daemon
+        log.exception("looking for pods the scheduler turned away failed unexpectedly; will look again")
 
 
 async def policy_event(type: str | None, memo: Runtime, **kwargs: Any) -> None:

@@ -19,6 +19,7 @@ from gpuslice.controller.defrag_auto import Defragmenter
 from gpuslice.controller.indexes import world
 from gpuslice.controller.login import KopfLogin
 from gpuslice.controller.overuse import OveruseEnforcer
+from gpuslice.controller.retry import SchedulerRetry
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.state import Context
 from gpuslice.controller.world import FleetMemo, World
@@ -30,7 +31,7 @@ class Runtime:
     """``client`` makes the API client reconciles write with (the leader's guarded one);
     ``logins`` are this run's Kopf logins (a run after the CRD came back gets new ones:
     controller.login); ``crd_leaving`` is set when the last policy went with its CRD being deleted
-    (controller.crd). ``ctx`` and ``defrag`` are made by the startup handler, before any watch."""
+    (controller.crd). ``ctx``, ``defrag`` and ``retry`` are made by the startup handler, before any watch."""
 
     settings: ControllerSettings
     client: Callable[[], Awaitable[KubeClient]]
@@ -41,6 +42,7 @@ class Runtime:
     overuse: OveruseEnforcer = field(default_factory=OveruseEnforcer)
     ctx: Context | None = None
     defrag: Defragmenter | None = None
+    retry: SchedulerRetry | None = None
 
     def context(self) -> Context:
         """The reconciles' Context; only a handler that cannot run before startup asks for it."""

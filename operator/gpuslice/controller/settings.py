@@ -51,6 +51,11 @@ class ControllerSettings(ProcessSettings):
     defrag_interval: float = Field(default=30.0, gt=0, description=(
         "Seconds between looks, per policy in defragmentation mode Auto, for pods waiting long enough that"
         " moving pods would make room for (a look lists the claims, and the pods of the policy's tenants)."))
+    scheduler_retry_interval: float = Field(default=30.0, ge=0, description=(
+        "Seconds between looks for pods kube-scheduler turned away while allocations it then failed to write"
+        " were in flight (a tenant over its maxMemory), whose devices are free: the controller annotates their"
+        " DeviceClass, which makes the scheduler try them again instead of after its 5-minute flush. A look lists"
+        " the pods not yet on a node in the tenant namespaces; 0 turns it off."))
     defrag_timeout: float = Field(default=300.0, gt=0, description=(
         "Seconds a move may take, from its start until the waiting claim is allocated, before it is given up:"
         " its record goes and its GPU's taint lifts (gpuslice defrag --timeout sets its own)."))

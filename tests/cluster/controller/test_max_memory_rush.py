@@ -30,10 +30,9 @@ __all__ = ["agent_rbac", "gpu_node"]
 LIMIT = 30 * GI
 CLAIMS = 40
 # kube-scheduler counts allocations in flight when it filters: a pod turned away while refused ones
-# were in flight is tried again on the next claim deallocation or slice/class change, else by its
-# flush of pods unschedulable for 5 minutes (every 30 s): a rush may end only then
-# (docs/memory-limits.md, "What it does not guarantee").
-SETTLE = 400
+# were in flight waits for the controller to have it tried again (every 3 s here, controller.retry),
+# else for the scheduler's flush of pods unschedulable for 5 minutes, which is past this.
+SETTLE = 240
 Fault = Callable[[], Awaitable[None]]
 
 

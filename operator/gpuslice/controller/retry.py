@@ -1,0 +1,104 @@
+"""Asking kube-scheduler to try again pods it turned away while refused allocations were in flight.
+
+Why (planning.retry): the scheduler counts allocations it is writing when it filters; when an
+admission rule refuses them (a tenant over its maxMemory), nothing tries again the pods it turned
+away meanwhile, for up to 5 minutes. Every ``--scheduler-retry-interval`` seconds the leader
+lists the pods not yet on a node in the policies' tenant namespaces; only when one was turned
+away, and something changed since it last looked (a pod turned away that it has not judged, or a
+claim or slice event), does it read the slices and the tenants' claims; when that pod's devices
+are free it annotates the
+DeviceClass the pod asks for (``gpuslice.dev/retry-at``): a DeviceClass change makes the scheduler
+try again every pod its DRA plugin turned away. A pod that is turned away again is asked for less
+and less often (the interval doubled each time, up to 5 minutes, where the scheduler's own flush
+takes over).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import structlog
+from prometheus_client import Counter
+
+from gpuslice.controller.defrag_read import POLICIES, RESOURCE, in_namespaces, tenants_of
+from gpuslice.dra.names import ATTRIBUTE_DOMAIN, DRIVER
+from gpuslice.kube.client import KubeClient, NotFound
+from gpuslice.planning.occupancy import occupancy
+from gpuslice.planning.published import read_pools
+from gpuslice.planning.retry import Retry, to_retry, turned_away
+
+log = structlog.get_logger(__name__)
+RETRY_AT = f"{ATTRIBUTE_DOMAIN}/retry-at"
+LONGEST = 300.0  # kube-scheduler's own flush of pods unschedulable this long
+RETRIES = Counter("gpuslice_scheduler_retries", "Times the controller asked kube-scheduler to try again pods it"
+                  " turned away while their devices were free (a DeviceClass annotated).", ["policy"])
+
+
+class SchedulerRetry:
+    """One per controller; every policy's daemon calls ``tick``, which looks at most once per interval."""
+
+    def __init__(self, kube: KubeClient, interval: float, version: Callable[[], int] = lambda: 0) -> None:
+        """``version``: a number that changes with every event of our slices or of a claim."""
+        self.kube, self.interval, self.version = kube, interval, version
+        self.last = 0.0
+        self.judged: tuple[frozenset[str], int] | None = None  # pods with no room, and the version read
+        self.asked: dict[str, tuple[int, float]] = {}  # pod -> (times asked, when last)
+        self.lock = asyncio.Lock()
+
+    async def tick(self) -> list[Retry]:
+        """Look, once per interval whichever policy's daemon calls; the pods it asked to be tried again."""
+        if self.interval <= 0 or self.lock.locked():
+            return []
+        async with self.lock:
+            now = time.monotonic()
+            if now - self.last < self.interval:
+                return []
+            self.last = now
+            return await self._look(now)
+
+    def _due(self, pod: str, now: float) -> bool:
+        times, when = self.asked.get(pod, (0, 0.0))
+        return now - when >= min(self.interval * 2.0 ** times, LONGEST)
+
+    async def _look(self, now: float) -> list[Retry]:
+        policies = await self.kube.list(POLICIES)
+        namespaces = sorted({n for p in policies for n in tenants_of(p)})
+        pods = [p for p in await in_namespaces(self.kube, namespaces, "/api/v1/namespaces/{namespace}/pods",
+                                               fieldSelector="spec.nodeName=") if turned_away(p)]
+        waiting = {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods}
+        self.asked = {k: v for k, v in self.asked.items() if k in waiting}
+        pods = [p for p in pods if self._due(f"{p['metadata']['namespace']}/{p['metadata']['name']}", now)]
+        judged = (frozenset(str(p["metadata"].get("uid")) for p in pods), self.version())
+        if not pods or judged == self.judged:
+            return []  # no room for them at the last read, and nothing changed since that could make it
+        # Tenants' claims take the devices (admin access takes none; a former tenant's claims are
+        # missed: at worst one retry too many, which costs the scheduler one try of each pod).
+        slices, claims = await asyncio.gather(
+            self.kube.list(f"{RESOURCE}/resourceslices", fieldSelector=f"spec.driver={DRIVER}"),
+            in_namespaces(self.kube, namespaces, f"{RESOURCE}/namespaces/{{namespace}}/resourceclaims"))
+        by_ref = {f"{c['metadata']['namespace']}/{c['metadata']['name']}": c for c in claims}
+        retries = to_retry(pods, by_ref, policies, occupancy(read_pools(slices, claims)).gpus)
+        self.judged = None if retries else judged
+        if not retries:
+            return []
+        first = retries[0]
+        try:
+            # One DeviceClass change is enough: the scheduler tries again every pod DRA turned away.
+            await self.kube.merge_patch(f"{RESOURCE}/deviceclasses/{first.device_class}",
+                                        {"metadata": {"annotations": {RETRY_AT: _stamp()}}})
+        except NotFound:
+            return []
+        for retry in retries:
+            times, _ = self.asked.get(retry.pod, (0, 0.0))
+            self.asked[retry.pod] = (times + 1, now)
+            RETRIES.labels(retry.policy).inc()
+        log.info("asked the scheduler to try again pods it turned away while their devices are free",
+                 device_class=first.device_class, pods=[f"{r.pod} ({r.fits})" for r in retries[:10]],
+                 count=len(retries))
+        return retries
+
+
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -1,0 +1,73 @@
+"""The controller's asks to kube-scheduler (controller.retry): once per interval in all, a pod asked
+for less and less often, and no read of the slices and claims when nothing changed since the last.
+A stub stands for the API server: what is under test is when the controller reads and writes."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from gpuslice.controller.retry import RETRY_AT, SchedulerRetry
+from gpuslice.kube.client import KubeClient
+from tests.unit.planning.cluster_state import claim, published
+from tests.unit.planning.test_retry import AWAY, DEVICE, NOTEBOOKS, asks, pod
+
+
+class Stub:
+    def __init__(self) -> None:
+        self.pods = [pod("small", AWAY)]
+        self.claims = [asks("small", "2Gi"), claim("ds", "big", [("n1", DEVICE)], pods=("big",), consumed="18Gi")]
+        self.reads: list[str] = []
+        self.patched: list[tuple[str, dict[str, Any]]] = []
+
+    async def list(self, path: str, **query: Any) -> list[dict[str, Any]]:
+        self.reads.append(path.rsplit("/", 1)[-1])
+        if path.endswith("gpuslicepolicies"):
+            return [NOTEBOOKS]
+        if path.endswith("/pods"):
+            return [{**p, "metadata": {**p["metadata"], "uid": f"uid-{p['metadata']['name']}"}} for p in self.pods]
+        if path.endswith("resourceslices"):
+            return published("n1", "l4", 1, [NOTEBOOKS])
+        return [{**c, "metadata": {**c["metadata"], "namespace": "ds"}} for c in self.claims]
+
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.patched.append((path, patch))
+        return {}
+
+
+async def test_a_pod_that_fits_is_asked_for_then_less_often_and_unchanged_state_is_not_read_again() -> None:
+    stub, version = Stub(), [0]
+    retry = SchedulerRetry(cast(KubeClient, stub), 10.0, lambda: version[0])
+    asked = await retry._look(now=100.0)
+    assert [r.pod for r in asked] == ["ds/small"]
+    path, patch = stub.patched[0]
+    assert path.endswith("/deviceclasses/notebooks.gpuslice.dev")
+    assert RETRY_AT in patch["metadata"]["annotations"]
+    assert await retry._look(now=115.0) == []  # asked once: next after 20 s
+    stub.reads.clear()
+    assert [r.pod for r in await retry._look(now=121.0)] == ["ds/small"]  # then after 40 s
+    assert "resourceslices" in stub.reads
+    assert await retry._look(now=150.0) == []
+
+
+async def test_no_room_no_ask_and_no_read_until_a_claim_or_slice_changes() -> None:
+    stub, version = Stub(), [0]
+    stub.claims[0] = asks("small", "8Gi")  # 4.49Gi free
+    retry = SchedulerRetry(cast(KubeClient, stub), 10.0, lambda: version[0])
+    assert await retry._look(now=100.0) == []
+    assert not stub.patched
+    stub.reads.clear()
+    assert await retry._look(now=110.0) == []
+    assert "resourceslices" not in stub.reads
+    assert "resourceclaims" not in stub.reads
+    stub.claims.pop()  # the big claim goes: an event bumps the version
+    version[0] += 1
+    assert [r.pod for r in await retry._look(now=120.0)] == ["ds/small"]
+
+
+async def test_one_look_per_interval_whichever_daemon_calls() -> None:
+    stub = Stub()
+    retry = SchedulerRetry(cast(KubeClient, stub), 3600.0)
+    assert len(await retry.tick()) == 1
+    assert await retry.tick() == []
+    assert len(stub.patched) == 1
+    assert await SchedulerRetry(cast(KubeClient, stub), 0.0).tick() == []  # 0: off
