@@ -19,11 +19,12 @@ from gpuslice.controller.crd import crd_leaving as crd_is_leaving
 from gpuslice.controller.defrag_auto import Defragmenter
 from gpuslice.controller.indexes import POLICY, overuse_policies
 from gpuslice.controller.overuse import EVICTION_RETRY
-from gpuslice.controller.reconcile import reconcile, report_deleting
+from gpuslice.controller.reconcile import reconcile
 from gpuslice.controller.retry import SchedulerRetry
 from gpuslice.controller.runtime import Runtime
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import start_context
+from gpuslice.controller.status_write import report_deleting
 from gpuslice.controller.tenancy_labels import sync_routes
 from gpuslice.kube.client import EndlessBackoff, KubeError
 

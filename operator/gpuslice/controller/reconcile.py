@@ -8,7 +8,6 @@ run again at any point; a per-policy lock keeps two triggers from interleaving.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,10 +19,16 @@ from gpuslice.api.resource import GpuSlicePolicy, ParseProblem
 from gpuslice.api.status import AdmittedTenant, ClassInForce
 from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
 from gpuslice.controller.apply import LEDGER_KINDS, LIMIT_KINDS, REST_KINDS, ApplyResult, converge
-from gpuslice.controller.events import post_event
-from gpuslice.controller.metrics import POLICY_METRICS, RECONCILE_DURATION, RECONCILES, PolicyFigures
+from gpuslice.controller.metrics import POLICY_METRICS, RECONCILE_DURATION, RECONCILES
 from gpuslice.controller.state import Context
-from gpuslice.controller.status import STATUS_REFUSED, TENANCY_NOT_ENFORCED, Findings, build_status, status_body
+from gpuslice.controller.status import TENANCY_NOT_ENFORCED, Findings
+from gpuslice.controller.status_write import (
+    in_force,
+    parse_problem,
+    records,
+    write_invalid_shape,
+    write_status,
+)
 from gpuslice.controller.tenancy import (
     admitted_tenants,
     memory_in_force,
@@ -44,7 +49,6 @@ from gpuslice.planning.usage import (
     failed_devices,
     foreign_claims,
     pending_devices,
-    published_by_policy,
     unhealthy_devices,
     usage,
 )
@@ -54,10 +58,6 @@ log = structlog.get_logger(__name__)
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 CLOCK_WAIT = 2.0  # the most a reconcile waits for a new quota's second to pass (tenancy.SECOND)
 MEMORY_PROBE_FOR = 30.0  # seconds a probe of the maxMemory webhook stands for
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, converge_objects: bool = True) -> None:
@@ -102,28 +102,17 @@ class ConvergeFailed(GpusliceError):
     """Something the policy needs could not be put in place (status says what)."""
 
 
-def _records(ctx: Context, policy: GpuSlicePolicy) -> tuple[frozenset[str], list[AdmittedTenant]]:
-    state = ctx.policy(policy.name)
-    labels = state.label_record if state.label_record is not None else frozenset(policy.status.admin_access_labels)
-    return labels, state.admitted if state.admitted is not None else list(policy.status.admitted_tenants)
-
-
-def _in_force(ctx: Context, policy: GpuSlicePolicy) -> list[ClassInForce]:
-    kept = ctx.policy(policy.name).in_force
-    return kept if kept is not None else list(policy.status.classes_in_force)
-
-
 async def _write_records(ctx: Context, policy: GpuSlicePolicy, labels: frozenset[str] | None = None,
                          admitted: list[AdmittedTenant] | None = None,
                          classes: list[ClassInForce] | None = None) -> None:
     """What the controller records for admission (the classes in force, admitted tenants) and for
     itself (labels it set), written on its own before the step that depends on it."""
     patch: dict[str, Any] = {}
-    if labels is not None and labels != _records(ctx, policy)[0]:
+    if labels is not None and labels != records(ctx, policy)[0]:
         patch["adminAccessLabels"] = sorted(labels)
-    if admitted is not None and admitted != _records(ctx, policy)[1]:
+    if admitted is not None and admitted != records(ctx, policy)[1]:
         patch["admittedTenants"] = [a.model_dump(by_alias=True, exclude_none=True) for a in admitted]
-    if classes is not None and classes != _in_force(ctx, policy):
+    if classes is not None and classes != in_force(ctx, policy):
         patch["classesInForce"] = [c.model_dump(by_alias=True, exclude_none=True) for c in classes]
     if patch:
         await ctx.kube.merge_patch(f"{POLICIES}/{policy.name}/status", {"status": patch})
@@ -140,7 +129,7 @@ async def _memory_probe(ctx: Context, policy: GpuSlicePolicy, world: World) -> s
     """What keeps a maxMemory tenant of ``policy`` from being put in force by the webhook's side, or
     None. The webhook is probed (a dry run) only while a tenant's ledger is in force but its
     record is not yet, and a probe stands for MEMORY_PROBE_FOR seconds."""
-    recorded = {(a.namespace, a.limits.max_memory if a.limits else None) for a in _records(ctx, policy)[1]}
+    recorded = {(a.namespace, a.limits.max_memory if a.limits else None) for a in records(ctx, policy)[1]}
     waiting = [t for t in policy.spec.tenants if t.memory_limited and (t.namespace, t.max_memory) not in recorded
                and (view := world.namespaces.get(t.namespace)) is not None
                and memory_in_force(policy, t, view, world.ledgers)]
@@ -163,7 +152,7 @@ async def _admit(ctx: Context, policy: GpuSlicePolicy, world: World, kinds: Sequ
     unproven = await _memory_probe(ctx, policy, world)
     memory_wait = {policy.name} if unproven else set()
     while True:
-        admission = admitted_tenants(policy, world.namespaces, _records(ctx, policy)[1], kinds=kinds,
+        admission = admitted_tenants(policy, world.namespaces, records(ctx, policy)[1], kinds=kinds,
                                      quotas=world.quotas, ledgers=world.ledgers, webhook_proven=unproven is None,
                                      converged=converged)
         await _write_records(ctx, policy, admitted=admission.tenants)
@@ -177,7 +166,7 @@ async def _admit(ctx: Context, policy: GpuSlicePolicy, world: World, kinds: Sequ
 async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, converge_objects: bool) -> None:
     policy = world.policy_of(body)  # parsed once per change by the index (world.py)
     if isinstance(policy, ParseProblem):
-        await _write_invalid_shape(ctx, body, parse_problem(body["metadata"]["name"], policy))
+        await write_invalid_shape(ctx, body, parse_problem(body["metadata"]["name"], policy))
         return
     if policy.metadata.deletion_timestamp:
         return
@@ -209,7 +198,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         # What the classes now enforce, before anyone is admitted under it: the admission policy
         # judges claims against this record, never against a spec not converged (tenancy_rule).
         failed = {path.rsplit("/", 1)[1] for path in limits.failed if "/deviceclasses/" in path}
-        await _write_records(ctx, policy, classes=classes_in_force(kinds, failed, _in_force(ctx, policy)))
+        await _write_records(ctx, policy, classes=classes_in_force(kinds, failed, in_force(ctx, policy)))
         # The maxMemory ledgers (their spec: the limit in force) before anyone is admitted under them.
         uids = {n: view.uid for n, view in world.namespaces.items() if view.active and view.uid}
         wanted = desired_ledgers(policy, uids)
@@ -223,9 +212,9 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
                               [*REST_KINDS, (ctx.taint_rule_api, "DeviceTaintRule")])
         errors, taken = labelling + limits.errors + ledgers.errors + rest.errors, limits.taken + rest.taken
         try:
-            plan = plan_labels(set(policy.spec.admin_access.namespaces), world.namespaces, _records(ctx, policy)[0],
+            plan = plan_labels(set(policy.spec.admin_access.namespaces), world.namespaces, records(ctx, policy)[0],
                                world.label_records(ctx.label_records(), but=policy.name))
-            await sync_admin_labels(ctx.kube, policy.name, plan, _records(ctx, policy)[0],
+            await sync_admin_labels(ctx.kube, policy.name, plan, records(ctx, policy)[0],
                                     lambda record: _write_records(ctx, policy, labels=frozenset(record)))
         except KubeError as error:
             errors.append(f"labelling admin-access namespaces: {error.message}")
@@ -267,7 +256,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         unselected=_unselected(policy, nodes, devices - tainted),
         memory_unenforced=memory_unproven or "",
     )
-    labels, admitted = _records(ctx, policy)
+    labels, admitted = records(ctx, policy)
     await write_status(ctx, policy, findings, labels, admitted)
     if unanswered is not None:
         raise unanswered  # retried after the (transient) failure's backoff
@@ -309,113 +298,3 @@ async def _probe(ctx: Context, policy: GpuSlicePolicy, class_name: str) -> KubeE
         return error
     ctx.policy(policy.name).tenancy = (policy.metadata.generation, unenforced)
     return None
-
-
-async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings,
-                       labels: frozenset[str] | None = None, admitted: list[AdmittedTenant] | None = None) -> None:
-    """Patch status when it changed, and post Events on transitions a human must see."""
-    if labels is None or admitted is None:
-        labels, admitted = _records(ctx, policy)
-    status = build_status(policy, findings, _now()).model_copy(update={
-        "admin_access_labels": sorted(labels), "admitted_tenants": admitted,
-        "classes_in_force": _in_force(ctx, policy)})
-    POLICY_METRICS.record(policy.name, PolicyFigures(status, findings.pending, findings.draining,
-                                                     findings.mig_failed, findings.unhealthy))
-    new = status_body(status)
-    old = policy.status.model_dump(by_alias=True, exclude_none=True, mode="json")
-    # Moves under way are the defragmenter's to write (controller.defrag): never from a body read earlier.
-    old.pop("defragmentation", None)
-    if new == old:
-        return
-    try:
-        await ctx.kube.merge_patch(f"{POLICIES}/{policy.name}/status", {"status": new})
-    except KubeError as error:
-        if not error.transient:
-            # The policy must say why it has no verdict: the condition alone, which the API server
-            # takes whatever else it refused (the failure still counts in the backoff).
-            await _write_verdict_only(ctx, policy.name, old, policy.metadata.generation, STATUS_REFUSED, (
-                f"The API server refused the status gpuslice worked out for GpuSlicePolicy {policy.name}:"
-                f" {error.message}. Without it the policy's devices stay as they are and nothing new is"
-                " published; gpuslice tries again with a growing delay. Change the spec field the message"
-                " names; if the spec is valid, this is a gpuslice bug: report it with this message."))
-        raise
-    was = {c.type: c for c in policy.status.conditions}
-    now = {c.type: c for c in status.conditions}
-    for kind, event_type in (("Valid", "Warning"), ("Degraded", "Warning")):
-        bad = now[kind].status == ("False" if kind == "Valid" else "True")
-        before = was.get(kind)
-        if bad and (before is None or before.status != now[kind].status or before.reason != now[kind].reason):
-            await post_event(ctx.kube, policy.name, policy.metadata.uid, event_type, now[kind].reason,
-                             now[kind].message)
-    if was.get("Valid") and was["Valid"].status == "False" and now["Valid"].status == "True":
-        await post_event(ctx.kube, policy.name, policy.metadata.uid, "Normal", "SpecValid",
-                         "The spec is valid again; its objects are being brought up to date.")
-
-
-def parse_problem(name: str, problem: ParseProblem) -> str:
-    """What a human needs from a spec that does not parse: the fields, what is wrong, the fix."""
-    fields = problem.fields(5)
-    return (f"GpuSlicePolicy {name} does not parse: {fields}. Fix these fields (kubectl edit gsp {name});"
-            " if the apiserver accepted them, the installed CRD is older than the controller: apply crds/.")
-
-
-async def _write_invalid_shape(ctx: Context, body: Mapping[str, Any], message: str) -> None:
-    """Valid=False for a spec that does not parse; written once, not on every status refresh."""
-    await _write_verdict_only(ctx, body["metadata"]["name"], body.get("status") or {},
-                              body["metadata"].get("generation"), "InvalidSpec", message)
-
-
-async def _write_verdict_only(ctx: Context, name: str, status: Mapping[str, Any], generation: int | None,
-                              reason: str, message: str) -> None:
-    """Valid=False with ``reason`` at ``generation``, and nothing else of the status changed: for when
-    the full status cannot be worked out (a spec that does not parse) or written (the API server
-    refused it). Written once, not on every try."""
-    old: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Valid"), {})
-    recorded = (old.get("reason"), old.get("message"), status.get("observedGeneration"))
-    if recorded == (reason, message[:2000], generation):
-        return
-    log.warning("policy has no verdict", policy=name, reason=reason, error=message)
-    since = old.get("lastTransitionTime") if old.get("status") == "False" else None
-    condition = {"type": "Valid", "status": "False", "reason": reason, "message": message[:2000],
-                 "lastTransitionTime": since or _now()}
-    others = [c for c in status.get("conditions") or [] if c.get("type") != "Valid"]
-    try:
-        await ctx.kube.merge_patch(f"{POLICIES}/{name}/status", {"status": {
-            "observedGeneration": generation, "conditions": [condition, *others]}})
-    except KubeError as error:
-        log.error("the policy's verdict could not be written either", policy=name, error=str(error))
-
-
-async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -> str | None:
-    """Status while deletion waits; what it waits for, or None when the policy may go.
-
-    It waits for the claims that hold its devices, and then for the node agents to remove its
-    devices: the policy is the tenancy rule's parameter, and with it gone a device still
-    published would be open to any namespace (its DeviceClass lingers until garbage collection,
-    a late scheduler write is no longer judged)."""
-    name = body["metadata"]["name"]
-    mine = world.slices_of(name)
-    devices = devices_by_policy(mine).get(name, set())
-    held = usage(devices, world.claims)
-    parsed = world.policy_of(body)
-    policy = parsed if isinstance(parsed, GpuSlicePolicy) else None  # None: it never parsed; deletion still waits
-    publishing = {ref.pool for ref in published_by_policy(mine).get(name, set())}
-    # Only the nodes the policy selects now hold it: a node that publishes its devices anyway (a
-    # compromised agent) must not keep it from going, for good; nor one taken out of its selection
-    # since (whose agent drains them: the drain rule, not the policy, keeps them from claims).
-    selected = set(world.nodes_selected(policy)) if policy else publishing
-    nodes = sorted(publishing & selected)
-    if publishing - selected:
-        log.warning("deletion does not wait for nodes the policy does not select", policy=name,
-                    nodes=sorted(publishing - selected))
-    if not held.holding_claims and not nodes:
-        return None
-    if policy is not None:
-        findings = Findings(list[Problem](), world.selection(policy),
-                            len(devices), held, deleting=True, publishing_nodes=nodes)
-        await write_status(ctx, policy, findings)
-    if held.holding_claims:
-        claims = held.holding_claims
-        return f"waiting for {len(claims)} claims to release devices of {name}: {', '.join(claims[:10])}"
-    return (f"waiting for the node agents of {len(nodes)} nodes to remove the devices of {name}:"
-            f" {', '.join(nodes[:10])}")

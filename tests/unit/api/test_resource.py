@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from gpuslice.api.resource import GpuSlicePolicy, ParseProblem, parse_policy, valid_policy
-from gpuslice.controller.reconcile import parse_problem
+from gpuslice.controller.status_write import parse_problem
 from gpuslice.inspect.cluster_plan import edited
 from gpuslice.inspect.snapshot import InspectError
 from gpuslice.preview import PlanError, load_policies
