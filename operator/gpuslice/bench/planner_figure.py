@@ -12,7 +12,8 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.devcluster.nodes import fake_gpu_node
 from gpuslice.inventory.nodes import node_gpus
 from gpuslice.planning.node_pool import plan_node_pool
-from gpuslice.planning.validation import select, validate
+from gpuslice.planning.selection import select
+from gpuslice.planning.validation import validate
 
 MODES: dict[str, dict[str, Any]] = {
     "memory (10G)": {"mode": "memory", "sliceSize": "10G"},

@@ -43,6 +43,7 @@ from gpuslice.planning.cluster_objects import DeviceRef, desired_ledgers, desire
 from gpuslice.planning.coexistence import mig_manager_active
 from gpuslice.planning.kinds import DeviceKind, classes_in_force
 from gpuslice.planning.modes import device_kinds, mode_of
+from gpuslice.planning.selection import Problem
 from gpuslice.planning.usage import (
     device_info,
     devices_by_policy,
@@ -52,7 +53,7 @@ from gpuslice.planning.usage import (
     unhealthy_devices,
     usage,
 )
-from gpuslice.planning.validation import Problem, validate
+from gpuslice.planning.validation import validate
 
 log = structlog.get_logger(__name__)
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"

@@ -21,9 +21,8 @@ from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.controller.tenancy import LedgerView, QuotaView
 from gpuslice.inventory.nodes import NodeGpus, node_gpus
 from gpuslice.planning.left_out import LeftOut
-from gpuslice.planning.selection import selected_nodes
+from gpuslice.planning.selection import Selection, select, selected_nodes
 from gpuslice.planning.usage import ClaimView, SliceView
-from gpuslice.planning.validation import Selection, select
 
 Inventory = list[tuple[dict[str, str], NodeGpus]]
 

@@ -23,8 +23,9 @@ from gpuslice.planning.devices import without_instance_uuid
 from gpuslice.planning.node_pool import plan_node_pool
 from gpuslice.planning.pool_safety import make_safe, normalized
 from gpuslice.planning.published import Holder, Pool, PublishedDevice, gpu_memory
+from gpuslice.planning.selection import Problem, select
 from gpuslice.planning.totals import inventory
-from gpuslice.planning.validation import Problem, select, validate
+from gpuslice.planning.validation import validate
 
 Body = Mapping[str, Any]
 

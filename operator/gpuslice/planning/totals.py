@@ -18,8 +18,8 @@ from gpuslice.planning.cluster_objects import DeviceRef
 from gpuslice.planning.kinds import limit_bytes, quota
 from gpuslice.planning.modes import device_kinds
 from gpuslice.planning.published import Pool
+from gpuslice.planning.selection import select
 from gpuslice.planning.usage import ClaimView, DeviceInfo, foreign_claims, usage
-from gpuslice.planning.validation import select
 
 Body = Mapping[str, Any]
 

@@ -15,9 +15,9 @@ from gpuslice.api.status import MAX_SELECTED_NODES
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.planning.kinds import all_template_names
 from gpuslice.planning.modes import MODES, device_kinds, mode_of
-from gpuslice.planning.selection import MAX_SLICES_PER_GPU, Problem, Selection, select, seniority
+from gpuslice.planning.selection import Problem, Selection, seniority
 
-__all__ = ["MAX_SLICES_PER_GPU", "Problem", "Selection", "select", "seniority", "validate"]
+__all__ = ["validate"]
 
 EXCLUSIVE_MODES = tuple(m.name for m in MODES.values() if m.exclusive)  # GPUs no other policy may slice
 

@@ -9,8 +9,8 @@ from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.controller.status import Findings, conditions
 from gpuslice.planning.coexistence import MIG_MANAGER_LABEL, other_driver_gpus, taken_gpus
 from gpuslice.planning.node_pool import plan_node_pool
+from gpuslice.planning.selection import Selection
 from gpuslice.planning.usage import Usage
-from gpuslice.planning.validation import Selection
 from tests.unit.planning.test_node_pool import policy
 
 GPUS = FakeBackend("n", [("a100-40gb", 3)]).discover()

@@ -18,7 +18,8 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.catalog import MODELS
 from gpuslice.inventory.nodes import node_gpus, product_key
 from gpuslice.planning.node_pool import plan_node_pool
-from gpuslice.planning.validation import select, validate
+from gpuslice.planning.selection import select
+from gpuslice.planning.validation import validate
 
 CUDA = {"nvidia.com/cuda.driver-version.full": "580.95.05", "nvidia.com/cuda.driver-version.major": "580",
         "nvidia.com/cuda.runtime-version.full": "13.0", "nvidia.com/gpu.present": "true"}

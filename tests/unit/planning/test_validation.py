@@ -6,7 +6,8 @@ from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.nodes import node_gpus
-from gpuslice.planning.validation import select, validate
+from gpuslice.planning.selection import select
+from gpuslice.planning.validation import validate
 
 
 def policy(name: str, spec: dict[str, Any], created: str = "2026-11-29T10:00:00Z", valid: bool = False) -> GpuSlicePolicy:
