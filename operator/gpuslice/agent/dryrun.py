@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice.backoff import spread
-from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN
 from gpuslice.dra.support import lost_fields, lost_gates
+from gpuslice.dra.wire import device_policy
 from gpuslice.kube.client import BadRequest, Forbidden, Invalid, KubeClient, KubeError
 from gpuslice.kube.paths import object_path
 
@@ -30,7 +30,6 @@ from gpuslice.kube.paths import object_path
 # a fleet refused together tries again apart). A change of the policy tries at once.
 FIRST_RETRY, LAST_RETRY = 10.0, 300.0
 _DEVICE_FIELD = re.compile(r"^spec\.devices\[(\d+)\]")
-_POLICY_KEY = f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}"
 
 
 def is_refusal(error: KubeError) -> bool:
@@ -101,11 +100,6 @@ async def dry_run(kube: KubeClient, manifests: Iterable[dict[str, Any]], field_m
     return refused
 
 
-def _policy(device: Mapping[str, Any]) -> str | None:
-    value = ((device.get("attributes") or {}).get(_POLICY_KEY) or {}).get("string")
-    return str(value) if value is not None else None
-
-
 def _named_devices(error: KubeError) -> set[int]:
     causes = (error.body.get("details") or {}).get("causes") or []
     return {int(m.group(1)) for c in causes if (m := _DEVICE_FIELD.match(str(c.get("field") or "")))}
@@ -124,8 +118,8 @@ async def refused_policies(kube: KubeClient, manifests: Iterable[dict[str, Any]]
         devices = manifest["spec"].get("devices") or []
         by_policy: dict[str, list[dict[str, Any]]] = {}
         for device in devices:
-            by_policy.setdefault(_policy(device) or "", []).append(device)
-        named = {_policy(devices[i]) for i in _named_devices(error) if i < len(devices)}
+            by_policy.setdefault(device_policy(device) or "", []).append(device)
+        named = {device_policy(devices[i]) for i in _named_devices(error) if i < len(devices)}
         if named and None not in named:
             culprits = {str(p): error.message for p in named}
         elif len(by_policy) == 1 and "" not in by_policy:

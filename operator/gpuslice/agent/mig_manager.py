@@ -38,6 +38,7 @@ from gpuslice.agent.gpus import GpuBackendError
 from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.backoff import spread
+from gpuslice.dra.names import MIG_FAILED_TAINT_KEY, RECONFIGURING_TAINT_KEY
 from gpuslice.dra.wire import TaintJSON, device_gpu
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
@@ -47,7 +48,6 @@ from gpuslice.planning.left_out import MIG_MODE_ON
 from gpuslice.planning.mig_layout import Instance, LayoutTarget, Step, devices_of, inverse, layout_targets, steps
 from gpuslice.planning.mig_mode import switches_mig_mode
 from gpuslice.planning.node_pool import NodePlan, layout
-from gpuslice.planning.taints import MIG_FAILED_TAINT_KEY, RECONFIGURING_TAINT_KEY
 
 log = structlog.get_logger(__name__)
 APPLIED_FILE = "mig-layouts.json"

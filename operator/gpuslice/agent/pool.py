@@ -45,8 +45,9 @@ from gpuslice.agent.publisher import (
 )
 from gpuslice.agent.watches import AgentView
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER, PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY
+from gpuslice.dra.names import DRIVER, PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY
 from gpuslice.dra.resourceslice import resource_slice, slice_name
+from gpuslice.dra.wire import TaintJSON, device_policy, pool_mark
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.observability.failpoints import failpoint
@@ -56,15 +57,9 @@ from gpuslice.planning.left_out import ANNOTATION as LEFT_OUT
 from gpuslice.planning.left_out import left_out_annotations
 from gpuslice.planning.node_pool import NodePlan, PlannedSlice, plan_node_pool
 from gpuslice.planning.pool_safety import SafePlan, changing, make_safe, normalized, with_statuses
-from gpuslice.planning.taints import Taint, status_taints_by_gpu
+from gpuslice.planning.taints import status_taints_by_gpu
 
-ATTR_POLICY_KEY = f"{ATTRIBUTE_DOMAIN}/{ATTR_POLICY}"
 log = structlog.get_logger(__name__)
-
-
-def _policy_of(device: dict[str, Any]) -> str | None:
-    value = (device.get("attributes") or {}).get(ATTR_POLICY_KEY, {}).get("string")
-    return str(value) if value is not None else None
 
 
 def _pending(device: dict[str, Any]) -> bool:
@@ -109,7 +104,7 @@ class Observed:
     last: Published | None  # the record of the last write
     drained: set[str]  # tainted devices no claim can get any more
     allocated: set[str]  # devices claims (or this node's prepares) hold; read only when a change needs them
-    statuses: Mapping[str, Sequence[Taint]]  # the GPUs' health taints, by UUID
+    statuses: Mapping[str, Sequence[TaintJSON]]  # the GPUs' health taints, by UUID
 
     @property
     def labels(self) -> dict[str, str]:
@@ -122,7 +117,7 @@ class Observed:
     @property
     def generation(self) -> int:
         """The pool's generation now: the newest of its slices and its record."""
-        seen = {int(s["spec"]["pool"]["generation"]) for s in self.existing}
+        seen = {pool_mark(s["spec"])[1] for s in self.existing}
         return max(seen | ({self.last.generation} if self.last is not None else set()), default=0)
 
 
@@ -161,7 +156,7 @@ class NodePool:
 
     def __init__(self, node: str, kube: KubeClient, ops: GpuOps, *, record: PublishedRecord | None = None,
                  checkpoints: Checkpoints | None = None, mig: MigManager | None = None,
-                 statuses: Callable[[], Mapping[str, Sequence[Taint]]] = dict,
+                 statuses: Callable[[], Mapping[str, Sequence[TaintJSON]]] = dict,
                  unsupported: Mapping[str, str] | None = None, drains: Drains | None = None) -> None:
         self.node, self.kube, self.ops = node, kube, ops
         self.gpus: list[Gpu] = list(ops.gpus.values())
@@ -173,7 +168,8 @@ class NodePool:
 
     @classmethod
     def kept_in(cls, state: Path, node: str, kube: KubeClient, ops: GpuOps, *, boot_id: str | None = None,
-                statuses: Callable[[], Mapping[str, Sequence[Taint]]] = dict, drains: Drains | None = None) -> NodePool:
+                statuses: Callable[[], Mapping[str, Sequence[TaintJSON]]] = dict,
+                drains: Drains | None = None) -> NodePool:
         """The pool with what the node keeps in ``state`` (created if missing): the record, the
         checkpoints (stamped with ``boot_id``) and the MIG manager's applied layouts."""
         state.mkdir(parents=True, exist_ok=True)
@@ -246,7 +242,7 @@ class NodePool:
         # Leaving refused policies out later only freezes more devices, so this plan is the most that can change.
         first = await self._planned(labels, gpus, [p for p in policies.plannable
                                                    if p.name not in self.refusals.current(_generations(policies))])
-        at_stake = changing(first, published, {d["name"] for d in published if _policy_of(d) in policies.frozen})
+        at_stake = changing(first, published, {d["name"] for d in published if device_policy(d) in policies.frozen})
         # A GPU waiting for a MIG reconfiguration is judged on the claims too: never under a claim.
         needed = bool(at_stake or drained or (mig is not None and mig.pending))
         allocated = (await allocated_devices(kube, node) if needed else set()) | held
@@ -265,14 +261,14 @@ class NodePool:
         a dry run leaves out the policies it blames, and is planned again (each round leaves out at
         least one more, or raises ``GenerationRefused``)."""
         node, mig, o = self.node, self.mig, observed
-        generations = {int(s["spec"]["pool"]["generation"]) for s in o.existing}
-        counts = {int(s["spec"]["pool"]["resourceSliceCount"]) for s in o.existing}
+        generations = {pool_mark(s["spec"])[1] for s in o.existing}
+        counts = {pool_mark(s["spec"])[2] for s in o.existing}
         current = o.current
         while True:
             refused = self.refusals.current(_generations(o.policies))
             plan = await self._planned(o.labels, o.gpus, [p for p in o.policies.plannable if p.name not in refused])
             kept = {**o.policies.frozen, **refused}
-            frozen = {d["name"] for d in o.published if _policy_of(d) in kept}
+            frozen = {d["name"] for d in o.published if device_policy(d) in kept}
             safe = make_safe(plan, o.published, o.counter_sets, o.allocated, drained=o.drained, frozen=frozen)
             gpu_statuses = status_taints_by_gpu(o.statuses,
                                                 mig.statuses(o.allocated, o.published) if mig else {})

@@ -19,7 +19,7 @@ import pydantic
 from prometheus_client import Counter, Gauge
 
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.dra.names import DRIVER
+from gpuslice.dra.wire import allocation_results
 from gpuslice.kube.client import KubeClient
 from gpuslice.kube.watch import list_all
 
@@ -55,13 +55,10 @@ async def allocated_devices(kube: KubeClient, node: str) -> set[str]:
     """Names of this pool's devices that some claim has allocated (every claim, in pages:
     the API server cannot select claims by pool). Not with admin access: that takes no device
     from anyone (the scheduler counts nothing taken), so it holds back no change of one."""
-    found = set()
+    found: set[str] = set()
     claims, _ = await list_all(kube, "/apis/resource.k8s.io/v1/resourceclaims")
     for claim in claims:
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for result in (allocation.get("devices") or {}).get("results") or []:
-            if result.get("driver") == DRIVER and result.get("pool") == node and not result.get("adminAccess"):
-                found.add(str(result["device"]))
+        found.update(r["device"] for r in allocation_results(claim) if r["pool"] == node and not r.get("adminAccess"))
     return found
 
 
@@ -82,10 +79,6 @@ def _not_yet_valid(policy: GpuSlicePolicy) -> str | None:
     if valid is None or valid.status != "True":
         return f"the controller found it invalid ({valid.reason if valid else 'no Valid condition'})"
     return None
-
-
-async def read_policies(kube: KubeClient, unsupported: Mapping[str, str] | None = None) -> Policies:
-    return sort_policies(await kube.list(POLICIES), unsupported)
 
 
 def _parse(body: dict[str, Any]) -> GpuSlicePolicy | str:

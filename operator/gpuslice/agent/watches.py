@@ -28,6 +28,7 @@ import structlog
 
 from gpuslice.api.policy import LabelSelector
 from gpuslice.dra.names import DRIVER
+from gpuslice.dra.wire import allocation_results
 from gpuslice.kube.client import KubeClient
 from gpuslice.kube.watch import watch
 from gpuslice.planning.coexistence import OtherDriverGpus, other_driver_gpus
@@ -187,8 +188,7 @@ class AgentWatches:
 
     def _claim_event(self, kind: str | None, body: dict[str, Any]) -> None:
         key = (body["metadata"].get("namespace") or "", body["metadata"]["name"])
-        results = (((body.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-        ours = kind != "DELETED" and any(r.get("driver") == DRIVER and r.get("pool") == self.node for r in results)
+        ours = kind != "DELETED" and any(r["pool"] == self.node for r in allocation_results(body))
         if kind is not None and (ours or key in self._in_pool):
             self.wake.set()  # allocated from, or released back to, this pool
         if ours:

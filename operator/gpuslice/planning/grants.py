@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from gpuslice.dra import wire
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.planning.devices import Device
 
@@ -37,12 +35,6 @@ class Grant:
     def memory_limit(self) -> int:
         """The GPU memory this grant stands for: the claim's share of a shared device, else the device's."""
         return self.consumed_memory if self.consumed_memory is not None else self.device.memory
-
-
-def consumed_memory(result: Mapping[str, Any]) -> int | None:
-    """The ``memory`` a raw allocation result consumed, in bytes (``dra.wire.consumed_memory``): kept for
-    the kubelet plugin's prepare until it reads its results through ``dra.wire``."""
-    return wire.consumed_memory(wire.result_of(result))
 
 
 def common_environment(grant: Grant) -> dict[str, str]:

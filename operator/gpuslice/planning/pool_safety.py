@@ -25,10 +25,11 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
+from gpuslice.dra.names import PENDING_TAINT_KEY
 from gpuslice.dra.quantity import parse_quantity
 from gpuslice.dra.wire import DeviceJSON, TaintJSON, device_gpu
 from gpuslice.planning.node_pool import NodePlan, PlannedSlice, layout
-from gpuslice.planning.taints import PENDING_TAINT_KEY, with_status_taints, without_agent_taints
+from gpuslice.planning.taints import with_status_taints, without_agent_taints
 
 _QUANTITY_KEYS = {"value", "default", "min", "max", "step"}
 

@@ -17,15 +17,10 @@ from gpuslice.dra.names import (
     RECONFIGURING_TAINT_KEY,
     UNHEALTHY_TAINT_KEY,
 )
-from gpuslice.dra.wire import TaintJSON, device_gpu
+from gpuslice.dra.wire import TaintJSON
 
-# device_gpu and Taint stay importable from here for the agent modules that still do (publisher,
-# run, kubeletplugin/node) until they import dra.wire's device_gpu and TaintJSON.
-__all__ = ["MIG_FAILED_TAINT_KEY", "PENDING_TAINT_KEY", "RECONFIGURING_TAINT_KEY", "UNHEALTHY_TAINT_KEY", "Taint",
-           "device_gpu"]
 STATUS_TAINT_KEYS = frozenset({UNHEALTHY_TAINT_KEY, RECONFIGURING_TAINT_KEY, MIG_FAILED_TAINT_KEY, DEFRAG_TAINT_KEY})
 AGENT_TAINT_KEYS = STATUS_TAINT_KEYS | {PENDING_TAINT_KEY}
-Taint = TaintJSON
 
 
 def without_agent_taints(device: Mapping[str, Any]) -> dict[str, Any]:

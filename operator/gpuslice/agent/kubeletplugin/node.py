@@ -21,8 +21,8 @@ from gpuslice.agent.kubeletplugin.settings import PluginSettings
 from gpuslice.agent.mps.daemons import MpsDaemons
 from gpuslice.agent.pool import NodePool
 from gpuslice.agent.published import PublishedRecord
+from gpuslice.dra.wire import device_gpu
 from gpuslice.planning.devices import Device
-from gpuslice.planning.taints import device_gpu
 
 log = structlog.get_logger(__name__)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import structlog
 
@@ -41,9 +40,17 @@ from gpuslice.agent.pool import NodePool
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.dra import cdi
 from gpuslice.dra.names import DRIVER
+from gpuslice.dra.wire import (
+    AllocationResult,
+    allocation_results,
+    consumed_memory,
+    devices_of,
+    is_allocated,
+    newest_generation,
+)
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.planning.devices import Device
-from gpuslice.planning.grants import Grant, consumed_memory, prefixed
+from gpuslice.planning.grants import Grant, prefixed
 from gpuslice.planning.modes import environment
 from gpuslice.planning.mps import DaemonDirs, DaemonKey, client_edits
 
@@ -76,14 +83,11 @@ async def published_pool(kube: KubeClient, node: str) -> dict[str, Device]:
     """The devices this node's pool publishes now (the newest generation), typed, by name."""
     slices = [s for s in await kube.list(SLICES, fieldSelector=f"spec.nodeName={node},spec.driver={DRIVER}")
               if s["spec"]["pool"]["name"] == node]
-    newest = max((int(s["spec"]["pool"]["generation"]) for s in slices), default=0)
+    newest = newest_generation([s["spec"] for s in slices], node)
     found = {}
-    for body in slices:
-        if int(body["spec"]["pool"]["generation"]) != newest:
-            continue
-        for manifest in body["spec"].get("devices") or []:
-            if (device := Device.from_manifest(manifest)) is not None:
-                found[device.name] = device
+    for manifest in devices_of(newest) if newest is not None else []:
+        if (device := Device.from_manifest(manifest)) is not None:
+            found[device.name] = device
     return found
 
 
@@ -122,7 +126,7 @@ class Preparer:
                 await asyncio.shield(self.undo(checkpoint))
                 raise
 
-    async def _our_results(self, claim: ClaimRef) -> list[dict[str, Any]]:
+    async def _our_results(self, claim: ClaimRef) -> list[AllocationResult]:
         path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
         try:
             body = await self.kube.get(path)
@@ -131,17 +135,17 @@ class Preparer:
         if body["metadata"].get("uid") != claim.uid:
             raise ClaimNotFound(f"claim {claim} was deleted and recreated (uid {body['metadata'].get('uid')}, the"
                                 f" kubelet asked for {claim.uid}); the kubelet prepares the new one separately.")
-        allocation = (body.get("status") or {}).get("allocation")
-        if not allocation:
+        if not is_allocated(body):
             raise NotAllocated(f"claim {claim} is not allocated; the kubelet asks only once the scheduler has.")
-        results = [r for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver") == DRIVER]
-        elsewhere = sorted({str(r.get("pool")) for r in results if r.get("pool") != self.node})
+        results = allocation_results(body)
+        elsewhere = sorted({r["pool"] for r in results if r["pool"] != self.node})
         if elsewhere:
             raise NotAllocated(f"claim {claim} has {DRIVER} devices of pools {', '.join(elsewhere)}, not only of"
                                f" node {self.node}'s pool; a pod can use only devices of the node it runs on.")
         return results
 
-    async def _start(self, claim: ClaimRef, results: list[dict[str, Any]]) -> tuple[ClaimCheckpoint, dict[str, Device]]:
+    async def _start(self, claim: ClaimRef,
+                     results: list[AllocationResult]) -> tuple[ClaimCheckpoint, dict[str, Device]]:
         async with self.pool.lock:
             published = await published_pool(self.kube, self.node) if results else {}
             if results and not published:
@@ -149,7 +153,7 @@ class Preparer:
                     f"claim {claim}: node {self.node}'s pool has no published slices right now (the kubelet removes"
                     " a driver's slices when it starts or when the plugin was away; the agent is publishing them"
                     " again); the kubelet retries.")
-            missing = [str(r["device"]) for r in results if r["device"] not in published]
+            missing = [r["device"] for r in results if r["device"] not in published]
             if missing:
                 raise DeviceNotPublished(
                     f"claim {claim} was allocated device{'s' if len(missing) > 1 else ''} {', '.join(missing)} of pool"
@@ -163,7 +167,7 @@ class Preparer:
                 device = published[result["device"]]
                 admin = bool(result.get("adminAccess"))
                 devices.append(PreparedDevice(
-                    request=str(result.get("request", "")), pool=self.node, device=device.name, mode=device.mode,
+                    request=result["request"], pool=self.node, device=device.name, mode=device.mode,
                     gpu_uuid=device.gpu_uuid, share_id=result.get("shareID"), consumed_memory=consumed_memory(result),
                     admin_access=admin, mig=prep_of(device.mode).plan(device, admin, device.gpu_uuid in static),
                     mps=device.isolation == "MPS" and not admin, policy=device.policy,
@@ -182,7 +186,7 @@ class Preparer:
         kill_point("prepare-started")
         return checkpoint, {d.device: published[d.device] for d in devices}
 
-    async def _check_tenancy(self, claim: ClaimRef, results: list[dict[str, Any]],
+    async def _check_tenancy(self, claim: ClaimRef, results: list[AllocationResult],
                              devices: dict[str, Device]) -> None:
         """The line behind the tenancy rule: the claim's namespace must be one the device's policy
         names now (``spec.tenants``; for an admin-access request ``spec.adminAccess.namespaces``),
@@ -191,7 +195,7 @@ class Preparer:
         yet probing again) and when the policy dropped the namespace since. It checks membership
         only: the rule's other clauses (limits, UIDs, taints) and a second pod on a claim already
         prepared on this node are the rule's alone. A claim already prepared keeps its answer."""
-        wanted = sorted({(devices[str(r["device"])].policy, bool(r.get("adminAccess"))) for r in results})
+        wanted = sorted({(devices[r["device"]].policy, bool(r.get("adminAccess"))) for r in results})
         for policy, admin in wanted:
             try:
                 body = await self.kube.get(f"{POLICIES}/{policy}")
