@@ -168,7 +168,7 @@ async def show_policy(kube: KubeClient, console: Console) -> str:
 
 async def apply_shared(kube: KubeClient, cluster: DevCluster, console: Console) -> None:
     """The shared-capacity example on the A100 node, which opts in with its label. Its A100s come up in
-    MIG mode (a node given to MIG), where no whole-GPU device can be used (planning.mig_mode): the demo
+    MIG mode (a node given to MIG), where no whole-GPU device can be used (planning.node.mig_mode): the demo
     plays the admin who switched MIG mode off first (``gpuslice fake-gpu mig-mode N off``)."""
     node_state = FakeStateFile(cluster.node_dir(NOTEBOOK_NODE) / "agent")
     def mig_off(state: FakeState) -> None:

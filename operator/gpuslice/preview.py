@@ -1,6 +1,6 @@
 """``gpuslice plan``: what a node agent would publish for some policies, without a cluster.
 
-The same planning code as the agent (``planning.node_pool``) on fake GPUs of
+The same planning code as the agent (``planning.node.node_pool``) on fake GPUs of
 the models asked for, so a platform team sees the exact slices before applying
 a policy, and for static MIG layouts the reconfiguration steps the agent will
 take (from the policies' previous version with ``--from``).
@@ -20,8 +20,8 @@ from gpuslice.dra.resourceslice import resource_slice
 from gpuslice.dra.wire import attribute, device_policy
 from gpuslice.errors import GpusliceError
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.planning.mig_layout import Instance, layout_targets, steps
-from gpuslice.planning.node_pool import NodePlan, plan_node_pool
+from gpuslice.planning.node.mig_layout import Instance, layout_targets, steps
+from gpuslice.planning.node.node_pool import NodePlan, plan_node_pool
 
 
 class PlanError(GpusliceError):

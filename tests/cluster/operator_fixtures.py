@@ -307,7 +307,7 @@ async def memory_webhook(cluster: DevCluster, kube: KubeClient, controller: Cont
     """The maxMemory webhook, as the dev cluster runs it: its RBAC, its configuration by URL, its own
     ServiceAccount; its certificate made by the session's controller."""
     from gpuslice.devcluster.operator import webhook_url
-    from gpuslice.planning.memory_rule import memory_webhook as webhook_config
+    from gpuslice.planning.cluster.memory_rule import memory_webhook as webhook_config
 
     directory = tmp_path_factory.mktemp("webhook")
     kubeconfig = await write_controller_kubeconfig(cluster, kube, directory, "gpuslice-webhook",

@@ -8,7 +8,7 @@ from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.resourceslice import resource_slice
 from gpuslice.kube.client import KubeClient
-from gpuslice.planning.node_pool import plan_node_pool
+from gpuslice.planning.node.node_pool import plan_node_pool
 from tests.cluster.faults.invariants import InvariantChecker
 
 GPUS = FakeBackend("n1", [("h100-80gb", 1)]).discover()

@@ -44,10 +44,10 @@ from gpuslice.errors import GpusliceError
 from gpuslice.inventory.catalog import MI
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model, product_key
-from gpuslice.planning.gpu_use import parse_cgroup
-from gpuslice.planning.mig_mode import switches_mig_mode
 from gpuslice.planning.modes import MODES
-from gpuslice.planning.node_pool import MPS_MIN_COMPUTE_CAPABILITY, plan_node_pool
+from gpuslice.planning.node.gpu_use import parse_cgroup
+from gpuslice.planning.node.mig_mode import switches_mig_mode
+from gpuslice.planning.node.node_pool import MPS_MIN_COMPUTE_CAPABILITY, plan_node_pool
 
 # The NVML functions the check may call: queries only (the backend's discovery and its listing of
 # MIG instances). docs/nvidia.md lists them.

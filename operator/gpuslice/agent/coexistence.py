@@ -1,5 +1,5 @@
 """Saying so when another DRA driver publishes this node's GPUs (the refusal itself is the
-publisher's: ``planning.coexistence.taken_gpus``): a Warning Event on the Node when a GPU is
+publisher's: ``planning.node.coexistence.taken_gpus``): a Warning Event on the Node when a GPU is
 taken, a Normal one when it is free again, a metric per GPU, and the log."""
 
 from __future__ import annotations

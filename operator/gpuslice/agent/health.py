@@ -1,4 +1,4 @@
-"""Watch the GPUs' health: poll the backend's faults, keep each GPU's state (``planning.health``),
+"""Watch the GPUs' health: poll the backend's faults, keep each GPU's state (``planning.node.health``),
 and tell everyone who must know when it changes.
 
 - the publisher, which taints the GPU's devices ``gpuslice.dev/unhealthy`` (the scheduler stops
@@ -23,7 +23,7 @@ from gpuslice.agent.settings import HealthSettings
 from gpuslice.dra.wire import TaintJSON
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
-from gpuslice.planning.health import UNHEALTHY_TAINT_KEY, GpuHealth, step, taint
+from gpuslice.planning.node.health import UNHEALTHY_TAINT_KEY, GpuHealth, step, taint
 
 log = structlog.get_logger(__name__)
 UNHEALTHY = Gauge("gpuslice_agent_gpu_unhealthy", "1 for each GPU that is unhealthy or lost now, labelled with why.",

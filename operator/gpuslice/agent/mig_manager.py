@@ -42,12 +42,12 @@ from gpuslice.dra.names import MIG_FAILED_TAINT_KEY, RECONFIGURING_TAINT_KEY
 from gpuslice.dra.wire import TaintJSON, device_gpu
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
-from gpuslice.planning.coexistence import mig_manager_active
 from gpuslice.planning.devices import Device
 from gpuslice.planning.left_out import MIG_MODE_ON
-from gpuslice.planning.mig_layout import Instance, LayoutTarget, Step, devices_of, inverse, layout_targets, steps
-from gpuslice.planning.mig_mode import switches_mig_mode
-from gpuslice.planning.node_pool import NodePlan, layout
+from gpuslice.planning.node.coexistence import mig_manager_active
+from gpuslice.planning.node.mig_layout import Instance, LayoutTarget, Step, devices_of, inverse, layout_targets, steps
+from gpuslice.planning.node.mig_mode import switches_mig_mode
+from gpuslice.planning.node.node_pool import NodePlan, layout
 
 log = structlog.get_logger(__name__)
 APPLIED_FILE = "mig-layouts.json"

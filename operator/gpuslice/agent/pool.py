@@ -51,13 +51,13 @@ from gpuslice.dra.wire import TaintJSON, device_policy, pool_mark
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.observability.failpoints import failpoint
-from gpuslice.planning.coexistence import other_driver_gpus, taken_gpus
-from gpuslice.planning.defrag_taints import freeing_on_node, with_defrag_taints
 from gpuslice.planning.left_out import ANNOTATION as LEFT_OUT
 from gpuslice.planning.left_out import left_out_annotations
-from gpuslice.planning.node_pool import NodePlan, PlannedSlice, plan_node_pool
-from gpuslice.planning.pool_safety import SafePlan, changing, make_safe, normalized, with_statuses
-from gpuslice.planning.taints import status_taints_by_gpu
+from gpuslice.planning.node.coexistence import other_driver_gpus, taken_gpus
+from gpuslice.planning.node.defrag_taints import freeing_on_node, with_defrag_taints
+from gpuslice.planning.node.node_pool import NodePlan, PlannedSlice, plan_node_pool
+from gpuslice.planning.node.pool_safety import SafePlan, changing, make_safe, normalized, with_statuses
+from gpuslice.planning.node.taints import status_taints_by_gpu
 
 log = structlog.get_logger(__name__)
 

@@ -7,7 +7,7 @@
   the same instant, and read nothing else (the policy and the Node come from these watches).
 - Its own Node (``metadata.name``) and the ResourceSlices on it (``spec.nodeName``, an indexed
   field): the API server sends nothing about other nodes. Its own slices wake it when someone
-  else changed them; other drivers' slices when the GPUs they name change (``planning.coexistence``).
+  else changed them; other drivers' slices when the GPUs they name change (``planning.node.coexistence``).
 - ResourceClaims only while the agent holds back a change for a claim (``want_claims``):
   claims cannot be selected by pool on the server, so a cluster-wide claim watch costs every
   agent every claim change in the cluster. While nothing waits for a claim, no claim event
@@ -31,7 +31,7 @@ from gpuslice.dra.names import DRIVER
 from gpuslice.dra.wire import allocation_results
 from gpuslice.kube.client import KubeClient
 from gpuslice.kube.watch import watch
-from gpuslice.planning.coexistence import OtherDriverGpus, other_driver_gpus
+from gpuslice.planning.node.coexistence import OtherDriverGpus, other_driver_gpus
 
 log = structlog.get_logger(__name__)
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"

@@ -11,7 +11,7 @@ from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.devcluster.nodes import fake_gpu_node
 from gpuslice.inventory.nodes import node_gpus
-from gpuslice.planning.node_pool import plan_node_pool
+from gpuslice.planning.node.node_pool import plan_node_pool
 from gpuslice.planning.selection import select
 from gpuslice.planning.validation import validate
 

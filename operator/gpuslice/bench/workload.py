@@ -26,7 +26,7 @@ from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.dra.wire import allocation_results, consumed_quantity
 from gpuslice.kube.client import KubeError
 from gpuslice.kube.paths import object_path
-from gpuslice.planning.node_pool import plan_node_pool
+from gpuslice.planning.node.node_pool import plan_node_pool
 
 FIELD_MANAGER = "gpuslice-bench"
 PAUSE = "registry.k8s.io/pause:3.10"

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpuslice.planning.cluster_objects import DeviceRef
-from gpuslice.planning.usage import ClaimView, SliceView
+from gpuslice.planning.cluster.cluster_objects import DeviceRef
+from gpuslice.planning.reads.usage import ClaimView, SliceView
 
 
 @dataclass

@@ -31,9 +31,9 @@ from gpuslice.controller.defrag_read import POLICIES, read_cluster
 from gpuslice.controller.events import post_object_event
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.kube.client import KubeClient, NotFound
-from gpuslice.planning.defrag import plan_defrag
-from gpuslice.planning.defrag_model import Plan, moves_in_flight
-from gpuslice.planning.defrag_taints import parse_time
+from gpuslice.planning.node.defrag_taints import parse_time
+from gpuslice.planning.reads.defrag import plan_defrag
+from gpuslice.planning.reads.defrag_model import Plan, moves_in_flight
 
 log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]

@@ -52,9 +52,9 @@ from gpuslice.kube.client import (
     refused_by_disruption_budget,
 )
 from gpuslice.observability.failpoints import failpoint
-from gpuslice.planning.defrag_facts import PodFacts, opted_out_namespaces, pod_blocker
-from gpuslice.planning.defrag_model import Plan
-from gpuslice.planning.defrag_taints import parse_time
+from gpuslice.planning.node.defrag_taints import parse_time
+from gpuslice.planning.reads.defrag_facts import PodFacts, opted_out_namespaces, pod_blocker
+from gpuslice.planning.reads.defrag_model import Plan
 
 log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]

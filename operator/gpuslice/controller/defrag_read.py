@@ -15,10 +15,10 @@ from typing import Any
 
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRIVER
 from gpuslice.kube.client import Forbidden, KubeClient, NotFound
-from gpuslice.planning.defrag import plan_defrag
-from gpuslice.planning.defrag_facts import ClaimFacts, DisruptionBudget, PodFacts, opted_out_namespaces
-from gpuslice.planning.defrag_model import Cluster, Plan, Waiting, moves_in_flight, waiting_pods
-from gpuslice.planning.published import drain_lists, read_pools
+from gpuslice.planning.reads.defrag import plan_defrag
+from gpuslice.planning.reads.defrag_facts import ClaimFacts, DisruptionBudget, PodFacts, opted_out_namespaces
+from gpuslice.planning.reads.defrag_model import Cluster, Plan, Waiting, moves_in_flight, waiting_pods
+from gpuslice.planning.reads.published import drain_lists, read_pools
 
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 RESOURCE = "/apis/resource.k8s.io/v1"

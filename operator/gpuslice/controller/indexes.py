@@ -22,16 +22,16 @@ from gpuslice.controller.tenancy import LedgerView, QuotaView
 from gpuslice.controller.world import FleetMemo, World
 from gpuslice.dra.names import DRIVER, LABEL_POLICY
 from gpuslice.dra.wire import pool_mark
-from gpuslice.planning.coexistence import other_driver_gpus
-from gpuslice.planning.published import own_pool
-from gpuslice.planning.usage import ClaimView, SliceView, slice_policies
+from gpuslice.planning.node.coexistence import other_driver_gpus
+from gpuslice.planning.reads.published import own_pool
+from gpuslice.planning.reads.usage import ClaimView, SliceView, slice_policies
 
 POLICY = (GROUP, VERSION, PLURAL)
 SLICES = ("resource.k8s.io", "v1", "resourceslices")
 
 
 def other_driver(spec: kopf.Spec, **_: Any) -> bool:
-    """A slice of another DRA driver on a node (it may name GPUs: planning.coexistence)."""
+    """A slice of another DRA driver on a node (it may name GPUs: planning.node.coexistence)."""
     return spec.get("driver") != DRIVER and bool(spec.get("nodeName"))
 
 
@@ -133,7 +133,7 @@ def policy_pool_index(spec: kopf.Spec, annotations: kopf.Annotations, **_: Any) 
 
 
 def other_driver_index(spec: kopf.Spec, **_: Any) -> dict[str, tuple[str, int]]:
-    """Other drivers' slices that name GPUs, by node (planning.coexistence)."""
+    """Other drivers' slices that name GPUs, by node (planning.node.coexistence)."""
     found = other_driver_gpus(spec)
     return {str(spec["nodeName"]): (found.driver, found.gpu_devices)} if found.gpu_devices else {}
 

@@ -39,12 +39,11 @@ from gpuslice.controller.tenancy_labels import sync_routes
 from gpuslice.controller.world import World
 from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import KubeError
-from gpuslice.planning.cluster_objects import DeviceRef, desired_ledgers, desired_objects
-from gpuslice.planning.coexistence import mig_manager_active
+from gpuslice.planning.cluster.cluster_objects import DeviceRef, desired_ledgers, desired_objects
 from gpuslice.planning.kinds import DeviceKind, classes_in_force
 from gpuslice.planning.modes import device_kinds, mode_of
-from gpuslice.planning.selection import Problem
-from gpuslice.planning.usage import (
+from gpuslice.planning.node.coexistence import mig_manager_active
+from gpuslice.planning.reads.usage import (
     device_info,
     devices_by_policy,
     failed_devices,
@@ -53,6 +52,7 @@ from gpuslice.planning.usage import (
     unhealthy_devices,
     usage,
 )
+from gpuslice.planning.selection import Problem
 from gpuslice.planning.validation import validate
 
 log = structlog.get_logger(__name__)

@@ -1,6 +1,6 @@
 """Asking kube-scheduler to try again pods it turned away while refused allocations were in flight.
 
-Why (planning.retry): the scheduler counts allocations it is writing when it filters; when an
+Why (planning.reads.retry): the scheduler counts allocations it is writing when it filters; when an
 admission rule refuses them (a tenant over its maxMemory), nothing tries again the pods it turned
 away meanwhile, for up to 5 minutes. Every ``--scheduler-retry-interval`` seconds the leader
 lists the pods not yet on a node in the policies' tenant namespaces; only when one was turned
@@ -25,9 +25,9 @@ from prometheus_client import Counter
 from gpuslice.controller.defrag_read import POLICIES, RESOURCE, in_namespaces, tenants_of
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.kube.client import KubeClient, NotFound
-from gpuslice.planning.occupancy import occupancy
-from gpuslice.planning.published import read_pools
-from gpuslice.planning.retry import Retry, to_retry, turned_away
+from gpuslice.planning.reads.occupancy import occupancy
+from gpuslice.planning.reads.published import read_pools
+from gpuslice.planning.reads.retry import Retry, to_retry, turned_away
 
 log = structlog.get_logger(__name__)
 RETRY_AT = f"{ATTRIBUTE_DOMAIN}/retry-at"

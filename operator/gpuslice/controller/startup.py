@@ -13,7 +13,7 @@ from gpuslice.controller.state import Context
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, TENANCY_JUDGED, TENANCY_LABEL
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.discovery import served_resources
-from gpuslice.planning.admission import ADMIN_LABEL_GUARD
+from gpuslice.planning.cluster.admission import ADMIN_LABEL_GUARD
 
 log = structlog.get_logger(__name__)
 SERVICE_ACCOUNT = "system:serviceaccount:"

@@ -17,8 +17,8 @@ from gpuslice.api.status import (
 )
 from gpuslice.planning.kinds import DeviceKind, limit_bytes, quota
 from gpuslice.planning.left_out import MIG_MODE_OFF, MIG_MODE_ON, LeftOut
+from gpuslice.planning.reads.usage import Usage
 from gpuslice.planning.selection import Problem, Selection
-from gpuslice.planning.usage import Usage
 
 TENANCY_NOT_ENFORCED = "TenancyNotEnforced"
 STATUS_REFUSED = "StatusRefused"  # the API server refused the status worked out (only Valid is written)

@@ -22,8 +22,8 @@ from gpuslice.controller.state import Context
 from gpuslice.controller.status import STATUS_REFUSED, Findings, build_status, status_body
 from gpuslice.controller.world import World
 from gpuslice.kube.client import KubeError
+from gpuslice.planning.reads.usage import devices_by_policy, published_by_policy, usage
 from gpuslice.planning.selection import Problem
-from gpuslice.planning.usage import devices_by_policy, published_by_policy, usage
 
 log = structlog.get_logger(__name__)
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"

@@ -2,7 +2,7 @@
 apiserver enforces the rule before a policy is called Valid.
 
 The rule itself is the static admission policy ``gpuslice-tenancy`` (manifests/admission.yaml,
-built in planning.tenancy_rule). Two things here feed and check it:
+built in planning.cluster.tenancy_rule). Two things here feed and check it:
 
 - ``status.admittedTenants``: a tenant namespace is admitted (by UID) only once the policy has
   been converged for it; a limited tenant only for the kinds of device its quota has *in force*
@@ -42,9 +42,9 @@ from gpuslice.dra.names import (
 )
 from gpuslice.dra.quantity import parse_quantity
 from gpuslice.kube.client import KubeClient, KubeError, NotFound, NotReady
-from gpuslice.planning.cluster_objects import quota_name
+from gpuslice.planning.cluster.cluster_objects import quota_name
+from gpuslice.planning.cluster.tenancy_rule import NON_TENANTS, TENANCY, TENANCY_DENIAL
 from gpuslice.planning.kinds import DeviceKind, quota
-from gpuslice.planning.tenancy_rule import NON_TENANTS, TENANCY, TENANCY_DENIAL
 
 ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
 

@@ -2,7 +2,7 @@
 names (in ``spec.tenants`` or ``spec.adminAccess.namespaces``) and on the controller's own, and on
 no other.
 
-The label only routes admission (planning.tenancy_rule): in a labelled namespace the tenancy rule
+The label only routes admission (planning.cluster.tenancy_rule): in a labelled namespace the tenancy rule
 judges claims of gpuslice's DeviceClasses against every policy; everywhere else a rule without
 parameters refuses them, so the rule that needs the GpuSlicePolicy CRD can never refuse anything
 in a namespace gpuslice has no business in. Both refuse a non-tenant, so whoever sets or removes
@@ -12,7 +12,7 @@ of who set it: the controller owns it on every namespace, and puts it where it i
 
 The label ``gpuslice.dev/memory-limit=judged`` is kept the same way on every namespace that is
 a maxMemory tenant of some policy (and the controller's own, for its probe of the webhook): it
-routes their claims to the maxMemory webhook (planning.memory_rule), and the tenancy rule refuses
+routes their claims to the maxMemory webhook (planning.cluster.memory_rule), and the tenancy rule refuses
 a maxMemory tenant's claims in a namespace without it, so neither label can be used to skip a check.
 
 A policy being deleted names no namespace any more: its deletion handler takes the label off the

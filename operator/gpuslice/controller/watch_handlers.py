@@ -26,8 +26,8 @@ from gpuslice.controller.tenancy_labels import routed_as_wanted, sync_routes
 from gpuslice.controller.world import World
 from gpuslice.dra.names import LABEL_POLICY
 from gpuslice.kube.client import KubeError
-from gpuslice.planning.coexistence import other_driver_gpus
-from gpuslice.planning.usage import ClaimView, SliceView
+from gpuslice.planning.node.coexistence import other_driver_gpus
+from gpuslice.planning.reads.usage import ClaimView, SliceView
 
 
 async def reconcile_each(ctx: Context, bodies: Sequence[Any], current: World, *,

@@ -21,8 +21,8 @@ from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.controller.tenancy import LedgerView, QuotaView
 from gpuslice.inventory.nodes import NodeGpus, node_gpus
 from gpuslice.planning.left_out import LeftOut
+from gpuslice.planning.reads.usage import ClaimView, SliceView
 from gpuslice.planning.selection import Selection, select, selected_nodes
-from gpuslice.planning.usage import ClaimView, SliceView
 
 Inventory = list[tuple[dict[str, str], NodeGpus]]
 

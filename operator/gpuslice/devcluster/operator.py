@@ -22,7 +22,7 @@ from gpuslice.devcluster.process import Component, http_health
 from gpuslice.dra.names import MEMORY_WEBHOOK_PATH
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.paths import object_path
-from gpuslice.planning.memory_rule import memory_webhook
+from gpuslice.planning.cluster.memory_rule import memory_webhook
 
 FIELD_MANAGER = "gpuslice-dev-cluster"
 CONTROLLER_SA = ("gpuslice-system", "gpuslice-controller")

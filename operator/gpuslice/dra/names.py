@@ -16,7 +16,7 @@ ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 CONTROLLER_NAMESPACE = "gpuslice-system"
 # The namespaces whose claims of gpuslice's DeviceClasses the tenancy rule judges against every
 # GpuSlicePolicy (its parameters) carry this label: those some policy names, and the controller's
-# own. Everywhere else a rule without parameters refuses them (planning.tenancy_rule says why).
+# own. Everywhere else a rule without parameters refuses them (planning.cluster.tenancy_rule says why).
 TENANCY_LABEL = "gpuslice.dev/tenancy"
 TENANCY_JUDGED = "judged"
 # Taints the node agent puts on devices to keep new claims off them (a held change, a drain,
@@ -24,7 +24,7 @@ TENANCY_JUDGED = "judged"
 # that is not one of their policy's own tolerable taints.
 PENDING_TAINT_KEY = "gpuslice.dev/pending-change"  # an allocated device keeps its old shape (pool_safety)
 RECONFIGURING_TAINT_KEY = "gpuslice.dev/reconfiguring"  # the GPU's MIG layout is about to change
-UNHEALTHY_TAINT_KEY = "gpuslice.dev/unhealthy"  # the GPU reported a fault (planning.health)
+UNHEALTHY_TAINT_KEY = "gpuslice.dev/unhealthy"  # the GPU reported a fault (planning.node.health)
 MIG_FAILED_TAINT_KEY = "gpuslice.dev/mig-failed"  # a MIG reconfiguration failed and was rolled back
 # A GPU being freed for a waiting pod (defragmentation): on its devices but the one the pod gets.
 DEFRAG_TAINT_KEY = "gpuslice.dev/defrag"

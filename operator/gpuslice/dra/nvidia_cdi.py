@@ -145,7 +145,7 @@ def common_edits(toolkit: Toolkit, host: HostFacts) -> ContainerEdits:
     The toolkit mounts ``/tmp/nvidia-mps`` into every container when it existed as the spec was
     generated (``internal/discover/ipc.go``, ``NewIPCDiscoverer``): copied into a claim, it would make
     the container a client of whatever MPS daemon the host runs there. gpuslice decides MPS per
-    policy: its MPS clients get their own GPU's daemon (``planning.mps``), other containers none."""
+    policy: its MPS clients get their own GPU's daemon (``planning.node.mps``), other containers none."""
     spec = toolkit.common()
     have = {n.path for n in spec.common.device_nodes}
     control = tuple(found.node for p in CONTROL_NODES if p not in have and (found := device_node(toolkit, host, p)))

@@ -2,7 +2,7 @@
 
 Reads the live policies, pools and claims, puts the edited policy in place of the live
 one (or next to them, for a new one) and runs the planner and the safety layer for
-each node (``planning.policy_change``). A node's GPUs are those its published devices
+each node (``planning.reads.policy_change``). A node's GPUs are those its published devices
 stand on; a fake-GPU node's labels name them all, so on kind and the dev cluster a
 GPU that publishes nothing yet is previewed too.
 """
@@ -21,7 +21,7 @@ from gpuslice.inspect.snapshot import InspectError, read_snapshot
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import FAKE_BACKEND, FAKE_COUNT, FAKE_MODEL
 from gpuslice.kube.client import KubeClient
-from gpuslice.planning.policy_change import ChangePlan, plan_change
+from gpuslice.planning.reads.policy_change import ChangePlan, plan_change
 
 NEWEST = "9999-12-31T23:59:59Z"  # a policy not created yet is younger than every live one
 

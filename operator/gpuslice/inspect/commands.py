@@ -26,8 +26,8 @@ from gpuslice.inspect.snapshot import (
 )
 from gpuslice.kube.client import KubeClient
 from gpuslice.kube.credentials import KubeconfigError
-from gpuslice.planning.occupancy import as_json
-from gpuslice.planning.status_report import StatusReport, status_report
+from gpuslice.planning.reads.occupancy import as_json
+from gpuslice.planning.reads.status_report import StatusReport, status_report
 from gpuslice.settings import ClusterAccess, options
 
 cluster_options = options(ClusterAccess)
@@ -123,7 +123,7 @@ async def _diagnose(access: ClusterAccess, target: str | None, namespace: str | 
                     all_namespaces: bool) -> list[Any]:
     """The diagnosis of ``target`` (``NAME`` or ``NAMESPACE/NAME``); without one, of every Pending pod
     that asks for a gpuslice device in ``namespace`` (default: the context's), or everywhere."""
-    from gpuslice.planning.pending import asks_for_devices, diagnose
+    from gpuslice.planning.reads.pending import asks_for_devices, diagnose
 
     async with await _connect(access) as kube:
         snapshot = await read_snapshot(kube)
@@ -150,8 +150,8 @@ async def _with_defrag(kube: KubeClient, diagnoses: list[Any]) -> list[Any]:
     (gpuslice defrag's plan for it; the cluster read once for all)."""
     from gpuslice.controller.defrag_read import read_cluster
     from gpuslice.kube.client import KubeError
-    from gpuslice.planning.defrag_model import defrag_finding
-    from gpuslice.planning.pending import Finding
+    from gpuslice.planning.reads.defrag_model import defrag_finding
+    from gpuslice.planning.reads.pending import Finding
 
     try:
         plans = (await read_cluster(kube)).plans()

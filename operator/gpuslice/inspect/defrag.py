@@ -30,9 +30,9 @@ from gpuslice.controller.startup import whoami
 from gpuslice.inspect.commands import _connect, _console, _run, cluster_options
 from gpuslice.inspect.snapshot import InspectError
 from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotReady
-from gpuslice.planning.defrag_model import Plan, moves_in_flight
-from gpuslice.planning.defrag_taints import parse_time
-from gpuslice.planning.occupancy import as_json
+from gpuslice.planning.node.defrag_taints import parse_time
+from gpuslice.planning.reads.defrag_model import Plan, moves_in_flight
+from gpuslice.planning.reads.occupancy import as_json
 from gpuslice.settings import ClusterAccess
 
 PICKED_UP = 45.0  # seconds within which a controller takes a recorded move up (it tries the taint for 30)

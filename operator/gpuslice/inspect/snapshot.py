@@ -18,9 +18,9 @@ from gpuslice.api.ledger import LEDGERS
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRIVER
 from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotFound, Unauthorized
-from gpuslice.planning.pending import Facts
-from gpuslice.planning.published import drain_lists
-from gpuslice.planning.status_report import Snapshot
+from gpuslice.planning.reads.pending import Facts
+from gpuslice.planning.reads.published import drain_lists
+from gpuslice.planning.reads.status_report import Snapshot
 
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 RESOURCE = "/apis/resource.k8s.io/v1"

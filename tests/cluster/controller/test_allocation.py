@@ -9,8 +9,8 @@ from typing import Any
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
-from gpuslice.planning.admission import binding as binding_of
-from gpuslice.planning.tenancy_rule import NON_TENANTS, TENANCY, tenancy_binding
+from gpuslice.planning.cluster.admission import binding as binding_of
+from gpuslice.planning.cluster.tenancy_rule import NON_TENANTS, TENANCY, tenancy_binding
 from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
 from tests.cluster.agent.test_publishing import pool_devices as published_now
 from tests.cluster.agent.test_publishing import published

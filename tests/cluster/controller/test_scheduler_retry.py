@@ -10,7 +10,7 @@ from typing import Any
 
 from gpuslice.controller.retry import RETRY_AT
 from gpuslice.kube.client import KubeClient
-from gpuslice.planning.retry import turned_away
+from gpuslice.planning.reads.retry import turned_away
 from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
 from tests.cluster.controller.test_allocation import allocation, pod_using
 from tests.cluster.controller.test_max_memory import memory_claim

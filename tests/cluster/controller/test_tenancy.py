@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpuslice.kube.client import KubeClient, KubeError
-from gpuslice.planning.admission import ADMIN_LABEL_GUARD, binding
+from gpuslice.planning.cluster.admission import ADMIN_LABEL_GUARD, binding
 from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
 from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
 from tests.cluster.kubeutil import RESOURCE, delete_namespace, pod_claim, pod_with_claim, wait_for

@@ -34,7 +34,7 @@ from gpuslice.dra.names import DRIVER
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.inventory.catalog import MODELS
 from gpuslice.kube.client import KubeClient, KubeError
-from gpuslice.planning.pool_safety import normalized
+from gpuslice.planning.node.pool_safety import normalized
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 GPU_MEMORY = {m.product_name: m.memory for m in MODELS.values()}

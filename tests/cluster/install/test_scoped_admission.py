@@ -23,7 +23,7 @@ from gpuslice.agent.drain import DRAINING
 from gpuslice.agent.drain import LABEL as DRAIN_LIST
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
-from gpuslice.planning.admission import static_manifests
+from gpuslice.planning.cluster.admission import static_manifests
 from tests.cluster.kubeutil import create_namespace, dev_cluster, wait_for
 from tests.cluster.operator_fixtures import (
     ADMISSION,
@@ -388,7 +388,7 @@ async def test_other_drivers_claims_never_wait_on_the_memory_webhook(
     claims are made and allocated in a namespace labelled as a maxMemory tenant, while the control (the
     controller's probe, which reaches it) is refused for the failed call."""
     from gpuslice.devcluster.ports import free_port
-    from gpuslice.planning.memory_rule import memory_webhook
+    from gpuslice.planning.cluster.memory_rule import memory_webhook
 
     namespace = await create_namespace(skube, "scoped-memory")
     down = memory_webhook(url=f"https://127.0.0.1:{free_port()}/validate/maxmemory")

@@ -1,4 +1,4 @@
-"""A GPU in MIG mode under a whole-GPU, memory or shared policy (planning.mig_mode): no container could
+"""A GPU in MIG mode under a whole-GPU, memory or shared policy (planning.node.mig_mode): no container could
 use it whole, so nothing of that policy is published there; the agent switches MIG mode off itself
 from Hopper on once nothing of the GPU is published, and before Hopper waits for an admin (a reset),
 with the policy's status saying why."""

@@ -15,7 +15,7 @@ import pytest
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.devices import gpu_tag
-from gpuslice.planning.mps import namespace_tag
+from gpuslice.planning.node.mps import namespace_tag
 from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
 from tests.cluster.kubeutil import pod_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory

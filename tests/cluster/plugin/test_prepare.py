@@ -9,8 +9,8 @@ from typing import Any
 
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
 from gpuslice.kube.client import KubeClient
-from gpuslice.planning.admission import binding as binding_of
-from gpuslice.planning.tenancy_rule import NON_TENANTS, TENANCY, tenancy_binding
+from gpuslice.planning.cluster.admission import binding as binding_of
+from gpuslice.planning.cluster.tenancy_rule import NON_TENANTS, TENANCY, tenancy_binding
 from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
 from tests.cluster.controller.test_allocation import pod_using
 from tests.cluster.controller.test_tenancy import claim, dry_run_admitted

@@ -186,7 +186,7 @@ async def test_an_ampere_gpu_whose_mig_mode_is_off_waits_for_its_admin(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str,
 ) -> None:
-    """An A100 switches MIG mode only at a GPU reset, which the agent does not do (planning.mig_mode,
+    """An A100 switches MIG mode only at a GPU reset, which the agent does not do (planning.node.mig_mode,
     as NVIDIA's DRA driver): with MIG mode off nothing of a layout is published or tried, and the
     policy's status says why and what to do, from what the agent wrote on its pool. Once an admin
     has switched one GPU (and reset it), the next cycle applies the layout there."""

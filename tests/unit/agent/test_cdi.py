@@ -7,8 +7,8 @@ from gpuslice.dra import cdi
 from gpuslice.planning.devices import Device
 from gpuslice.planning.grants import Grant
 from gpuslice.planning.modes import environment
-from gpuslice.planning.node_pool import plan_node_pool
-from tests.unit.planning.test_node_pool import policy
+from gpuslice.planning.node.node_pool import plan_node_pool
+from tests.unit.planning.node.test_node_pool import policy
 
 
 def devices(mode: str, **slicing: object) -> list[Device]:

@@ -106,7 +106,7 @@ def test_mig_capable_gpus_start_as_a_node_is_usually_found(tmp_path: Path) -> No
 
 
 def test_an_ampere_gpu_switches_mig_mode_only_at_a_reset(tmp_path: Path) -> None:
-    """As a real A100 on a node whose clients hold it (planning.mig_mode): the agent never switches it."""
+    """As a real A100 on a node whose clients hold it (planning.node.mig_mode): the agent never switches it."""
     fake = FakeBackend("node-a", parse_fake_gpus("a100-40gb:1:mig-off"), tmp_path)
     [gpu] = fake.discover()
     with pytest.raises(GpuBackendError, match=r"switches MIG mode only at a GPU reset"):

@@ -19,7 +19,7 @@ import pytest
 
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.agent.mps.daemons import MpsDaemons, MpsError
-from gpuslice.planning.mps import DaemonKey
+from gpuslice.planning.node.mps import DaemonKey
 
 GPU = "GPU-2d3e5f1a-0000-0000-0000-000000000001"
 KEY = DaemonKey(GPU, "team-a")

@@ -20,10 +20,10 @@ from gpuslice.dra import cdi
 from gpuslice.dra.nvidia_cdi import parse_char_devices, parse_mig_minors
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.grants import Grant
-from gpuslice.planning.node_pool import plan_node_pool
+from gpuslice.planning.node.node_pool import plan_node_pool
 from tests.unit.agent import cdi_fixtures
 from tests.unit.agent.libnvml import FakeLibNvml, installed
-from tests.unit.planning.test_node_pool import policy
+from tests.unit.planning.node.test_node_pool import policy
 
 MIG_UUID = "MIG-static-0000-0000-0000-000000000001"
 
@@ -53,7 +53,7 @@ class Node:
 
 def grant(gpu: Gpu) -> Grant:
     """A grant of the GPU (its edits depend on the GPU and the instance given with it); planned as if
-    MIG mode were off, as a shared policy publishes only then (planning.mig_mode)."""
+    MIG mode were off, as a shared policy publishes only then (planning.node.mig_mode)."""
     [device] = plan_node_pool({}, [replace(gpu, mig_enabled=False)],
                               [policy("p", {"mode": "shared", "sliceSize": "5Gi"})]).typed
     return Grant("ns/c", "gpu", device)

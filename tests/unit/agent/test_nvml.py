@@ -25,9 +25,9 @@ from gpuslice.agent.gpus.nvml import (
 from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.mig_manager import MigManager
 from gpuslice.inventory.catalog import MODELS
-from gpuslice.planning.node_pool import plan_node_pool
+from gpuslice.planning.node.node_pool import plan_node_pool
 from tests.unit.agent.libnvml import PROFILE_IDS, FakeLibNvml, installed
-from tests.unit.planning.test_node_pool import policy
+from tests.unit.planning.node.test_node_pool import policy
 
 
 @pytest.fixture
@@ -311,7 +311,7 @@ async def test_a_static_layout_on_a_gpu_whose_mig_mode_is_off_enables_mig_and_pu
 
 
 async def test_an_ampere_gpu_whose_mig_mode_is_off_is_left_to_its_admin(tmp_path: Path) -> None:
-    """An A100 with MIG mode off switches it only at a reset (planning.mig_mode): neither a static
+    """An A100 with MIG mode off switches it only at a reset (planning.node.mig_mode): neither a static
     layout nor dynamic MIG publishes there, the MIG manager does not try, nothing reaches NVML, and
     the plan says why for the controller. Once an admin switched it and reset the GPU, the next
     cycle reads MIG mode on and the layout is applied."""

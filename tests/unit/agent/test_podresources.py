@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuslice.agent.kubeletplugin.proto import podresources_pb2 as pb
 from gpuslice.agent.usage.podresources import held_devices
-from gpuslice.planning.gpu_use import PodRef
+from gpuslice.planning.node.gpu_use import PodRef
 
 
 def test_only_this_drivers_devices_of_this_pool_per_container() -> None:

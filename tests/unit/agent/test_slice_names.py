@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.resourceslice import slice_name
-from gpuslice.planning.node_pool import plan_node_pool
+from gpuslice.planning.node.node_pool import plan_node_pool
 
 MANIFEST = Path(__file__).resolve().parents[3] / "manifests" / "agent-rbac.yaml"
 

@@ -9,7 +9,7 @@ from typing import Any
 from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.controller.world import World
 from gpuslice.dra.names import LABEL_POLICY
-from gpuslice.planning.tenancy_rule import NON_TENANTS, TENANCY, TENANCY_DENIAL
+from gpuslice.planning.cluster.tenancy_rule import NON_TENANTS, TENANCY, TENANCY_DENIAL
 from tests.fakeapi import FakeApi, Refusal, Request
 from tests.unit import bodies
 

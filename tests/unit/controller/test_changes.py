@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuslice.controller.changes import Changes
-from gpuslice.planning.usage import ClaimView, SliceView
+from gpuslice.planning.reads.usage import ClaimView, SliceView
 
 
 def _slice(pool: str, devices: dict[str, str]) -> SliceView:

@@ -19,7 +19,7 @@ from gpuslice.controller.reconcile import reconcile
 from gpuslice.controller.state import Context
 from gpuslice.dra.names import LABEL_POLICY
 from gpuslice.kube.client import KubeClient
-from gpuslice.planning.cluster_objects import desired_objects
+from gpuslice.planning.cluster.cluster_objects import desired_objects
 from tests.fakeapi import FakeApi
 from tests.unit import bodies
 from tests.unit.controller.apiserver import enforce_tenancy, own_objects_only, world

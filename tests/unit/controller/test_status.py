@@ -6,8 +6,8 @@ from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.controller.status import Findings, build_status
+from gpuslice.planning.reads.usage import Usage
 from gpuslice.planning.selection import Problem, Selection
-from gpuslice.planning.usage import Usage
 
 
 def policy(recorded: list[str]) -> GpuSlicePolicy:

@@ -8,7 +8,7 @@ from typing import Any
 from gpuslice.api.resource import valid_policy
 from gpuslice.controller.world import FleetMemo, World
 from gpuslice.devcluster.nodes import fake_gpu_node
-from gpuslice.planning.usage import SliceView, devices_by_policy, slice_policies
+from gpuslice.planning.reads.usage import SliceView, devices_by_policy, slice_policies
 
 
 def body(name: str, pool: str, generation: int = 1) -> dict[str, Any]:

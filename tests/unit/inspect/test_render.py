@@ -10,11 +10,11 @@ from rich.console import Console
 from gpuslice.inspect.commands import render_report
 from gpuslice.inspect.render.labels import fit, rows, size_pair, widths
 from gpuslice.inspect.render.terminal import status_view
-from gpuslice.planning.occupancy import Segment
-from gpuslice.planning.published import Holder
-from gpuslice.planning.status_report import Snapshot, StatusReport, status_report
+from gpuslice.planning.reads.occupancy import Segment
+from gpuslice.planning.reads.published import Holder
+from gpuslice.planning.reads.status_report import Snapshot, StatusReport, status_report
 from tests.unit.planning.cluster_state import claim, node_body, published
-from tests.unit.planning.test_occupancy import INFERENCE, tag
+from tests.unit.planning.reads.test_occupancy import INFERENCE, tag
 
 
 def report() -> StatusReport:
@@ -98,7 +98,7 @@ def test_an_edit_keeps_the_live_policys_age_and_a_new_one_is_the_youngest(tmp_pa
 
 
 def test_an_overusing_holder_is_drawn_over_full_in_every_view() -> None:
-    from tests.unit.planning.test_pending import overusing
+    from tests.unit.planning.reads.test_pending import overusing
 
     t = tag("n1", index=2)
     greedy = overusing(claim("team-b", "g", [("n1", f"{t}-inference-10g-1")], pods=("greedy-0",)),

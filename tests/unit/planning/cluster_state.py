@@ -9,7 +9,7 @@ from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.resourceslice import resource_slice
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.planning.node_pool import plan_node_pool
+from gpuslice.planning.node.node_pool import plan_node_pool
 
 Body = dict[str, Any]
 CREATED = "2026-11-29T10:00:00Z"

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslice.planning.defrag import plan_defrag
-from gpuslice.planning.defrag_facts import ClaimFacts, DisruptionBudget, PodFacts, opted_out_namespaces
-from gpuslice.planning.defrag_model import Cluster, Plan, waiting_pods
-from gpuslice.planning.published import read_pools
+from gpuslice.planning.reads.defrag import plan_defrag
+from gpuslice.planning.reads.defrag_facts import ClaimFacts, DisruptionBudget, PodFacts, opted_out_namespaces
+from gpuslice.planning.reads.defrag_model import Cluster, Plan, waiting_pods
+from gpuslice.planning.reads.published import read_pools
 from tests.unit.planning.cluster_state import Body, gpus, policy_body, published
-from tests.unit.planning.test_occupancy import tag
+from tests.unit.planning.reads.test_occupancy import tag
 
 INFERENCE = policy_body("inference", {"mode": "memory", "sliceSize": "10G", "allowFullGpu": True},
                         tenants=[{"namespace": "team-a"}, {"namespace": "team-b"}])

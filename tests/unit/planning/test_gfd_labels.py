@@ -17,7 +17,7 @@ from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.catalog import MODELS
 from gpuslice.inventory.nodes import node_gpus, product_key
-from gpuslice.planning.node_pool import plan_node_pool
+from gpuslice.planning.node.node_pool import plan_node_pool
 from gpuslice.planning.selection import select
 from gpuslice.planning.validation import validate
 

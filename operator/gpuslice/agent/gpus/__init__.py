@@ -17,9 +17,9 @@ from gpuslice.dra.cdi import ContainerEdits
 from gpuslice.errors import GpusliceError
 from gpuslice.inventory.catalog import MigProfile
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.planning.gpu_use import GpuProcess
 from gpuslice.planning.grants import Grant
-from gpuslice.planning.health import Fault
+from gpuslice.planning.node.gpu_use import GpuProcess
+from gpuslice.planning.node.health import Fault
 
 __all__ = ["Access", "Fault", "GpuBackend", "GpuBackendError", "GpuProcess", "MigInstance"]
 

@@ -25,7 +25,7 @@ from gpuslice.agent.gpus.fake_state import FakeGpu, FakeMigInstance, FakeState, 
 from gpuslice.inventory.catalog import MODELS, MigProfile
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.grants import Grant
-from gpuslice.planning.mig_mode import BEFORE_HOPPER, switches_mig_mode
+from gpuslice.planning.node.mig_mode import BEFORE_HOPPER, switches_mig_mode
 
 
 class FakeGpus(NamedTuple):
@@ -40,7 +40,7 @@ class FakeGpus(NamedTuple):
 def starts_in_mig_mode(architecture: str) -> bool:
     """A MIG-capable fake GPU first seen without an option: before Hopper (A100, A30) in MIG mode,
     as an admin who gave the node to MIG left it (only a GPU reset switches it there,
-    planning.mig_mode); Hopper and later with MIG mode off, as from the factory (the agent switches
+    planning.node.mig_mode); Hopper and later with MIG mode off, as from the factory (the agent switches
     it as a policy needs)."""
     return architecture in BEFORE_HOPPER
 
@@ -133,7 +133,7 @@ class FakeBackend:
                 raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}, {gpu.product_name}) has no MIG mode.")
             if not switches_mig_mode(gpu):
                 raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}, {gpu.architecture}) switches MIG mode only at a"
-                                      " GPU reset, as a real one (planning.mig_mode); set it in the fake GPUs'"
+                                      " GPU reset, as a real one (planning.node.mig_mode); set it in the fake GPUs'"
                                       " state file instead.")
             if not enabled and fake.instances:
                 raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}) still has {len(fake.instances)} MIG instances;"

@@ -126,7 +126,7 @@ class FakeStateFile:
 
 def admin_sets_mig_mode(state: FakeState, gpu: int, enabled: bool) -> None:
     """What an admin's ``nvidia-smi -i GPU -mig 1|0`` and a GPU reset do (the fake backend switches
-    MIG mode itself only from Hopper on, as the agent does: planning.mig_mode). A GPU the agent has
+    MIG mode itself only from Hopper on, as the agent does: planning.node.mig_mode). A GPU the agent has
     not seen yet starts so; one with MIG instances is refused, as NVML refuses it (IN_USE)."""
     found = state.gpus.setdefault(gpu, FakeGpu(mig_enabled=enabled))
     if found.instances and not enabled:

@@ -40,7 +40,7 @@ from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model
 from gpuslice.inventory.pci import PciAddressError, normalized_bus_id, pcie_root
 from gpuslice.planning.grants import Grant
-from gpuslice.planning.mig_mode import switches_mig_mode
+from gpuslice.planning.node.mig_mode import switches_mig_mode
 
 log = structlog.get_logger(__name__)
 # go-nvlib's strings for NVML's enums (pkg/nvlib/device/device.go: GetArchitectureAsString,
@@ -304,7 +304,7 @@ class NvmlBackend:
 
     def set_mig_mode(self, gpu: Gpu, enabled: bool) -> None:
         if not switches_mig_mode(gpu):
-            # NVML would only set a pending mode, which takes effect at the next reset (planning.mig_mode).
+            # NVML would only set a pending mode, which takes effect at the next reset (planning.node.mig_mode).
             raise GpuBackendError(
                 f"GPU {gpu.index} ({gpu.uuid}, {gpu.architecture}) switches MIG mode only at a GPU reset, which"
                 f" gpuslice does not do: switch it with nvidia-smi -i {gpu.index} -mig {int(enabled)}, then reset"

@@ -10,7 +10,7 @@ prepared by its mode (``modes``), one CDI spec is written for the claim, and the
 checkpoint says ``completed``; only then does the kubelet get the CDI ids. A device of a policy
 with ``slicing.isolation: MPS`` makes the MPS control daemon of its GPU and the claim's namespace
 run (``agent.mps``) before the spec is written, and its container a client of that daemon with the
-claim's limits (``planning.mps``).
+claim's limits (``planning.node.mps``).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.planning.devices import Device
 from gpuslice.planning.grants import Grant, prefixed
 from gpuslice.planning.modes import environment
-from gpuslice.planning.mps import DaemonDirs, DaemonKey, client_edits
+from gpuslice.planning.node.mps import DaemonDirs, DaemonKey, client_edits
 
 log = structlog.get_logger(__name__)
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"

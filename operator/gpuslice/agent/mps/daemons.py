@@ -16,7 +16,7 @@ stopped, a missing one is started before the kubelet plugin registers.
 
 Each daemon gets its own directories (``<mps dir>/<gpu tag>/<namespace tag>/pipe`` and ``log``,
 and ``<mps shm dir>/<gpu tag>/<namespace tag>``, with the tags of ``planning.devices.gpu_tag`` and
-``planning.mps.namespace_tag``: short and of fixed length, so the sockets in the pipe directory
+``planning.node.mps.namespace_tag``: short and of fixed length, so the sockets in the pipe directory
 stay within a unix socket path's 107 bytes whatever the namespace's name; its record names the
 namespace, and a tag that some other namespace's daemon holds is refused, never shared),
 ``CUDA_VISIBLE_DEVICES`` set to its GPU's UUID (so its clients see that GPU alone, as device
@@ -53,7 +53,7 @@ from gpuslice.agent.gpus import GpuBackend, GpuBackendError
 from gpuslice.backoff import Backoff
 from gpuslice.errors import GpusliceError
 from gpuslice.planning.devices import gpu_tag
-from gpuslice.planning.mps import DaemonDirs, DaemonKey, namespace_tag
+from gpuslice.planning.node.mps import DaemonDirs, DaemonKey, namespace_tag
 
 log = structlog.get_logger(__name__)
 RECORD = "daemon.json"

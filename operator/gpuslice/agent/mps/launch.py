@@ -2,7 +2,7 @@
 
 An MPS server and its clients exchange shared memory under ``/dev/shm``, so the daemon (and the
 servers it starts) must see the same directory the GPU's client containers get there
-(``planning.mps``). NVIDIA's DRA driver gives its daemon pod a hostPath at ``/dev/shm``
+(``planning.node.mps``). NVIDIA's DRA driver gives its daemon pod a hostPath at ``/dev/shm``
 (``templates/mps-control-daemon.tmpl.yaml``); the agent runs its daemons itself, so each one gets a
 private mount namespace in which that directory is bind-mounted on ``/dev/shm``, and then becomes
 the daemon (exec). The agent's own ``/dev/shm`` is untouched. It needs CAP_SYS_ADMIN (the agent of

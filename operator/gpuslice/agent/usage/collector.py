@@ -10,7 +10,7 @@ One pass:
 4. each process's ``/proc/<pid>/cgroup`` (the node's ``/proc``: ``--host-proc``): the pod UID it
    runs under; the pods' UIDs come from their claims' ``status.reservedFor`` (read once per claim,
    again when a process names a UID not seen yet), since the kubelet's API names pods by name;
-5. ``planning.gpu_use.measure`` and the overuse tracker; metrics (``metrics``) and, for a pod over
+5. ``planning.node.gpu_use.measure`` and the overuse tracker; metrics (``metrics``) and, for a pod over
    its allocation beyond the tolerance for the grace, a mark on its claims (``actions``), which the
    controller acts on (Events, and eviction where the policy says ``onOveruse: Evict``).
 
@@ -42,7 +42,7 @@ from gpuslice.dra.wire import reserved_for
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.observability.metrics import OVERUSE_ACTIONS
-from gpuslice.planning.gpu_use import Holding, NodeUse, OveruseTracker, PodGpuUse, PodRef, measure, parse_cgroup
+from gpuslice.planning.node.gpu_use import Holding, NodeUse, OveruseTracker, PodGpuUse, PodRef, measure, parse_cgroup
 from gpuslice.planning.overuse import DeviceKey, Mark, Overuser, read_marks, summary
 
 log = structlog.get_logger(__name__)

@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuslice.planning.gpu_use import NodeUse, PodGpuUse, tenant_totals
+from gpuslice.planning.node.gpu_use import NodeUse, PodGpuUse, tenant_totals
 
 POD_LABELS = ["node", "namespace", "pod", "container", "policy", "gpu"]
 USAGE_PASSES = Counter("gpuslice_agent_usage_passes_total", "Passes that measured each pod's GPU use: ok, or failed"

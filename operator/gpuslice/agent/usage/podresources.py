@@ -19,7 +19,7 @@ import grpc
 from gpuslice.agent.kubeletplugin.proto import podresources_pb2, podresources_pb2_grpc
 from gpuslice.dra.names import DRIVER
 from gpuslice.errors import GpusliceError
-from gpuslice.planning.gpu_use import PodRef
+from gpuslice.planning.node.gpu_use import PodRef
 
 
 class PodResourcesError(GpusliceError):

@@ -9,9 +9,9 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from gpuslice.inspect.render.labels import size
-from gpuslice.planning.defrag_model import GpuOption, Plan
-from gpuslice.planning.defrag_taints import parse_time
-from gpuslice.planning.pending import KIND_WORDS
+from gpuslice.planning.node.defrag_taints import parse_time
+from gpuslice.planning.reads.defrag_model import GpuOption, Plan
+from gpuslice.planning.reads.pending import KIND_WORDS
 
 STYLES = {"Ready": "green", "NotNeeded": "dim", "InFlight": "cyan", "NoRoom": "yellow", "Blocked": "red",
           "Unsupported": "yellow"}

@@ -20,8 +20,8 @@ from gpuslice.inspect.render.labels import (
     size_pair,
     tenant_colour,
 )
-from gpuslice.planning.occupancy import GpuMap
-from gpuslice.planning.status_report import StatusReport
+from gpuslice.planning.reads.occupancy import GpuMap
+from gpuslice.planning.reads.status_report import StatusReport
 
 WIDTH = 1100
 LEFT = 150  # node and GPU names

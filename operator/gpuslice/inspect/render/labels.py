@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from gpuslice.planning.occupancy import GpuMap, Segment
+from gpuslice.planning.reads.occupancy import GpuMap, Segment
 
 GI = 1024**3
 # Allocated segments are coloured by tenant, so one tenant's slices read as one colour.

@@ -17,10 +17,10 @@ from gpuslice.inspect.render.labels import (
     size_pair,
     widths,
 )
-from gpuslice.planning.occupancy import GpuMap, NodeMap
-from gpuslice.planning.pending import Diagnosis
-from gpuslice.planning.policy_change import ChangePlan
-from gpuslice.planning.status_report import StatusReport
+from gpuslice.planning.reads.occupancy import GpuMap, NodeMap
+from gpuslice.planning.reads.pending import Diagnosis
+from gpuslice.planning.reads.policy_change import ChangePlan
+from gpuslice.planning.reads.status_report import StatusReport
 
 FILL = {"draining": "░", "tainted": "x", "free": "·", "slack": " "}
 

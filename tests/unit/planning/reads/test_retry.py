@@ -1,0 +1,73 @@
+"""Which pods the scheduler turned away would fit now (planning.reads.retry)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuslice.planning.reads.availability import room_for
+from gpuslice.planning.reads.occupancy import occupancy
+from gpuslice.planning.reads.published import read_pools
+from gpuslice.planning.reads.retry import to_retry, turned_away
+from tests.unit.planning.cluster_state import claim, policy_body, published
+from tests.unit.planning.reads.test_occupancy import tag
+
+NOTEBOOKS = policy_body("notebooks", {"mode": "shared", "sliceSize": "1Gi"}, tenants=[{"namespace": "ds"}])
+DEVICE = f"{tag('n1', 'l4')}-notebooks-shared"  # an L4: 24Gi less its reserve, in steps of 1Gi
+AWAY = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": "0/3 nodes are available: 3 cannot allocate all claims."}
+
+
+def pod(name: str, *conditions: dict[str, Any], node: str = "") -> dict[str, Any]:
+    return {"metadata": {"namespace": "ds", "name": name},
+            "spec": {"nodeName": node, "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]},
+            "status": {"phase": "Pending", "conditions": list(conditions)}}
+
+
+def asks(name: str, memory: str, device_class: str = "notebooks.gpuslice.dev") -> dict[str, Any]:
+    return {"metadata": {"namespace": "ds", "name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": device_class, "capacity": {"requests": {"memory": memory}}}}]}}}
+
+
+def retries(pods: list[dict[str, Any]], waiting: list[dict[str, Any]], held: list[dict[str, Any]]) -> list[str]:
+    slices = published("n1", "l4", 1, [NOTEBOOKS])
+    gpus = occupancy(read_pools(slices, held)).gpus
+    claims = {f"ds/{c['metadata']['name']}": c for c in [*waiting, *held]}
+    return [r.pod for r in to_retry(pods, claims, [NOTEBOOKS], gpus)]
+
+
+def test_only_a_filter_verdict_waits_for_an_event() -> None:
+    assert turned_away(pod("a", AWAY))
+    prebind = {**AWAY, "reason": "SchedulerError", "message": 'running PreBind plugin "DynamicResources": denied'}
+    assert not turned_away(pod("b", prebind))  # retried with backoff by the scheduler itself
+    assert not turned_away(pod("c", {**AWAY, "message": "0/3 nodes are available: 3 Insufficient cpu."}))
+    assert not turned_away(pod("d", AWAY, node="n1"))
+    assert not turned_away(pod("e"))
+
+
+def test_a_pod_turned_away_is_tried_again_when_its_share_fits_now() -> None:
+    held = [claim("ds", "big", [("n1", DEVICE)], pods=("big",), consumed="18Gi")]
+    assert retries([pod("small", AWAY)], [asks("small", "2Gi")], held) == ["ds/small"]
+
+
+def test_not_when_the_committed_allocations_leave_no_room_for_it() -> None:
+    held = [claim("ds", "big", [("n1", DEVICE)], pods=("big",), consumed="18Gi")]
+    assert retries([pod("large", AWAY)], [asks("large", "8Gi")], held) == []
+
+
+def test_the_request_is_rounded_up_to_the_step_as_the_scheduler_does() -> None:
+    held = [claim("ds", "big", [("n1", DEVICE)], pods=("big",), consumed="18Gi")]
+    gpus = occupancy(read_pools(published("n1", "l4", 1, [NOTEBOOKS]), held)).gpus
+    _, rounded = room_for(gpus, "notebooks", "shared", 2 * 2**30 + 1)
+    assert rounded == 3 * 2**30
+    # The L4 offers 22.49Gi, 4.49Gi of it free: 4Gi fits, and one byte more is 5Gi, which does not.
+    fits = {size: retries([pod("p", AWAY)], [asks("p", size)], held) == ["ds/p"]
+            for size in ("4Gi", str(4 * 2**30 + 1))}
+    assert fits == {"4Gi": True, str(4 * 2**30 + 1): False}
+
+
+def test_pods_without_our_claims_or_with_claims_already_allocated_are_left_alone() -> None:
+    held = [claim("ds", "big", [("n1", DEVICE)], pods=("big",), consumed="2Gi")]
+    other = asks("theirs", "1Gi", device_class="gpu.example.com")
+    done = claim("ds", "done", [("n1", DEVICE)], consumed="1Gi", class_name="notebooks.gpuslice.dev")
+    assert retries([pod("theirs", AWAY), pod("done", AWAY), pod("unmade", AWAY)], [other, done], held) == []
