@@ -21,6 +21,7 @@ from gpuslice.dra.names import ATTRIBUTE_DOMAIN, CONTROLLER_NAMESPACE, MEMORY_WE
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
 from gpuslice.dra.wire import (
     AllocationResult,
+    DeviceRequest,
     ExactRequest,
     allocation_results,
     device_requests,
@@ -87,10 +88,15 @@ class Diagnosis:
         return tuple(f for f in self.findings if f.blocking)
 
 
-def claim_requests(spec: Body, claim: str) -> list[Request]:
+def request_options(request: DeviceRequest, claim: str) -> list[Request]:
+    """The ways one request may be met: its ``exactly``, else its ``firstAvailable`` subrequests."""
     return [Request(claim, way["name"], way["deviceClassName"], way["count"], way["allocationMode"] == "All",
                     way["adminAccess"], quantity_bytes(memory) if (memory := way.get("memory")) is not None else None)
-            for request in device_requests(spec) for way in request_ways(request)]
+            for way in request_ways(request)]
+
+
+def claim_requests(spec: Body, claim: str) -> list[Request]:
+    return [option for request in device_requests(spec) for option in request_options(request, claim)]
 
 
 def class_owner(device_class: str, policies: Iterable[Body]) -> tuple[str, str] | None:

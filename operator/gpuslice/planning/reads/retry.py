@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from gpuslice.dra.wire import is_allocated
+from gpuslice.dra.wire import device_requests, is_allocated
 from gpuslice.planning.reads.availability import room_for
 from gpuslice.planning.reads.occupancy import GpuMap
-from gpuslice.planning.reads.pending import claim_requests, class_owner, pod_claim_names
+from gpuslice.planning.reads.pending import Request, class_owner, pod_claim_names, request_options
 
 Body = Mapping[str, Any]
 TURNED_AWAY = "cannot allocate all claims"
@@ -44,42 +44,63 @@ class Retry:
     device_class: str
     policy: str
     fits: str  # "node-1 GPU 0"
+    uid: str = ""  # the pod's: what its backoff is keyed by (a name can be reused)
 
 
-def _fits(claim: Body, policies: Sequence[Body], gpus: Sequence[GpuMap]) -> tuple[str, str, str] | None:
+def _place(option: Request, policies: Sequence[Body], gpus: Sequence[GpuMap]) -> tuple[str, str, str] | None:
+    """(class, policy, place) where ``option``, one of our classes, fits now; None when it does not."""
+    owner = class_owner(option.device_class, policies)
+    if owner is None or option.all_devices or option.admin:
+        return None  # all devices, or admin access: not a question of free room
+    places, _ = room_for(gpus, owner[0], owner[1], option.memory)
+    free = [p for p in places if p.free]
+    if sum(p.free for p in free) < option.count:
+        return None
+    return option.device_class, owner[0], f"{free[0].gpu.node} GPU {free[0].gpu.index}"
+
+
+def _fits(claim: Body, policies: Sequence[Body],
+          gpus: Sequence[GpuMap]) -> tuple[str, str, str] | Literal[False] | None:
     """(class, policy, place) when every request of ``claim`` for our devices fits now, each on its
-    own (the scheduler decides how they go together); None when one does not, or none is ours."""
+    own (the scheduler decides how they go together), a request with ``firstAvailable`` when one
+    of its options of ours does; False when one does not; None when no request is ours."""
     found: tuple[str, str, str] | None = None
-    for request in claim_requests(claim.get("spec") or {}, str((claim.get("metadata") or {}).get("name", ""))):
-        owner = class_owner(request.device_class, policies)
-        if owner is None:
-            continue
-        if request.all_devices or request.admin:
-            return None  # all devices, or admin access: not a question of free room
-        places, _ = room_for(gpus, owner[0], owner[1], request.memory)
-        free = [p for p in places if p.free]
-        if sum(p.free for p in free) < request.count:
-            return None
-        found = found or (request.device_class, owner[0], f"{free[0].gpu.node} GPU {free[0].gpu.index}")
+    name = str((claim.get("metadata") or {}).get("name", ""))
+    for request in device_requests(claim.get("spec") or {}):
+        options = [o for o in request_options(request, name) if class_owner(o.device_class, policies) is not None]
+        if not options:
+            continue  # another driver's request: the scheduler's alone to judge
+        place = next((p for o in options if (p := _place(o, policies, gpus)) is not None), None)
+        if place is None:
+            return False
+        found = found or place
     return found
 
 
 def to_retry(pods: Sequence[Body], claims: Mapping[str, Body], policies: Sequence[Body],
              gpus: Sequence[GpuMap]) -> list[Retry]:
-    """The turned-away pods whose unallocated claims of our devices fit now. ``claims``: by
-    "namespace/name"; a claim not found (not made yet) is not ours to judge."""
+    """The turned-away pods each of whose unallocated claims of our devices fits now. ``claims``: by
+    "namespace/name"; a pod with a claim not found (not made yet) is not ours to judge."""
     found = []
     for pod in pods:
         if not turned_away(pod):
             continue
         meta = pod.get("metadata") or {}
         namespace = str(meta.get("namespace", ""))
+        fits: list[tuple[str, tuple[str, str, str]]] = []
         for name in pod_claim_names(pod).values():
             claim = claims.get(f"{namespace}/{name}")
-            if claim is None or is_allocated(claim):
-                continue
-            fit = _fits(claim, policies, gpus)
-            if fit is not None:
-                found.append(Retry(f"{namespace}/{meta.get('name')}", name, *fit))
+            if claim is None:
+                fits = []
                 break
+            fit = None if is_allocated(claim) else _fits(claim, policies, gpus)
+            if fit is False:
+                fits = []
+                break
+            if isinstance(fit, tuple):
+                fits.append((name, fit))
+        if fits:
+            claim_name, (device_class, policy, place) = fits[0]
+            found.append(Retry(f"{namespace}/{meta.get('name')}", claim_name, device_class, policy, place,
+                               str(meta.get("uid", ""))))
     return found

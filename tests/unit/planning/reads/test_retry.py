@@ -71,3 +71,27 @@ def test_pods_without_our_claims_or_with_claims_already_allocated_are_left_alone
     other = asks("theirs", "1Gi", device_class="gpu.example.com")
     done = claim("ds", "done", [("n1", DEVICE)], consumed="1Gi", class_name="notebooks.gpuslice.dev")
     assert retries([pod("theirs", AWAY), pod("done", AWAY), pod("unmade", AWAY)], [other, done], held) == []
+
+
+def test_a_first_available_request_fits_when_one_of_its_options_does() -> None:
+    held = [claim("ds", "big", [("n1", DEVICE)], pods=("big",), consumed="18Gi")]  # 4.49Gi free
+    either = {"metadata": {"namespace": "ds", "name": "either"}, "spec": {"devices": {"requests": [
+        {"name": "gpu", "firstAvailable": [
+            {"name": "large", "deviceClassName": "notebooks.gpuslice.dev", "capacity": {"requests": {"memory": "16Gi"}}},
+            {"name": "small", "deviceClassName": "notebooks.gpuslice.dev", "capacity": {"requests": {"memory": "2Gi"}}},
+        ]}]}}}
+    assert retries([pod("either", AWAY)], [either], held) == ["ds/either"]
+    neither = {**either, "metadata": {"namespace": "ds", "name": "neither"}, "spec": {"devices": {"requests": [
+        {"name": "gpu", "firstAvailable": [
+            {"name": "large", "deviceClassName": "notebooks.gpuslice.dev", "capacity": {"requests": {"memory": "16Gi"}}},
+        ]}]}}}
+    assert retries([pod("neither", AWAY)], [neither], held) == []
+
+
+def test_every_claim_of_ours_a_pod_waits_for_must_fit() -> None:
+    held = [claim("ds", "big", [("n1", DEVICE)], pods=("big",), consumed="18Gi")]
+    two = pod("two", AWAY)
+    two["spec"]["resourceClaims"] = [{"name": "a", "resourceClaimName": "fits"}, {"name": "b", "resourceClaimName": "not"}]
+    assert retries([two], [asks("fits", "2Gi"), asks("not", "8Gi")], held) == []
+    two["spec"]["resourceClaims"] = [{"name": "a", "resourceClaimName": "fits"}, {"name": "b", "resourceClaimName": "gone"}]
+    assert retries([two], [asks("fits", "2Gi")], held) == []  # a claim not made: not ours to judge
