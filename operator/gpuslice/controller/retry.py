@@ -8,16 +8,21 @@ away, and something changed since it last looked (a pod turned away that it has 
 claim or slice event), does it read the slices and the tenants' claims; when that pod's devices
 are free it annotates the
 DeviceClass the pod asks for (``gpuslice.dev/retry-at``): a DeviceClass change makes the scheduler
-try again every pod its DRA plugin turned away. A pod that is turned away again is asked for less
-and less often (the interval doubled each time, up to 5 minutes, where the scheduler's own flush
-takes over).
+try again every pod its DRA plugin turned away, of every driver. So it is asked sparingly: a pod
+(by UID) is asked for less and less often (the interval doubled each time, up to 5 minutes, where
+the scheduler's own flush takes over), and so is anything at all while a pod asked for at the last
+change is still turned away at the next look (a retry that did not help: its pod is kept out by
+something else, a node selector or another claim), so no stream of new pods can keep the
+scheduler busy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import structlog
 from prometheus_client import Counter
@@ -30,6 +35,7 @@ from gpuslice.planning.reads.published import read_pools
 from gpuslice.planning.reads.retry import Retry, to_retry, turned_away
 
 log = structlog.get_logger(__name__)
+Body = Mapping[str, Any]
 RETRY_AT = f"{ATTRIBUTE_DOMAIN}/retry-at"
 LONGEST = 300.0  # kube-scheduler's own flush of pods unschedulable this long
 RETRIES = Counter("gpuslice_scheduler_retries", "Times the controller asked kube-scheduler to try again pods it"
@@ -44,7 +50,10 @@ class SchedulerRetry:
         self.kube, self.interval, self.version = kube, interval, version
         self.last = 0.0
         self.judged: tuple[frozenset[str], int] | None = None  # pods with no room, and the version read
-        self.asked: dict[str, tuple[int, float]] = {}  # pod -> (times asked, when last)
+        self.asked: dict[str, tuple[int, float]] = {}  # pod UID -> (times asked, when last)
+        self.last_asked: frozenset[str] = frozenset()  # the pods asked for at the last change
+        self.unhelped = 0  # changes in a row after which a pod asked for was still turned away
+        self.changed_at = -LONGEST
         self.lock = asyncio.Lock()
 
     async def tick(self) -> list[Retry]:
@@ -62,15 +71,24 @@ class SchedulerRetry:
         times, when = self.asked.get(pod, (0, 0.0))
         return now - when >= min(self.interval * 2.0 ** times, LONGEST)
 
+    def _helped(self, waiting: set[str]) -> None:
+        """After a change, whether the pods it was for are still turned away: if so, wait longer."""
+        if self.last_asked:
+            self.unhelped = self.unhelped + 1 if self.last_asked & waiting else 0
+            self.last_asked = frozenset()
+
     async def _look(self, now: float) -> list[Retry]:
         policies = await self.kube.list(POLICIES)
         namespaces = sorted({n for p in policies for n in tenants_of(p)})
         pods = [p for p in await in_namespaces(self.kube, namespaces, "/api/v1/namespaces/{namespace}/pods",
                                                fieldSelector="spec.nodeName=") if turned_away(p)]
-        waiting = {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods}
+        waiting = {_uid(p) for p in pods}
         self.asked = {k: v for k, v in self.asked.items() if k in waiting}
-        pods = [p for p in pods if self._due(f"{p['metadata']['namespace']}/{p['metadata']['name']}", now)]
-        judged = (frozenset(str(p["metadata"].get("uid")) for p in pods), self.version())
+        self._helped(waiting)
+        if now - self.changed_at < min(self.interval * 2.0 ** self.unhelped, LONGEST):
+            return []  # the last change did not help its pods: the next waits longer
+        pods = [p for p in pods if self._due(_uid(p), now)]
+        judged = (frozenset(_uid(p) for p in pods), self.version())
         if not pods or judged == self.judged:
             return []  # no room for them at the last read, and nothing changed since that could make it
         # Tenants' claims take the devices (admin access takes none; a former tenant's claims are
@@ -83,22 +101,40 @@ class SchedulerRetry:
         self.judged = None if retries else judged
         if not retries:
             return []
-        first = retries[0]
-        try:
-            # One DeviceClass change is enough: the scheduler tries again every pod DRA turned away.
-            await self.kube.merge_patch(f"{RESOURCE}/deviceclasses/{first.device_class}",
-                                        {"metadata": {"annotations": {RETRY_AT: _stamp()}}})
-        except NotFound:
+        # Counted as asked before the change is made, so that a change refused (Forbidden) backs off too.
+        self.changed_at, self.last_asked = now, frozenset(r.uid for r in retries)
+        for retry in retries:
+            times, _ = self.asked.get(retry.uid, (0, 0.0))
+            self.asked[retry.uid] = (times + 1, now)
+        first = await self._change({r.device_class for r in retries})
+        if first is None:
             return []
         for retry in retries:
-            times, _ = self.asked.get(retry.pod, (0, 0.0))
-            self.asked[retry.pod] = (times + 1, now)
             RETRIES.labels(retry.policy).inc()
         log.info("asked the scheduler to try again pods it turned away while their devices are free",
-                 device_class=first.device_class, pods=[f"{r.pod} ({r.fits})" for r in retries[:10]],
+                 device_class=first, pods=[f"{r.pod} ({r.fits})" for r in retries[:10]],
                  count=len(retries))
         return retries
 
 
+    async def _change(self, classes: set[str]) -> str | None:
+        """Annotate one of ``classes`` (one DeviceClass change is enough: the scheduler tries again
+        every pod DRA turned away); the next when one is gone. The class changed, or None."""
+        for device_class in sorted(classes):
+            try:
+                await self.kube.merge_patch(f"{RESOURCE}/deviceclasses/{device_class}",
+                                            {"metadata": {"annotations": {RETRY_AT: _stamp()}}})
+                return device_class
+            except NotFound:
+                continue
+        return None
+
+
+def _uid(pod: Body) -> str:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+
+
 def _stamp() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    """Unique per change (a patch with the value already there is no change, and no event)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -71,3 +71,36 @@ async def test_one_look_per_interval_whichever_daemon_calls() -> None:
     assert await retry.tick() == []
     assert len(stub.patched) == 1
     assert await SchedulerRetry(cast(KubeClient, stub), 0.0).tick() == []  # 0: off
+
+
+async def test_a_change_that_did_not_help_makes_the_next_wait_longer_whatever_pod_it_is_for() -> None:
+    stub = Stub()
+    retry = SchedulerRetry(cast(KubeClient, stub), 10.0)
+    assert [r.pod for r in await retry._look(now=100.0)] == ["ds/small"]
+    stub.pods = [pod("small", AWAY), pod("new", AWAY)]  # small still turned away: the change did not help
+    stub.claims.append(asks("new", "1Gi"))
+    assert await retry._look(now=110.0) == []  # new is due, but the next change waits 20 s
+    assert [r.pod for r in await retry._look(now=121.0)] == ["ds/small", "ds/new"]
+    assert len(stub.patched) == 2
+    stub.pods = [pod("other", AWAY)]  # both were allocated: that change helped, the gap is back to 10 s
+    stub.claims.append(asks("other", "1Gi"))
+    assert [r.pod for r in await retry._look(now=140.0)] == ["ds/other"]  # had it not helped: 40 s
+    stub.pods = [pod("other", AWAY), pod("late", AWAY)]
+    stub.claims.append(asks("late", "1Gi"))
+    assert await retry._look(now=151.0) == []  # other still turned away: 20 s from 140
+
+
+async def test_a_class_gone_is_passed_over_and_a_refused_change_still_backs_off() -> None:
+    from gpuslice.kube.client import NotFound
+
+    class Gone(Stub):
+        async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+            self.patched.append((path, patch))
+            raise NotFound(404, "NotFound", path, None)
+
+    stub = Gone()
+    retry = SchedulerRetry(cast(KubeClient, stub), 10.0)
+    assert await retry._look(now=100.0) == []
+    assert len(stub.patched) == 1
+    assert await retry._look(now=111.0) == []  # small still waits: asked at 100, next after 20 s
+    assert len(stub.patched) == 1
