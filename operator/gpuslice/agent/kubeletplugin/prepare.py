@@ -81,9 +81,8 @@ def mps_keys(checkpoint: ClaimCheckpoint) -> set[DaemonKey]:
 
 async def published_pool(kube: KubeClient, node: str) -> dict[str, Device]:
     """The devices this node's pool publishes now (the newest generation), typed, by name."""
-    slices = [s for s in await kube.list(SLICES, fieldSelector=f"spec.nodeName={node},spec.driver={DRIVER}")
-              if s["spec"]["pool"]["name"] == node]
-    newest = newest_generation([s["spec"] for s in slices], node)
+    slices = await kube.list(SLICES, fieldSelector=f"spec.nodeName={node},spec.driver={DRIVER}")
+    newest = newest_generation([s["spec"] for s in slices], node)  # the pool named after the node
     found = {}
     for manifest in devices_of(newest) if newest is not None else []:
         if (device := Device.from_manifest(manifest)) is not None:
