@@ -27,13 +27,13 @@ import structlog
 from gpuslice.api.policy import Defragmentation
 from gpuslice.controller.defrag_metrics import BLOCKED, IN_FLIGHT
 from gpuslice.controller.defrag_move import Mover, new_move, now_utc, start
-from gpuslice.controller.defrag_read import POLICIES, read_cluster
 from gpuslice.controller.events import post_object_event
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.planning.node.defrag_taints import parse_time
 from gpuslice.planning.reads.defrag import plan_defrag
 from gpuslice.planning.reads.defrag_model import Plan, moves_in_flight
+from gpuslice.reading.cluster import POLICIES, read_cluster
 
 log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]

@@ -36,7 +36,6 @@ import structlog
 from gpuslice.api.status import DefragmentationStatus, DefragMove, DefragOutcome, ObjectRef
 from gpuslice.backoff import Backoff
 from gpuslice.controller.defrag_metrics import EVICTIONS, FAILED, FREED, who
-from gpuslice.controller.defrag_read import POLICIES, RESOURCE, tenants_of
 from gpuslice.controller.events import post_object_event
 from gpuslice.dra.names import DEFRAG_TAINT_KEY, DRIVER, short_hash
 from gpuslice.dra.wire import allocation_results, device_gpu, devices_of, is_allocated, newest_generation
@@ -55,6 +54,7 @@ from gpuslice.observability.failpoints import failpoint
 from gpuslice.planning.node.defrag_taints import parse_time
 from gpuslice.planning.reads.defrag_facts import PodFacts, opted_out_namespaces, pod_blocker
 from gpuslice.planning.reads.defrag_model import Plan
+from gpuslice.reading.cluster import POLICIES, RESOURCE, tenants_of
 
 log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]

@@ -27,12 +27,12 @@ from typing import Any
 import structlog
 from prometheus_client import Counter
 
-from gpuslice.controller.defrag_read import POLICIES, RESOURCE, in_namespaces, tenants_of
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.planning.reads.occupancy import occupancy
 from gpuslice.planning.reads.published import read_pools
 from gpuslice.planning.reads.retry import Retry, to_retry, turned_away
+from gpuslice.reading.cluster import POLICIES, RESOURCE, in_namespaces, tenants_of
 
 log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]

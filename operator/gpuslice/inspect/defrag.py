@@ -1,7 +1,7 @@
 """``gpuslice defrag``: which pods to move to free a GPU for each pod that waits, and with ``--apply``
 the moves themselves, one GPU at a time.
 
-The plan is the controller's planner on what the API server holds (``controller.defrag_read``).
+The plan is the controller's planner on what the API server holds (``reading.cluster``).
 ``--apply`` records each move in its policy's ``status.defragmentation.inFlight`` (the one write
 this command makes) and follows it: the gpuslice controller carries every recorded move out
 (``controller.defrag_move``: the GPU tainted first, then the pods evicted through the Eviction API,
@@ -25,7 +25,6 @@ import click
 
 from gpuslice.api.status import DefragmentationStatus, DefragMove
 from gpuslice.controller.defrag_move import new_move, now_utc, start, update_defrag
-from gpuslice.controller.defrag_read import POLICIES, Reading, read_cluster
 from gpuslice.controller.startup import whoami
 from gpuslice.inspect.commands import _connect, _console, _run, cluster_options
 from gpuslice.inspect.snapshot import InspectError
@@ -33,6 +32,7 @@ from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotReady
 from gpuslice.planning.node.defrag_taints import parse_time
 from gpuslice.planning.reads.defrag_model import Plan, moves_in_flight
 from gpuslice.planning.reads.occupancy import as_json
+from gpuslice.reading.cluster import POLICIES, Reading, read_cluster
 from gpuslice.settings import ClusterAccess
 
 PICKED_UP = 45.0  # seconds within which a controller takes a recorded move up (it tries the taint for 30)
