@@ -1,14 +1,13 @@
-"""What a slicing mode's devices are, for the modules the mode registry stands on.
+"""What a slicing mode's devices are, for the device model below the mode registry.
 
 The registry (``planning.modes``) makes devices, so it imports the device model
-(``planning.devices``); the device model and the modules that read published
-devices back (``usage``, ``published``, ``occupancy``, ``availability``,
-``defrag``, ``mig_mode``) sit below it and cannot import it. What they need to
-know of a mode is small and declarative, so each mode's traits are declared
-here, at the bottom, and each mode of the registry carries its own
-(``SlicingMode.traits``; a unit test holds the two tables equal). Below the
-registry, code asks a trait (``consumable``, ``instances``), never a mode's name.
-"""
+(``planning.devices``), which therefore cannot import it; yet a device read back
+from what was published must know what it is (its kind, whether it is capacity).
+That is small and declarative, so each mode's traits are declared here, at the
+bottom, and each mode of the registry carries its own (``SlicingMode.traits``; a
+unit test holds the two tables equal). The read models and the node planning
+above ask a trait (``consumable``, ``instances``), never a mode's name, and ask the
+registry for what is a mode's own arithmetic (``SlicingMode.room``)."""
 
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ from gpuslice.planning.grants import Grant
 from gpuslice.planning.kinds import DeviceKind
 from gpuslice.planning.mode_traits import ModeTraits
 from gpuslice.planning.modes import memory, mig, shared
+from gpuslice.planning.room import C, Room
 from gpuslice.planning.selection import Problem, Selection
 
 
@@ -57,6 +58,14 @@ class SlicingMode(Protocol):
 
     def fit_problems(self, policy: GpuSlicePolicy, selection: Selection) -> list[Problem]:
         """What makes ``policy`` impossible on the GPUs it selects."""
+        ...
+
+    def room(self, kind: str, candidates: Sequence[C], on_gpu: Sequence[C], free_memory: int,
+             request: int | None) -> Room[C]:
+        """Which of ``candidates`` (one policy's devices of ``kind``, this mode's, on one GPU) a
+        claim could get now, as the scheduler would count them: ``on_gpu`` is every device
+        published on that GPU, ``free_memory`` what no claim holds of it, and ``request`` the
+        memory a consumable request takes (rounded to the step; None for the smallest)."""
         ...
 
     def example(self, gpu: Gpu) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ from gpuslice.planning.devices import CounterSet, Device, Mode, device_name, gpu
 from gpuslice.planning.grants import Grant, common_environment, prefixed
 from gpuslice.planning.kinds import FULL, SLICE, DeviceKind, selector
 from gpuslice.planning.mode_traits import FULL_SLICE_SIZE, MEMORY, ModeTraits
+from gpuslice.planning.room import FREE, C, Room, by_state
 from gpuslice.planning.selection import MAX_SLICES_PER_GPU, Problem, Selection
 
 COMPUTE_UNITS = 1000  # a GPU's compute, in thousandths, shared in proportion to memory
@@ -79,6 +80,15 @@ class MemoryMode:
 
     def fit_problems(self, policy: GpuSlicePolicy, selection: Selection) -> list[Problem]:
         return slice_fit_problems(policy, selection, max_slices=MAX_SLICES_PER_GPU)
+
+    def room(self, kind: str, candidates: Sequence[C], on_gpu: Sequence[C], free_memory: int,
+             request: int | None) -> Room[C]:
+        if kind == FULL:  # a whole GPU: nothing else on it may be held
+            return by_state([] if any(d.allocated for d in on_gpu) else candidates)
+        idle = [d for d in candidates if not d.allocated]
+        count = free_memory // idle[0].device.memory if idle else 0  # slices the counter set has room for
+        ok = [d for d in idle if d.state == FREE][:count]
+        return Room(ok, [d for d in idle if d.state != FREE][:max(0, count - len(ok))])
 
     def example(self, gpu: Gpu) -> dict[str, Any] | None:
         return {"mode": self.name, "sliceSize": "4Gi", "allowFullGpu": True}

@@ -22,9 +22,16 @@ from gpuslice.planning.grants import Grant, common_environment, prefixed
 from gpuslice.planning.kinds import DeviceKind, profile_tag, selector
 from gpuslice.planning.mig import mig_device_name, static_layout
 from gpuslice.planning.mode_traits import MIG, ModeTraits
+from gpuslice.planning.room import C, Candidate, Room, by_state
 from gpuslice.planning.selection import Problem, Selection
 
 MEDIA = "media-engines"
+
+
+def _slices(device: Candidate) -> set[int]:
+    """The memory slices a placement takes."""
+    start, size = device.device.placement or (0, 0)
+    return set(range(start, start + size))
 
 
 def profile_memory(profile: str, selection: Selection, pick: Callable[[list[int]], int] = max) -> int:
@@ -134,6 +141,12 @@ class MigMode:
         for problem in problems:
             unique.setdefault((problem.reason, problem.message.split(" (")[0]), problem)
         return list(unique.values())
+
+    def room(self, kind: str, candidates: Sequence[C], on_gpu: Sequence[C], free_memory: int,
+             request: int | None) -> Room[C]:
+        taken = {i for d in on_gpu if d.allocated for i in _slices(d)}
+        fits = [d for d in candidates if not d.allocated and not taken & _slices(d)]
+        return by_state(fits)  # a profile's placements never overlap (NVML's placement tables)
 
     def example(self, gpu: Gpu) -> dict[str, Any] | None:
         if not gpu.mig_profiles:

@@ -22,6 +22,7 @@ from gpuslice.planning.kinds import SHARED as SHARED_KIND
 from gpuslice.planning.kinds import DeviceKind, selector
 from gpuslice.planning.mode_traits import SHARED, ModeTraits
 from gpuslice.planning.modes.memory import slice_fit_problems
+from gpuslice.planning.room import ALLOCATED, FREE, C, Room, by_state
 from gpuslice.planning.selection import Problem, Selection
 
 
@@ -73,6 +74,11 @@ class SharedMode:
                 " or use mode memory for whole GPUs.",
             )]
         return []
+
+    def room(self, kind: str, candidates: Sequence[C], on_gpu: Sequence[C], free_memory: int,
+             request: int | None) -> Room[C]:
+        # Many claims share the device: an allocated one takes more while the capacity lasts.
+        return by_state((d for d in candidates if free_memory >= (request or d.step)), usable=(FREE, ALLOCATED))
 
     def example(self, gpu: Gpu) -> dict[str, Any] | None:
         return {"mode": self.name, "sliceSize": "4Gi"}

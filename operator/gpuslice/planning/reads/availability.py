@@ -1,17 +1,16 @@
 """How many devices of one kind a claim could get right now, GPU by GPU (pure).
 
-The scheduler's arithmetic, read from the occupancy map: a memory slice needs a free
-device of its size and that much memory left in its GPU's counter set; a whole GPU
-needs nothing else on it; a shared device needs the capacity; a MIG placement needs
-its memory slices unused. A device that would do but is tainted, draining or held is
-counted apart, so ``why`` can say that the GPU is there but kept off.
-"""
+The scheduler's arithmetic, read from the occupancy map; each mode does its own
+(``SlicingMode.room``, over ``planning.room``'s view of a published device). A device
+that would do but is tainted, draining or held is counted apart, so ``why`` can say
+that the GPU is there but kept off."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from gpuslice.planning.modes import MODES
 from gpuslice.planning.reads.occupancy import GpuMap
 from gpuslice.planning.reads.published import PublishedDevice
 
@@ -24,11 +23,6 @@ class Availability:
     free: int
     kept_off: int  # would do, but tainted, draining or held
     reasons: tuple[str, ...] = ()  # why kept off
-
-
-def _placement_free(device: PublishedDevice, taken: set[int]) -> bool:
-    start, size = device.device.placement or (0, 0)
-    return not taken & set(range(start, start + size))
 
 
 def _free_memory(gpu: GpuMap) -> int:
@@ -45,41 +39,14 @@ def _why(device: PublishedDevice) -> tuple[str, ...]:
     return device.reasons or ((device.state,) if device.state in ("draining", "held") else ())
 
 
-def _disjoint(devices: list[PublishedDevice]) -> list[PublishedDevice]:
-    """MIG placements that can be allocated together (placements of one profile overlap)."""
-    chosen: list[PublishedDevice] = []
-    taken: set[int] = set()
-    for device in sorted(devices, key=lambda d: d.device.placement or (0, 0)):
-        if _placement_free(device, taken):
-            start, size = device.device.placement or (0, 0)
-            taken |= set(range(start, start + size))
-            chosen.append(device)
-    return chosen
-
-
 def on_gpu(gpu: GpuMap, policy: str, kind: str, request: int | None = None) -> Availability:
-    """``request``: the memory a shared-capacity request takes (rounded to the step)."""
+    """``request``: the memory a shared-capacity request takes (rounded to the step). The room is
+    the arithmetic of the devices' mode (``SlicingMode.room``)."""
     candidates = [d for d in gpu.devices if d.device.policy == policy and d.device.kind == kind]
-    free_memory = _free_memory(gpu)
-    if kind == "slice":
-        idle = [d for d in candidates if not d.allocated]
-        room = free_memory // idle[0].device.memory if idle else 0
-        ok = [d for d in idle if d.state == "free"][:room]
-        off = [d for d in idle if d.state != "free"][:max(0, room - len(ok))]
-    elif kind == "full":
-        fits = [d for d in candidates if not any(o.allocated for o in gpu.devices)]
-        ok, off = [d for d in fits if d.state == "free"], [d for d in fits if d.state != "free"]
-    elif kind == "shared":
-        fits = [d for d in candidates if free_memory >= (request or d.step)]
-        ok = [d for d in fits if d.state in ("free", "allocated")]
-        off = [d for d in fits if d not in ok]
-    else:
-        taken = {i for d in gpu.devices if d.allocated and d.device.placement
-                 for i in range(d.device.placement[0], sum(d.device.placement))}
-        fits = [d for d in candidates if not d.allocated and _placement_free(d, taken)]
-        ok = _disjoint([d for d in fits if d.state == "free"])
-        off = _disjoint([d for d in fits if d.state != "free"])
-    return Availability(gpu, len(ok), len(off), tuple(sorted({r for d in off for r in _why(d)})))
+    if not candidates:
+        return Availability(gpu, 0, 0)
+    room = MODES[candidates[0].device.mode].room(kind, candidates, gpu.devices, _free_memory(gpu), request)
+    return Availability(gpu, len(room.ok), len(room.off), tuple(sorted({r for d in room.off for r in _why(d)})))
 
 
 def across(gpus: Iterable[GpuMap], policy: str, kind: str, request: int | None = None) -> list[Availability]:
@@ -106,7 +73,7 @@ def largest_free(gpus: Iterable[GpuMap], policy: str) -> tuple[GpuMap, str, int]
             if not found.free:
                 continue
             sample = next(d for d in gpu.devices if d.device.policy == policy and d.device.kind == kind)
-            memory = _free_memory(gpu) if kind == "shared" else sample.device.memory
+            memory = _free_memory(gpu) if sample.device.traits.consumable else sample.device.memory
             if best is None or memory > best[2]:
                 best = (gpu, kind, memory)
     return best
