@@ -24,7 +24,7 @@ import os
 import re
 import tempfile
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,24 @@ POD = ("spec", "template", "spec")
 DS, DEP = ("DaemonSet", "gpuslice-agent"), ("Deployment", "gpuslice-controller")
 WEBHOOK = ("Deployment", "gpuslice-webhook")
 
+
+def workload_values(prefix: str, workload: tuple[str, str], docs: Mapping[str, str]) -> list[Value]:
+    """The values every workload has, each read from where the overlay sets it, else empty; replicas
+    and a disruption budget for the Deployments. ``docs`` says what a value does, by its key."""
+    def one(key: str, schema: Obj, path: Path_ | None = None, default: Any = None) -> Value:
+        return Value(f"{prefix}.{key}", schema, docs.get(key, ""), (*workload, path) if path else None, default)
+
+    replicated = workload[0] == "Deployment"
+    return [
+        *([one("replicas", {"type": "integer", "minimum": 1}, ("spec", "replicas"))] if replicated else []),
+        one("resources", RESOURCES, (*CONTAINER, "resources")),
+        one("priorityClassName", STRING, (*POD, "priorityClassName")),
+        one("nodeSelector", OBJECT, (*POD, "nodeSelector"), {}),
+        one("tolerations", ARRAY, (*POD, "tolerations"), []),
+        one("affinity", OBJECT, (*POD, "affinity"), {}),
+        *([one("podDisruptionBudget.enabled", BOOL, default=True)] if replicated else []),
+    ]
+
 VALUES = [
     Value("image.repository", STRING, "The gpuslice image (make image; push it to your registry).",
           at=(*DEP, (*CONTAINER, "image"))),
@@ -90,29 +108,15 @@ VALUES = [
           "Where the NVIDIA driver is on the host (/ for a driver installed on the node, /run/nvidia/driver for"
           " the GPU Operator's): mounted read-only into the agent, which loads NVML from it. Empty: NVML comes"
           " from the NVIDIA Container Toolkit through agent.runtimeClassName.", default=""),
-    Value("controller.replicas", {"type": "integer", "minimum": 1},
-          "Copies of the controller: the one holding the leader Lease acts, the others wait to take over.",
-          at=(*DEP, ("spec", "replicas"))),
-    Value("controller.resources", RESOURCES, "Measured figures: docs/install.md, \"Resources\".",
-          at=(*DEP, (*CONTAINER, "resources"))),
-    Value("controller.priorityClassName", STRING, "", at=(*DEP, (*POD, "priorityClassName"))),
-    Value("controller.nodeSelector", OBJECT, "", default={}),
-    Value("controller.tolerations", ARRAY, "", default=[]),
-    Value("controller.affinity", OBJECT, "Default: the copies on different nodes where they can be.",
-          at=(*DEP, (*POD, "affinity"))),
-    Value("controller.podDisruptionBudget.enabled", BOOL, "maxUnavailable 1: a drain evicts one copy at a time.",
-          default=True),
-    Value("webhook.replicas", {"type": "integer", "minimum": 1},
-          "Copies of the maxMemory webhook: any may answer (they share only the ledgers).",
-          at=(*WEBHOOK, ("spec", "replicas"))),
-    Value("webhook.resources", RESOURCES, "", at=(*WEBHOOK, (*CONTAINER, "resources"))),
-    Value("webhook.priorityClassName", STRING, "", at=(*WEBHOOK, (*POD, "priorityClassName"))),
-    Value("webhook.nodeSelector", OBJECT, "", default={}),
-    Value("webhook.tolerations", ARRAY, "", default=[]),
-    Value("webhook.affinity", OBJECT, "Default: the copies on different nodes where they can be.",
-          at=(*WEBHOOK, (*POD, "affinity"))),
-    Value("webhook.podDisruptionBudget.enabled", BOOL, "minAvailable 1: a drain keeps one copy answering.",
-          default=True),
+    *workload_values("controller", DEP, {
+        "replicas": "Copies of the controller: the one holding the leader Lease acts, the others wait to take over.",
+        "resources": "Measured figures: docs/install.md, \"Resources\".",
+        "affinity": "Default: the copies on different nodes where they can be.",
+        "podDisruptionBudget.enabled": "maxUnavailable 1: a drain evicts one copy at a time."}),
+    *workload_values("webhook", WEBHOOK, {
+        "replicas": "Copies of the maxMemory webhook: any may answer (they share only the ledgers).",
+        "affinity": "Default: the copies on different nodes where they can be.",
+        "podDisruptionBudget.enabled": "minAvailable 1: a drain keeps one copy answering."}),
     Value("agent.backend", {"enum": ["nvml", "fake"]},
           "nvml: real GPUs (privileged, for dynamic MIG; the toolkit's CDI spec from /etc/cdi). fake: GPUs from"
           " node labels, for kind and tests (ci/kind-values.yaml).", at=(*DS, (*CONTAINER, "args", 1))),
@@ -120,16 +124,13 @@ VALUES = [
           "The NVIDIA Container Toolkit's runtime class, which gives the agent NVML (the GPU Operator makes"
           " `nvidia`); empty for none (with nvidiaDriverRoot, or the fake backend).",
           at=(*DS, (*POD, "runtimeClassName"))),
-    Value("agent.priorityClassName", STRING, "", at=(*DS, (*POD, "priorityClassName"))),
-    Value("agent.nodeSelector", OBJECT,
-          "The GPU nodes gpuslice serves: those the GPU Operator keeps its device plugin off (one driver per GPU).",
-          at=(*DS, (*POD, "nodeSelector"))),
-    Value("agent.tolerations", ARRAY, "", at=(*DS, (*POD, "tolerations"))),
-    Value("agent.affinity", OBJECT, "Default: not on nodes where the GPU Operator deploys NVIDIA's DRA driver"
-          " (one driver per GPU; docs/nvidia.md).", at=(*DS, (*POD, "affinity"))),
-    Value("agent.resources", RESOURCES, "Measured figures: docs/install.md, \"Resources\". No memory limit: the MPS"
-          " daemons and servers are the agent's children, in its memory cgroup.",
-          at=(*DS, (*CONTAINER, "resources"))),
+    *workload_values("agent", DS, {
+        "nodeSelector": "The GPU nodes gpuslice serves: those the GPU Operator keeps its device plugin off (one"
+                        " driver per GPU).",
+        "affinity": "Default: not on nodes where the GPU Operator deploys NVIDIA's DRA driver (one driver per GPU;"
+                    " docs/nvidia.md).",
+        "resources": "Measured figures: docs/install.md, \"Resources\". No memory limit: the MPS daemons and"
+                     " servers are the agent's children, in its memory cgroup."}),
     Value("metrics.service.enabled", BOOL, "A headless metrics Service per workload (on with serviceMonitor).",
           default=False),
     Value("metrics.serviceMonitor.enabled", BOOL, "A ServiceMonitor per workload (Prometheus Operator).",
@@ -400,7 +401,7 @@ def template(nvidia: Obj, kind: Obj | None) -> str:
 def default_values(objects: dict[tuple[str, str], Obj]) -> Obj:
     values: Obj = {}
     for value in VALUES:
-        if value.at is not None:
+        if value.at is not None and has(objects[value.at[:2]], value.at[2]):
             kind, name, path = value.at
             default = lookup(objects[(kind, name)], path)
             if value.key == "image.repository":
