@@ -47,7 +47,7 @@ from gpuslice.planning.left_out import MIG_MODE_ON
 from gpuslice.planning.node.coexistence import mig_manager_active
 from gpuslice.planning.node.mig_layout import Instance, LayoutTarget, Step, devices_of, inverse, layout_targets, steps
 from gpuslice.planning.node.mig_mode import switches_mig_mode
-from gpuslice.planning.node.node_pool import NodePlan, layout
+from gpuslice.planning.node.node_pool import NodePlan
 
 log = structlog.get_logger(__name__)
 APPLIED_FILE = "mig-layouts.json"
@@ -200,7 +200,7 @@ class MigManager:
         typed += [d for found in replaced.values() for d in found]
         typed = [_with_instance_uuid(d, uuids.get(d.gpu_uuid, {})) for d in typed]
         typed.sort(key=lambda d: (d.memory, d.name))
-        return replace(plan, slices=layout(plan.counter_sets, [d.manifest() for d in typed]), typed=tuple(typed))
+        return replace(plan, typed=tuple(typed))
 
     def drained(self, published: Iterable[dict[str, Any]]) -> set[str]:
         """Devices of GPUs reconfigured since the last cycle: their instances are gone, so they go now."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
@@ -42,10 +43,21 @@ class PlannedSlice:
 
 @dataclass(frozen=True)
 class NodePlan:
-    slices: tuple[PlannedSlice, ...]
+    """The pool as planned, typed; its JSON is rendered once, when first asked for.
+
+    What is published and what a held device must stay is JSON (``planning.node.pool_safety``):
+    the safety layer compares and keeps what the API server holds, verbatim, whichever version of
+    the agent wrote it. So the plan is typed up to its slices, and the safety layer works on them.
+    """
+
+    typed: tuple[Device, ...] = ()  # the planned devices, small first (the scheduler takes the first that fits)
+    guards: tuple[CounterSet, ...] = ()  # the counter sets that guard their GPUs
     notes: tuple[str, ...] = ()  # why a policy left a GPU out, for logs and status
-    typed: tuple[Device, ...] = ()  # the planned devices, typed (same order as ``devices``)
     left_out: tuple[LeftOut, ...] = ()  # GPUs left out for a state the controller cannot see (planning.left_out)
+
+    @cached_property
+    def slices(self) -> tuple[PlannedSlice, ...]:
+        return layout([c.manifest() for c in self.guards], [d.manifest() for d in self.typed])
 
     @property
     def devices(self) -> list[DeviceJSON]:
@@ -158,8 +170,7 @@ def plan_node_pool(labels: Mapping[str, str], gpus: Sequence[Gpu], policies: Ite
             counter_sets.append(guard)
         devices.extend(found)
     ordered = sorted(devices, key=lambda d: (d.memory, d.name))
-    return NodePlan(layout([c.manifest() for c in counter_sets], [d.manifest() for d in ordered]),
-                    tuple(notes), tuple(ordered), tuple(left_out))
+    return NodePlan(tuple(ordered), tuple(counter_sets), tuple(notes), tuple(left_out))
 
 
 def layout(counter_sets: Sequence[dict[str, Any]], devices: Sequence[DeviceJSON]) -> tuple[PlannedSlice, ...]:
