@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,11 +18,28 @@ import pytest
 import yaml
 
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
+from gpuslice.devcluster.ports import PORTS_ENV, port_range
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.kubeutil import create_namespace, delete_namespace, dev_cluster, wait_for
 
 NODES = 2
 GPUS_PER_NODE = 8
+
+
+def _ports_of_this_worker() -> None:
+    """With several workers (``-n``, pytest-xdist), each starts its own control plane; each draws
+    its ports from a range of its own, so two never take the same free port between a check and a
+    bind. Set before any test runs, and inherited by every process a test starts."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not worker.startswith("gw") or not count.isdigit() or PORTS_ENV in os.environ:
+        return
+    ports = port_range()
+    share = len(ports) // int(count)
+    low = ports.start + int(worker.removeprefix("gw")) * share
+    os.environ[PORTS_ENV] = f"{low}-{low + share}"
+
+
+_ports_of_this_worker()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
