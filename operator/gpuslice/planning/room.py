@@ -2,9 +2,10 @@
 
 Each mode knows its own arithmetic (``SlicingMode.room``): a memory slice needs that much
 memory left in its GPU's counter set, a whole GPU an idle GPU, a shared device the capacity,
-a MIG placement its memory slices unused. The read models that hold published devices with
-their holders and taints (``planning.reads``) sit above the modes, so a mode judges this
-view of a device, which their ``PublishedDevice`` is.
+a MIG placement its memory slices unused (and a ``+me`` one the GPU's single media-engines
+counter). The read models that hold published devices with their holders and taints
+(``planning.reads``) sit above the modes, so a mode judges this view of a device, which
+their ``PublishedDevice`` is.
 """
 
 from __future__ import annotations

@@ -34,6 +34,11 @@ def _slices(device: Candidate) -> set[int]:
     return set(range(start, start + size))
 
 
+def _media(device: Candidate) -> bool:
+    """The placement takes the GPU's media engines (a ``+me`` profile)."""
+    return any(name == MEDIA for name, _ in device.device.counters)
+
+
 def profile_memory(profile: str, selection: Selection, pick: Callable[[list[int]], int] = max) -> int:
     """What one instance of ``profile`` has on the GPUs selected (the largest figure, or what
     ``pick`` takes); for GPUs the catalog does not know, the GB figure in its name read as GiB
@@ -145,8 +150,14 @@ class MigMode:
     def room(self, kind: str, candidates: Sequence[C], on_gpu: Sequence[C], free_memory: int,
              request: int | None) -> Room[C]:
         taken = {i for d in on_gpu if d.allocated for i in _slices(d)}
-        fits = [d for d in candidates if not d.allocated and not taken & _slices(d)]
-        return by_state(fits)  # a profile's placements never overlap (NVML's placement tables)
+        media_taken = any(d.allocated and _media(d) for d in on_gpu)
+        fits = [d for d in candidates
+                if not d.allocated and not taken & _slices(d) and not (media_taken and _media(d))]
+        room = by_state(fits)  # a profile's placements never overlap (NVML's placement tables)
+        if not any(_media(d) for d in fits):
+            return room
+        # The GPU's one media-engines counter: a single ``+me`` instance at a time, free or kept off.
+        return Room(room.ok[:1], [] if room.ok else room.off[:1])
 
     def example(self, gpu: Gpu) -> dict[str, Any] | None:
         if not gpu.mig_profiles:

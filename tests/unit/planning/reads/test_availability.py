@@ -57,6 +57,19 @@ def test_mig_placements_count_those_a_claim_could_get_together() -> None:
     assert on_gpu(busy, "training", "3g.20gb").free == 1
 
 
+def test_a_media_engine_placement_counts_once_for_the_gpus_one_media_counter() -> None:
+    media = policy_body("media", {"mode": "mig", "mig": {"profiles": ["1g.5gb+me", "1g.5gb"]}})
+    idle = gpu(media, "a100-40gb", [])
+    assert on_gpu(idle, "media", "1g.5gb").free == 7
+    assert on_gpu(idle, "media", "1g.5gb+me").free == 1  # seven placements, but one media-engines counter
+    tainted = gpu(media, "a100-40gb", [], frozenset({f"{A}-mig-1g5gb-me-at-{i}" for i in range(7)}))
+    assert (on_gpu(tainted, "media", "1g.5gb+me").free, on_gpu(tainted, "media", "1g.5gb+me").kept_off) == (0, 1)
+    held = [claim("ml", "c", [("n1", f"{A}-mig-1g5gb-me-at-0")])]
+    busy = gpu(media, "a100-40gb", held)
+    assert on_gpu(busy, "media", "1g.5gb+me").free == 0  # the counter is taken
+    assert on_gpu(busy, "media", "1g.5gb").free == 6
+
+
 def test_slices_of_two_policies_draw_on_one_counter_set() -> None:
     wide = policy_body("wide", {"mode": "memory", "sliceSize": "20G"}, created="2026-11-29T11:00:00Z")
     slices = published("n1", "h100-80gb", 1, [INFERENCE, wide])
