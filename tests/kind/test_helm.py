@@ -134,9 +134,14 @@ def test_helm_upgrade_keeps_the_running_pod_on_its_device(installed: Kind) -> No
     helm(kind, "upgrade", *RELEASE, str(CHART), "--reuse-values", "--set", f"image.tag={upgraded.partition(':')[2]}",
          "--set", "preDelete.timeoutSeconds=20", "--wait", "--timeout", "5m")
     kind.kubectl("-n", "gpuslice-system", "rollout", "status", "daemonset/gpuslice-agent", "--timeout=300s")
-    agents = gpuslice_pods(kind, "agent")
-    assert {p["spec"]["containers"][0]["image"] for p in agents} == {upgraded}
-    assert {p["spec"]["containers"][0]["image"] for p in gpuslice_pods(kind, "controller")} == {upgraded}
+    # `--wait` ends when the new pods are ready; the old ones may still be terminating (listed,
+    # with a deletionTimestamp) for their grace period. Every copy runs the new image once they go.
+    def images(component: str) -> set[str]:
+        return {p["spec"]["containers"][0]["image"] for p in gpuslice_pods(kind, component)}
+
+    for component in ("agent", "controller", "webhook"):
+        kind.wait_until(f"every {component} pod to run {upgraded}", lambda c=component: images(c) == {upgraded},
+                        within=120)
     now = kind.json("-n", "team-a", "get", "pod", "inference")
     assert now["metadata"]["uid"] == before["metadata"]["uid"], "the tenant pod was replaced"
     assert restarts(now) == 0
