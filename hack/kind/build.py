@@ -608,7 +608,7 @@ def build() -> dict[str, str]:
             built["nodebins"] = GoModule("nodebins", REPO / "hack/kube/nodebins", (".",),
                                          kube_ldflags(kubernetes)).build(toolchain)
             built["control-plane"] = control_plane()
-            built["helm"] = helm()  # the tier installs the chart with it
+            built["helm"] = alone("helm")  # the tier installs the chart with it
             return built
 
         def bases() -> dict[str, str]:
@@ -643,7 +643,7 @@ def build() -> dict[str, str]:
         "kind": str(bin_dir / "kind"),
         "kubectl": str(bin_dir / "kubectl"),
         "helm": str(bin_dir / "helm"),
-        "monitoringCrds": str(monitoring_crds()),
+        "monitoringCrds": str(alone("monitoring-crds")),
     }
     (CACHE / "build.json").write_text(json.dumps(result, indent=2) + "\n")
     prune_images(keep={node, podnet, base["node"], base["python"], base["busybox"], preload.stem.split("-")[-1]})
@@ -701,6 +701,13 @@ def kustomize() -> Path:
 # What `build.py TARGET` builds alone, with Go only (no Docker): the cluster tier's tools.
 ALONE: dict[str, Callable[[], Path]] = {"kustomize": kustomize, "helm": helm, "monitoring-crds": monitoring_crds}
 
+def alone(target: str) -> Path:
+    """One of ALONE, under its own lock: the cluster tier's `build.py helm` may run beside a full
+    build (.ci/run starts the kind images early), and both would write the same cache slot."""
+    with locked(CACHE / f".{target}.lock"):
+        return ALONE[target]()
+
+
 # Read at import: a step's key must not change because this file was edited while it ran.
 _RECIPES = {f.__qualname__: inspect.getsource(f) for f in (
     GoTool.build, GoModule.build, debootstrap_image, busybox_image, cluster_images, node_image)}
@@ -721,8 +728,7 @@ def main() -> int:
     try:
         CACHE.mkdir(parents=True, exist_ok=True)
         if args.target in ALONE:
-            with locked(CACHE / f".{args.target}.lock"):
-                print(ALONE[args.target]())
+            print(alone(args.target))
             return 0
         with locked(CACHE / ".build.lock"):
             result = build()
