@@ -186,11 +186,15 @@ async def test_over_max_memory_says_what_the_namespace_holds_and_what_the_claim_
     kube: KubeClient, controller: ControllerProcess, memory_webhook: Any, make_policy: PolicyFactory,
     gpu_node: GpuNodeFactory, namespace: str, gpuslice: Cli,
 ) -> None:
+    from tests.cluster.controller.test_allocation import allocation
     from tests.cluster.controller.test_max_memory import budget_policy, claim_with_pod, memory_claim
 
     name, klass, _ = await budget_policy(kube, make_policy, gpu_node, namespace, {"mode": "shared", "sliceSize": "1Gi"})
-    for pod, gib in (("a", 20), ("b", 8), ("c", 4)):
+    # a and b allocated first: the scheduler takes pods in no set order, and whichever comes third is refused.
+    for pod, gib in (("a", 20), ("b", 8)):
         await claim_with_pod(kube, namespace, pod, memory_claim(pod, klass, gib))
+        await wait_for(lambda pod=pod: allocation(kube, namespace, pod), within=60, what=f"{pod} to be allocated")
+    await claim_with_pod(kube, namespace, "c", memory_claim("c", klass, 4))
     await warning(kube, namespace, "c", "FailedScheduling")
     result = (await gpuslice("why", f"{namespace}/c", "-o", "json")).json()
     said = findings(result)
