@@ -45,15 +45,17 @@ RETRIES = Counter("gpuslice_scheduler_retries", "Times the controller asked kube
 class SchedulerRetry:
     """One per controller; every policy's daemon calls ``tick``, which looks at most once per interval."""
 
-    def __init__(self, kube: KubeClient, interval: float, version: Callable[[], int] = lambda: 0) -> None:
-        """``version``: a number that changes with every event of our slices or of a claim."""
-        self.kube, self.interval, self.version = kube, interval, version
-        self.last = 0.0
+    def __init__(self, kube: KubeClient, interval: float, version: Callable[[], int] = lambda: 0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``version``: a number that changes with every event of our slices or of a claim. Times are
+        ``clock``'s; None is "never": a monotonic clock counts from boot, so no zero is long ago."""
+        self.kube, self.interval, self.version, self.clock = kube, interval, version, clock
+        self.last: float | None = None
         self.judged: tuple[frozenset[str], int] | None = None  # pods with no room, and the version read
-        self.asked: dict[str, tuple[int, float]] = {}  # pod UID -> (times asked, when last)
+        self.asked: dict[str, tuple[int, float]] = {}  # pod UID -> (times asked, when last); absent: never
         self.last_asked: frozenset[str] = frozenset()  # the pods asked for at the last change
         self.unhelped = 0  # changes in a row after which a pod asked for was still turned away
-        self.changed_at = -LONGEST
+        self.changed_at: float | None = None  # the last change made; None: none yet
         self.lock = asyncio.Lock()
 
     async def tick(self) -> list[Retry]:
@@ -61,14 +63,16 @@ class SchedulerRetry:
         if self.interval <= 0 or self.lock.locked():
             return []
         async with self.lock:
-            now = time.monotonic()
-            if now - self.last < self.interval:
+            now = self.clock()
+            if self.last is not None and now - self.last < self.interval:
                 return []
             self.last = now
             return await self._look(now)
 
     def _due(self, pod: str, now: float) -> bool:
-        times, when = self.asked.get(pod, (0, 0.0))
+        if pod not in self.asked:
+            return True
+        times, when = self.asked[pod]
         return now - when >= min(self.interval * 2.0 ** times, LONGEST)
 
     def _helped(self, waiting: set[str]) -> None:
@@ -85,7 +89,7 @@ class SchedulerRetry:
         waiting = {_uid(p) for p in pods}
         self.asked = {k: v for k, v in self.asked.items() if k in waiting}
         self._helped(waiting)
-        if now - self.changed_at < min(self.interval * 2.0 ** self.unhelped, LONGEST):
+        if self.changed_at is not None and now - self.changed_at < min(self.interval * 2.0 ** self.unhelped, LONGEST):
             return []  # the last change did not help its pods: the next waits longer
         pods = [p for p in pods if self._due(_uid(p), now)]
         judged = (frozenset(_uid(p) for p in pods), self.version())

@@ -116,13 +116,13 @@ async def _reckon_loop(ledgers: Ledgers, state: State, stop: asyncio.Event, sett
     it a tenant whose writes failed (the webhook killed mid-request) would wait below its limit for
     good."""
     grace = datetime.timedelta(seconds=settings.charge_grace)
-    last_full = 0.0
+    last_full: float | None = None  # the first pass is full, however long ago the machine booted
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(state.changed.wait(), timeout=min(settings.resync, settings.charge_grace / 2))
         await asyncio.sleep(0.1)  # a burst of events is one pass
         state.changed.clear()
-        full = time.monotonic() - last_full >= settings.resync
+        full = last_full is None or time.monotonic() - last_full >= settings.resync
         dirty, state.dirty = state.dirty, set()
         if full:
             last_full = time.monotonic()

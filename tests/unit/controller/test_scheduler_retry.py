@@ -73,6 +73,17 @@ async def test_one_look_per_interval_whichever_daemon_calls() -> None:
     assert await SchedulerRetry(cast(KubeClient, stub), 0.0).tick() == []  # 0: off
 
 
+async def test_the_first_look_is_at_once_on_a_machine_booted_a_second_ago() -> None:
+    stub, now = Stub(), [1.0]
+    retry = SchedulerRetry(cast(KubeClient, stub), 3600.0, clock=lambda: now[0])
+    assert len(await retry.tick()) == 1
+    now[0] = 3600.5
+    assert await retry.tick() == []
+    now[0] = 3601.0
+    await retry.tick()
+    assert stub.reads.count("pods") == 2
+
+
 async def test_a_change_that_did_not_help_makes_the_next_wait_longer_whatever_pod_it_is_for() -> None:
     stub = Stub()
     retry = SchedulerRetry(cast(KubeClient, stub), 10.0)
