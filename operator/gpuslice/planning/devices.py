@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuslice.api.policy import SlicingModeName
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, PENDING_TAINT_KEY, short_hash
-from gpuslice.dra.quantity import format_bytes, quantity_bytes
+from gpuslice.dra.quantity import format_bytes, parse_quantity, quantity_bytes
 from gpuslice.dra.wire import text_attribute
 from gpuslice.inventory.catalog import Engines
 from gpuslice.inventory.gpus import Gpu
@@ -63,6 +63,17 @@ class CounterSet:
 
     def manifest(self) -> dict[str, Any]:
         return {"name": self.name, "counters": {k: {"value": v} for k, v in self.counters}}
+
+    @classmethod
+    def from_manifest(cls, body: Mapping[str, Any]) -> CounterSet | None:
+        """A published counter set read back; None for one whose values are not quantities."""
+        try:
+            counters = tuple(sorted((str(k), str(v["value"])) for k, v in (body.get("counters") or {}).items()))
+            for _, value in counters:
+                parse_quantity(value)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+        return cls(str(body.get("name", "")), counters)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import pytest
 
 from gpuslice.agent.kubeletplugin.errors import (
     ClaimNotFound,
+    DeviceHeld,
     DeviceNotPublished,
     NotAllocated,
     NotATenant,
@@ -154,3 +155,52 @@ async def test_unprepare_succeeds_and_removes_what_prepare_made(pool: Pool, case
     await pool.preparer().unprepare(CLAIM)
 
     assert left_behind(pool, preparer) == ([], set(), [])
+
+
+HELD = {
+    "the same slice": ("memory", lambda names: (names[0], names[0]), {}),
+    "a whole GPU beside a slice of it": ("memory", lambda names: (next(n for n in names if n.endswith("-full")),
+                                                                  next(n for n in names if "-full" not in n)), {}),
+    "shares beyond the shared device": ("shared", lambda names: (names[0], names[0]),
+                                        {"consumedCapacity": {"memory": "80G"}}),
+    "the same MIG placement": ("dynamic MIG", lambda names: (names[0], names[0]), {}),
+}
+
+
+@pytest.mark.parametrize("case", HELD.values(), ids=HELD.keys())
+async def test_a_device_a_prepared_claim_holds_is_never_prepared_for_another(pool: Pool, case: Any) -> None:
+    """Whatever the allocation says (the scheduler's stale state, a forced pod deletion, a forged
+    status): the first claim keeps its device, the second gets nothing and leaves nothing."""
+    mode, pick, first_share = case
+    pool.set_policy("p", {**MODES[mode], **({"allowFullGpu": True} if mode == "memory" else {})})
+    await pool.settle()
+    held, asked = pick(sorted(pool.devices()))
+    share = {**SHARE, **first_share} if mode == "shared" else {}
+    pool.allocate("c", held, **share)
+    preparer = pool.preparer()
+    await preparer.prepare(CLAIM)
+    pool.allocate("d", asked, **({**SHARE, "shareID": "00000000-0000-0000-0000-000000000002"} if mode == "shared"
+                                 else {}))
+    second = ClaimRef(bodies.TENANT, "d", "uid-d")
+
+    with pytest.raises(DeviceHeld, match=f"claim {CLAIM} \\(uid {CLAIM.uid}\\)|counter set"):
+        await pool.preparer().prepare(second)
+
+    assert [c.uid for c in preparer.checkpoints.all()] == [CLAIM.uid]
+    assert preparer.cdi.claims() == {CLAIM.uid}
+
+
+async def test_shares_within_the_device_and_admin_access_are_prepared_beside_a_held_device(pool: Pool) -> None:
+    pool.set_policy("p", MODES["shared"], adminAccess={"namespaces": ["ops"]})
+    await pool.settle()
+    [device] = sorted(pool.devices())[:1]
+    pool.allocate("c", device, **SHARE)
+    preparer = pool.preparer()
+    await preparer.prepare(CLAIM)
+    pool.allocate("d", device, **{**SHARE, "shareID": "00000000-0000-0000-0000-000000000002"})
+    pool.api.put(bodies.claim("watch", [device], namespace="ops", admin=True))
+
+    await preparer.prepare(ClaimRef(bodies.TENANT, "d", "uid-d"))
+    await preparer.prepare(ClaimRef("ops", "watch", "uid-watch"))
+
+    assert {c.uid for c in preparer.checkpoints.all()} == {CLAIM.uid, "uid-d", "uid-watch"}

@@ -27,6 +27,12 @@ class DeviceUnusable(PluginError):
     """The device is published but cannot be given to a container now (its GPU is gone, MIG failed)."""
 
 
+class DeviceHeld(PluginError):
+    """Another claim prepared on this node holds the device, or what the claims would hold together
+    is more than the GPU has (``planning.node.overlap``): whatever the allocation says, no container
+    gets it."""
+
+
 class UnprepareFailed(PluginError):
     """Something prepare made could not be removed; the kubelet retries."""
 

@@ -27,6 +27,7 @@ from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
 from gpuslice.agent.kubeletplugin.checkpoint import ClaimCheckpoint, PreparedDevice
 from gpuslice.agent.kubeletplugin.errors import (
     ClaimNotFound,
+    DeviceHeld,
     DeviceNotPublished,
     DeviceUnusable,
     NotAllocated,
@@ -49,10 +50,11 @@ from gpuslice.dra.wire import (
     newest_generation,
 )
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
-from gpuslice.planning.devices import Device
+from gpuslice.planning.devices import CounterSet, Device
 from gpuslice.planning.grants import Grant, prefixed
 from gpuslice.planning.modes import environment
 from gpuslice.planning.node.mps import DaemonDirs, DaemonKey, client_edits
+from gpuslice.planning.node.overlap import Holding, overlaps
 
 log = structlog.get_logger(__name__)
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -79,15 +81,26 @@ def mps_keys(checkpoint: ClaimCheckpoint) -> set[DaemonKey]:
     return {DaemonKey(d.gpu_uuid, checkpoint.namespace) for d in checkpoint.devices if d.mps}
 
 
-async def published_pool(kube: KubeClient, node: str) -> dict[str, Device]:
-    """The devices this node's pool publishes now (the newest generation), typed, by name."""
+@dataclass(frozen=True)
+class PublishedPool:
+    """What this node's pool publishes now (the newest generation): its devices, typed, by name,
+    and its counter sets."""
+
+    devices: dict[str, Device]
+    counter_sets: tuple[CounterSet, ...] = ()
+
+
+async def published_pool(kube: KubeClient, node: str) -> PublishedPool:
     slices = await kube.list(SLICES, fieldSelector=f"spec.nodeName={node},spec.driver={DRIVER}")
     newest = newest_generation([s["spec"] for s in slices], node)  # the pool named after the node
+    if newest is None:
+        return PublishedPool({})
     found = {}
-    for manifest in devices_of(newest) if newest is not None else []:
+    for manifest in devices_of(newest):
         if (device := Device.from_manifest(manifest)) is not None:
             found[device.name] = device
-    return found
+    sets = (CounterSet.from_manifest(c) for s in newest.slices for c in s.get("sharedCounters") or [])
+    return PublishedPool(found, tuple(c for c in sets if c is not None))
 
 
 class Preparer:
@@ -146,7 +159,8 @@ class Preparer:
     async def _start(self, claim: ClaimRef,
                      results: list[AllocationResult]) -> tuple[ClaimCheckpoint, dict[str, Device]]:
         async with self.pool.lock:
-            published = await published_pool(self.kube, self.node) if results else {}
+            pool = await published_pool(self.kube, self.node) if results else PublishedPool({})
+            published = pool.devices
             if results and not published:
                 raise DeviceUnusable(
                     f"claim {claim}: node {self.node}'s pool has no published slices right now (the kubelet removes"
@@ -172,6 +186,7 @@ class Preparer:
                     mps=device.isolation == "MPS" and not admin, policy=device.policy,
                     allocated=None if admin else (consumed_memory(result) or device.memory),
                 ))
+            self._check_overlap(claim, devices, pool)
             mps_gpus = sorted({d.gpu_uuid for d in devices if d.mps})
             if len(mps_gpus) > 1:
                 raise DeviceUnusable(
@@ -184,6 +199,21 @@ class Preparer:
             await asyncio.to_thread(self.checkpoints.write, checkpoint)
         kill_point("prepare-started")
         return checkpoint, {d.device: published[d.device] for d in devices}
+
+    def _check_overlap(self, claim: ClaimRef, devices: list[PreparedDevice], pool: PublishedPool) -> None:
+        """No device of ``claim`` that another claim prepared here holds, nor more than a GPU has
+        (``planning.node.overlap``), whatever the allocation says. Under the pool's lock, against
+        every checkpoint, started ones included: their devices are taken until undone."""
+        held = [Holding(f"{c.namespace}/{c.name}", c.uid, d.device, d.consumed_memory, d.admin_access)
+                for c in self.checkpoints.all() if c.uid != claim.uid for d in c.devices]
+        wanted = [Holding(str(claim), claim.uid, d.device, d.consumed_memory, d.admin_access) for d in devices]
+        problems = overlaps(wanted, held, pool.devices, pool.counter_sets)
+        if problems:
+            raise DeviceHeld(
+                f"claim {claim} was allocated devices that claims prepared on node {self.node} hold: "
+                f"{'; '.join(problems)}. None is given to its containers: the allocation was written from stale"
+                " state or forged. Delete the pod (and the claim, unless a template made it) so that the"
+                " scheduler allocates again; the kubelet retries until then.")
 
     async def _check_tenancy(self, claim: ClaimRef, results: list[AllocationResult],
                              devices: dict[str, Device]) -> None:
