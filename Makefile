@@ -7,6 +7,7 @@ PYTEST ?= $(BIN)/pytest
 
 .DEFAULT_GOAL := help
 .PHONY: help venv kube-bin lint test test-unit test-cluster test-faults demo crds protos bench clean manifests constraints \
+        reference \
         kustomize image \
         kind-up kind-deploy kind-demo kind-undeploy kind-down undeploy kind-images test-kind
 
@@ -45,6 +46,7 @@ help:
 	@echo "make image         build the gpuslice image ($(IMAGE)): amd64 and arm64 with buildx, else this host's"
 	@echo "make manifests     regenerate manifests/base/static.yaml, the monitoring component, install.yaml and charts/gpuslice"
 	@echo "make constraints   re-pin constraints.txt: what the image installs (runtime dependencies, no extras)"
+	@echo "make reference     regenerate docs/reference/ (metrics, API, CLI, layout, tests) and docs/configuration.md's tables"
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo ">> setting up $(VENV): gpuslice and its dev tools (runtime dependencies pinned by constraints.txt, as in the image)"
@@ -75,6 +77,7 @@ lint: $(STAMP)
 	@echo ">> mypy --strict"
 	@$(BIN)/mypy
 	@$(BIN)/mypy --strict hack/kind/build.py hack/manifests.py hack/chart.py
+	@$(BIN)/mypy --strict hack/docs/*.py
 	@echo ">> import-linter (layer contracts)"
 	@cd operator && ../$(BIN)/lint-imports ../pyproject.toml
 	@echo ">> gofmt, go vet (hack/kind, hack/kube: the pod runner and nodebins)"
@@ -104,6 +107,11 @@ test-faults: kube-bin
 
 # kube-bin first: lint's go vet reuses what it compiled.
 test: kube-bin lint test-unit test-cluster
+
+# A stale page fails the unit tier (tests/unit/test_docs.py).
+reference: $(STAMP)
+	@echo ">> regenerating docs/reference/ and docs/configuration.md's settings tables"
+	@$(BIN)/python hack/docs/reference.py
 
 demo: kube-bin
 	@echo ">> demo: local control plane with fake GPU nodes"
