@@ -69,7 +69,7 @@ def render(root: Path) -> str:
             sections += [*wrap("`tests/cluster/faults/` is the faults tier (`make test-faults`; `make test-cluster`"
                                 " runs it too): stalled, restarted and killed components, with an invariant checker."),
                          ""]
-        for folder in sorted(p.parent for p in (base / tier).rglob("__init__.py")):
+        for folder in sorted({p.parent for p in (base / tier).rglob("*.py")}):  # a package or not
             lines, files, tests = _folder(root, folder)
             if files or len(lines) > 2:
                 sections += lines
