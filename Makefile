@@ -7,6 +7,7 @@ PYTEST ?= $(BIN)/pytest
 
 .DEFAULT_GOAL := help
 .PHONY: help venv kube-bin lint test test-unit test-cluster test-faults demo crds protos bench clean manifests constraints \
+        docs reference \
         kustomize image \
         kind-up kind-deploy kind-demo kind-undeploy kind-down undeploy kind-images test-kind
 
@@ -45,12 +46,14 @@ help:
 	@echo "make image         build the gpuslice image ($(IMAGE)): amd64 and arm64 with buildx, else this host's"
 	@echo "make manifests     regenerate manifests/base/static.yaml, the monitoring component, install.yaml and charts/gpuslice"
 	@echo "make constraints   re-pin constraints.txt: what the image installs (runtime dependencies, no extras)"
+	@echo "make docs          build the documentation site (mkdocs.yml) into build/site, strictly: a broken link fails"
+	@echo "make reference     regenerate docs/reference/ (metrics, API, CLI, layout, tests) and docs/configuration.md's tables"
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo ">> setting up $(VENV): gpuslice and its dev tools (runtime dependencies pinned by constraints.txt, as in the image)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade pip
-	@$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	@$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,docs]'
 	@touch $(STAMP)
 
 # The image's pins: a fresh venv with gpuslice's runtime dependencies only, frozen.
@@ -75,6 +78,7 @@ lint: $(STAMP)
 	@echo ">> mypy --strict"
 	@$(BIN)/mypy
 	@$(BIN)/mypy --strict hack/kind/build.py hack/manifests.py hack/chart.py
+	@$(BIN)/mypy --strict hack/docs/*.py
 	@echo ">> import-linter (layer contracts)"
 	@cd operator && ../$(BIN)/lint-imports ../pyproject.toml
 	@echo ">> gofmt, go vet (hack/kind, hack/kube: the pod runner and nodebins)"
@@ -103,7 +107,19 @@ test-faults: kube-bin
 	@$(PYTEST) tests/cluster/faults
 
 # kube-bin first: lint's go vet reuses what it compiled.
-test: kube-bin lint test-unit test-cluster
+test: kube-bin lint docs test-unit test-cluster
+
+# The site, strictly: a link to a page, heading or repository file that is not there fails, and so
+# does a generated page that is stale (docs/index.md must link every page: tests/unit/test_docs.py).
+docs: $(STAMP)
+	@echo ">> docs: the generated pages are fresh, then mkdocs build --strict into build/site"
+	@$(BIN)/python hack/docs/reference.py --check
+	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# A stale page also fails the unit tier (tests/unit/test_docs.py).
+reference: $(STAMP)
+	@echo ">> regenerating docs/reference/ and docs/configuration.md's settings tables"
+	@$(BIN)/python hack/docs/reference.py
 
 demo: kube-bin
 	@echo ">> demo: local control plane with fake GPU nodes"

@@ -1,3 +1,5 @@
+"""``python -m gpuslice``: the ``gpuslice`` command, where its script is not on the PATH."""
+
 from gpuslice.cli import main
 
 main()

@@ -20,7 +20,7 @@ def test_the_docs_tables_are_the_models() -> None:
     for name, model in DOCUMENTED.items():
         found = re.search(rf"<!-- settings: {name} -->\n(.*?)<!-- end -->", text, re.S)
         assert found, f"docs/configuration.md has no table for {name}"
-        assert found.group(1) == markdown(model), f"docs/configuration.md is stale for {name}: gpuslice settings-docs"
+        assert found.group(1) == markdown(model), f"docs/configuration.md is stale for {name}: make reference"
 
 
 def test_every_field_says_what_it_is() -> None:

@@ -26,9 +26,12 @@ from gpuslice.kube.client import KubeClient
 from gpuslice.planning.node.health import UNHEALTHY_TAINT_KEY, GpuHealth, step, taint
 
 log = structlog.get_logger(__name__)
-UNHEALTHY = Gauge("gpuslice_agent_gpu_unhealthy", "1 for each GPU that is unhealthy or lost now, labelled with why.",
+UNHEALTHY = Gauge("gpuslice_agent_gpu_unhealthy", "1 for each GPU that is unhealthy or lost now (status:"
+                  " unhealthy, lost), labelled with why (reason, its taint's value: XID-48, ECC, GPU-lost); gone once"
+                  " it is healthy again.",
                   ["node", "gpu", "index", "product", "status", "reason"])
-FAULTS = Counter("gpuslice_agent_gpu_faults", "Faults the GPU backend reported, by GPU and kind.",
+FAULTS = Counter("gpuslice_agent_gpu_faults", "Faults the GPU backend reported, by GPU and kind (xid, ecc, lost),"
+                 " once per health check that reports one.",
                  ["node", "gpu", "index", "kind"])
 
 

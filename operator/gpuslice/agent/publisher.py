@@ -24,11 +24,12 @@ from gpuslice.kube.client import KubeClient
 from gpuslice.kube.watch import list_all
 
 FIELD_MANAGER = "gpuslice-agent"
-CYCLES = Counter("gpuslice_agent_publish_cycles", "Publish cycles, by outcome.", ["outcome"])
+CYCLES = Counter("gpuslice_agent_publish_cycles", "Publish cycles, by outcome (unchanged, written, failed: tried"
+                 " again with backoff).", ["outcome"])
 DEVICES = Gauge("gpuslice_agent_devices", "Devices this agent publishes.")
 HELD = Gauge("gpuslice_agent_held_devices", "Allocated devices kept as they were while a change waits.")
-CLAIM_READS = Counter("gpuslice_agent_claim_reads", "Publish cycles that read every claim (a published device was"
-                      " to change) or did not need to.", ["outcome"])
+CLAIM_READS = Counter("gpuslice_agent_claim_reads", "Publish cycles that read every claim (outcome read: a published"
+                      " device was to change) or did not need to (skipped).", ["outcome"])
 REFUSED = Gauge("gpuslice_agent_refused_policies",
                 "Policies left out on this node: the API server refused their devices.")
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"

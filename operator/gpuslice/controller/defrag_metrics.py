@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-EVICTIONS = Counter("gpuslice_defrag_evictions", "Pods evicted to free a GPU for a waiting pod.", ["policy", "by"])
-FREED = Counter("gpuslice_defrag_gpus_freed", "Moves that ended with the waiting claim allocated.", ["policy", "by"])
+EVICTIONS = Counter("gpuslice_defrag_evictions", "Pods evicted to free a GPU for a waiting pod, by who"
+                    " asked (auto, or manual: gpuslice defrag --apply).", ["policy", "by"])
+FREED = Counter("gpuslice_defrag_gpus_freed", "Moves that ended with the waiting claim allocated, by"
+                " who asked (auto, manual).", ["policy", "by"])
 FAILED = Counter("gpuslice_defrag_moves_failed", "Moves given up, by reason (Disruption: a PodDisruptionBudget"
                  " refused an eviction; Timeout; NotTainted: the node agent did not taint the GPU; Unmovable: a pod"
                  " of the plan may no longer move; Gone: the waiting claim went).", ["policy", "reason"])

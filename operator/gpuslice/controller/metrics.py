@@ -17,9 +17,10 @@ from prometheus_client.registry import Collector
 
 from gpuslice.api.status import GpuSlicePolicyStatus
 
-RECONCILES = Counter("gpuslice_controller_reconciles", "Policy reconciles, by result.", ["result"])
+RECONCILES = Counter("gpuslice_controller_reconciles", "Policy reconciles, by result (ok, error).", ["result"])
 RECONCILE_DURATION = Histogram(
-    "gpuslice_controller_reconcile_duration_seconds", "How long one reconcile of a policy took (converge or status).",
+    "gpuslice_controller_reconcile_duration_seconds",
+    "How long one reconcile of a policy took, by kind (converge: objects applied; status: status only).",
     ["kind"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0))
 LEADER = Gauge("gpuslice_controller_leader", "1 while this controller holds the leader Lease and acts, else 0.")
 CONDITIONS = ("Valid", "Published", "Ready", "Degraded")

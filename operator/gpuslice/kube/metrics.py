@@ -13,7 +13,10 @@ from types import SimpleNamespace
 import aiohttp
 from prometheus_client import Counter
 
-API_REQUESTS = Counter("gpuslice_api_requests", "API requests by verb and outcome (each attempt).",
+API_REQUESTS = Counter("gpuslice_api_requests", "API requests of the process by verb (get, list, watch, create,"
+                       " update, patch, apply, delete) and outcome (ok, not_found, conflict, forbidden, invalid,"
+                       " throttled, server_error, unreachable, ...): each attempt (a request retried twice counts"
+                       " three times), a watch once when it opens; the controller's include Kopf's own.",
                        ["component", "verb", "outcome"])
 OUTCOMES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 409: "conflict",
             410: "gone", 422: "invalid", 429: "throttled"}

@@ -9,7 +9,9 @@ from prometheus_client.core import GaugeMetricFamily
 
 from gpuslice.api.ledger import GpuSliceLedger
 
-REVIEWS = Counter("gpuslice_webhook_reviews_total", "Admission reviews answered, by what was judged and the answer.",
+REVIEWS = Counter("gpuslice_webhook_reviews_total", "Admission reviews answered, by what was judged"
+                  " (operation: create, a claim made; allocate, an allocation written) and the answer (verdict:"
+                  " allowed, refused).",
                   ["operation", "verdict"])
 REVIEW_SECONDS = Histogram(
     "gpuslice_webhook_review_seconds", "Seconds from an admission review's arrival to its answer (its ledger write"

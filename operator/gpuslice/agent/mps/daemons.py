@@ -66,7 +66,7 @@ MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 DAEMONS = Gauge("gpuslice_agent_mps_daemons", "MPS control daemons the agent runs (one per GPU and tenant"
                 " namespace with MPS devices prepared).", ["node"])
 RESTARTS = Counter("gpuslice_agent_mps_daemon_restarts_total", "MPS control daemons the agent found dead and"
-                   " started again.", ["node", "gpu", "namespace"])
+                   " started again (their clients had to reconnect).", ["node", "gpu", "namespace"])
 
 
 class MpsError(GpusliceError):

@@ -1,0 +1,1 @@
+"""How the inspecting commands print: in a terminal (rich), as an image (SVG) and as a page (HTML)."""
