@@ -13,6 +13,9 @@ FAILED = Counter("gpuslice_defrag_moves_failed", "Moves given up, by reason (Dis
 BLOCKED = Counter("gpuslice_defrag_plans_blocked", "Auto mode: pods that waited long enough but got no move, by"
                   " reason (Budget: maxEvictionsPerHour; NoRoom; or what blocked the best GPU: Bare, Disruption,"
                   " OptedOut, NotATenant, NowhereToGo, Job, DaemonSet, ...).", ["policy", "reason"])
+WASTED = Counter("gpuslice_defrag_evictions_wasted", "Pods evicted for a move that then failed (its waiting claim"
+                 " not allocated): moved for nothing. Auto's count against maxEvictionsPerHour all the same.",
+                 ["policy", "by"])
 IN_FLIGHT = Gauge("gpuslice_defrag_moves_in_flight", "GPUs being freed now.", ["policy"])
 
 
