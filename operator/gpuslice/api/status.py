@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
+from gpuslice.api.policy import Tenant
 from gpuslice.api.rules import ApiModel
 
 # The most nodes a policy may select: each is named in its status, which every allocation of the
@@ -94,6 +95,13 @@ class LimitsInForce(ApiModel):
     max_mig_devices: dict[str, int] | None = None
     max_memory: str | None = Field(default=None, description=(
         "maxMemory as its ledger enforces it now (gpusliceledgers in gpuslice-system)."))
+
+    @classmethod
+    def of(cls, tenant: Tenant) -> LimitsInForce:
+        """The limits ``tenant``'s spec entry says: what the record must equal for its claims to be admitted."""
+        return cls(max_slices=tenant.max_slices, max_full_gpus=tenant.max_full_gpus,
+                   max_mig_devices=dict(tenant.max_mig_devices) if tenant.max_mig_devices is not None else None,
+                   max_memory=tenant.max_memory)
 
 
 class AdmittedTenant(ApiModel):

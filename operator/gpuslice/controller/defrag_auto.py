@@ -9,7 +9,9 @@ Auto mode (``spec.defragmentation.mode: Auto``) looks every ``--defrag-interval`
 policy, for pods whose claim of the policy has waited ``minPendingSeconds``, plans for them with
 the same planner as ``gpuslice defrag``, and starts the first plan that fits the hourly budget:
 one GPU at a time per policy (no new move while one is in flight). A pod it cannot help is told
-why once (an Event), and counted in ``gpuslice_defrag_plans_blocked_total`` by reason.
+why once (an Event), and counted in ``gpuslice_defrag_plans_blocked_total`` by reason. A claim a
+move failed for is not planned for again for FAILED_PAUSE: whatever kept it from its GPU may well
+keep it again, and each try evicts someone.
 """
 
 from __future__ import annotations
@@ -18,36 +20,51 @@ import contextlib
 import datetime
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pydantic
 import structlog
 
 from gpuslice.api.policy import Defragmentation
+from gpuslice.api.status import DefragMove
 from gpuslice.controller.defrag_metrics import BLOCKED, IN_FLIGHT
-from gpuslice.controller.defrag_move import Mover, new_move, now_utc, start
+from gpuslice.controller.defrag_move import AUTO, Mover, new_move, now_utc, start
 from gpuslice.controller.events import post_object_event
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.planning.node.defrag_taints import parse_time
 from gpuslice.planning.reads.defrag import plan_defrag
-from gpuslice.planning.reads.defrag_model import Plan, moves_in_flight
+from gpuslice.planning.reads.defrag_model import Plan, Waiting, moves_in_flight
 from gpuslice.reading.cluster import POLICIES, read_cluster
 
 log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]
-AUTO = "controller (Auto)"
+FAILED_PAUSE = 3600.0  # seconds Auto plans no move for a claim after a move for it failed
 BUSY_TICK = 1.0  # seconds between steps of a move in flight
 IDLE_TICK = 2.0  # seconds between looks for a recorded move
 
 
 class Defragmenter:
-    def __init__(self, kube: KubeClient, settings: ControllerSettings) -> None:
-        self.kube, self.settings = kube, settings
-        self.mover = Mover(kube, settings.defrag_taint_wait)
-        self.looked: dict[str, float] = {}  # policy -> when Auto last looked (monotonic)
+    def __init__(self, kube: KubeClient, settings: ControllerSettings,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.kube, self.settings, self.clock = kube, settings, clock
+        self.mover = Mover(kube, settings.defrag_taint_wait, self._failed)
+        self.looked: dict[str, float] = {}  # policy -> when Auto last looked (clock)
         self.told: dict[str, str] = {}  # waiting pod UID -> what it was last told
+        self.failures: dict[str, float] = {}  # claim UID -> when a move for it failed (clock)
+
+    def _failed(self, move: DefragMove) -> None:
+        """A move for ``move.claim`` failed: Auto frees no GPU for that claim for FAILED_PAUSE. (Kept by
+        this copy only: a new leader may try once more, its evictions counted in the hour's budget.)"""
+        self.failures[move.claim.uid] = self.clock()
+
+    def _paused(self, waiting: Waiting, now: float) -> float | None:
+        """Seconds left of the pause after a failed move for its claim; None when there is none."""
+        failed = self.failures.get(waiting.claim.uid)
+        if failed is None or now - failed >= FAILED_PAUSE:
+            return None
+        return FAILED_PAUSE - (now - failed)
 
     async def tick(self, body: Body) -> float:
         """One round for the policy ``body`` (Kopf's live view of it); seconds until the next."""
@@ -77,10 +94,12 @@ class Defragmenter:
             spec = Defragmentation.model_validate((body.get("spec") or {}).get("defragmentation") or {})
         except pydantic.ValidationError:
             return
-        now = time.monotonic()
-        if spec.mode != "Auto" or now - self.looked.get(name, -1e9) < self.settings.defrag_interval:
+        now = self.clock()
+        last = self.looked.get(name)
+        if spec.mode != "Auto" or (last is not None and now - last < self.settings.defrag_interval):
             return
         self.looked[name] = now
+        self.failures = {uid: at for uid, at in self.failures.items() if now - at < FAILED_PAUSE}
         reading = await read_cluster(self.kube, policy=name)
         moment = now_utc()
         aged = [w for w in reading.waiting if _waited(w.since, moment) >= spec.min_pending_seconds]
@@ -89,7 +108,13 @@ class Defragmenter:
         others = [m for m in reading.cluster.in_flight if m not in moves_in_flight([body])]
         waiting = {w.pod.uid for w in reading.waiting}
         self.told = {uid: said for uid, said in self.told.items() if uid in waiting}  # only pods still waiting
-        plans = plan_defrag(reading.cluster, aged)
+        for w in aged:
+            left = self._paused(w, now)
+            if left is not None:
+                await self._tell(name, w.pod.ref, w.pod.uid, "Failed", f"a move to free a GPU for this pod failed"
+                                 f" (see its DefragmentationFailed Event): gpuslice frees none for its claim"
+                                 f" {w.claim.ref} again for {FAILED_PAUSE / 60:.0f} minutes after that")
+        plans = plan_defrag(reading.cluster, [w for w in aged if self._paused(w, now) is None])
         # Each look that had pods to help, and what the planner said of them: how a run that moved
         # little can be told apart from one that could not (NotNeeded: a device is free already).
         log.info("defragmentation looked", policy=name, waiting=len(reading.waiting), aged=len(aged),
@@ -98,9 +123,10 @@ class Defragmenter:
             if plan.verdict in ("NotNeeded", "InFlight"):
                 continue
             if not plan.ready:
-                code = plan.verdict if plan.verdict in ("NoRoom", "Unsupported") else _first_blocker(plan)
-                await self._tell(name, plan, code, f"gpuslice cannot free a GPU for this pod: {plan.message}"
-                                 + _blockers(plan))
+                code = (plan.reason or plan.verdict if plan.verdict in ("NoRoom", "Unsupported")
+                        else _first_blocker(plan))
+                await self._tell(name, plan.pod, plan.pod_uid, code, f"gpuslice cannot free a GPU for this pod:"
+                                 f" {plan.message}" + _blockers(plan))
                 continue
             move = new_move(plan, AUTO, moment, self.settings.defrag_timeout)
             refused = await start(self.kube, name, move, others, budget=spec.max_evictions_per_hour, now=moment)
@@ -108,19 +134,20 @@ class Defragmenter:
                 log.info("defragmentation move started", policy=name, move=move.id, pod=plan.pod,
                          gpu=move.gpu, node=move.node, evictions=[f"{v.namespace}/{v.name}" for v in move.evictions])
                 return  # one GPU at a time
-            await self._tell(name, plan, "Budget" if "maxEvictionsPerHour" in refused else "Busy",
+            await self._tell(name, plan.pod, plan.pod_uid, "Budget" if "maxEvictionsPerHour" in refused else "Busy",
                              f"gpuslice would free {plan.target.label if plan.target else 'a GPU'} for this pod by"
                              f" moving {len(plan.target.moves) if plan.target else 0} pods, but {refused}")
 
-    async def _tell(self, policy: str, plan: Plan, code: str, message: str) -> None:
-        """Once per pod and message: an Event on the waiting pod, and the blocked count."""
-        if self.told.get(plan.pod_uid) == message:
+    async def _tell(self, policy: str, pod: str, pod_uid: str, code: str, message: str) -> None:
+        """Once per pod and message: an Event on the waiting pod ``pod`` (namespace/name), and the
+        blocked count."""
+        if self.told.get(pod_uid) == message:
             return
-        self.told[plan.pod_uid] = message
+        self.told[pod_uid] = message
         BLOCKED.labels(policy, code).inc()
-        namespace, _, name = plan.pod.partition("/")
+        namespace, _, name = pod.partition("/")
         await post_object_event(self.kube, namespace, {"apiVersion": "v1", "kind": "Pod", "name": name,
-                                                       "namespace": namespace, "uid": plan.pod_uid},
+                                                       "namespace": namespace, "uid": pod_uid},
                                 "Normal", "DefragmentationBlocked", message)
 
 

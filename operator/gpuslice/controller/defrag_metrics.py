@@ -13,8 +13,14 @@ FAILED = Counter("gpuslice_defrag_moves_failed", "Moves given up, by reason (Dis
                  " refused an eviction; Timeout; NotTainted: the node agent did not taint the GPU; Unmovable: a pod"
                  " of the plan may no longer move; Gone: the waiting claim went).", ["policy", "reason"])
 BLOCKED = Counter("gpuslice_defrag_plans_blocked", "Auto mode: pods that waited long enough but got no move, by"
-                  " reason (Budget: maxEvictionsPerHour; NoRoom; or what blocked the best GPU: Bare, Disruption,"
-                  " OptedOut, NotATenant, NowhereToGo, Job, DaemonSet, ...).", ["policy", "reason"])
+                  " reason (Budget: maxEvictionsPerHour; NoRoom; Busy; Failed: a move for its claim failed within"
+                  " the hour; why its claim would not be allocated or is not planned for: OverMemory, NotAdmitted,"
+                  " MemoryUnknown, LimitsNotInForce, ClassNotInForce, MadeBeforeQuota, Selectors, NodeFit, Claims,"
+                  " Shared; or what blocked the best GPU: Bare, Disruption, OptedOut, NotATenant, NowhereToGo, Job,"
+                  " DaemonSet, StandaloneClaim, ...).", ["policy", "reason"])
+WASTED = Counter("gpuslice_defrag_evictions_wasted", "Pods evicted for a move that then failed (its waiting claim"
+                 " not allocated): moved for nothing. Auto's count against maxEvictionsPerHour all the same.",
+                 ["policy", "by"])
 IN_FLIGHT = Gauge("gpuslice_defrag_moves_in_flight", "GPUs being freed now.", ["policy"])
 
 

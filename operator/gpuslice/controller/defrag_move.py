@@ -35,7 +35,7 @@ import structlog
 
 from gpuslice.api.status import DefragmentationStatus, DefragMove, DefragOutcome, ObjectRef
 from gpuslice.backoff import Backoff
-from gpuslice.controller.defrag_metrics import EVICTIONS, FAILED, FREED, who
+from gpuslice.controller.defrag_metrics import EVICTIONS, FAILED, FREED, WASTED, who
 from gpuslice.controller.events import post_object_event
 from gpuslice.dra.names import DEFRAG_TAINT_KEY, DRIVER, short_hash
 from gpuslice.dra.wire import allocation_results, device_gpu, devices_of, is_allocated, newest_generation
@@ -59,6 +59,7 @@ from gpuslice.reading.cluster import POLICIES, RESOURCE, tenants_of
 log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]
 WRITE_TRIES = 8
+AUTO = "controller (Auto)"  # who records the moves of Auto mode
 
 
 CONFLICT_BACKOFF = Backoff(0.1, 2.0)  # another writer of the policy's status: read again after a moment
@@ -148,8 +149,11 @@ async def start(kube: KubeClient, policy: str, move: DefragMove, others: list[De
 class Mover:
     """Carries recorded moves out (the controller's, whoever recorded them)."""
 
-    def __init__(self, kube: KubeClient, taint_wait: float) -> None:
-        self.kube, self.taint_wait = kube, taint_wait
+    def __init__(self, kube: KubeClient, taint_wait: float,
+                 failed: Callable[[DefragMove], None] = lambda move: None) -> None:
+        """``failed``: told of each move this copy ends Failed (Auto then plans no move for its claim
+        for a while)."""
+        self.kube, self.taint_wait, self.failed = kube, taint_wait, failed
         self.announced: set[str] = set()
 
     async def step(self, policy: Body, move: DefragMove, now: datetime.datetime | None = None) -> bool:
@@ -217,8 +221,10 @@ class Mover:
             await self._pod_event(move.pod, "Normal", "DefragmentationFreed", message)
         else:
             FAILED.labels(policy, reason).inc()
+            self.failed(move)
             await self._pod_event(move.pod, "Warning", "DefragmentationFailed",
-                                  f"gpuslice gave up freeing {describe(move)} for this pod: {message}")
+                                  f"gpuslice gave up freeing {describe(move)} for this pod: {message}"
+                                  + _wasted(policy, move))
         log.info("defragmentation move ended", policy=policy, move=move.id, outcome=outcome, message=message)
         return True
 
@@ -287,6 +293,18 @@ class Mover:
         await post_object_event(self.kube, pod.namespace, {"apiVersion": "v1", "kind": "Pod", "name": pod.name,
                                                            "namespace": pod.namespace, "uid": pod.uid},
                                 kind, reason, message)
+
+
+def _wasted(policy: str, move: DefragMove) -> str:
+    """What a failed move's evictions were for: nothing. Counted, and said."""
+    gone = [v for v in move.evictions if v.uid in move.evicted]
+    if not gone:
+        return ""
+    WASTED.labels(policy, who(move.by)).inc(len(gone))
+    names = ", ".join(f"{v.namespace}/{v.name}" for v in gone)
+    budget = (f"; they count against maxEvictionsPerHour of GpuSlicePolicy {policy}" if move.by == AUTO
+              else "")
+    return f". The {len(gone)} pod{'s' if len(gone) != 1 else ''} evicted for it ({names}) moved for nothing{budget}"
 
 
 def _mark(current: DefragmentationStatus, move_id: str, uid: str) -> DefragmentationStatus:

@@ -6,14 +6,15 @@ away meanwhile, for up to 5 minutes. Every ``--scheduler-retry-interval`` second
 lists the pods not yet on a node in the policies' tenant namespaces; only when one was turned
 away, and something changed since it last looked (a pod turned away that it has not judged, or a
 claim or slice event), does it read the slices and the tenants' claims; when that pod's devices
-are free it annotates the
+are free (on a node the pod may go to) it annotates the
 DeviceClass the pod asks for (``gpuslice.dev/retry-at``): a DeviceClass change makes the scheduler
-try again every pod its DRA plugin turned away, of every driver. So it is asked sparingly: a pod
-(by UID) is asked for less and less often (the interval doubled each time, up to 5 minutes, where
-the scheduler's own flush takes over), and so is anything at all while a pod asked for at the last
-change is still turned away at the next look (a retry that did not help: its pod is kept out by
-something else, a node selector or another claim), so no stream of new pods can keep the
-scheduler busy.
+try again every pod its DRA plugin turned away, of every driver. So it is asked sparingly: at most
+one change per interval, whatever the number of pods, and each pod (by UID) asked for less and
+less often (the interval doubled each time it is asked, up to 5 minutes, where the scheduler's own
+flush takes over). The backoff is the pod's own: a pod that is never helped (kept out by something
+gpuslice does not judge: another driver's claim, the node's CPU) backs off only itself, never
+another pod, let alone another tenant's. Its state is a record per pod UID, dropped when the pod is
+no longer turned away.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from prometheus_client import Counter
 
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.kube.client import KubeClient, NotFound
+from gpuslice.planning.reads.node_fit import nodes_by_name
 from gpuslice.planning.reads.occupancy import occupancy
 from gpuslice.planning.reads.published import read_pools
 from gpuslice.planning.reads.retry import Retry, to_retry, turned_away
@@ -53,9 +55,6 @@ class SchedulerRetry:
         self.last: float | None = None
         self.judged: tuple[frozenset[str], int] | None = None  # pods with no room, and the version read
         self.asked: dict[str, tuple[int, float]] = {}  # pod UID -> (times asked, when last); absent: never
-        self.last_asked: frozenset[str] = frozenset()  # the pods asked for at the last change
-        self.unhelped = 0  # changes in a row after which a pod asked for was still turned away
-        self.changed_at: float | None = None  # the last change made; None: none yet
         self.lock = asyncio.Lock()
 
     async def tick(self) -> list[Retry]:
@@ -75,38 +74,29 @@ class SchedulerRetry:
         times, when = self.asked[pod]
         return now - when >= min(self.interval * 2.0 ** times, LONGEST)
 
-    def _helped(self, waiting: set[str]) -> None:
-        """After a change, whether the pods it was for are still turned away: if so, wait longer."""
-        if self.last_asked:
-            self.unhelped = self.unhelped + 1 if self.last_asked & waiting else 0
-            self.last_asked = frozenset()
-
     async def _look(self, now: float) -> list[Retry]:
         policies = await self.kube.list(POLICIES)
         namespaces = sorted({n for p in policies for n in tenants_of(p)})
         pods = [p for p in await in_namespaces(self.kube, namespaces, "/api/v1/namespaces/{namespace}/pods",
                                                fieldSelector="spec.nodeName=") if turned_away(p)]
         waiting = {_uid(p) for p in pods}
-        self.asked = {k: v for k, v in self.asked.items() if k in waiting}
-        self._helped(waiting)
-        if self.changed_at is not None and now - self.changed_at < min(self.interval * 2.0 ** self.unhelped, LONGEST):
-            return []  # the last change did not help its pods: the next waits longer
+        self.asked = {k: v for k, v in self.asked.items() if k in waiting}  # helped, or gone
         pods = [p for p in pods if self._due(_uid(p), now)]
         judged = (frozenset(_uid(p) for p in pods), self.version())
         if not pods or judged == self.judged:
             return []  # no room for them at the last read, and nothing changed since that could make it
         # Tenants' claims take the devices (admin access takes none; a former tenant's claims are
         # missed: at worst one retry too many, which costs the scheduler one try of each pod).
-        slices, claims = await asyncio.gather(
+        slices, claims, nodes = await asyncio.gather(
             self.kube.list(f"{RESOURCE}/resourceslices", fieldSelector=f"spec.driver={DRIVER}"),
-            in_namespaces(self.kube, namespaces, f"{RESOURCE}/namespaces/{{namespace}}/resourceclaims"))
+            in_namespaces(self.kube, namespaces, f"{RESOURCE}/namespaces/{{namespace}}/resourceclaims"),
+            self.kube.list("/api/v1/nodes"))
         by_ref = {f"{c['metadata']['namespace']}/{c['metadata']['name']}": c for c in claims}
-        retries = to_retry(pods, by_ref, policies, occupancy(read_pools(slices, claims)).gpus)
+        retries = to_retry(pods, by_ref, policies, occupancy(read_pools(slices, claims)).gpus, nodes_by_name(nodes))
         self.judged = None if retries else judged
         if not retries:
             return []
         # Counted as asked before the change is made, so that a change refused (Forbidden) backs off too.
-        self.changed_at, self.last_asked = now, frozenset(r.uid for r in retries)
         for retry in retries:
             times, _ = self.asked.get(retry.uid, (0, 0.0))
             self.asked[retry.uid] = (times + 1, now)

@@ -100,9 +100,7 @@ class LedgerView:
 
 
 def _limits(tenant: Tenant) -> LimitsInForce:
-    return LimitsInForce(max_slices=tenant.max_slices, max_full_gpus=tenant.max_full_gpus,
-                         max_mig_devices=dict(tenant.max_mig_devices) if tenant.max_mig_devices is not None else None,
-                         max_memory=tenant.max_memory)
+    return LimitsInForce.of(tenant)
 
 
 def memory_in_force(policy: GpuSlicePolicy, tenant: Tenant, view: NamespaceView,

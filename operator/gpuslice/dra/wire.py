@@ -56,6 +56,7 @@ class ExactRequest(TypedDict):
     allocationMode: str  # ExactCount when not given
     adminAccess: bool
     memory: NotRequired[str]  # capacity.requests.memory, as written (consumable capacity)
+    selectors: NotRequired[list[str]]  # the expressions of its CEL selectors
 
 
 class DeviceRequest(TypedDict):
@@ -75,6 +76,9 @@ def exact_request(raw: Json, name: str) -> ExactRequest:
     memory = ((raw.get("capacity") or {}).get("requests") or {}).get("memory")
     if memory is not None:
         request["memory"] = str(memory)
+    selectors = [str((s.get("cel") or {}).get("expression", "")) for s in raw.get("selectors") or []]
+    if selectors:
+        request["selectors"] = selectors
     return request
 
 

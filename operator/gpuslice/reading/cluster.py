@@ -1,7 +1,8 @@
 """Read what the defragmentation planner needs from the API server, and plan.
 
 Shared by ``gpuslice defrag``, ``gpuslice why`` and the controller's Auto mode. Cluster-wide it
-lists the policies, gpuslice's ResourceSlices, the claims and the nodes; pods, disruption budgets
+lists the policies, gpuslice's ResourceSlices, the claims, the nodes and the maxMemory ledgers
+(whether a waiting claim would be refused for its tenant's maxMemory); pods, disruption budgets
 and the namespaces' opt-outs are read only in the namespaces that are tenants of the policies
 concerned: only their pods can wait for a policy's devices, or be moved to free them.
 """
@@ -13,11 +14,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuslice.api.ledger import LEDGERS
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRIVER
 from gpuslice.kube.client import Forbidden, KubeClient, NotFound
 from gpuslice.planning.reads.defrag import plan_defrag
 from gpuslice.planning.reads.defrag_facts import ClaimFacts, DisruptionBudget, PodFacts, opted_out_namespaces
 from gpuslice.planning.reads.defrag_model import Cluster, Plan, Waiting, moves_in_flight, waiting_pods
+from gpuslice.planning.reads.node_fit import nodes_by_name
 from gpuslice.planning.reads.published import drain_lists, read_pools
 
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
@@ -83,7 +86,18 @@ async def read_cluster(kube: KubeClient, policy: str | None = None) -> Reading:
     claim_facts = [ClaimFacts.from_body(c) for c in claims]
     cluster = Cluster(read_pools(slices, claims, (), draining), claim_facts, pod_facts,
                       [DisruptionBudget.from_body(b) for b in budgets], tenants, opted_out_namespaces(namespaces),
-                      {str(n["metadata"]["name"]): dict(n["metadata"].get("labels") or {}) for n in nodes},
-                      tuple(moves_in_flight(policies)))
-    waiting = [w for w in waiting_pods(pod_facts, claim_facts, policies) if policy is None or w.policy == policy]
+                      nodes_by_name(nodes), tuple(moves_in_flight(policies)))
+    uids = {str(n["metadata"]["name"]): str(n["metadata"].get("uid", "")) for n in namespaces}
+    waiting = [w for w in waiting_pods(pod_facts, claim_facts, policies, uids, await _ledgers(kube))
+               if policy is None or w.policy == policy]
     return Reading(policies, cluster, waiting)
+
+
+async def _ledgers(kube: KubeClient) -> dict[tuple[str, str], dict[str, Any]] | None:
+    """The maxMemory ledgers by (policy, namespace); None when they may not be read (a waiting pod of
+    a maxMemory tenant is then not planned for: whether it would be refused cannot be told)."""
+    try:
+        found = await kube.list(LEDGERS)
+    except (NotFound, Forbidden):
+        return None
+    return {(str((b.get("spec") or {}).get("policy")), str((b.get("spec") or {}).get("namespace"))): b for b in found}

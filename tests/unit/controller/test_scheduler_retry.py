@@ -84,21 +84,32 @@ async def test_the_first_look_is_at_once_on_a_machine_booted_a_second_ago() -> N
     assert stub.reads.count("pods") == 2
 
 
-async def test_a_change_that_did_not_help_makes_the_next_wait_longer_whatever_pod_it_is_for() -> None:
+async def test_a_pod_never_helped_backs_off_only_itself_never_another_pod() -> None:
+    """One pod that never fits (a tenant's poison) is asked for less and less often; another pod,
+    of the same tenant or another, is asked for at the first look it is due, whatever the poison's
+    backoff has reached."""
     stub = Stub()
     retry = SchedulerRetry(cast(KubeClient, stub), 10.0)
     assert [r.pod for r in await retry._look(now=100.0)] == ["ds/small"]
-    stub.pods = [pod("small", AWAY), pod("new", AWAY)]  # small still turned away: the change did not help
+    for now in (120.0, 160.0, 240.0):  # small never helped: asked at 100, 120, 160, 240 (10, 20, 40, 80 s)
+        assert [r.pod for r in await retry._look(now=now)] == ["ds/small"]
+        assert await retry._look(now=now + 10.0) == []
+    stub.pods = [pod("small", AWAY), pod("new", AWAY)]
     stub.claims.append(asks("new", "1Gi"))
-    assert await retry._look(now=110.0) == []  # new is due, but the next change waits 20 s
-    assert [r.pod for r in await retry._look(now=121.0)] == ["ds/small", "ds/new"]
-    assert len(stub.patched) == 2
-    stub.pods = [pod("other", AWAY)]  # both were allocated: that change helped, the gap is back to 10 s
-    stub.claims.append(asks("other", "1Gi"))
-    assert [r.pod for r in await retry._look(now=140.0)] == ["ds/other"]  # had it not helped: 40 s
-    stub.pods = [pod("other", AWAY), pod("late", AWAY)]
-    stub.claims.append(asks("late", "1Gi"))
-    assert await retry._look(now=151.0) == []  # other still turned away: 20 s from 140
+    assert [r.pod for r in await retry._look(now=251.0)] == ["ds/new"]  # at once: small waits till 400
+    assert [r.pod for r in await retry._look(now=400.0)] == ["ds/small", "ds/new"]  # new: due since 271
+    assert len(stub.patched) == 6  # one change per look that asked
+
+
+async def test_many_poison_pods_make_at_most_one_change_per_look() -> None:
+    stub = Stub()
+    stub.pods = [pod(f"p{i}", AWAY) for i in range(50)]
+    stub.claims = [asks(f"p{i}", "1Gi") for i in range(50)]
+    retry = SchedulerRetry(cast(KubeClient, stub), 10.0)
+    assert len(await retry._look(now=100.0)) == 50
+    assert len(stub.patched) == 1
+    assert await retry._look(now=110.0) == []  # each backed off: 20 s
+    assert len(stub.patched) == 1
 
 
 async def test_a_class_gone_is_passed_over_and_a_refused_change_still_backs_off() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from gpuslice.planning.reads.defrag import plan_defrag
 from gpuslice.planning.reads.defrag_facts import ClaimFacts, DisruptionBudget, PodFacts, opted_out_namespaces
 from gpuslice.planning.reads.defrag_model import Cluster, Plan, waiting_pods
+from gpuslice.planning.reads.node_fit import NodeFacts
 from gpuslice.planning.reads.published import read_pools
 from tests.unit.planning.cluster_state import Body, gpus, policy_body, published
 from tests.unit.planning.reads.test_occupancy import tag
@@ -41,6 +42,9 @@ class Fleet:
     namespaces: list[Body] = field(default_factory=list)
     slices: list[Body] = field(default_factory=list)
     serial: int = 0
+    namespace_uids: dict[str, str] = field(default_factory=dict)
+    ledgers: dict[tuple[str, str], Body] | None = field(default_factory=dict)  # None: unreadable
+    node_taints: tuple[Body, ...] = ()
 
     def __post_init__(self) -> None:
         self.slices = published(self.node, self.model, self.gpus, self.policies)
@@ -106,12 +110,14 @@ class Fleet:
         return Cluster(read_pools(self.slices, self.claims), [ClaimFacts.from_body(c) for c in self.claims],
                        [PodFacts.from_body(p) for p in self.pods],
                        [DisruptionBudget.from_body(b) for b in self.budgets], tenants,
-                       opted_out_namespaces(self.namespaces), {self.node: {"kubernetes.io/hostname": self.node}},
+                       opted_out_namespaces(self.namespaces),
+                       {self.node: NodeFacts(self.node, {"kubernetes.io/hostname": self.node}, self.node_taints)},
                        tuple(in_flight))
 
     def plans(self) -> list[Plan]:
         cluster = self.cluster()
-        return plan_defrag(cluster, waiting_pods(cluster.pods, cluster.claims, self.policies))
+        return plan_defrag(cluster, waiting_pods(cluster.pods, cluster.claims, self.policies, self.namespace_uids,
+                                                 self.ledgers))
 
     def gpu_uuid(self, index: int) -> str:
         return gpus(self.node, self.model, self.gpus)[index].uuid

@@ -33,6 +33,7 @@ from gpuslice.planning.devices import Device
 from gpuslice.planning.reads.defrag_facts import Blocker, ClaimFacts, PodFacts, budget_excess, pod_blocker
 from gpuslice.planning.reads.defrag_model import Cluster, GpuOption, Move, Plan, Waiting
 from gpuslice.planning.reads.defrag_search import Key, fewest
+from gpuslice.planning.reads.node_fit import NodeFacts, refusal
 from gpuslice.planning.reads.published import PublishedDevice, gpu_memory
 
 
@@ -131,16 +132,15 @@ class _Unit:
     blocker: Blocker | None = None
 
 
-def _matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.items())
-
-
 class _Planner:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.gpus = _fleet(cluster)
         self.claims = {c.ref: c for c in cluster.claims}
         self.pods = {p.ref: p for p in cluster.pods}
+
+    def _node(self, name: str) -> NodeFacts:
+        return self.cluster.nodes.get(name) or NodeFacts(name)
 
     def _units(self, gpu: _Gpu, policy: str) -> list[_Unit]:
         tenants = self.cluster.tenants.get(policy, frozenset())
@@ -152,6 +152,10 @@ class _Planner:
                 unit = units.setdefault(pod_ref, _Unit(pod_ref, pod, blocker=blocker))
                 if pod is not None and unit.blocker is None:
                     unit.blocker = pod_blocker(pod, tenants, self.cluster.opted_out, self.cluster.budgets)
+                if pod is not None and unit.blocker is None and claim is not None and claim.selectors:
+                    unit.blocker = Blocker("Selectors", pod_ref, f"{pod_ref}'s claim {claim.ref} has CEL selectors,"
+                                                                 " which gpuslice does not evaluate: it cannot tell"
+                                                                 " where its replacement would go")
                 if dev.pub.name not in unit.devices:
                     unit.devices.append(dev.pub.name)
                     unit.kinds.append(dev)
@@ -209,7 +213,7 @@ class _Planner:
         for gpu in self.gpus:
             if gpu is source or gpu.freeing:
                 continue
-            if pod is not None and not _matches(pod.node_selector, self.cluster.node_labels.get(gpu.node, {})):
+            if pod is not None and refusal(pod.placement, self._node(gpu.node)) is not None:
                 continue
             for other in gpu.devices:
                 if ((other.pub.device.policy, other.pub.device.kind) == want and other.usable
@@ -255,27 +259,35 @@ class _Planner:
 
     def plan(self, waiting: Waiting) -> Plan:
         def head(verdict: str, message: str, target: GpuOption | None = None,
-                 alternatives: tuple[GpuOption, ...] = ()) -> Plan:
+                 alternatives: tuple[GpuOption, ...] = (), reason: str = "") -> Plan:
             return Plan(waiting.pod.ref, waiting.pod.uid, waiting.claim.ref, waiting.claim.uid, waiting.policy,
-                        waiting.kind, waiting.since, verdict, message, target, alternatives)
+                        waiting.kind, waiting.since, verdict, message, target, alternatives, reason)
 
         flight = next((m for m in self.cluster.in_flight if m.claim.uid == waiting.claim.uid), None)
         if flight is not None:
             return head("InFlight", f"{flight.node} GPU {flight.gpu_index} is being freed for it ({flight.by},"
                                     f" until {flight.expires})")
         if waiting.problem:
-            return head("Unsupported", waiting.problem)
+            return head("Unsupported", waiting.problem, reason=waiting.code or "Unsupported")
         if waiting.pod.namespace not in self.cluster.tenants.get(waiting.policy, frozenset()):
             return head("Unsupported", f"namespace {waiting.pod.namespace} is not a tenant of {waiting.policy}:"
-                                       " no GPU of it would go to this pod")
-        candidates = [g for g in self.gpus if any(_kind_of(d, waiting) for d in g.devices)
-                      and _matches(waiting.pod.node_selector, self.cluster.node_labels.get(g.node, {}))]
+                                       " no GPU of it would go to this pod", reason="NotATenant")
+        offering = [g for g in self.gpus if any(_of_kind(d, waiting) for d in g.devices)]
+        refusals = {g.node: why for g in offering if (why := refusal(waiting.pod.placement, self._node(g.node)))}
+        candidates = [g for g in offering if g.node not in refusals]
         if not candidates:
+            why = f": {next(iter(refusals.values()))}" if refusals else ""
             return head("Unsupported", f"no GPU of {waiting.policy} that the pod may use offers a {waiting.kind}"
-                                       " device")
+                                       f" device{why}", reason="NodeFit" if refusals else "NoDevice")
+        candidates = [g for g in candidates if any(_kind_of(d, waiting) for d in g.devices)]
+        if not candidates:
+            return head("Unsupported", f"a {waiting.kind} device of {waiting.policy} holds more than the"
+                                       f" {format_bytes(waiting.memory_left or 0)} left of namespace"
+                                       f" {waiting.pod.namespace}'s maxMemory: its claim would be refused",
+                        reason="OverMemory")
         if any(d.pub.device.traits.consumable for g in candidates for d in g.devices if _kind_of(d, waiting)):
             return head("Unsupported", "shared-capacity devices are not defragmented: a shared device cannot be"
-                                       " closed to the moved pods and open to this one")
+                                       " closed to the moved pods and open to this one", reason="Shared")
         open_gpus = [g for g in candidates if not g.freeing]
         for gpu in open_gpus:
             fits = [d for d in gpu.devices if _kind_of(d, waiting) and d.usable and gpu.fits(d.cons)]
@@ -341,8 +353,14 @@ class _Planner:
                 other.used[k] = other.used.get(k, 0) + v
 
 
-def _kind_of(dev: _Dev, waiting: Waiting) -> bool:
+def _of_kind(dev: _Dev, waiting: Waiting) -> bool:
     return dev.pub.device.policy == waiting.policy and dev.pub.device.kind == waiting.kind
+
+
+def _kind_of(dev: _Dev, waiting: Waiting) -> bool:
+    """A device of the kind the waiting claim asks for, that its maxMemory has room for."""
+    return (dev.pub.device.policy == waiting.policy and dev.pub.device.kind == waiting.kind
+            and (waiting.memory_left is None or dev.pub.device.memory <= waiting.memory_left))
 
 
 def _rank(option: GpuOption) -> tuple[int, int, int, str, int]:

@@ -27,6 +27,7 @@ from typing import Any
 
 from gpuslice.dra.names import DEFRAG_OPT_OUT
 from gpuslice.dra.wire import admin_access, is_allocated, reserved_for, status_results
+from gpuslice.planning.reads.node_fit import Placement
 from gpuslice.planning.reads.pending import Request, claim_requests, pod_claim_names
 
 Body = Mapping[str, Any]
@@ -60,7 +61,7 @@ class PodFacts:
     phase: str = ""
     deleting: bool = False
     created: str = ""
-    node_selector: Mapping[str, str] = field(default_factory=dict)
+    placement: Placement = field(default_factory=Placement)  # what it says about nodes
     claims: Mapping[str, str] = field(default_factory=dict)  # the pod's claim entry -> the claim it got
 
     @property
@@ -76,7 +77,7 @@ class PodFacts:
             dict(meta.get("labels") or {}), (owner[0], owner[1]) if owner else None,
             MIRROR_ANNOTATION in (meta.get("annotations") or {}), _opted_out(meta), str(spec.get("nodeName") or ""),
             str(status.get("phase", "")), bool(meta.get("deletionTimestamp")), str(meta.get("creationTimestamp", "")),
-            dict(spec.get("nodeSelector") or {}), pod_claim_names(body),
+            Placement.from_spec(spec), pod_claim_names(body),
         )
 
 
@@ -97,6 +98,11 @@ class ClaimFacts:
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def selectors(self) -> tuple[str, ...]:
+        """The CEL selectors of its requests, which narrow their classes to some devices."""
+        return tuple(e for r in self.requests for e in r.selectors)
 
     @classmethod
     def from_body(cls, body: Body) -> ClaimFacts:

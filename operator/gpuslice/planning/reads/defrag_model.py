@@ -4,14 +4,16 @@ and applies, ``gpuslice why`` quotes, and the controller's Auto mode carries out
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pydantic
 
 from gpuslice.api.status import DefragMove
 from gpuslice.planning.devices import gpu_tag
+from gpuslice.planning.reads.allocatable import admission
 from gpuslice.planning.reads.defrag_facts import Blocker, ClaimFacts, DisruptionBudget, PodFacts
-from gpuslice.planning.reads.pending import Body, Finding, class_owner
+from gpuslice.planning.reads.node_fit import NodeFacts
+from gpuslice.planning.reads.pending import Body, Finding, Request, class_owner
 from gpuslice.planning.reads.published import Pool
 
 
@@ -24,7 +26,9 @@ class Waiting:
     policy: str
     kind: str
     device_class: str
-    problem: str = ""  # why it is not planned for (several devices asked, ...)
+    problem: str = ""  # why it is not planned for (several devices asked, its claim would be refused, ...)
+    code: str = ""  # the problem's reason, for the metric: Claims, OverMemory, NotAdmitted, Selectors, ...
+    memory_left: int | None = None  # a maxMemory tenant: what its ledger has room for; None: no maxMemory
 
     @property
     def since(self) -> str:
@@ -81,6 +85,7 @@ class Plan:
     message: str
     target: GpuOption | None = None
     alternatives: tuple[GpuOption, ...] = ()
+    reason: str = ""  # Unsupported: why, in a word (Claims, OverMemory, NotAdmitted, Selectors, NodeFit, ...)
 
     @property
     def ready(self) -> bool:
@@ -97,15 +102,20 @@ class Cluster:
     budgets: Sequence[DisruptionBudget] = ()
     tenants: Mapping[str, frozenset[str]] = field(default_factory=dict)  # policy -> tenant namespaces
     opted_out: frozenset[str] = frozenset()  # namespaces that carry gpuslice.dev/defrag=false
-    node_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    nodes: Mapping[str, NodeFacts] = field(default_factory=dict)
     in_flight: Sequence[DefragMove] = ()
 
 
-def waiting_pods(pods: Sequence[PodFacts], claims: Sequence[ClaimFacts], policies: Sequence[Body]) -> list[Waiting]:
+def waiting_pods(pods: Sequence[PodFacts], claims: Sequence[ClaimFacts], policies: Sequence[Body],
+                 namespace_uids: Mapping[str, str] | None = None,
+                 ledgers: Mapping[tuple[str, str], Body] | None = None) -> list[Waiting]:
     """Pods not yet on a node whose claim of a gpuslice DeviceClass is not allocated. A claim the
     defragmenter cannot plan for (several devices, all of a kind, admin access, several gpuslice
-    requests) is listed with the reason."""
+    requests), or that would not be allocated once a GPU is free (``planning.reads.allocatable``:
+    judged with ``namespace_uids`` by name and the maxMemory ledgers by (policy, namespace); None:
+    they could not be read), or whose selectors it cannot judge, is listed with the reason."""
     by_ref = {c.ref: c for c in claims}
+    bodies = {str(b["metadata"]["name"]): b for b in policies}
     found = []
     for pod in pods:
         if pod.node or pod.deleting or pod.phase not in ("", "Pending"):
@@ -126,8 +136,29 @@ def waiting_pods(pods: Sequence[PodFacts], claims: Sequence[ClaimFacts], policie
                 problem = f"claim {claim.ref} asks for more than one device: gpuslice defrag frees room for one"
             elif request.admin:
                 problem = f"claim {claim.ref} asks for admin access, which takes no device from anyone"
-            found.append(Waiting(pod, claim, policy, kind, request.device_class, problem))
+            waiting = Waiting(pod, claim, policy, kind, request.device_class, problem, "Claims" if problem else "")
+            if not problem:
+                waiting = _judged(waiting, request, bodies[policy], namespace_uids or {}, ledgers)
+            found.append(waiting)
     return found
+
+
+def _judged(waiting: Waiting, request: Request, body: Body, namespace_uids: Mapping[str, str],
+            ledgers: Mapping[tuple[str, str], Body] | None) -> Waiting:
+    """``waiting`` with why no GPU is freed for it when its claim would be refused at allocation,
+    or narrows its class in ways the planner cannot judge; else with its maxMemory room."""
+    ns, claim = waiting.pod.namespace, waiting.claim
+    verdict = admission(request, body, ns, namespace_uids.get(ns, ""), claim.created,
+                        (ledgers or {}).get((waiting.policy, ns)), ledgers is not None)
+    if verdict.refused is not None:
+        return replace(waiting, problem=f"its claim {claim.ref} would not be allocated once a GPU is free:"
+                                        f" {verdict.refused.message}", code=verdict.refused.code)
+    if claim.selectors:
+        return replace(waiting, problem=f"its claim {claim.ref} narrows {request.device_class} with CEL selectors"
+                                        " (spec.devices.requests[].selectors), which gpuslice does not evaluate: it"
+                                        " cannot tell that the device of a GPU it frees would match them",
+                       code="Selectors")
+    return replace(waiting, memory_left=verdict.room.left if verdict.room is not None else None)
 
 
 def moves_in_flight(policies: Iterable[Body]) -> list[DefragMove]:

@@ -16,48 +16,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice.api.resource import ParseProblem, parse_policy
-from gpuslice.api.status import ClassInForce
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, CONTROLLER_NAMESPACE, MEMORY_WEBHOOK, quota_resource
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
 from gpuslice.dra.wire import (
     AllocationResult,
     DeviceRequest,
-    ExactRequest,
     allocation_results,
     device_requests,
     is_allocated,
     request_ways,
 )
 from gpuslice.planning.kinds import SHARED, SLICE
-from gpuslice.planning.memory import request_least, shown
 from gpuslice.planning.mode_traits import traits_of
+from gpuslice.planning.reads.allocatable import memory_findings, record_findings
 from gpuslice.planning.reads.availability import largest_free, room_for
+from gpuslice.planning.reads.findings import Finding, Request
 from gpuslice.planning.reads.occupancy import OccupancyMap
 from gpuslice.planning.reads.totals import PolicyTotals
 
+__all__ = ["Finding", "Request"]  # the vocabulary of a diagnosis, where its readers look for it
 Body = Mapping[str, Any]
 IMPLICIT_EXTENDED = "deviceclass.resource.kubernetes.io/"
 KIND_WORDS = {"slice": "slice", "full": "whole GPU", "shared": "share of a shared GPU"}
-
-
-@dataclass(frozen=True)
-class Finding:
-    code: str  # NotATenant, NotAdmitted, OverLimit, NoFreeDevice, KeptOff, AdmissionDenied, ...
-    message: str
-    blocking: bool = True
-
-
-@dataclass(frozen=True)
-class Request:
-    """One device request of a claim (a subrequest of firstAvailable counts on its own)."""
-
-    claim: str  # the claim's name, or "<pod claim gpu> (not created yet)"
-    name: str
-    device_class: str
-    count: int = 1
-    all_devices: bool = False
-    admin: bool = False
-    memory: int | None = None  # capacity.requests.memory
 
 
 @dataclass(frozen=True)
@@ -91,7 +71,8 @@ class Diagnosis:
 def request_options(request: DeviceRequest, claim: str) -> list[Request]:
     """The ways one request may be met: its ``exactly``, else its ``firstAvailable`` subrequests."""
     return [Request(claim, way["name"], way["deviceClassName"], way["count"], way["allocationMode"] == "All",
-                    way["adminAccess"], quantity_bytes(memory) if (memory := way.get("memory")) is not None else None)
+                    way["adminAccess"], quantity_bytes(memory) if (memory := way.get("memory")) is not None else None,
+                    tuple(way.get("selectors") or ()))
             for way in request_ways(request)]
 
 
@@ -219,7 +200,7 @@ def _quota(facts: Facts, policy: str, device_class: str) -> tuple[int, int] | No
 
 
 def _policy_findings(request: Request, made: bool, facts: Facts, body: Body, kind: str,
-                     totals: PolicyTotals | None, cluster: OccupancyMap) -> list[Finding]:
+                     totals: PolicyTotals | None, cluster: OccupancyMap, created: str = "") -> list[Finding]:
     name = str(body["metadata"]["name"])
     parsed = parse_policy(body)
     if isinstance(parsed, ParseProblem):
@@ -247,6 +228,8 @@ def _policy_findings(request: Request, made: bool, facts: Facts, body: Body, kin
     if not made and facts.namespace_uid and (ns, facts.namespace_uid) not in admitted:
         found.append(Finding("NotAdmitted", f"Namespace {ns} is a tenant of {name}, but gpuslice has not put its"
                                             " quota in place yet (status.admittedTenants); claims wait until it has."))
+    if made:  # judged again at its allocation, from the controller's record
+        found += record_findings(request, parsed, ns, facts.namespace_uid, created)
     use = next((t for t in totals.tenants if t.namespace == ns), None) if totals else None
     quota = _quota(facts, name, request.device_class)
     one = next((k.memory for k in (use.kinds if use else ()) if k.kind == kind), 0)
@@ -265,38 +248,13 @@ def _policy_findings(request: Request, made: bool, facts: Facts, body: Body, kin
                 f" to raise spec.tenants[{ns}] of {name}.{total}")))
     tenant = tenants[ns]
     if tenant.max_memory_bytes is not None:  # charged at allocation, so whether made or not
-        found += _memory(request, facts, parsed.status.classes_in_force, name, ns, tenant.max_memory_bytes)
+        found += memory_findings(request, facts.ledgers.get(name), parsed.status.classes_in_force, name, ns,
+                                 tenant.max_memory_bytes)
     ready = totals.condition("Ready") if totals else None
     if ready is not None and ready.status != "True":
         found.append(Finding("PolicyNotReady", f"GpuSlicePolicy {name} is not Ready ({ready.reason}):"
                                                f" {ready.message}", blocking=ready.reason != "Deleting"))
     return found + (_capacity(request, name, kind, cluster) if made else [])
-
-
-def _memory(request: Request, facts: Facts, classes: Sequence[ClassInForce], policy: str, ns: str,
-            limit: int) -> list[Finding]:
-    """maxMemory: what the namespace holds of its limit (its ledger's charges) and what this asks."""
-    ledger = facts.ledgers.get(policy)
-    status, spec = ((ledger or {}).get("status") or {}), ((ledger or {}).get("spec") or {})
-    if ledger is None or not status.get("since") or status.get("namespaceUid") != spec.get("namespaceUid"):
-        return [Finding("NotAdmitted", f"Namespace {ns} has a maxMemory in {policy}, but it is not in force yet (its"
-                                       f" ledger gpuslice-system/{policy}.{ns} has not counted what the namespace"
-                                       " holds); its claims wait until it is.")]
-    limit = min(limit, int(spec.get("limitBytes") or limit))
-    held = int(status.get("heldBytes") or 0)
-    klass = next((c for c in classes if c.name == request.device_class), None)
-    way = ExactRequest(name=request.name, deviceClassName=request.device_class, count=request.count,
-                       allocationMode="All" if request.all_devices else "ExactCount", adminAccess=request.admin)
-    if request.memory is not None:
-        way["memory"] = str(request.memory)
-    asked = request_least(way, klass) if klass is not None else 0
-    if held + asked <= limit:
-        return [Finding("MemoryLeft", f"Namespace {ns} holds {shown(held)} of its {shown(limit)} maxMemory in policy"
-                                      f" {policy}; this claim asks {shown(asked)}, which fits.", blocking=False)]
-    return [Finding("OverMemory", f"namespace {ns} holds {shown(held)} of its {shown(limit)} maxMemory in policy"
-                                  f" {policy}; this claim asks {shown(asked)}. It is allocated once the namespace's"
-                                  " other claims release enough, or ask the platform team to raise"
-                                  f" spec.tenants[{ns}].maxMemory of {policy}.")]
 
 
 def _capacity(request: Request, policy: str, kind: str, cluster: OccupancyMap) -> list[Finding]:
@@ -419,7 +377,8 @@ def diagnose(facts: Facts, policies: Sequence[Body], totals: Sequence[PolicyTota
             findings += _overuse_findings(facts.namespace, request.claim, results, cluster)
             continue
         body = next(b for b in policies if b["metadata"]["name"] == policy)
-        findings += _policy_findings(request, made, facts, body, kind, by_policy.get(policy), cluster)
+        created = str(((claim or {}).get("metadata") or {}).get("creationTimestamp") or "")
+        findings += _policy_findings(request, made, facts, body, kind, by_policy.get(policy), cluster, created)
     findings += _admission(_events_about(facts, event_names))
     if phase and phase != "Pending":
         findings.insert(0, Finding("NotPending", f"{subject} is {phase}.", blocking=False))
@@ -428,7 +387,7 @@ def diagnose(facts: Facts, policies: Sequence[Body], totals: Sequence[PolicyTota
         findings.append(Finding("WaitingOnNode", "Every claim is allocated; the pod waits for its node (the kubelet"
                                                  " prepares the devices): see the Events above.", blocking=False))
     order = ["NotFound", "NotATenant", "AdminAccessRefused", "PolicyInvalid", "WebhookDown", "NotAdmitted", "OverLimit",
-             "OverMemory", "PolicyNotReady", "NoFreeDevice", "KeptOff", "AdmissionDenied", "NotPending", "Overusing",
-             "NeighbourOverusing"]
+             "LimitsNotInForce", "ClassNotInForce", "MadeBeforeQuota", "OverMemory", "PolicyNotReady", "NoFreeDevice",
+             "KeptOff", "AdmissionDenied", "NotPending", "Overusing", "NeighbourOverusing"]
     findings.sort(key=lambda f: order.index(f.code) if f.code in order else len(order))
     return Diagnosis(subject, phase, tuple(r for r, _, _ in requests), tuple(findings))

@@ -6,18 +6,21 @@ admission rule then refused (a tenant over its maxMemory, a tenancy rule): the s
 them from its count, but no event tries the turned-away pod again, and it waits for the next
 claim deallocation, ResourceSlice or DeviceClass change, or the scheduler's flush of pods
 unschedulable for 5 minutes. The controller looks for such pods whose devices are free in the
-committed allocations, and changes one of its DeviceClasses to make the scheduler try them again
-(controller.retry).
+committed allocations, on a node the pod may go to (its node selector, required node affinity and
+tolerations: ``planning.reads.node_fit``), and changes one of its DeviceClasses to make the
+scheduler try them again (controller.retry). A claim with CEL selectors is not judged (gpuslice
+does not evaluate them): its pod is left to the scheduler's own flush.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpuslice.dra.wire import device_requests, is_allocated
 from gpuslice.planning.reads.availability import room_for
+from gpuslice.planning.reads.node_fit import NodeFacts, Placement, refusal
 from gpuslice.planning.reads.occupancy import GpuMap
 from gpuslice.planning.reads.pending import Request, class_owner, pod_claim_names, request_options
 
@@ -47,20 +50,24 @@ class Retry:
     uid: str = ""  # the pod's: what its backoff is keyed by (a name can be reused)
 
 
-def _place(option: Request, policies: Sequence[Body], gpus: Sequence[GpuMap]) -> tuple[str, str, str] | None:
-    """(class, policy, place) where ``option``, one of our classes, fits now; None when it does not."""
+def _place(option: Request, policies: Sequence[Body], gpus: Sequence[GpuMap],
+           admits: Callable[[str], bool]) -> tuple[str, str, str] | None:
+    """(class, policy, place) where ``option``, one of our classes, fits now on a node ``admits``;
+    None when it does not, or when that cannot be told."""
     owner = class_owner(option.device_class, policies)
     if owner is None or option.all_devices or option.admin:
         return None  # all devices, or admin access: not a question of free room
+    if option.selectors:
+        return None  # CEL selectors, which gpuslice does not evaluate: the scheduler's own flush retries it
     places, _ = room_for(gpus, owner[0], owner[1], option.memory)
-    free = [p for p in places if p.free]
+    free = [p for p in places if p.free and admits(p.gpu.node)]
     if sum(p.free for p in free) < option.count:
         return None
     return option.device_class, owner[0], f"{free[0].gpu.node} GPU {free[0].gpu.index}"
 
 
-def _fits(claim: Body, policies: Sequence[Body],
-          gpus: Sequence[GpuMap]) -> tuple[str, str, str] | Literal[False] | None:
+def _fits(claim: Body, policies: Sequence[Body], gpus: Sequence[GpuMap],
+          admits: Callable[[str], bool]) -> tuple[str, str, str] | Literal[False] | None:
     """(class, policy, place) when every request of ``claim`` for our devices fits now, each on its
     own (the scheduler decides how they go together), a request with ``firstAvailable`` when one
     of its options of ours does; False when one does not; None when no request is ours."""
@@ -70,7 +77,7 @@ def _fits(claim: Body, policies: Sequence[Body],
         options = [o for o in request_options(request, name) if class_owner(o.device_class, policies) is not None]
         if not options:
             continue  # another driver's request: the scheduler's alone to judge
-        place = next((p for o in options if (p := _place(o, policies, gpus)) is not None), None)
+        place = next((p for o in options if (p := _place(o, policies, gpus, admits)) is not None), None)
         if place is None:
             return False
         found = found or place
@@ -78,14 +85,20 @@ def _fits(claim: Body, policies: Sequence[Body],
 
 
 def to_retry(pods: Sequence[Body], claims: Mapping[str, Body], policies: Sequence[Body],
-             gpus: Sequence[GpuMap]) -> list[Retry]:
-    """The turned-away pods each of whose unallocated claims of our devices fits now. ``claims``: by
-    "namespace/name"; a pod with a claim not found (not made yet) is not ours to judge."""
+             gpus: Sequence[GpuMap], nodes: Mapping[str, NodeFacts] | None = None) -> list[Retry]:
+    """The turned-away pods each of whose unallocated claims of our devices fits now, on a node the
+    pod may go to (``nodes`` by name; None: not judged). ``claims``: by "namespace/name"; a pod with
+    a claim not found (not made yet) is not ours to judge."""
     found = []
     for pod in pods:
         if not turned_away(pod):
             continue
         meta = pod.get("metadata") or {}
+        placement = Placement.from_spec(pod.get("spec") or {})
+
+        def admits(node: str, placement: Placement = placement) -> bool:
+            return nodes is None or refusal(placement, nodes.get(node) or NodeFacts(node)) is None
+
         namespace = str(meta.get("namespace", ""))
         fits: list[tuple[str, tuple[str, str, str]]] = []
         for name in pod_claim_names(pod).values():
@@ -93,7 +106,7 @@ def to_retry(pods: Sequence[Body], claims: Mapping[str, Body], policies: Sequenc
             if claim is None:
                 fits = []
                 break
-            fit = None if is_allocated(claim) else _fits(claim, policies, gpus)
+            fit = None if is_allocated(claim) else _fits(claim, policies, gpus, admits)
             if fit is False:
                 fits = []
                 break

@@ -43,8 +43,22 @@ def quota(policy: str, device_class: str, used: int, hard: int) -> dict[str, Any
     return {"metadata": {"name": f"gpuslice-{policy}"}, "status": {"hard": {key: str(hard)}, "used": {key: str(used)}}}
 
 
+LIMITS = ("maxSlices", "maxFullGpus", "maxMigDevices", "maxMemory")
+QUOTA_SINCE = "2026-01-01T00:00:00Z"
+
+
 def admitted(body: dict[str, Any], *pairs: tuple[str, str]) -> dict[str, Any]:
-    body = {**body, "status": {**body["status"], "admittedTenants": [{"namespace": n, "uid": u} for n, u in pairs],
+    """The record the controller writes: a limited tenant's limits as its spec says, both classes
+    counted, its quota made before any claim here."""
+    def record(namespace: str, uid: str) -> dict[str, Any]:
+        tenant = next(t for t in body["spec"].get("tenants") or [] if t["namespace"] == namespace)
+        limits = {k: tenant[k] for k in LIMITS if k in tenant}
+        if not limits:
+            return {"namespace": namespace, "uid": uid}
+        return {"namespace": namespace, "uid": uid, "limits": limits, "since": QUOTA_SINCE,
+                "classes": ["inference.gpuslice.dev", "full.inference.gpuslice.dev"]}
+
+    body = {**body, "status": {**body["status"], "admittedTenants": [record(n, u) for n, u in pairs],
                                "deviceClasses": [{"kind": "slice", "name": "inference.gpuslice.dev"},
                                                  {"kind": "full", "name": "full.inference.gpuslice.dev"}]}}
     return body

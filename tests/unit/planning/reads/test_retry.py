@@ -95,3 +95,31 @@ def test_every_claim_of_ours_a_pod_waits_for_must_fit() -> None:
     assert retries([two], [asks("fits", "2Gi"), asks("not", "8Gi")], held) == []
     two["spec"]["resourceClaims"] = [{"name": "a", "resourceClaimName": "fits"}, {"name": "b", "resourceClaimName": "gone"}]
     assert retries([two], [asks("fits", "2Gi")], held) == []  # a claim not made: not ours to judge
+
+
+def test_a_claim_with_cel_selectors_is_left_to_the_schedulers_flush() -> None:
+    """A selector no device matches (a tenant's poison) would be turned away for ever and 'fit' by
+    room: gpuslice does not evaluate CEL, so it never asks for such a pod."""
+    held = [claim("ds", "big", [("n1", DEVICE)], pods=("big",), consumed="18Gi")]
+    poison = asks("poison", "1Gi")
+    poison["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": "device.attributes['gpuslice.dev'].index == 99"}}]
+    assert retries([pod("poison", AWAY)], [poison], held) == []
+
+
+def test_not_when_no_node_with_room_is_one_the_pod_may_go_to() -> None:
+    from gpuslice.planning.reads.node_fit import NodeFacts
+
+    held = [claim("ds", "big", [("n1", DEVICE)], pods=("big",), consumed="18Gi")]
+    gpus = occupancy(read_pools(published("n1", "l4", 1, [NOTEBOOKS]), held)).gpus
+    waiting = [asks("small", "2Gi")]
+    claims = {f"ds/{c['metadata']['name']}": c for c in [*waiting, *held]}
+    elsewhere = pod("small", AWAY)
+    elsewhere["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                                     "values": ["cpu-only"]}]}]}}}
+    nodes = {"n1": NodeFacts("n1", {"kubernetes.io/hostname": "n1"})}
+    assert to_retry([elsewhere], claims, [NOTEBOOKS], gpus, nodes) == []
+    assert [r.pod for r in to_retry([pod("small", AWAY)], claims, [NOTEBOOKS], gpus, nodes)] == ["ds/small"]
+    tainted = {"n1": NodeFacts("n1", {}, ({"key": "dedicated", "value": "infra", "effect": "NoSchedule"},))}
+    assert to_retry([pod("small", AWAY)], claims, [NOTEBOOKS], gpus, tainted) == []

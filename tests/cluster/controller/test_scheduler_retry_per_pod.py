@@ -1,0 +1,139 @@
+"""The scheduler retry backs off per pod: pods of another tenant that never fit (a claim whose CEL
+selector no device matches; pods kept out by another driver's claim, which gpuslice does not judge)
+never delay this tenant's retry. Without that, one poison pod stretched the gaps for everybody, and
+a pod turned away only by refused allocations in flight waited for the scheduler's 5-minute flush."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gpuslice.controller.retry import RETRY_AT
+from gpuslice.kube.client import KubeClient, KubeError, NotFound
+from gpuslice.planning.reads.retry import turned_away
+from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
+from tests.cluster.agent.test_publishing import published
+from tests.cluster.controller.test_allocation import allocation, pod_using
+from tests.cluster.controller.test_limits import claim, request
+from tests.cluster.controller.test_max_memory import memory_claim
+from tests.cluster.controller.test_max_memory_rush import shared_tenant
+from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
+
+__all__ = ["agent_rbac", "gpu_node"]
+POISON_SECONDS = 100  # with the tests' 3 s interval, a backoff shared by all would reach 96 s by then
+ELSEWHERE = "absent.retry.example.com"  # a class of another driver with no device anywhere
+
+
+async def retry_stamp(kube: KubeClient, klass: str) -> str | None:
+    body = await kube.get(f"{RESOURCE}/deviceclasses/{klass}")
+    found: str | None = (body["metadata"].get("annotations") or {}).get(RETRY_AT)
+    return found
+
+
+async def is_turned_away(kube: KubeClient, namespace: str, pod: str) -> bool:
+    body: dict[str, Any] = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
+    return turned_away(body)
+
+
+def two_claims(name: str, first: str, second: str) -> dict[str, Any]:
+    body = pod_using(name, first)
+    body["spec"]["resourceClaims"].append({"name": "other", "resourceClaimName": second})
+    body["spec"]["containers"][0]["resources"]["claims"].append({"name": "other"})
+    return body
+
+
+async def test_another_tenants_never_fitting_pods_do_not_delay_my_retry(
+    kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str, namespaces: Callable[..., Awaitable[str]],
+) -> None:
+    name, _ = await shared_tenant(kube, make_policy, gpu_node, namespace)
+    klass = f"{name}.gpuslice.dev"
+    claims = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
+    other = await namespaces("atk")
+    node = await gpu_node("h100-80gb", 1)
+    poison_policy = (await make_policy({"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}},
+                                        "slicing": {"mode": "memory", "sliceSize": "10G"},
+                                        "claimTemplateName": "atk-slice", "tenants": [{"namespace": other}]},
+                                       "-atk"))["metadata"]["name"]
+    klass_poison = f"{poison_policy}.gpuslice.dev"
+    await published(kube, node.name, 8)
+    await kube.create(f"{RESOURCE}/deviceclasses", {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                                    "metadata": {"name": ELSEWHERE}, "spec": {"selectors": [
+                                                        {"cel": {"expression": f'device.driver == "{ELSEWHERE}"'}}]}})
+    poisons = ["poison"] + [f"kept-{i}" for i in range(4)]
+    try:
+        # The poison of the review: a selector no device matches (a tenant may narrow its class).
+        selected = claim("poison", request(klass_poison, selectors=[
+            {"cel": {"expression": "device.attributes['gpuslice.dev'].index == 99"}}]))
+
+        async def made(body: dict[str, Any]) -> bool:
+            try:
+                await kube.create(f"{RESOURCE}/namespaces/{other}/resourceclaims", body)
+            except KubeError as error:
+                if "try again in a moment" in error.message:
+                    return False
+                raise
+            return True
+
+        await wait_for(lambda: made(selected), within=60, what="the other tenant to be admitted")
+        await kube.create(f"/api/v1/namespaces/{other}/pods", pod_using("poison", "poison"))
+        # And pods whose slice fits, kept out by a claim of another driver that has no device: gpuslice
+        # asks for them (that claim is the scheduler's to judge), and they are never helped.
+        for kept in poisons[1:]:
+            await made(claim(kept, request(klass_poison)))
+            await made(claim(f"{kept}-x", request(ELSEWHERE)))
+            await kube.create(f"/api/v1/namespaces/{other}/pods", two_claims(kept, kept, f"{kept}-x"))
+        for pod in poisons:
+            await wait_for(lambda pod=pod: is_turned_away(kube, other, pod), within=60,
+                           what=f"the poison pod {pod} turned away")
+        stamps: list[str] = []
+        began = asyncio.get_running_loop().time()
+        while asyncio.get_running_loop().time() - began < POISON_SECONDS:
+            stamp = await retry_stamp(kube, klass_poison)
+            if stamp and (not stamps or stamps[-1] != stamp):
+                stamps.append(stamp)
+            await asyncio.sleep(1)
+        print("retry-at changes of the poison's class while only the poison pods waited:", stamps)
+
+        # The scenario the retry exists for (test_scheduler_retry.py), while the poison pods still wait.
+        bigs = [f"big-{i}" for i in range(10)]
+        for big, gib in zip(bigs, [8] * 9 + [7], strict=True):
+            await kube.create(claims, memory_claim(big, klass, gib))
+        await kube.create(claims, memory_claim("small", klass, 4))
+        process = memory_webhook.process
+        assert process is not None
+        process.send_signal(signal.SIGSTOP)
+        try:
+            for big in bigs:
+                await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_using(big, big))
+            await asyncio.sleep(3)
+            await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_using("small", "small"))
+            await wait_for(lambda: is_turned_away(kube, namespace, "small"), within=20,
+                           what="the 4Gi pod turned away")
+        finally:
+            process.send_signal(signal.SIGCONT)
+        thawed = asyncio.get_running_loop().time()
+        got = None
+        while asyncio.get_running_loop().time() - thawed < 45:
+            got = await allocation(kube, namespace, "small")
+            if got:
+                break
+            await asyncio.sleep(1)
+        waited = asyncio.get_running_loop().time() - thawed
+        lines = [line for line in controller.log_text().splitlines() if "turned away" in line][-3:]
+        print(f"small allocated: {bool(got)} after {waited:.0f} s; the controller said: {lines}")
+        assert got, (f"the 4Gi pod, turned away only by refused allocations in flight, was not tried again within"
+                     f" {waited:.0f} s (retry interval 3 s): the poison pods had backed the retry off for everyone")
+        for pod in poisons:
+            assert await is_turned_away(kube, other, pod), f"{other}/{pod} was placed: it was no poison"
+    finally:
+        # Nothing of the poison outlives the test: the controller's retry keeps no state past its pods.
+        for pod in poisons:
+            with contextlib.suppress(NotFound):
+                await kube.delete(f"/api/v1/namespaces/{other}/pods/{pod}")
+        with contextlib.suppress(NotFound):
+            await kube.delete(f"{RESOURCE}/deviceclasses/{ELSEWHERE}")
