@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuslice.kube.client import KubeClient
-from tests.cluster.kubeutil import pod_claim, wait_for
+from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, wait_for
 from tests.cluster.plugin.conftest import PluginNode
 
 FAST = ["--usage-interval=1", "--overuse-grace=2"]
@@ -55,3 +55,25 @@ async def claim_condition(kube: KubeClient, namespace: str, pod: str) -> dict[st
     entry = await overuse_entry(kube, namespace, pod)
     return next(c for c in entry["conditions"] if c["type"] == "GpuMemoryOveruse") if entry else None
 
+
+async def claim_mark(kube: KubeClient, namespace: str, claim: str) -> dict[str, Any] | None:
+    """The device entry of a claim named in its pods' spec (no template: several pods share it) that
+    carries the agent's overuse mark."""
+    body = await kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{claim}")
+    for device in (body.get("status") or {}).get("devices") or []:
+        if any(c["type"] == "GpuMemoryOveruse" for c in device.get("conditions") or []):
+            return dict(device)
+    return None
+
+
+def shared_claim(name: str, device_class: str) -> dict[str, Any]:
+    """A claim made on its own, for pods to name in their spec: all of them share its one allocation."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}}}
+
+
+def pod_sharing(name: str, claim: str) -> dict[str, Any]:
+    """A pod whose container ``c`` uses the claim ``claim`` (made on its own, shared with other pods)."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": PAUSE_IMAGE, "resources": {"claims": [{"name": "gpu"}]}}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]}}
