@@ -16,10 +16,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from gpuslice.devcluster.cluster import DevCluster
-from gpuslice.kube.client import KubeClient
+from gpuslice.kube.client import Invalid, KubeClient
 from tests.cluster.agent.conftest import GpuNodeFactory
 from tests.cluster.agent.test_publishing import create_pods, published, settle
 from tests.cluster.inspect.conftest import Cli, Result, impersonating, warning
@@ -130,6 +131,7 @@ async def test_every_command_escapes_what_tenants_and_nodes_wrote(
     name = policy["metadata"]["name"]
     await published(kube, node.name, 18)
     owned = pod_with_claim("small", "gpu-slice")
+    owned["metadata"]["annotations"] = {"team.example/note": PAYLOAD}  # free text too; shown nowhere
     owned["metadata"]["ownerReferences"] = [{  # a kind no API serves: the garbage collector leaves the pod be
         "apiVersion": "example.com/v1", "kind": f"Job{PAYLOAD}", "name": f"trainer{PAYLOAD}",
         "uid": "0f3a7c4e-0000-4c2a-9a51-000000000000", "controller": True}]
@@ -172,6 +174,10 @@ async def test_every_command_escapes_what_tenants_and_nodes_wrote(
                             mark, field_manager=f"gpuslice-agent-{node.name}")
     assert (await kube.get(f"/api/v1/namespaces/{namespace}/pods/small"))["metadata"].get("ownerReferences"), \
         "the pod and its owner are still there"
+
+    # A label's value may hold no control character (the API server refuses it): names and labels are safe.
+    with pytest.raises(Invalid):
+        await kube.merge_patch(f"/api/v1/nodes/{node.name}", {"metadata": {"labels": {"team.example/x": f"a{ESC}b"}}})
 
     status = clean(await gpuslice("status"), "status")
     assert f"over their allocation: {namespace}/small" in " ".join(status.split()), "the mark was read"
