@@ -1,6 +1,7 @@
-"""What the controller does about pods a node agent marked as using more GPU memory than they were
-allocated (``planning.overuse``): the Events on the pod, and the eviction where the policy of the
-device says ``onOveruse: Evict``.
+"""What the controller does about pods a node agent marked as using more GPU memory than their claim
+was allocated (``planning.overuse``): the Events on the pod, and the eviction where the policy of the
+device says ``onOveruse: Evict`` of the pods the mark chose (a claim several pods share: its largest
+users until the rest fit; the agent chooses, as it alone sees each pod's use).
 
 The agents measure but may neither evict nor post Events outside ``default``: a stolen agent token
 must hurt one node only (docs/agent.md, "A compromised node"). The controller acts only on pods
@@ -111,9 +112,12 @@ class OveruseEnforcer:
         return f"pod {pod.ref} is back within its GPU memory allocation on node {pod.node} (claim {pod.claim})"
 
     async def act(self, kube: KubeClient, policies: Policies, only: str | None = None) -> None:
-        """Evict each named pod whose device's policy (``only`` that one) says Evict, when it is due."""
+        """Evict each pod the marks chose whose device's policy (``only`` that one) says Evict, when it
+        is due. The others of the claim stay: the overuse ends once the chosen ones are gone."""
         for pods in list(self.named.values()):
             for pod in list(pods.values()):
+                if not pod.evict:
+                    continue
                 policy = policies.policy_of(pod.node, pod.device)
                 if policy is None or (only is not None and policy != only) or policies.on_overuse(policy) != "Evict":
                     continue
@@ -163,8 +167,9 @@ class OveruseEnforcer:
         log.warning("evicted a pod that used more GPU memory than it was allocated", pod=pod.ref, node=pod.node,
                     policy=policy, claim=pod.claim)
         await self._event(kube, pod, "GpuMemoryOveruseEvicted", (
-            f"pod {pod.ref} was evicted: it used more GPU memory than it was allocated on node {pod.node}, and its"
-            f" policy {policy} says onOveruse: Evict"))
+            f"pod {pod.ref} was evicted: it used more GPU memory than its claim {pod.claim} was allocated on node"
+            f" {pod.node} (with the claim's other pods, if it shares it: the largest users go until the rest fit),"
+            f" and its policy {policy} says onOveruse: Evict"))
 
     @staticmethod
     def _refused(pod: OverusingPod, body: Mapping[str, Any]) -> str:

@@ -2,7 +2,8 @@
 engineer looks at, from the API server alone. The same commands are the kubectl plugin
 (``kubectl gpuslice ...``, see ``plugin``), so they take kubectl's ``--kubeconfig``, ``--context``,
 ``-n`` (default: the context's namespace) and ``-A``, read kubeconfigs in kubectl's order, and keep
-the client's debug lines off the terminal."""
+the client's debug lines off the terminal. What they print for a person never carries a control
+character read from the cluster (``render.printable``); ``-o json`` prints what was read."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import click
 import yaml
 
+from gpuslice.inspect.render.printable import printable
 from gpuslice.inspect.snapshot import (
     InspectError,
     device_classes,
@@ -47,8 +49,15 @@ def quiet_logging() -> None:
 
     import structlog
 
+    processors = [p for p in structlog.get_config()["processors"] if p is not _printable_values]
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout is for -o json
+                        logger_factory=structlog.PrintLoggerFactory(sys.stderr),  # stdout is for -o json
+                        processors=[*processors[:-1], _printable_values, *processors[-1:]])  # before the renderer
+
+
+def _printable_values(logger: Any, method: str, event: Any) -> Any:
+    """A warning's words and values may quote the cluster (an API server's message, an object's field)."""
+    return {key: printable(value) if isinstance(value, str) else value for key, value in event.items()}
 
 
 async def _connect(access: ClusterAccess) -> KubeClient:
@@ -65,7 +74,7 @@ def _run(coroutine: Any) -> Any:
     try:
         return asyncio.run(coroutine)
     except (InspectError, KubeconfigError) as error:
-        click.echo(f"gpuslice: {error}", err=True)
+        click.echo(printable(f"gpuslice: {error}"), err=True)
         sys.exit(1)
 
 
@@ -189,6 +198,8 @@ def why(target: str | None, namespace: str | None, all_namespaces: bool, kubecon
     if output == "json":
         click.echo(json.dumps(as_json(found[0] if target is not None else found), indent=2))
     else:
+        from rich.text import Text
+
         from gpuslice.inspect.render.terminal import why_view
 
         console = _console()
@@ -196,7 +207,7 @@ def why(target: str | None, namespace: str | None, all_namespaces: bool, kubecon
             console.print(why_view(diagnosis))
         if target is None and not found:
             where = "any namespace" if all_namespaces else f"namespace {namespace or 'of the context'}"
-            console.print(f"No Pending pod in {where} asks for a gpuslice device.")
+            console.print(Text(printable(f"No Pending pod in {where} asks for a gpuslice device.")))
     if target is not None and any(f.code == "NotFound" for f in found[0].findings):
         sys.exit(1)
 

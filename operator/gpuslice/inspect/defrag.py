@@ -27,6 +27,7 @@ from gpuslice.api.status import DefragmentationStatus, DefragMove
 from gpuslice.controller.defrag_move import new_move, now_utc, start, update_defrag
 from gpuslice.controller.startup import whoami
 from gpuslice.inspect.commands import _connect, _console, _run, cluster_options
+from gpuslice.inspect.render.printable import printable
 from gpuslice.inspect.snapshot import InspectError
 from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotReady
 from gpuslice.planning.node.defrag_taints import parse_time
@@ -172,7 +173,7 @@ def defrag(targets: tuple[str, ...], policy: str | None, apply_: bool, timeout: 
     def say(line: str) -> None:
         lines.append(line)
         if output == "text":
-            click.echo(line)
+            click.echo(printable(line))  # it quotes the cluster: a move's outcome, a pod's name
 
     plans, applied = _run(apply(access, policy, targets, timeout, say))
     if output == "json":

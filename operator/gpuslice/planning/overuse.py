@@ -1,10 +1,15 @@
-"""A node agent's mark that pods use more GPU memory than they were allocated, as it goes from the
-agent to the controller (pure).
+"""A node agent's mark that a claim's pods use more GPU memory than it was allocated, as it goes
+from the agent to the controller (pure).
 
 The agent measures; the controller acts. The mark travels on the claim: a condition
-``GpuMemoryOveruse`` on each device of it that an overusing pod holds (``status.devices``,
-KEP-4817), whose ``data`` names those pods. From Kubernetes 1.36 the API server lets a driver's
-node-bound identity write ``status.devices`` only of claims allocated on its own node
+``GpuMemoryOveruse`` on each device of it on the GPU where its pods (every pod that shares it)
+use more than it holds (``status.devices``, KEP-4817), whose ``data`` names those pods and, of
+them, the ones ``onOveruse: Evict`` evicts (``evict``: the largest users, until the rest fit;
+``planning.node.gpu_use.to_evict``). A mark that says nothing of ``evict`` (an agent from before
+claims were judged whole, when every pod named was over on its own) gets every pod it names evicted.
+
+From Kubernetes 1.36 the API server lets a driver's node-bound identity write ``status.devices``
+only of claims allocated on its own node
 (``associated-node:patch`` on ``resourceclaims/driver``; k8s.io/kubernetes v1.37.2
 ``pkg/registry/resource/utils.go``, ``AuthorizedForDeviceStatus``, which takes the node from the
 allocation's node selector as :func:`allocation_node` does). So an agent, or its stolen token, marks
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuslice.dra.names import DRIVER
@@ -54,12 +59,13 @@ class DeviceKey:
 
 @dataclass(frozen=True)
 class Overuser:
-    """A pod over its allocation on a device's GPU, as the agent names it in the mark."""
+    """A pod of a claim over its allocation on a device's GPU, as the agent names it in the mark."""
 
     uid: str
     name: str
     since: str  # when the agent reported it (RFC 3339): one overuse, for the controller's Events
     message: str
+    evict: bool = True  # one that onOveruse: Evict evicts (the claim's largest users, until the rest fit)
 
 
 @dataclass(frozen=True)
@@ -78,14 +84,15 @@ class Mark:
     def same(self, other: Mark | None) -> bool:
         """Whether writing this over ``other`` would change what it says (not merely its wording)."""
         return (other is not None and self.over == other.over
-                and {o.uid for o in self.overusers} == {o.uid for o in other.overusers})
+                and {(o.uid, o.evict) for o in self.overusers} == {(o.uid, o.evict) for o in other.overusers})
 
 
 def device_entry(key: DeviceKey, mark: Mark) -> dict[str, Any]:
     """The ``status.devices`` entry that carries the mark."""
-    pods: list[dict[str, str]] = []
-    for o in mark.overusers[:MAX_PODS]:
-        pod = {"uid": o.uid, "name": o.name, "since": o.since, "message": o.message[:MAX_MESSAGE]}
+    pods: list[dict[str, str | bool]] = []
+    for o in sorted(mark.overusers, key=lambda o: not o.evict)[:MAX_PODS]:  # those to evict first: all named
+        pod: dict[str, str | bool] = {"uid": o.uid, "name": o.name, "since": o.since,
+                                      "message": o.message[:MAX_MESSAGE], "evict": o.evict}
         if len(json.dumps({PODS: [*pods, pod]})) > MAX_DATA:
             break  # the rest are named once these are gone
         pods.append(pod)
@@ -108,7 +115,7 @@ def _overusers(entry: DeviceStatus) -> tuple[Overuser, ...]:
     for pod in pods if isinstance(pods, list) else []:
         if isinstance(pod, Mapping) and isinstance(pod.get("uid"), str) and pod["uid"]:
             found.append(Overuser(pod["uid"], str(pod.get("name") or ""), str(pod.get("since") or ""),
-                                  str(pod.get("message") or "")))
+                                  str(pod.get("message") or ""), pod.get("evict") is not False))
     return tuple(found[:MAX_PODS])
 
 
@@ -163,6 +170,7 @@ class OverusingPod:
     device: str
     since: str
     message: str
+    evict: bool = True  # onOveruse: Evict evicts it (the mark chose it, on one of the claim's devices)
 
     @property
     def ref(self) -> str:
@@ -173,7 +181,8 @@ def overusing_pods(namespace: str, claim: str, status: Mapping[str, Any]) -> lis
     """The pods a claim's marks name that the controller may act on: marks on the claim's own
     allocated devices of our driver, in the pool of the node the claim is allocated on (the one
     node whose agent the API server lets write them; our pools are named after their nodes), naming
-    pods the claim is reserved for. Anything else is ignored: it proves nothing."""
+    pods the claim is reserved for. Anything else is ignored: it proves nothing. A pod chosen for
+    eviction on any of the devices is chosen."""
     node = allocation_node(status)
     if not node:
         return []
@@ -183,9 +192,14 @@ def overusing_pods(namespace: str, claim: str, status: Mapping[str, Any]) -> lis
         if key not in allocated:
             continue
         for overuser in mark.overusers:
-            if overuser.uid in reserved and overuser.uid not in found:
+            if overuser.uid not in reserved:
+                continue
+            if overuser.uid not in found:
                 found[overuser.uid] = OverusingPod(namespace, reserved[overuser.uid], overuser.uid, node, claim,
-                                                   key.device, overuser.since, overuser.message or mark.message)
+                                                   key.device, overuser.since, overuser.message or mark.message,
+                                                   overuser.evict)
+            elif overuser.evict and not found[overuser.uid].evict:
+                found[overuser.uid] = replace(found[overuser.uid], evict=True)
     return list(found.values())
 
 

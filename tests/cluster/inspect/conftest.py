@@ -17,6 +17,7 @@ import yaml
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
 from tests.cluster.agent.conftest import agent_rbac, gpu_node
+from tests.cluster.kubeutil import wait_for
 from tests.cluster.operator_fixtures import MANIFESTS, apply_manifests
 
 __all__ = ["agent_rbac", "gpu_node"]
@@ -79,3 +80,26 @@ def gpuslice(viewer_kubeconfig: Path) -> Cli:
         return await run_cli([sys.executable, "-m", "gpuslice"], *args, "--kubeconfig", str(viewer_kubeconfig))
 
     return run
+
+
+async def warning(kube: KubeClient, namespace: str, pod: str, reason: str) -> dict[str, Any]:
+    async def found() -> dict[str, Any] | None:
+        events = await kube.list(f"/api/v1/namespaces/{namespace}/events",
+                                 fieldSelector=f"involvedObject.name={pod}")
+        return next((e for e in events if e.get("reason") == reason), None)
+
+    result: dict[str, Any] = await wait_for(found, within=60, what=f"a {reason} Event on {namespace}/{pod}")
+    return result
+
+
+def impersonating(cluster: DevCluster, path: Path, user: str, namespace: str) -> Path:
+    """The admin's kubeconfig with a second context, ``as-user``: the admin's credentials acting as
+    ``user`` (Impersonate-User), in ``namespace``."""
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    admin = config["contexts"][0]["context"]
+    config["users"].append({"name": "as-user", "user": {
+        **next(u["user"] for u in config["users"] if u["name"] == admin["user"]), "as": user}})
+    config["contexts"].append({"name": "as-user", "context": {
+        "cluster": admin["cluster"], "user": "as-user", "namespace": namespace}})
+    path.write_text(yaml.safe_dump(config))
+    return path

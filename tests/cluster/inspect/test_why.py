@@ -6,42 +6,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
 from tests.cluster.agent.conftest import GpuNodeFactory
 from tests.cluster.agent.test_publishing import create_pods, published, settle
-from tests.cluster.inspect.conftest import VIEWER, Cli, run_cli
+from tests.cluster.inspect.conftest import VIEWER, Cli, impersonating, run_cli, warning
 from tests.cluster.kubeutil import PAUSE_IMAGE, pod_with_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
 
-async def warning(kube: KubeClient, namespace: str, pod: str, reason: str) -> dict[str, Any]:
-    async def found() -> dict[str, Any] | None:
-        events = await kube.list(f"/api/v1/namespaces/{namespace}/events",
-                                 fieldSelector=f"involvedObject.name={pod}")
-        return next((e for e in events if e.get("reason") == reason), None)
-
-    result: dict[str, Any] = await wait_for(found, within=60, what=f"a {reason} Event on {namespace}/{pod}")
-    return result
-
-
 def findings(result: dict[str, Any]) -> dict[str, str]:
     return {f["code"]: f["message"] for f in result["findings"]}
-
-
-def impersonating(cluster: DevCluster, path: Path, user: str, namespace: str) -> Path:
-    """The admin's kubeconfig with a second context, ``as-user``: the admin's credentials acting as
-    ``user`` (Impersonate-User), in ``namespace``."""
-    config = yaml.safe_load(cluster.kubeconfig.read_text())
-    admin = config["contexts"][0]["context"]
-    config["users"].append({"name": "as-user", "user": {
-        **next(u["user"] for u in config["users"] if u["name"] == admin["user"]), "as": user}})
-    config["contexts"].append({"name": "as-user", "context": {
-        "cluster": admin["cluster"], "user": "as-user", "namespace": namespace}})
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def on(node: str) -> dict[str, Any]:

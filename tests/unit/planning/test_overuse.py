@@ -113,3 +113,39 @@ def test_marks_the_claims_node_could_not_have_written_prove_nothing() -> None:
     # A pod named twice (two devices) is one pod.
     twice = claim_status({DeviceKey(NODE, "d0"): over(A), DeviceKey(NODE, "d1"): over(A)}, devices=("d0", "d1"))
     assert [p.uid for p in overusing_pods("team-a", "c", twice)] == [A]
+
+
+def test_the_mark_says_which_of_a_claims_pods_to_evict_and_names_those_first() -> None:
+    """A claim shared by many pods: every one is named, those to evict first, so that the cap on names
+    never hides one the controller must evict."""
+    key = DeviceKey(NODE, "d0")
+    users = tuple(Overuser(f"{i:08d}-0000-4000-8000-000000000000", f"w{i}", "t", "m", evict=i >= 30)
+                  for i in range(40))
+    entry = device_entry(key, Mark(users, "m", "t"))
+    named = entry["data"]["overusingPods"]
+    assert len(named) == MAX_PODS
+    assert all(p["evict"] for p in named[:10])
+    assert not any(p["evict"] for p in named[10:])
+    [mark] = read_marks({"devices": [entry]}, NODE).values()
+    assert sum(o.evict for o in mark.overusers) == 10
+    keep = Mark((Overuser(A, "a", "t", "m", evict=False), Overuser(B, "b", "t", "m")), "m", "t")
+    assert not keep.same(Mark((Overuser(A, "a", "t", "m"), Overuser(B, "b", "t", "m")), "m", "t")), \
+        "a pod chosen to go is a change to write"
+
+
+def test_a_mark_without_a_choice_evicts_every_pod_it_names() -> None:
+    """An agent from before claims were judged whole named only pods over on their own."""
+    status = claim_status({DeviceKey(NODE, "d0"): over(A, B)})
+    for pod in status["devices"][0]["data"]["overusingPods"]:
+        del pod["evict"]
+    assert [(p.name, p.evict) for p in overusing_pods("team-a", "c", status)] == [("a", True), ("b", True)]
+
+
+def test_a_pod_chosen_on_any_of_the_claims_devices_is_chosen() -> None:
+    kept = Mark((Overuser(A, "a", "t", "m", evict=False),), "m", "t")
+    going = Mark((Overuser(A, "a", "t", "m", evict=True),), "m", "t")
+    status = claim_status({DeviceKey(NODE, "d0"): kept, DeviceKey(NODE, "d1"): going}, devices=("d0", "d1"))
+    [pod] = overusing_pods("team-a", "c", status)
+    assert pod.evict
+    [pod] = overusing_pods("team-a", "c", claim_status({DeviceKey(NODE, "d0"): kept}))
+    assert not pod.evict

@@ -10,8 +10,9 @@ One pass:
 4. each process's ``/proc/<pid>/cgroup`` (the node's ``/proc``: ``--host-proc``): the pod UID it
    runs under; the pods' UIDs come from their claims' ``status.reservedFor`` (read once per claim,
    again when a process names a UID not seen yet), since the kubelet's API names pods by name;
-5. ``planning.node.gpu_use.measure`` and the overuse tracker; metrics (``metrics``) and, for a pod over
-   its allocation beyond the tolerance for the grace, a mark on its claims (``actions``), which the
+5. ``planning.node.gpu_use.measure`` and the overuse tracker; metrics (``metrics``) and, for a claim
+   whose pods (every pod that shares it) use more than it was allocated, beyond the tolerance for the
+   grace, a mark on it naming each of its pods and the ones to evict (``actions``), which the
    controller acts on (Events, and eviction where the policy says ``onOveruse: Evict``).
 
 A pass that cannot read the kubelet or the GPUs is counted as failed and logged; the next one
@@ -42,7 +43,18 @@ from gpuslice.dra.wire import reserved_for
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.observability.metrics import OVERUSE_ACTIONS
-from gpuslice.planning.node.gpu_use import Holding, NodeUse, OveruseTracker, PodGpuUse, PodRef, measure, parse_cgroup
+from gpuslice.planning.node.gpu_use import (
+    Allocation,
+    ClaimUse,
+    Holding,
+    NodeUse,
+    OveruseTracker,
+    PodGpuUse,
+    PodRef,
+    measure,
+    parse_cgroup,
+    to_evict,
+)
 from gpuslice.planning.overuse import DeviceKey, Mark, Overuser, read_marks, summary
 
 log = structlog.get_logger(__name__)
@@ -63,11 +75,38 @@ class _ClaimRead:
     pods: dict[str, str]  # pod UID -> pod name (its namespace is the claim's)
 
 
-def describe(use: PodGpuUse, tolerance: float) -> str:
+@dataclass(frozen=True)
+class _Named:
+    """A pod of an overused claim as this agent names it in the claim's mark."""
+
+    since: str
+    message: str
+    evict: bool
+
+
+def describe(claim: ClaimUse, use: PodGpuUse, tolerance: float, evict: bool) -> str:
+    """The agent's words on one pod of an overused claim (the controller's Event on the pod says them)."""
     where = f" (container {use.container})" if use.container else ""
-    return (f"pod {use.pod}{where} uses {format_bytes(use.used)} of GPU memory on GPU {use.gpu}, more than the"
-            f" {format_bytes(use.allocated)} its claims ({', '.join(use.claims)}) were allocated there (policy"
-            f" {use.policy}, tolerance {tolerance:.0%}); its neighbours on the GPU may fail to allocate")
+    head = f"pod {use.pod}{where} uses {format_bytes(use.used)} of GPU memory on GPU {claim.gpu}"
+    terms = f"(policy {claim.policy}, tolerance {tolerance:.0%})"
+    neighbours = "its neighbours on the GPU may fail to allocate"
+    if len(claim.pods) == 1:
+        return (f"{head}, more than the {format_bytes(claim.allocated)} its claims ({', '.join(claim.claims)}) were"
+                f" allocated there {terms}; {neighbours}")
+    others = len(claim.pods) - 1
+    return (f"{head}; with the {others} other pod{'s' if others > 1 else ''} sharing its claims"
+            f" ({', '.join(claim.claims)}) that is {format_bytes(claim.used)}, more than the"
+            f" {format_bytes(claim.allocated)} they were allocated there {terms}; under onOveruse: Evict the largest"
+            f" users go until the rest fit: {'this pod is one of them' if evict else 'not this pod, as things stand'};"
+            f" {neighbours}")
+
+
+def back_within(claim: ClaimUse) -> str:
+    if len(claim.pods) == 1:
+        return (f"pod {claim.pods[0].pod} is back within its {format_bytes(claim.allocated)} on GPU {claim.gpu}"
+                f" (uses {format_bytes(claim.used)})")
+    return (f"the pods of claims {', '.join(claim.claims)} ({', '.join(p.pod.name for p in claim.pods)}) are back"
+            f" within their {format_bytes(claim.allocated)} on GPU {claim.gpu} (use {format_bytes(claim.used)})")
 
 
 def _now() -> str:
@@ -88,7 +127,7 @@ class UsageCollector:
     tracker: OveruseTracker = field(init=False)
     _claims: dict[str, _ClaimRead] = field(default_factory=dict)
     _marks: dict[str, dict[DeviceKey, Mark]] = field(default_factory=dict)  # claim -> what it says now
-    _reported: dict[tuple[PodRef, str], tuple[str, str]] = field(default_factory=dict)  # -> (since, message)
+    _named: dict[tuple[PodRef, str], _Named] = field(default_factory=dict)  # (pod, GPU) of overused claims ->
     _failing: bool = False  # said once, until a pass succeeds again
     _unread: set[str] = field(default_factory=set)  # GPUs whose processes the last pass could not read
 
@@ -145,23 +184,39 @@ class UsageCollector:
         by_uid = {uid: pod for pod, uid in uids.items()}
         pod_of_pid = {pid: by_uid[uid] for pid, uid in cgroups.items() if uid in by_uid}
         use = measure(holdings, processes, pod_of_pid)
-        started, ended = self.tracker.update(use.pods, now, keep=unread)
-        for pod_use in started:
-            self._started(pod_use)
-        self._reported = {key: said for key, said in self._reported.items() if self.tracker.overusing(*key)}
+        started, ended = self.tracker.update(use.claims, now, keep=unread)
+        for claim_use in started:
+            self._started(claim_use)
+        self._name(use, uids, unread)
         kept = {DeviceKey(self.node, h.device, h.share_id or "") for h in every if h.gpu in unread}
         back = {}
-        for pod_use in ended:
-            back[(pod_use.pod, pod_use.gpu)] = (
-                f"pod {pod_use.pod} is back within its {format_bytes(pod_use.allocated)} on GPU {pod_use.gpu}"
-                f" (uses {format_bytes(pod_use.used)})")
-            log.info("a pod is back within its GPU memory allocation", node=self.node, pod=str(pod_use.pod),
-                     gpu=pod_use.gpu)
+        for claim_use in ended:
+            back[(claim_use.gpu, claim_use.allocations)] = back_within(claim_use)
+            log.info("a claim's pods are back within its GPU memory allocation", node=self.node,
+                     claims=list(claim_use.claims), pods=[str(p.pod) for p in claim_use.pods], gpu=claim_use.gpu)
         await self._mark(use, uids, {h.claim for h in every}, back, kept)
         USE.snapshot = UseSnapshot(
-            self.node, use, frozenset((str(u.pod), u.gpu) for u in use.pods if self.tracker.overusing(u.pod, u.gpu)),
+            self.node, use, frozenset((str(p.pod), c.gpu) for c in use.claims if self.tracker.overusing(c)
+                                      for p in c.pods),
             tuple(g.uuid for g in self.gpus if g.uuid not in unread))
         return use
+
+    def _name(self, use: NodeUse, uids: Mapping[PodRef, str], unread: set[str]) -> None:
+        """Each pod of a reported claim, as the mark will name it: since when (kept while it is named),
+        the agent's words, and whether it is one to evict (a choice kept while its pod is there, also
+        one an earlier agent of this node made)."""
+        named = {key: said for key, said in self._named.items() if key[1] in unread}
+        for claim in use.claims:
+            if not self.tracker.overusing(claim):
+                continue
+            chosen = {p.pod for p in claim.pods if self._chosen(p, claim.gpu, uids.get(p.pod, ""))}
+            going = set(to_evict(claim, self.settings.tolerance, chosen))
+            for pod in claim.pods:
+                earlier = self._named.get((pod.pod, claim.gpu))
+                evict = pod.pod in going
+                named[(pod.pod, claim.gpu)] = _Named(earlier.since if earlier is not None else _now(),
+                                                     describe(claim, pod, self.settings.tolerance, evict), evict)
+        self._named = named
 
     async def _processes(self) -> tuple[list[GpuProcess], set[str]]:
         """Each GPU's processes, and the GPUs whose could not be read: one GPU that fails (lost, an NVML
@@ -215,13 +270,19 @@ class UsageCollector:
 
     async def _pod_uids(self, held: list[HeldDevice], seen: set[str], now: float) -> dict[PodRef, str]:
         """Each pod holding devices, by UID, from its claims' reservedFor; a claim is read once, and again
-        (at most every REREAD seconds) when a process names a UID none of the claims named."""
+        (at most every REREAD seconds) when a process names a UID none of the claims named, and at once
+        when the kubelet says a pod holds it that it did not name (a pod that joined a shared claim: its
+        use counts towards the claim from its first pass, not REREAD seconds later)."""
         known = {uid for read in self._claims.values() for uid in read.pods}
         unknown = bool(seen - known)
         claims = {d.claim for d in held}
+        holders: dict[str, set[str]] = {}
+        for device in held:
+            holders.setdefault(device.claim, set()).add(device.pod.name)
         for claim in sorted(claims):
             read = self._claims.get(claim)
-            if read is not None and not (unknown and now - read.at >= REREAD):
+            if read is not None and not (unknown and now - read.at >= REREAD) and holders[claim] <= set(
+                    read.pods.values()):
                 continue
             namespace, name = claim.split("/", 1)
             try:
@@ -245,34 +306,46 @@ class UsageCollector:
 
     # Marking
 
-    def _started(self, use: PodGpuUse) -> None:
-        log.warning("a pod uses more GPU memory than it was allocated", node=self.node, pod=str(use.pod),
-                    gpu=use.gpu, used=use.used, allocated=use.allocated, policy=use.policy)
-        self._reported[(use.pod, use.gpu)] = (_now(), describe(use, self.settings.tolerance))
-        OVERUSE_ACTIONS.labels(self.node, use.policy, use.pod.namespace, "reported").inc()
+    def _chosen(self, use: PodGpuUse, gpu: str, uid: str) -> bool:
+        earlier = self._named.get((use.pod, gpu))
+        if earlier is not None:
+            return earlier.evict
+        marks = [self._marks.get(h.claim, {}).get(DeviceKey(self.node, h.device, h.share_id or ""))
+                 for h in use.holdings]
+        return bool(uid) and any(o.uid == uid and o.evict for m in marks if m is not None for o in m.overusers)
+
+    def _started(self, use: ClaimUse) -> None:
+        log.warning("a claim's pods use more GPU memory than it was allocated", node=self.node,
+                    claims=list(use.claims), pods={str(p.pod): p.used for p in use.pods}, gpu=use.gpu, used=use.used,
+                    allocated=use.allocated, policy=use.policy)
+        OVERUSE_ACTIONS.labels(self.node, use.policy, use.pods[0].pod.namespace, "reported").inc()
 
     async def _mark(self, use: NodeUse, uids: Mapping[PodRef, str], held: set[str],
-                    back: Mapping[tuple[PodRef, str], str], unread: set[DeviceKey]) -> None:
-        """Each claim held here says who is over on each of its devices: every pod reported over its
-        allocation on the device's GPU (and not yet back), or none. Written only where that changed.
-        A pod still over after an agent restart, within the grace, keeps the mark it had; a device on
-        a GPU whose processes could not be read this pass (``unread``) keeps its mark as it is."""
+                    back: Mapping[tuple[str, frozenset[Allocation]], str], unread: set[DeviceKey]) -> None:
+        """Each claim held here says who is over on each of its devices: every pod holding it there
+        while its pods are reported over its allocation on the device's GPU (and not yet back), or
+        none. Written only where that changed. A pod still over after an agent restart, within the
+        grace, keeps the mark it had (its choice for eviction too); a device on a GPU whose processes
+        could not be read this pass (``unread``) keeps its mark as it is."""
         wanted: dict[str, dict[DeviceKey, list[Overuser]]] = {}
         ended: dict[tuple[str, DeviceKey], str] = {}
-        for pod_use in use.pods:
-            uid, reported = uids.get(pod_use.pod, ""), self._reported.get((pod_use.pod, pod_use.gpu))
-            for holding in pod_use.holdings:
-                key = DeviceKey(self.node, holding.device, holding.share_id or "")
-                devices = wanted.setdefault(holding.claim, {})
-                kept = self._marks.get(holding.claim, {}).get(key)
-                earlier = next((o for o in (kept.overusers if kept else ()) if o.uid == uid), None)
-                if reported is not None and uid:  # since: an earlier agent's, for one overuse
-                    since = earlier.since if earlier is not None and earlier.since else reported[0]
-                    devices.setdefault(key, []).append(Overuser(uid, pod_use.pod.name, since, reported[1]))
-                elif earlier is not None and self.tracker.over(pod_use.pod, pod_use.gpu):
-                    devices.setdefault(key, []).append(earlier)
-                if (pod_use.pod, pod_use.gpu) in back:
-                    ended[(holding.claim, key)] = back[(pod_use.pod, pod_use.gpu)]
+        for claim_use in use.claims:
+            over = self.tracker.over(claim_use)
+            for pod_use in claim_use.pods:
+                uid, named = uids.get(pod_use.pod, ""), self._named.get((pod_use.pod, claim_use.gpu))
+                for holding in pod_use.holdings:
+                    key = DeviceKey(self.node, holding.device, holding.share_id or "")
+                    devices = wanted.setdefault(holding.claim, {})
+                    kept = self._marks.get(holding.claim, {}).get(key)
+                    earlier = next((o for o in (kept.overusers if kept else ()) if o.uid == uid), None)
+                    if named is not None and uid:  # since and the choice: an earlier agent's, for one overuse
+                        since = earlier.since if earlier is not None and earlier.since else named.since
+                        devices.setdefault(key, []).append(Overuser(uid, pod_use.pod.name, since, named.message,
+                                                                    named.evict))
+                    elif earlier is not None and over:
+                        devices.setdefault(key, []).append(earlier)
+                    if (claim_use.gpu, claim_use.allocations) in back:
+                        ended[(holding.claim, key)] = back[(claim_use.gpu, claim_use.allocations)]
         for claim in sorted(held | set(self._marks)):
             current = self._marks.get(claim, {})
             marks = {}
@@ -281,7 +354,8 @@ class UsageCollector:
                     if key in current:
                         marks[key] = current[key]
                     continue
-                overusers = tuple(dict.fromkeys(wanted.get(claim, {}).get(key, ())))
+                overusers = tuple(sorted(dict.fromkeys(wanted.get(claim, {}).get(key, ())),
+                                         key=lambda o: (not o.evict, o.name)))  # the message speaks of one to go
                 old = current.get(key)
                 if not overusers and old is None:
                     continue  # never marked: nothing to say

@@ -44,13 +44,15 @@ class UseMetrics(Collector):
         used = GaugeMetricFamily("gpuslice_pod_gpu_memory_used_bytes", "GPU memory the pod's processes use on the"
                                  " GPU (NVML, per process, charged to the pod through its cgroup).", labels=POD_LABELS)
         allocated = GaugeMetricFamily("gpuslice_pod_gpu_memory_allocated_bytes", "GPU memory the pod's claims were"
-                                      " allocated on the GPU (its slices, or its shares of a shared device).",
-                                      labels=POD_LABELS)
+                                      " allocated on the GPU (its slices, or its shares of a shared device); a claim"
+                                      " several pods share is split evenly among them, so the sum over pods is"
+                                      " what was allocated.", labels=POD_LABELS)
         busy = GaugeMetricFamily("gpuslice_pod_gpu_utilization_ratio", "Share of the GPU's SMs the pod's processes"
                                  " kept busy over the last pass (0 to 1; 0 where the GPU reports no samples).",
                                  labels=POD_LABELS)
-        overuse = GaugeMetricFamily("gpuslice_pod_gpu_overuse", "1 while the pod uses more GPU memory on the GPU than"
-                                    " it was allocated (beyond the tolerance, for the grace).", labels=POD_LABELS)
+        overuse = GaugeMetricFamily("gpuslice_pod_gpu_overuse", "1 while the pod's claim on the GPU is over its"
+                                    " allocation: its pods (every pod that shares it) use more than it holds,"
+                                    " beyond the tolerance, for the grace.", labels=POD_LABELS)
         for use in snapshot.use.pods:
             labels = _labels(node, use)
             used.add_metric(labels, use.used)

@@ -1,5 +1,6 @@
 """``gpuslice defrag``'s plans in a terminal (rich): per waiting pod, the GPU it frees, the pods it
-moves and why those, and what blocks the other GPUs."""
+moves and why those, and what blocks the other GPUs. Rendered from a printable copy of the plans
+(``printable``: no control character read from the cluster reaches the terminal)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from gpuslice.inspect.render.labels import size
+from gpuslice.inspect.render.printable import printable_model
 from gpuslice.planning.node.defrag_taints import parse_time
 from gpuslice.planning.reads.defrag_model import GpuOption, Plan
 from gpuslice.planning.reads.pending import KIND_WORDS
@@ -43,6 +45,7 @@ def _option(option: GpuOption) -> Text:
 
 
 def plan_lines(plan: Plan, now: datetime.datetime | None = None) -> list[RenderableType]:
+    plan = printable_model(plan)
     head = Text(plan.pod, style="bold")
     facts = ", ".join(f for f in (waited(plan.since, now), f"a {_kind(plan)} of {plan.policy}") if f)
     head.append(f"  ({facts})", style="dim")

@@ -2,7 +2,9 @@
 
 Hand-written SVG: bars in proportion to GPU memory, one colour per tenant, hatching for
 draining and tainted memory, a tooltip per segment. No fonts or scripts to fetch, so
-the file renders the same in a browser, on GitHub and in Grafana's text panel.
+the file renders the same in a browser, on GitHub and in Grafana's text panel. Every text is
+XML-escaped, from a printable copy of the report (``printable``: a control character is no XML, and
+one a tenant wrote would leave a browser showing nothing).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from gpuslice.inspect.render.labels import (
     size_pair,
     tenant_colour,
 )
+from gpuslice.inspect.render.printable import printable_model
 from gpuslice.planning.reads.occupancy import GpuMap
 from gpuslice.planning.reads.status_report import StatusReport
 
@@ -63,6 +66,7 @@ def _bar(gpu: GpuMap, x: float, y: float) -> list[str]:
 
 
 def svg(report: StatusReport) -> str:
+    report = printable_model(report)
     body: list[str] = []
     y = 30.0
     body.append(f'<text x="20" y="{y}" font-size="16" font-weight="bold">GPU occupancy</text>')
@@ -139,6 +143,7 @@ def _totals(report: StatusReport, body: list[str], y: float) -> float:
 
 
 def html(report: StatusReport) -> str:
+    report = printable_model(report)
     rows = "".join(
         f"<tr><td>{escape(t.namespace)}</td><td>{escape(p.name)}</td><td>{t.allocated} / "
         f"{'-' if t.limit is None else t.limit}</td><td>{size_pair(t.allocated_bytes, t.limit_bytes)}</td></tr>"

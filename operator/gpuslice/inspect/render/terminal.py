@@ -1,4 +1,8 @@
-"""The occupancy map, ``why`` and ``plan --cluster`` in a terminal (rich)."""
+"""The occupancy map, ``why`` and ``plan --cluster`` in a terminal (rich).
+
+Each view renders a :func:`~gpuslice.inspect.render.printable.printable_model` copy of what was read
+(no control character of a tenant's reaches the terminal), and hands rich ``Text`` only, never a
+``str``, which rich would read as markup (``[link=...]`` is an escape sequence too)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from gpuslice.inspect.render.labels import (
     size_pair,
     widths,
 )
+from gpuslice.inspect.render.printable import printable_model
 from gpuslice.planning.reads.occupancy import GpuMap, NodeMap
 from gpuslice.planning.reads.pending import Diagnosis
 from gpuslice.planning.reads.policy_change import ChangePlan
@@ -81,7 +86,13 @@ def legend() -> Text:
     return text
 
 
+def _cells(*cells: str) -> tuple[Text, ...]:
+    """Table cells as plain text (a ``str`` cell would be read as rich markup)."""
+    return tuple(Text(c) for c in cells)
+
+
 def status_view(report: StatusReport, width: int = 120) -> RenderableType:
+    report = printable_model(report)
     bar_width = max(40, min(100, width - 44))
     parts: list[RenderableType] = [Text("GPU occupancy", style="bold underline")]
     if not report.map.nodes:
@@ -106,13 +117,13 @@ def _policies(report: StatusReport) -> Table:
                                                                 "draining", "tainted", "free") else "left")
     for p in report.policies:
         ready, degraded = p.condition("Ready"), p.condition("Degraded")
-        table.add_row(
+        table.add_row(*_cells(
             p.name, p.mode,
             (ready.status if ready.status == "True" else f"{ready.status} ({ready.reason})") if ready else "?",
             degraded.reason if degraded and degraded.status == "True" else "-",
             str(p.nodes), str(p.gpus), str(p.published), str(p.allocated), str(p.held), str(p.draining),
             str(p.tainted) + (f" ({', '.join(f'{r} {n}' for r, n in p.taint_reasons)})" if p.taint_reasons else ""),
-            str(p.free))
+            str(p.free)))
     return table
 
 
@@ -128,15 +139,16 @@ def _tenants(report: StatusReport) -> Table:
             memory = size_pair(t.allocated_bytes, t.limit_bytes)
             if t.max_memory is not None and t.limit_bytes == t.max_memory:
                 memory += " maxMemory"
-            table.add_row(t.namespace, policy.name, _used(t.allocated, t.limit), memory, kinds, style=style)
+            table.add_row(*_cells(t.namespace, policy.name, _used(t.allocated, t.limit), memory, kinds), style=style)
     for total in report.tenants:
         if len(total.policies) > 1:
-            table.add_row(total.namespace, "all", _used(total.allocated, total.limit),
-                          size_pair(total.allocated_bytes, total.limit_bytes), "", style="bold")
+            table.add_row(*_cells(total.namespace, "all", _used(total.allocated, total.limit),
+                                  size_pair(total.allocated_bytes, total.limit_bytes), ""), style="bold")
     return table
 
 
 def why_view(diagnosis: Diagnosis) -> RenderableType:
+    diagnosis = printable_model(diagnosis)
     parts: list[RenderableType] = [Text(f"{diagnosis.subject}" + (f" ({diagnosis.phase})" if diagnosis.phase
                                                                   else ""), style="bold")]
     for request in diagnosis.requests:
@@ -148,7 +160,7 @@ def why_view(diagnosis: Diagnosis) -> RenderableType:
         mark, style = ("✗", "red") if finding.blocking else ("·", "")
         line = Text(f"  {mark} ", style=style)
         line.append(f"{finding.code}: ", style=f"bold {style}".strip())
-        line.append(finding.message)
+        line.append(finding.message.replace("\n", "\n      "))  # a quoted Event's lines stay under its finding
         parts.append(line)
     if not diagnosis.blocking:
         parts.append(Text("  Nothing gpuslice knows of blocks it.", style="green"))
@@ -156,6 +168,7 @@ def why_view(diagnosis: Diagnosis) -> RenderableType:
 
 
 def plan_view(change: ChangePlan) -> RenderableType:
+    change = printable_model(change)
     verb = "Creating" if change.new else "Applying this edit of"
     parts: list[RenderableType] = [Text(f"{verb} GpuSlicePolicy {change.policy} would:", style="bold")]
     for problem in change.problems:
@@ -165,7 +178,7 @@ def plan_view(change: ChangePlan) -> RenderableType:
     for column in ("policy", "now", "after"):
         counts.add_column(column, justify="left" if column == "policy" else "right")
     for count in change.counts:
-        counts.add_row(count.policy, str(count.before), str(count.after),
+        counts.add_row(*_cells(count.policy, str(count.before), str(count.after)),
                        style="bold" if count.before != count.after else "")
     parts.append(counts)
     if not change.nodes:

@@ -12,10 +12,16 @@ The node agent gathers three views of its node (``agent.usage``) and this module
 Granularity: a process is charged to its **pod**, on the GPU it runs on. When one container of
 the pod holds the pod's devices on that GPU, the use is that container's as well; when several
 do (one claim shared by two containers), the pod is the finest unit that can be told apart,
-since the kubelet's API names no container ID. A claim shared by several pods is measured per
-pod against the whole claim. A process on a GPU that no pod with a gpuslice device there
-accounts for (an admin-access container, another driver's, the MPS server itself) is counted as
-the GPU's unattributed use.
+since the kubelet's API names no container ID. A process on a GPU that no pod with a gpuslice
+device there accounts for (an admin-access container, another driver's, the MPS server itself)
+is counted as the GPU's unattributed use.
+
+Overuse is judged per **claim** on a GPU (:class:`ClaimUse`), never per pod: a claim that several
+pods share was allocated once (the scheduler and the maxMemory webhook count it once), so its
+pods together may use what it holds, and no more. Pods are bound together with every allocation
+any of them holds on the GPU (a pod holding two claims there, one of them shared, cannot say
+which of its bytes are whose), so the unit is the connected set of pods and allocations; for the
+usual pod with a claim of its own it is that pod and that claim.
 """
 
 from __future__ import annotations
@@ -84,14 +90,17 @@ def parse_cgroup(text: str) -> Cgroup | None:
     return None
 
 
+Allocation = tuple[str, str, str | None]  # (claim, device, share id): what a claim holds, once
+
+
 @dataclass
 class PodGpuUse:
-    """One pod on one GPU: what it was allocated there and what its processes use."""
+    """One pod on one GPU: its share of what it holds there and what its processes use."""
 
     pod: PodRef
     gpu: str
     policy: str  # the policy of its largest allocation there
-    allocated: int
+    allocated: int  # its share: each allocation it holds, split evenly among the pods that hold it
     containers: tuple[str, ...]  # the containers holding its devices on this GPU
     claims: tuple[str, ...]
     holdings: tuple[Holding, ...]
@@ -104,26 +113,55 @@ class PodGpuUse:
         """The container the use is of, when one container holds the pod's devices here; else ''."""
         return self.containers[0] if len(self.containers) == 1 else ""
 
+    @property
+    def allocations(self) -> frozenset[Allocation]:
+        return frozenset(h.allocation for h in self.holdings)
+
+
+@dataclass(frozen=True)
+class ClaimUse:
+    """A claim on one GPU and every pod that shares it (with whatever else those pods hold there):
+    what was allocated, counted once, against what all of them use. The unit overuse is judged on."""
+
+    gpu: str
+    allocations: frozenset[Allocation]
+    allocated: int
+    policy: str  # of its largest allocation
+    pods: tuple[PodGpuUse, ...]  # by name
+
+    @property
+    def used(self) -> int:
+        return sum(p.used for p in self.pods)
+
+    @property
+    def claims(self) -> tuple[str, ...]:
+        return tuple(sorted({claim for claim, _, _ in self.allocations}))
+
 
 @dataclass(frozen=True)
 class NodeUse:
     pods: tuple[PodGpuUse, ...]
     unattributed: Mapping[str, int]  # GPU UUID -> bytes no pod with a gpuslice device there accounts for
+    claims: tuple[ClaimUse, ...] = ()
 
 
 def measure(holdings: Iterable[Holding], processes: Iterable[GpuProcess],
             pod_of_pid: Mapping[int, PodRef]) -> NodeUse:
     """Every pod holding devices, on each GPU it holds them on (with no process: used 0, so an idle
-    slice is seen), charged with the processes of that pod on that GPU."""
+    slice is seen), charged with the processes of that pod on that GPU; and each claim there with
+    the pods that share it."""
     grouped: dict[tuple[PodRef, str], list[Holding]] = {}
+    holders: dict[Allocation, set[PodRef]] = {}
     for holding in holdings:
         grouped.setdefault((holding.pod, holding.gpu), []).append(holding)
+        holders.setdefault(holding.allocation, set()).add(holding.pod)
     uses: dict[tuple[PodRef, str], PodGpuUse] = {}
     for (pod, gpu), held in sorted(grouped.items(), key=lambda item: (str(item[0][0]), item[0][1])):
         allocations = {h.allocation: h for h in held}
         largest = max(allocations.values(), key=lambda h: (h.allocated, h.policy))
+        share = sum(_share(h.allocated, sorted(holders[a], key=str), pod) for a, h in allocations.items())
         uses[(pod, gpu)] = PodGpuUse(
-            pod=pod, gpu=gpu, policy=largest.policy, allocated=sum(h.allocated for h in allocations.values()),
+            pod=pod, gpu=gpu, policy=largest.policy, allocated=share,
             containers=tuple(sorted({h.container for h in held})), claims=tuple(sorted({h.claim for h in held})),
             holdings=tuple(held))
     unattributed: dict[str, int] = {}
@@ -136,17 +174,64 @@ def measure(holdings: Iterable[Holding], processes: Iterable[GpuProcess],
         use.used += process.used
         use.sm = min(1.0, use.sm + (process.sm or 0.0))
         use.pids.append(process.pid)
-    return NodeUse(tuple(uses.values()), unattributed)
+    return NodeUse(tuple(uses.values()), unattributed, _claims(uses.values()))
 
 
-def over(use: PodGpuUse, tolerance: float) -> bool:
-    """Whether the pod uses more of the GPU's memory than it was allocated there, beyond ``tolerance``
-    (a fraction of the allocation)."""
+def _share(allocated: int, pods: Sequence[PodRef], pod: PodRef) -> int:
+    """The pod's even share of an allocation its ``pods`` hold together; the first pods by name take a
+    byte each of the remainder, so the shares add up to the allocation."""
+    whole, remainder = divmod(allocated, len(pods))
+    return whole + (1 if pods.index(pod) < remainder else 0)
+
+
+def _claims(pods: Iterable[PodGpuUse]) -> tuple[ClaimUse, ...]:
+    """The pods of each GPU bound together by the allocations they hold (union-find over both)."""
+    parent: dict[object, object] = {}
+
+    def root(node: object) -> object:
+        while parent.setdefault(node, node) != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    pods = list(pods)
+    for use in pods:
+        for allocation in use.allocations:
+            parent[root((use.gpu, allocation))] = root((use.pod, use.gpu))
+    members: dict[object, list[PodGpuUse]] = {}
+    for use in pods:
+        members.setdefault(root((use.pod, use.gpu)), []).append(use)
+    found = []
+    for group in members.values():
+        held = {h.allocation: h for use in group for h in use.holdings}
+        largest = max(held.values(), key=lambda h: (h.allocated, h.policy))
+        found.append(ClaimUse(group[0].gpu, frozenset(held), sum(h.allocated for h in held.values()), largest.policy,
+                              tuple(sorted(group, key=lambda u: str(u.pod)))))
+    return tuple(sorted(found, key=lambda c: (c.gpu, c.claims, str(c.pods[0].pod))))
+
+
+def over(use: ClaimUse, tolerance: float) -> bool:
+    """Whether the claim's pods together use more of the GPU's memory than it was allocated there,
+    beyond ``tolerance`` (a fraction of the allocation)."""
     return use.used > use.allocated * (1.0 + tolerance)
 
 
+def to_evict(use: ClaimUse, tolerance: float, chosen: Collection[PodRef] = ()) -> tuple[PodRef, ...]:
+    """The pods of an overused claim that ``onOveruse: Evict`` evicts: those ``chosen`` before (an
+    evicted pod's processes use the GPU until it has stopped, so a choice is never taken back while
+    its pod is there), then the largest users first (ties: by name) until what the rest use fits the
+    allocation within ``tolerance``. The fewest evictions that end the overuse, whichever pod came
+    last; a pod that uses nothing is never chosen, as evicting it would free nothing."""
+    going = [p for p in use.pods if p.pod in chosen]
+    left = sorted((p for p in use.pods if p.pod not in chosen), key=lambda p: (-p.used, str(p.pod)))
+    budget = use.allocated * (1.0 + tolerance)
+    while left and left[0].used > 0 and sum(p.used for p in left) > budget:
+        going.append(left.pop(0))
+    return tuple(p.pod for p in going)
+
+
 def tenant_totals(pods: Sequence[PodGpuUse]) -> dict[tuple[str, str], tuple[int, int]]:
-    """(policy, namespace) -> (used, allocated) bytes on this node."""
+    """(policy, namespace) -> (used, allocated) bytes on this node (a shared claim counted once)."""
     totals: dict[tuple[str, str], tuple[int, int]] = {}
     for use in pods:
         used, allocated = totals.get((use.policy, use.pod.namespace), (0, 0))
@@ -162,42 +247,45 @@ class _Over:
 
 @dataclass
 class OveruseTracker:
-    """Who has been over their allocation for long enough to act on (``grace`` seconds: a pod that
-    frees what it briefly held is not reported), and who came back under."""
+    """Which claims have been over their allocation for long enough to act on (``grace`` seconds: use
+    briefly held and freed is not reported), and which came back under. Kept per allocation, so that
+    a claim keeps its state when a pod joins it or leaves, even one that binds it to another."""
 
     tolerance: float
     grace: float
-    _over: dict[tuple[PodRef, str], _Over] = field(default_factory=dict)
+    _over: dict[tuple[str, Allocation], _Over] = field(default_factory=dict)  # (GPU, allocation) ->
 
-    def update(self, uses: Iterable[PodGpuUse], now: float,
-               keep: Collection[str] = ()) -> tuple[list[PodGpuUse], list[PodGpuUse]]:
-        """The pods (on a GPU) that have now been over for ``grace`` (reported once), and those
-        reported before that are back within their allocation. A pod that is gone is forgotten,
-        except on the GPUs of ``keep`` (not measured this time: their processes could not be read)."""
+    def update(self, uses: Iterable[ClaimUse], now: float,
+               keep: Collection[str] = ()) -> tuple[list[ClaimUse], list[ClaimUse]]:
+        """The claims that have now been over for ``grace`` (reported once), and those reported before
+        that are back within their allocation. A claim that is gone is forgotten, except on the GPUs
+        of ``keep`` (not measured this time: their processes could not be read)."""
         started, ended, seen = [], [], set()
         for use in uses:
-            key = (use.pod, use.gpu)
-            seen.add(key)
-            state = self._over.get(key)
+            keys = [(use.gpu, a) for a in use.allocations]
+            seen.update(keys)
+            states = [s for k in keys if (s := self._over.get(k)) is not None]
             if over(use, self.tolerance):
-                if state is None:
-                    state = self._over[key] = _Over(now)
+                state = _Over(min((s.since for s in states), default=now), any(s.reported for s in states))
                 if not state.reported and now - state.since >= self.grace:
                     state.reported = True
                     started.append(use)
-            elif state is not None:
-                del self._over[key]
-                if state.reported:
+                for key in keys:
+                    self._over[key] = state
+            elif states:
+                for key in keys:
+                    self._over.pop(key, None)
+                if any(s.reported for s in states):
                     ended.append(use)
         for key in set(self._over) - seen:
-            if key[1] not in keep:
+            if key[0] not in keep:
                 del self._over[key]
         return started, ended
 
-    def overusing(self, pod: PodRef, gpu: str) -> bool:
-        state = self._over.get((pod, gpu))
-        return state is not None and state.reported
+    def overusing(self, use: ClaimUse) -> bool:
+        """Reported over its allocation, and not back yet."""
+        return any(s.reported for a in use.allocations if (s := self._over.get((use.gpu, a))) is not None)
 
-    def over(self, pod: PodRef, gpu: str) -> bool:
+    def over(self, use: ClaimUse) -> bool:
         """Over its allocation now, reported or still within the grace."""
-        return (pod, gpu) in self._over
+        return any((use.gpu, a) in self._over for a in use.allocations)
