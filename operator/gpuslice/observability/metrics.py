@@ -23,7 +23,8 @@ BUILD_INFO = Gauge("gpuslice_build_info", "Always 1: the version of the process 
 # what it did about them (evicted, eviction_blocked); ``node`` is the pod's node either way.
 OVERUSE_ACTIONS = Counter("gpuslice_overuse_actions_total", "Pods found using more GPU memory than they were"
                           " allocated (beyond the tolerance, for the grace), by what was done: reported (the node"
-                          " agent marked an overused claim: one count per claim, however many pods share it), evicted, eviction_blocked (a PodDisruptionBudget refused"
+                          " agent marked an overused claim: one count per claim, however many pods share it),"
+                          " evicted, eviction_blocked (a PodDisruptionBudget refused"
                           " the controller's eviction).", ["node", "policy", "namespace", "action"])
 # A check answers (healthy, what to say about it).
 Check = Callable[[], tuple[bool, str]]
