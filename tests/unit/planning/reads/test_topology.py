@@ -168,3 +168,17 @@ def test_the_controller_counts_allocations_by_the_alignment_their_gpus_achieve()
     [family] = [f for f in metrics.collect() if f.name == "gpuslice_policy_aligned_allocations"]
     assert {(s.labels["gpus"], s.labels["alignment"]): s.value for s in family.samples} == {
         ("4", "nvlink"): 1, ("2", "nvlink-numa-pcie"): 1}
+
+
+def test_plan_on_the_cluster_sees_a_system_nodes_published_devices_as_unchanged() -> None:
+    """The preview plans a fake server's GPUs from its labels with the server's layout: planning them as plain
+    H100s would make every device look changed (no NUMA node or NVLink domain, other bus ids)."""
+    from gpuslice.inspect.cluster_plan import fake_gpus
+    from gpuslice.planning.reads.policy_change import plan_change
+
+    slices = published("dgx", "dgx-h100", 8, [TRAIN])
+    nodes = [node_body("dgx", "h100-80gb", 8, **{"gpuslice.dev/fake-system": "dgx-h100"})]
+    snapshot = Snapshot([TRAIN], slices, [], nodes)
+    edited = GpuSlicePolicy.from_body({**TRAIN, "spec": {**TRAIN["spec"], "tenants": [{"namespace": "team-b"}]}})
+    change = plan_change(edited, [TRAIN], snapshot.pools(), nodes, fake_gpus(nodes))
+    assert change.nodes == (), change.nodes
