@@ -63,6 +63,18 @@ def reconfiguration(inventory: list[Gpu], plan: NodePlan, policies: list[GpuSlic
     return lines
 
 
+def where(inventory: list[Gpu], index: object) -> str:
+    """Where GPU ``index`` sits, as its devices say it (``inventory.topology``); what is not known is left out."""
+    gpu = next((g for g in inventory if g.index == index), None)
+    if gpu is None:
+        return ""
+    parts = [f"NUMA node {gpu.numa_node}" if gpu.numa_node is not None else "",
+             f"PCIe root {gpu.pcie_root}" if gpu.pcie_root else "",
+             f"NVLink domain {gpu.nvlink_domain}" if gpu.nvlink_domain else ""]
+    found = ", ".join(p for p in parts if p)
+    return f" ({found})" if found else ""
+
+
 def preview(paths: list[Path], gpus: str, node: str, labels: dict[str, str],
             previous: list[Path] | None = None) -> str:
     policies = load_policies(paths)
@@ -87,7 +99,7 @@ def preview(paths: list[Path], gpus: str, node: str, labels: dict[str, str],
     lines = [f"# gpuslice plan for node {node}: {len(inventory)} GPU(s) ({gpus}), {len(policies)} policies",
              f"# {len(plan.slices)} slices: {len(plan.counter_sets)} counter sets, {len(plan.devices)} devices"]
     lines += [f"#   policy {name}: {count} devices" for name, count in sorted(per_policy.items())]
-    lines += [f"#   GPU {index}: {count} devices" for index, count in sorted(per_gpu.items())]
+    lines += [f"#   GPU {index}: {count} devices{where(inventory, index)}" for index, count in sorted(per_gpu.items())]
     lines += [f"#   note: {note}" for note in plan.notes]
     if not plan.devices:
         lines.append("#   no devices: no policy selects these GPUs (check nodeSelector, gpuSelector, --node-label)")

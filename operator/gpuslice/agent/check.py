@@ -65,6 +65,9 @@ READ_CALLS = frozenset({
     "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v3",
     "nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetMPSComputeRunningProcesses_v2",  # before R510
     "nvmlDeviceGetProcessUtilization",
+    # where each GPU sits (inventory.topology): its NUMA node where sysfs does not say, its NVLinks
+    "nvmlDeviceGetMemoryAffinity", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkRemotePciInfo",
+    "nvmlDeviceGetNvLinkRemoteDeviceType",
 })
 _NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z_][A-Za-z0-9_]{0,31}$")
 KERNEL_DEVICES = ("nvidia", "nvidia-frontend", "nvidia-uvm", "nvidia-caps", "drm")
@@ -148,6 +151,8 @@ def _inventory(report: Report, gpus: list[Gpu]) -> None:
         report.line(f"  {gpu.brand}, {gpu.architecture}, compute capability {gpu.compute_capability}, driver"
                     f" {gpu.driver_version}, CUDA {gpu.cuda_driver_version}")
         report.line(f"  PCI bus id {gpu.pci_bus_id}, PCIe root {gpu.pcie_root or '(none: sysfs did not say)'}")
+        numa = gpu.numa_node if gpu.numa_node is not None else "(none: neither sysfs nor NVML said)"
+        report.line(f"  NUMA node {numa}, NVLink domain {gpu.nvlink_domain or '(none: no NVLink all-to-all)'}")
         if not gpu.mig_capable:
             report.line("  MIG: not supported")
             continue

@@ -39,7 +39,8 @@ class AgentSettings(ProcessSettings):
         "Where GPUs come from: nvml (the NVIDIA driver) or fake (kind and the dev cluster; state in state_dir)."))
     fake_gpus: str | None = Field(default=None, description=(
         "Fake backend: MODEL:COUNT[:mig-off|:mig-on][,MODEL:COUNT...] (the MIG mode MIG-capable GPUs start"
-        " in; by default on before Hopper, off from Hopper on); unset: the node's gpuslice.dev/fake-gpu-* labels."))
+        " in; by default on before Hopper, off from Hopper on), or a whole system with its NUMA nodes, PCIe roots"
+        " and NVLink (dgx-h100, pcie-l40s, h100-nvl); unset: the node's gpuslice.dev/fake-* labels."))
     nvidia_cdi_dir: tuple[Path, ...] = Field(default=(), description=(
         "NVML backend: where the NVIDIA Container Toolkit's CDI specs are (nvidia.com/gpu,"
         " management.nvidia.com/gpu or k8s.device-plugin.nvidia.com/gpu), whose libraries and hooks each claim's"

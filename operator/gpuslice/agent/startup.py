@@ -22,7 +22,7 @@ from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.backoff import Backoff
 from gpuslice.dra.support import Verdict
-from gpuslice.inventory.nodes import FAKE_COUNT, FAKE_MODEL
+from gpuslice.inventory.nodes import FAKE_COUNT, FAKE_MODEL, FAKE_SYSTEM
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.kube.compatibility import check_fields, check_server
 
@@ -93,6 +93,8 @@ async def check_cluster(kube: KubeClient, node: str, stop: asyncio.Event, max_ba
 async def fake_gpus_of(kube: KubeClient, node: str) -> str:
     """The fake backend's GPUs from the node's own labels (kind, the dev cluster)."""
     labels = (await kube.get(f"/api/v1/nodes/{node}"))["metadata"].get("labels") or {}
+    if labels.get(FAKE_SYSTEM):
+        return str(labels[FAKE_SYSTEM])
     if FAKE_MODEL not in labels:
         raise AgentStopped(f"node {node} has no {FAKE_MODEL} label; pass --fake-gpus MODEL:COUNT.")
     return f"{labels[FAKE_MODEL]}:{labels.get(FAKE_COUNT, '1')}"

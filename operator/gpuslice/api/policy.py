@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints
 
 from gpuslice.api.rules import DNS_LABEL, DNS_SUBDOMAIN, ApiModel, Rule, cel_regex
+from gpuslice.api.topology import Topology
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, SAFETY_TAINT_KEYS
 from gpuslice.dra.quantity import parse_quantity, quantity_bytes
 
@@ -413,6 +414,9 @@ class GpuSlicePolicySpec(ApiModel):
     defragmentation: Defragmentation = Field(default_factory=Defragmentation, description=(
         "Moving pods to free a GPU (or a large slice) for a pod that waits while the policy's GPUs hold"
         " enough free memory in pieces. Off by default."))
+    topology: Topology | None = Field(default=None, description=(
+        "Claim templates for several whole GPUs that sit together (one NVLink domain, NUMA node or PCIe root;"
+        " docs/topology.md), for training: memory mode with allowFullGpu only. Unset: none."))
 
     rules = (
         Rule(None,  # the schema's list-map key rejects duplicates ("Duplicate value")
@@ -460,6 +464,11 @@ class GpuSlicePolicySpec(ApiModel):
              " GPU is offered",
              lambda s: (s.slicing.mode == "memory" and s.slicing.allow_full_gpu)
              or all(t.max_full_gpus is None for t in s.tenants), ".tenants"),
+        Rule("!has(self.topology) || (self.slicing.mode == 'memory' && has(self.slicing.allowFullGpu)"
+             " && self.slicing.allowFullGpu)",
+             "topology offers claims of several whole GPUs: it needs slicing.mode: memory with allowFullGpu: true"
+             " (a whole GPU is then a device of its own)",
+             lambda s: s.topology is None or (s.slicing.mode == "memory" and s.slicing.allow_full_gpu), ".topology"),
         Rule("self.slicing.mode != 'mig' || !has(self.slicing.mig) || !has(self.tenants)"
              " || self.tenants.all(t, !has(t.maxMigDevices) || t.maxMigDevices.all(p,"
              " (has(self.slicing.mig.profiles) && p in self.slicing.mig.profiles)"

@@ -50,6 +50,12 @@ TARGETS: tuple[Target, ...] = (
            "higher"),
     Target("fragmentation.evictions_vs_fewest", "fragmentation: Auto's evictions vs the fewest possible", "<=", 1.5,
            "lower", "x"),
+    Target("topology.aligned.share_worst", "topology: aligned templates, multi-GPU jobs across NUMA without NVLink",
+           "==", 0, "lower"),
+    Target("topology.aligned_share_vs_unaligned", "topology: share of multi-GPU jobs on NVLink, aligned vs unaligned",
+           ">=", 1.0, "higher", "x"),
+    Target("topology.modelled_work_ratio", "topology: modelled throughput (a model), aligned vs unaligned", ">=",
+           1.0, "higher", "x"),
 )
 
 
@@ -89,6 +95,8 @@ def headline(figures: Mapping[str, Any]) -> dict[str, float]:
         "packing.modes.mig-static.pods_placed", "scale.converge_seconds", "scale.converge_requests",
         "planner.validate_10k_gpus_ms", "fragmentation.off.gpu_hours_waiting_with_room",
         "fragmentation.auto.gpu_hours_waiting_with_room", "fragmentation.auto.evictions",
+        "topology.unaligned.share_aligned", "topology.aligned.share_aligned", "topology.unaligned.mean_wait_min",
+        "topology.aligned.mean_wait_min",
     ]
     flat = {}
     for key in keys:
@@ -218,6 +226,9 @@ def render_text(results: Mapping[str, Any]) -> str:
         lines.append(f"   validate a policy against {planner['validate_gpus']:,} GPUs        "
                      f" {planner['validate_10k_gpus_ms']:>8.1f} ms")
         lines.append("")
+    topology = figures.get("topology")
+    if topology and "aligned" in topology:
+        lines += topology_lines(topology)
     lines.append("Targets")
     for v in results["verdicts"]:
         value = "—" if v["value"] is None else _fmt(v["value"])
@@ -228,3 +239,21 @@ def render_text(results: Mapping[str, Any]) -> str:
         lines.append("Regressions since the previous run")
         lines += [f"   {r}" for r in results["regressions"]]
     return "\n".join(lines)
+
+
+def topology_lines(topology: Mapping[str, Any]) -> list[str]:
+    """Figure 6, both runs side by side (the throughput is the model's: bench.training)."""
+    spec = topology["spec"]
+    lines = [f"6. Topology: {spec['jobs']} training jobs of 1-8 GPUs on {spec['gpus']} GPUs"
+             f" ({', '.join(f'{n} x {s}' for s, n in spec['fleet'].items())}), {spec['minutes']:.0f} simulated minutes",
+             f"   {'':<44} {'unaligned':>10} {'aligned':>10}"]
+    rows = (("jobs placed", "placed"), ("mean wait (min)", "mean_wait_min"), ("p95 wait (min)", "p95_wait_min"),
+            ("multi-GPU jobs sharing an NVLink domain", "share_nvlink"), ("  sharing a NUMA node", "share_numa"),
+            ("  sharing a PCIe root", "share_pcie"), ("  model: aligned (1.0)", "share_aligned"),
+            ("  model: misaligned (0.71)", "share_misaligned"), ("  model: worst (0.40)", "share_worst"),
+            ("modelled work done, GPU-hours (a model)", "modelled_work_gpu_hours"))
+    for label, key in rows:
+        before, after = _fmt(topology["unaligned"].get(key)), _fmt(topology["aligned"].get(key))
+        lines.append(f"   {label:<44} {before:>10} {after:>10}")
+    lines.append("")
+    return lines

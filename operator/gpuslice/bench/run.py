@@ -24,7 +24,7 @@ from gpuslice.bench.harness import BenchCluster, BenchPartial
 from gpuslice.bench.report import headline, latest, regressions, render_text, trim_history, verdicts
 from gpuslice.bench.trace import TraceSpec
 
-FIGURES = ("packing", "fragmentation", "scheduler", "scale", "planner")
+FIGURES = ("packing", "fragmentation", "scheduler", "scale", "planner", "topology")
 
 
 @dataclass(frozen=True)
@@ -39,13 +39,25 @@ class Size:
     scale_namespaces: int
     steady_seconds: float
     churn_minutes: float  # the fragmentation figure's trace, in simulated minutes (each run)
+    topology_minutes: float = 240.0  # the topology figure's trace, in simulated minutes (each run)
+    topology_fleets: int = 2  # of each server layout (bench.topology_figure)
 
 
 SIZES = {
     "full": Size("full", (8, 100), 512, 1000, 50, 200, 300.0, 240.0),
-    "medium": Size("medium", (8, 24), 512, 300, 50, 200, 120.0, 180.0),
-    "small": Size("small", (2,), 64, 40, 10, 20, 30.0, 120.0),
+    "medium": Size("medium", (8, 24), 512, 300, 50, 200, 120.0, 180.0, topology_minutes=120.0),
+    "small": Size("small", (2,), 64, 40, 10, 20, 30.0, 120.0, topology_minutes=40.0, topology_fleets=1),
 }
+
+
+def training_spec(size: Size) -> Any:
+    """The topology figure's trace at ``size``: the arrival rate and the jobs running at the start grow with the
+    fleet, so the load stays near the fleet's capacity (``bench.training``)."""
+    from gpuslice.bench.training import TrainingSpec
+
+    minutes = float(os.environ.get("BENCH_TOPOLOGY_MINUTES", size.topology_minutes))
+    return TrainingSpec(minutes=minutes, fleets=size.topology_fleets, per_minute=0.3 * size.topology_fleets,
+                        prefill=4 * size.topology_fleets)
 
 
 def say(message: str) -> None:
@@ -93,7 +105,8 @@ async def measure(size: Size, only: tuple[str, ...], state_dir: Path,
         save(figures, kubernetes)
         if "error" in figures[name]:
             say(f"{name}: FAILED: {figures[name]['error']}\n{figures[name]['post_mortem']}")
-            later = [f for f in ("packing", "fragmentation", "scheduler", "scale") if f in only and f not in figures]
+            later = [f for f in ("packing", "fragmentation", "scheduler", "scale", "topology")
+                     if f in only and f not in figures]
             if cluster is not None and later:
                 try:
                     await cluster.reset()
@@ -108,7 +121,7 @@ async def measure(size: Size, only: tuple[str, ...], state_dir: Path,
             return planner_figure()
 
         await figure("planner", planner)
-    if not {"packing", "fragmentation", "scheduler", "scale"} & set(only):
+    if not {"packing", "fragmentation", "scheduler", "scale", "topology"} & set(only):
         return figures, kubernetes
     cluster = BenchCluster(state_dir, say)
     try:
@@ -125,6 +138,10 @@ async def measure(size: Size, only: tuple[str, ...], state_dir: Path,
 
             churn = ChurnSpec(minutes=float(os.environ.get("BENCH_CHURN_MINUTES", size.churn_minutes)))
             await figure("fragmentation", lambda: fragmentation_figure(cluster, churn, say))
+        if "topology" in only:
+            from gpuslice.bench.topology_figure import topology_figure
+
+            await figure("topology", lambda: topology_figure(cluster, training_spec(size), say))
         if "scheduler" in only:
             from gpuslice.bench.scheduler_figure import scheduler_figure
 

@@ -98,11 +98,11 @@ async def clear_layout(cluster: BenchCluster, layout: Layout, namespace: str | S
     """Pods, claims, policies and their devices go; the nodes stay. Without agents running,
     ``devices_gone`` removes the devices the agents would have removed."""
     for one in ([namespace] if isinstance(namespace, str) else namespace):
-        await _clear_namespace(cluster, one)
+        await clear_namespace(cluster, one)
     await _clear_policies(cluster, layout, nodes, devices_gone)
 
 
-async def _clear_namespace(cluster: BenchCluster, namespace: str) -> None:
+async def clear_namespace(cluster: BenchCluster, namespace: str) -> None:
     api = cluster.api
     with contextlib.suppress(KubeError):
         await api.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)

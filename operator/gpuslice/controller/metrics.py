@@ -8,8 +8,8 @@ what the cluster holds: policy names, their tenant namespaces, condition types a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -33,6 +33,8 @@ class PolicyFigures:
     draining: int = 0  # free devices about to change or go
     mig_failed: int = 0  # devices on GPUs whose MIG reconfiguration failed (tainted mig-failed)
     unhealthy: int = 0  # devices on GPUs their agent found unhealthy (tainted unhealthy)
+    # claims on two or more GPUs, by (GPUs, what the GPUs share: planning.reads.topology)
+    alignments: Mapping[tuple[int, str], int] = field(default_factory=dict)
 
 
 class PolicyMetrics(Collector):
@@ -87,6 +89,14 @@ class PolicyMetrics(Collector):
                     tenants["limit_devices"].add_metric(labels, tenant.limit)
                 if tenant.limit_bytes is not None:
                     tenants["limit_bytes"].add_metric(labels, tenant.limit_bytes)
+        aligned = GaugeMetricFamily(
+            "gpuslice_policy_aligned_allocations", "Allocated claims of the policy's devices on two or more GPUs, by"
+            " how many GPUs and what every one of them shares: nvlink (one NVLink domain), numa (one NUMA node), pcie"
+            " (one PCIe root), joined with '-' (nvlink-numa), or any (nothing). The allocations in place now.",
+            labels=["policy", "gpus", "alignment"])
+        for name, figures in sorted(self.policies.items()):
+            for (count, alignment), claims in sorted(figures.alignments.items()):
+                aligned.add_metric([name, str(count), alignment], claims)
         reconciles = CounterMetricFamily("gpuslice_policy_reconciles", "Reconciles of the policy by this copy of the"
                                          " controller, by kind (converge: objects applied; status: status only).",
                                          labels=["policy", "kind"])
@@ -96,6 +106,7 @@ class PolicyMetrics(Collector):
         yield conditions
         yield gpus
         yield from tenants.values()
+        yield aligned
         yield reconciles
 
 

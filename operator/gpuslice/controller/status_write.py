@@ -53,7 +53,8 @@ async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings,
         "admin_access_labels": sorted(labels), "admitted_tenants": admitted,
         "classes_in_force": in_force(ctx, policy)})
     POLICY_METRICS.record(policy.name, PolicyFigures(status, findings.pending, findings.draining,
-                                                     findings.mig_failed, findings.unhealthy))
+                                                     findings.mig_failed, findings.unhealthy,
+                                                     dict(findings.usage.alignments)))
     new = status_body(status)
     old = policy.status.model_dump(by_alias=True, exclude_none=True, mode="json")
     # Moves under way are the defragmenter's to write (controller.defrag): never from a body read earlier.

@@ -35,6 +35,7 @@ from gpuslice.devcluster.ports import ensure_port_free, free_port
 from gpuslice.devcluster.process import Component, http_health
 from gpuslice.devcluster.proxy import HoldableProxy
 from gpuslice.devcluster.state import ClusterRecord, StateDir
+from gpuslice.inventory.systems import SYSTEMS
 from gpuslice.kube.client import KubeClient, KubeError
 
 Reporter = Callable[[str], None]
@@ -318,13 +319,14 @@ class DevCluster(FaultControls):
     async def _create_nodes(self, admin_kubeconfig: Path) -> None:
         async with await KubeClient.from_kubeconfig(admin_kubeconfig) as kube:
             for name, (model, count) in zip(self.node_names, self.spec.node_shapes(), strict=True):
-                body = fake_gpu_node(name, model, count)
+                body = fake_gpu_node(name, model, count, system=model if model in SYSTEMS else None)
                 try:
                     await kube.create("/api/v1/nodes", body)
                 except KubeError as error:
                     raise DevClusterError(f"Creating fake GPU node {name} failed: {error}") from error
         for name, (model, count) in zip(self.node_names, self.spec.node_shapes(), strict=True):
-            self._report(f"dev-cluster: fake GPU node {name} with {count} x {model}")
+            what = SYSTEMS[model].title if model in SYSTEMS else f"{count} x {model}"
+            self._report(f"dev-cluster: fake GPU node {name} with {what}")
 
     async def _start_operator(self, admin_kubeconfig: Path, ca_pem: bytes) -> None:
         webhook_port = free_port()

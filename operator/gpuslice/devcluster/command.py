@@ -40,7 +40,8 @@ def dev_cluster() -> None:
 @click.option("--gpus-per-node", default=8, show_default=True, help="Fake GPUs on each node.")
 @click.option(
     "--gpu-model", type=click.Choice(FAKE_GPU_MODELS), default="h100-80gb", show_default=True,
-    help="Model of the fake GPUs.",
+    help="Model of the fake GPUs, or a whole system with its NUMA nodes, PCIe roots and NVLink (dgx-h100,"
+         " pcie-l40s, h100-nvl: its own GPUs, whatever --gpus-per-node says).",
 )
 @click.option("--apiserver-port", type=int, default=None, help="Fixed API server port (default: a free one).")
 @click.option("--operator/--no-operator", default=True, show_default=True,

@@ -22,18 +22,26 @@ from gpuslice.inventory.catalog import MODELS
 from gpuslice.inventory.nodes import FAKE_BACKEND as LABEL_BACKEND
 from gpuslice.inventory.nodes import FAKE_COUNT as LABEL_COUNT
 from gpuslice.inventory.nodes import FAKE_MODEL as LABEL_MODEL
+from gpuslice.inventory.nodes import FAKE_SYSTEM as LABEL_SYSTEM
+from gpuslice.inventory.systems import SYSTEMS
 
-# Models the fake GPU backend knows; the node agent and the controller read
-# the labels to know what GPUs the node pretends to have.
-FAKE_GPU_MODELS = tuple(MODELS)
+# Models the fake GPU backend knows, and whole systems (inventory.systems); the node agent and the
+# controller read the labels to know what GPUs the node pretends to have.
+FAKE_GPU_MODELS = (*MODELS, *SYSTEMS)
 
 
 def node_name(index: int) -> str:
     return f"gpu-node-{index}"
 
 
-def fake_gpu_node(name: str, gpu_model: str, gpu_count: int) -> dict[str, Any]:
+def fake_gpu_node(name: str, gpu_model: str, gpu_count: int, system: str | None = None) -> dict[str, Any]:
+    """A fake GPU node; ``system`` (``inventory.systems``, e.g. dgx-h100): a whole server, whose model and
+    count it says, and whose layout (NUMA nodes, PCIe roots, NVLink) its agent publishes."""
     capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}
+    layout = SYSTEMS[system] if system else None
+    if layout is not None:
+        gpu_model, gpu_count = layout.model, len(layout.gpus)
+    labels = {LABEL_SYSTEM: system} if system else {}
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -46,6 +54,7 @@ def fake_gpu_node(name: str, gpu_model: str, gpu_count: int) -> dict[str, Any]:
                 LABEL_BACKEND: "fake",
                 LABEL_MODEL: gpu_model,
                 LABEL_COUNT: str(gpu_count),
+                **labels,
             },
         },
         "status": {

@@ -95,6 +95,27 @@ def device_requests(spec: Json) -> list[DeviceRequest]:
     return found
 
 
+def match_attributes(spec: Json, name: str) -> tuple[str, ...]:
+    """The ``matchAttribute`` constraints of a claim's (or template's) ``spec`` that bind request ``name``
+    (``<request>`` or ``<request>/<subrequest>``) on its own: those naming it or its request, and those
+    naming none in a spec of one request. One that also binds another request (a GPU with a NIC of
+    another driver) is left out: its devices alone cannot meet it."""
+    requests = ((spec.get("devices") or {}).get("requests")) or []
+    parent = name.split("/", 1)[0]
+    found = []
+    for constraint in ((spec.get("devices") or {}).get("constraints")) or []:
+        attribute = constraint.get("matchAttribute")
+        named = [str(r) for r in constraint.get("requests") or []]
+        if not attribute:
+            continue
+        if not named:
+            if len(requests) == 1:
+                found.append(str(attribute))
+        elif (name in named or parent in named) and all(r.split("/", 1)[0] == parent for r in named):
+            found.append(str(attribute))
+    return tuple(found)
+
+
 def request_ways(request: DeviceRequest) -> list[ExactRequest]:
     """How a request may be met: its ``exactly``, else its subrequests in order."""
     return [request["exactly"]] if "exactly" in request else request["firstAvailable"]

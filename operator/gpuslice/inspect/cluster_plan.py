@@ -15,11 +15,12 @@ from typing import Any
 
 import yaml
 
-from gpuslice.agent.gpus.fake import FakeBackend
+from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 from gpuslice.api.resource import GpuSlicePolicy, ParseProblem, parse_policy
 from gpuslice.inspect.snapshot import InspectError, read_snapshot
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.inventory.nodes import FAKE_BACKEND, FAKE_COUNT, FAKE_MODEL
+from gpuslice.inventory.nodes import FAKE_BACKEND, FAKE_COUNT, FAKE_MODEL, FAKE_SYSTEM
+from gpuslice.inventory.systems import SYSTEMS
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.reads.policy_change import ChangePlan, plan_change
 
@@ -58,7 +59,10 @@ def fake_gpus(nodes: Iterable[Mapping[str, Any]]) -> dict[str, list[Gpu]]:
     found = {}
     for node in nodes:
         labels = node["metadata"].get("labels") or {}
-        if labels.get(FAKE_BACKEND) == "fake" and labels.get(FAKE_MODEL):
+        if labels.get(FAKE_BACKEND) == "fake" and labels.get(FAKE_SYSTEM) in SYSTEMS:  # a whole server, its layout
+            name = str(node["metadata"]["name"])
+            found[name] = FakeBackend(name, parse_fake_gpus(labels[FAKE_SYSTEM])).discover()
+        elif labels.get(FAKE_BACKEND) == "fake" and labels.get(FAKE_MODEL):
             try:
                 count = int(labels.get(FAKE_COUNT, "1"))
             except ValueError:

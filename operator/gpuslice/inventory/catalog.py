@@ -132,6 +132,9 @@ MODELS: dict[str, GpuModel] = {
                  _mig((4864, 9856, 19968, 40192), (5, 10, 20, 40), AMPERE)),
         GpuModel("a100-80gb", "NVIDIA A100-SXM4-80GB", 81920 * MI, "Ampere", "8.0",
                  _mig((9728, 19968, 40192, 80896), (10, 20, 40, 80), AMPERE)),
+        # MIG-capable, but its profile table (NVML's sizes per profile) is not known here, so the fake
+        # GPU has none; 95,830 MiB is what nvidia-smi shows for one.
+        GpuModel("h100-nvl", "NVIDIA H100 NVL", 95830 * MI, "Hopper", "9.0"),
         GpuModel("l4", "NVIDIA L4", 23034 * MI, "Ada Lovelace", "8.9"),
         GpuModel("l40s", "NVIDIA L40S", 46068 * MI, "Ada Lovelace", "8.9"),
     )

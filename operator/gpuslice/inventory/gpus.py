@@ -29,6 +29,10 @@ class Gpu:
     brand: str = "Unknown"
     cuda_driver_version: str = ""
     pcie_root: str | None = None
+    # Where it sits (inventory.topology): the NUMA node of its PCI function and the NVLink domain it is
+    # in; None where the backend cannot say (never guessed).
+    numa_node: int | None = None
+    nvlink_domain: str | None = None
 
     def mig_profile(self, name: str) -> MigProfile | None:
         return next((p for p in self.mig_profiles if p.name == name), None)

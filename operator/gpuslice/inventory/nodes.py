@@ -30,10 +30,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuslice.inventory.catalog import MODELS, GpuModel
+from gpuslice.inventory.systems import SYSTEMS
 
 FAKE_BACKEND = "gpuslice.dev/gpu-backend"
 FAKE_MODEL = "gpuslice.dev/fake-gpu-model"
 FAKE_COUNT = "gpuslice.dev/fake-gpu-count"
+FAKE_SYSTEM = "gpuslice.dev/fake-system"  # a whole server of inventory.systems: its GPUs, and where each sits
 GFD_PRODUCT = "nvidia.com/gpu.product"
 GFD_MEMORY_MIB = "nvidia.com/gpu.memory"
 GFD_COUNT = "nvidia.com/gpu.count"
@@ -90,8 +92,9 @@ def _int(value: str | None) -> int | None:
 def node_gpus(name: str, labels: Mapping[str, str]) -> NodeGpus | None:
     """What the labels say; None for a node that has no GPUs we can see."""
     if labels.get(FAKE_BACKEND) == "fake":
-        model = MODELS.get(labels.get(FAKE_MODEL, ""))
-        count = _int(labels.get(FAKE_COUNT))
+        system = SYSTEMS.get(labels.get(FAKE_SYSTEM, ""))
+        model = MODELS.get(system.model if system else labels.get(FAKE_MODEL, ""))
+        count = len(system.gpus) if system else _int(labels.get(FAKE_COUNT))
         if model is None or not count:
             return None
         return NodeGpus(name, model.product_name, model.memory, count, model)

@@ -23,10 +23,14 @@ from typing import Any
 from gpuslice.inventory.catalog import Engines
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.pci import PCI_BUS_ID_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE
+from gpuslice.inventory.topology import NUMA_NODE_ATTRIBUTE, NVLINK_DOMAIN_ATTRIBUTE
 
 # NVIDIA's `type`: gpu (a whole GPU: gpuslice's whole-GPU and shared devices), mig; gpuslice adds
 # slice for a memory slice, which NVIDIA has no device for.
 DEVICE_TYPES = {"full": "gpu", "shared": "gpu", "slice": "slice"}
+# The kinds that carry the GPU's NVLink domain: a MIG instance has no GPU-to-GPU peer access, over
+# PCIe or NVLink (NVIDIA's MIG user guide), so two of them on NVLinked GPUs do not talk over NVLink.
+NVLINK_KINDS = frozenset(DEVICE_TYPES)
 MIG_CAPACITIES = ("multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines")
 MAX_STRING = 64  # resource.k8s.io's limit on a string or version attribute
 
@@ -52,11 +56,14 @@ class GpuFacts:
     cuda_driver_version: str = ""
     minor: int | None = None
     pcie_root: str | None = None
+    numa_node: int | None = None
+    nvlink_domain: str | None = None
 
     @classmethod
     def of(cls, gpu: Gpu) -> GpuFacts:
         return cls(gpu.brand, gpu.architecture, semver(gpu.compute_capability) or "",
-                   semver(gpu.driver_version) or "", semver(gpu.cuda_driver_version) or "", gpu.minor, gpu.pcie_root)
+                   semver(gpu.driver_version) or "", semver(gpu.cuda_driver_version) or "", gpu.minor, gpu.pcie_root,
+                   gpu.numa_node, gpu.nvlink_domain)
 
 
 def _string(value: str) -> dict[str, str]:
@@ -91,6 +98,17 @@ def nvidia_attributes(kind: str, uuid: str, index: int, product: str, pci_bus_id
     return found
 
 
+def topology_attributes(kind: str, facts: GpuFacts) -> dict[str, Any]:
+    """Where the device's GPU sits beyond its PCIe root (``inventory.topology``): its NUMA node on
+    every device of it, its NVLink domain on those that can use NVLink (not a MIG instance)."""
+    found: dict[str, Any] = {}
+    if facts.numa_node is not None and facts.numa_node >= 0:
+        found[NUMA_NODE_ATTRIBUTE] = {"int": facts.numa_node}
+    if facts.nvlink_domain and kind in NVLINK_KINDS:
+        found[NVLINK_DOMAIN_ATTRIBUTE] = _string(facts.nvlink_domain)
+    return found
+
+
 def mig_capacities(engines: Engines | None) -> dict[str, Any]:
     return {name: {"value": str(count)} for name, count in engines.capacities()} if engines else {}
 
@@ -102,10 +120,12 @@ def read_facts(attributes: Mapping[str, Any]) -> GpuFacts:
         return (attributes.get(name) or {}).get(kind)
 
     minor, root = value("minor", "int"), value(PCIE_ROOT_ATTRIBUTE, "string")
+    numa, nvlink = value(NUMA_NODE_ATTRIBUTE, "int"), value(NVLINK_DOMAIN_ATTRIBUTE, "string")
     return GpuFacts(str(value("brand", "string") or ""), str(value("architecture", "string") or ""),
                     str(value("cudaComputeCapability", "version") or ""), str(value("driverVersion", "version") or ""),
                     str(value("cudaDriverVersion", "version") or ""), minor if isinstance(minor, int) else None,
-                    root if isinstance(root, str) else None)
+                    root if isinstance(root, str) else None, numa if isinstance(numa, int) else None,
+                    nvlink if isinstance(nvlink, str) else None)
 
 
 def read_engines(capacity: Mapping[str, Any]) -> Engines | None:

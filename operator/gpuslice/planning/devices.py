@@ -26,7 +26,14 @@ from gpuslice.dra.wire import text_attribute
 from gpuslice.inventory.catalog import Engines
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.pci import PCI_BUS_ID_ATTRIBUTE as PCI_BUS_ID
-from gpuslice.planning.attributes import GpuFacts, mig_capacities, nvidia_attributes, read_engines, read_facts
+from gpuslice.planning.attributes import (
+    GpuFacts,
+    mig_capacities,
+    nvidia_attributes,
+    read_engines,
+    read_facts,
+    topology_attributes,
+)
 from gpuslice.planning.mode_traits import FULL_SLICE_SIZE, MEMORY, ModeTraits, traits_of
 
 Mode = SlicingModeName
@@ -133,6 +140,7 @@ class Device:
             f"{ATTRIBUTE_DOMAIN}/{'uuid' if self.whole_gpu else 'parentUUID'}": _attr(self.gpu_uuid),
             **nvidia_attributes(self.kind, self.gpu_uuid, self.gpu_index, self.product_name, self.pci_bus_id,
                                 self.facts, self.profile),
+            **topology_attributes(self.kind, self.facts),
         }
         if self.mig_uuid:
             attributes[MIG_UUID] = _attr(self.mig_uuid)

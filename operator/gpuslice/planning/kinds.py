@@ -114,10 +114,16 @@ def template_names(policy: GpuSlicePolicy, tenant: Tenant, kinds: list[DeviceKin
     return names
 
 
+def aligned_template_name(base: str, count: int) -> str:
+    """``gpu-slice-full-x4``: the template of ``count`` whole GPUs that sit together (spec.topology)."""
+    return f"{base}-full-x{count}"
+
+
 def all_template_names(policy: GpuSlicePolicy, kinds: Sequence[DeviceKind]) -> set[str]:
     """Every template name the policy (of ``kinds``) may make in some tenant (for conflicts between policies)."""
     base = policy.spec.claim_template_name
-    return {base} | {base + k.template_suffix for k in kinds if not k.primary}
+    aligned = {aligned_template_name(base, c) for c in policy.spec.topology.counts} if policy.spec.topology else set()
+    return {base} | {base + k.template_suffix for k in kinds if not k.primary} | aligned
 
 
 def classes_in_force(kinds: Sequence[DeviceKind], failed: Set[str] = frozenset(),

@@ -49,7 +49,7 @@ class GpuNode:
         return await scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
 
 
-GpuNodeFactory = Callable[[str, int], Awaitable[GpuNode]]
+GpuNodeFactory = Callable[..., Awaitable[GpuNode]]  # (model, count, system=None): system a whole server's layout
 
 
 @pytest.fixture
@@ -59,9 +59,9 @@ async def gpu_node(
     made: list[GpuNode] = []
     ca_pem = cluster_ca(cluster)
 
-    async def create(model: str, count: int) -> GpuNode:
+    async def create(model: str, count: int, system: str | None = None) -> GpuNode:
         name = f"t-{unique}-{len(made)}"
-        await kube.create("/api/v1/nodes", fake_gpu_node(name, model, count))
+        await kube.create("/api/v1/nodes", fake_gpu_node(name, model, count, system=system))
         kubeconfig = await operator.agent_kubeconfig(kube, name, tmp_path, cluster.server, ca_pem)
         port = free_port()
         agent = operator.agent_component(name, kubeconfig, tmp_path / f"agent-{name}.log", port, short_dir())

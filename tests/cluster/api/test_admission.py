@@ -118,6 +118,22 @@ BAD: dict[str, tuple[Any, ...]] = {
         _with("tenants", [{"namespace": "team-a", "maxMemory": "2Pi"}]), "maxMemory must be a positive quantity"),
     "maxMemory not a quantity": (
         _with("tenants", [{"namespace": "team-a", "maxMemory": "lots"}]), "maxMemory must be a positive quantity"),
+    "topology without whole GPUs": (_with("topology", {"counts": [4]}),
+                                    "topology offers claims of several whole GPUs: it needs slicing.mode: memory"),
+    "the same alignment twice": (
+        {"slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
+         "topology": {"counts": [4], "alignments": [{"match": ["NVLink", "NUMANode"]}, {"match": ["NUMANode", "NVLink"]}]}},
+        "topology.alignments lists the same alignment twice"),
+    "an aligned count of one GPU": (
+        {"slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True}, "topology": {"counts": [1]}},
+        "greater than or equal to 2"),
+    "an aligned count twice": (
+        {"slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True}, "topology": {"counts": [4, 4]}},
+        "topology.counts lists a number twice", "spec.topology.counts[1]: Duplicate value: 4"),
+    "an alignment nobody publishes": (
+        {"slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
+         "topology": {"counts": [2], "alignments": [{"match": ["Rack"]}]}},
+        "Input should be 'NVLink', 'NUMANode' or 'PCIeRoot'", 'Unsupported value: "Rack"'),
     "maxMigDevices of a profile not offered": (
         {"slicing": {"mode": "mig", "mig": {"profiles": ["1g.10gb"]}},
          "tenants": [{"namespace": "team-a", "maxMigDevices": {"3g.40gb": 1}}]},

@@ -26,6 +26,7 @@ from typing import Any
 import pynvml
 
 from gpuslice.inventory.catalog import MODELS, GpuModel
+from tests.unit.agent.libnvml_topology import TopologyCalls
 
 WRITES = frozenset({
     "nvmlDeviceSetMigMode", "nvmlDeviceCreateGpuInstance", "nvmlDeviceCreateGpuInstanceWithPlacement",
@@ -86,6 +87,11 @@ class FakeGpu:
     # (pid, bytes, MPS client?) and utilisation samples (pid, timestamp in us, SM percent)
     processes: list[tuple[int, int, bool]] = field(default_factory=list)
     samples: list[tuple[int, int, int]] = field(default_factory=list)
+    # Topology (libnvml_topology): NVLinks (None: the GPU has none), the NUMA nodes NVML's memory
+    # affinity names (None: not supported), links whose far end NVML cannot read.
+    links: list[tuple[int, int] | None] | None = None
+    affinity: tuple[int, ...] | None = None
+    unreadable_links: frozenset[int] = frozenset()
 
 
 def _address(pointer: Any) -> int | None:
@@ -96,7 +102,7 @@ def _set(ref: Any, value: Any) -> None:
     ref._obj.value = value
 
 
-class FakeLibNvml:
+class FakeLibNvml(TopologyCalls):
     def __init__(self, gpus: list[tuple[str, bool]], driver: str = "580.95.05", cuda: int = 13000,
                  fail_init: int | None = None) -> None:
         """``gpus``: (catalog model, MIG mode on) per GPU, indexed in order."""

@@ -140,7 +140,8 @@ def test_every_number_of_the_spec_has_bounds() -> None:
     status.tenants[].limitBytes. Each number now has both bounds in the schema, or a rule that says them."""
     spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     numbers = _numbers(spec, "spec")
-    own = {"spec.defragmentation.maxEvictionsPerHour": (0, 1000), "spec.defragmentation.minPendingSeconds": (0, 86400)}
+    own = {"spec.defragmentation.maxEvictionsPerHour": (0, 1000), "spec.defragmentation.minPendingSeconds": (0, 86400),
+           "spec.topology.counts[]": (2, 32)}  # a claim is allocated at most 32 devices
     assert set(numbers) == {"spec.tenants[].maxSlices", "spec.tenants[].maxFullGpus", "spec.tenants[].maxMigDevices.*",
                             "spec.slicing.mig.layout.*", *own}, "a new number: give it bounds and a test"
     by_rule = {"spec.slicing.mig.layout.*"}  # "a count from 1 to 7", a rule of MigSlicing
@@ -166,6 +167,10 @@ def test_every_number_of_the_spec_has_bounds() -> None:
     ({"slicing": {"mode": "mig", "mig": {"profiles": ["1g.10gb"]}},
       "tenants": [{"namespace": "a", "maxMigDevices": {"1g.10gb": MAX_COUNT + 1}}]}, "less than or equal to 1000000"),
     ({"slicing": {"mode": "mig", "mig": {"layout": {"1g.10gb": 0}}}}, "a count from 1 to 7"),
+    ({"slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True}, "topology": {"counts": [33]}},
+     "less than or equal to 32"),
+    ({"slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True}, "topology": {"counts": [1]}},
+     "greater than or equal to 2"),
     ({"slicing": {"mode": "memory", "sliceSize": "16385Gi"}}, "slicing.sliceSize must be at most 16Ti"),
     ({"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "gpuSelector": {"minMemory": "1E"}},
      "gpuSelector.minMemory must be at most 16Ti"),

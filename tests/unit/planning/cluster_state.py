@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuslice.agent.gpus.fake import FakeBackend
+from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.resourceslice import resource_slice
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.inventory.systems import SYSTEMS
 from gpuslice.planning.node.node_pool import plan_node_pool
 
 Body = dict[str, Any]
@@ -26,7 +27,8 @@ def policy_body(name: str, slicing: dict[str, Any], created: str = CREATED, **sp
 
 
 def gpus(node: str, model: str, count: int = 1) -> list[Gpu]:
-    return FakeBackend(node, [(model, count)]).discover()
+    """``count`` GPUs of catalog ``model``, or a whole system's (``dgx-h100``: inventory.systems)."""
+    return FakeBackend(node, parse_fake_gpus(model) if model in SYSTEMS else [(model, count)]).discover()
 
 
 def node_body(name: str, model: str, count: int, **labels: str) -> Body:

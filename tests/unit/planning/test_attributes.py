@@ -85,3 +85,10 @@ def test_every_device_has_nvidias_attributes_with_the_catalogs_values() -> None:
         "memory": "9984Mi", "multiprocessors": "16", "copyEngines": "1", "decoders": "1", "encoders": "0",
         "jpegEngines": "1", "ofaEngines": "0"}
     assert kinds["mig-7g.80gb"]["capacity"]["multiprocessors"] == {"value": "132"}
+
+
+def test_the_nvlink_domain_is_in_gpuslices_own_domain() -> None:
+    from gpuslice.dra.names import ATTRIBUTE_DOMAIN
+    from gpuslice.inventory.topology import NVLINK_DOMAIN_ATTRIBUTE
+
+    assert NVLINK_DOMAIN_ATTRIBUTE.split("/")[0] == ATTRIBUTE_DOMAIN

@@ -51,9 +51,9 @@ SINGLE = {**CUDA, "nvidia.com/mig.strategy": "single", "nvidia.com/mig.capable":
 SINGLE_INVALID = {**CUDA, "nvidia.com/mig.strategy": "single", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-INVALID",
                   "nvidia.com/gpu.count": "0", "nvidia.com/gpu.memory": "0", "nvidia.com/gpu.replicas": "0",
                   "nvidia.com/gpu.sharing-strategy": ""}
-# A model the catalog does not know (NVML: "NVIDIA H100 NVL", 95,830 MiB), two of them.
-NVL = {**NONE, "nvidia.com/gpu.product": "NVIDIA-H100-NVL", "nvidia.com/gpu.count": "2", "nvidia.com/gpu.memory": "95830"}
-NVL_SINGLE = {**SINGLE, "nvidia.com/gpu.product": "NVIDIA-H100-NVL-MIG-1g.12gb", "nvidia.com/gpu.memory": "11008"}
+# A model the catalog does not know (NVML: "NVIDIA H100 PCIe", 81,559 MiB), two of them.
+UNKNOWN = {**NONE, "nvidia.com/gpu.product": "NVIDIA-H100-PCIe", "nvidia.com/gpu.count": "2", "nvidia.com/gpu.memory": "81559"}
+UNKNOWN_SINGLE = {**SINGLE, "nvidia.com/gpu.product": "NVIDIA-H100-PCIe-MIG-1g.10gb", "nvidia.com/gpu.memory": "9984"}
 
 
 def policy(name: str, slicing: dict[str, Any], **spec: Any) -> GpuSlicePolicy:
@@ -98,26 +98,26 @@ def test_strategy_single_is_never_read_as_gpus_of_a_mig_devices_size() -> None:
 
 
 def test_an_uncatalogued_gpu_under_single_has_no_size_to_judge() -> None:
-    gpus = node_gpus("n", NVL_SINGLE)
+    gpus = node_gpus("n", UNKNOWN_SINGLE)
     assert gpus is not None
-    assert (gpus.product_name, gpus.memory, gpus.count, gpus.model) == ("NVIDIA-H100-NVL", None, None, None)
+    assert (gpus.product_name, gpus.memory, gpus.count, gpus.model) == ("NVIDIA-H100-PCIe", None, None, None)
     big = policy("m", {"mode": "memory", "sliceSize": "60Gi"})
-    assert validate(big, select(big, [(NVL_SINGLE, gpus)]), []) == [], "its agent judges it from NVML"
+    assert validate(big, select(big, [(UNKNOWN_SINGLE, gpus)]), []) == [], "its agent judges it from NVML"
 
 
-@pytest.mark.parametrize("spelling", ["NVIDIA H100 NVL", "NVIDIA-H100-NVL"])
+@pytest.mark.parametrize("spelling", ["NVIDIA H100 PCIe", "NVIDIA-H100-PCIe"])
 def test_one_product_whichever_spelling_on_both_sides(spelling: str) -> None:
     """The controller (GFD's label) and the agent (NVML's name) select the same GPUs for a model the
     catalog does not know, whichever spelling the policy uses."""
-    gpus = node_gpus("n", NVL)
+    gpus = node_gpus("n", UNKNOWN)
     assert gpus is not None
-    assert (gpus.product_name, gpus.memory, gpus.count) == ("NVIDIA-H100-NVL", 95830 * 1024**2, 2)
+    assert (gpus.product_name, gpus.memory, gpus.count) == ("NVIDIA-H100-PCIe", 81559 * 1024**2, 2)
     chosen = policy("p", {"mode": "shared", "sliceSize": "10Gi"}, gpuSelector={"products": [spelling]})
-    assert select(chosen, [(NVL, gpus)]).gpu_count == 2
+    assert select(chosen, [(UNKNOWN, gpus)]).gpu_count == 2
     [h100] = FakeBackend("n", [("h100-80gb", 1)]).discover()
-    nvl = replace(h100, product_name="NVIDIA H100 NVL", memory=95830 * 1024**2)  # as NVML names it
+    nvl = replace(h100, product_name="NVIDIA H100 PCIe")  # as NVML names it
     assert len(plan_node_pool({}, [nvl], [chosen]).devices) == 1
-    assert product_key("NVIDIA H100 NVL") == product_key("NVIDIA-H100-NVL") == "NVIDIA-H100-NVL"
-    other = policy("q", {"mode": "shared", "sliceSize": "10Gi"}, gpuSelector={"products": ["NVIDIA H100 PCIe"]})
-    assert select(other, [(NVL, gpus)]).gpu_count == 0
+    assert product_key("NVIDIA H100 PCIe") == product_key("NVIDIA-H100-PCIe") == "NVIDIA-H100-PCIe"
+    other = policy("q", {"mode": "shared", "sliceSize": "10Gi"}, gpuSelector={"products": ["NVIDIA H800 PCIe"]})
+    assert select(other, [(UNKNOWN, gpus)]).gpu_count == 0
     assert plan_node_pool({}, [nvl], [other]).devices == []

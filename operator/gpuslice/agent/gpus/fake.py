@@ -24,17 +24,20 @@ from gpuslice.agent.gpus import Access, Fault, GpuBackendError, GpuProcess, MigI
 from gpuslice.agent.gpus.fake_state import FakeGpu, FakeMigInstance, FakeState, FakeStateFile, Operation
 from gpuslice.inventory.catalog import MODELS, MigProfile
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.inventory.systems import SYSTEMS
 from gpuslice.planning.grants import Grant
 from gpuslice.planning.node.mig_mode import BEFORE_HOPPER, switches_mig_mode
 
 
 class FakeGpus(NamedTuple):
     """``number`` GPUs of catalog ``model``; ``mig``: whether a MIG-capable one starts in MIG mode
-    (None: as a node is usually found, ``starts_in_mig_mode``)."""
+    (None: as a node is usually found, ``starts_in_mig_mode``); ``system``: the server they are
+    (``inventory.systems``), whose layout gives each GPU its bus, NUMA node, PCIe root and NVLinks."""
 
     model: str
     number: int
     mig: bool | None = None
+    system: str | None = None
 
 
 def starts_in_mig_mode(architecture: str) -> bool:
@@ -48,13 +51,19 @@ def starts_in_mig_mode(architecture: str) -> bool:
 def parse_fake_gpus(text: str) -> list[FakeGpus]:
     """``h100-80gb:8``, ``h100-80gb:4,l4:2``, ``a100-40gb:2:mig-off`` (MIG-capable GPUs that start
     with MIG mode off, as a GPU fresh from the factory or the GPU Operator's ``all-disabled``) or
-    ``h100-80gb:2:mig-on``; without an option, ``starts_in_mig_mode``."""
+    ``h100-80gb:2:mig-on``; without an option, ``starts_in_mig_mode``. A system (``dgx-h100``, alone:
+    it is the whole node) is its GPUs with its layout."""
     parsed = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
+    parts = [p for p in (p.strip() for p in text.split(",")) if p]
+    for part in parts:
         model, _, rest = part.partition(":")
         count, _, option = rest.partition(":")
+        if model in SYSTEMS:
+            parsed.append(_system(part, model, count, option, alone=len(parts) == 1))
+            continue
         if model not in MODELS:
-            raise GpuBackendError(f"--fake-gpus: unknown GPU model {model!r}; known: {', '.join(MODELS)}.")
+            raise GpuBackendError(f"--fake-gpus: unknown GPU model {model!r}; known: {', '.join(MODELS)}, or a whole"
+                                  f" system: {', '.join(SYSTEMS)}.")
         try:
             number = int(count or "1")
         except ValueError:
@@ -70,6 +79,17 @@ def parse_fake_gpus(text: str) -> list[FakeGpus]:
     return parsed
 
 
+def _system(part: str, key: str, count: str, option: str, alone: bool) -> FakeGpus:
+    system = SYSTEMS[key]
+    if not alone:
+        raise GpuBackendError(f"--fake-gpus: {key} is a whole system (node); give it alone, e.g. --fake-gpus {key}.")
+    if count and count != str(len(system.gpus)):
+        raise GpuBackendError(f"--fake-gpus: {part!r}: {key} has {len(system.gpus)} GPUs; give {key} alone.")
+    if option not in ("", "mig-off", "mig-on"):
+        raise GpuBackendError(f"--fake-gpus: {part!r}: unknown option {option!r}; the options are mig-off and mig-on.")
+    return FakeGpus(system.model, len(system.gpus), {"": None, "mig-off": False, "mig-on": True}[option], key)
+
+
 FAKE_DRIVER, FAKE_CUDA = "580.95.05", "13.0"  # an R580 driver, and the CUDA version it supports
 
 
@@ -81,7 +101,8 @@ def fake_uuid(node: str, index: int) -> str:
 class FakeBackend:
     name = "fake"
 
-    def __init__(self, node: str, gpus: Sequence[tuple[str, int] | tuple[str, int, bool | None]],
+    def __init__(self, node: str,
+                 gpus: Sequence[FakeGpus | tuple[str, int] | tuple[str, int, bool | None]],
                  state_dir: Path | None = None) -> None:
         self.node = node
         self.gpus = [FakeGpus(*g) for g in gpus]
@@ -89,17 +110,20 @@ class FakeBackend:
 
     def discover(self) -> list[Gpu]:
         found: list[Gpu] = []
-        for model_key, count, mig in self.gpus:
+        for model_key, count, mig, system_key in self.gpus:
             model = MODELS[model_key]
+            system = SYSTEMS[system_key] if system_key else None
+            domains = system.nvlink_domains() if system else {}
             for _ in range(count):
                 index = len(found)
                 bus = 0x18 + 0x10 * index
+                slot = system.gpus[index] if system else None
                 found.append(Gpu(
                     index=index,
                     uuid=fake_uuid(self.node, index),
                     product_name=model.product_name,
                     memory=model.memory,
-                    pci_bus_id=f"0000:{bus:02x}:00.0",
+                    pci_bus_id=slot.bus if slot else f"0000:{bus:02x}:00.0",
                     architecture=model.architecture,
                     compute_capability=model.compute_capability,
                     driver_version=FAKE_DRIVER,
@@ -109,7 +133,10 @@ class FakeBackend:
                     mig_profiles=model.mig_profiles,
                     brand=model.brand,
                     cuda_driver_version=FAKE_CUDA,
-                    pcie_root=f"pci0000:{bus - 1:02x}",  # each GPU behind its own root port, as on HGX boards
+                    # Without a system: each GPU behind its own root, and where it sits otherwise not known.
+                    pcie_root=slot.root if slot else f"pci0000:{bus - 1:02x}",
+                    numa_node=slot.numa if slot else None,
+                    nvlink_domain=domains.get(slot.bus) if slot else None,
                 ))
         # A GPU first seen comes up as its option, or starts_in_mig_mode, says; after that its
         # state file knows better.

@@ -18,6 +18,7 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -39,6 +40,7 @@ from gpuslice.inventory.catalog import Engines, MigProfile
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model
 from gpuslice.inventory.pci import PciAddressError, normalized_bus_id, pcie_root
+from gpuslice.inventory.topology import LinkKind, NvLink, nvlink_domains
 from gpuslice.planning.grants import Grant
 from gpuslice.planning.node.mig_mode import switches_mig_mode
 
@@ -167,7 +169,13 @@ class NvmlBackend:
             cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
             # As NVIDIA's DRA driver formats it (nvlib.go): 13000 -> 13.0.
             cuda_version = f"{cuda // 1000}.{cuda % 1000 // 10}"
-            return [self._gpu(index, driver, cuda_version) for index in range(nvml.nvmlDeviceGetCount())]
+            gpus, links = [], {}
+            for index in range(nvml.nvmlDeviceGetCount()):
+                gpu = self._gpu(index, driver, cuda_version)
+                links[gpu.pci_bus_id] = self._nvlinks(nvml.nvmlDeviceGetHandleByIndex(index), gpu.uuid)
+                gpus.append(gpu)
+            domains = nvlink_domains(links)
+            return [replace(g, nvlink_domain=domains.get(g.pci_bus_id)) for g in gpus]
 
     def _gpu(self, index: int, driver: str, cuda: str) -> Gpu:
         nvml = self.nvml
@@ -204,6 +212,7 @@ class NvmlBackend:
             brand=BRANDS.get(int(nvml.nvmlDeviceGetBrand(handle)), "Unknown"),
             cuda_driver_version=cuda,
             pcie_root=self._pcie_root(bus_id),
+            numa_node=self._numa_node(handle, bus_id),
         )
 
     def _memory(self, handle: Any, index: int, uuid: str, name: str) -> int:
@@ -228,6 +237,63 @@ class NvmlBackend:
             log.info("no PCIe root for a GPU (its resource.kubernetes.io/pcieRoot attribute is left out)",
                      pci_bus_id=bus_id, error=str(error))
             return None
+
+    def _numa_node(self, handle: Any, bus_id: str) -> int | None:
+        """The NUMA node of the GPU's PCI function, as ``resource.kubernetes.io/numaNode`` means it: the
+        kernel's ``numa_node`` in sysfs (deviceattribute.GetNUMANodeAttributeByPCIBusID reads the same,
+        as does NVIDIA's driver); where sysfs cannot say, NVML's memory affinity when it names exactly one
+        node. None (no attribute) for a device with no NUMA affinity (-1) or where neither says.
+        ``nvmlDeviceGetNumaNodeId`` is not asked: it answers only where the GPU's own memory is a NUMA
+        node (a Grace Hopper), and then names that node, not the CPUs' next to it."""
+        try:
+            node = int((self.sysfs / "bus" / "pci" / "devices" / bus_id / "numa_node").read_text().strip())
+            return node if node >= 0 else None
+        except (OSError, ValueError):
+            pass
+        nvml = self.nvml
+        words = 4  # 64-bit words: up to 256 NUMA nodes
+        try:
+            mask = nvml.nvmlDeviceGetMemoryAffinity(handle, words, nvml.NVML_AFFINITY_SCOPE_NODE)
+        except nvml.NVMLError as error:
+            log.info("no NUMA node for a GPU (its resource.kubernetes.io/numaNode attribute is left out)",
+                     pci_bus_id=bus_id, error=str(error))
+            return None
+        nodes = [64 * word + bit for word in range(words) for bit in range(64) if int(mask[word]) >> bit & 1]
+        return nodes[0] if len(nodes) == 1 else None
+
+    def _nvlinks(self, handle: Any, uuid: str) -> tuple[NvLink, ...] | None:
+        """The GPU's active NVLinks and what is at the far end of each (another GPU, an NVSwitch), read
+        link by link until NVML says the GPU has no more (a GPU without NVLink: none). None where an
+        active link cannot be described: its domain is then not known, and it gets none."""
+        nvml = self.nvml
+        kinds: dict[int, LinkKind] = {int(nvml.NVML_NVLINK_DEVICE_TYPE_GPU): "gpu",
+                                      int(nvml.NVML_NVLINK_DEVICE_TYPE_SWITCH): "switch"}
+        found = []
+        for link in range(int(nvml.NVML_NVLINK_MAX_LINKS)):
+            try:
+                active = nvml.nvmlDeviceGetNvLinkState(handle, link) == nvml.NVML_FEATURE_ENABLED
+            except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
+                break  # no NVLink at all, or past the GPU's last link
+            except nvml.NVMLError as error:
+                log.info("NVML cannot say whether a GPU's NVLink is up: no NVLink domain for it", gpu=uuid, link=link,
+                         error=str(error))
+                return None
+            if not active:
+                continue
+            try:
+                remote = normalized_bus_id(_text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
+            except (nvml.NVMLError, PciAddressError) as error:
+                log.info("NVML cannot say what a GPU's NVLink reaches: no NVLink domain for it", gpu=uuid, link=link,
+                         error=str(error))
+                return None
+            try:
+                kind = int(nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link))
+            except nvml.NVMLError:
+                kind = -1  # an older driver: the far end is told by its bus id (inventory.topology)
+            if kind == int(nvml.NVML_NVLINK_DEVICE_TYPE_IBMNPU):
+                continue  # a CPU's NVLink (POWER9): no GPU is reached through it
+            found.append(NvLink(remote, kinds.get(kind, "unknown")))
+        return tuple(found)
 
     def _mig_profiles(self, handle: Any, uuid: str, memory: int) -> tuple[MigProfile, ...]:
         """The GPU's MIG profiles whatever its MIG mode: NVML's v1 profile query answers on any

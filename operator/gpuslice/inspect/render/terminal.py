@@ -101,6 +101,10 @@ def status_view(report: StatusReport, width: int = 120) -> RenderableType:
     parts += [_node(node, bar_width) for node in report.map.nodes]
     parts.append(legend())
     parts += [_policies(report), _tenants(report)]
+    if any(n.nvlink or n.numa for n in report.topology):
+        parts.append(_topology(report))
+    if report.aligned:
+        parts.append(_aligned(report))
     parts += [Text(f"note: {n}", style="yellow") for n in report.notes]
     return Group(*parts)
 
@@ -144,6 +148,36 @@ def _tenants(report: StatusReport) -> Table:
         if len(total.policies) > 1:
             table.add_row(*_cells(total.namespace, "all", _used(total.allocated, total.limit),
                                   size_pair(total.allocated_bytes, total.limit_bytes), ""), style="bold")
+    return table
+
+
+def _indexes(indexes: tuple[int, ...]) -> str:
+    return "GPUs " + ",".join(map(str, indexes))
+
+
+def _topology(report: StatusReport) -> Table:
+    """Each node's GPUs by what they share (docs/topology.md)."""
+    table = Table(title="Topology: GPUs by what they share", title_justify="left")
+    for column in ("node", "NVLink domains", "NUMA nodes", "PCIe roots"):
+        table.add_column(column)
+    for node in report.topology:
+        numa = [f"{value}: {_indexes(gpus)}" for value, gpus in node.numa]
+        if node.unknown_numa:
+            numa.append(f"unknown: {_indexes(node.unknown_numa)}")
+        table.add_row(node.node, "\n".join(f"{v}: {_indexes(g)}" for v, g in node.nvlink) or "none",
+                      "\n".join(numa), "\n".join(f"{v}: {_indexes(g)}" for v, g in node.pcie))
+    return table
+
+
+def _aligned(report: StatusReport) -> Table:
+    """Claims on several GPUs, and what their GPUs share; an aligned template's claim also says the
+    alignment the scheduler granted (the subrequest it took)."""
+    table = Table(title="Claims on several GPUs", title_justify="left")
+    for column in ("claim", "node", "GPUs", "they share", "granted"):
+        table.add_column(column)
+    for claim in report.aligned:
+        table.add_row(f"{claim.namespace}/{claim.claim}", claim.node, ",".join(map(str, claim.gpus)),
+                      claim.achieved, claim.granted or "-", style="yellow" if claim.achieved == "any" else "")
     return table
 
 

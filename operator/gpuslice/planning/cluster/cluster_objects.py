@@ -17,6 +17,7 @@ from gpuslice.api.ledger import LEDGER_KIND, ledger_name
 from gpuslice.api.policy import GROUP, KIND, VERSION, Tenant
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, LABEL_POLICY, MANAGED_BY, quota_resource
+from gpuslice.planning.aligned import ALIGNED_LABEL, AlignedTemplate, aligned_claim_spec, aligned_templates
 from gpuslice.planning.kinds import SHARED, DeviceKind, quota, template_names
 from gpuslice.planning.modes import device_kinds
 from gpuslice.planning.selection import Selection
@@ -96,6 +97,18 @@ def claim_template(policy: GpuSlicePolicy, namespace: str, name: str, kind: Devi
     }
 
 
+def aligned_claim_template(policy: GpuSlicePolicy, namespace: str, template: AlignedTemplate) -> Manifest:
+    """``count`` whole GPUs that sit together (spec.topology; planning.aligned)."""
+    return {
+        "apiVersion": RESOURCE_V1, "kind": "ResourceClaimTemplate",
+        "metadata": _meta(policy, template.name, namespace),
+        "spec": {
+            "metadata": {"labels": {LABEL_POLICY: policy.name, ALIGNED_LABEL: str(template.count)}},
+            "spec": aligned_claim_spec(template),
+        },
+    }
+
+
 def quota_name(policy: str) -> str:
     return f"gpuslice-{policy}"
 
@@ -129,6 +142,8 @@ def desired_objects(policy: GpuSlicePolicy, namespaces: Set[str]) -> DesiredObje
             desired.quotas.append(resource_quota(policy, tenant, kinds))
         for name, kind in template_names(policy, tenant, kinds).items():
             desired.templates.append(claim_template(policy, tenant.namespace, name, kind))
+        for aligned in aligned_templates(policy, tenant, kinds):
+            desired.templates.append(aligned_claim_template(policy, tenant.namespace, aligned))
     return desired
 
 

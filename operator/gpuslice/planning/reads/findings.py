@@ -24,3 +24,4 @@ class Request:
     admin: bool = False
     memory: int | None = None  # capacity.requests.memory
     selectors: tuple[str, ...] = ()  # its CEL selectors' expressions, which narrow the class
+    match: tuple[str, ...] = ()  # attributes its devices must share (matchAttribute constraints of its own)

@@ -24,14 +24,16 @@ from gpuslice.dra.wire import (
     allocation_results,
     device_requests,
     is_allocated,
+    match_attributes,
     request_ways,
 )
-from gpuslice.planning.kinds import SHARED, SLICE
+from gpuslice.planning.kinds import FULL, SHARED, SLICE
 from gpuslice.planning.mode_traits import traits_of
 from gpuslice.planning.reads.allocatable import memory_findings, record_findings
 from gpuslice.planning.reads.availability import largest_free, room_for
 from gpuslice.planning.reads.findings import Finding, Request
 from gpuslice.planning.reads.occupancy import OccupancyMap
+from gpuslice.planning.reads.topology import aligned_room
 from gpuslice.planning.reads.totals import PolicyTotals
 
 __all__ = ["Finding", "Request"]  # the vocabulary of a diagnosis, where its readers look for it
@@ -68,16 +70,18 @@ class Diagnosis:
         return tuple(f for f in self.findings if f.blocking)
 
 
-def request_options(request: DeviceRequest, claim: str) -> list[Request]:
-    """The ways one request may be met: its ``exactly``, else its ``firstAvailable`` subrequests."""
+def request_options(request: DeviceRequest, claim: str, spec: Body | None = None) -> list[Request]:
+    """The ways one request may be met: its ``exactly``, else its ``firstAvailable`` subrequests;
+    with the claim's ``spec``, each with the attributes its devices must share."""
     return [Request(claim, way["name"], way["deviceClassName"], way["count"], way["allocationMode"] == "All",
                     way["adminAccess"], quantity_bytes(memory) if (memory := way.get("memory")) is not None else None,
-                    tuple(way.get("selectors") or ()))
+                    tuple(way.get("selectors") or ()),
+                    match_attributes(spec, way["name"]) if spec is not None else ())
             for way in request_ways(request)]
 
 
 def claim_requests(spec: Body, claim: str) -> list[Request]:
-    return [option for request in device_requests(spec) for option in request_options(request, claim)]
+    return [option for request in device_requests(spec) for option in request_options(request, claim, spec)]
 
 
 def class_owner(device_class: str, policies: Iterable[Body]) -> tuple[str, str] | None:
@@ -257,11 +261,38 @@ def _policy_findings(request: Request, made: bool, facts: Facts, body: Body, kin
     return found + (_capacity(request, name, kind, cluster) if made else [])
 
 
+def _aligned(request: Request, policy: str, kind: str, cluster: OccupancyMap) -> list[Finding] | None:
+    """For whole GPUs that must share attributes (planning.aligned): whether a node has that many free
+    that do, and if none has, the nearest set and the claims whose release would free one; None for
+    any other request."""
+    if not request.match or request.count < 2 or kind != FULL:
+        return None
+    room = aligned_room(cluster.gpus, policy, kind, request.count, request.match)
+    what = f"{request.count} x whole GPU of {policy} that {room.phrase}"
+    if room.fits:
+        return [Finding("AlignedFree", f"{request.name}: {what} are free now ({room.where}): the scheduler should"
+                                       " place it (see its Events below).", blocking=False)]
+    nearest = (f" The most free ones that do: {room.best} ({room.where})." if room.best else
+               f" No free {_kind_words(kind)} of {policy} publishes what they must share.")
+    if room.freeing:
+        then = (f" Releasing {', '.join(room.freeing)} would free {request.count} that do: {room.freeing_where}.")
+    elif room.kept_off:
+        then = f" The nearest set waits for GPUs kept off ({'; '.join(room.kept_off)}): {room.freeing_where}."
+    else:
+        then = (f" No node of {policy} has {request.count} such GPUs at all: it waits for one that has, or ask for a"
+                " looser alignment.")
+    return [Finding("NoAlignedSet", f"{request.name}: {room.free} x whole GPU of {policy} are free, but no"
+                                    f" {request.count} of them on one node {room.phrase}.{nearest}{then}")]
+
+
 def _capacity(request: Request, policy: str, kind: str, cluster: OccupancyMap) -> list[Finding]:
     places, memory = room_for(cluster.gpus, policy, kind, request.memory)
     free = sum(p.free for p in places)
     what = f"{_kind_words(kind)}" + (f" of {format_bytes(memory)}" if memory else "")
     if free >= max(1, request.count):
+        aligned = _aligned(request, policy, kind, cluster)
+        if aligned is not None:
+            return aligned
         return [Finding("FreeDevices", f"{free} x {what} of {policy} are free now, on"
                                        f" {len({p.gpu.node for p in places if p.free})} nodes: the scheduler should"
                                        " place it (see its Events below, e.g. the pod's node selector or"
@@ -388,6 +419,6 @@ def diagnose(facts: Facts, policies: Sequence[Body], totals: Sequence[PolicyTota
                                                  " prepares the devices): see the Events above.", blocking=False))
     order = ["NotFound", "NotATenant", "AdminAccessRefused", "PolicyInvalid", "WebhookDown", "NotAdmitted", "OverLimit",
              "LimitsNotInForce", "ClassNotInForce", "MadeBeforeQuota", "OverMemory", "PolicyNotReady", "NoFreeDevice",
-             "KeptOff", "AdmissionDenied", "NotPending", "Overusing", "NeighbourOverusing"]
+             "NoAlignedSet", "KeptOff", "AdmissionDenied", "NotPending", "Overusing", "NeighbourOverusing"]
     findings.sort(key=lambda f: order.index(f.code) if f.code in order else len(order))
     return Diagnosis(subject, phase, tuple(r for r, _, _ in requests), tuple(findings))

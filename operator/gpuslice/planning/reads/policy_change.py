@@ -91,7 +91,9 @@ def gpus_from_devices(devices: Sequence[PublishedDevice], pool: Pool) -> list[Gp
             # MIG mode as the GPU's published devices show it (planning.node.mig_mode: MIG devices only in it).
             mig_capable=bool(model and model.mig_capable), mig_enabled=any(d.device.traits.instances for d in mine),
             mig_profiles=model.mig_profiles if model else (), brand=facts.brand or "Unknown",
-            cuda_driver_version=facts.cuda_driver_version, pcie_root=facts.pcie_root))
+            cuda_driver_version=facts.cuda_driver_version, pcie_root=facts.pcie_root, numa_node=facts.numa_node,
+            # A MIG device does not carry the NVLink domain (planning.attributes): any device that does says it.
+            nvlink_domain=next((d.device.facts.nvlink_domain for d in mine if d.device.facts.nvlink_domain), None)))
     return sorted(found, key=lambda g: g.index)
 
 

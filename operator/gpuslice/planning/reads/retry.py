@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpuslice.dra.wire import device_requests, is_allocated
+from gpuslice.planning.kinds import FULL
 from gpuslice.planning.reads.availability import room_for
 from gpuslice.planning.reads.node_fit import NodeFacts, Placement, refusal
 from gpuslice.planning.reads.occupancy import GpuMap
 from gpuslice.planning.reads.pending import Request, class_owner, pod_claim_names, request_options
+from gpuslice.planning.reads.topology import aligned_room
 
 Body = Mapping[str, Any]
 TURNED_AWAY = "cannot allocate all claims"
@@ -63,6 +65,9 @@ def _place(option: Request, policies: Sequence[Body], gpus: Sequence[GpuMap],
     free = [p for p in places if p.free and admits(p.gpu.node)]
     if sum(p.free for p in free) < option.count:
         return None
+    if option.match and option.count > 1 and owner[1] == FULL:  # GPUs that must sit together (planning.aligned)
+        room = aligned_room(gpus, owner[0], owner[1], option.count, option.match)
+        return (option.device_class, owner[0], room.where) if room.fits else None
     return option.device_class, owner[0], f"{free[0].gpu.node} GPU {free[0].gpu.index}"
 
 
@@ -74,7 +79,8 @@ def _fits(claim: Body, policies: Sequence[Body], gpus: Sequence[GpuMap],
     found: tuple[str, str, str] | None = None
     name = str((claim.get("metadata") or {}).get("name", ""))
     for request in device_requests(claim.get("spec") or {}):
-        options = [o for o in request_options(request, name) if class_owner(o.device_class, policies) is not None]
+        options = [o for o in request_options(request, name, claim.get("spec") or {})
+                   if class_owner(o.device_class, policies) is not None]
         if not options:
             continue  # another driver's request: the scheduler's alone to judge
         place = next((p for o in options if (p := _place(o, policies, gpus, admits)) is not None), None)

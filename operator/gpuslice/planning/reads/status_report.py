@@ -14,6 +14,7 @@ from gpuslice.inventory.nodes import node_gpus
 from gpuslice.planning.reads.defrag_model import moves_in_flight
 from gpuslice.planning.reads.occupancy import OccupancyMap, occupancy
 from gpuslice.planning.reads.published import Pool, read_pools
+from gpuslice.planning.reads.topology import ClaimAlignment, NodeTopology, claim_alignments, node_topologies
 from gpuslice.planning.reads.totals import PolicyTotals, TenantTotals, policy_totals, tenant_totals
 
 Body = Mapping[str, Any]
@@ -41,6 +42,8 @@ class StatusReport:
     policies: tuple[PolicyTotals, ...]
     tenants: tuple[TenantTotals, ...]
     notes: tuple[str, ...] = ()
+    topology: tuple[NodeTopology, ...] = ()  # where each node's GPUs sit (planning.reads.topology)
+    aligned: tuple[ClaimAlignment, ...] = ()  # claims on several GPUs, and what their GPUs share
 
 
 def gpu_counts(nodes: Sequence[Body]) -> dict[str, int]:
@@ -77,5 +80,6 @@ def status_report(snapshot: Snapshot) -> StatusReport:
     notes = list(snapshot.notes)
     notes += [f"node {p.node}: the agent is rewriting its pool (generation {p.generation} is not complete);"
               " the scheduler allocates nothing from it until it is" for p in pools if not p.complete]
-    return StatusReport(_freeing(occupancy(pools, gpu_counts(snapshot.nodes)), snapshot.policies), tuple(policies),
-                        tuple(tenant_totals(policies)), tuple(notes))
+    found = _freeing(occupancy(pools, gpu_counts(snapshot.nodes)), snapshot.policies)
+    return StatusReport(found, tuple(policies), tuple(tenant_totals(policies)), tuple(notes), node_topologies(found),
+                        claim_alignments(found, snapshot.claims))

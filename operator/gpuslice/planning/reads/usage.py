@@ -6,6 +6,7 @@ ResourceClaims.
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
@@ -14,18 +15,24 @@ from typing import Any
 from gpuslice.dra.names import MIG_FAILED_TAINT_KEY, PENDING_TAINT_KEY, UNHEALTHY_TAINT_KEY
 from gpuslice.dra.wire import (
     admin_access,
+    attribute,
     consumed_memory,
+    device_gpu,
     device_memory,
     device_policy,
     newest_of,
     pool_mark,
     status_results,
     taint_keys,
+    text_attribute,
 )
+from gpuslice.inventory.pci import PCIE_ROOT_ATTRIBUTE
+from gpuslice.inventory.topology import NUMA_NODE_ATTRIBUTE, NVLINK_DOMAIN_ATTRIBUTE, alignment_name
 from gpuslice.planning.cluster.cluster_objects import DeviceRef
 from gpuslice.planning.devices import published_kind
 from gpuslice.planning.left_out import LeftOut
 from gpuslice.planning.left_out import decode as decode_left_out
+from gpuslice.planning.reads.topology import Place, achieved
 
 __all__ = ["PENDING_TAINT_KEY", "ClaimResult", "ClaimView", "DeviceInfo", "SliceView", "Usage", "device_info",
            "devices_by_policy", "failed_devices", "foreign_claims", "pending_devices", "unhealthy_devices", "usage"]
@@ -33,10 +40,12 @@ __all__ = ["PENDING_TAINT_KEY", "ClaimResult", "ClaimView", "DeviceInfo", "Slice
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """What a published device is, for counting: its kind and the memory it stands for."""
+    """What a published device is, for counting: its kind, the memory it stands for, and where its
+    GPU sits (for counting allocations by the alignment they achieve)."""
 
     kind: str
     memory: int
+    place: Place | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,7 @@ class SliceView:
         pending: set[str] = set()
         failed: set[str] = set()
         unhealthy: set[str] = set()
+        places: dict[str, Place] = {}  # one per GPU, shared by its devices
         for device in spec.get("devices") or []:
             keys = taint_keys(device)
             for key, found in ((PENDING_TAINT_KEY, pending), (MIG_FAILED_TAINT_KEY, failed),
@@ -67,7 +77,8 @@ class SliceView:
                 if key in keys:
                     found.add(str(device["name"]))
             devices.append((device["name"], device_policy(device) or ""))
-            info.append((str(device["name"]), DeviceInfo(published_kind(device), device_memory(device) or 0)))
+            info.append((str(device["name"]), DeviceInfo(published_kind(device), device_memory(device) or 0,
+                                                         _place(device, places))))
         pool, generation, count = pool_mark(spec)
         return cls(pool, generation, tuple(devices), frozenset(pending), count, tuple(info), frozenset(failed),
                    frozenset(unhealthy), decode_left_out(annotations))
@@ -76,6 +87,21 @@ class SliceView:
     def policies(self) -> frozenset[str]:
         """The policies this slice says something about: those of its devices, those left out."""
         return frozenset({p for _, p in self.devices if p} | {item.policy for item in self.left_out})
+
+
+def _place(device: Mapping[str, Any], seen: dict[str, Place]) -> Place | None:
+    """Where the device's GPU sits, as its attributes say (interned: a thousand nodes' devices repeat them)."""
+    gpu = device_gpu(device)
+    if gpu is None:
+        return None
+    numa = attribute(device, NUMA_NODE_ATTRIBUTE, "")
+    pcie, nvlink = text_attribute(device, PCIE_ROOT_ATTRIBUTE, ""), text_attribute(device, NVLINK_DOMAIN_ATTRIBUTE, "")
+    found = seen.get(gpu)
+    if found is None or (nvlink and not found.nvlink):  # a MIG device carries no NVLink domain: another may
+        found = Place(sys.intern(gpu), numa if isinstance(numa, int) and not isinstance(numa, bool) else None,
+                      sys.intern(pcie) if pcie else None, sys.intern(nvlink) if nvlink else None)
+        seen[gpu] = found
+    return found
 
 
 def slice_policies(spec: Mapping[str, Any], annotations: Mapping[str, str] | None = None) -> frozenset[str]:
@@ -177,6 +203,8 @@ class Usage:
     holding_claims: list[str] = field(default_factory=list)
     bytes_by_namespace: dict[str, int] = field(default_factory=dict)
     kinds_by_namespace: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Claims holding devices of two or more GPUs, by (GPUs, what the GPUs share: planning.reads.topology)
+    alignments: dict[tuple[int, str], int] = field(default_factory=dict)
 
 
 def usage(devices: set[DeviceRef], claims: Iterable[ClaimView],
@@ -192,6 +220,11 @@ def usage(devices: set[DeviceRef], claims: Iterable[ClaimView],
         if not held:
             continue
         result.holding_claims.append(f"{claim.namespace}/{claim.name}")
+        places = [p for r in held if (p := getattr(info.get(r.device), "place", None)) is not None]
+        gpus = len({p.gpu for p in places})
+        if gpus >= 2:
+            key = (gpus, alignment_name(achieved(places)))
+            result.alignments[key] = result.alignments.get(key, 0) + 1
         for r in held:
             what = info.get(r.device)
             result.allocated += 1
