@@ -55,6 +55,10 @@ def daemon(pipe: Path, log_dir: Path) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     control = pipe / CONTROL
     control.unlink(missing_ok=True)
+    # Logged before the control socket and pid file exist: they say "ready", and a reader of the log
+    # then finds this line (under load it was read before it was written).
+    _log(log_dir, f"Control daemon started (gpuslice stand-in), CUDA_VISIBLE_DEVICES="
+                  f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(control))
     server.listen(8)
@@ -62,8 +66,6 @@ def daemon(pipe: Path, log_dir: Path) -> int:
     quitting = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: quitting.set())
     (pipe / PID_FILE).write_text(f"{os.getpid()}\n")
-    _log(log_dir, f"Control daemon started (gpuslice stand-in), CUDA_VISIBLE_DEVICES="
-                  f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
     try:
         while not quitting.is_set() and pipe.is_dir():
             try:
