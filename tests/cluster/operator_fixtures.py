@@ -67,6 +67,29 @@ async def write_controller_kubeconfig(cluster: DevCluster, kube: KubeClient, dir
     return path
 
 
+async def bound_identity(cluster: DevCluster, kube: KubeClient, directory: Path, name: str,
+                         cluster_roles: tuple[str, ...]) -> Path:
+    """A kubeconfig of a ServiceAccount ``default/<name>`` bound to ``cluster_roles`` only (a person
+    given those roles). The authorizer may see the bindings a moment later."""
+    await apply_manifests(kube, yaml.safe_dump_all([
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": "default"}},
+        *[{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+           "metadata": {"name": f"{name}-{role}"},
+           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+           "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}]}
+          for role in cluster_roles]]))
+    token = await kube.create(f"/api/v1/namespaces/default/serviceaccounts/{name}/token", {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}})
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    path = directory / f"{name}.kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
+        "users": [{"name": name, "user": {"token": token["status"]["token"]}}],
+        "contexts": [{"name": name, "context": {"cluster": admin["clusters"][0]["name"], "user": name}}],
+        "current-context": name}))
+    return path
+
+
 @pytest.fixture(scope="session")
 async def controller_kubeconfig(cluster: DevCluster, kube: KubeClient, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return await write_controller_kubeconfig(cluster, kube, tmp_path_factory.mktemp("controller"))
