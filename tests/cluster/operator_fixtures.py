@@ -266,19 +266,22 @@ class WebhookProcess:
     """`gpuslice webhook` in a subprocess on loopback, where the session's API server calls it by
     URL (manifests/memory-webhook.yaml with a url), so tests can kill and restart it."""
 
-    def __init__(self, kubeconfig: Path, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, kubeconfig: Path, log: Path, env: dict[str, str] | None = None,
+                 args: list[str] | None = None) -> None:
+        """``args``: more flags (the session cluster's ``webhook_client_flags()``: only its API server may call)."""
         from gpuslice.devcluster.cluster import free_port
 
         self.kubeconfig, self.log = kubeconfig, log
         self.port, self.metrics_port = free_port(), free_port()
-        self.env = dict(env or {})
+        self.env, self.args = dict(env or {}), list(args or [])
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gpuslice", "webhook", "--kubeconfig", str(self.kubeconfig),
-                 "--address", "127.0.0.1", "--port", str(self.port), "--metrics-port", str(self.metrics_port)],
+                 "--address", "127.0.0.1", "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+                 *self.args],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
                 env={**os.environ, **self.env},
             )
@@ -335,7 +338,7 @@ async def memory_webhook(cluster: DevCluster, kube: KubeClient, controller: Cont
     directory = tmp_path_factory.mktemp("webhook")
     kubeconfig = await write_controller_kubeconfig(cluster, kube, directory, "gpuslice-webhook",
                                                  WEBHOOK_RBAC.read_text())
-    process = WebhookProcess(kubeconfig, directory / "webhook.log", WEBHOOK_ENV)
+    process = WebhookProcess(kubeconfig, directory / "webhook.log", WEBHOOK_ENV, cluster.webhook_client_flags())
     await apply_manifests(kube, yaml.safe_dump(webhook_config(url=webhook_url(process.port))))
     process.start()
     await process.ready(90)
