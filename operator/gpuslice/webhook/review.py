@@ -91,22 +91,18 @@ class Reviewer:
 
     async def _allocated(self, request: Mapping[str, Any], obj: Mapping[str, Any], namespace: str) -> Answer:
         who = _who(request, obj)
-        if not policy_results(obj):
+        results = policy_results(obj)
+        if not results:
             return ALLOW  # nothing of a policy's devices: nothing to charge
         meta = obj.get("metadata") or {}
         claim, uid = str(meta.get("name", "")), str(meta.get("uid", ""))
-        # Only the claim as the API server holds it is charged: read it (a quorum read) before anything
-        # else, so that a review of a claim that is not there learns nothing of the ledger either.
-        try:
-            stored: Mapping[str, Any] | None = await self.state.kube.get(
-                f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{claim}")
-        except NotFound:
-            stored = None
+        # Only the claim as the API server holds it is charged: read it before anything else, so that a
+        # review of a claim that is not there learns nothing of the ledger either.
+        stored = await self._stored(request, namespace, claim, uid)
         if (why := not_the_claim(request, obj, stored)) is not None:
             return Answer(False, f"{who}: {why}")
         # Every device must be published (a shared one's result is charged what it consumed, but no
         # more than the device's request policy gives the request).
-        results = policy_results(obj)
         for pool in sorted({r["pool"] for r in results if self.state.device(r["pool"], r["device"]) is None}):
             await self.state.learn_pool(pool)  # published a moment ago: the watch is behind
         if unknown := next((r for r in results if self.state.device(r["pool"], r["device"]) is None), None):
@@ -126,6 +122,21 @@ class Reviewer:
             if not answer.allowed:
                 return answer
         return ALLOW
+
+    async def _stored(self, request: Mapping[str, Any], namespace: str, name: str,
+                      uid: str) -> Mapping[str, Any] | None:
+        """The claim as the API server holds it: the watch's copy when it is of the very version the
+        write is against (the review's oldObject: the API server refuses the write if the claim
+        changed since), else read from the API server (a quorum read); None when there is none."""
+        version = str(((request.get("oldObject") or {}).get("metadata") or {}).get("resourceVersion") or "")
+        seen = self.state.claims.items.get((namespace, uid))
+        meta = (seen or {}).get("metadata") or {}
+        if seen is not None and version and meta.get("resourceVersion") == version and meta.get("name") == name:
+            return seen
+        try:
+            return await self.state.kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}")
+        except NotFound:
+            return None
 
     def _size(self, pool: str, device: str) -> tuple[int, MemoryPolicy | None] | None:
         found = self.state.device(pool, device)

@@ -163,3 +163,26 @@ async def test_an_unknown_pool_is_read_once_however_often_it_is_named(api: FakeA
         assert "is not published" in answer.message
     lists = [r for r in api.requests[before:] if r.method == "GET" and r.path == SLICES]
     assert len(lists) == 1
+
+
+async def test_the_watchs_copy_of_the_very_version_written_spares_the_read_and_no_other_does(
+        api: FakeApi, kube: KubeClient) -> None:
+    """The API server's review is of a write against one version of the claim (its oldObject); when
+    the watch holds that very version, it is the claim as the API server holds it (the write fails
+    if the claim changed since), and no read is needed. Any other version is read again."""
+    reviewer = await setup(api, kube, held_claims=1)
+    path = f"{CLAIMS.format(ns=TENANT)}/c2"
+    waiting = api.get(path) or {}
+    reviewer.state.claims.handle(None, waiting)
+    before = len(api.requests)
+    written = review(claim("c2", device="s-2"))
+    written["oldObject"] = waiting
+    assert (await reviewer.review(written)).allowed
+    assert not [r for r in api.requests[before:] if r.method == "GET" and r.path == path]
+    assert charges(api) == {"c0": 10 * GI, "c2": 10 * GI}
+    api.put(claim("c2", device="s-3"))  # allocated since, elsewhere; the watch has not brought it yet
+    stale = review(claim("c2", device="s-2"))
+    stale["oldObject"] = {**waiting, "metadata": {**waiting["metadata"], "resourceVersion": "1"}}
+    answer = await reviewer.review(stale)
+    assert "allocated already, and not as the review says" in answer.message
+    assert [r for r in api.requests[before:] if r.method == "GET" and r.path == path]
