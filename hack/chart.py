@@ -77,6 +77,7 @@ CONTAINER = ("spec", "template", "spec", "containers", 0)
 POD = ("spec", "template", "spec")
 DS, DEP = ("DaemonSet", "gpuslice-agent"), ("Deployment", "gpuslice-controller")
 WEBHOOK = ("Deployment", "gpuslice-webhook")
+CLIENT_NAME = "gpuslice-webhook-client"  # the common name of the API server's certificate (docs/install.md)
 
 
 def workload_values(prefix: str, workload: tuple[str, str], docs: Mapping[str, str]) -> list[Value]:
@@ -117,6 +118,14 @@ VALUES = [
         "replicas": "Copies of the maxMemory webhook: any may answer (they share only the ledgers).",
         "affinity": "Default: the copies on different nodes where they can be.",
         "podDisruptionBudget.enabled": "minAvailable 1: a drain keeps one copy answering."}),
+    Value("webhook.clientAuth.caConfigMap", STRING,
+          "A ConfigMap in gpuslice-system whose ca.crt holds the CAs of the client certificate the API server presents"
+          " to the webhook (kube-root-ca.crt: the cluster's own CA). Set, the webhook admits no other caller"
+          " (--client-ca-file; the API server's --admission-control-config-file must present it: docs/install.md)."
+          " Empty: anyone who reaches its port may send it reviews.", default=""),
+    Value("webhook.clientAuth.allowedNames", ARRAY,
+          "With caConfigMap: the common names that certificate may have (--client-allowed-names); [] for any the CA"
+          " signed, which is safe only for a CA that signs nothing else.", default=[CLIENT_NAME]),
     Value("agent.backend", {"enum": ["nvml", "fake"]},
           "nvml: real GPUs (privileged, for dynamic MIG; the toolkit's CDI spec from /etc/cdi). fake: GPUs from"
           " node labels, for kind and tests (ci/kind-values.yaml).", at=(*DS, (*CONTAINER, "args", 1))),
@@ -158,6 +167,11 @@ VALUES = [
           " Service's translation).", at=("NetworkPolicy", "gpuslice-controller", ("spec", "egress", 0, "ports"))),
     Value("networkPolicy.apiServer.to", ARRAY, "Its addresses ([{ipBlock: {cidr: ...}}]); empty: any address on"
           " those ports.", default=[]),
+    Value("networkPolicy.apiServer.from", ARRAY, "Where the API server's calls of the maxMemory webhook come from"
+          " ([{ipBlock: {cidr: ...}}]: the control plane's addresses); the only peers its HTTPS port admits. The"
+          " default, 192.0.2.1/32 (a documentation address), is no one's: set it, or the API server cannot call the"
+          " webhook and maxMemory limits wait (docs/install.md, \"NetworkPolicy\").",
+          at=("NetworkPolicy", "gpuslice-webhook", ("spec", "ingress", 1, "from"))),
 ]
 
 
@@ -203,6 +217,12 @@ def container_points(workload: tuple[str, str], values: str) -> list[Point]:
     ]
 
 
+CLIENT_CA = "/etc/gpuslice/client-ca"
+CLIENT_AUTH = v("webhook.clientAuth.caConfigMap")
+CLIENT_ARGS = (f"- --client-ca-file={CLIENT_CA}/ca.crt\n{{{{- range .Values.webhook.clientAuth.allowedNames }}}}\n"
+               '- {{ printf "--client-allowed-names=%s" . | toJson }}\n{{- end }}')
+CLIENT_CA_MOUNT = f"- {{name: client-ca, mountPath: {CLIENT_CA}, readOnly: true}}"
+CLIENT_CA_VOLUME = f"- name: client-ca\n  configMap: {{name: {{{{ {CLIENT_AUTH} | toJson }}}}}}"
 DRIVER_ROOT_MOUNT = (f"- {{name: driver-root, mountPath: {DRIVER_ROOT}, readOnly: true,"
                      " mountPropagation: HostToContainer}")
 DRIVER_ROOT_VOLUME = "- name: driver-root\n  hostPath: {path: {{ .Values.nvidiaDriverRoot | toJson }}, type: Directory}"
@@ -211,6 +231,9 @@ POINTS = [
     Point(*DEP, ("spec", "replicas"), "value", v("controller.replicas")),
     *container_points(WEBHOOK, "webhook"),
     Point(*WEBHOOK, ("spec", "replicas"), "value", v("webhook.replicas")),
+    Point(*WEBHOOK, (*CONTAINER, "args"), "when", CLIENT_AUTH, CLIENT_ARGS),
+    Point(*WEBHOOK, (*CONTAINER, "volumeMounts"), "when", CLIENT_AUTH, CLIENT_CA_MOUNT),
+    Point(*WEBHOOK, (*POD, "volumes"), "when", CLIENT_AUTH, CLIENT_CA_VOLUME),
     *container_points(DS, "agent"),
     Point(*DS, (*POD, "runtimeClassName"), "optional", v("agent.runtimeClassName")),
     Point(*DS, (*CONTAINER, "args", 1), "value", 'printf "--backend=%s" .Values.agent.backend'),
@@ -232,6 +255,8 @@ POINTS = [
         Point("NetworkPolicy", name, ("spec", "egress", 0, "ports"), "block", v("networkPolicy.apiServer.ports")),
         Point("NetworkPolicy", name, ("spec", "egress", 0, "to"), "optional", v("networkPolicy.apiServer.to")),
     )),
+    Point("NetworkPolicy", "gpuslice-webhook", ("spec", "ingress", 1, "from"), "block",
+          v("networkPolicy.apiServer.from")),
 ]
 # Whole objects rendered only when a value says so.
 CONDITIONS = {

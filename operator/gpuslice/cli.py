@@ -109,13 +109,14 @@ def webhook(**values: Any) -> None:
     exactly under concurrent allocations, and release what is charged and not held. Every flag is
     also an environment variable (GPUSLICE_<FLAG>); docs/configuration.md lists them."""
     from gpuslice.kube.credentials import KubeconfigError
+    from gpuslice.webhook.callers import ClientCaError
     from gpuslice.webhook.run import run_webhook
 
     set_component("gpuslice-webhook")
     settings = _settings(WebhookSettings, values)
     try:
         asyncio.run(run_webhook(settings))
-    except KubeconfigError as error:
+    except (KubeconfigError, ClientCaError) as error:
         click.echo(f"webhook: {error}", err=True)
         sys.exit(1)
 

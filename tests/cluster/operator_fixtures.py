@@ -67,6 +67,29 @@ async def write_controller_kubeconfig(cluster: DevCluster, kube: KubeClient, dir
     return path
 
 
+async def bound_identity(cluster: DevCluster, kube: KubeClient, directory: Path, name: str,
+                         cluster_roles: tuple[str, ...]) -> Path:
+    """A kubeconfig of a ServiceAccount ``default/<name>`` bound to ``cluster_roles`` only (a person
+    given those roles). The authorizer may see the bindings a moment later."""
+    await apply_manifests(kube, yaml.safe_dump_all([
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": "default"}},
+        *[{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+           "metadata": {"name": f"{name}-{role}"},
+           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+           "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}]}
+          for role in cluster_roles]]))
+    token = await kube.create(f"/api/v1/namespaces/default/serviceaccounts/{name}/token", {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}})
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    path = directory / f"{name}.kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
+        "users": [{"name": name, "user": {"token": token["status"]["token"]}}],
+        "contexts": [{"name": name, "context": {"cluster": admin["clusters"][0]["name"], "user": name}}],
+        "current-context": name}))
+    return path
+
+
 @pytest.fixture(scope="session")
 async def controller_kubeconfig(cluster: DevCluster, kube: KubeClient, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return await write_controller_kubeconfig(cluster, kube, tmp_path_factory.mktemp("controller"))
@@ -243,19 +266,22 @@ class WebhookProcess:
     """`gpuslice webhook` in a subprocess on loopback, where the session's API server calls it by
     URL (manifests/memory-webhook.yaml with a url), so tests can kill and restart it."""
 
-    def __init__(self, kubeconfig: Path, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, kubeconfig: Path, log: Path, env: dict[str, str] | None = None,
+                 args: list[str] | None = None) -> None:
+        """``args``: more flags (the session cluster's ``webhook_client_flags()``: only its API server may call)."""
         from gpuslice.devcluster.cluster import free_port
 
         self.kubeconfig, self.log = kubeconfig, log
         self.port, self.metrics_port = free_port(), free_port()
-        self.env = dict(env or {})
+        self.env, self.args = dict(env or {}), list(args or [])
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gpuslice", "webhook", "--kubeconfig", str(self.kubeconfig),
-                 "--address", "127.0.0.1", "--port", str(self.port), "--metrics-port", str(self.metrics_port)],
+                 "--address", "127.0.0.1", "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+                 *self.args],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
                 env={**os.environ, **self.env},
             )
@@ -312,7 +338,7 @@ async def memory_webhook(cluster: DevCluster, kube: KubeClient, controller: Cont
     directory = tmp_path_factory.mktemp("webhook")
     kubeconfig = await write_controller_kubeconfig(cluster, kube, directory, "gpuslice-webhook",
                                                  WEBHOOK_RBAC.read_text())
-    process = WebhookProcess(kubeconfig, directory / "webhook.log", WEBHOOK_ENV)
+    process = WebhookProcess(kubeconfig, directory / "webhook.log", WEBHOOK_ENV, cluster.webhook_client_flags())
     await apply_manifests(kube, yaml.safe_dump(webhook_config(url=webhook_url(process.port))))
     process.start()
     await process.ready(90)

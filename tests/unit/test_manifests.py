@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.hacktools import hack_tool
 
@@ -36,3 +37,16 @@ def test_every_manifest_file_is_in_the_kustomize_base() -> None:
     static = (REPO / "manifests/base/static.yaml").read_text()
     for path in sorted((REPO / "manifests").glob("*.yaml")):
         assert f"# manifests/{path.name}\n" in static, f"manifests/{path.name} is not in the base: run `make manifests`"
+
+
+def test_no_networkpolicy_of_the_component_opens_a_port_to_every_address() -> None:
+    """Every ingress rule names who may come in: the webhook's HTTPS port only the API server's
+    addresses (a placeholder no API server has, until the install fills it in), not every pod."""
+    path = REPO / "manifests/components/networkpolicy/networkpolicy.yaml"
+    policies = {d["metadata"]["name"]: d for d in yaml.safe_load_all(path.read_text()) if d}
+    for name, policy in policies.items():
+        for rule in policy["spec"]["ingress"]:
+            assert rule.get("from"), f"NetworkPolicy {name} admits {rule.get('ports')} from every address"
+    [https] = [r for r in policies["gpuslice-webhook"]["spec"]["ingress"] if {"port": "https", "protocol": "TCP"}
+               in r["ports"]]
+    assert https["from"] == [{"ipBlock": {"cidr": "192.0.2.1/32"}}]

@@ -163,7 +163,7 @@ class BenchCluster:
         assert self.webhook_kubeconfig is not None
         component = gpuslice_install.webhook_component(
             self.webhook_kubeconfig, self.dev.state.logs / "gpuslice-webhook.log", self.webhook_port,
-            self.webhook_metrics)
+            self.webhook_metrics, extra_args=self.dev.webhook_client_flags())
         await component.start()
         self.dev.components.append(component)
         await component.wait_healthy()

@@ -135,12 +135,13 @@ async def start(kube: KubeClient, policy: str, move: DefragMove, others: list[De
             return f"{describe(move)} is being freed already"
         if any(m.claim.uid == move.claim.uid for m in mine):
             return f"a GPU is being freed for {move.pod.namespace}/{move.pod.name} already"
+        if budget is None:  # by hand: the move only (gpuslice-policy-status lets no one else touch the budget)
+            return current.model_copy(update={"in_flight": [*mine, move]})
         times = _pruned(list(current.evictions), now)
-        if budget is not None:
-            if len(times) + len(move.evictions) > budget:
-                return (f"maxEvictionsPerHour is {budget} and {len(times)} were sent in the last hour:"
-                        f" {len(move.evictions)} more would pass it")
-            times += [stamp(now)] * len(move.evictions)
+        if len(times) + len(move.evictions) > budget:
+            return (f"maxEvictionsPerHour is {budget} and {len(times)} were sent in the last hour:"
+                    f" {len(move.evictions)} more would pass it")
+        times += [stamp(now)] * len(move.evictions)
         return current.model_copy(update={"in_flight": [*mine, move], "evictions": times})
 
     return await update_defrag(kube, policy, add)

@@ -30,7 +30,14 @@ from gpuslice.devcluster.nodes import (
     pod_runner_component,
     stop_mps_daemons,
 )
-from gpuslice.devcluster.pki import CertificateAuthority, kubeconfig, service_account_key
+from gpuslice.devcluster.pki import (
+    WEBHOOK_CLIENT,
+    CertificateAuthority,
+    admission_configuration,
+    admission_webhooks_kubeconfig,
+    kubeconfig,
+    service_account_key,
+)
 from gpuslice.devcluster.ports import ensure_port_free, free_port
 from gpuslice.devcluster.process import Component, http_health
 from gpuslice.devcluster.proxy import HoldableProxy
@@ -166,6 +173,14 @@ class DevCluster(FaultControls):
             ["127.0.0.1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
         ).write(self.state.pki, "apiserver")
 
+        # The API server proves itself to admission webhooks with a client certificate of its own, as
+        # docs/install.md has a real one do; the maxMemory webhook admits no other caller.
+        webhooks = self.state.pki / "admission-webhooks.kubeconfig"
+        webhooks.write_text(admission_webhooks_kubeconfig(ca.issue_client(WEBHOOK_CLIENT)))
+        webhooks.chmod(0o600)
+        admission = self.state.pki / "admission.yaml"
+        admission.write_text(admission_configuration(webhooks.resolve()))
+
         etcd_port, etcd_peer = free_port(), free_port()
         api_port = self.spec.apiserver_port or free_port()
         self.server = f"https://127.0.0.1:{api_port}"
@@ -216,6 +231,7 @@ class DevCluster(FaultControls):
              f"--service-cluster-ip-range={SERVICE_CIDR}",
              "--authorization-mode=Node,RBAC",
              "--enable-admission-plugins=NodeRestriction,ValidatingAdmissionPolicy,ResourceQuota",
+             f"--admission-control-config-file={admission.resolve()}",
              "--disable-admission-plugins=TaintNodesByCondition",
              "--endpoint-reconciler-type=none",
              "--allow-privileged=true",
@@ -268,6 +284,11 @@ class DevCluster(FaultControls):
         if self.spec.operator:
             await self._start_operator(admin, ca.pair.cert_pem)
         self._write_record()
+
+    def webhook_client_flags(self) -> list[str]:
+        """The maxMemory webhook's flags that admit the API server, and only it, as a caller: its
+        client certificate is of the dev cluster's CA, which signs every other identity's too."""
+        return [f"--client-ca-file={self.state.pki / 'ca.crt'}", f"--client-allowed-names={WEBHOOK_CLIENT}"]
 
     def _write_record(self) -> None:
         self.state.write_record(ClusterRecord(
@@ -337,7 +358,8 @@ class DevCluster(FaultControls):
         await self._launch(operator.controller_component(kubeconfig, self.state.logs / "gpuslice-controller.log",
                                                          free_port()))
         await self._launch(operator.webhook_component(webhook, self.state.logs / "gpuslice-webhook.log",
-                                                      webhook_port, free_port()))
+                                                      webhook_port, free_port(),
+                                                      extra_args=self.webhook_client_flags()))
         for node, agent_kubeconfig in agents.items():
             await self._launch(operator.agent_component(node, agent_kubeconfig,
                                                         self.state.logs / f"gpuslice-agent-{node}.log", free_port(),

@@ -131,13 +131,14 @@ def controller_component(kubeconfig: Path, log: Path, liveness_port: int,
 
 
 def webhook_component(kubeconfig: Path, log: Path, port: int, metrics_port: int,
-                      env: dict[str, str] | None = None) -> Component:
+                      env: dict[str, str] | None = None, extra_args: Sequence[str] = ()) -> Component:
     """The maxMemory webhook on loopback; healthy once it serves (it waits for the controller to
-    make its certificate)."""
+    make its certificate). ``extra_args``: the dev cluster's ``webhook_client_flags()``, which admit
+    its API server only."""
     return Component(
         "gpuslice-webhook",
         [sys.executable, "-m", "gpuslice", "webhook", f"--kubeconfig={kubeconfig}", "--address=127.0.0.1",
-         f"--port={port}", f"--metrics-port={metrics_port}"],
+         f"--port={port}", f"--metrics-port={metrics_port}", *extra_args],
         log, http_health(f"http://127.0.0.1:{metrics_port}/readyz"), env=env, startup_timeout=90,
     )
 

@@ -165,3 +165,32 @@ def kubeconfig(server: str, ca: KeyPair, client: KeyPair, user: str, cluster: st
         "current-context": cluster,
     }
     return yaml.safe_dump(config, sort_keys=False)
+
+
+# The common name of the client certificate the API server presents to admission webhooks: the
+# maxMemory webhook admits callers of this name only (its --client-allowed-names), since the dev
+# cluster's one CA also signs every other component's and the admin's certificate.
+WEBHOOK_CLIENT = "gpuslice-webhook-client"
+
+
+def admission_webhooks_kubeconfig(client: KeyPair, host: str = "*") -> str:
+    """The kubeconfig kube-apiserver's webhook admission plugins read (their kubeConfigFile): the
+    credentials it presents to a webhook, by the webhook's host (``*``: any; the dev cluster's
+    webhooks are called by URL on loopback, on ports chosen later)."""
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "users": [{"name": host, "user": {
+        "client-certificate-data": b64(client.cert_pem), "client-key-data": b64(client.key_pem)}}]}, sort_keys=False)
+
+
+def admission_configuration(webhooks_kubeconfig: Path) -> str:
+    """kube-apiserver's --admission-control-config-file: both webhook admission plugins read
+    ``webhooks_kubeconfig`` (an absolute path)."""
+    plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+              "kubeConfigFile": str(webhooks_kubeconfig)}
+    return yaml.safe_dump({"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration", "plugins": [
+        {"name": name, "configuration": plugin} for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")
+    ]}, sort_keys=False)
+

@@ -257,6 +257,38 @@ def device_memory(device: Json) -> int | None:
         return None
 
 
+@dataclass(frozen=True)
+class MemoryPolicy:
+    """A consumable ``memory`` capacity's request policy (KEP-5075), in bytes: what the scheduler
+    consumes for a request that asks none (``default``), and how it rounds one that does (up from
+    ``least`` in steps of ``step``)."""
+
+    default: int
+    least: int
+    step: int
+
+    def consumed(self, asked: int | None) -> int:
+        """What the scheduler consumes of the device for a request asking ``asked`` (None: nothing)."""
+        if asked is None:
+            return self.default
+        return self.least + max(0, -(-(asked - self.least) // self.step)) * self.step
+
+
+def memory_policy(device: Json) -> MemoryPolicy | None:
+    """The request policy of a device's consumable ``memory`` (a range's: gpuslice publishes no other
+    kind); None when it has none readable."""
+    policy = ((device.get("capacity") or {}).get("memory") or {}).get("requestPolicy") or {}
+    bounds = policy.get("validRange") or {}
+    try:
+        default, least, step = (quantity_bytes(str(v)) if v is not None else None
+                                for v in (policy.get("default"), bounds.get("min"), bounds.get("step")))
+    except ValueError:
+        return None
+    if default is None or least is None or not step:
+        return None
+    return MemoryPolicy(default, least, step)
+
+
 def taint_keys(device: Json) -> set[str]:
     return {str(t.get("key")) for t in device.get("taints") or []}
 

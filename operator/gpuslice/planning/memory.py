@@ -125,18 +125,22 @@ class Verdict:
 def judge(charges: Sequence[Charge], limit: int, claim: str, uid: str, bytes_: int, now: str,
           max_charges: int) -> Verdict:
     """Whether an allocation of ``bytes_`` for claim ``uid`` fits: the other charges plus it at most
-    ``limit``. The claim's own earlier charge (a write that failed, tried again) is replaced, never
-    added to, so a retried allocation is charged once."""
+    ``limit``. The claim's own earlier charge (a write that failed, tried again) is never added to,
+    so a retried allocation is charged once, and never lowered: a review only raises a charge (the
+    larger of the two is judged and kept). Lowering is the recount's, from the claim read again
+    (``reckon``): before the second December review a review that said a held claim consumed 0
+    lowered its charge, and a tenant with 20Gi held 30Gi."""
     others = [c for c in charges if c.uid != uid]
     held = sum(c.bytes for c in others)
     mine = next((c for c in charges if c.uid == uid), None)
-    if held + bytes_ > limit or (mine is None and len(others) >= max_charges):
+    charged = max(bytes_, mine.bytes) if mine is not None else bytes_
+    if held + charged > limit or (mine is None and len(others) >= max_charges):
         return Verdict(False, held)
-    if mine is not None and mine.bytes == bytes_:
-        # The same allocation again: keep the charge, renew its time (its write is in flight again).
-        fresh = Charge(claim=claim, uid=uid, bytes=bytes_, at=now)
+    if mine is not None and mine.bytes == charged:
+        # The same allocation again (or a smaller one): keep the charge, renew its time (its write is in flight again).
+        fresh = Charge(claim=claim, uid=uid, bytes=charged, at=now)
         return Verdict(True, held, tuple(fresh if c.uid == uid else c for c in charges), changed=True)
-    return Verdict(True, held, (*others, Charge(claim=claim, uid=uid, bytes=bytes_, at=now)), changed=True)
+    return Verdict(True, held, (*others, Charge(claim=claim, uid=uid, bytes=charged, at=now)), changed=True)
 
 
 def shown(value: int) -> str:

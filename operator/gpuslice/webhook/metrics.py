@@ -29,6 +29,11 @@ RECKON_FAILURES = Counter("gpuslice_webhook_recount_failures_total",
                           "Ledger recounts that failed unexpectedly (a bug: the log has the traceback); each is"
                           " tried again.")
 
+CALLERS_REFUSED = Counter("gpuslice_webhook_callers_refused_total",
+                          "Requests refused before their review was read: a caller whose client certificate is not"
+                          " the API server's (with --client-ca-file; one without any certificate never gets past the"
+                          " TLS handshake and is not counted).")
+
 
 class LedgerMetrics:
     """Each maxMemory ledger as this copy's watch sees it, read at scrape time (every copy serves the

@@ -4,7 +4,9 @@
   refused at once (it could never be allocated); a template's claims are judged as they are made.
 - Allocated (``resourceclaims/status``): what the allocation holds of each policy's devices is
   charged to the tenant's ledger of that policy before it is admitted; the allocation is refused
-  when it does not fit, saying what the namespace holds, its limit and what the claim asks.
+  when it does not fit, saying what the namespace holds, its limit and what the claim asks. Only
+  the claim as the API server holds it is charged (``planning.claim_review``: it exists, with that
+  UID and spec, not allocated otherwise), and a charge is only ever raised by a review.
 - The controller's probe (a dry-run claim of a name only it uses, in its own namespace): refused
   with a fixed answer, which proves to the controller that the API server calls the webhook.
 
@@ -21,8 +23,10 @@ from typing import Any
 from gpuslice.api.ledger import GpuSliceLedger
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, MEMORY_PROBE, MEMORY_PROBE_ANSWER
 from gpuslice.dra.quantity import format_bytes
+from gpuslice.dra.wire import MemoryPolicy
+from gpuslice.kube.client import NotFound
+from gpuslice.planning.claim_review import not_the_claim, over_consumed, policy_results
 from gpuslice.planning.memory import (
-    UnknownDevice,
     claim_policies,
     held_by_policy,
     least_asked,
@@ -30,6 +34,8 @@ from gpuslice.planning.memory import (
     too_large_message,
 )
 from gpuslice.webhook.ledger import Ledgers
+
+RESOURCE = "/apis/resource.k8s.io/v1"
 
 
 @dataclass(frozen=True)
@@ -85,22 +91,56 @@ class Reviewer:
 
     async def _allocated(self, request: Mapping[str, Any], obj: Mapping[str, Any], namespace: str) -> Answer:
         who = _who(request, obj)
-        try:
-            held = held_by_policy(obj, self.state.device_memory)
-        except UnknownDevice as unknown:
-            await self.state.learn_pool(unknown.pool)  # published a moment ago: the watch is behind
-            try:
-                held = held_by_policy(obj, self.state.device_memory)
-            except UnknownDevice as still:
-                return Answer(False, f"{who}: device {still} is not published by any ResourceSlice of driver"
-                                     " gpu.gpuslice.dev, so its memory cannot be charged; the scheduler tries again")
+        results = policy_results(obj)
+        if not results:
+            return ALLOW  # nothing of a policy's devices: nothing to charge
         meta = obj.get("metadata") or {}
         claim, uid = str(meta.get("name", "")), str(meta.get("uid", ""))
+        # Only the claim as the API server holds it is charged: read it before anything else, so that a
+        # review of a claim that is not there learns nothing of the ledger either.
+        stored = await self._stored(request, namespace, claim, uid)
+        if (why := not_the_claim(request, obj, stored)) is not None:
+            return Answer(False, f"{who}: {why}")
+        # Every device must be published (a shared one's result is charged what it consumed, but no
+        # more than the device's request policy gives the request).
+        for pool in sorted({r["pool"] for r in results if self.state.device(r["pool"], r["device"]) is None}):
+            await self.state.learn_pool(pool)  # published a moment ago: the watch is behind
+        if unknown := next((r for r in results if self.state.device(r["pool"], r["device"]) is None), None):
+            return Answer(False, f"{who}: device {unknown['pool']}/{unknown['device']} is not published by any"
+                                 " ResourceSlice of driver gpu.gpuslice.dev, so its memory cannot be charged; the"
+                                 " scheduler tries again")
+        try:
+            held = held_by_policy(obj, self.state.device_memory)
+        except ValueError as error:  # a consumedCapacity that is no quantity: never the API server's
+            return Answer(False, f"{who}: {error}")
+        if (why := over_consumed(obj, self._size)) is not None:
+            return Answer(False, f"{who}: {why}")
         for policy, bytes_ in sorted(held.items()):
+            if not bytes_:
+                continue  # no memory held: a charge of 0 would only fill the ledger
             answer = await self._charge(request, who, namespace, policy, claim, uid, bytes_)
             if not answer.allowed:
                 return answer
         return ALLOW
+
+    async def _stored(self, request: Mapping[str, Any], namespace: str, name: str,
+                      uid: str) -> Mapping[str, Any] | None:
+        """The claim as the API server holds it: the watch's copy when it is of the very version the
+        write is against (the review's oldObject: the API server refuses the write if the claim
+        changed since), else read from the API server (a quorum read); None when there is none."""
+        version = str(((request.get("oldObject") or {}).get("metadata") or {}).get("resourceVersion") or "")
+        seen = self.state.claims.items.get((namespace, uid))
+        meta = (seen or {}).get("metadata") or {}
+        if seen is not None and version and meta.get("resourceVersion") == version and meta.get("name") == name:
+            return seen
+        try:
+            return await self.state.kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}")
+        except NotFound:
+            return None
+
+    def _size(self, pool: str, device: str) -> tuple[int, MemoryPolicy | None] | None:
+        found = self.state.device(pool, device)
+        return (found.memory, found.policy) if found is not None else None
 
     async def _charge(self, request: Mapping[str, Any], who: str, namespace: str, policy: str, claim: str, uid: str,
                       bytes_: int) -> Answer:

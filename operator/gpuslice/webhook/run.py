@@ -28,8 +28,9 @@ from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.observability.logging import configure_logging
 from gpuslice.observability.metrics import announce, serve_metrics
+from gpuslice.webhook.callers import Callers, ClientCaError
 from gpuslice.webhook.ledger import Ledgers
-from gpuslice.webhook.metrics import LEDGER_METRICS, RECKON_FAILURES, REVIEW_SECONDS, REVIEWS
+from gpuslice.webhook.metrics import CALLERS_REFUSED, LEDGER_METRICS, RECKON_FAILURES, REVIEW_SECONDS, REVIEWS
 from gpuslice.webhook.review import Answer, Reviewer
 from gpuslice.webhook.settings import WebhookSettings
 from gpuslice.webhook.state import State
@@ -39,17 +40,19 @@ log = structlog.get_logger(__name__)
 
 class Tls:
     """The serving certificate, read from its Secret and reloaded when it changes (new connections
-    get the new one; the listener stays)."""
+    get the new one; the listener stays), and the client CAs callers are asked for (``callers``)."""
 
-    def __init__(self, kube: KubeClient, secret: str) -> None:
-        self.kube, self.secret = kube, secret
+    def __init__(self, kube: KubeClient, secret: str, callers: Callers) -> None:
+        self.kube, self.secret, self.callers = kube, secret, callers
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        callers.configure(self.context)
         self._dir = Path(tempfile.mkdtemp(prefix="gpuslice-webhook-"))
         self._seen = b""
 
     async def refresh(self) -> bool:
-        """Load the Secret if it changed; whether a certificate is loaded."""
+        """Load the Secret if it changed (and the client CAs); whether a certificate is loaded."""
+        self.callers.reload(self.context)
         try:
             body = await self.kube.get(f"/api/v1/namespaces/{CONTROLLER_NAMESPACE}/secrets/{self.secret}")
         except KubeError as error:
@@ -84,9 +87,20 @@ def _response(uid: str, answer: Answer) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
-def application(reviewer: Reviewer) -> web.Application:
+def _peer_certificate(request: web.Request) -> bytes | None:
+    """The caller's certificate, DER, as the TLS handshake verified it; None when it gave none."""
+    ssl_object = request.transport.get_extra_info("ssl_object") if request.transport is not None else None
+    return ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+
+
+def application(reviewer: Reviewer, callers: Callers) -> web.Application:
     async def validate(request: web.Request) -> web.Response:
         started = time.monotonic()
+        if (why := callers.refusal(_peer_certificate(request))) is not None:
+            CALLERS_REFUSED.inc()
+            callers.tell(str(request.remote), why)
+            return web.json_response({"message": f"refused: {why}; only the API server may call this webhook"},
+                                     status=403)
         review = await request.json()
         body = review.get("request") or {}
         operation = "allocate" if body.get("operation") == "UPDATE" else "create"
@@ -176,10 +190,14 @@ async def run_webhook(settings: WebhookSettings) -> None:
     state = State(kube)
     LEDGER_METRICS.ledgers = lambda: list(state.ledgers.items.values())
     ledgers = Ledgers(state)
-    tls = Tls(kube, settings.tls_secret)
+    try:
+        tls = Tls(kube, settings.tls_secret, Callers(settings.client_ca_file, frozenset(settings.client_allowed_names)))
+    except ClientCaError:
+        await kube.close()
+        raise
 
     def ready() -> tuple[bool, str]:
-        if not tls.context.get_ca_certs() and not tls._seen:
+        if not tls._seen:
             return False, f"no serving certificate yet (Secret {CONTROLLER_NAMESPACE}/{settings.tls_secret})"
         return (True, "ok") if state.synced else (False, "caches not synced yet")
 
@@ -195,7 +213,7 @@ async def run_webhook(settings: WebhookSettings) -> None:
                 return
         for mirror in (state.policies, state.ledgers, state.slices, state.claims):
             await mirror.synced.wait()
-        runner = web.AppRunner(application(Reviewer(ledgers)), access_log=None)
+        runner = web.AppRunner(application(Reviewer(ledgers), tls.callers), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, settings.address, settings.port, ssl_context=tls.context).start()
         log.info("webhook started", address=settings.address, port=settings.port, path=MEMORY_WEBHOOK_PATH)

@@ -9,6 +9,7 @@ or released only after its claim is read again from the API server (planning.mem
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -20,7 +21,7 @@ from gpuslice.api.ledger import LEDGERS, GpuSliceLedger
 from gpuslice.api.status import ClassInForce
 from gpuslice.dra.names import DRIVER
 from gpuslice.dra.quantity import quantity_bytes
-from gpuslice.dra.wire import device_memory, pool_mark
+from gpuslice.dra.wire import MemoryPolicy, device_memory, memory_policy, pool_mark
 from gpuslice.kube.client import KubeClient
 from gpuslice.kube.watch import watch
 from gpuslice.planning.memory import claim_policies
@@ -29,6 +30,8 @@ log = structlog.get_logger(__name__)
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+LOOK_AGAIN = 2.0  # seconds before a pool read from the API server is read again
+MAX_LOOKED = 4096  # pools remembered as read, at most (more are forgotten once their LOOK_AGAIN is over)
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
@@ -103,7 +106,16 @@ def _name(obj: dict[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name", ""))
 
 
-def _slice_devices(obj: dict[str, Any]) -> dict[tuple[str, str], int]:
+@dataclass(frozen=True)
+class DeviceSize:
+    """What the webhook knows of a published device: its memory, and for a shared one how the
+    scheduler rounds what a request consumes of it."""
+
+    memory: int
+    policy: MemoryPolicy | None = None
+
+
+def _slice_devices(obj: dict[str, Any]) -> dict[tuple[str, str], DeviceSize]:
     """The memory of each device of a slice, by (pool, device). Only a slice of its own node's pool
     counts: the agents publish only those, and a kubelet may publish a slice of its node under any
     pool name (NodeRestriction checks only spec.nodeName), which must not resize another node's
@@ -113,8 +125,8 @@ def _slice_devices(obj: dict[str, Any]) -> dict[tuple[str, str], int]:
     pool = pool_mark(spec)[0]
     if spec.get("nodeName") != pool:
         return {}
-    return {(pool, str(device.get("name", ""))): memory for device in spec.get("devices") or []
-            if (memory := device_memory(device)) is not None}
+    return {(pool, str(device.get("name", ""))): DeviceSize(memory, memory_policy(device))
+            for device in spec.get("devices") or [] if (memory := device_memory(device)) is not None}
 
 
 def _ledger(obj: dict[str, Any]) -> GpuSliceLedger | None:
@@ -137,6 +149,7 @@ class State:
     """The webhook's caches, and an event set whenever something a ledger depends on changed."""
 
     kube: KubeClient
+    clock: Callable[[], float] = time.monotonic
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     dirty: set[str] = field(default_factory=set)  # namespaces whose ledgers to look at again
 
@@ -144,8 +157,10 @@ class State:
         self._by_namespace: dict[str, set[tuple[str, str]]] = {}
         self.policies: Mirror[str, PolicyView] = Mirror(_name, PolicyView.from_body, self._policy_changed)
         self.ledgers: Mirror[str, GpuSliceLedger] = Mirror(_name, _ledger, self._ledger_changed)
-        self.slices: Mirror[str, dict[tuple[str, str], int]] = Mirror(_name, _slice_devices, self._slice_changed)
-        self._memory: dict[tuple[str, str], int] = {}  # (pool, device) -> bytes, from every slice seen
+        self.slices: Mirror[str, dict[tuple[str, str], DeviceSize]] = Mirror(_name, _slice_devices,
+                                                                             self._slice_changed)
+        self._devices: dict[tuple[str, str], DeviceSize] = {}  # (pool, device), from every slice seen
+        self._looked: dict[str, float] = {}  # pool -> when it was last read from the API server
         self._slice_keys: dict[str, set[tuple[str, str]]] = {}
         self.claims: Mirror[tuple[str, str], dict[str, Any]] = Mirror(_claim_key, lambda o: o, self._claim_changed)
 
@@ -166,21 +181,33 @@ class State:
         self.dirty.add(key[0])
         self.changed.set()
 
-    def _slice_changed(self, name: str, devices: dict[tuple[str, str], int] | None) -> None:
+    def _slice_changed(self, name: str, devices: dict[tuple[str, str], DeviceSize] | None) -> None:
         """Keep the flat index of device memory. A device's name fixes its size, so an entry another
         slice (an older generation of the pool) still names can stay."""
         for key in self._slice_keys.pop(name, set()) - set(devices or {}):
             if not any(key in keys for keys in self._slice_keys.values()):
-                self._memory.pop(key, None)
+                self._devices.pop(key, None)
         if devices:
             self._slice_keys[name] = set(devices)
-            self._memory.update(devices)
+            self._devices.update(devices)
 
     def device_memory(self, pool: str, device: str) -> int | None:
-        return self._memory.get((pool, device))
+        found = self._devices.get((pool, device))
+        return found.memory if found is not None else None
+
+    def device(self, pool: str, device: str) -> DeviceSize | None:
+        return self._devices.get((pool, device))
 
     async def learn_pool(self, pool: str) -> None:
-        """Read ``pool``'s slices from the API server (a device the watch has not brought yet)."""
+        """Read ``pool``'s slices from the API server (a device the watch has not brought yet), at
+        most once every ``LOOK_AGAIN`` seconds: a review naming pools that do not exist (anyone's to
+        send, without client authentication) costs no LIST each."""
+        now = self.clock()
+        if (last := self._looked.get(pool)) is not None and now - last < LOOK_AGAIN:
+            return
+        self._looked[pool] = now
+        if len(self._looked) > MAX_LOOKED:
+            self._looked = {p: t for p, t in self._looked.items() if now - t < LOOK_AGAIN}
         for item in await self.kube.list(SLICES, fieldSelector=f"spec.driver={DRIVER},spec.pool.name={pool}"):
             self.slices.handle("MODIFIED", item)
 

@@ -13,10 +13,9 @@ from gpuslice.kube.client import KubeClient
 from gpuslice.planning.reads.retry import turned_away
 from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
 from tests.cluster.controller.test_allocation import allocation, pod_using
-from tests.cluster.controller.test_max_memory import memory_claim
-from tests.cluster.controller.test_max_memory_rush import shared_tenant
 from tests.cluster.kubeutil import RESOURCE, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
+from tests.cluster.webhook.budgets import memory_claim, shared_tenant
 
 __all__ = ["agent_rbac", "gpu_node"]
 

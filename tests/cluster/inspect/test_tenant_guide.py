@@ -258,7 +258,7 @@ async def test_a_memory_budget_reads_as_the_guide_says(
     """notebooks with data-science given maxMemory 20Gi: the page's claim of 15Gi is allocated, a
     second of 10Gi is refused at allocation and one of 25Gi when it is made, as the page says."""
     from tests.cluster.controller.test_allocation import allocation, pod_using
-    from tests.cluster.controller.test_max_memory import admits, memory_in_force, refused_at_allocation
+    from tests.cluster.webhook.budgets import admits, memory_in_force, refused_at_allocation
 
     node = await gpu_node("h100-80gb", 1)  # room for the two notebooks: only the budget stops the second
     data_science = await namespaces("ds")

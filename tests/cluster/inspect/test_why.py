@@ -162,7 +162,7 @@ async def test_over_max_memory_says_what_the_namespace_holds_and_what_the_claim_
     gpu_node: GpuNodeFactory, namespace: str, gpuslice: Cli,
 ) -> None:
     from tests.cluster.controller.test_allocation import allocation
-    from tests.cluster.controller.test_max_memory import budget_policy, claim_with_pod, memory_claim
+    from tests.cluster.webhook.budgets import budget_policy, claim_with_pod, memory_claim
 
     name, klass, _ = await budget_policy(kube, make_policy, gpu_node, namespace, {"mode": "shared", "sliceSize": "1Gi"})
     # a and b allocated first: the scheduler takes pods in no set order, and whichever comes third is refused.

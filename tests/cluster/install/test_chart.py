@@ -1,6 +1,6 @@
 """The Helm chart installs what kustomize installs: ``helm template`` with the default values is the
-nvidia overlay, with ci/kind-values.yaml the kind overlay, and with the monitoring and NetworkPolicy
-values on, the nvidia overlay with both components, object for object (less the Namespace, which
+nvidia overlay, with ci/kind-values.yaml the kind overlay, and with the monitoring, NetworkPolicy
+and webhook client authentication values on, the nvidia overlay with those components, object for object (less the Namespace, which
 is the release's, and the pre-delete hook, which only the chart has). Everything the chart can
 render, the Prometheus Operator's kinds included (their CRDs installed from its Go module), passes a
 server-side dry-run against the real apiserver; a value the chart does not know is refused."""
@@ -26,7 +26,9 @@ from tests.hacktools import hack_tool
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts/gpuslice"
 EVERYTHING_ON = ["--set", "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true,"
-                 "metrics.dashboard.enabled=true,networkPolicy.enabled=true"]
+                 "metrics.dashboard.enabled=true,networkPolicy.enabled=true,"
+                 "webhook.clientAuth.caConfigMap=gpuslice-webhook-client-ca"]
+COMPONENTS = ("monitoring", "networkpolicy", "webhook-client-auth")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,7 @@ def test_the_chart_renders_what_kustomize_installs(helm: str, kustomize: str, ca
         wanted = render(kustomize, "manifests/overlays/kind")
         chart = template(helm, "-f", str(CHART / "ci/kind-values.yaml"))
     else:
-        wanted, chart = with_components(kustomize, "monitoring", "networkpolicy"), template(helm, *EVERYTHING_ON)
+        wanted, chart = with_components(kustomize, *COMPONENTS), template(helm, *EVERYTHING_ON)
     kustomized = by_object([d for d in wanted if d["kind"] != "Namespace"])
     helmed = by_object([d for d in chart if "helm.sh/hook" not in d["metadata"].get("annotations", {})])
     assert sorted(helmed) == sorted(kustomized), "the chart and kustomize install different objects"

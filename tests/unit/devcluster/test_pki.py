@@ -64,3 +64,22 @@ def test_service_account_key_pair_matches() -> None:
     pair = service_account_key()
     assert b"PUBLIC KEY" in pair.cert_pem
     assert b"PRIVATE KEY" in pair.key_pem
+
+
+def test_the_api_server_presents_its_webhook_client_certificate_to_every_webhook(tmp_path: Path) -> None:
+    """Both webhook admission plugins read one kubeconfig whose default entry (``*``: the dev cluster's
+    webhooks are called by URL, on ports chosen later) is the client certificate of WEBHOOK_CLIENT."""
+    from gpuslice.devcluster.pki import WEBHOOK_CLIENT, admission_configuration, admission_webhooks_kubeconfig
+
+    ca = CertificateAuthority.create()
+    config = yaml.safe_load(admission_webhooks_kubeconfig(ca.issue_client(WEBHOOK_CLIENT)))
+    [user] = config["users"]
+    assert user["name"] == "*"
+    cert = x509.load_pem_x509_certificate(base64.b64decode(user["user"]["client-certificate-data"]))
+    _verify(ca, cert)
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == WEBHOOK_CLIENT
+    admission = yaml.safe_load(admission_configuration(tmp_path / "webhooks.kubeconfig"))
+    assert admission["kind"] == "AdmissionConfiguration"
+    assert {p["name"]: p["configuration"]["kubeConfigFile"] for p in admission["plugins"]} == {
+        "ValidatingAdmissionWebhook": str(tmp_path / "webhooks.kubeconfig"),
+        "MutatingAdmissionWebhook": str(tmp_path / "webhooks.kubeconfig")}

@@ -77,6 +77,29 @@ def test_a_retried_allocation_is_charged_once() -> None:
     assert not judge(list(again.charges), 30 * GI, "c", "uc", 1, _at(0), 2).allowed  # at most 2 charges
 
 
+def test_a_review_never_lowers_a_charge() -> None:
+    """A tenant with 20Gi holds a and b (10Gi each); a review saying a consumed 0 leaves a's charge at
+    10Gi (before the second December review it was lowered, and a third 10Gi was admitted)."""
+    held = [Charge(claim=n, uid=f"u{n}", bytes=10 * GI, at=_at(30)) for n in "ab"]
+    lowered = judge(held, 20 * GI, "a", "ua", 0, _at(0), 100)
+    assert lowered.allowed
+    assert {c.uid: c.bytes for c in lowered.charges} == {"ua": 10 * GI, "ub": 10 * GI}
+    assert not judge(list(lowered.charges), 20 * GI, "c", "uc", 10 * GI, _at(0), 100).allowed
+    raised = judge(held, 30 * GI, "a", "ua", 20 * GI, _at(0), 100)
+    assert {c.uid: c.bytes for c in raised.charges} == {"ua": 20 * GI, "ub": 10 * GI}
+
+
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 8)), max_size=40), st.integers(1, 40))
+def test_judged_in_any_order_no_charge_ever_goes_down(asks: list[tuple[str, int]], limit: int) -> None:
+    charges: list[Charge] = []
+    for claim, gib in asks:
+        before = {c.uid: c.bytes for c in charges}
+        verdict = judge(charges, limit * GI, claim, f"u{claim}", gib * GI, _at(0), 4096)
+        if verdict.allowed:
+            charges = list(verdict.charges)
+        assert all(c.bytes >= before.get(c.uid, 0) for c in charges)
+
+
 @given(st.lists(st.tuples(st.sampled_from("abcdefgh"), st.integers(1, 8)), max_size=40), st.integers(1, 40))
 def test_judged_one_after_another_the_charges_never_pass_the_limit(asks: list[tuple[str, int]], limit: int) -> None:
     charges: list[Charge] = []

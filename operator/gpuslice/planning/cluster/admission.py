@@ -18,9 +18,13 @@ never evaluated, and never refused when gpuslice, its controller or its CRD is m
   other class that happens to select gpuslice's driver (a catch-all class an administrator
   made, another vendor's class with a loose selector) would escape both. It has no parameter:
   it holds with no policy at all, and for the devices of a policy that is gone.
+- ``gpuslice-policy-status`` (``planning/cluster/policy_status_rule.py``): every writer of a
+  policy's status but the controller may only record or remove defragmentation moves there, never
+  the records tenancy and limits are judged against.
 
-The controller's identity is written into the second and third: running it as another
-identity means editing that username (see docs/controller.md).
+The controller's identity is written into the admin-access guard, the controller's write limits and
+the status guard: running it as another identity means editing that username (see
+docs/controller.md).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from gpuslice.dra.names import (
     TENANCY_LABEL,
 )
 from gpuslice.planning.cluster.cluster_objects import Manifest
+from gpuslice.planning.cluster.policy_status_rule import POLICY_STATUS, policy_status_guard
 from gpuslice.planning.cluster.tenancy_rule import (
     ADMISSION_V1,
     NON_TENANTS,
@@ -54,7 +59,7 @@ CONTROLLER_USER = f"system:serviceaccount:{CONTROLLER_NAMESPACE}:gpuslice-contro
 ADMIN_LABEL_GUARD = "gpuslice-admin-access-label"
 CONTROLLER_WRITES = "gpuslice-controller-writes"
 DEVICE_CLASSES = "gpuslice-device-classes"
-STATIC_POLICIES = (TENANCY, NON_TENANTS, ADMIN_LABEL_GUARD, CONTROLLER_WRITES, DEVICE_CLASSES)
+STATIC_POLICIES = (TENANCY, NON_TENANTS, ADMIN_LABEL_GUARD, CONTROLLER_WRITES, DEVICE_CLASSES, POLICY_STATUS)
 
 
 def admin_access_guard(controller_user: str = CONTROLLER_USER) -> Manifest:
@@ -247,7 +252,8 @@ def static_manifests(controller_user: str = CONTROLLER_USER) -> list[Manifest]:
     return [tenancy_policy(), tenancy_binding(), non_tenants_policy(), binding(NON_TENANTS),
             admin_access_guard(controller_user), binding(ADMIN_LABEL_GUARD),
             controller_writes(controller_user), binding(CONTROLLER_WRITES),
-            device_classes_policy(), binding(DEVICE_CLASSES)]
+            device_classes_policy(), binding(DEVICE_CLASSES),
+            policy_status_guard(controller_user), binding(POLICY_STATUS)]
 
 
 def admission_yaml(controller_user: str = CONTROLLER_USER) -> str:
@@ -256,12 +262,13 @@ def admission_yaml(controller_user: str = CONTROLLER_USER) -> str:
         "# gpuslice's admission policies: tenancy (every GpuSlicePolicy is a parameter; it judges the\n"
         "# namespaces labelled gpuslice.dev/tenancy=judged), gpuslice's claims refused in every other\n"
         "# namespace, the admin-access label guard, the limits on the controller's own writes, and\n"
-        "# gpuslice's devices only through gpuslice's DeviceClasses. Each judges only gpuslice's claims\n"
-        "# and allocations (matchConditions): with gpuslice's CRD or controller missing, every other\n"
-        "# claim in the cluster is still admitted. Apply after crds/.\n"
+        "# gpuslice's devices only through gpuslice's DeviceClasses, and a policy's status written by the\n"
+        "# controller only (others may record defragmentation moves). Each judges only gpuslice's claims,\n"
+        "# allocations and policies (matchConditions): with gpuslice's CRD or controller missing, every\n"
+        "# other claim in the cluster is still admitted. Apply after crds/.\n"
         f"# The controller's identity, {controller_user}, is named in the admin-access\n"
-        "# label guard and the controller's write limits: to run it as another identity, replace that\n"
-        "# username (docs/controller.md).\n"
+        "# label guard, the controller's write limits and the status guard: to run it as another\n"
+        "# identity, replace that username (docs/controller.md).\n"
     )
     documents = [yaml.safe_dump(m, sort_keys=False, width=100) for m in static_manifests(controller_user)]
     return header + "---\n".join(documents)
