@@ -4,9 +4,10 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST ?= $(BIN)/pytest
+comma  := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help venv kube-bin lint test test-unit test-cluster test-faults demo crds protos bench clean manifests constraints \
+.PHONY: help venv kube-bin lint test test-unit test-cluster test-faults test-136 demo crds protos bench clean manifests constraints \
         docs reference \
         kustomize image \
         kind-up kind-deploy kind-demo kind-undeploy kind-down undeploy kind-images test-kind
@@ -37,6 +38,7 @@ help:
 	@echo "make test-unit     fast tests, no cluster"
 	@echo "make test-cluster  tests against the real control plane (the faults tier included)"
 	@echo "make test-faults   only the faults tier: stalls, restarts and kills, with an invariant checker"
+	@echo "make test-136      the 1.36 tier: tests/cluster/tiers.py's cluster tests on a stock Kubernetes 1.36 (built first)"
 	@echo "make bench         packing, scheduler cost, scale and planner figures against their targets (not in make test)"
 	@echo "make test-kind     the kind tier: build a kind node image here, install gpuslice on kind, check, uninstall"
 	@echo "make kind-up       create a kind cluster with three fake-GPU workers (kind/cluster.yaml)"
@@ -68,9 +70,11 @@ constraints:
 
 venv: $(STAMP)
 
+# KUBE_VERSION=1.36 builds that minor (hack/kube/go.1.36.mod) rather than go.mod's; each is cached apart.
+KUBE_VERSION ?=
 kube-bin: $(STAMP)
-	@echo ">> control-plane binaries (Kubernetes from Go modules, cached by content hash)"
-	@$(BIN)/gpuslice dev-cluster build
+	@echo ">> control-plane binaries (Kubernetes $(or $(KUBE_VERSION),from hack/kube/go.mod) from Go modules, cached by content hash)"
+	@$(BIN)/gpuslice dev-cluster build $(if $(KUBE_VERSION),--kube-version $(KUBE_VERSION))
 
 lint: $(STAMP)
 	@echo ">> ruff"
@@ -106,6 +110,13 @@ test-faults: kube-bin
 	@echo ">> faults tier (stalled, restarted and killed components; invariants checked throughout)"
 	@$(PYTEST) tests/cluster/faults
 
+# The same tests on a stock 1.36 (no gate, no runtime config; tests/cluster/stock checks it is stock):
+# the ones tests/cluster/tiers.py marks k136. Not in `make test`: .ci/run runs it.
+test-136: kustomize
+	@$(MAKE) --no-print-directory kube-bin KUBE_VERSION=1.36
+	@echo ">> 1.36 tier (a stock Kubernetes 1.36 control plane and pod runners; $(CLUSTER_WORKERS) workers)"
+	@GPUSLICE_KUBE_VERSION=1.36 $(PYTEST) -n $(CLUSTER_WORKERS) --dist loadfile -m k136 tests/cluster
+
 # kube-bin first: lint's go vet reuses what it compiled.
 test: kube-bin lint docs test-unit test-cluster
 
@@ -126,8 +137,11 @@ demo: kube-bin
 	@$(BIN)/gpuslice demo
 
 # Figures for the README and bench/results.json; BENCH_SIZE=small for a quick run, BENCH_ONLY=packing,planner
-# for some figures. Needs an idle machine: the full size takes a while (see bench/README.md).
+# for some figures, BENCH_KUBE_VERSION=1.37,1.36 for each on each minor in turn (the first's are the run's).
+# Needs an idle machine: the full size takes a while (see bench/README.md).
 bench: kube-bin
+	@for minor in $(subst $(comma), ,$(BENCH_KUBE_VERSION)); do \
+	  $(MAKE) --no-print-directory kube-bin KUBE_VERSION=$$minor || exit 1; done
 	@echo ">> bench: figures against their targets on the real scheduler (results in bench/)"
 	@$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	@$(BIN)/python -m gpuslice.bench

@@ -31,6 +31,8 @@ from typing import Any
 
 import yaml
 
+from gpuslice.dra.support import chart_kube_version  # the support matrix: the chart refuses what it refuses
+
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "gpuslice"
 NAMESPACE = "gpuslice-system"
@@ -532,7 +534,7 @@ def render(build: Build) -> dict[Path, str]:
     files[CHART / "Chart.yaml"] = GENERATED + dump({
         "apiVersion": "v2", "name": "gpuslice", "version": release, "appVersion": release,
         "description": "Per-tenant GPU slicing policy turned into native Kubernetes Dynamic Resource Allocation",
-        "type": "application", "kubeVersion": ">=1.36.0-0",
+        "type": "application", "kubeVersion": chart_kube_version(),
         "keywords": ["gpu", "dra", "dynamic-resource-allocation", "mig", "multi-tenancy"]})
     values = default_values(everything)
     files[CHART / "values.yaml"] = GENERATED + "\n".join(emit_values(values)) + "\n"

@@ -18,7 +18,9 @@ code relies on, and nothing else:
   alone;
 - ``dryRun=All`` on every write: judged like the write, stored never;
 - admission, as the test configures it (:meth:`FakeApi.admit`: a function of the request and the
-  object it would store that may refuse it), and faults on cue (:meth:`FakeApi.fail`: a 404, 409,
+  object it would store that may refuse it), a feature gate that is off (:meth:`FakeApi.drop`: a
+  field of a kind taken away on every write, without an error, as ``dropDisabledFields`` does), and
+  faults on cue (:meth:`FakeApi.fail`: a 404, 409,
   422, 503 ... for the next N requests that match);
 - every request recorded (:attr:`FakeApi.requests`), so a test can say what was written, or that
   nothing was.
@@ -190,6 +192,7 @@ class FakeApi:
         self.requests: list[Request] = []
         self.cues: list[Cue] = []
         self.admission: list[Admission] = []
+        self.dropped: list[tuple[str, tuple[str, ...]]] = []  # (plural, path of keys) taken away on writes
         self._version = itertools.count(100)
         self._names = itertools.count(1)
 
@@ -236,6 +239,11 @@ class FakeApi:
     def admit(self, rule: Admission) -> None:
         """Judge every write, dry runs included, with ``rule`` too."""
         self.admission.append(rule)
+
+    def drop(self, plural: str, path: str) -> None:
+        """Take the field at the dotted ``path`` (e.g. ``spec.extendedResourceName``) out of every
+        ``plural`` written, dry runs included, and answer with what is left: a gate that is off."""
+        self.dropped.append((plural, tuple(path.split("."))))
 
     def fail(self, method: str, path: str, code: int, message: str = "", *, reason: str = "", times: int | None = 1,
              dry_run: bool | None = None, causes: Iterable[dict[str, str]] = (),
@@ -333,6 +341,12 @@ class FakeApi:
             after = None
         else:
             after = self._updated(request, where, live)
+        for plural, keys in self.dropped:
+            parent = after if plural == where.plural else None
+            for key in keys[:-1]:
+                parent = parent.get(key) if isinstance(parent, dict) else None
+            if isinstance(parent, dict):
+                parent.pop(keys[-1], None)
         for rule in self.admission:
             refusal = rule(request, after)  # rules only read
             if refusal is not None:

@@ -8,7 +8,8 @@ package main
 // container's DRA claims from the DRA manager, turned into the API's DynamicResource
 // as the kubelet's container manager does (cm/container_manager_linux.go,
 // GetDynamicResources). A fake node has no device plugins, CPU or memory managers,
-// so those providers answer nothing.
+// so those providers answer nothing (podresources_*.go: their interfaces differ between
+// Kubernetes minors).
 
 import (
 	"context"
@@ -26,30 +27,6 @@ import (
 
 // podResourcesSocket is where the fake node serves the API, relative to its root.
 const podResourcesSocket = "pod-resources/kubelet.sock"
-
-type noDevices struct{}
-
-func (noDevices) UpdateAllocatedDevices(klog.Logger) {}
-func (noDevices) GetDevices(string, string) []*podresourcesapi.ContainerDevices {
-	return nil
-}
-func (noDevices) GetAllocatableDevices(klog.Logger) []*podresourcesapi.ContainerDevices {
-	return nil
-}
-
-type noCPUs struct{}
-
-func (noCPUs) GetCPUs(*v1.Pod, *v1.Container) []int64 { return nil }
-func (noCPUs) GetPodCPUs(string) []int64              { return nil }
-func (noCPUs) GetAllocatableCPUs() []int64            { return nil }
-
-type noMemory struct{}
-
-func (noMemory) GetMemory(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesapi.ContainerMemory {
-	return nil
-}
-func (noMemory) GetPodMemory(klog.Logger, string) []*podresourcesapi.ContainerMemory { return nil }
-func (noMemory) GetAllocatableMemory(klog.Logger) []*podresourcesapi.ContainerMemory { return nil }
 
 // podsProvider: the pods the runner admitted, as the kubelet's pod manager would list them.
 type podsProvider struct{ r *podRunner }
@@ -72,10 +49,11 @@ func (p podsProvider) GetPodByName(namespace, name string) (*v1.Pod, bool) {
 	return obj.(*v1.Pod), true
 }
 
-// dynamicResources: what the kubelet's container manager answers, from the same DRA manager.
+// dynamicResources: what the kubelet's container manager answers, from the same DRA manager
+// (its provider method, whose signature differs between minors, is in podresources_*.go).
 type dynamicResources struct{ r *podRunner }
 
-func (d dynamicResources) GetDynamicResources(logger klog.Logger, pod *v1.Pod, container *v1.Container) []*podresourcesapi.DynamicResource {
+func (d dynamicResources) resources(logger klog.Logger, pod *v1.Pod, container *v1.Container) []*podresourcesapi.DynamicResource {
 	infos, err := d.r.dra.GetContainerClaimInfos(pod, container)
 	if err != nil {
 		logger.Error(err, "Unable to get container claim info state")

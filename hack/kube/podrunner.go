@@ -162,7 +162,7 @@ func runPodRunner(args []string) int {
 		logger.Error(err, "cannot start the DRA manager")
 		return 1
 	}
-	defer r.dra.Stop()
+	defer stopDRA(r.dra)
 	plugins := pluginmanager.NewPluginManager(filepath.Join(*root, "plugins_registry"), r.recorder)
 	plugins.AddHandler("DRAPlugin", r.dra.GetWatcherHandler())
 	go plugins.Run(ctx, sourcesReady, ctx.Done())
@@ -322,7 +322,7 @@ func (r *podRunner) markRunning(ctx context.Context, pod *v1.Pod) error {
 		})
 	}
 	// As the kubelet's status manager does: the health of each container's allocated devices.
-	r.dra.UpdateAllocatedResourcesStatus(klog.FromContext(ctx), pod, status)
+	updateAllocatedResourcesStatus(klog.FromContext(ctx), r.dra, pod, status)
 	_, err := r.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{})
 	if err == nil {
 		r.recorder.Eventf(pod, v1.EventTypeNormal, "Started", "Containers recorded (gpuslice fake node: not executed)")
@@ -352,7 +352,7 @@ func (r *podRunner) healthUpdates(ctx context.Context) {
 // statuses (allocatedResourcesStatus), when it differs from what the pod shows.
 func (r *podRunner) updateResourceHealth(ctx context.Context, pod *v1.Pod) error {
 	updated := pod.DeepCopy()
-	r.dra.UpdateAllocatedResourcesStatus(klog.FromContext(ctx), pod, &updated.Status)
+	updateAllocatedResourcesStatus(klog.FromContext(ctx), r.dra, pod, &updated.Status)
 	same := true
 	for i := range pod.Status.ContainerStatuses {
 		if i >= len(updated.Status.ContainerStatuses) || !reflect.DeepEqual(

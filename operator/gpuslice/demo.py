@@ -92,7 +92,8 @@ async def show_cluster(kube: KubeClient, cluster: DevCluster, console: Console) 
     console.print(api)
     assert cluster.features is not None
     missing = [r for r in NEEDED if r not in served.get("v1", [])]
-    if "devicetaintrules" not in served.get(cluster.features.taint_rule_version, []):
+    rules = cluster.features.taint_rule_version  # where the release serves DeviceTaintRule, if anywhere
+    if rules is not None and "devicetaintrules" not in served.get(rules, []):
         missing.append("devicetaintrules")
     if missing or len(nodes) != len(cluster.node_names):
         raise DemoFailed(f"the cluster is not what gpuslice needs: missing {missing}, {len(nodes)} nodes")

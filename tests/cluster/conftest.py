@@ -21,6 +21,7 @@ from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.devcluster.ports import PORTS_ENV, port_range
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.kubeutil import create_namespace, delete_namespace, dev_cluster, wait_for
+from tests.cluster.tiers import K136
 
 NODES = 2
 GPUS_PER_NODE = 8
@@ -45,6 +46,8 @@ _ports_of_this_worker()
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.cluster)
+        if item.nodeid.split("[", 1)[0] in K136:
+            item.add_marker(pytest.mark.k136)
 
 
 LOG_TAIL = 40  # lines of each of gpuslice's own components, warnings and errors only

@@ -15,7 +15,9 @@ import aiohttp
 
 from gpuslice.devcluster import binaries
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
+from gpuslice.dra.support import taint_rule_api
 from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.discovery import served_resources
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
@@ -80,6 +82,13 @@ async def delete_namespace(kube: KubeClient, name: str) -> None:
         for pod in await kube.list(f"/api/v1/namespaces/{name}/pods"):
             await kube.delete(f"/api/v1/namespaces/{name}/pods/{pod['metadata']['name']}", gracePeriodSeconds=0)
         await kube.delete(f"/api/v1/namespaces/{name}")
+
+
+async def taint_rules(kube: KubeClient, **query: str) -> list[dict[str, Any]]:
+    """The DeviceTaintRules the server holds, where it serves them (``resource.k8s.io/v1`` on 1.37);
+    none where it serves none (a stock 1.36), which is no 404."""
+    api = taint_rule_api(await served_resources(kube, "resource.k8s.io"))
+    return await kube.list(f"/apis/{api}/devicetaintrules", **query) if api else []
 
 
 def _slice(name: str, driver: str, node: str, slices: int, **content: Any) -> dict[str, Any]:

@@ -257,3 +257,25 @@ def topology_lines(topology: Mapping[str, Any]) -> list[str]:
         lines.append(f"   {label:<44} {before:>10} {after:>10}")
     lines.append("")
     return lines
+
+
+def render_versions(by_version: Mapping[str, Mapping[str, Any]]) -> str:
+    """The scheduler figure of each Kubernetes version side by side (``BENCH_KUBE_VERSION=1.37,1.36``):
+    CPU per placed pod and pods bound per second, per fleet and layout."""
+    versions = list(by_version)
+    rows: dict[tuple[str, str, str], dict[str, Mapping[str, Any]]] = {}
+    for version, results in by_version.items():
+        scheduler = (results.get("figures") or {}).get("scheduler") or {}
+        for view in ("same_fleet", "same_pods"):
+            for row in scheduler.get(view) or []:
+                rows.setdefault((view, row["fleet"], row["layout"]), {})[version] = row
+    if not rows:
+        return "Scheduler by Kubernetes version: no scheduler figure was measured."
+    head = "".join(f" {v + ' ms/pod':>16} {'pods/s':>7}" for v in versions)
+    lines = ["Scheduler by Kubernetes version (kube-scheduler CPU per placed pod; pods bound per second)",
+             f"   {'view':<10} {'fleet':<16} {'layout':<14}{head}"]
+    for (view, fleet, layout), found in rows.items():
+        cells = "".join(f" {found[v]['ms_per_pod']:>16.2f} {found[v]['pods_per_s']:>7.1f}" if v in found
+                        else f" {'-':>16} {'-':>7}" for v in versions)
+        lines.append(f"   {view:<10} {fleet:<16} {layout:<14}{cells}")
+    return "\n".join(lines)

@@ -21,8 +21,17 @@ import structlog
 
 from gpuslice import __version__
 from gpuslice.bench.harness import BenchCluster, BenchPartial
-from gpuslice.bench.report import headline, latest, regressions, render_text, trim_history, verdicts
+from gpuslice.bench.report import (
+    headline,
+    latest,
+    regressions,
+    render_text,
+    render_versions,
+    trim_history,
+    verdicts,
+)
 from gpuslice.bench.trace import TraceSpec
+from gpuslice.devcluster.binaries import KUBE_VERSION_ENV
 
 FIGURES = ("packing", "fragmentation", "scheduler", "scale", "planner", "topology")
 
@@ -196,14 +205,42 @@ def assemble(size: Size, only: tuple[str, ...], figures: dict[str, Any], kuberne
     return results
 
 
+def kube_versions() -> list[str]:
+    """``BENCH_KUBE_VERSION``: the Kubernetes minors to measure on, one after another in this run
+    (``1.37,1.36``); none: hack/kube's default. The first is the run's own (results.json and the
+    history); each other's figures go to results-kube<minor>.json beside it, compared with nothing."""
+    return [v.strip().removeprefix("v") for v in os.environ.get("BENCH_KUBE_VERSION", "").split(",") if v.strip()]
+
+
 def main() -> None:
     size = SIZES[os.environ.get("BENCH_SIZE", "full")]
     only = tuple(f for f in os.environ.get("BENCH_ONLY", ",".join(FIGURES)).split(",") if f)
     out = Path(os.environ.get("BENCH_DIR", "bench"))
-    results_path = out / f"results{'' if size.name == 'full' else '-' + size.name}.json"
     # The fleet harness runs hundreds of agents in this process: their warnings (a policy not judged
     # yet, a retried request) would drown the report.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    versions = kube_versions() or [""]
+    started = time.monotonic()
+    by_version: dict[str, dict[str, Any]] = {}
+    failed: list[str] = []
+    for index, version in enumerate(versions):
+        if version:
+            os.environ[KUBE_VERSION_ENV] = version  # devcluster.binaries picks that minor's build
+        name = "" if index == 0 else f"-kube{version}"
+        results = run_once(size, only, out, name, history=index == 0)
+        by_version[version or results["meta"]["kubernetes"]] = results
+        failed += [f"{f} (Kubernetes {version})" if version else f for f in results["failed"]]
+    elapsed = time.monotonic() - started
+    if len(by_version) > 1:
+        print(render_versions(by_version))
+    print(f"\nmake bench took {elapsed / 60:.1f} min ({size.name} size); results in {out}/")
+    if failed:
+        sys.exit(f"make bench: {', '.join(failed)} failed (see above; what was measured is in {out}/)")
+
+
+def run_once(size: Size, only: tuple[str, ...], out: Path, name: str, history: bool) -> dict[str, Any]:
+    """Every figure of ``only`` on one control plane; results{-size}{name}.json, and the history."""
+    results_path = out / f"results{'' if size.name == 'full' else '-' + size.name}{name}.json"
     load_before = os.getloadavg()
     if size.name == "full" and load_before[0] > 1.5:
         say(f"warning: load average {load_before[0]:.1f} before the run: the machine is busy, figures will be off")
@@ -219,25 +256,24 @@ def main() -> None:
         figures, kubernetes = asyncio.run(measure(size, only, Path(state), save))
     elapsed = time.monotonic() - started
     results = assemble(size, only, figures, kubernetes, load_before, elapsed, True)
-    history_path = out / "history.json"
-    history = json.loads(history_path.read_text()) if history_path.exists() else []
+    results["meta"]["kubernetes"] = kubernetes
     flat = headline(figures)
-    results["regressions"] = regressions(flat, latest(history, size.name))
+    if history:
+        history_path = out / "history.json"
+        runs = json.loads(history_path.read_text()) if history_path.exists() else []
+        results["regressions"] = regressions(flat, latest(runs, size.name))
+        entry = {"when": results["meta"]["when"], "commit": git_commit(), "size": size.name, "figures": flat,
+                 "failed": sorted(results["failed"])}
+        history_path.write_text(json.dumps(trim_history(runs, entry), indent=1))
     results_path.write_text(json.dumps(results, indent=1))
-    entry = {"when": results["meta"]["when"], "commit": git_commit(), "size": size.name, "figures": flat,
-             "failed": sorted(results["failed"])}
-    history_path.write_text(json.dumps(trim_history(history, entry), indent=1))
-    if "modes" in (figures.get("packing") or {}):
+    if history and "modes" in (figures.get("packing") or {}):
         from gpuslice.bench.plot import packing_plot
 
         plotted = packing_plot(figures["packing"], out / "packing.png")
         if plotted is None:
             say("no matplotlib: the packing plot was not drawn (pip install -e '.[bench]')")
     print(render_text(results))
-    print(f"\nmake bench took {elapsed / 60:.1f} min ({size.name} size); results in {out}/")
-    if results["failed"]:
-        sys.exit(f"make bench: {', '.join(results['failed'])} failed (see above; what was measured is in"
-                 f" {results_path})")
+    return results
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from gpuslice.dra.names import LABEL_POLICY, short_hash
+from gpuslice.dra.support import dropped_message, dropped_paths
 from gpuslice.kube.client import Invalid, KubeClient, KubeError, NotFound
 from gpuslice.kube.paths import collection, object_path
 from gpuslice.observability.failpoints import failpoint
@@ -69,22 +70,23 @@ def stamped(manifest: dict[str, Any]) -> dict[str, Any]:
     return {**manifest, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), APPLIED: digest}}}
 
 
-async def apply_object(kube: KubeClient, manifest: dict[str, Any], live: dict[str, Any] | None) -> bool:
-    """Apply ``manifest`` unless ``live`` already matches; True when something was written."""
+async def apply_object(kube: KubeClient, manifest: dict[str, Any],
+                       live: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Apply ``manifest`` unless ``live`` already matches; the server's answer when something was
+    written, None when nothing was."""
     manifest = stamped(manifest)
     if live is not None and contains(manifest, live):
-        return False
+        return None
     path = object_path(manifest)
     try:
-        await kube.apply(path, manifest, field_manager=FIELD_MANAGER)
+        return await kube.apply(path, manifest, field_manager=FIELD_MANAGER)
     except Invalid as error:
         if not (error.immutable and live is not None):
             raise
         # A ResourceClaimTemplate's spec cannot change: replace the template. Claims
         # already made from it keep their own copy of the spec.
         await kube.delete(path)
-        await kube.apply(path, manifest, field_manager=FIELD_MANAGER)
-    return True
+        return await kube.apply(path, manifest, field_manager=FIELD_MANAGER)
 
 
 async def converge(
@@ -108,14 +110,19 @@ async def converge(
         for path, manifest in wanted.items():
             if (manifest["apiVersion"], manifest["kind"]) != (api_version, kind):
                 continue
+            meta = manifest["metadata"]
+            where = f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
             try:
-                if await apply_object(kube, manifest, live.get(path)):
+                answer = await apply_object(kube, manifest, live.get(path))
+                if answer is not None:
                     result.written.append(path)
                     failpoint("controller.object-applied")
+                    # Accepted is not kept: a gate that is off drops its fields (the class without its
+                    # extended resource, the template without its capacity request) without an error.
+                    if lost := dropped_paths(manifest.get("spec"), answer.get("spec"), "spec"):
+                        result.errors.append(dropped_message(kind, where, lost))
             except KubeError as error:
                 result.failed.add(path)
-                meta = manifest["metadata"]
-                where = f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
                 if path not in live and await _taken(kube, policy, path):
                     result.taken.append(f"{kind} {where}")
                 else:

@@ -8,6 +8,7 @@ run again at any point; a per-policy lock keeps two triggers from interleaving.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -26,6 +27,7 @@ from gpuslice.controller.status_write import (
     in_force,
     parse_problem,
     records,
+    write_failing,
     write_invalid_shape,
     write_status,
 )
@@ -89,8 +91,13 @@ async def reconcile(ctx: Context, body: Mapping[str, Any], world: World, *, conv
             transient = isinstance(error, KubeError) and error.transient
             # Every failure counts, a status write's too: a status the API server refuses (or a
             # refresh that keeps failing) is tried again after a growing delay, never every 2 s.
-            delay = ctx.failed(name, generation, transient)
+            # A converge's own errors are in the status it wrote (and kept for the refreshes after);
+            # any other failure is reported by the next status written.
+            delay = ctx.failed(name, generation, transient, why="" if isinstance(error, ConvergeFailed) else str(error))
             log.warning("reconcile failed; will retry", policy=name, error=str(error), retry_in=delay)
+            if not isinstance(error, ConvergeFailed) and state.failed_because:
+                with contextlib.suppress(KubeError):  # the status says so, if it can be written
+                    await write_failing(ctx, body, state.failed_because[0])
             raise kopf.TemporaryError(str(error), delay=delay) from error
         finally:
             RECONCILE_DURATION.labels("converge" if converge_objects else "status").observe(time.monotonic() - started)
@@ -207,11 +214,12 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         if wanted or any(found.policy == policy.name for found in world.ledgers.values()):
             ledgers = await converge(ctx.kube, policy.name, wanted, LEDGER_KINDS)
         memory_unproven = await _admit(ctx, policy, world, kinds, converged=True)
-        # DeviceTaintRules are no longer made (taints travel on the devices); listing the kind
-        # prunes those an earlier version made.
-        rest = await converge(ctx.kube, policy.name, desired.rest(),
-                              [*REST_KINDS, (ctx.taint_rule_api, "DeviceTaintRule")])
+        # DeviceTaintRules are no longer made (taints travel on the devices); listing the kind, where
+        # it is served, prunes those an earlier version made.
+        rules = [(ctx.taint_rule_api, "DeviceTaintRule")] if ctx.taint_rule_api else []
+        rest = await converge(ctx.kube, policy.name, desired.rest(), [*REST_KINDS, *rules])
         errors, taken = labelling + limits.errors + ledgers.errors + rest.errors, limits.taken + rest.taken
+        ctx.policy(policy.name).failed_because = list(errors)  # what status refreshes report until a converge succeeds
         try:
             plan = plan_labels(set(policy.spec.admin_access.namespaces), world.namespaces, records(ctx, policy)[0],
                                world.label_records(ctx.label_records(), but=policy.name))
@@ -222,6 +230,8 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         unanswered = await _probe(ctx, policy, kinds[0].class_name)
     else:
         memory_unproven = await _admit(ctx, policy, world, kinds)
+        if not converge_objects:
+            errors = list(ctx.policy(policy.name).failed_because)  # the last converge's, until one succeeds
         probed = ctx.policy(policy.name).tenancy
         if not problems and probed is not None and probed[1] and probed[0] == policy.metadata.generation:
             # This generation's probe failed: probe again (a dry run), not only at the next converge.

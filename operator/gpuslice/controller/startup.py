@@ -11,6 +11,7 @@ from gpuslice.controller.apply import FIELD_MANAGER
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.state import Context
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, TENANCY_JUDGED, TENANCY_LABEL
+from gpuslice.dra.support import taint_rule_api
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.discovery import served_resources
 from gpuslice.planning.cluster.admission import ADMIN_LABEL_GUARD
@@ -57,9 +58,7 @@ async def start_context(kube: KubeClient, settings: ControllerSettings) -> Conte
     try:
         username = await whoami(kube)
         await check_label_guard(kube, username)
-        served = await served_resources(kube, "resource.k8s.io")
-        taint_api = next((f"resource.k8s.io/{v}" for v in ("v1", "v1beta2") if "devicetaintrules" in served.get(v, [])),
-                         "resource.k8s.io/v1")
+        taint_api = taint_rule_api(await served_resources(kube, "resource.k8s.io"))
     except (KubeError, kopf.PermanentError):
         await kube.close()
         raise

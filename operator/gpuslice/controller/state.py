@@ -25,6 +25,7 @@ GONE_KEPT = 10_000  # deleted policies remembered (a reconcile of one is at most
 FIRST_RETRY, LAST_RETRY = 2.0, 300.0
 # An API server that is restarting, overloaded or not ready yet is asked again within this long.
 TRANSIENT_RETRY = 10.0
+TRANSIENT_REPORTED = 3  # transient failures in a row before the status says so
 
 
 @dataclass
@@ -38,6 +39,9 @@ class PolicyState:
     unconverged: bool = False
     failures: tuple[int, int] | None = None  # (generation, failed converges of it in a row)
     retry_at: float = 0.0
+    # Why the last converge failed, kept until one succeeds: a status refresh in between (which does
+    # not converge) reports it too, so a converge that keeps failing shows in the conditions.
+    failed_because: list[str] = field(default_factory=list)
     label_record: frozenset[str] | None = None  # status.adminAccessLabels
     admitted: list[AdmittedTenant] | None = None  # status.admittedTenants
     in_force: list[ClassInForce] | None = None  # status.classesInForce
@@ -59,7 +63,8 @@ class Context:
     kube: KubeClient
     username: str
     namespace: str = CONTROLLER_NAMESPACE
-    taint_rule_api: str = "resource.k8s.io/v1"
+    # Where DeviceTaintRule is served (dra.support.taint_rule_api); None: nowhere (a stock 1.36), so not asked.
+    taint_rule_api: str | None = "resource.k8s.io/v1"
     policies: dict[str, PolicyState] = field(default_factory=dict)
     # What each live gpuslice quota enforced when last seen, to act only when that changes.
     quotas_seen: dict[tuple[str, str], QuotaView] = field(default_factory=dict)
@@ -105,13 +110,17 @@ class Context:
     def due(self, name: str) -> bool:
         return self.clock() >= self.policy(name).retry_at
 
-    def failed(self, name: str, generation: int, transient: bool = False) -> float:
+    def failed(self, name: str, generation: int, transient: bool = False, why: str = "") -> float:
         """Count a failed converge; the seconds until the next try (doubling, bounded; a transient
-        failure of the API server is not the policy's fault and is retried sooner)."""
+        failure of the API server is not the policy's fault and is retried sooner). ``why``, when
+        given, is what the status reports until a converge succeeds (a transient failure from its
+        third in a row: the API server restarting is no news)."""
         state = self.policy(name)
         seen, count = state.failures or (generation, 0)
         count = count + 1 if seen == generation else 1
         state.failures = (generation, count)
+        if why and (not transient or count >= TRANSIENT_REPORTED):
+            state.failed_because = [f"reconciling failed ({count} in a row): {why}"]
         # Not spread: one controller retries one policy, no fleet arrives in step.
         limit = min(TRANSIENT_RETRY, self.last_retry) if transient else self.last_retry
         delay = Backoff(self.first_retry, limit, jitter=False).after(count)
@@ -122,3 +131,4 @@ class Context:
     def succeeded(self, name: str) -> None:
         state = self.policy(name)
         state.failures, state.retry_at, state.unconverged = None, 0.0, False
+        state.failed_because = []

@@ -99,6 +99,24 @@ async def write_invalid_shape(ctx: Context, body: Mapping[str, Any], message: st
                               body["metadata"].get("generation"), "InvalidSpec", message)
 
 
+async def write_failing(ctx: Context, body: Mapping[str, Any], message: str) -> None:
+    """``Degraded=True`` (``ApplyFailed``: as the next full status says it) for a reconcile that keeps
+    failing outside its converge, with nothing else of the status changed: the verdict a status holds
+    stands (a restarted API server must not make every agent withdraw the policy's devices).
+    Written once, not on every try."""
+    status = body.get("status") or {}
+    conditions = list(status.get("conditions") or [])
+    old: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Degraded"), {})
+    if (old.get("status"), old.get("reason"), old.get("message")) == ("True", "ApplyFailed", message[:2000]):
+        return
+    since = old.get("lastTransitionTime") if old.get("status") == "True" else None
+    condition = {"type": "Degraded", "status": "True", "reason": "ApplyFailed", "message": message[:2000],
+                 "lastTransitionTime": since or now_stamp(),
+                 "observedGeneration": (body.get("metadata") or {}).get("generation")}
+    await ctx.kube.merge_patch(f"{POLICIES}/{body['metadata']['name']}/status", {"status": {
+        "conditions": [c for c in conditions if c.get("type") != "Degraded"] + [condition]}})
+
+
 async def _write_verdict_only(ctx: Context, name: str, status: Mapping[str, Any], generation: int | None,
                               reason: str, message: str) -> None:
     """Valid=False with ``reason`` at ``generation``, and nothing else of the status changed: for when

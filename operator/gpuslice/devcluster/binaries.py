@@ -5,6 +5,11 @@ needs no Go: ``TEST_ASSET_<NAME>`` for one binary, then ``KUBEBUILDER_ASSETS/<na
 then our own build of ``hack/kube`` in a cache keyed by the hash of everything
 that goes into it (go.mod, go.sum, Go sources, Go version, target, ldflags),
 so a warm run skips even the link.
+
+``hack/kube/go.mod`` is the default minor; ``go.1.MINOR.mod`` beside it is another one, built from
+the same sources with ``-modfile`` and the build tag ``kube1MINOR`` (what the pod runner calls of
+the kubelet differs between minors: ``kubelet_1_*.go``). ``GPUSLICE_KUBE_VERSION=1.36`` (or
+``--kube-version``) picks it; each minor has its own cache slot.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 from gpuslice.devcluster.errors import DevClusterError
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+KUBE_VERSION_ENV = "GPUSLICE_KUBE_VERSION"  # a minor ("1.36") other than go.mod's, built beside it
 POD_RUNNER = "pod-runner"  # ours, not upstream's: only from our build or TEST_ASSET_POD_RUNNER
 MULTICALL = "kubebins"
 
@@ -94,6 +100,20 @@ class KubeBuild:
     target: str
     ldflags: str
     key: str
+    modfile: str = "go.mod"  # go.1.MINOR.mod for a minor other than the default's
+    tags: str = ""  # kube1MINOR with such a modfile
+
+    @property
+    def minor(self) -> str:
+        """``1.36`` of ``v1.36.3``."""
+        return ".".join(self.kubernetes_version.removeprefix("v").split(".")[:2])
+
+    @property
+    def build_flags(self) -> list[str]:
+        """What ``go build`` (and ``go vet``) take to build this minor."""
+        if self.modfile == "go.mod":
+            return []
+        return [f"-modfile={self.modfile}", f"-tags={self.tags}"]
 
     @property
     def directory(self) -> Path:
@@ -137,8 +157,37 @@ async def _run_go(args: list[str], cwd: Path) -> str:
     return out.decode()
 
 
-async def describe_build(source: Path | None = None) -> KubeBuild:
-    """Compute the cache key of ``hack/kube`` without building anything."""
+def parse_minor(asked: str, where: str = "--kube-version") -> str:
+    """``1.36`` of ``1.36`` or ``v1.36``; anything else is refused with the fix."""
+    match = re.fullmatch(r"v?(1\.\d+)", asked.strip())
+    if match is None:
+        raise DevClusterError(
+            f"{where}={asked!r} is not a Kubernetes minor: give one such as 1.36 (the patch is the one"
+            " hack/kube pins)."
+        )
+    return match.group(1)
+
+
+def requested_minor() -> str | None:
+    """The minor asked for by ``GPUSLICE_KUBE_VERSION``, or None for go.mod's."""
+    asked = os.environ.get(KUBE_VERSION_ENV, "").strip()
+    return parse_minor(asked, KUBE_VERSION_ENV) if asked else None
+
+
+async def _modfile_version(source: Path, modfile: str) -> str:
+    modfile_json = json.loads(await _run_go(["mod", "edit", "-json", modfile], source))
+    version = next(
+        (r["Version"] for r in modfile_json.get("Require", []) if r["Path"] == "k8s.io/kubernetes"),
+        None,
+    )
+    if version is None:
+        raise DevClusterError(f"{source / modfile} does not require k8s.io/kubernetes.")
+    return str(version)
+
+
+async def describe_build(source: Path | None = None, minor: str | None = None) -> KubeBuild:
+    """Compute the cache key of ``hack/kube`` for ``minor`` (default: ``requested_minor()``, else
+    go.mod's) without building anything."""
     source = source or kube_source_dir()
     if source is None or not (source / "go.mod").is_file():
         raise DevClusterError(
@@ -146,17 +195,24 @@ async def describe_build(source: Path | None = None) -> KubeBuild:
             " this installation has no hack/kube source to build them from. Run from a gpuslice"
             " checkout (`make kube-bin`), or set KUBEBUILDER_ASSETS."
         )
-    modfile = json.loads(await _run_go(["mod", "edit", "-json"], source))
-    version = next(
-        (r["Version"] for r in modfile.get("Require", []) if r["Path"] == "k8s.io/kubernetes"),
-        None,
-    )
-    if version is None:
-        raise DevClusterError(f"{source / 'go.mod'} does not require k8s.io/kubernetes.")
+    minor = parse_minor(minor) if minor else requested_minor()
+    modfile = "go.mod"
+    version = await _modfile_version(source, modfile)
+    if minor is not None and not version.startswith(f"v{minor}."):
+        modfile = f"go.{minor}.mod"
+        if not (source / modfile).is_file():
+            beside = sorted(p.name for p in source.glob("go.1.*.mod"))
+            raise DevClusterError(
+                f"hack/kube builds Kubernetes {version} (go.mod){''.join(f' and {b}' for b in beside)}, not"
+                f" {minor}: generate {modfile} with `hack/kube/gen-gomod.sh --beside v{minor}.PATCH`, or unset"
+                f" {KUBE_VERSION_ENV}."
+            )
+        version = await _modfile_version(source, modfile)
     go_env = json.loads(await _run_go(["env", "-json", "GOVERSION", "GOOS", "GOARCH"], source))
     match = re.fullmatch(r"v(\d+)\.(\d+)\.\d+.*", version)
     if match is None:
-        raise DevClusterError(f"Unexpected k8s.io/kubernetes version {version!r} in go.mod.")
+        raise DevClusterError(f"Unexpected k8s.io/kubernetes version {version!r} in {modfile}.")
+    tags = "" if modfile == "go.mod" else f"kube{match.group(1)}{match.group(2)}"
     pkg = "k8s.io/component-base/version"
     ldflags = " ".join([
         "-s", "-w",
@@ -166,13 +222,14 @@ async def describe_build(source: Path | None = None) -> KubeBuild:
         f"-X {pkg}.gitTreeState=clean",
     ])
     digest = hashlib.sha256()
-    inputs = sorted(p for p in source.iterdir() if p.name in ("go.mod", "go.sum") or p.suffix == ".go")
+    sums = modfile.removesuffix(".mod") + ".sum"
+    inputs = sorted(p for p in source.iterdir() if p.name in (modfile, sums) or p.suffix == ".go")
     for path in inputs:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     target = f"{go_env['GOOS']}/{go_env['GOARCH']}"
-    for part in (go_env["GOVERSION"], target, ldflags, "CGO_ENABLED=0 -trimpath"):
+    for part in (go_env["GOVERSION"], target, ldflags, "CGO_ENABLED=0 -trimpath", *([tags] if tags else [])):
         digest.update(part.encode() + b"\0")
-    return KubeBuild(source, version, go_env["GOVERSION"], target, ldflags, digest.hexdigest())
+    return KubeBuild(source, version, go_env["GOVERSION"], target, ldflags, digest.hexdigest(), modfile, tags)
 
 
 @contextlib.contextmanager
@@ -212,7 +269,7 @@ async def _compile(kube: KubeBuild, report: Reporter) -> None:
     kube.directory.mkdir(parents=True, exist_ok=True)
     partial = kube.directory / f"{MULTICALL}.partial"
     process = await asyncio.create_subprocess_exec(
-        go, "build", "-v", "-trimpath", "-ldflags", kube.ldflags, "-o", str(partial), ".",
+        go, "build", "-v", "-trimpath", *kube.build_flags, "-ldflags", kube.ldflags, "-o", str(partial), ".",
         cwd=kube.source, env=_go_env(),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
@@ -265,17 +322,18 @@ def check_executable(binaries: Binaries) -> None:
             )
 
 
-async def resolve(*, build_if_missing: bool = True, report: Reporter = _stderr) -> Binaries:
+async def resolve(*, build_if_missing: bool = True, report: Reporter = _stderr, minor: str | None = None) -> Binaries:
     """The binaries to run, each resolved on its own as envtest does: its
-    ``TEST_ASSET_*`` variable, else ``KUBEBUILDER_ASSETS``, else our cached build
+    ``TEST_ASSET_*`` variable, else ``KUBEBUILDER_ASSETS``, else our cached build of ``minor``
     (built now if allowed)."""
     chosen = user_binaries()
     if any(name not in chosen.paths for name in COMPONENTS):
-        kube = await describe_build()
+        kube = await describe_build(minor=minor)
         if not kube.is_built and not build_if_missing:
             raise DevClusterError(
                 f"The control plane for Kubernetes {kube.kubernetes_version} is not built yet."
-                " Run `make kube-bin` (about 10 minutes the first time), or set KUBEBUILDER_ASSETS."
+                f" Run `make kube-bin{'' if kube.modfile == 'go.mod' else ' KUBE_VERSION=' + kube.minor}`"
+                " (about 10 minutes the first time), or set KUBEBUILDER_ASSETS."
             )
         built = await build(kube, report) if not kube.is_built else kube.binaries()
         chosen = Binaries({**built.paths, **chosen.paths}, {**built.origins, **chosen.origins})

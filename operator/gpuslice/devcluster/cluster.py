@@ -90,6 +90,8 @@ class ClusterSpec:
     proxied_scheduler: bool = False
     # (model, count) of each node, when they differ (the demo's); overrides nodes, gpu_model, gpus_per_node
     shapes: tuple[tuple[str, int], ...] = ()
+    # The Kubernetes minor ("1.36"); None: GPUSLICE_KUBE_VERSION's, else hack/kube/go.mod's (binaries.py).
+    kube_version: str | None = None
 
     def node_shapes(self) -> list[tuple[str, int]]:
         return list(self.shapes) or [(self.gpu_model, self.gpus_per_node)] * self.nodes
@@ -158,10 +160,17 @@ class DevCluster(FaultControls):
             raise
 
     async def _start(self) -> None:
-        bins = self._binaries or await binaries_module.resolve(report=self._report)
+        bins = self._binaries or await binaries_module.resolve(report=self._report, minor=self.spec.kube_version)
         binaries_module.check_executable(bins)
         version = await _version(bins["kube-apiserver"])
         self.kubernetes_version = "v{}.{}.{}".format(*version)
+        wanted = binaries_module.parse_minor(self.spec.kube_version) if self.spec.kube_version else (
+            binaries_module.requested_minor())
+        if wanted is not None and f"{version[0]}.{version[1]}" != wanted:
+            raise DevClusterError(
+                f"Kubernetes {wanted} was asked for, but kube-apiserver ({bins.origins['kube-apiserver']}) is"
+                f" {self.kubernetes_version}: point KUBEBUILDER_ASSETS at {wanted} binaries, or unset it to build them."
+            )
         self.features = features_module.features_for(version)
         self._report(f"dev-cluster: Kubernetes {self.kubernetes_version} from {bins.origin}")
 

@@ -24,6 +24,13 @@ state_dir_option = click.option(
 )
 
 
+kube_version_option = click.option(
+    "--kube-version", envvar=binaries.KUBE_VERSION_ENV, default=None, metavar="MINOR",
+    help="The Kubernetes minor to run, such as 1.36: its stock control plane, built from hack/kube"
+         " (go.mod's minor by default; another needs its go.1.MINOR.mod). Env: GPUSLICE_KUBE_VERSION.",
+)
+
+
 def fail(error: DevClusterError) -> None:
     click.echo(f"dev-cluster: {error}", err=True)
     sys.exit(1)
@@ -49,17 +56,19 @@ def dev_cluster() -> None:
 @click.option("--pod-runner/--no-pod-runner", default=True, show_default=True,
               help="Run a pod runner (the kubelet's plugin and DRA managers) behind each fake node.")
 @click.option("--detach", is_flag=True, help="Start in the background and return once it is up.")
+@kube_version_option
 @state_dir_option
 def up(
     nodes: int, gpus_per_node: int, gpu_model: str, apiserver_port: int | None,
-    operator: bool, pod_runner: bool, detach: bool, state_dir: Path,
+    operator: bool, pod_runner: bool, detach: bool, kube_version: str | None, state_dir: Path,
 ) -> None:
     """Start the cluster; print the admin kubeconfig's path when it is up.
 
     In the foreground it runs until Ctrl-C; with --detach it returns and
     `gpuslice dev-cluster down` stops it.
     """
-    spec = ClusterSpec(state_dir, nodes, gpus_per_node, gpu_model, apiserver_port, operator, pod_runner)
+    spec = ClusterSpec(state_dir, nodes, gpus_per_node, gpu_model, apiserver_port, operator, pod_runner,
+                       kube_version=kube_version)
     try:
         spec.validate()
     except DevClusterError as error:
@@ -71,6 +80,8 @@ def up(
                 "--pod-runner" if pod_runner else "--no-pod-runner"]
         if apiserver_port is not None:
             argv.append(f"--apiserver-port={apiserver_port}")
+        if kube_version is not None:
+            argv.append(f"--kube-version={kube_version}")
         sys.exit(start_detached(spec, argv))
     sys.exit(asyncio.run(run_foreground(spec)))
 
@@ -122,11 +133,12 @@ def exec_env(pod: str, container: str | None, state_dir: Path) -> None:
 
 
 @dev_cluster.command("build")
-def build() -> None:
+@kube_version_option
+def build(kube_version: str | None) -> None:
     """Build the control-plane binaries from Go modules (cached by content hash)."""
 
     async def run() -> binaries.Binaries:
-        return await binaries.build(await binaries.describe_build())
+        return await binaries.build(await binaries.describe_build(minor=kube_version))
 
     given = binaries.user_binaries()
     if all(name in given.paths for name in (*binaries.COMPONENTS, binaries.POD_RUNNER)):

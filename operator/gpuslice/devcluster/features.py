@@ -1,11 +1,10 @@
-"""Which feature gates and API versions each Kubernetes minor needs for what we use.
+"""Which feature gates and API versions the dev cluster sets for each Kubernetes minor: none.
 
-gpuslice uses partitionable devices, consumable capacity, device taints and
-DeviceTaintRules, admin access, prioritized lists and extended resources. On
-1.37 all of them are on by default and served in ``resource.k8s.io/v1``; we
-still name the beta and unlocked-GA gates so the intent is written down and a
-minor that flips a default fails here rather than in a test. Locked GA gates
-are left alone: setting them is at best a warning.
+gpuslice claims to run on a stock cluster of each supported minor (``dra.support.MATRIX``), so
+the dev cluster runs each one as its release ships it: no ``--feature-gates``, no
+``--runtime-config``. What a minor serves by default is recorded here (where DeviceTaintRule is
+served, if anywhere) and checked against the running server by the cluster tests
+(``tests/cluster/devcluster/test_discovery.py``), so a minor that changes a default fails there.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from gpuslice.devcluster.errors import DevClusterError
 class Features:
     gates: dict[str, bool]
     runtime_config: tuple[str, ...]
-    taint_rule_version: str  # resource.k8s.io version that serves DeviceTaintRule
+    taint_rule_version: str | None  # resource.k8s.io version that serves DeviceTaintRule; None: none
 
     def flags(self, *, apiserver: bool = False) -> list[str]:
         flags = []
@@ -33,27 +32,10 @@ class Features:
 
 
 _BY_MINOR = {
-    36: Features(
-        gates={
-            "DRAPartitionableDevices": True,
-            "DRAConsumableCapacity": True,
-            "DRADeviceTaints": True,
-            "DRADeviceTaintRules": True,
-            "DRAExtendedResource": True,
-        },
-        runtime_config=("resource.k8s.io/v1beta2=true",),
-        taint_rule_version="v1beta2",
-    ),
-    37: Features(
-        gates={
-            "DRAPartitionableDevices": True,
-            "DRAConsumableCapacity": True,
-            "DRADeviceTaints": True,
-            "DRADeviceTaintRules": True,
-        },
-        runtime_config=(),
-        taint_rule_version="v1",
-    ),
+    # DeviceTaintRule is beta in 1.36, behind a gate that is off and resource.k8s.io/v1beta2, which is
+    # not served by default (pkg/features/kube_features.go, pkg/controlplane/instance.go at v1.36.3).
+    36: Features(gates={}, runtime_config=(), taint_rule_version=None),
+    37: Features(gates={}, runtime_config=(), taint_rule_version="v1"),
 }
 OLDEST, NEWEST = min(_BY_MINOR), max(_BY_MINOR)
 

@@ -16,9 +16,86 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-OLDEST_MINOR, NEWEST_TESTED_MINOR = 36, 37
 NEEDED_RESOURCES = ("deviceclasses", "resourceclaims", "resourceclaimtemplates", "resourceslices")
 API = "resource.k8s.io/v1"
+
+
+@dataclass(frozen=True)
+class Release:
+    """One Kubernetes minor of the support matrix: the one place that says which versions gpuslice
+    runs on. README's table, the chart's ``kubeVersion`` and every docs line that names a range are
+    generated from it or checked against it (``tests/unit/dra/test_support_docs.py``)."""
+
+    minor: int
+    first_patch: int | None  # the oldest patch gpuslice runs on; None: the minor is refused
+    needs: str  # what the cluster needs beyond its defaults (a refused minor: what it lacks, briefly)
+    caveats: str  # what is missing or slower on it
+    tier: str  # what tests it (a row no tier runs on says so)
+    tested: str = ""  # the patch the tier runs (hack/kube's go.mod or go.1.MINOR.mod)
+    # The message the controller and agents stop with: on a refused minor, or a patch before first_patch.
+    refusal: str = ""
+
+    @property
+    def supported(self) -> bool:
+        return self.first_patch is not None
+
+
+# Facts read in k8s.io/kubernetes v1.35.4, v1.36.3 and v1.37.2 (pkg/features/kube_features.go,
+# pkg/controlplane/instance.go, CHANGELOG/CHANGELOG-1.36.md) and the scheduler's allocator,
+# k8s.io/dynamic-resource-allocation v0.35.10, v0.36.0 to v0.36.6 and v0.37.0 (structured/internal).
+MATRIX: tuple[Release, ...] = (
+    Release(
+        35, None, needs="partitionable devices, consumable capacity and device taints are alpha and off", caveats="",
+        tier="unit tier (the refusal)",
+        refusal="partitionable devices, consumable capacity and device taints are alpha there and off unless the"
+                " gates DRAPartitionableDevices, DRAConsumableCapacity and DRADeviceTaints are turned on on every"
+                " apiserver, scheduler, controller-manager and kubelet (which managed clusters do not let users"
+                " do), and no 1.35 scheduler up to 1.35.10 has the fix for double allocation"
+                " (kubernetes/kubernetes#139034)"),
+    Release(
+        36, 2, needs="nothing (DeviceTaintRule is not served; gpuslice needs none)",
+        caveats="memory slices and MIG schedule slower than on 1.37", tier="`make test-136`, in `.ci/run`",
+        tested="v1.36.3",
+        refusal="its kube-scheduler panics on a claim with allocationMode: All that selects a device consuming"
+                " shared counters (kubernetes/kubernetes#138885, fixed in 1.36.2): any tenant of a memory or MIG"
+                " policy could stop all scheduling; 1.36.2 also fixes the double allocation of overlapping"
+                " partitions (kubernetes/kubernetes#139034)"),
+    Release(37, 0, needs="nothing", caveats="", tier="`make test` and the kind tier", tested="v1.37.2"),
+)
+RELEASES = {r.minor: r for r in MATRIX}
+OLDEST = next((r.minor, r.first_patch) for r in MATRIX if r.first_patch is not None)
+NEWEST_TESTED_MINOR = max(r.minor for r in MATRIX if r.supported)
+
+
+def oldest_version() -> str:
+    """``1.36.2``: the oldest Kubernetes gpuslice runs on."""
+    return f"1.{OLDEST[0]}.{OLDEST[1]}"
+
+
+def supported_range() -> str:
+    """How docs name the range: ``Kubernetes 1.36.2 or newer (tested: 1.36 and 1.37)``."""
+    tested = [f"1.{r.minor}" for r in MATRIX if r.supported]
+    return f"Kubernetes {oldest_version()} or newer (tested: {' and '.join(tested)})"
+
+
+def chart_kube_version() -> str:
+    """The chart's ``kubeVersion`` (``-0`` admits the pre-release suffixes managed clusters add)."""
+    return f">={oldest_version()}-0"
+
+
+def matrix_table() -> str:
+    """README's and docs/install.md's support table, in Markdown."""
+    rows = ["| Kubernetes | gpuslice | the cluster needs | tested by |", "|---|---|---|---|"]
+    for release in sorted(MATRIX, key=lambda r: -r.minor):
+        if release.first_patch is None:
+            older = " and older" if release.minor == min(RELEASES) else ""
+            rows.append(f"| 1.{release.minor}{older} | refused: {release.needs} | | {release.tier} |")
+            continue
+        since = "every patch" if release.first_patch == 0 else f"1.{release.minor}.{release.first_patch} or newer"
+        caveats = f"; {release.caveats}" if release.caveats else ""
+        rows.append(f"| 1.{release.minor} | {since}{caveats} | {release.needs} | {release.tier}"
+                    f"{f' ({release.tested}, stock)' if release.tested else ''} |")
+    return "\n".join(rows)
 
 
 @dataclass(frozen=True)
@@ -42,14 +119,6 @@ FEATURES = {
                       ("memory", "shared", "mig")),
 }
 
-# The support matrix, as README states it: minor -> (what is needed beyond the defaults, tested).
-MATRIX: dict[int, tuple[str, bool]] = {
-    36: ("defaults serve every mode (partitionable devices, consumable capacity and device taints are beta"
-         " and on); DeviceTaintRules need resource.k8s.io/v1beta2 and DRADeviceTaintRules", True),
-    37: ("defaults serve every mode; DeviceTaintRule is served in resource.k8s.io/v1", True),
-}
-
-
 @dataclass(frozen=True)
 class Verdict:
     """What the server can do for gpuslice: problems refuse the start, warnings are logged."""
@@ -72,37 +141,65 @@ class Verdict:
         return reasons
 
 
-def minor_of(version: Mapping[str, Any]) -> tuple[int, int] | None:
-    """(major, minor) from the apiserver's /version (``minor`` may read ``37+`` on managed clusters)."""
+def version_of(version: Mapping[str, Any]) -> tuple[int, int, int | None] | None:
+    """(major, minor, patch) from the apiserver's /version; ``minor`` may read ``37+`` on managed
+    clusters and ``gitVersion`` carry a vendor's suffix (``v1.36.3-eks-1a2b``). Patch None: unread."""
+    match = re.search(r"v(\d+)\.(\d+)\.(\d+)", str(version.get("gitVersion", "")))
+    if match:
+        return int(match.group(1)), int(match.group(2)), int(match.group(3))
     try:
         major = int(str(version.get("major", "")).rstrip("+"))
-        minor = int(re.sub(r"\D.*$", "", str(version.get("minor", ""))))
+        return major, int(re.sub(r"\D.*$", "", str(version.get("minor", "")))), None
     except ValueError:
-        match = re.search(r"v(\d+)\.(\d+)", str(version.get("gitVersion", "")))
-        return (int(match.group(1)), int(match.group(2))) if match else None
-    return major, minor
+        return None
+
+
+def version_problems(found: tuple[int, int, int | None], text: str) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of the server's version against MATRIX."""
+    major, minor, patch = found
+    release = RELEASES.get(minor) if major == 1 else None
+    if major != 1 or minor < min(RELEASES) or (release is not None and not release.supported):
+        what = f": {release.refusal}" if release is not None else ""
+        return [f"Kubernetes {text} is too old for gpuslice{what}. gpuslice needs {oldest_version()} or newer"
+                " (partitionable devices, consumable capacity and device taints on by default): upgrade the"
+                " cluster (the support matrix is in docs/install.md)"], []
+    if minor > NEWEST_TESTED_MINOR:
+        return [], [f"Kubernetes {text} is newer than gpuslice has been tested on (up to 1.{NEWEST_TESTED_MINOR});"
+                    " proceeding"]
+    assert release is not None
+    assert release.first_patch is not None
+    if patch is None:
+        return [], [f"the patch of Kubernetes {text} could not be read; gpuslice needs {oldest_version()} or newer"]
+    if patch < release.first_patch:
+        return [f"Kubernetes {text} is refused: {release.refusal}. Upgrade to 1.{minor}.{release.first_patch} or"
+                " newer (the scheduler too: the check reads the API server's version)"], []
+    return [], []
 
 
 def judge_server(version: Mapping[str, Any], served: Mapping[str, Sequence[str]]) -> Verdict:
     """``served``: resource.k8s.io version -> resources, as discovery lists them."""
     text = str(version.get("gitVersion") or f"{version.get('major')}.{version.get('minor')}")
-    found = minor_of(version)
-    problems, warnings = [], []
+    found = version_of(version)
+    problems: list[str] = []
+    warnings: list[str] = []
     if found is None:
         warnings.append(f"the server's version {text!r} could not be read; assuming it serves what gpuslice needs")
-    elif found[0] != 1 or found[1] < OLDEST_MINOR:
-        problems.append(f"Kubernetes {text} is too old for gpuslice: it needs 1.{OLDEST_MINOR} or newer"
-                        " (counter sets in their own slices, partitionable devices and consumable capacity on"
-                        " by default; see the support matrix in README)")
-    elif found[1] > NEWEST_TESTED_MINOR:
-        warnings.append(f"Kubernetes {text} is newer than gpuslice has been tested on (up to"
-                        f" 1.{NEWEST_TESTED_MINOR}); proceeding")
+    else:
+        problems, warnings = version_problems(found, text)
     missing = [r for r in NEEDED_RESOURCES if r not in served.get("v1", ())]
     if missing:
         problems.append(f"the server does not serve {', '.join(missing)} in {API} (served: "
                         + (", ".join(f"{v}: {len(r)} resources" for v, r in sorted(served.items())) or "nothing")
                         + "); gpuslice needs DRA's v1 API (GA since 1.34)")
     return Verdict(text, tuple(problems), tuple(warnings))
+
+
+def taint_rule_api(served: Mapping[str, Sequence[str]]) -> str | None:
+    """Where the server serves DeviceTaintRule (``resource.k8s.io/v1`` from 1.37; ``v1beta2`` on a 1.36
+    that turned it on), or None: a stock 1.36 does not serve it at all, and gpuslice, which makes
+    none, must not ask for it there (every converge would fail on the 404)."""
+    return next((f"resource.k8s.io/{v}" for v in ("v1", "v1beta2") if "devicetaintrules" in served.get(v, ())),
+                None)
 
 
 def probe_devices() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -176,3 +273,41 @@ def lost_fields(sent: Mapping[str, Any], returned: Mapping[str, Any]) -> list[tu
 def lost_gates(lost: Sequence[tuple[int | None, str]]) -> list[str]:
     """The feature gates to turn on, for what ``lost_fields`` found."""
     return sorted({FEATURES[GATED_FIELDS[field.rsplit(".", 1)[-1]]].gate for _, field in lost})
+
+
+# A field of an object the controller writes -> the feature gate that, when off, makes the API server
+# drop it without an error (pkg/registry/resource/*/strategy.go, dropDisabledFields).
+OBJECT_GATES = {"extendedResourceName": "DRAExtendedResource", "capacity": "DRAConsumableCapacity",
+                "firstAvailable": "DRAPrioritizedList", "adminAccess": "DRAAdminAccess"}
+
+
+def dropped_paths(sent: Any, returned: Any, path: str = "") -> list[str]:
+    """The paths of what ``sent`` holds and ``returned`` lacks (the server may add defaults, not
+    take away): a field dropped by a gate that is off, rather than refused."""
+    if isinstance(sent, dict):
+        if not isinstance(returned, dict):
+            return [path or "."]
+        lost: list[str] = []
+        for key, value in sent.items():
+            where = f"{path}.{key}" if path else key
+            lost += dropped_paths(value, returned[key], where) if key in returned else [where]
+        return lost
+    if isinstance(sent, list):
+        if not isinstance(returned, list) or len(returned) < len(sent):
+            return [path]
+        return [p for i, item in enumerate(sent) for p in dropped_paths(item, returned[i], f"{path}[{i}]")]
+    return []
+
+
+def dropped_message(kind: str, name: str, paths: Sequence[str]) -> str:
+    """What to say of a written object that came back without some of its fields, and the fix."""
+    gates = sorted({OBJECT_GATES[part] for p in paths for part in re.split(r"[.\[]", p) if part in OBJECT_GATES})
+    why = (f"the feature gate {' and '.join(gates)} is off: turn it on on every apiserver, scheduler,"
+           " controller-manager and kubelet" if gates else
+           "a feature gate that is off, or a mutating admission webhook, takes it away")
+    return (f"the API server stored {kind} {name} without {', '.join(paths[:3])}{' ...' if len(paths) > 3 else ''}"
+            f" (accepted without an error): {why}")
+
+
+if __name__ == "__main__":  # README's and docs/install.md's table, between their support-matrix markers
+    print(matrix_table())

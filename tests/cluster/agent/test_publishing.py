@@ -16,7 +16,7 @@ from gpuslice.planning.devices import gpu_tag
 from gpuslice.planning.mig import parse_mig_device_name
 from tests.cluster.agent.conftest import GpuNodeFactory
 from tests.cluster.controller.test_objects import condition, get_or_none
-from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_claim, wait_for
+from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_claim, taint_rules, wait_for
 from tests.cluster.observe import agent_cycles, scheduler_settled, total
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
@@ -385,7 +385,7 @@ async def test_policy_taints_travel_on_its_devices_and_reach_allocated_ones_at_o
     devices = await wait_for(tainted, within=30, what="the policy's taint on every device, the allocated one too")
     assert len(devices) == 8
     assert result["device"] in devices
-    assert not await kube.list(f"{RESOURCE}/devicetaintrules", labelSelector=f"gpuslice.dev/policy={name}")
+    assert not await taint_rules(kube, labelSelector=f"gpuslice.dev/policy={name}")
     await create_pods(kube, namespace, "gpu-slice", ["after"])
     # "after" is unschedulable: every free device is tainted
     await settle(cluster, kube, namespace, ["before", "after"], 1)

@@ -75,3 +75,38 @@ def test_the_baseline_of_a_figure_is_its_last_run_that_measured_it() -> None:
     assert latest(history, "full") == {"a": 1.0, "b": 3.0}
     failed_figures = {"scale": {"converge_seconds": 1.0, "error": "x"}, "planner": {"validate_10k_gpus_ms": 5.0}}
     assert headline(failed_figures) == {"planner.validate_10k_gpus_ms": 5.0}
+
+
+def test_each_kubernetes_version_is_measured_in_one_run_and_shown_side_by_side(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """BENCH_KUBE_VERSION=1.37,1.36: each figure on each version's control plane in turn; the first is
+    the run's own (results.json, the history), the other's goes beside it and is compared with nothing."""
+    seen: list[str] = []
+
+    async def measure(size: run.Size, only: tuple[str, ...], state: Path, save: Any) -> tuple[dict[str, Any], str]:
+        minor = run.os.environ[run.KUBE_VERSION_ENV]
+        seen.append(minor)
+        ms = 5.0 if minor == "1.37" else 40.0
+        row = {"fleet": "8 nodes x 8", "layout": "memory", "pods": 64, "devices": 9, "ms_per_pod": ms,
+               "pods_per_s": 1000 / ms, "vs_whole": 1.0, "views": ["same_fleet"]}
+        return {"scheduler": {"same_fleet": [row], "same_pods": []}}, f"v{minor}.2"
+
+    monkeypatch.setattr(run, "measure", measure)
+    monkeypatch.setenv("BENCH_DIR", str(tmp_path))
+    monkeypatch.setenv("BENCH_ONLY", "scheduler")
+    monkeypatch.setenv("BENCH_SIZE", "small")
+    monkeypatch.setenv("BENCH_KUBE_VERSION", "1.37, v1.36")
+    monkeypatch.delenv(run.KUBE_VERSION_ENV, raising=False)
+    run.main()
+
+    assert seen == ["1.37", "1.36"]
+    assert {p.name for p in tmp_path.iterdir()} == {"results-small.json", "results-small-kube1.36.json",
+                                                    "history.json"}
+    history = run.json.loads((tmp_path / "history.json").read_text())
+    assert [h["figures"] for h in history] == [{"scheduler.same_fleet.8 nodes x 8.memory.ms_per_pod": 5.0}]
+    out = capsys.readouterr().out
+    side = out[out.index("Scheduler by Kubernetes version"):]
+    assert "1.37 ms/pod" in side
+    assert "1.36 ms/pod" in side
+    row = next(line for line in side.splitlines() if "same_fleet" in line).split()
+    assert row[-4:] == ["5.00", "200.0", "40.00", "25.0"], "1.37's CPU per pod and pods/s, then 1.36's"

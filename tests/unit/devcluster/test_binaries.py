@@ -127,3 +127,29 @@ async def test_not_built_and_building_forbidden_points_at_make(tmp_path: Path, m
     monkeypatch.setenv("GPUSLICE_KUBE_SOURCE", str(_copy_source(tmp_path)))
     with pytest.raises(DevClusterError, match="make kube-bin"):
         await binaries.resolve(build_if_missing=False)
+
+
+async def test_another_minor_builds_from_its_own_modfile_with_its_tag(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """go.mod is the default minor; go.1.36.mod beside it is 1.36's, built from the same sources with
+    -modfile and the tag kube136 (kubelet_1_36.go), each minor in its own cache slot."""
+    source = _copy_source(tmp_path)
+    kube = binaries.kube_source_dir()
+    assert kube is not None
+    for name in ("go.1.36.mod", "go.1.36.sum"):
+        shutil.copy(kube / name, source / name)
+    default = await binaries.describe_build(source)
+    k136 = await binaries.describe_build(source, "1.36")
+    assert k136.kubernetes_version.startswith("v1.36.")
+    assert (k136.minor, k136.build_flags) == ("1.36", ["-modfile=go.1.36.mod", "-tags=kube136"])
+    assert default.build_flags == []
+    assert k136.key != default.key
+    assert k136.directory != default.directory
+    assert (await binaries.describe_build(source, "v" + default.minor)).key == default.key
+    monkeypatch.setenv(binaries.KUBE_VERSION_ENV, "1.36")
+    assert (await binaries.describe_build(source)).key == k136.key
+    with pytest.raises(DevClusterError, match=r"not 1\.35: generate go\.1\.35\.mod with `hack/kube/gen-gomod\.sh"
+                                               r" --beside v1\.35\.PATCH`"):
+        await binaries.describe_build(source, "1.35")
+    with pytest.raises(DevClusterError, match="is not a Kubernetes minor"):
+        await binaries.describe_build(source, "1.36.3")

@@ -22,23 +22,16 @@ def test_binary_without_version_ldflags_is_too_old() -> None:
         features_for(parse_version("Kubernetes v0.0.0-master+$Format:%H$"))
 
 
-def test_137_needs_no_runtime_config_and_serves_taint_rules_in_v1() -> None:
-    features = features_for((1, 37, 2))
-    assert features.taint_rule_version == "v1"
-    assert not any(f.startswith("--runtime-config") for f in features.flags(apiserver=True))
-    gates = next(f for f in features.flags() if f.startswith("--feature-gates="))
-    assert "DRAPartitionableDevices=true" in gates
-    assert "DRAConsumableCapacity=true" in gates
-    # Locked GA gates are not set: setting them is at best a warning.
-    assert "DRAAdminAccess" not in gates
-    assert "DRAPrioritizedList" not in gates
+@pytest.mark.parametrize("version", [(1, 36, 3), (1, 37, 2)])
+def test_every_minor_runs_stock_with_no_gate_and_no_runtime_config(version: tuple[int, int, int]) -> None:
+    features = features_for(version)
+    assert features.flags(apiserver=True) == []
+    assert features.flags() == []
 
 
-def test_136_enables_taint_rules_through_v1beta2() -> None:
-    features = features_for((1, 36, 3))
-    assert "--runtime-config=resource.k8s.io/v1beta2=true" in features.flags(apiserver=True)
-    assert not any(f.startswith("--runtime-config") for f in features.flags())
-    assert features.taint_rule_version == "v1beta2"
+def test_devicetaintrules_are_served_in_v1_on_137_and_nowhere_on_a_stock_136() -> None:
+    assert features_for((1, 37, 2)).taint_rule_version == "v1"
+    assert features_for((1, 36, 3)).taint_rule_version is None
 
 
 def test_newer_minor_uses_newest_known_set() -> None:

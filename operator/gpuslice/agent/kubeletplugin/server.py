@@ -5,7 +5,7 @@ appears there, it calls ``GetInfo`` (type ``DRAPlugin``, the driver's name, the
 service socket's absolute path, the services served), dials the service socket and
 calls ``NotifyRegistrationStatus``. The service socket lives in the driver's own
 directory under ``plugins/`` and serves ``DRAPlugin`` (v1) and, when the agent
-reports health, ``DRAResourceHealth`` (v1).
+reports health, ``DRAResourceHealth`` (v1, and v1alpha1 for the kubelets of 1.36).
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ from gpuslice.kube.client import KubeError
 log = structlog.get_logger(__name__)
 DRA_SERVICE = "v1.DRAPlugin"
 HEALTH_SERVICE = "v1.DRAResourceHealth"
+# The kubelet of 1.36 asks for health on v1alpha1 only, whatever the plugin advertises
+# (pkg/kubelet/cm/dra/plugin/dra_plugin.go at v1.36.3); its messages are v1's field for field
+# (k8s.io/kubelet's dra-health v1alpha1 and v1 api.proto differ in their package alone). 1.37
+# takes the first service the plugin advertises that it knows, v1, and keeps v1alpha1 until 1.40.
+HEALTH_SERVICE_V1ALPHA1 = "v1alpha1.DRAResourceHealth"
 HealthStream = Callable[[], AsyncIterator[drahealth_pb2.NodeWatchResourcesResponse]]
 
 
@@ -95,6 +100,15 @@ class _HealthService(drahealth_pb2_grpc.DRAResourceHealthServicer):
             yield response
 
 
+def _add_health_v1alpha1(servicer: _HealthService, server: grpc.aio.Server) -> None:
+    """The same stream under v1alpha1's name (not advertised: the kubelet that asks for it does not look)."""
+    handler = grpc.unary_stream_rpc_method_handler(
+        servicer.NodeWatchResources, request_deserializer=drahealth_pb2.NodeWatchResourcesRequest.FromString,
+        response_serializer=drahealth_pb2.NodeWatchResourcesResponse.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        HEALTH_SERVICE_V1ALPHA1, {"NodeWatchResources": handler}),))
+
+
 class _Registration(reg_pb2_grpc.RegistrationServicer):
     def __init__(self, plugin: KubeletPlugin) -> None:
         self.plugin = plugin
@@ -130,6 +144,7 @@ class KubeletPlugin:
         dra_pb2_grpc.add_DRAPluginServicer_to_server(_DraService(self.preparer), service)  # type: ignore[no-untyped-call]
         if self.health is not None:
             drahealth_pb2_grpc.add_DRAResourceHealthServicer_to_server(_HealthService(self.health), service)  # type: ignore[no-untyped-call]
+            _add_health_v1alpha1(_HealthService(self.health), service)
         await self._serve(service, self.paths.service_socket)
         # Registration last: once its socket appears, the kubelet dials the service.
         registration = grpc.aio.server()
