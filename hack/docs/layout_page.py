@@ -17,11 +17,12 @@ SKIPPED = {"go.mod", "go.sum", "py.typed", "__pycache__"}
 
 
 def _comment(path: Path) -> str | None:
-    """The first block of ``#`` or ``//`` lines, before or just after a shebang or a Go package line."""
+    """The first block of ``#`` or ``//`` lines, before or just after a shebang, a Go build constraint or
+    a Go package line."""
     block: list[str] = []
     for line in path.read_text().splitlines():
         stripped = line.strip()
-        if stripped.startswith(("#!", "package ")) or (not stripped and not block):
+        if stripped.startswith(("#!", "package ", "//go:build")) or (not stripped and not block):
             continue
         if stripped.startswith(("# ", "// ")) or stripped in ("#", "//"):
             block.append(stripped.lstrip("#/ ").strip())
