@@ -27,7 +27,7 @@ K136: tuple[str, ...] = (
     "tests/cluster/controller/test_tenancy.py::test_tenants_may_not_tolerate_gpuslices_taints",
     "tests/cluster/controller/test_tenancy.py::test_quota_rejects_the_claim_beyond_max_slices",
     # maxMemory under a rush (partitionable slices and whole GPUs).
-    "tests/cluster/controller/test_max_memory_rush.py::test_a_rush_of_slices_and_whole_gpus_never_takes_more_than_max_memory",
+    "tests/cluster/webhook/test_max_memory_rush.py::test_a_rush_of_slices_and_whole_gpus_never_takes_more_than_max_memory",
     # status and why.
     "tests/cluster/inspect/test_status.py::test_the_map_shows_each_pods_slice_and_the_totals_the_policy_counts",
     "tests/cluster/inspect/test_why.py::test_over_the_limit_by_how_much",
