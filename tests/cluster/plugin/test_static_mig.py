@@ -202,6 +202,7 @@ async def test_an_ampere_gpu_whose_mig_mode_is_off_waits_for_its_admin(
     assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [False, False], "nothing tried"
 
     node.fake_gpu("mig-mode", "0", "on")  # an admin's nvidia-smi -i 0 -mig 1, and a GPU reset
+    node.fake_gpu("reset", "0")
     await settled(kube, node, {0: THREE_G, 1: []})
 
     async def only_gpu_1() -> bool:
