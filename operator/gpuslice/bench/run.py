@@ -39,12 +39,21 @@ class Size:
     scale_namespaces: int
     steady_seconds: float
     churn_minutes: float  # the fragmentation figure's trace, in simulated minutes (each run)
+    trace_pods: int = 120  # the packing figure's trace (its first pods, as seeded)
+    churn_prefill: int = 54  # the fragmentation figure's inference pods at minute 0
+    planner_gpus: int = 10_000  # the planner figure's fleet, and how often each plan is timed
+    planner_repeat: int = 20
 
 
 SIZES = {
     "full": Size("full", (8, 100), 512, 1000, 50, 200, 300.0, 240.0),
     "medium": Size("medium", (8, 24), 512, 300, 50, 200, 120.0, 180.0),
     "small": Size("small", (2,), 64, 40, 10, 20, 30.0, 120.0),
+    # CI's: every figure, every mode and every change of mode the bench makes, on the fewest pods and
+    # nodes that still make them (five policies: the scale figure's memory, shared and dynamic MIG). Its
+    # figures are not judged by anyone; that each one completes is (tests/cluster/bench).
+    "smoke": Size("smoke", (1,), 0, 5, 5, 5, 5.0, 10.0, trace_pods=24, churn_prefill=8, planner_gpus=800,
+                  planner_repeat=2),
 }
 
 
@@ -105,7 +114,7 @@ async def measure(size: Size, only: tuple[str, ...], state_dir: Path,
 
         async def planner() -> dict[str, Any]:
             say("planner: timing the pure planner")
-            return planner_figure()
+            return planner_figure(size.planner_gpus, size.planner_repeat)
 
         await figure("planner", planner)
     if not {"packing", "fragmentation", "scheduler", "scale"} & set(only):
@@ -118,12 +127,13 @@ async def measure(size: Size, only: tuple[str, ...], state_dir: Path,
         if "packing" in only:
             from gpuslice.bench.packing_figure import packing_figure
 
-            await figure("packing", lambda: packing_figure(cluster, TraceSpec(), say))
+            await figure("packing", lambda: packing_figure(cluster, TraceSpec(pods=size.trace_pods), say))
         if "fragmentation" in only:
             from gpuslice.bench.churn import ChurnSpec
             from gpuslice.bench.fragmentation_figure import fragmentation_figure
 
-            churn = ChurnSpec(minutes=float(os.environ.get("BENCH_CHURN_MINUTES", size.churn_minutes)))
+            churn = ChurnSpec(minutes=float(os.environ.get("BENCH_CHURN_MINUTES", size.churn_minutes)),
+                              prefill=size.churn_prefill)
             await figure("fragmentation", lambda: fragmentation_figure(cluster, churn, say))
         if "scheduler" in only:
             from gpuslice.bench.scheduler_figure import scheduler_figure
@@ -180,7 +190,10 @@ def assemble(size: Size, only: tuple[str, ...], figures: dict[str, Any], kuberne
 
 
 def main() -> None:
-    size = SIZES[os.environ.get("BENCH_SIZE", "full")]
+    name = os.environ.get("BENCH_SIZE", "full")
+    if name not in SIZES:
+        sys.exit(f"make bench: BENCH_SIZE={name!r} is not a size; the sizes are {', '.join(SIZES)} (bench/README.md)")
+    size = SIZES[name]
     only = tuple(f for f in os.environ.get("BENCH_ONLY", ",".join(FIGURES)).split(",") if f)
     out = Path(os.environ.get("BENCH_DIR", "bench"))
     results_path = out / f"results{'' if size.name == 'full' else '-' + size.name}.json"
