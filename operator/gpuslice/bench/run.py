@@ -196,7 +196,8 @@ def main() -> None:
     size = SIZES[name]
     only = tuple(f for f in os.environ.get("BENCH_ONLY", ",".join(FIGURES)).split(",") if f)
     out = Path(os.environ.get("BENCH_DIR", "bench"))
-    results_path = out / f"results{'' if size.name == 'full' else '-' + size.name}.json"
+    suffix = "" if size.name == "full" else f"-{size.name}"  # a smaller run never overwrites the full size's
+    results_path = out / f"results{suffix}.json"
     # The fleet harness runs hundreds of agents in this process: their warnings (a policy not judged
     # yet, a retried request) would drown the report.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
@@ -226,7 +227,7 @@ def main() -> None:
     if "modes" in (figures.get("packing") or {}):
         from gpuslice.bench.plot import packing_plot
 
-        plotted = packing_plot(figures["packing"], out / "packing.png")
+        plotted = packing_plot(figures["packing"], out / f"packing{suffix}.png")
         if plotted is None:
             say("no matplotlib: the packing plot was not drawn (pip install -e '.[bench]')")
     print(render_text(results))
