@@ -9,6 +9,7 @@ the demo, and anyone trying gpuslice on kind who wants to see a GPU fail.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -20,7 +21,8 @@ from gpuslice.agent.gpus.fake_state import (
     FakeState,
     FakeStateFile,
     InjectedFailure,
-    admin_sets_mig_mode,
+    reset,
+    set_mig_mode,
 )
 from gpuslice.devcluster.state import default_state_dir
 from gpuslice.dra.quantity import quantity_bytes
@@ -64,6 +66,13 @@ def _update(context: click.Context, change: object) -> None:
     except ValueError as error:
         click.echo(f"fake-gpu: {error}", err=True)
         sys.exit(1)
+
+
+def _said(context: click.Context, change: Callable[[FakeState], str]) -> None:
+    """``_update``, printing what ``change`` says (as nvidia-smi does)."""
+    said: list[str] = []
+    _update(context, lambda s: said.append(change(s)))
+    click.echo(said[0])
 
 
 @fake_gpu.command()
@@ -131,9 +140,19 @@ def use(context: click.Context, gpu: int, pid: int, memory: str, sm: float) -> N
 @click.argument("mode", type=click.Choice(["on", "off"]))
 @click.pass_context
 def mig_mode(context: click.Context, gpu: int, mode: str) -> None:
-    """Switch GPU's MIG mode as an admin does with nvidia-smi and a GPU reset (refused while it has MIG
-    instances); the agent reads it at its next cycle."""
-    _update(context, lambda s: admin_sets_mig_mode(s, gpu, mode == "on"))
+    """Switch GPU's MIG mode as nvidia-smi -i GPU -mig 1|0 does (off is refused while it has MIG instances):
+    at once from Hopper on; before Hopper pending until the GPU is reset (fake-gpu reset GPU). The agent
+    reads it at its next cycle."""
+    _said(context, lambda s: set_mig_mode(s, gpu, mode == "on"))
+
+
+@fake_gpu.command("reset")
+@click.argument("gpus", type=int, nargs=-1, required=True)
+@click.pass_context
+def reset_gpus(context: click.Context, gpus: tuple[int, ...]) -> None:
+    """Reset GPUS as nvidia-smi -r -i GPU,... does: refused while a process uses one; a pending MIG mode
+    becomes current, and MIG instances do not survive it."""
+    _said(context, lambda s: "\n".join(reset(s, gpu) for gpu in gpus))
 
 
 @fake_gpu.command("heal")

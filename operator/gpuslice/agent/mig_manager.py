@@ -1,7 +1,11 @@
-"""The MIG manager: make each GPU of a static ``mig.layout`` have exactly that layout's instances.
+"""The MIG manager: make each GPU of a static ``mig.layout`` have exactly that layout's instances, and
+each GPU that a layout, dynamic MIG or anyone's instances left be what its policy wants now.
 
 It works inside the publisher's cycle, under its lock:
 
+0. ``release`` (before planning): a GPU nothing of which is published or prepared any more loses the
+   MIG instances its policy does not want, and its MIG mode where a whole-GPU, memory or shared
+   policy takes it and the agent may switch it (``planning.node.mig_release``);
 1. ``adjust`` (before the safety layer): a GPU whose instances differ from its layout
    publishes the devices of the instances it really has, never those of the layout;
 2. ``statuses``: such a GPU's devices drain with ``gpuslice.dev/reconfiguring:NoSchedule``
@@ -43,10 +47,9 @@ from gpuslice.dra.wire import TaintJSON, device_gpu
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.devices import Device
-from gpuslice.planning.left_out import MIG_MODE_ON
 from gpuslice.planning.node.coexistence import mig_manager_active
 from gpuslice.planning.node.mig_layout import Instance, LayoutTarget, Step, devices_of, inverse, layout_targets, steps
-from gpuslice.planning.node.mig_mode import switches_mig_mode
+from gpuslice.planning.node.mig_release import Wants, release, wants
 from gpuslice.planning.node.node_pool import NodePlan
 
 log = structlog.get_logger(__name__)
@@ -102,6 +105,15 @@ class MigManager:
         data[uuid] = {"policy": policy, "instances": [list(i) for i in sorted(instances)]}
         write_atomic(self.state_dir / APPLIED_FILE, json.dumps(data, indent=2, sort_keys=True))
 
+    def _forget(self, uuid: str) -> None:
+        """The GPU's layout is gone (its instances destroyed): prepare may make instances there again."""
+        try:
+            data: dict[str, Any] = json.loads((self.state_dir / APPLIED_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            return
+        if data.pop(uuid, None) is not None:
+            write_atomic(self.state_dir / APPLIED_FILE, json.dumps(data, indent=2, sort_keys=True))
+
     def static_gpus(self) -> set[str]:
         """GPUs whose instances belong to a static layout (prepare never makes or destroys them)."""
         return set(self.applied()) | {p.gpu.uuid for p in self.pending.values()}
@@ -133,36 +145,54 @@ class MigManager:
             found.append(gpu)
         return found
 
-    async def release(self, gpus: Sequence[Gpu], plan: NodePlan, labels: Mapping[str, str],
-                      published: Iterable[Mapping[str, Any]]) -> list[Gpu]:
-        """``gpus`` after switching MIG mode off on each GPU the plan left out for it (a whole-GPU,
-        memory or shared policy takes it) where the agent may: Hopper or later, not where the GPU
-        Operator's MIG manager runs (its config owns the mode), and only once nothing of the GPU is
-        published (its old devices drained: no claim can be prepared on it) and it has no MIG
-        instance, as NVIDIA's DRA driver's ``maybeDisableMigMode``. The next plan then publishes."""
-        wanted = {item.index for item in plan.left_out if item.reason == MIG_MODE_ON}
-        if not wanted or mig_manager_active(labels):
+    async def release(self, gpus: Sequence[Gpu], plan: NodePlan, policies: Sequence[GpuSlicePolicy],
+                      labels: Mapping[str, str], busy: set[str]) -> list[Gpu]:
+        """``gpus`` after each GPU whose MIG instances the plan no longer wants was made as it wants it
+        (``planning.node.mig_release``): its unwanted instances destroyed, its applied layout forgotten,
+        and, where a whole-GPU, memory or shared policy takes it and the agent may (Hopper or later),
+        MIG mode switched off, as NVIDIA's DRA driver's ``maybeDisableMigMode``. Only GPUs nothing of
+        which is published or prepared (``busy``: their old devices still drain, or a claim holds one),
+        one at a time, under each GPU's lock; not where the GPU Operator's MIG manager runs (its
+        config owns MIG). The next plan then publishes."""
+        if mig_manager_active(labels):
             return list(gpus)
-        # A layout's GPU left by its policy keeps its instances (the check below); once they are gone
-        # its applied record does not hold the GPU in MIG mode.
-        busy = {device_gpu(d) for d in published} | {p.gpu.uuid for p in self.pending.values()}
+        layouts = set(layout_targets(plan.typed, policies))
+        applied = self.applied()
         found = []
         for gpu in gpus:
-            if gpu.index in wanted and gpu.mig_enabled and switches_mig_mode(gpu) and gpu.uuid not in busy:
-                try:
-                    async with self.ops.lock(gpu.uuid):
-                        if not await self.ops.call(self.ops.backend.mig_instances, gpu):
-                            await self.ops.call(self.ops.backend.set_mig_mode, gpu, False)
-                            log.info("MIG mode switched off: a policy takes the GPU whole", node=self.node,
-                                     gpu=gpu.uuid, index=gpu.index)
-                            gpu = replace(gpu, mig_enabled=False)
-                            if gpu.uuid in self.ops.gpus:
-                                self.ops.gpus[gpu.uuid] = replace(self.ops.gpus[gpu.uuid], mig_enabled=False)
-                except GpuBackendError as error:
-                    log.warning("could not switch MIG mode off; tried again next cycle", node=self.node,
-                                gpu=gpu.uuid, error=str(error))
+            want = wants(plan, layouts, gpu)
+            if (gpu.mig_capable and gpu.uuid not in busy and gpu.uuid not in self.pending
+                    and (gpu.uuid in applied or (want == "whole" and gpu.mig_enabled))):
+                gpu = await self._release(gpu, want, applied.get(gpu.uuid))
             found.append(gpu)
         return found
+
+    async def _release(self, gpu: Gpu, want: Wants, recorded: Sequence[Instance] | None) -> Gpu:
+        where = {"node": self.node, "gpu": gpu.uuid, "index": gpu.index}
+        async with self.ops.lock(gpu.uuid):
+            try:
+                instances = await self.ops.call(self.ops.backend.mig_instances, gpu)
+                todo = release(gpu, want, recorded, [(i.profile, i.start) for i in instances])
+                if todo is None:
+                    return gpu
+                for instance in instances:
+                    if (instance.profile, instance.start) in todo.destroy:
+                        await self.ops.call(self.ops.backend.destroy_mig, gpu, instance)
+                if todo.destroy:
+                    log.info("MIG instances no policy wants destroyed", **where, wants=want,
+                             instances=_layout(todo.destroy))
+                if todo.forget:
+                    self._forget(gpu.uuid)
+                if todo.mig_off:
+                    await self.ops.call(self.ops.backend.set_mig_mode, gpu, False)
+                    log.info("MIG mode switched off: a policy takes the GPU whole", **where)
+                    gpu = replace(gpu, mig_enabled=False)
+                    if gpu.uuid in self.ops.gpus:
+                        self.ops.gpus[gpu.uuid] = replace(self.ops.gpus[gpu.uuid], mig_enabled=False)
+            except GpuBackendError as error:
+                log.warning("could not make the GPU as its policy wants it; tried again next cycle", **where,
+                            wants=want, error=str(error))
+        return gpu
 
     # 1. What each static GPU publishes
 
@@ -191,6 +221,12 @@ class MigManager:
             policy = by_name[target.policy]
             pending[uuid] = Pending(target, gpu, enabled, existing, policy)
             replaced[uuid] = devices_of(gpu, policy, existing) if enabled else []
+        # Dynamic MIG on a GPU that a layout left: its devices wait until release() destroyed the layout's
+        # instances, which hold placements they would offer as free.
+        applied = self.applied()
+        for device in plan.typed:
+            if device.traits.instances and device.gpu_uuid in applied and device.gpu_uuid not in targets:
+                replaced[device.gpu_uuid] = []
         self.pending = pending
         if self.draining not in pending:
             self.draining = None

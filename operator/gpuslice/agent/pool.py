@@ -47,7 +47,7 @@ from gpuslice.agent.watches import AgentView
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import DRIVER, PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY
 from gpuslice.dra.resourceslice import resource_slice, slice_name
-from gpuslice.dra.wire import TaintJSON, device_policy, pool_mark
+from gpuslice.dra.wire import TaintJSON, device_gpu, device_policy, pool_mark
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.observability.failpoints import failpoint
@@ -184,6 +184,12 @@ class NodePool:
             return set()
         return {d.device for c in self.checkpoints.all() for d in c.devices if not d.admin_access}
 
+    def held_gpus(self) -> set[str]:
+        """GPUs a local checkpoint holds a device of (not with admin access, as ``held``)."""
+        if self.checkpoints is None:
+            return set()
+        return {d.gpu_uuid for c in self.checkpoints.all() for d in c.devices if not d.admin_access}
+
     def static_gpus(self) -> set[str]:
         """GPUs whose MIG instances a static layout owns (prepare never makes or destroys them)."""
         return self.mig.static_gpus() if self.mig is not None else set()
@@ -233,8 +239,10 @@ class NodePool:
             published, counter_sets = last.devices, last.counter_sets
             log.warning("the pool's slices are gone (the kubelet wipes them when the plugin was away); republishing"
                         " from the agent's record, allocated devices unchanged", node=node, devices=len(published))
-        if mig is not None:  # a GPU in MIG mode a whole-GPU policy takes, once nothing of it is published
-            gpus = await mig.release(gpus, plan_node_pool(labels, gpus, policies.plannable), labels, published)
+        if mig is not None:  # a GPU whose MIG instances its policy no longer wants, once nothing of it is published
+            busy = {gpu for d in published if (gpu := device_gpu(d)) is not None} | self.held_gpus()
+            gpus = await mig.release(gpus, plan_node_pool(labels, gpus, policies.plannable), policies.plannable,
+                                     labels, busy)
         await self.drains.load(kube, node)
         drained = await self.drains.refused(
             kube, node, {d["name"] for d in published if _pending(d) or _reconfiguring(d)})

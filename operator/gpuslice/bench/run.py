@@ -50,12 +50,21 @@ class Size:
     churn_minutes: float  # the fragmentation figure's trace, in simulated minutes (each run)
     topology_minutes: float = 240.0  # the topology figure's trace, in simulated minutes (each run)
     topology_fleets: int = 2  # of each server layout (bench.topology_figure)
+    trace_pods: int = 120  # the packing figure's trace (its first pods, as seeded)
+    churn_prefill: int = 54  # the fragmentation figure's inference pods at minute 0
+    planner_gpus: int = 10_000  # the planner figure's fleet, and how often each plan is timed
+    planner_repeat: int = 20
 
 
 SIZES = {
     "full": Size("full", (8, 100), 512, 1000, 50, 200, 300.0, 240.0),
     "medium": Size("medium", (8, 24), 512, 300, 50, 200, 120.0, 180.0, topology_minutes=120.0),
     "small": Size("small", (2,), 64, 40, 10, 20, 30.0, 120.0, topology_minutes=40.0, topology_fleets=1),
+    # CI's: every figure, every mode and every change of mode the bench makes, on the fewest pods and
+    # nodes that still make them (five policies: the scale figure's memory, shared and dynamic MIG). Its
+    # figures are not judged by anyone; that each one completes is (tests/cluster/bench).
+    "smoke": Size("smoke", (1,), 0, 5, 5, 5, 5.0, 10.0, topology_minutes=10.0, topology_fleets=1, trace_pods=24,
+                  churn_prefill=8, planner_gpus=800, planner_repeat=2),
 }
 
 
@@ -127,7 +136,7 @@ async def measure(size: Size, only: tuple[str, ...], state_dir: Path,
 
         async def planner() -> dict[str, Any]:
             say("planner: timing the pure planner")
-            return planner_figure()
+            return planner_figure(size.planner_gpus, size.planner_repeat)
 
         await figure("planner", planner)
     if not {"packing", "fragmentation", "scheduler", "scale", "topology"} & set(only):
@@ -140,12 +149,13 @@ async def measure(size: Size, only: tuple[str, ...], state_dir: Path,
         if "packing" in only:
             from gpuslice.bench.packing_figure import packing_figure
 
-            await figure("packing", lambda: packing_figure(cluster, TraceSpec(), say))
+            await figure("packing", lambda: packing_figure(cluster, TraceSpec(pods=size.trace_pods), say))
         if "fragmentation" in only:
             from gpuslice.bench.churn import ChurnSpec
             from gpuslice.bench.fragmentation_figure import fragmentation_figure
 
-            churn = ChurnSpec(minutes=float(os.environ.get("BENCH_CHURN_MINUTES", size.churn_minutes)))
+            churn = ChurnSpec(minutes=float(os.environ.get("BENCH_CHURN_MINUTES", size.churn_minutes)),
+                              prefill=size.churn_prefill)
             await figure("fragmentation", lambda: fragmentation_figure(cluster, churn, say))
         if "topology" in only:
             from gpuslice.bench.topology_figure import topology_figure
@@ -213,7 +223,10 @@ def kube_versions() -> list[str]:
 
 
 def main() -> None:
-    size = SIZES[os.environ.get("BENCH_SIZE", "full")]
+    name = os.environ.get("BENCH_SIZE", "full")
+    if name not in SIZES:
+        sys.exit(f"make bench: BENCH_SIZE={name!r} is not a size; the sizes are {', '.join(SIZES)} (bench/README.md)")
+    size = SIZES[name]
     only = tuple(f for f in os.environ.get("BENCH_ONLY", ",".join(FIGURES)).split(",") if f)
     out = Path(os.environ.get("BENCH_DIR", "bench"))
     # The fleet harness runs hundreds of agents in this process: their warnings (a policy not judged
@@ -269,7 +282,8 @@ def run_once(size: Size, only: tuple[str, ...], out: Path, name: str, history: b
     if history and "modes" in (figures.get("packing") or {}):
         from gpuslice.bench.plot import packing_plot
 
-        plotted = packing_plot(figures["packing"], out / "packing.png")
+        suffix = "" if size.name == "full" else f"-{size.name}"  # a smaller run never overwrites the full size's
+        plotted = packing_plot(figures["packing"], out / f"packing{suffix}.png")
         if plotted is None:
             say("no matplotlib: the packing plot was not drawn (pip install -e '.[bench]')")
     print(render_text(results))

@@ -16,7 +16,8 @@ from gpuslice.api.status import (
     TenantStatus,
 )
 from gpuslice.planning.kinds import DeviceKind, limit_bytes, quota
-from gpuslice.planning.left_out import MIG_MODE_OFF, MIG_MODE_ON, LeftOut
+from gpuslice.planning.left_out import MIG_MODE_OFF, MIG_MODE_ON, MIG_MODE_ON_OPERATOR, MIG_MODE_ON_RESET, LeftOut
+from gpuslice.planning.node.mig_mode import mig_mode_step
 from gpuslice.planning.reads.usage import Usage
 from gpuslice.planning.selection import Problem, Selection
 
@@ -54,20 +55,43 @@ def _condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
     return Condition(type=type_, status="True" if ok else "False", reason=reason, message=message)
 
 
-# What the agents left out, by reason (planning.left_out), worded here: an agent names only GPUs.
+# What the agents left out, by reason (planning.left_out), worded here: an agent names only GPUs. The
+# reasons that need a step on the node come first; MigModeOn is a transition the agent carries out.
+_WHOLE = ("a GPU in MIG mode cannot be used whole (CUDA sees only its MIG devices; NVIDIA's toolkit gives it no"
+          " whole-GPU entry), so no device of this policy is published on them")
 LEFT_OUT = {
+    MIG_MODE_ON_RESET: "MIG mode is on on {gpus}: " + _WHOLE + ". These GPUs (before Hopper, such as A100 and A30)"
+                       " switch MIG mode only at a GPU reset, which gpuslice does not do (a reset needs every client"
+                       " of the GPU stopped: nvidia-persistenced, DCGM, device plugins); the agent destroys their"
+                       " MIG instances once no claim holds a device of them. Then switch MIG mode off {steps}; the"
+                       " agent publishes at its next cycle after.",
     MIG_MODE_OFF: "MIG mode is off on {gpus}, and these GPUs (before Hopper, such as A100 and A30) switch it only at a"
                   " GPU reset, which gpuslice does not do: nvidia-persistenced, DCGM and other clients keep the GPU"
-                  " from resetting. So no MIG device of this policy is published on them. Enable MIG mode on each"
-                  " (nvidia-smi -i INDEX -mig 1, then reset the GPU with its clients stopped, or reboot; the GPU"
-                  " Operator's MIG manager does both); the agent publishes at its next cycle after.",
-    MIG_MODE_ON: "MIG mode is on on {gpus}: a GPU in MIG mode cannot be used whole (CUDA sees only its MIG devices;"
-                 " NVIDIA's toolkit gives it no whole-GPU entry), so no device of this policy is published on them."
-                 " On Hopper and later the agent switches MIG mode off once nothing of the GPU is published and it"
-                 " has no MIG instance (not where the GPU Operator's MIG manager runs: set its config to"
-                 " all-disabled); before Hopper switch it off yourself (nvidia-smi -i INDEX -mig 0, then reset the"
-                 " GPU with its clients stopped, or reboot).",
+                  " from resetting. So no MIG device of this policy is published on them. Enable MIG mode {steps};"
+                  " the agent publishes at its next cycle after.",
+    MIG_MODE_ON_OPERATOR: "MIG mode is on on {gpus}: " + _WHOLE + ". The GPU Operator's MIG manager runs on these"
+                          " nodes (nvidia.com/gpu.deploy.mig-manager=true) and has the final say on their MIG mode:"
+                          " {steps} (it then switches MIG mode off), or label the node"
+                          " nvidia.com/gpu.deploy.mig-manager=false to let gpuslice manage it.",
+    MIG_MODE_ON: "MIG mode is on on {gpus}: " + _WHOLE + " yet. These GPUs switch MIG mode without a reset (Hopper"
+                 " and later): the agent destroys their MIG instances once no claim holds a device of them, switches"
+                 " MIG mode off and publishes, with no step on the node. If this stays, the agent's log on the node"
+                 " says what keeps it (such as a MIG instance in use outside gpuslice).",
 }
+
+
+def _steps(left_out: Sequence[tuple[str, LeftOut]], reason: str, most: int = 10) -> str:
+    """The step on each node, for the GPUs left out there for ``reason``: the first ``most`` nodes."""
+    by_node: dict[str, list[int]] = {}
+    for node, item in left_out:
+        if item.reason == reason:
+            by_node.setdefault(node, []).append(item.index)
+    nodes = sorted(by_node)
+    if reason == MIG_MODE_ON_OPERATOR:
+        return (f"kubectl label node {' '.join(nodes[:most])} nvidia.com/mig.config=all-disabled --overwrite"
+                + (f" (and {len(nodes) - most} more nodes)" if len(nodes) > most else ""))
+    found = [f"on node {node}: {mig_mode_step(by_node[node], reason == MIG_MODE_OFF)}" for node in nodes[:most]]
+    return "; ".join(found) + (f"; and on {len(nodes) - most} more nodes" if len(nodes) > most else "")
 
 
 def conditions(f: Findings) -> list[Condition]:
@@ -154,8 +178,8 @@ def conditions(f: Findings) -> list[Condition]:
                               " so gpuslice publishes none of its devices there; label those nodes"
                               " nvidia.com/gpu.deploy.mig-manager=false to let gpuslice manage MIG.")
     elif reasons := [r for r in LEFT_OUT if any(item.reason == r for _, item in f.left_out)]:
-        degraded = _condition("Degraded", True, reasons[0],
-                              LEFT_OUT[reasons[0]].format(gpus=_gpus(f.left_out, reasons[0])))
+        degraded = _condition("Degraded", True, reasons[0], " ".join(
+            LEFT_OUT[r].format(gpus=_gpus(f.left_out, r), steps=_steps(f.left_out, r)) for r in reasons))
     elif f.pending:
         degraded = _condition("Degraded", True, "ChangePending",
                               f"{f.pending} allocated devices keep their old shape until their claims are released;"

@@ -21,8 +21,13 @@ ANNOTATION = f"{ATTRIBUTE_DOMAIN}/left-out"
 # A MIG policy on a GPU below Hopper whose MIG mode is off: it switches only at a GPU reset.
 MIG_MODE_OFF = "MigModeOff"
 # A whole-GPU, memory or shared policy on a GPU whose MIG mode is on: no container could use it.
+# Hopper and later: the agent switches it off by itself (a transition under way).
 MIG_MODE_ON = "MigModeOn"
-REASONS = frozenset({MIG_MODE_OFF, MIG_MODE_ON})
+# The same before Hopper: it switches only at a GPU reset, which needs a step on the node.
+MIG_MODE_ON_RESET = "MigModeOnNeedsReset"
+# The same where the GPU Operator's MIG manager runs: its nvidia.com/mig.config has the final say.
+MIG_MODE_ON_OPERATOR = "MigModeOnByMigManager"
+REASONS = frozenset({MIG_MODE_OFF, MIG_MODE_ON, MIG_MODE_ON_RESET, MIG_MODE_ON_OPERATOR})
 MAX_PRODUCT = 64
 
 

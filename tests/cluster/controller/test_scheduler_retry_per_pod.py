@@ -18,10 +18,10 @@ from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
 from tests.cluster.agent.test_publishing import published
 from tests.cluster.controller.test_allocation import allocation, pod_using
 from tests.cluster.controller.test_limits import claim, request
-from tests.cluster.webhook.test_max_memory import memory_claim
-from tests.cluster.webhook.test_max_memory_rush import shared_tenant
 from tests.cluster.kubeutil import RESOURCE, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
+from tests.cluster.webhook.test_max_memory import memory_claim
+from tests.cluster.webhook.test_max_memory_rush import shared_tenant
 
 __all__ = ["agent_rbac", "gpu_node"]
 POISON_SECONDS = 100  # with the tests' 3 s interval, a backoff shared by all would reach 96 s by then

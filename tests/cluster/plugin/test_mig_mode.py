@@ -10,6 +10,7 @@ from typing import Any
 from gpuslice.kube.client import KubeClient
 from tests.cluster.agent.test_publishing import create_pods, pool_devices, tenant_policy
 from tests.cluster.kubeutil import wait_for
+from tests.cluster.observe import agent_cycles
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.plugin.conftest import PluginNodeFactory, exec_env, running
 from tests.cluster.plugin.test_static_mig import by_gpu, degraded_as
@@ -42,17 +43,22 @@ async def test_a_shared_policy_on_an_a100_in_mig_mode_waits_for_its_admin(
     namespace: str,
 ) -> None:
     """An A100 switches MIG mode only at a reset, which the agent does not do: nothing is published
-    and the policy says why; once an admin switched one GPU off (`gpuslice fake-gpu mig-mode 0 off`,
-    as nvidia-smi and a reset), that GPU publishes at the next cycle."""
+    and the policy says why, with the step; once an admin switched one GPU off (`gpuslice fake-gpu mig-mode
+    0 off` and `reset 0`, as nvidia-smi -mig 0 and -r), that GPU publishes at the next cycle."""
     node = await plugin_node("a100-40gb", 2, ["--resync", "3"])
     policy = await tenant_policy(make_policy, namespace, node.name, {"mode": "shared", "sliceSize": "5Gi"})
-    condition = await degraded_as(kube, policy, "MigModeOn")
+    condition = await degraded_as(kube, policy, "MigModeOnNeedsReset")
     assert f"MIG mode is on on node {node.name} GPU 0 (NVIDIA A100-SXM4-40GB), node {node.name} GPU 1" \
         in condition["message"]
+    assert (f"Then switch MIG mode off on node {node.name}: nvidia-smi -i 0 -mig 0 && nvidia-smi -i 1 -mig 0, then"
+            " nvidia-smi -r -i 0,1 with every client of these GPUs stopped, or reboot the node") in condition["message"]
     assert await pool_devices(kube, node.name) == {}
     assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [True, True], "nothing switched"
 
-    node.fake_gpu("mig-mode", "0", "off")
+    node.fake_gpu("mig-mode", "0", "off")  # nvidia-smi -i 0 -mig 0: pending until the reset
+    await agent_cycles(kube, node.name, node.metrics)
+    assert await pool_devices(kube, node.name) == {}, "a pending mode changes nothing"
+    node.fake_gpu("reset", "0")
 
     async def gpu_0_only() -> bool:
         published = by_gpu(await pool_devices(kube, node.name))
@@ -61,7 +67,7 @@ async def test_a_shared_policy_on_an_a100_in_mig_mode_waits_for_its_admin(
     await wait_for(gpu_0_only, within=60, what="GPU 0's shared device")
 
     async def only_gpu_1() -> bool:
-        found = await degraded_as(kube, policy, "MigModeOn")
+        found = await degraded_as(kube, policy, "MigModeOnNeedsReset")
         return "GPU 0" not in found["message"] and f"node {node.name} GPU 1" in found["message"]
 
     await wait_for(only_gpu_1, within=60, what="the status to name GPU 1 only")

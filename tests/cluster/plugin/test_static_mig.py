@@ -195,13 +195,15 @@ async def test_an_ampere_gpu_whose_mig_mode_is_off_waits_for_its_admin(
     condition = await degraded_as(kube, policy, "MigModeOff")
     assert f"MIG mode is off on node {node.name} GPU 0 (NVIDIA A100-SXM4-40GB), node {node.name} GPU 1" \
         in condition["message"]
-    assert "nvidia-smi -i INDEX -mig 1" in condition["message"]
+    assert (f"Enable MIG mode on node {node.name}: nvidia-smi -i 0 -mig 1 && nvidia-smi -i 1 -mig 1, then"
+            " nvidia-smi -r -i 0,1 with every client of these GPUs stopped, or reboot the node") in condition["message"]
     assert await pool_devices(kube, node.name) == {}
     slices = await kube.list("/apis/resource.k8s.io/v1/resourceslices", fieldSelector=f"spec.nodeName={node.name}")
     assert [s["metadata"]["name"] for s in slices] == [f"gpuslice-{node.name}-devices-00"], "an empty slice says it"
     assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [False, False], "nothing tried"
 
     node.fake_gpu("mig-mode", "0", "on")  # an admin's nvidia-smi -i 0 -mig 1, and a GPU reset
+    node.fake_gpu("reset", "0")
     await settled(kube, node, {0: THREE_G, 1: []})
 
     async def only_gpu_1() -> bool:

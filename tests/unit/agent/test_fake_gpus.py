@@ -114,3 +114,41 @@ def test_an_ampere_gpu_switches_mig_mode_only_at_a_reset(tmp_path: Path) -> None
     assert not fake.mig_enabled(gpu)
     with pytest.raises(GpuBackendError, match=r"unknown option 'mig-of'; the options are mig-off and mig-on"):
         parse_fake_gpus("a100-40gb:2:mig-of")
+
+
+def test_an_admins_mig_mode_is_pending_until_the_reset_before_hopper_and_current_at_once_after(
+    tmp_path: Path,
+) -> None:
+    """`fake-gpu mig-mode` is nvidia-smi -mig: an A100's mode waits for `fake-gpu reset` (nvidia-smi -r), which a
+    process on the GPU refuses and which no MIG instance survives; an H100's is current at once."""
+    fake = FakeBackend("node-a", parse_fake_gpus("a100-40gb:2,h100-80gb:1"), tmp_path)
+    a100, _, h100 = fake.discover()
+    run = CliRunner()
+
+    def cli(*args: str) -> str:
+        done = run.invoke(main, ["fake-gpu", "--state-dir", str(tmp_path), *args])
+        assert done.exit_code == 0, done.output
+        return done.output
+
+    assert cli("mig-mode", "2", "on") == "GPU 2: MIG mode on.\n"
+    assert fake.mig_enabled(h100)
+    fake.create_mig(a100, a100.mig_profiles[0], 0)
+    refused = run.invoke(main, ["fake-gpu", "--state-dir", str(tmp_path), "mig-mode", "0", "off"])
+    assert refused.exit_code == 1
+    assert "GPU 0 has 1 MIG instances; destroy them before turning MIG mode off" \
+        in refused.output
+    fake.destroy_mig(a100, fake.mig_instances(a100)[0])
+    assert "pending until the GPU is reset (gpuslice fake-gpu reset 0" in cli("mig-mode", "0", "off")
+    assert fake.mig_enabled(a100), "pending: NVML's current mode is still on"
+    assert fake.discover()[0].mig_enabled, "a restarted agent reads it on too"
+    cli("use", "0", "--pid", "4242", "--memory", "1Gi")
+    refused = run.invoke(main, ["fake-gpu", "--state-dir", str(tmp_path), "reset", "0"])
+    assert refused.exit_code == 1
+    assert "processes 4242 use it" in refused.output
+    cli("use", "0", "--pid", "4242", "--memory", "0")
+    fake.create_mig(a100, a100.mig_profiles[0], 0)  # (the mode is still on)
+    assert cli("reset", "0", "1") == "GPU 0 reset: MIG mode off.\nGPU 1 reset: MIG mode on.\n"
+    assert not fake.mig_enabled(a100)
+    assert fake.mig_instances(a100) == []
+    assert fake.state.read().gpus[0].instances == [], "no instance survives a reset"
+

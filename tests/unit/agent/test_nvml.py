@@ -349,32 +349,33 @@ async def test_a_gpu_whose_mig_mode_cannot_be_read_keeps_the_last_one_known(tmp_
         assert manager.ops.gpus[gpus[1].uuid].mig_enabled, "what prepare reads follows"
 
 
-async def test_mig_mode_is_switched_off_for_a_whole_gpu_policy_on_hopper_once_nothing_holds_the_gpu(
+async def test_a_gpu_a_whole_gpu_policy_takes_loses_its_instances_and_on_hopper_its_mig_mode(
     tmp_path: Path,
 ) -> None:
-    """A memory policy on GPUs in MIG mode (left from a mig policy or dynamic MIG): the agent switches
-    MIG mode off on the H100 once nothing of the GPU is published and it has no instance, as NVIDIA's
-    maybeDisableMigMode; never on the A100 (a reset), nor where the GPU Operator's MIG manager runs."""
+    """A memory policy on GPUs in MIG mode (left from a mig policy or dynamic MIG): once nothing of a GPU is
+    published or prepared, the agent destroys its MIG instances and switches MIG mode off on the H100, as
+    NVIDIA's maybeDisableMigMode; never the A100's mode (a reset: it says the step), and nothing where the
+    GPU Operator's MIG manager runs."""
     memory = policy("m", {"mode": "memory", "sliceSize": "10Gi"})
     with installed(FakeLibNvml([("h100-80gb", True), ("a100-40gb", True)])) as lib:
         backend = NvmlBackend(pynvml)
         gpus = backend.discover()
         manager = MigManager("n", GpuOps(backend, gpus), tmp_path)
         plan = plan_node_pool({}, gpus, [memory])
-        assert [(i.reason, i.index) for i in plan.left_out] == [("MigModeOn", 0), ("MigModeOn", 1)]
-        held = [{"name": "old", "attributes": {"gpuslice.dev/uuid": {"string": gpus[0].uuid}}}]
-        assert [g.mig_enabled for g in await manager.release(gpus, plan, {}, held)] == [True, True], \
-            "a device of the GPU is still published (its claim may be prepared)"
-        busy = backend.create_mig(gpus[0], gpus[0].mig_profiles[0], 0)
-        assert [g.mig_enabled for g in await manager.release(gpus, plan, {}, [])] == [True, True], "an instance"
-        backend.destroy_mig(gpus[0], busy)
+        assert [(i.reason, i.index) for i in plan.left_out] == [("MigModeOn", 0), ("MigModeOnNeedsReset", 1)]
+        for gpu in gpus:
+            backend.create_mig(gpu, gpu.mig_profiles[0], 0)
+        assert [g.mig_enabled for g in await manager.release(gpus, plan, [memory], {}, {gpus[0].uuid, gpus[1].uuid})] \
+            == [True, True], "a device of each GPU is still published or prepared"
+        assert all(backend.mig_instances(g) for g in gpus)
         operator = {"nvidia.com/gpu.deploy.mig-manager": "true"}
-        assert [g.mig_enabled for g in await manager.release(gpus, plan, operator, [])] == [True, True]
+        assert [g.mig_enabled for g in await manager.release(gpus, plan, [memory], operator, set())] == [True, True]
+        assert all(backend.mig_instances(g) for g in gpus), "the GPU Operator's MIG manager owns MIG there"
         assert "nvmlDeviceSetMigMode" not in lib.writes
-        manager._record(gpus[0].uuid, "a-layout-since-changed", [])  # its instances deleted by an admin
-        released = await manager.release(gpus, plan, {}, [])
+        released = await manager.release(gpus, plan, [memory], {}, set())
         assert [g.mig_enabled for g in released] == [False, True]
-        assert (lib.gpus[0].mig_mode, lib.gpus[1].mig_mode, lib.gpus[1].pending) == (0, 1, None)
+        assert [backend.mig_instances(g) for g in released] == [[], []], "both GPUs' instances destroyed"
+        assert (lib.gpus[0].mig_mode, lib.gpus[1].mig_mode, lib.gpus[1].pending) == (0, 1, None), "no pending mode"
         assert manager.ops.gpus[gpus[0].uuid].mig_enabled is False, "what prepare reads follows"
         assert plan_node_pool({}, released, [memory]).left_out == (plan.left_out[1],), "the H100 publishes now"
 

@@ -16,7 +16,7 @@ from gpuslice.bench.scheduler_figure import summarize
 
 def test_a_failed_figure_is_saved_with_its_error_and_the_run_goes_on(monkeypatch: pytest.MonkeyPatch,
                                                                        tmp_path: Path) -> None:
-    def broken() -> dict[str, Any]:
+    def broken(*_: Any) -> dict[str, Any]:
         raise ConnectionError("Cannot connect to host 127.0.0.1:6443 [Too many open files]")
 
     monkeypatch.setattr(planner_module, "planner_figure", broken)
@@ -110,3 +110,22 @@ def test_each_kubernetes_version_is_measured_in_one_run_and_shown_side_by_side(
     assert "1.36 ms/pod" in side
     row = next(line for line in side.splitlines() if "same_fleet" in line).split()
     assert row[-4:] == ["5.00", "200.0", "40.00", "25.0"], "1.37's CPU per pod and pods/s, then 1.36's"
+
+
+def test_an_unknown_size_is_refused_with_the_sizes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BENCH_SIZE", "tiny")
+    monkeypatch.setenv("BENCH_DIR", str(tmp_path))
+    with pytest.raises(SystemExit) as refused:
+        run.main()
+    assert str(refused.value) == ("make bench: BENCH_SIZE='tiny' is not a size; the sizes are full, medium, small,"
+                                  " smoke (bench/README.md)")
+    assert list(tmp_path.iterdir()) == [], "nothing written"
+
+
+def test_the_smoke_size_makes_every_figure_with_every_mode() -> None:
+    """CI's size still has what makes each mode: a scale figure of five policies (memory, shared and
+    dynamic MIG, every fifth) on as many nodes (a policy with no node would never be Ready)."""
+    smoke = run.SIZES["smoke"]
+    assert smoke.scale_policies >= 5
+    assert smoke.scale_nodes >= smoke.scale_policies
+    assert smoke.fleet_sizes

@@ -143,6 +143,7 @@ class FakeBackend:
         def settle(state: FakeState) -> list[Gpu]:
             for gpu in found:
                 state.gpus.setdefault(gpu.index, FakeGpu(mig_enabled=gpu.mig_enabled))
+                state.gpus[gpu.index].switches_at_reset = gpu.mig_capable and not switches_mig_mode(gpu)
             return [_with_mig_mode(gpu, state.gpus[gpu.index].mig_enabled) for gpu in found]
 
         return self.state.update(settle)
@@ -159,9 +160,10 @@ class FakeBackend:
             if not gpu.mig_capable:
                 raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}, {gpu.product_name}) has no MIG mode.")
             if not switches_mig_mode(gpu):
+                # As the NVML backend: NVML would only set a pending mode, which a reset makes current.
                 raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}, {gpu.architecture}) switches MIG mode only at a"
-                                      " GPU reset, as a real one (planning.node.mig_mode); set it in the fake GPUs'"
-                                      " state file instead.")
+                                      " GPU reset, as a real one (planning.node.mig_mode): gpuslice fake-gpu mig-mode"
+                                      f" {gpu.index} on|off, then gpuslice fake-gpu reset {gpu.index}, as an admin.")
             if not enabled and fake.instances:
                 raise GpuBackendError(f"GPU {gpu.index} ({gpu.uuid}) still has {len(fake.instances)} MIG instances;"
                                       " destroy them before turning MIG mode off.")

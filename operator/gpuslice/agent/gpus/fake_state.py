@@ -35,8 +35,12 @@ class FakeMigInstance(pydantic.BaseModel):
 
 
 class FakeGpu(pydantic.BaseModel):
-    mig_enabled: bool
+    mig_enabled: bool  # NVML's current MIG mode
     instances: list[FakeMigInstance] = []
+    # Before Hopper a MIG mode set is pending until the GPU is reset (NVML's pending mode): set on every
+    # discovery from the model, as a GPU's architecture is.
+    switches_at_reset: bool = False
+    pending: bool | None = None  # the MIG mode nvidia-smi set that a reset makes current
 
 
 class FakeFault(pydantic.BaseModel):
@@ -124,13 +128,40 @@ class FakeStateFile:
                              " start the fake GPUs afresh") from None
 
 
-def admin_sets_mig_mode(state: FakeState, gpu: int, enabled: bool) -> None:
-    """What an admin's ``nvidia-smi -i GPU -mig 1|0`` and a GPU reset do (the fake backend switches
-    MIG mode itself only from Hopper on, as the agent does: planning.node.mig_mode). A GPU the agent has
-    not seen yet starts so; one with MIG instances is refused, as NVML refuses it (IN_USE)."""
+def set_mig_mode(state: FakeState, gpu: int, enabled: bool) -> str:
+    """What an admin's ``nvidia-smi -i GPU -mig 1|0`` does, and what it says: the mode is current at once
+    on Hopper and later; before Hopper it is pending until the GPU is reset (``reset``), as NVML's
+    pending mode. Refused while the GPU has MIG instances (NVML: in use) when switching off. A GPU the
+    agent has not seen yet starts so."""
     found = state.gpus.setdefault(gpu, FakeGpu(mig_enabled=enabled))
     if found.instances and not enabled:
         raise ValueError(f"GPU {gpu} has {len(found.instances)} MIG instances; destroy them before turning MIG mode"
                          " off.")
-    found.mig_enabled = enabled
+    if found.switches_at_reset and found.mig_enabled != enabled:
+        found.pending = enabled
+        return (f"GPU {gpu}: MIG mode {'on' if enabled else 'off'} is pending until the GPU is reset (gpuslice fake-gpu"
+                f" reset {gpu}, as nvidia-smi -r -i {gpu}).")
+    found.mig_enabled, found.pending = enabled, None
+    return f"GPU {gpu}: MIG mode {'on' if enabled else 'off'}."
 
+
+def reset(state: FakeState, gpu: int) -> str:
+    """What ``nvidia-smi -r -i GPU`` does: refused while a process uses the GPU; a pending MIG mode
+    becomes current, and its MIG instances do not survive it."""
+    found = state.gpus.get(gpu)
+    if found is None:
+        raise ValueError(f"GPU {gpu} is not known to the fake backend yet (its agent has not discovered it).")
+    users = sorted(p.pid for p in state.processes if p.gpu == gpu)
+    if users:
+        raise ValueError(f"GPU {gpu} cannot be reset: processes {', '.join(map(str, users))} use it.")
+    if found.pending is not None:
+        found.mig_enabled, found.pending = found.pending, None
+    found.instances = []
+    return f"GPU {gpu} reset: MIG mode {'on' if found.mig_enabled else 'off'}."
+
+
+def admin_sets_mig_mode(state: FakeState, gpu: int, enabled: bool) -> None:
+    """An admin's ``nvidia-smi -i GPU -mig 1|0`` and, where it is pending, the GPU's reset."""
+    set_mig_mode(state, gpu, enabled)
+    if state.gpus[gpu].pending is not None:
+        reset(state, gpu)

@@ -154,7 +154,7 @@ def plan_node_pool(labels: Mapping[str, str], gpus: Sequence[Gpu], policies: Ite
         sharing = takers[:1] if mode.exclusive else [p for p in takers if p.spec.slicing.mode == mode.name]
         notes += [f"{p.name}: GPU {gpu.index} is taken by {takers[0].name} ({mode.name} mode)"
                   for p in takers if p not in sharing]
-        conflict = mig_mode_conflict(mode.traits, gpu)
+        conflict = mig_mode_conflict(mode.traits, gpu, mig_manager_active(labels))
         if conflict is not None:
             notes += [conflict_note(p.name, gpu, conflict) for p in sharing]
             left_out += [LeftOut(p.name, conflict, gpu.index, gpu.product_name) for p in sharing]

@@ -13,6 +13,8 @@ from gpuslice.planning.left_out import (
     ANNOTATION,
     MIG_MODE_OFF,
     MIG_MODE_ON,
+    MIG_MODE_ON_OPERATOR,
+    MIG_MODE_ON_RESET,
     LeftOut,
     decode,
     encode,
@@ -46,8 +48,9 @@ def test_a_mig_policy_on_an_ampere_gpu_whose_mig_mode_is_off_publishes_nothing_a
         assert plan.left_out == (LeftOut(mig.name, MIG_MODE_OFF, 0, "NVIDIA A100-SXM4-40GB"),)
         assert [n for n in plan.notes if "GPU 0" in n] == [
             f"{mig.name}: GPU 0 (NVIDIA A100-SXM4-40GB, Ampere) has MIG mode off and switches it only at a GPU"
-            " reset, which gpuslice does not do: enable MIG mode on it (nvidia-smi -i 0 -mig 1, then reset the"
-            " GPU or reboot); the agent publishes once it reads MIG mode on"]
+            " reset, which gpuslice does not do: enable MIG mode on it (nvidia-smi -i 0 -mig 1, then nvidia-smi -r"
+            " -i 0 with every client of the GPU stopped, or reboot the node); the agent publishes once it reads MIG"
+            " mode on"]
         assert len(plan.counter_sets) == 1, "no counter set for the GPU left out"
 
 
@@ -95,7 +98,8 @@ def test_the_controller_takes_the_newest_generation_of_the_nodes_the_policy_sele
     assert degraded.message.startswith(f"MIG mode is off on node n1 GPU 0 ({a100}), node n2 GPU 3 ({a100}), and"
                                        " these GPUs (before Hopper, such as A100 and A30) switch it only at a GPU"
                                        " reset, which gpuslice does not do")
-    assert "nvidia-smi -i INDEX -mig 1" in degraded.message
+    assert ("Enable MIG mode on node n1: nvidia-smi -i 0 -mig 1, then nvidia-smi -r -i 0 with every client of the GPU"
+            " stopped, or reboot the node; on node n2: nvidia-smi -i 3 -mig 1, then nvidia-smi -r -i 3") in degraded.message
 
 
 def test_a_policy_no_longer_left_out_is_refreshed() -> None:
@@ -112,27 +116,61 @@ def test_a_policy_no_longer_left_out_is_refreshed() -> None:
 def test_a_whole_gpu_policy_on_a_gpu_in_mig_mode_publishes_nothing_and_says_why() -> None:
     """As NVIDIA's toolkit (no whole-GPU entry for a MIG-enabled GPU) and DRA driver (a full GPU only
     with MIG mode off): memory and shared policies leave a GPU in MIG mode out, whatever its
-    architecture; the note says who switches it off."""
+    architecture; the reason and the note say who switches it off: the agent from Hopper on, an admin
+    with a reset before, the GPU Operator's MIG manager where it runs."""
     h100_on, a100_on = (replace(gpus(model)[0], mig_enabled=True) for model in ("h100-80gb", "a100-40gb"))
+    operator = {**LABELS, "nvidia.com/gpu.deploy.mig-manager": "true"}
     for slicing in ({"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
                     {"mode": "shared", "sliceSize": "10Gi"}):
         whole = policy("w", slicing)
-        for gpu, then in ((h100_on, "the agent switches it off once nothing of the GPU is published"),
-                          (a100_on, "switch it off (nvidia-smi -i 0 -mig 0, then reset the GPU or reboot)")):
-            plan = plan_node_pool(LABELS, [gpu], [whole])
+        for gpu, labels, reason, then in (
+            (h100_on, LABELS, MIG_MODE_ON, "the agent destroys its MIG instances and switches MIG mode off once"
+                                           " nothing of the GPU is published"),
+            (a100_on, LABELS, MIG_MODE_ON_RESET, "the agent destroys its MIG instances once nothing of the GPU is"
+                                                 " published; then switch MIG mode off (nvidia-smi -i 0 -mig 0, then"
+                                                 " nvidia-smi -r -i 0 with every client of the GPU stopped, or"
+                                                 " reboot the node)"),
+            (h100_on, operator, MIG_MODE_ON_OPERATOR, "label the node nvidia.com/mig.config=all-disabled"),
+        ):
+            plan = plan_node_pool(labels, [gpu], [whole])
             assert (plan.devices, plan.counter_sets) == ([], [])
-            assert plan.left_out == (LeftOut("w", MIG_MODE_ON, 0, gpu.product_name),)
+            assert plan.left_out == (LeftOut("w", reason, 0, gpu.product_name),)
             assert then in plan.notes[0]
-            assert plan_node_pool(LABELS, [replace(gpu, mig_enabled=False)], [whole]).devices, "MIG mode off: published"
+            assert plan_node_pool(labels, [replace(gpu, mig_enabled=False)], [whole]).devices, "MIG mode off: published"
 
 
-def test_the_status_names_the_gpus_in_mig_mode() -> None:
-    h100 = "NVIDIA H100 80GB HBM3"
-    found = [("n1", LeftOut("p", MIG_MODE_ON, 2, h100))]
+def _degraded(*found: tuple[str, LeftOut]) -> tuple[str, str]:
     status = build_status(policy("p", {"mode": "memory", "sliceSize": "10Gi"}),
-                          Findings([], Selection(()), 0, Usage(), left_out=found), "now")
+                          Findings([], Selection(()), 0, Usage(), left_out=list(found)), "now")
     degraded = next(c for c in status.conditions if c.type == "Degraded")
-    assert (degraded.status, degraded.reason) == ("True", "MigModeOn")
-    assert degraded.message.startswith(f"MIG mode is on on node n1 GPU 2 ({h100}): a GPU in MIG mode cannot be used"
-                                       " whole")
-    assert "nvidia-smi -i INDEX -mig 0" in degraded.message
+    assert degraded.status == "True"
+    return degraded.reason, degraded.message
+
+
+def test_the_status_names_the_gpus_in_mig_mode_and_the_step_on_each_node() -> None:
+    """The agent's own transition (Hopper) needs no step; before Hopper the message names each node's GPUs
+    with the commands to run there; where the GPU Operator's MIG manager runs, the label to set. A step
+    for a person outranks a transition under way, and both are said."""
+    h100, a100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"
+    reason, message = _degraded(("n1", LeftOut("p", MIG_MODE_ON, 2, h100)))
+    assert reason == "MigModeOn"
+    assert message.startswith(f"MIG mode is on on node n1 GPU 2 ({h100}): a GPU in MIG mode cannot be used whole")
+    assert "the agent destroys their MIG instances once no claim holds a device of them, switches MIG mode off" \
+        " and publishes, with no step on the node" in message
+    assert "nvidia-smi" not in message
+
+    reason, message = _degraded(("n2", LeftOut("p", MIG_MODE_ON_RESET, 1, a100)),
+                                ("n1", LeftOut("p", MIG_MODE_ON, 2, h100)),
+                                ("n2", LeftOut("p", MIG_MODE_ON_RESET, 0, a100)),
+                                ("n3", LeftOut("p", MIG_MODE_ON_RESET, 5, a100)))
+    assert reason == "MigModeOnNeedsReset"
+    assert message.startswith(f"MIG mode is on on node n2 GPU 1 ({a100}), node n2 GPU 0 ({a100}), node n3 GPU 5")
+    assert ("Then switch MIG mode off on node n2: nvidia-smi -i 0 -mig 0 && nvidia-smi -i 1 -mig 0, then nvidia-smi"
+            " -r -i 0,1 with every client of these GPUs stopped, or reboot the node; on node n3: nvidia-smi -i 5 -mig"
+            " 0, then nvidia-smi -r -i 5 with every client of the GPU stopped, or reboot the node;") in message
+    assert f"MIG mode is on on node n1 GPU 2 ({h100})" in message, "the transition under way is said too"
+
+    reason, message = _degraded(*[(f"n{i:02d}", LeftOut("p", MIG_MODE_ON_OPERATOR, 0, h100)) for i in range(12)])
+    assert reason == "MigModeOnByMigManager"
+    assert ("has the final say on their MIG mode: kubectl label node n00 n01 n02 n03 n04 n05 n06 n07 n08 n09"
+            " nvidia.com/mig.config=all-disabled --overwrite (and 2 more nodes)") in message
