@@ -112,7 +112,15 @@ async def test_a_frozen_leader_stops_when_it_thaws_and_writes_nothing(
         await wait_for(converged, within=60, what="the new leader to converge the policy")
         # Now only the thawed copy could write: the new leader is frozen in its turn.
         second.pause()
-        versions = {path: (await kube.get(path))["metadata"]["resourceVersion"] for path in objects}
+        # A write the new leader sent just before it froze can still land: the versions taken are
+        # those that two reads a second apart agree on.
+        seen: list[dict[str, str]] = []
+
+        async def quiet() -> dict[str, str] | None:
+            seen.append({path: (await kube.get(path))["metadata"]["resourceVersion"] for path in objects})
+            return seen[-1] if len(seen) > 1 and seen[-1] == seen[-2] else None
+
+        versions = await wait_for(quiet, within=30, what="the frozen leader's last writes to land", every=1.0)
         before = controller.log_text()
         controller.resume()
         thawed = True

@@ -6,6 +6,8 @@ With onOveruse: Evict the largest users go until the rest fit, and the others st
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpuslice.kube.client import KubeClient
@@ -51,7 +53,8 @@ async def test_three_pods_on_one_10g_claim_using_27gi_are_caught(
         await metric_is(node, "gpuslice_pod_gpu_overuse", {"namespace": namespace, "pod": pod}, 1)
         event = await event_with(kube, namespace, pod, "with the 2 other pods sharing its claims")
         assert event["reason"] == "GpuMemoryOveruse"
-        assert f"({namespace}/shared) that is 27Gi" in event["message"]
+        # What the pods used when the agent marked the claim: 18Gi once two pods were over it, or 27Gi.
+        assert re.search(rf"\({namespace}/shared\) that is (18|27)Gi", event["message"]), event["message"]
         assert await pod_phase(kube, namespace, pod) == "Running", "onOveruse: Report reports only"
 
 
