@@ -9,14 +9,11 @@ import asyncio
 import pytest
 
 from gpuslice.kube.client import Forbidden, KubeClient
-from tests.cluster.agent.conftest import GpuNode, GpuNodeFactory
-from tests.cluster.agent.test_publishing import pool_devices, published, tenant_policy
-from tests.cluster.conftest import ClusterObjects
-from tests.cluster.controller.test_objects import get_or_none
-from tests.cluster.kubeutil import wait_for
+from tests.cluster.gpu_nodes import GpuNode, GpuNodeFactory
+from tests.cluster.kubeutil import POLICIES, ClusterObjects, get_or_none, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.pools import pool_devices, published, tenant_policy
 
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 CONFIGMAPS = "/api/v1/namespaces/gpuslice-system/configmaps"
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 READS = 'gpuslice_agent_claim_reads_total{outcome="read"}'

@@ -12,13 +12,19 @@ import pytest
 
 from gpuslice.devcluster.nodes import fake_gpu_node
 from gpuslice.kube.client import Invalid, KubeClient
-from tests.cluster.conftest import ClusterObjects
-from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
-from tests.cluster.controller.test_validation import valid_condition
-from tests.cluster.kubeutil import RESOURCE, claim_template, device_class, wait_for
+from tests.cluster.kubeutil import (
+    NO_NODES,
+    POLICIES,
+    RESOURCE,
+    ClusterObjects,
+    claim_template,
+    condition,
+    device_class,
+    get_or_none,
+    wait_for,
+)
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+from tests.cluster.tenancy import valid_condition
 
 
 def failed_reconciles(controller: ControllerProcess, policy: str) -> int:

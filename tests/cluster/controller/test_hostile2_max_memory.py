@@ -13,21 +13,13 @@ from typing import Any
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.controller.test_allocation import allocation, pod_using
-from tests.cluster.controller.test_limits import claim, refused, request
-from tests.cluster.controller.test_max_memory import (
-    GI,
-    budget_policy,
-    claim_with_pod,
-    ledger,
-    refused_at_allocation,
-)
+from tests.cluster.claims import allocation, claim, pod_using, refused, request
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, wait_for
+from tests.cluster.max_memory import GI, budget_policy, claim_with_pod, ledger, refused_at_allocation
 from tests.cluster.observe import scheduler_attempts
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
 
-__all__ = ["agent_rbac", "gpu_node"]
 MEMORY_10 = {"mode": "memory", "sliceSize": "10Gi"}
 
 

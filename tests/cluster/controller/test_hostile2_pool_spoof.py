@@ -29,17 +29,14 @@ import yaml
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.agent.test_publishing import published
-from tests.cluster.controller.test_limits import claim, request
-from tests.cluster.controller.test_max_memory import budget_policy, claim_with_pod, ledger
-from tests.cluster.controller.test_objects import get_or_none
-from tests.cluster.controller.test_tenancy import scheduling_events
-from tests.cluster.kubeutil import RESOURCE, pod_claim, pod_with_claim, wait_for
+from tests.cluster.claims import claim, request
+from tests.cluster.gpu_nodes import GpuNodeFactory
+from tests.cluster.kubeutil import RESOURCE, get_or_none, pod_claim, pod_with_claim, wait_for
+from tests.cluster.max_memory import budget_policy, claim_with_pod, ledger
 from tests.cluster.observe import scheduler_attempts
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
-
-__all__ = ["agent_rbac", "gpu_node"]
+from tests.cluster.pools import published
+from tests.cluster.tenancy import scheduling_events
 
 
 def as_kubelet(cluster: DevCluster, path: Path, node: str) -> Path:

@@ -12,16 +12,13 @@ import contextlib
 from typing import Any
 
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.agent.test_publishing import pool_devices, published
-from tests.cluster.controller.test_allocation import allocation, pod_using
-from tests.cluster.controller.test_limits import claim, ready_tenant, refused, request
-from tests.cluster.controller.test_objects import condition
-from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.claims import allocation, claim, pod_using, refused, request
+from tests.cluster.gpu_nodes import GpuNodeFactory
+from tests.cluster.kubeutil import POLICIES, RESOURCE, condition, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.pools import pool_devices, published
+from tests.cluster.tenancy import ready_tenant
 
-__all__ = ["agent_rbac", "gpu_node"]
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 OVER = "as the class is in force"
 
 

@@ -19,14 +19,12 @@ from typing import Any
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.watch import watch
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.controller.test_allocation import pod_using
-from tests.cluster.controller.test_limits import claim, request
-from tests.cluster.controller.test_max_memory import GI, LEDGERS, budget_policy
+from tests.cluster.claims import claim, pod_using, request
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.max_memory import GI, LEDGERS, budget_policy, shared_tenant
 from tests.cluster.operator_fixtures import WEBHOOK_ENV, ControllerProcess, PolicyFactory, WebhookProcess
 
-__all__ = ["agent_rbac", "gpu_node"]
 LIMIT = 30 * GI
 CLAIMS = 40
 # kube-scheduler counts allocations in flight when it filters: a pod turned away while refused ones
@@ -136,12 +134,6 @@ async def latency(webhook: WebhookProcess) -> str:
     return (f"{admitted['reviews']:.0f} allocations admitted, p50 <= {admitted['p50_ms']:.0f} ms, p99 <="
             f" {admitted['p99_ms']:.0f} ms; {refused['reviews']:.0f} refused, p50 <= {refused['p50_ms']:.0f} ms,"
             f" p99 <= {refused['p99_ms']:.0f} ms")
-
-
-async def shared_tenant(kube: KubeClient, make_policy: PolicyFactory, gpu_node: GpuNodeFactory,
-                        namespace: str) -> tuple[str, dict[str, int]]:
-    name, _, devices = await budget_policy(kube, make_policy, gpu_node, namespace, {"mode": "shared", "sliceSize": "1Gi"})
-    return name, {d: quantity_bytes(b["capacity"]["memory"]["value"]) for d, b in devices.items()}
 
 
 def shared_claims(name: str, seed: int) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:

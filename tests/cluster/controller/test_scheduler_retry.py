@@ -11,14 +11,11 @@ from typing import Any
 from gpuslice.controller.retry import RETRY_AT
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.reads.retry import turned_away
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.controller.test_allocation import allocation, pod_using
-from tests.cluster.controller.test_max_memory import memory_claim
-from tests.cluster.controller.test_max_memory_rush import shared_tenant
+from tests.cluster.claims import allocation, pod_using
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.max_memory import memory_claim, shared_tenant
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
-
-__all__ = ["agent_rbac", "gpu_node"]
 
 
 async def test_a_pod_turned_away_by_allocations_refused_in_flight_is_tried_again_within_seconds(

@@ -14,16 +14,13 @@ from typing import Any
 from gpuslice.controller.retry import RETRY_AT
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.planning.reads.retry import turned_away
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.agent.test_publishing import published
-from tests.cluster.controller.test_allocation import allocation, pod_using
-from tests.cluster.controller.test_limits import claim, request
-from tests.cluster.controller.test_max_memory import memory_claim
-from tests.cluster.controller.test_max_memory_rush import shared_tenant
+from tests.cluster.claims import allocation, claim, pod_using, request
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.max_memory import memory_claim, shared_tenant
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
+from tests.cluster.pools import published
 
-__all__ = ["agent_rbac", "gpu_node"]
 POISON_SECONDS = 100  # with the tests' 3 s interval, a backoff shared by all would reach 96 s by then
 ELSEWHERE = "absent.retry.example.com"  # a class of another driver with no device anywhere
 

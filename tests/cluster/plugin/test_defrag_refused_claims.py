@@ -16,12 +16,12 @@ from typing import Any
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.test_publishing import SLICES
-from tests.cluster.controller.test_max_memory import memory_in_force
 from tests.cluster.kubeutil import pod_with_claim, wait_for
+from tests.cluster.max_memory import memory_in_force
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
-from tests.cluster.plugin.conftest import PluginNodeFactory, pod_events
 from tests.cluster.plugin.defrag_fleet import GPUS, SLICING, Fragmented
+from tests.cluster.plugin.plugin_nodes import PluginNodeFactory, pod_events
+from tests.cluster.pools import SLICES
 
 TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
 

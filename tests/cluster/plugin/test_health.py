@@ -10,11 +10,11 @@ from typing import Any
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.test_publishing import create_pods, pool_devices, pool_versions, published, tenant_policy
 from tests.cluster.kubeutil import pod_claim, wait_for
 from tests.cluster.observe import scheduler_settled
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, gone, pod_phase, running
+from tests.cluster.plugin.plugin_nodes import PluginNode, PluginNodeFactory, gone, pod_phase, running
+from tests.cluster.pools import create_pods, pool_devices, pool_versions, published, tenant_policy
 
 QUICK_HEALTH = ["--health-interval=0.5", "--health-recovery=3"]
 

@@ -17,10 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.test_publishing import create_pods, published
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, gone, process_alive, running, until
-from tests.cluster.plugin.test_mps import mps_mounts
+from tests.cluster.plugin.plugin_nodes import (
+    PluginNode,
+    PluginNodeFactory,
+    gone,
+    mps_mounts,
+    process_alive,
+    running,
+    until,
+)
+from tests.cluster.pools import create_pods, published
 
 
 def exists(path: str) -> bool:

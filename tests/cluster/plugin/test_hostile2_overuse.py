@@ -15,8 +15,8 @@ from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.kubeutil import RESOURCE, pod_claim, wait_for
 from tests.cluster.observe import controller_metrics, total
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import PluginNodeFactory, one_gpu_with_pods, pod_events
 from tests.cluster.plugin.gpu_use import FAST, pod_uid
+from tests.cluster.plugin.plugin_nodes import PluginNodeFactory, one_gpu_with_pods, pod_events
 
 
 def status_of(claim: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:

@@ -16,11 +16,9 @@ import yaml
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.conftest import agent_rbac, gpu_node
 from tests.cluster.kubeutil import wait_for
 from tests.cluster.operator_fixtures import MANIFESTS, apply_manifests
 
-__all__ = ["agent_rbac", "gpu_node"]
 VIEWER = ("default", "gpuslice-viewer-test")
 
 

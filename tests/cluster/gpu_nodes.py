@@ -21,7 +21,7 @@ from tests.cluster.kubeutil import short_dir
 from tests.cluster.observe import scrape
 from tests.cluster.operator_fixtures import apply_manifests
 
-AGENT_RBAC = Path(__file__).resolve().parents[3] / "manifests" / "agent-rbac.yaml"
+AGENT_RBAC = Path(__file__).resolve().parents[2] / "manifests" / "agent-rbac.yaml"
 
 
 def cluster_ca(cluster: DevCluster) -> bytes:
