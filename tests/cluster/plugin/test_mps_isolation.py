@@ -1,4 +1,4 @@
-"""Hostile review 2 (MPS): what two tenants on one MPS GPU share, read from the mounts the kubelet's
+"""What two tenants on one MPS GPU share, read from the mounts the kubelet's
 own DRA code resolved for their containers (the pod runner), with the real scheduler.
 
 An MPS client's pipe directory (read-write) holds its control daemon's socket, which takes `quit`,

@@ -1,4 +1,4 @@
-"""Hostile review 2 (P1): a compromised node's kubelet credentials name their ResourceSlice's pool
+"""A compromised node's kubelet credentials name their ResourceSlice's pool
 after another node.
 
 The NodeRestriction admission plugin lets a kubelet (``system:node:<name>``) create any

@@ -1,4 +1,4 @@
-"""Hostile review 2 (overuse marks): what a node's stolen agent token can do to a claim's status
+"""What a node's stolen agent token can do to a claim's status
 beyond the marks `test_usage.py` tries. It may write status.devices of its own node's claims, and
 nothing else of a claim's status: not an allocation (of a pending claim, to pull it onto its node),
 not reservedFor (to make a pod of its choice one the controller would act on), and a mark on a

@@ -1,4 +1,4 @@
-"""Hostile review 2 (maxMemory): a tenant with maxMemory 30Gi tries to hold more through the paths
+"""A tenant with maxMemory 30Gi tries to hold more through the paths
 the existing tests do not take: claims made by kube-controller-manager from its own template,
 several pods racing for them, a claim deleted while its pod still holds it (to get its charge
 released early), its namespace's routing labels taken off (by whoever may label namespaces), and
