@@ -15,7 +15,7 @@ from tests.cluster.kubeutil import POLICIES, wait_for
 from tests.cluster.metric_names import scrape, served
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.pools import create_pods, published, settle
-from tests.unit.test_monitoring import expressions, selectors
+from tests.monitoring_queries import expressions, selectors
 
 G = 10**9
 

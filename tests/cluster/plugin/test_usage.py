@@ -38,7 +38,7 @@ from tests.cluster.plugin.plugin_nodes import (
     scraped,
 )
 from tests.cluster.pools import create_pods, published, tenant_policy
-from tests.unit.test_monitoring import expressions, selectors
+from tests.monitoring_queries import expressions, selectors
 
 GI = 1024**3
 

@@ -12,10 +12,9 @@ import pytest
 from gpuslice.agent.pool import NodePool
 from gpuslice.agent.published import Published
 from gpuslice.kube.client import Forbidden, KubeClient
+from tests import builders
 from tests.fakeapi import FakeApi
-from tests.unit import bodies
-from tests.unit.agent.pool import Pool
-from tests.unit.agent.test_publish import TEN, TWENTY, refusing
+from tests.unit.agent.pool import TEN, TWENTY, Pool, refusing
 
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 
@@ -74,7 +73,7 @@ async def test_read_takes_the_record_for_what_is_published_once_the_kubelet_wipe
     await pool.settle()
     before, generation = pool.devices(), pool.generation()
     for piece in pool.slices():
-        pool.api.remove(f"{bodies.SLICES}/{piece['metadata']['name']}")
+        pool.api.remove(f"{builders.SLICES}/{piece['metadata']['name']}")
 
     observed = await pool.agent.read()
 
@@ -157,7 +156,7 @@ async def test_write_of_an_unchanged_plan_writes_no_slice_and_records_an_earlier
     pool.set_policy("p", TEN)
     await pool.settle()
     (tmp_path / "published.json").unlink()  # slices of an earlier agent, whose record this node lacks
-    agent = NodePool(bodies.NODE, kube, pool.agent.ops, record=pool.record)
+    agent = NodePool(builders.NODE, kube, pool.agent.ops, record=pool.record)
     observed = await agent.read()
     plan = await agent.plan(observed)
     since = len(api.requests)
@@ -174,7 +173,7 @@ async def test_write_records_the_generation_before_any_slice_of_it_is_written(po
     pool.set_policy("p", TEN)
     observed = await pool.agent.read()
     plan = await pool.agent.plan(observed)
-    pool.api.fail("PATCH", f"{bodies.SLICES}/.*", 403, "a rule refuses the write itself", dry_run=False)
+    pool.api.fail("PATCH", f"{builders.SLICES}/.*", 403, "a rule refuses the write itself", dry_run=False)
 
     with pytest.raises(Forbidden):
         await pool.agent.write(observed, plan)

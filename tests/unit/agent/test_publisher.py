@@ -10,11 +10,11 @@ import pytest
 from gpuslice.agent import publisher
 from gpuslice.agent.publisher import sort_policies
 from gpuslice.api.resource import GpuSlicePolicy
-from tests.unit.agent.test_startup import _policy
+from tests.builders import policy
 
 
 def _versioned(name: str, version: str, size: str = "10Gi") -> dict[str, Any]:
-    body = _policy(name, "memory")
+    body = policy(name, {"mode": "memory", "sliceSize": "10Gi"}, None, generation=1, tenants=["t"], judged=True)
     body["metadata"]["resourceVersion"] = version
     body["spec"]["slicing"]["sliceSize"] = size
     return body

@@ -16,6 +16,7 @@ from gpuslice.agent.startup import AgentStopped, check_cluster, until_answered
 from gpuslice.cli import main
 from gpuslice.dra.support import NEEDED_RESOURCES
 from gpuslice.kube.client import Forbidden, KubeClient, NotFound, NotReady, ServerError
+from tests.builders import policy
 
 
 def test_every_flag_is_a_variable_and_node_name_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,17 +126,6 @@ async def test_a_server_that_cannot_serve_gpuslice_stops_the_agent(server: Serve
         await check_cluster(cast(KubeClient, server), "n1", asyncio.Event())
 
 
-def _policy(name: str, mode: str) -> dict[str, Any]:
-    slicing: dict[str, Any] = {"mode": mode}
-    slicing.update({"mig": {"profiles": ["1g.10gb"]}} if mode == "mig" else {"sliceSize": "10Gi"})
-    return {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy",
-            "metadata": {"name": name, "generation": 1},
-            "spec": {"slicing": slicing, "tenants": [{"namespace": "t"}]},
-            "status": {"observedGeneration": 1, "conditions": [
-                {"type": "Valid", "status": "True", "reason": "Valid", "message": "", "lastTransitionTime":
-                 "2026-01-01T00:00:00Z"}]}}
-
-
 async def test_modes_a_server_drops_the_fields_of_are_left_out() -> None:
     verdict = await check_cluster(cast(KubeClient, Server(drops=("consumable",))), "n1", asyncio.Event())
     assert verdict is not None
@@ -143,7 +133,10 @@ async def test_modes_a_server_drops_the_fields_of_are_left_out() -> None:
     modes = verdict.unsupported_modes()
     assert set(modes) == {"shared"}
     assert "DRAConsumableCapacity" in modes["shared"]
-    policies = sort_policies([_policy("mem", "memory"), _policy("sh", "shared"), _policy("mig", "mig")], modes)
+    judged: dict[str, Any] = {"generation": 1, "tenants": ["t"], "judged": True}
+    policies = sort_policies([policy("mem", {"mode": "memory", "sliceSize": "10Gi"}, None, **judged),
+                              policy("sh", {"mode": "shared", "sliceSize": "10Gi"}, None, **judged),
+                              policy("mig", {"mode": "mig", "mig": {"profiles": ["1g.10gb"]}}, None, **judged)], modes)
     assert [p.name for p in policies.plannable] == ["mem", "mig"]
     assert "DRAConsumableCapacity" in policies.frozen["sh"]
 

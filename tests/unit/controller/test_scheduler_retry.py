@@ -9,7 +9,7 @@ from typing import Any, cast
 from gpuslice.controller.retry import RETRY_AT, SchedulerRetry
 from gpuslice.kube.client import KubeClient
 from tests.unit.planning.cluster_state import claim, published
-from tests.unit.planning.reads.test_retry import AWAY, DEVICE, NOTEBOOKS, asks, pod
+from tests.unit.planning.retry_state import AWAY, DEVICE, NOTEBOOKS, asks, pod
 
 
 class Stub:

@@ -17,6 +17,7 @@ from gpuslice.controller.world import World
 from gpuslice.kube.client import KubeClient, RetryPolicy
 from gpuslice.kube.credentials import Credentials
 from gpuslice.kube.transport import AiohttpTransport
+from tests.builders import policy
 
 
 @pytest.fixture
@@ -41,18 +42,12 @@ async def dropping() -> AsyncIterator[tuple[KubeClient, list[str]]]:
     await runner.cleanup()
 
 
-def policy(name: str) -> dict[str, object]:
-    return {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy",
-            "metadata": {"name": name, "uid": f"u-{name}", "generation": 1,
-                         "creationTimestamp": "2026-11-29T10:00:00Z"},
-            "spec": {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "tenants": [{"namespace": "a"}]}}
-
-
 async def test_every_policy_an_event_touches_is_tried_when_the_server_drops_connections(
         dropping: tuple[KubeClient, list[str]]) -> None:
     kube, hits = dropping
     ctx = Context(kube=kube, username="system:serviceaccount:gpuslice-system:gpuslice-controller")
-    bodies = [policy("first"), policy("second")]
+    bodies = [policy(n, {"mode": "memory", "sliceSize": "10Gi"}, generation=1, uid=f"u-{n}", tenants=["a"])
+              for n in ("first", "second")]
     world = World(policies={b["metadata"]["name"]: b for b in bodies}, namespaces={}, nodes={},  # type: ignore[index]
                   slices=[], claims=[])
     await reconcile_each(ctx, bodies, world)

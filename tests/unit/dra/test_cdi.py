@@ -8,7 +8,7 @@ from gpuslice.planning.devices import Device
 from gpuslice.planning.grants import Grant
 from gpuslice.planning.modes import environment
 from gpuslice.planning.node.node_pool import plan_node_pool
-from tests.unit.planning.node.test_node_pool import policy
+from tests.builders import policy_model as policy
 
 
 def devices(mode: str, **slicing: object) -> list[Device]:

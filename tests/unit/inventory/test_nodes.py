@@ -9,17 +9,16 @@ attributes come from ``nvmlGpuInstanceProfileInfo_t``.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import pytest
 
 from gpuslice.agent.gpus.fake import FakeBackend
-from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.catalog import MODELS
 from gpuslice.inventory.nodes import node_gpus, product_key
 from gpuslice.planning.node.node_pool import plan_node_pool
 from gpuslice.planning.selection import select
 from gpuslice.planning.validation import validate
+from tests.builders import policy_model
 
 CUDA = {"nvidia.com/cuda.driver-version.full": "580.95.05", "nvidia.com/cuda.driver-version.major": "580",
         "nvidia.com/cuda.runtime-version.full": "13.0", "nvidia.com/gpu.present": "true"}
@@ -56,11 +55,6 @@ NVL = {**NONE, "nvidia.com/gpu.product": "NVIDIA-H100-NVL", "nvidia.com/gpu.coun
 NVL_SINGLE = {**SINGLE, "nvidia.com/gpu.product": "NVIDIA-H100-NVL-MIG-1g.12gb", "nvidia.com/gpu.memory": "11008"}
 
 
-def policy(name: str, slicing: dict[str, Any], **spec: Any) -> GpuSlicePolicy:
-    return GpuSlicePolicy.model_validate({"metadata": {"name": name, "creationTimestamp": "2026-12-01T10:00:00Z"},
-                                          "spec": {"slicing": slicing, **spec}})
-
-
 def test_strategy_none_describes_the_gpus() -> None:
     gpus = node_gpus("n", NONE)
     assert gpus is not None
@@ -87,7 +81,7 @@ def test_strategy_single_is_never_read_as_gpus_of_a_mig_devices_size() -> None:
     assert gpus.count is None, "the labels count MIG devices, not GPUs"
     assert gpus.mig_devices == "28 x 1g.5gb of 4864 MiB"
     # A 10Gi memory policy fits an A100 40GB; judged against seven 4.75 GiB "GPUs" it would not.
-    memory = policy("m", {"mode": "memory", "sliceSize": "10Gi"})
+    memory = policy_model("m", {"mode": "memory", "sliceSize": "10Gi"}, "2026-12-01T10:00:00Z")
     selection = select(memory, [(SINGLE, gpus)])
     assert (selection.node_count, selection.gpu_count) == (1, 0)
     assert validate(memory, selection, []) == []
@@ -101,7 +95,7 @@ def test_an_uncatalogued_gpu_under_single_has_no_size_to_judge() -> None:
     gpus = node_gpus("n", NVL_SINGLE)
     assert gpus is not None
     assert (gpus.product_name, gpus.memory, gpus.count, gpus.model) == ("NVIDIA-H100-NVL", None, None, None)
-    big = policy("m", {"mode": "memory", "sliceSize": "60Gi"})
+    big = policy_model("m", {"mode": "memory", "sliceSize": "60Gi"}, "2026-12-01T10:00:00Z")
     assert validate(big, select(big, [(NVL_SINGLE, gpus)]), []) == [], "its agent judges it from NVML"
 
 
@@ -112,12 +106,12 @@ def test_one_product_whichever_spelling_on_both_sides(spelling: str) -> None:
     gpus = node_gpus("n", NVL)
     assert gpus is not None
     assert (gpus.product_name, gpus.memory, gpus.count) == ("NVIDIA-H100-NVL", 95830 * 1024**2, 2)
-    chosen = policy("p", {"mode": "shared", "sliceSize": "10Gi"}, gpuSelector={"products": [spelling]})
+    chosen = policy_model("p", {"mode": "shared", "sliceSize": "10Gi"}, "2026-12-01T10:00:00Z", gpuSelector={"products": [spelling]})
     assert select(chosen, [(NVL, gpus)]).gpu_count == 2
     [h100] = FakeBackend("n", [("h100-80gb", 1)]).discover()
     nvl = replace(h100, product_name="NVIDIA H100 NVL", memory=95830 * 1024**2)  # as NVML names it
     assert len(plan_node_pool({}, [nvl], [chosen]).devices) == 1
     assert product_key("NVIDIA H100 NVL") == product_key("NVIDIA-H100-NVL") == "NVIDIA-H100-NVL"
-    other = policy("q", {"mode": "shared", "sliceSize": "10Gi"}, gpuSelector={"products": ["NVIDIA H100 PCIe"]})
+    other = policy_model("q", {"mode": "shared", "sliceSize": "10Gi"}, "2026-12-01T10:00:00Z", gpuSelector={"products": ["NVIDIA H100 PCIe"]})
     assert select(other, [(NVL, gpus)]).gpu_count == 0
     assert plan_node_pool({}, [nvl], [other]).devices == []

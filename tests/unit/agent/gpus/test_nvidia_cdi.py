@@ -21,9 +21,9 @@ from gpuslice.dra.nvidia_cdi import parse_char_devices, parse_mig_minors
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.grants import Grant
 from gpuslice.planning.node.node_pool import plan_node_pool
+from tests.builders import policy_model as policy
 from tests.unit.agent import cdi_fixtures
 from tests.unit.agent.libnvml import FakeLibNvml, installed
-from tests.unit.planning.node.test_node_pool import policy
 
 MIG_UUID = "MIG-static-0000-0000-0000-000000000001"
 

@@ -26,8 +26,8 @@ from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.mig_manager import MigManager
 from gpuslice.inventory.catalog import MODELS
 from gpuslice.planning.node.node_pool import plan_node_pool
+from tests.builders import policy_model as policy
 from tests.unit.agent.libnvml import PROFILE_IDS, FakeLibNvml, installed
-from tests.unit.planning.node.test_node_pool import policy
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ from gpuslice.agent.kubeletplugin.errors import (
 from gpuslice.agent.kubeletplugin.prepare import ClaimRef, Preparer
 from gpuslice.dra import cdi
 from gpuslice.kube.client import KubeClient
+from tests import builders
 from tests.fakeapi import FakeApi
-from tests.unit import bodies
 from tests.unit.agent.crash import killed_at
 from tests.unit.agent.pool import Pool
 
@@ -33,7 +33,7 @@ MODES = {
     "dynamic MIG": {"mode": "mig", "mig": {"profiles": ["1g.10gb"]}},
 }
 SHARE = {"shareID": "00000000-0000-0000-0000-000000000001", "consumedCapacity": {"memory": "10G"}}
-CLAIM = ClaimRef(bodies.TENANT, "c", "uid-c")
+CLAIM = ClaimRef(builders.TENANT, "c", "uid-c")
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ async def test_a_refused_claim_leaves_nothing_behind(pool: Pool, mode: str,
         unpublished(pool, mode, device)
         await pool.settle()
         assert device not in pool.devices()
-    namespace = claim.get("namespace", bodies.TENANT)
+    namespace = claim.get("namespace", builders.TENANT)
     allocate(pool, mode, device, claim)
     preparer = pool.preparer()
 
@@ -181,7 +181,7 @@ async def test_a_device_a_prepared_claim_holds_is_never_prepared_for_another(poo
     await preparer.prepare(CLAIM)
     pool.allocate("d", asked, **({**SHARE, "shareID": "00000000-0000-0000-0000-000000000002"} if mode == "shared"
                                  else {}))
-    second = ClaimRef(bodies.TENANT, "d", "uid-d")
+    second = ClaimRef(builders.TENANT, "d", "uid-d")
 
     with pytest.raises(DeviceHeld, match=f"claim {CLAIM} \\(uid {CLAIM.uid}\\)|counter set"):
         await pool.preparer().prepare(second)
@@ -198,9 +198,9 @@ async def test_shares_within_the_device_and_admin_access_are_prepared_beside_a_h
     preparer = pool.preparer()
     await preparer.prepare(CLAIM)
     pool.allocate("d", device, **{**SHARE, "shareID": "00000000-0000-0000-0000-000000000002"})
-    pool.api.put(bodies.claim("watch", [device], namespace="ops", admin=True))
+    pool.api.put(builders.claim("watch", [device], namespace="ops", admin=True))
 
-    await preparer.prepare(ClaimRef(bodies.TENANT, "d", "uid-d"))
+    await preparer.prepare(ClaimRef(builders.TENANT, "d", "uid-d"))
     await preparer.prepare(ClaimRef("ops", "watch", "uid-watch"))
 
     assert {c.uid for c in preparer.checkpoints.all()} == {CLAIM.uid, "uid-d", "uid-watch"}

@@ -14,13 +14,13 @@ import pytest
 from gpuslice.agent.kubeletplugin.prepare import ClaimRef
 from gpuslice.agent.kubeletplugin.recovery import Recovered, recover
 from gpuslice.kube.client import KubeClient
+from tests import builders
 from tests.fakeapi import FakeApi
-from tests.unit import bodies
 from tests.unit.agent.crash import killed_at
 from tests.unit.agent.pool import Pool
 
-KEPT = ClaimRef(bodies.TENANT, "kept", "uid-kept")
-OTHER = ClaimRef(bodies.TENANT, "other", "uid-other")
+KEPT = ClaimRef(builders.TENANT, "kept", "uid-kept")
+OTHER = ClaimRef(builders.TENANT, "other", "uid-other")
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ from gpuslice.inspect.render.terminal import status_view
 from gpuslice.planning.reads.occupancy import Segment
 from gpuslice.planning.reads.published import Holder
 from gpuslice.planning.reads.status_report import Snapshot, StatusReport, status_report
-from tests.unit.planning.cluster_state import claim, node_body, published
-from tests.unit.planning.reads.test_occupancy import INFERENCE, tag
+from tests.unit.planning.cluster_state import INFERENCE, claim, node_body, published, tag
 
 
 def report() -> StatusReport:
@@ -98,7 +97,7 @@ def test_an_edit_keeps_the_live_policys_age_and_a_new_one_is_the_youngest(tmp_pa
 
 
 def test_an_overusing_holder_is_drawn_over_full_in_every_view() -> None:
-    from tests.unit.planning.reads.test_pending import overusing
+    from tests.unit.planning.cluster_state import overusing
 
     t = tag("n1", index=2)
     greedy = overusing(claim("team-b", "g", [("n1", f"{t}-inference-10g-1")], pods=("greedy-0",)),
