@@ -57,3 +57,19 @@ async def refused(kube: KubeClient, ns: str, body: dict[str, Any], *words: str) 
     for word in words:
         assert word in error.value.message, error.value.message
     return error.value.message
+
+
+async def refusal_says(kube: KubeClient, ns: str, body: dict[str, Any], *words: str, within: float = 30) -> str:
+    """Wait until the API server refuses ``body`` (a dry run) in words that include ``words``: its
+    admission has seen the edit those words are about (a policy's rule and the maxMemory webhook see
+    an edit a moment after it is made)."""
+    async def said() -> str | None:
+        try:
+            await kube.create(f"{RESOURCE}/namespaces/{ns}/resourceclaims", body, dryRun="All")
+        except KubeError as error:
+            if error.status in (403, 422) and all(word in error.message for word in words):
+                return error.message
+        return None
+
+    found: str = await wait_for(said, within=within, what=f"a refusal in {ns} saying {words}")
+    return found

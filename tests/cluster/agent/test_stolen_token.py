@@ -108,7 +108,7 @@ async def test_a_drain_that_cannot_progress_backs_off_and_news_cuts_the_wait_sho
     await wait_for(in_force, within=30, what="the test's rule refusing the node's drain object")
     before = await node.metrics()
     await kube.delete(f"{POLICIES}/{name}")
-    await asyncio.sleep(30)  # the length of the observation, not a wait for something
+    await asyncio.sleep(30)  # length: the observation's, not a wait for something
     after = await node.metrics()
     reads = after.get(READS, 0) - before.get(READS, 0)
     assert len(await pool_devices(kube, node.name)) == 2, "nothing drains while the list cannot be written"

@@ -167,7 +167,7 @@ async def memory_webhook_saw(kube: KubeClient, path: str) -> None:
     one of a write made after it (a watch delivers in resourceVersion order; a second is ample on
     loopback, and the assertion after it is what the test checks)."""
     await wait_for(lambda: get_or_none(kube, path), within=10, what="the rogue slice")
-    await asyncio.sleep(2)
+    await asyncio.sleep(2)  # length: the webhook's watch brings the slice within it (it reports no watch event)
 
 
 async def allocated_at_least(allocated: Callable[[], Awaitable[list[str]]], count: int) -> bool:

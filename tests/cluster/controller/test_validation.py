@@ -81,7 +81,7 @@ async def test_newer_policy_conflicting_on_the_same_gpus_yields(
     older = (await make_policy({"nodeSelector": NODE_2, "slicing": {"mode": "memory", "sliceSize": "10Gi"}},
                                suffix="-old"))["metadata"]["name"]
     await valid_condition(kube, older, "True")
-    await asyncio.sleep(1.1)  # creation times have one-second resolution: make "older" older by the clock
+    await asyncio.sleep(1.1)  # length: creation times have one-second resolution: make "older" older by the clock
     newer = (await make_policy({"nodeSelector": NODE_2, "slicing": {"mode": "shared", "sliceSize": "10Gi"}},
                                suffix="-new"))["metadata"]["name"]
     invalid = await valid_condition(kube, newer, "False")

@@ -114,7 +114,7 @@ async def test_kubelet_and_agent_away_past_the_wipe_pods_keep_their_devices(
 
     await wait_for(wiped, within=75, what="the kubelet to wipe the slices of the plugin that went away")
     await node.runner.stop()  # and the kubelet restarts, away for a while too
-    await asyncio.sleep(1)
+    await asyncio.sleep(1)  # length: the kubelet's absence
     await node.runner.start()
     await node.runner.wait_healthy()
     await node.start_agent()

@@ -20,6 +20,7 @@ from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.kubeutil import pod_with_claim, wait_for
 from tests.cluster.metric_names import scrape
+from tests.cluster.observe import defrag_looked
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.plugin.defrag_fleet import GPUS, Fragmented, make_fragmented
 from tests.cluster.plugin.plugin_nodes import PluginNode, PluginNodeFactory, event_with, pod_events, running
@@ -258,7 +259,7 @@ async def test_auto_mode_moves_pods_only_within_its_hourly_budget(
     await waiting_big(fleet, namespace)
     event = await event_with(kube, namespace, "big", "maxEvictionsPerHour is 1", within=60)
     assert event["reason"] == "DefragmentationBlocked"
-    await asyncio.sleep(5)  # a few more looks: still nothing
+    await defrag_looked(controller, fleet.policy)  # two more looks: still nothing
     still = await fleet.uids([namespace])
     assert all(still.get(pod) == uid for pod, uid in before.items()), "nothing was evicted"
     metrics = await scrape(controller.metrics_port)

@@ -9,7 +9,6 @@ device matches, and for a pod whose node affinity keeps it off every GPU node. E
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,6 +17,7 @@ from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.kubeutil import pod_with_claim, wait_for
 from tests.cluster.max_memory import memory_in_force
+from tests.cluster.observe import defrag_looked
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
 from tests.cluster.plugin.defrag_fleet import GPUS, SLICING, Fragmented
 from tests.cluster.plugin.plugin_nodes import PluginNodeFactory, pod_events
@@ -98,7 +98,7 @@ async def test_auto_defrag_evicts_no_one_for_a_claim_that_would_be_refused_or_ke
 
     with contextlib.suppress(AssertionError):
         await wait_for(moved_or_told, within=60, what="a victim evicted, or the three waiting pods told why not")
-    await asyncio.sleep(5)  # two more of Auto's looks (every 2 s in the tests)
+    await defrag_looked(controller, fleet.policy)  # two more of Auto's looks
     evicted = await victim_moved()
     moved = [e.get("message") for p in before for e in await pod_events(kube, victim, p.split("/")[1])
              if "moved by gpuslice" in (e.get("message") or "")]
