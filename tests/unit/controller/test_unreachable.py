@@ -4,7 +4,6 @@ posted is a log line. The client is the real one, against a real HTTP server on 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -28,7 +27,6 @@ async def dropping() -> AsyncIterator[tuple[KubeClient, list[str]]]:
         hits.append(f"{request.method} {request.path}")
         assert request.transport is not None
         request.transport.close()
-        await asyncio.sleep(0.05)
         return web.Response()
 
     app = web.Application()

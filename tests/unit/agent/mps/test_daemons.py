@@ -20,6 +20,7 @@ import pytest
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.agent.mps.daemons import MpsDaemons, MpsError
 from gpuslice.planning.node.mps import DaemonKey
+from tests.unit.polling import eventually as until
 
 GPU = "GPU-2d3e5f1a-0000-0000-0000-000000000001"
 KEY = DaemonKey(GPU, "team-a")
@@ -32,13 +33,6 @@ def alive(pid: int) -> bool:
         return False
     state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     return state != "Z"
-
-
-async def until(check: object, within: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
