@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from gpuslice.agent.watches import planned_from
 from tests.builders import policy
 
@@ -25,31 +27,32 @@ def test_status_counts_wake_no_agent_but_a_verdict_or_a_spec_does() -> None:
     assert planned_from(edited) != planned_from(before)
 
 
+@pytest.mark.looptime  # the wake comes within the jitter, on fake loop time
 async def test_only_policies_that_select_the_node_wake_its_agent() -> None:
     import asyncio
 
-    from gpuslice.agent.watches import AgentWatches
+    from gpuslice.agent.watches import POLICY_JITTER, AgentWatches
 
     wake, stop = asyncio.Event(), asyncio.Event()
-    watches = AgentWatches(None, "n1", wake, stop, policy_jitter=0.0)  # type: ignore[arg-type]
+    watches = AgentWatches(None, "n1", wake, stop)  # type: ignore[arg-type]
     watches.view.node = {"metadata": {"name": "n1", "labels": {"pool": "a"}}}
     elsewhere = copy.deepcopy(BEFORE)
     elsewhere["spec"]["nodeSelector"] = {"matchLabels": {"pool": "b"}}
     watches._policy_event("ADDED", elsewhere)
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(POLICY_JITTER)
     assert not wake.is_set()
     moved = copy.deepcopy(elsewhere)
     moved["metadata"]["generation"] = 3
     moved["spec"]["nodeSelector"] = {"matchLabels": {"pool": "a"}}  # now it selects n1
     watches._policy_event("MODIFIED", moved)
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(POLICY_JITTER)
     assert wake.is_set()
     wake.clear()
     away = copy.deepcopy(moved)
     away["metadata"]["generation"] = 4
     away["spec"]["nodeSelector"] = {"matchLabels": {"pool": "b"}}  # leaving n1 changes its pool too
     watches._policy_event("MODIFIED", away)
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(POLICY_JITTER)
     assert wake.is_set()
     await watches.close()
 

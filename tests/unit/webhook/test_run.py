@@ -33,6 +33,7 @@ def state() -> Any:
     return SimpleNamespace(changed=asyncio.Event(), dirty=set(), ledgers=SimpleNamespace(items={"p.team-a": ledger}))
 
 
+@pytest.mark.looptime  # the loop's pauses (a second after each failure) pass on fake loop time
 async def test_a_recount_that_fails_unexpectedly_is_tried_again_and_counted() -> None:
     ledgers, stop = FlakyLedgers([KeyError("a bug"), ValueError("another")]), asyncio.Event()
     before = RECKON_FAILURES._value.get()
