@@ -15,14 +15,14 @@ from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.devcluster.nodes import fake_gpu_node, node_layout, pod_runner_component
 from gpuslice.devcluster.pki import CertificateAuthority
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.gpu_nodes import agent_rbac, cluster_ca  # noqa: F401 (a fixture)
+from tests.cluster.gpu_nodes import cluster_ca
 from tests.cluster.kubeutil import short_dir, wait_for
 from tests.cluster.plugin.plugin_nodes import PluginNode, PluginNodeFactory
 
 
 @pytest.fixture
 async def plugin_node(
-    cluster: DevCluster, kube: KubeClient, agent_rbac: None, unique: str, tmp_path: Path,  # noqa: F811
+    cluster: DevCluster, kube: KubeClient, agent_rbac: None, unique: str, tmp_path: Path,
 ) -> AsyncIterator[PluginNodeFactory]:
     made: list[PluginNode] = []
     found = await binaries.resolve(build_if_missing=False)

@@ -21,7 +21,6 @@ from gpuslice.devcluster.cluster import DevCluster, free_port
 from gpuslice.devcluster.nodes import stop_mps_daemons
 from gpuslice.devcluster.process import Component
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.gpu_nodes import agent_rbac, cluster_ca  # noqa: F401 (a fixture)
 from tests.cluster.kubeutil import wait_for
 from tests.cluster.observe import scrape
 from tests.cluster.pools import create_pods, published, tenant_policy

@@ -20,7 +20,7 @@ from gpuslice.devcluster import operator
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.devcluster.nodes import fake_gpu_node
 from gpuslice.kube.client import Forbidden, Invalid, KubeClient, KubeError
-from tests.cluster.cli import Cli, gpuslice  # noqa: F401 (fixtures)
+from tests.cluster.cli import Cli
 from tests.cluster.gpu_nodes import cluster_ca
 from tests.cluster.kubeutil import pod_claim, wait_for
 from tests.cluster.metric_names import served
@@ -65,7 +65,7 @@ async def test_the_pod_runner_serves_the_kubelets_pod_resources(
 
 async def test_use_against_allocation_per_pod_and_tenant_and_overuse_reported(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
-    namespace: str, gpuslice: Cli,  # noqa: F811
+    namespace: str, gpuslice: Cli,
 ) -> None:
     node, policy = await one_gpu_with_pods(kube, make_policy, plugin_node, namespace,
                                            {"mode": "memory", "sliceSize": "10G"}, 8, ["busy", "idle", "over"], FAST)
