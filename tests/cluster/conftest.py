@@ -6,22 +6,30 @@ a missing control plane is an error that fails the run, never a skip.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.devcluster.ports import PORTS_ENV, port_range
-from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.kubeutil import create_namespace, delete_namespace, dev_cluster, wait_for
+from gpuslice.kube.client import KubeClient
+
+# Fixtures of every folder of the tier (pytest takes a conftest's names as fixtures): the controller
+# and the maxMemory webhook as their own processes, policies and namespaces, fake GPU nodes with
+# their agents, the inspecting CLI as a viewer.
+from tests.cluster.cli import gpuslice, viewer_kubeconfig
+from tests.cluster.gpu_nodes import agent_rbac, gpu_node
+from tests.cluster.kubeutil import POLICIES, ClusterObjects, create_namespace, delete_namespace, dev_cluster, wait_for
+from tests.cluster.operator_fixtures import controller, controller_kubeconfig, make_policy, memory_webhook, namespaces
 from tests.cluster.tiers import K136
+
+__all__ = ["agent_rbac", "controller", "controller_kubeconfig", "gpu_node", "gpuslice", "make_policy", "memory_webhook",
+           "namespaces", "viewer_kubeconfig"]
 
 NODES = 2
 GPUS_PER_NODE = 8
@@ -118,24 +126,6 @@ async def namespace(kube: KubeClient, unique: str) -> AsyncIterator[str]:
     await delete_namespace(kube, name)
 
 
-class ClusterObjects:
-    """Creates cluster-scoped objects and deletes them after the test."""
-
-    def __init__(self, kube: KubeClient) -> None:
-        self._kube = kube
-        self._paths: list[str] = []
-
-    async def create(self, collection: str, body: dict[str, Any]) -> dict[str, Any]:
-        created = await self._kube.create(collection, body)
-        self._paths.append(f"{collection}/{created['metadata']['name']}")
-        return created
-
-    async def delete_all(self) -> None:
-        for path in reversed(self._paths):
-            with contextlib.suppress(KubeError):
-                await self._kube.delete(path)
-
-
 @pytest.fixture
 async def cluster_objects(kube: KubeClient) -> AsyncIterator[ClusterObjects]:
     objects = ClusterObjects(kube)
@@ -144,9 +134,6 @@ async def cluster_objects(kube: KubeClient) -> AsyncIterator[ClusterObjects]:
 
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "gpuslicepolicies.gpuslice.dev.yaml"
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
-
-
 LEDGER_CRD_FILE = CRD_FILE.parent / "gpusliceledgers.gpuslice.dev.yaml"
 
 
@@ -166,16 +153,3 @@ async def policy_crd(kube: KubeClient) -> str:
 
         await wait_for(established, within=30, what=f"the CRD {name} to be established")
     return POLICIES
-
-
-# The controller as its own process, and the helpers to make policies and namespaces:
-# shared by the controller and agent tests, one controller per session.
-from tests.cluster.operator_fixtures import (  # noqa: E402
-    controller,
-    controller_kubeconfig,
-    make_policy,
-    memory_webhook,
-    namespaces,
-)
-
-__all__ = ["controller", "controller_kubeconfig", "make_policy", "memory_webhook", "namespaces"]

@@ -189,3 +189,42 @@ async def dev_cluster(spec: ClusterSpec) -> AsyncIterator[DevCluster]:
     found = await binaries.resolve(build_if_missing=False)
     async with DevCluster(spec, binaries=found) as cluster:
         yield cluster
+
+
+class ClusterObjects:
+    """Creates cluster-scoped objects and deletes them after the test."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+        self._paths: list[str] = []
+
+    async def create(self, collection: str, body: dict[str, Any]) -> dict[str, Any]:
+        created = await self._kube.create(collection, body)
+        self._paths.append(f"{collection}/{created['metadata']['name']}")
+        return created
+
+    async def delete_all(self) -> None:
+        for path in reversed(self._paths):
+            with contextlib.suppress(KubeError):
+                await self._kube.delete(path)
+
+
+POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+NO_NODES = {"matchLabels": {"gpuslice.dev/test-selects": "nothing"}}
+
+
+async def get_or_none(kube: KubeClient, path: str) -> dict[str, Any] | None:
+    try:
+        return await kube.get(path)
+    except KubeError as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def condition(policy: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in (policy.get("status") or {}).get("conditions", []) if c["type"] == kind), {})
+
+
+def template_path(ns: str, name: str = "gpu-slice") -> str:
+    return f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates/{name}"

@@ -134,6 +134,18 @@ async def scheduler_attempts(cluster: DevCluster, more: int, within: float = 60)
     await wait_for(tried, within=within, what=f"{more} more scheduling attempts", every=0.5)
 
 
+async def scheduler_allocating(cluster: DevCluster, count: int, within: float = 60) -> None:
+    """Wait until the kube-scheduler has ``count`` pods past their choice of devices, each waiting on
+    its claim's allocation write (an admission webhook the test holds): pods in their binding
+    cycle, or its API calls still pending."""
+    async def held() -> bool:
+        samples = await scheduler_metrics(cluster)
+        return (total(samples, "scheduler_goroutines", operation="binding")
+                + total(samples, "scheduler_pending_async_api_calls")) >= count
+
+    await wait_for(held, within=within, what=f"the kube-scheduler to wait on {count} allocation writes", every=0.2)
+
+
 # The controller
 
 async def controller_metrics(controller: ControllerProcess) -> Samples:
@@ -193,3 +205,20 @@ async def handler_retried(controller: ControllerProcess, policy: str, handler: s
         return len(runs) >= more
 
     await wait_for(retried, within=within, what=f"Kopf to run {handler} of policy {policy} {more} more times and find it must still wait")
+
+
+def defrag_looks(controller: ControllerProcess, policy: str) -> int:
+    """How often Auto defragmentation looked at ``policy`` and had waiting pods to help (its log)."""
+    return sum(1 for e in log_entries(controller.log_text())
+               if e.get("event") == "defragmentation looked" and e.get("policy") == policy)
+
+
+async def defrag_looked(controller: ControllerProcess, policy: str, more: int = 2, within: float = 60) -> None:
+    """Wait until Auto defragmentation has looked at ``policy`` ``more`` times again, each with pods
+    waiting: what it did not do by then, it chose not to do."""
+    before = defrag_looks(controller, policy)
+
+    async def looked() -> bool:
+        return defrag_looks(controller, policy) >= before + more
+
+    await wait_for(looked, within=within, what=f"Auto defragmentation to look at {policy} {more} more times")

@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kind.conftest import REPO, TIMINGS, Kind
-from tests.kind.test_install import (
+from tests.kind.checks import (
     claim_of,
     environment,
     gpuslice_pods,
@@ -24,9 +23,11 @@ from tests.kind.test_install import (
     load_upgrade_image,
     nothing_left_on_the_nodes,
     ready,
+    restart_apiserver,
     restarts,
     results,
 )
+from tests.kind.kindutil import REPO, TIMINGS, Kind
 
 CHART = REPO / "charts/gpuslice"
 RELEASE = ["gpuslice", "--namespace", "gpuslice-system"]
@@ -49,20 +50,6 @@ def tenant_pod() -> dict[str, Any]:
     pod: dict[str, Any] = next(yaml.safe_load_all((REPO / "examples/tenants/pods.yaml").read_text()))
     assert pod["metadata"]["name"] == "inference", "examples/tenants/pods.yaml's first pod is the inference tenant"
     return pod
-
-
-def restart_apiserver(kind: Kind) -> None:
-    """Stop kube-apiserver's container on the control-plane node; the kubelet starts it again."""
-    node = f"{kind.cluster}-control-plane"
-    [container] = kind.node_exec(node, "crictl", "ps", "-q", "--name", "^kube-apiserver$").split()
-    kind.node_exec(node, "crictl", "stop", container)
-
-    def serving() -> bool:
-        ids = kind.node_exec(node, "crictl", "ps", "-q", "--name", "^kube-apiserver$").split()
-        return bool(ids) and ids != [container] and \
-            kind.run(kind.build["kubectl"], "get", "--raw", "/readyz", check=False).strip() == "ok"
-
-    kind.wait_until("kube-apiserver to serve again", serving, within=180)
 
 
 @pytest.fixture(scope="module")

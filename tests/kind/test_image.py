@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.kind.conftest import REPO, Kind
+from tests.kind.kindutil import REPO, Kind
 
 
 def test_the_image_has_what_constraints_txt_pins_and_no_cli_extra(deployed: Kind) -> None:

@@ -23,12 +23,21 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuslice import __version__
 from gpuslice.dra.quantity import parse_quantity
-from tests.kind.conftest import REPO, Kind
+from tests.kind.checks import (
+    DRIVER,
+    claim_of,
+    environment,
+    gpuslice_pods,
+    leftovers,
+    load_upgrade_image,
+    nothing_left_on_the_nodes,
+    ready,
+    restarts,
+    results,
+)
+from tests.kind.kindutil import REPO, Kind
 
-DRIVER = "gpu.gpuslice.dev"
-NODE_LABELS = {f"gpuslice.dev/{k}" for k in ("gpu-backend", "fake-gpu-model", "fake-gpu-count", "pool")}
 TENANT_PODS = {  # namespace/pod -> (policy, mode)
     "team-a/inference": ("inference", "memory"),
     "data-science/notebook": ("notebooks", "shared"),
@@ -56,22 +65,6 @@ DEMO_FAILURE: list[str] = []
 
 def needs_running_tenants(demo: str) -> None:
     assert demo, "make kind-demo failed, so its tenant pods are not running:\n" + "".join(DEMO_FAILURE)[-3000:]
-
-
-def claim_of(kind: Kind, namespace: str, pod: str) -> dict[str, Any]:
-    status = kind.json("-n", namespace, "get", "pod", pod)["status"]
-    name = next(s["resourceClaimName"] for s in status["resourceClaimStatuses"] if s["name"] == "gpu")
-    return kind.json("-n", namespace, "get", "resourceclaim", name)  # type: ignore[no-any-return]
-
-
-def results(claim: dict[str, Any]) -> list[dict[str, Any]]:
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    return [r for r in allocation.get("devices", {}).get("results", []) if r["driver"] == DRIVER]
-
-
-def environment(kind: Kind, namespace: str, pod: str) -> dict[str, str]:
-    lines = kind.kubectl("-n", namespace, "logs", pod).splitlines()
-    return dict(line.split("=", 1) for line in lines if line.startswith("GPUSLICE_") and "=" in line)
 
 
 def over_allocation(kind: Kind) -> list[str]:
@@ -485,18 +478,6 @@ GREEDY_BUDGET = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                  "spec": {"minAvailable": 1, "selector": {"matchLabels": {"gpuslice-test": "use"}}}}
 
 
-def gpuslice_pods(kind: Kind, component: str) -> list[dict[str, Any]]:
-    return kind.items("pods", "-n", "gpuslice-system", "-l", f"app.kubernetes.io/component={component}")
-
-
-def ready(pod: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
-
-
-def restarts(pod: dict[str, Any]) -> int:
-    return sum(c["restartCount"] for c in pod["status"].get("containerStatuses", []))
-
-
 def lease_holder(kind: Kind) -> str:
     """The controller pod that holds the Lease (its identity is `<hostname>-<random>`, the hostname its pod's)."""
     holder = kind.json("-n", "gpuslice-system", "get", "lease", "gpuslice-controller")["spec"].get("holderIdentity")
@@ -609,18 +590,6 @@ def test_the_standby_takes_over_when_the_leader_dies_and_converges_an_edit(deplo
     print(f"\nkind tier: the standby took over {took:.0f} s after the leader died")
 
 
-IMAGE = f"gpuslice:{__version__}"
-
-
-def load_upgrade_image(kind: Kind) -> str:
-    """This image under a new tag, loaded into the workers: what an upgrade rolls out."""
-    upgraded = f"{IMAGE}-upgrade"
-    kind.run("docker", "tag", IMAGE, upgraded)
-    kind.run(kind.build["kind"], "load", "docker-image", "--name", kind.cluster, "--nodes", ",".join(kind.workers),
-             upgraded)
-    return upgraded
-
-
 class RolloutWatch:
     """Looks at gpuslice's agents every second while a rollout runs: how many GPU nodes had no ready
     agent at once, and whether old and new agents served side by side (both ready at one moment)."""
@@ -702,32 +671,6 @@ def test_an_upgrade_keeps_running_pods_on_their_devices(deployed: Kind, demo: st
     assert "control" in deployed.kubectl("-n", "data-science", "exec", "notebook", "--", "ls", "/tmp/nvidia-mps")
 
 
-def leftovers(kind: Kind) -> list[str]:
-    """Anything in the cluster that is gpuslice's or names it (events aside: they expire)."""
-    found = []
-    for resource in kind.kubectl("api-resources", "--verbs=list", "-o", "name").split():
-        if resource.split(".")[0] in ("events",):
-            continue
-        listed = kind.run(kind.build["kubectl"], "get", resource, "-A", "-o", "json", check=False)
-        try:
-            items = json.loads(listed)["items"]
-        except (json.JSONDecodeError, KeyError):
-            continue  # a kind whose API went away with the CRD
-        for item in items:
-            meta = item["metadata"]
-            if meta.get("namespace") == "kube-system" and meta["name"].startswith("podnet"):
-                continue  # the tier's pod network
-            labels = dict(meta.get("labels", {}))
-            if resource == "nodes":  # the fake-GPU labels kind/cluster.yaml gives, not gpuslice
-                labels = {k: v for k, v in labels.items() if k not in NODE_LABELS}
-            marks = json.dumps({**labels, **meta.get("annotations", {})})
-            ours = "gpuslice" in meta["name"] or "gpuslice" in marks
-            published = resource.startswith("resourceslices") and item["spec"]["driver"] == DRIVER
-            if ours or published:
-                found.append(f"{resource} {meta.get('namespace', '')}/{meta['name']}")
-    return found
-
-
 def test_uninstall_leaves_nothing_behind(deployed: Kind, demo: str) -> None:
     # The README's order: tenants' workloads first, then make kind-undeploy.
     deployed.kubectl("delete", "pods", "-A", "-l", "app.kubernetes.io/name=gpuslice-tenant", "--wait=true")
@@ -738,22 +681,3 @@ def test_uninstall_leaves_nothing_behind(deployed: Kind, demo: str) -> None:
     labels = deployed.json("get", "namespace", "gpu-monitoring")["metadata"].get("labels", {})
     assert "resource.kubernetes.io/admin-access" not in labels
     nothing_left_on_the_nodes(deployed)
-
-
-def nothing_left_on_the_nodes(kind: Kind) -> None:
-    for node in kind.workers:
-        # The kubelet's directories: no registration socket, no service socket, no CDI spec, no
-        # claim checkpoint (every claim was unprepared). The agent's state directory itself stays
-        # (README, "Uninstall"): its record of what it published and, here, the fake GPUs' state.
-        assert DRIVER not in kind.node_exec(node, "ls", "/var/lib/kubelet/plugins_registry")
-        assert kind.node_exec(node, "sh", "-c", "ls /var/run/cdi | grep -c gpuslice || true").strip() == "0"
-        state = f"/var/lib/kubelet/plugins/{DRIVER}"
-        assert "dra.sock" not in kind.node_exec(node, "ls", state)
-        assert kind.node_exec(node, "sh", "-c", f"ls {state}/claims 2>/dev/null | wc -l").strip() == "0"
-        # A dynamic-MIG claim's instance went with its claim (the fake GPUs keep MIG state as a GPU does).
-        fake = json.loads(kind.node_exec(node, "cat", f"{state}/fake-gpus.json"))
-        instances = {index: gpu["instances"] for index, gpu in fake["gpus"].items() if gpu["instances"]}
-        assert instances == {}, f"{node}: MIG instances left: {instances}"
-        # The last MPS client gone, its daemon was stopped and its pipe and shared memory removed.
-        assert kind.node_exec(node, "sh", "-c", "ls /dev/shm/gpuslice-mps 2>/dev/null | wc -l").strip() == "0"
-        assert kind.node_exec(node, "sh", "-c", f"ls {state}/mps/*/pipe 2>/dev/null | wc -l").strip() == "0"

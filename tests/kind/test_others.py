@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kind.conftest import Kind
-from tests.kind.test_helm import restart_apiserver
-from tests.kind.test_install import gpuslice_pods, leftovers, restarts
+from tests.kind.checks import gpuslice_pods, leftovers, restart_apiserver, restarts
+from tests.kind.kindutil import Kind
 
 OTHER = "nic.example.com"
 TENANT, STRANGER = "team-a", "other-team"  # a tenant of examples/policies (labelled), and no one's

@@ -9,11 +9,10 @@ from typing import Any
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.conftest import GpuNodeFactory
-from tests.cluster.agent.test_publishing import SLICES, create_pods, pool_devices, published, settle, tenant_policy
-from tests.cluster.controller.test_objects import condition
-from tests.cluster.kubeutil import wait_for
+from tests.cluster.gpu_nodes import GpuNodeFactory
+from tests.cluster.kubeutil import condition, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.pools import SLICES, create_pods, pool_devices, published, settle, tenant_policy
 
 EVENTS = "/api/v1/namespaces/default/events"
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.conftest import GpuNodeFactory
-from tests.cluster.agent.test_publishing import H100, G, pool_devices, published, tenant_policy
-from tests.cluster.controller.test_objects import get_or_none
-from tests.cluster.kubeutil import wait_for
+from tests.cluster.gpu_nodes import GpuNodeFactory
+from tests.cluster.kubeutil import get_or_none, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.pools import H100, G, pool_devices, published, tenant_policy
 
 
 async def test_hundreds_of_devices_of_a_deleted_policy_all_drain(

@@ -15,7 +15,7 @@ from gpuslice.devcluster import operator
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.devcluster.nodes import fake_gpu_node
 from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotFound
-from tests.cluster.agent.conftest import cluster_ca
+from tests.cluster.gpu_nodes import cluster_ca
 from tests.cluster.kubeutil import wait_for
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"

@@ -12,15 +12,13 @@ import pytest
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
-from tests.cluster.agent.conftest import GpuNode, GpuNodeFactory
-from tests.cluster.agent.test_publishing import create_pods, pool, published, settle, tenant_policy
-from tests.cluster.controller.test_objects import condition
-from tests.cluster.kubeutil import wait_for
+from tests.cluster.gpu_nodes import GpuNode, GpuNodeFactory
+from tests.cluster.kubeutil import POLICIES, condition, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.pools import create_pods, pool, published, settle, tenant_policy
 
 VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 BINDINGS = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 
 
 async def complete_pool(kube: KubeClient, node: str) -> tuple[int, dict[str, Any]] | None:

@@ -9,14 +9,11 @@ import asyncio
 import pytest
 
 from gpuslice.kube.client import Forbidden, KubeClient
-from tests.cluster.agent.conftest import GpuNode, GpuNodeFactory
-from tests.cluster.agent.test_publishing import pool_devices, published, tenant_policy
-from tests.cluster.conftest import ClusterObjects
-from tests.cluster.controller.test_objects import get_or_none
-from tests.cluster.kubeutil import wait_for
+from tests.cluster.gpu_nodes import GpuNode, GpuNodeFactory
+from tests.cluster.kubeutil import POLICIES, ClusterObjects, get_or_none, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.pools import pool_devices, published, tenant_policy
 
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 CONFIGMAPS = "/api/v1/namespaces/gpuslice-system/configmaps"
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 READS = 'gpuslice_agent_claim_reads_total{outcome="read"}'
@@ -111,7 +108,7 @@ async def test_a_drain_that_cannot_progress_backs_off_and_news_cuts_the_wait_sho
     await wait_for(in_force, within=30, what="the test's rule refusing the node's drain object")
     before = await node.metrics()
     await kube.delete(f"{POLICIES}/{name}")
-    await asyncio.sleep(30)  # the length of the observation, not a wait for something
+    await asyncio.sleep(30)  # length: the observation's, not a wait for something
     after = await node.metrics()
     reads = after.get(READS, 0) - before.get(READS, 0)
     assert len(await pool_devices(kube, node.name)) == 2, "nothing drains while the list cannot be written"

@@ -10,16 +10,11 @@ from typing import Any
 import pytest
 
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.agent.test_publishing import pool_devices, published
-from tests.cluster.controller.test_objects import get_or_none
-from tests.cluster.controller.test_tenancy import ADMIN_LABEL, ready_policy, valid
-from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, wait_for
+from tests.cluster.gpu_nodes import GpuNodeFactory
+from tests.cluster.kubeutil import PAUSE_IMAGE, POLICIES, RESOURCE, get_or_none, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-
-__all__ = ["agent_rbac", "gpu_node"]  # fixtures
-
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+from tests.cluster.pools import pool_devices, published
+from tests.cluster.tenancy import ADMIN_LABEL, ready_policy, valid
 
 
 async def label(kube: KubeClient, ns: str) -> str | None:

@@ -11,42 +11,24 @@ from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.cluster.admission import binding as binding_of
 from gpuslice.planning.cluster.tenancy_rule import NON_TENANTS, TENANCY, tenancy_binding
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.agent.test_publishing import pool_devices as published_now
-from tests.cluster.agent.test_publishing import published
-from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
-from tests.cluster.controller.test_tenancy import claim, dry_run_admitted
-from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_claim, wait_for
+from tests.cluster.claims import allocation, event_saying, pod_event, pod_using
+from tests.cluster.gpu_nodes import GpuNodeFactory
+from tests.cluster.kubeutil import (
+    NO_NODES,
+    POLICIES,
+    RESOURCE,
+    condition,
+    get_or_none,
+    pod_claim,
+    pod_with_claim,
+    wait_for,
+)
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, judged_before_the_policy
+from tests.cluster.pools import pool_devices as published_now
+from tests.cluster.pools import published
+from tests.cluster.tenancy import claim, dry_run_admitted
 
-__all__ = ["agent_rbac", "gpu_node"]  # fixtures of the agent tier, used here
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 VAP = "/apis/admissionregistration.k8s.io/v1"
-
-
-def pod_using(name: str, claim_name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"containers": [{"name": "c", "image": PAUSE_IMAGE, "resources": {"claims": [{"name": "gpu"}]}}],
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}]}}
-
-
-async def allocation(kube: KubeClient, ns: str, name: str) -> dict[str, Any] | None:
-    body = await get_or_none(kube, f"{RESOURCE}/namespaces/{ns}/resourceclaims/{name}")
-    found: dict[str, Any] | None = ((body or {}).get("status") or {}).get("allocation")
-    return found
-
-
-async def event_saying(kube: KubeClient, ns: str, pod: str, text: str) -> str | None:
-    for event in await kube.list(f"/api/v1/namespaces/{ns}/events"):
-        if event["involvedObject"]["name"] == pod and text in (event.get("message") or ""):
-            return str(event["message"])
-    return None
-
-
-async def pod_event(kube: KubeClient, ns: str, pod: str, text: str) -> str:
-    message: str = await wait_for(lambda: event_saying(kube, ns, pod, text), within=60,
-                                  what=f"an Event on pod {ns}/{pod} saying {text!r}")
-    return message
 
 
 async def test_claims_made_before_the_policy_get_nothing_outside_its_rules(

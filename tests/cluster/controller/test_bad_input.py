@@ -12,13 +12,19 @@ import pytest
 
 from gpuslice.devcluster.nodes import fake_gpu_node
 from gpuslice.kube.client import Invalid, KubeClient
-from tests.cluster.conftest import ClusterObjects
-from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
-from tests.cluster.controller.test_validation import valid_condition
-from tests.cluster.kubeutil import RESOURCE, claim_template, device_class, wait_for
+from tests.cluster.kubeutil import (
+    NO_NODES,
+    POLICIES,
+    RESOURCE,
+    ClusterObjects,
+    claim_template,
+    condition,
+    device_class,
+    get_or_none,
+    wait_for,
+)
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
+from tests.cluster.tenancy import valid_condition
 
 
 def failed_reconciles(controller: ControllerProcess, policy: str) -> int:
@@ -96,7 +102,7 @@ async def test_a_template_name_a_tenant_already_uses(
     assert condition(body, "Valid")["status"] == "True", "a tenant cannot invalidate the policy for everyone"
     await wait_for(lambda: get_or_none(kube, f"{RESOURCE}/namespaces/{other}/resourceclaimtemplates/gpu-slice"),
                    what="the other tenant's template")
-    await asyncio.sleep(20)
+    await asyncio.sleep(20)  # length: the window the retries are counted over
     still = await kube.get(f"{RESOURCE}/namespaces/{squatter}/resourceclaimtemplates/gpu-slice")
     assert still["metadata"]["resourceVersion"] == theirs["metadata"]["resourceVersion"]
     # Backoff 2, 4, 8, 16 s: at most five tries in the first 20-odd seconds (every 2 s would be ten or more).
@@ -215,13 +221,13 @@ async def test_a_status_the_api_server_refuses_is_reported_and_retried_with_a_gr
                "spec": {"policyName": f"test-refuse-status-{unique}", "validationActions": ["Deny"]}}
     await cluster_objects.create("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies", rule)
     await cluster_objects.create("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings", binding)
-    await asyncio.sleep(2)  # the API server loads a new admission policy a moment after it is made
+    await asyncio.sleep(2)  # length: the API server loads a new admission policy a moment after it is made
     await make_policy(_spec(MEMORY, {"maxSlices": 2}))
 
     valid = await valid_condition(kube, name, "False")  # the only status it can write: the condition alone
     assert valid["reason"] == "StatusRefused"
     assert "The API server refused the status gpuslice worked out" in valid["message"]
     assert "test: status.tenants is refused here" in valid["message"]
-    await asyncio.sleep(20)
+    await asyncio.sleep(20)  # length: the window the retries are counted over
     # Backoff 2, 4, 8, 16 s: at most five tries in the first 20-odd seconds (every 2 s would be ten or more).
     assert 1 <= failed_reconciles(controller, name) <= 6, failed_reconciles(controller, name)

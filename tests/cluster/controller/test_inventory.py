@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from gpuslice.kube.client import KubeClient
-from tests.cluster.controller.test_objects import POLICIES
-from tests.cluster.kubeutil import wait_for
+from tests.cluster.kubeutil import POLICIES, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
 NODE = "gpu-node-1"

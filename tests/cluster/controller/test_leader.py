@@ -11,13 +11,11 @@ import aiohttp
 import pytest
 
 from gpuslice.kube.client import KubeClient
-from tests.cluster.controller.test_objects import NO_NODES, get_or_none
-from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.kubeutil import NO_NODES, RESOURCE, get_or_none, wait_for
 from tests.cluster.observe import log_entries
 from tests.cluster.operator_fixtures import LEASE_ENV, ControllerProcess, PolicyFactory
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/gpuslice-system/leases/gpuslice-controller"
-
 
 
 def holder_of(text: str, event: str) -> str | None:

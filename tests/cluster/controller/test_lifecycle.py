@@ -8,19 +8,24 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.conftest import ClusterObjects
-from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
-from tests.cluster.kubeutil import RESOURCE, pod_claim, pod_with_claim, policy_devices, wait_for
+from tests.cluster.kubeutil import (
+    NO_NODES,
+    POLICIES,
+    RESOURCE,
+    ClusterObjects,
+    condition,
+    get_or_none,
+    pod_claim,
+    pod_with_claim,
+    policy_devices,
+    template_path,
+    wait_for,
+)
 from tests.cluster.observe import handler_retried, log_entries, reconciled_again
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 ADMIN_LABEL = "resource.kubernetes.io/admin-access"
 MEMORY = {"mode": "memory", "sliceSize": "10Gi"}
-
-
-def template_path(ns: str, name: str = "gpu-slice") -> str:
-    return f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates/{name}"
 
 
 async def reconciled(kube: KubeClient, name: str) -> dict[str, Any]:

@@ -8,68 +8,32 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pytest
-
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.agent.test_publishing import published
-from tests.cluster.conftest import ClusterObjects
-from tests.cluster.controller.test_allocation import allocation, event_saying, pod_event, pod_using
-from tests.cluster.controller.test_objects import get_or_none
-from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, pod_with_claim, wait_for
+from tests.cluster.claims import allocation, claim, event_saying, pod_event, pod_using, refused, request
+from tests.cluster.gpu_nodes import GpuNodeFactory
+from tests.cluster.kubeutil import (
+    PAUSE_IMAGE,
+    POLICIES,
+    RESOURCE,
+    ClusterObjects,
+    get_or_none,
+    pod_claim,
+    pod_with_claim,
+    wait_for,
+)
 from tests.cluster.observe import scheduler_attempts
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, judged_before_the_policy
+from tests.cluster.pools import published
+from tests.cluster.tenancy import ready_tenant
 
-__all__ = ["agent_rbac", "gpu_node"]
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 G = 10**9
-
-
-def request(klass: str, **fields: Any) -> dict[str, Any]:
-    return {"deviceClassName": klass, **fields}
-
-
-def claim(name: str, exactly: dict[str, Any] | None = None, first: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    req: dict[str, Any] = {"name": "gpu"}
-    if first is not None:
-        req["firstAvailable"] = first
-    else:
-        req["exactly"] = exactly
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-            "spec": {"devices": {"requests": [req]}}}
 
 
 def extended_pod(name: str, resource: str, count: int) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"containers": [{"name": "c", "image": PAUSE_IMAGE, "resources": {"limits": {resource: str(count)}}}]}}
-
-
-async def refused(kube: KubeClient, ns: str, body: dict[str, Any], *words: str) -> str:
-    with pytest.raises(KubeError) as error:
-        await kube.create(f"{RESOURCE}/namespaces/{ns}/resourceclaims", body)
-    assert error.value.status in (403, 422), error.value
-    for word in words:
-        assert word in error.value.message, error.value.message
-    return error.value.message
-
-
-async def ready_tenant(kube: KubeClient, policy: str, ns: str, *, quota: bool = True, classes: int = 0) -> None:
-    """The tenant is admitted and, with ``quota``, its quota counts (at least ``classes`` of the
-    policy's classes: before that, claims of the others are refused)."""
-    async def counted() -> bool:
-        body = await kube.get(f"{POLICIES}/{policy}")
-        record = [a for a in (body.get("status") or {}).get("admittedTenants") or [] if a["namespace"] == ns]
-        if not record:
-            return False
-        if not quota:
-            return "limits" not in record[0]
-        found = await get_or_none(kube, f"/api/v1/namespaces/{ns}/resourcequotas/gpuslice-{policy}")
-        return (found is not None and "used" in (found.get("status") or {})
-                and len(record[0].get("classes") or []) >= classes)
-
-    await wait_for(counted, within=30, what=f"{ns} to be admitted with its quota counting")
 
 
 async def held_memory(kube: KubeClient, ns: str, devices: dict[str, dict[str, Any]]) -> int:

@@ -12,16 +12,13 @@ import contextlib
 from typing import Any
 
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.agent.test_publishing import pool_devices, published
-from tests.cluster.controller.test_allocation import allocation, pod_using
-from tests.cluster.controller.test_limits import claim, ready_tenant, refused, request
-from tests.cluster.controller.test_objects import condition
-from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.claims import allocation, claim, pod_using, refusal_says, refused, request
+from tests.cluster.gpu_nodes import GpuNodeFactory
+from tests.cluster.kubeutil import POLICIES, RESOURCE, condition, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.pools import pool_devices, published
+from tests.cluster.tenancy import ready_tenant
 
-__all__ = ["agent_rbac", "gpu_node"]
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 OVER = "as the class is in force"
 
 
@@ -86,12 +83,12 @@ async def test_an_edit_while_the_controller_is_stalled_loosens_no_limit(
     controller.pause()
     try:
         await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"slicing": {"mode": "memory", "sliceSize": "10G"}}})
-        await asyncio.sleep(2)
+        await refusal_says(kube, namespace, claim("big", request(klass, capacity={"requests": {"memory": "80G"}})), OVER)
         await refused(kube, namespace, claim("big", request(klass, capacity={"requests": {"memory": "80G"}})), OVER)
         # Taking the limit away is a loosening as well: it waits for the controller's record too.
         await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"slicing": {"mode": "shared", "sliceSize": "10G"},
                                                                "tenants": [{"namespace": namespace}]}})
-        await asyncio.sleep(2)
+        await asyncio.sleep(2)  # length: the rule sees the edit within it; its answers stay the same (the point)
         await never_more_than_a_slice(kube, namespace, klass)
     finally:
         controller.resume()

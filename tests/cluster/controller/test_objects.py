@@ -5,25 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.kubeutil import RESOURCE, wait_for
+from gpuslice.kube.client import KubeClient
+from tests.cluster.kubeutil import NO_NODES, POLICIES, RESOURCE, condition, get_or_none, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
-NO_NODES = {"matchLabels": {"gpuslice.dev/test-selects": "nothing"}}
-
-
-async def get_or_none(kube: KubeClient, path: str) -> dict[str, Any] | None:
-    try:
-        return await kube.get(path)
-    except KubeError as error:
-        if error.status == 404:
-            return None
-        raise
-
-
-def condition(policy: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next((c for c in (policy.get("status") or {}).get("conditions", []) if c["type"] == kind), {})
 
 
 async def test_policy_creates_class_templates_quota_admission_and_labels(

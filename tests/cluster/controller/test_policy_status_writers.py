@@ -17,14 +17,13 @@ from gpuslice.api.status import DefragMove, DefragOutcome, ObjectRef
 from gpuslice.controller.defrag_move import now_utc, stamp, start, update_defrag
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.agent.test_publishing import published
-from tests.cluster.controller.test_allocation import allocation, pod_using
-from tests.cluster.controller.test_limits import claim, ready_tenant, refused, request
+from tests.cluster.claims import allocation, claim, pod_using, refused, request
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import RESOURCE, wait_for
 from tests.cluster.operator_fixtures import MANIFESTS, ControllerProcess, PolicyFactory, apply_manifests, bound_identity
+from tests.cluster.pools import published
+from tests.cluster.tenancy import ready_tenant
 
-__all__ = ["agent_rbac", "gpu_node"]
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 GUARD = "gpuslice-policy-status"
 

@@ -6,8 +6,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuslice.kube.client import KubeClient
-from tests.cluster.controller.test_objects import POLICIES, condition
-from tests.cluster.kubeutil import RESOURCE, claim_template, wait_for
+from tests.cluster.kubeutil import POLICIES, RESOURCE, claim_template, condition, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"

@@ -10,12 +10,9 @@ from typing import Any
 import pytest
 
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import agent_rbac
-from tests.cluster.conftest import ClusterObjects
-from tests.cluster.kubeutil import RESOURCE, device_class
+from tests.cluster.kubeutil import RESOURCE, ClusterObjects, device_class
 from tests.cluster.operator_fixtures import ControllerProcess
 
-__all__ = ["agent_rbac"]
 VAP = "/apis/admissionregistration.k8s.io/v1"
 OURS = {"app.kubernetes.io/managed-by": "gpuslice", "gpuslice.dev/policy": "p"}
 

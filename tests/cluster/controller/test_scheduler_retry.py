@@ -9,19 +9,19 @@ import signal
 from typing import Any
 
 from gpuslice.controller.retry import RETRY_AT
+from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.reads.retry import turned_away
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.controller.test_allocation import allocation, pod_using
+from tests.cluster.claims import allocation, pod_using
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.observe import scheduler_allocating
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
 from tests.cluster.webhook.budgets import memory_claim, shared_tenant
 
-__all__ = ["agent_rbac", "gpu_node"]
-
 
 async def test_a_pod_turned_away_by_allocations_refused_in_flight_is_tried_again_within_seconds(
-    kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
     gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     """The tenant (maxMemory 30Gi, one H100 of 79.65Gi shared) asks for 79Gi in ten claims while
@@ -41,7 +41,7 @@ async def test_a_pod_turned_away_by_allocations_refused_in_flight_is_tried_again
     try:
         for big in bigs:
             await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_using(big, big))
-        await asyncio.sleep(3)  # the scheduler places all ten and waits on the frozen webhook
+        await scheduler_allocating(cluster, len(bigs))  # all ten placed, waiting on the frozen webhook
         await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_using("small", "small"))
 
         async def away() -> bool:

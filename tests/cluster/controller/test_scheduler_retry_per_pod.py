@@ -12,18 +12,17 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuslice.controller.retry import RETRY_AT
+from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.planning.reads.retry import turned_away
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.agent.test_publishing import published
-from tests.cluster.controller.test_allocation import allocation, pod_using
-from tests.cluster.controller.test_limits import claim, request
+from tests.cluster.claims import allocation, claim, pod_using, request
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.observe import scheduler_allocating
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
-from tests.cluster.webhook.test_max_memory import memory_claim
-from tests.cluster.webhook.test_max_memory_rush import shared_tenant
+from tests.cluster.pools import published
+from tests.cluster.webhook.budgets import memory_claim, shared_tenant
 
-__all__ = ["agent_rbac", "gpu_node"]
 POISON_SECONDS = 100  # with the tests' 3 s interval, a backoff shared by all would reach 96 s by then
 ELSEWHERE = "absent.retry.example.com"  # a class of another driver with no device anywhere
 
@@ -47,7 +46,7 @@ def two_claims(name: str, first: str, second: str) -> dict[str, Any]:
 
 
 async def test_another_tenants_never_fitting_pods_do_not_delay_my_retry(
-    kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
     gpu_node: GpuNodeFactory, namespace: str, namespaces: Callable[..., Awaitable[str]],
 ) -> None:
     name, _ = await shared_tenant(kube, make_policy, gpu_node, namespace)
@@ -96,7 +95,7 @@ async def test_another_tenants_never_fitting_pods_do_not_delay_my_retry(
             stamp = await retry_stamp(kube, klass_poison)
             if stamp and (not stamps or stamps[-1] != stamp):
                 stamps.append(stamp)
-            await asyncio.sleep(1)
+            await asyncio.sleep(1)  # length: between two samples of the retry stamp
         print("retry-at changes of the poison's class while only the poison pods waited:", stamps)
 
         # The scenario the retry exists for (test_scheduler_retry.py), while the poison pods still wait.
@@ -110,7 +109,7 @@ async def test_another_tenants_never_fitting_pods_do_not_delay_my_retry(
         try:
             for big in bigs:
                 await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_using(big, big))
-            await asyncio.sleep(3)
+            await scheduler_allocating(cluster, len(bigs))  # all ten placed, waiting on the frozen webhook
             await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_using("small", "small"))
             await wait_for(lambda: is_turned_away(kube, namespace, "small"), within=20,
                            what="the 4Gi pod turned away")
@@ -122,7 +121,7 @@ async def test_another_tenants_never_fitting_pods_do_not_delay_my_retry(
             got = await allocation(kube, namespace, "small")
             if got:
                 break
-            await asyncio.sleep(1)
+            await asyncio.sleep(1)  # length: between two looks, each one's time measured
         waited = asyncio.get_running_loop().time() - thawed
         lines = [line for line in controller.log_text().splitlines() if "turned away" in line][-3:]
         print(f"small allocated: {bool(got)} after {waited:.0f} s; the controller said: {lines}")

@@ -10,51 +10,21 @@ import pytest
 
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.planning.cluster.admission import ADMIN_LABEL_GUARD, binding
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.controller.test_objects import NO_NODES, condition, get_or_none
-from tests.cluster.kubeutil import RESOURCE, delete_namespace, pod_claim, pod_with_claim, wait_for
+from tests.cluster.gpu_nodes import GpuNodeFactory
+from tests.cluster.kubeutil import (
+    NO_NODES,
+    RESOURCE,
+    condition,
+    delete_namespace,
+    get_or_none,
+    pod_claim,
+    pod_with_claim,
+    wait_for,
+)
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, admin_label_guarded
-
-__all__ = ["agent_rbac", "gpu_node"]  # fixtures
+from tests.cluster.tenancy import ADMIN_LABEL, claim, ready_policy, scheduling_events, valid
 
 VAP = "/apis/admissionregistration.k8s.io/v1"
-ADMIN_LABEL = "resource.kubernetes.io/admin-access"
-
-
-def claim(name: str, device_class: str, admin: bool = False) -> dict[str, Any]:
-    exactly: dict[str, Any] = {"deviceClassName": device_class}
-    if admin:
-        exactly["adminAccess"] = True
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
-
-
-async def dry_run_admitted(kube: KubeClient, namespace: str, device_class: str) -> bool:
-    """Whether the apiserver admits a dry-run claim of ``device_class`` from ``namespace``."""
-    try:
-        await kube.request("POST", f"{RESOURCE}/namespaces/{namespace}/resourceclaims", claim("probe", device_class),
-                           query={"dryRun": "All"})
-    except KubeError:
-        return False
-    return True
-
-
-async def ready_policy(kube: KubeClient, make_policy: PolicyFactory, spec: dict[str, Any], suffix: str = "") -> str:
-    """Create a policy and wait until the controller has proved its tenancy is enforced (Valid)."""
-    name = (await make_policy({"nodeSelector": NO_NODES, "slicing": {"mode": "memory", "sliceSize": "10Gi"}, **spec},
-                              suffix))["metadata"]["name"]
-    await valid(kube, name)
-    return name
-
-
-async def valid(kube: KubeClient, name: str) -> dict[str, Any]:
-    async def check() -> dict[str, Any] | None:
-        body = await kube.get(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}")
-        fresh = (body.get("status") or {}).get("observedGeneration") == body["metadata"]["generation"]
-        return body if fresh and condition(body, "Valid").get("status") == "True" else None
-
-    found: dict[str, Any] = await wait_for(check, within=30, what=f"{name} to be Valid")
-    return found
 
 
 async def create_eventually(kube: KubeClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -336,17 +306,6 @@ async def test_a_new_tenants_claims_wait_for_its_quota(
     finally:
         await delete_namespace(kube, late)
     assert len(made) == 1, f"claims made before the quota counted them: {made}; refusals: {refusals}"
-
-
-async def scheduling_events(kube: KubeClient, namespace: str, pod: str, words: str) -> list[dict[str, Any]]:
-    """The pod's FailedScheduling Events, once one says ``words``."""
-    async def said() -> list[dict[str, Any]] | None:
-        found = [e for e in await kube.list(f"/api/v1/namespaces/{namespace}/events")
-                 if e["involvedObject"].get("name") == pod and e.get("reason") == "FailedScheduling"]
-        return found if any(words in e.get("message", "") for e in found) else None
-
-    events: list[dict[str, Any]] = await wait_for(said, within=60, what=f"a FailedScheduling Event of {pod} saying {words}")
-    return events
 
 
 async def test_a_stolen_agent_token_lures_no_tenant_onto_its_node_and_holds_no_policy_hostage(

@@ -8,24 +8,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuslice.kube.client import KubeClient
-from tests.cluster.controller.test_lifecycle import POLICIES, template_path
-from tests.cluster.controller.test_objects import condition, get_or_none
-from tests.cluster.kubeutil import wait_for
+from tests.cluster.kubeutil import POLICIES, condition, get_or_none, template_path, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.tenancy import valid_condition
 
 NODE_1 = {"matchLabels": {"kubernetes.io/hostname": "gpu-node-1"}}
 NODE_2 = {"matchLabels": {"kubernetes.io/hostname": "gpu-node-2"}}
-
-
-async def valid_condition(kube: KubeClient, name: str, status: str) -> dict[str, Any]:
-    async def check() -> dict[str, Any] | None:
-        body = await kube.get(f"{POLICIES}/{name}")
-        found = condition(body, "Valid")
-        generation_seen = (body.get("status") or {}).get("observedGeneration") == body["metadata"]["generation"]
-        return found if found.get("status") == status and generation_seen else None
-
-    result: dict[str, Any] = await wait_for(check, what=f"Valid={status} on {name}")
-    return result
 
 
 async def events_for(kube: KubeClient, name: str) -> list[dict[str, Any]]:
@@ -93,7 +81,7 @@ async def test_newer_policy_conflicting_on_the_same_gpus_yields(
     older = (await make_policy({"nodeSelector": NODE_2, "slicing": {"mode": "memory", "sliceSize": "10Gi"}},
                                suffix="-old"))["metadata"]["name"]
     await valid_condition(kube, older, "True")
-    await asyncio.sleep(1.1)  # creation times have one-second resolution: make "older" older by the clock
+    await asyncio.sleep(1.1)  # length: creation times have one-second resolution: make "older" older by the clock
     newer = (await make_policy({"nodeSelector": NODE_2, "slicing": {"mode": "shared", "sliceSize": "10Gi"}},
                                suffix="-new"))["metadata"]["name"]
     invalid = await valid_condition(kube, newer, "False")

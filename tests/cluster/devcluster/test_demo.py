@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.cluster.devcluster.test_harness import gpuslice, processes_using
+from tests.cluster.devcluster.processes import gpuslice, processes_using
 
 
 def test_the_demo_runs_tenant_pods_of_two_modes_on_their_slices(tmp_path: Path) -> None:

@@ -6,8 +6,7 @@ import pytest
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.conftest import ClusterObjects
-from tests.cluster.kubeutil import RESOURCE, counter_slice, device_slice, partition
+from tests.cluster.kubeutil import RESOURCE, ClusterObjects, counter_slice, device_slice, partition
 
 
 async def test_counter_slice_and_device_slice_are_accepted(

@@ -6,9 +6,9 @@ from typing import Any
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
-from tests.cluster.conftest import ClusterObjects
 from tests.cluster.kubeutil import (
     RESOURCE,
+    ClusterObjects,
     claim_template,
     counter_slice,
     device_class,

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,16 +17,9 @@ import pytest
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.kube.client import NO_RETRY, KubeClient, KubeError, NotFound
 from tests.cluster.faults.invariants import InvariantChecker
-from tests.cluster.kubeutil import create_namespace, delete_namespace, dev_cluster, wait_for
+from tests.cluster.faults.shape import CONTROLLER_MANAGER_BACK, NODES, PolicyMaker
+from tests.cluster.kubeutil import POLICIES, create_namespace, delete_namespace, dev_cluster, wait_for
 
-NODES = ("gpu-node-1", "gpu-node-2")
-RECOVERY = 30.0  # seconds the controller and the agents may take once the API server is back
-# A restarted API server refreshes its admission REST mapper every 30 s: until it has learnt the
-# GpuSlicePolicy CRD, the tenancy rule (whose paramKind it is) fails closed and cannot be probed,
-# so an edit made at once is judged (and then published) only after that (and a retry, 10 s at most).
-API_SERVER_MAPPER = 30.0
-CONTROLLER_MANAGER_BACK = 90.0  # seconds kube-controller-manager may take to act again after an API server restart
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 RESOURCE = "/apis/resource.k8s.io/v1"
 
 
@@ -70,9 +63,6 @@ async def fns(fkube: KubeClient) -> AsyncIterator[str]:
     name = await create_namespace(fkube, f"f-{uuid.uuid4().hex[:8]}")
     yield name
     await delete_namespace(fkube, name)
-
-
-PolicyMaker = Callable[..., Awaitable[str]]
 
 
 @pytest.fixture

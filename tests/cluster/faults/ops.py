@@ -15,7 +15,6 @@ from tests.cluster.faults.invariants import complete_pools
 from tests.cluster.kubeutil import pod_claim, pod_with_claim, wait_for
 
 RESOURCE = "/apis/resource.k8s.io/v1"
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 
 
 async def pool_slices(kube: KubeClient, node: str) -> list[dict[str, Any]]:

@@ -15,11 +15,8 @@ import pytest
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
-from tests.cluster.controller.test_objects import get_or_none
-from tests.cluster.faults.conftest import API_SERVER_MAPPER, NODES, RECOVERY, PolicyMaker
 from tests.cluster.faults.invariants import InvariantChecker
 from tests.cluster.faults.ops import (
-    POLICIES,
     allocated,
     alone_on,
     create_pods,
@@ -29,7 +26,8 @@ from tests.cluster.faults.ops import (
     settled,
     wait_devices,
 )
-from tests.cluster.kubeutil import wait_for
+from tests.cluster.faults.shape import API_SERVER_MAPPER, NODES, RECOVERY, PolicyMaker
+from tests.cluster.kubeutil import POLICIES, get_or_none, wait_for
 
 OUTAGE = 8.0  # seconds the component stays dead: the fault's length, not a wait
 

@@ -13,10 +13,8 @@ import pytest
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
-from tests.cluster.faults.conftest import NODES, PolicyMaker
 from tests.cluster.faults.invariants import InvariantChecker, complete_pools
 from tests.cluster.faults.ops import (
-    POLICIES,
     allocated,
     alone_on,
     binding,
@@ -28,7 +26,8 @@ from tests.cluster.faults.ops import (
     settled_devices,
     wait_devices,
 )
-from tests.cluster.kubeutil import wait_for
+from tests.cluster.faults.shape import NODES, PolicyMaker
+from tests.cluster.kubeutil import POLICIES, wait_for
 
 PODS = [f"w{i}" for i in range(5)]
 STALL = 8.0  # seconds

@@ -17,10 +17,8 @@ import pytest
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.devcluster.process import Component
 from gpuslice.kube.client import KubeClient, NotFound
-from tests.cluster.faults.conftest import API_SERVER_MAPPER, NODES, RECOVERY, PolicyMaker
 from tests.cluster.faults.invariants import InvariantChecker, complete_pools
 from tests.cluster.faults.ops import (
-    POLICIES,
     RESOURCE,
     agent_metrics,
     allocated,
@@ -33,7 +31,8 @@ from tests.cluster.faults.ops import (
     settled_devices,
     wait_devices,
 )
-from tests.cluster.kubeutil import create_namespace, delete_namespace, wait_for
+from tests.cluster.faults.shape import API_SERVER_MAPPER, NODES, RECOVERY, PolicyMaker
+from tests.cluster.kubeutil import POLICIES, create_namespace, delete_namespace, wait_for
 
 
 async def restart_armed(component: Component, failpoints: str | None) -> None:
@@ -225,7 +224,6 @@ async def _owned(kube: KubeClient, policy: str) -> Counter[tuple[str, str, str]]
         for item in await kube.list(path, labelSelector=f"gpuslice.dev/policy={policy}"):
             found[(kind, item["metadata"].get("namespace", ""), item["metadata"]["name"])] += 1
     return found
-
 
 
 async def test_an_agent_killed_before_saving_its_record_and_wiped_keeps_the_device_a_claim_got(

@@ -9,12 +9,11 @@ import yaml
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.conftest import GpuNodeFactory
-from tests.cluster.agent.test_publishing import create_pods, pool, pool_devices, published, settle
-from tests.cluster.controller.test_objects import POLICIES
-from tests.cluster.inspect.conftest import Cli
-from tests.cluster.kubeutil import wait_for
+from tests.cluster.cli import Cli
+from tests.cluster.gpu_nodes import GpuNodeFactory
+from tests.cluster.kubeutil import POLICIES, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.pools import create_pods, pool, pool_devices, published, settle
 
 PENDING = "gpuslice.dev/pending-change"
 

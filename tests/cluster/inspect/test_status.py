@@ -10,12 +10,11 @@ import yaml
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.conftest import GpuNodeFactory
-from tests.cluster.agent.test_publishing import create_pods, published, settle
-from tests.cluster.controller.test_objects import POLICIES
-from tests.cluster.inspect.conftest import Cli, run_cli
-from tests.cluster.kubeutil import wait_for
+from tests.cluster.cli import Cli, run_cli
+from tests.cluster.gpu_nodes import GpuNodeFactory
+from tests.cluster.kubeutil import POLICIES, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.pools import create_pods, published, settle
 
 G = 10**9
 

@@ -17,12 +17,11 @@ import yaml
 
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.paths import collection
-from tests.cluster.agent.conftest import GpuNodeFactory
-from tests.cluster.agent.test_publishing import published
-from tests.cluster.controller.test_objects import get_or_none
-from tests.cluster.inspect.conftest import Cli
-from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.cli import Cli
+from tests.cluster.gpu_nodes import GpuNodeFactory
+from tests.cluster.kubeutil import RESOURCE, get_or_none, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.pools import published
 
 ROOT = Path(__file__).resolve().parents[3]
 GUIDE = ROOT / "docs" / "tenants.md"
@@ -257,7 +256,7 @@ async def test_a_memory_budget_reads_as_the_guide_says(
 ) -> None:
     """notebooks with data-science given maxMemory 20Gi: the page's claim of 15Gi is allocated, a
     second of 10Gi is refused at allocation and one of 25Gi when it is made, as the page says."""
-    from tests.cluster.controller.test_allocation import allocation, pod_using
+    from tests.cluster.claims import allocation, pod_using
     from tests.cluster.webhook.budgets import admits, memory_in_force, refused_at_allocation
 
     node = await gpu_node("h100-80gb", 1)  # room for the two notebooks: only the budget stops the second

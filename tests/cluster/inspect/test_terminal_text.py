@@ -21,11 +21,11 @@ import yaml
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import Invalid, KubeClient
-from tests.cluster.agent.conftest import GpuNodeFactory
-from tests.cluster.agent.test_publishing import create_pods, published, settle
-from tests.cluster.inspect.conftest import Cli, Result, impersonating, warning
+from tests.cluster.cli import Cli, Result, impersonating, warning
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import RESOURCE, pod_claim, pod_with_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.pools import create_pods, published, settle
 
 ESC = "\x1b"
 PAYLOAD = (f"{ESC}]0;gpuslice: all clear{ESC}\\"          # window title

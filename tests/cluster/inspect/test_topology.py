@@ -9,14 +9,14 @@ from typing import Any
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.inventory.systems import SYSTEMS
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.conftest import GpuNodeFactory
-from tests.cluster.agent.test_publishing import published
-from tests.cluster.inspect.conftest import Cli
+from tests.cluster.cli import Cli
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.inspect.test_why import findings, on
 from tests.cluster.kubeutil import PAUSE_IMAGE, pod_claim, wait_for
 from tests.cluster.nic_driver import NIC_CLASS, publish_nics
 from tests.cluster.observe import scheduler_settled, scrape, total
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.pools import published
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 NUMA, NVLINK, ROOT = "resource.kubernetes.io/numaNode", "gpuslice.dev/nvlinkDomain", "resource.kubernetes.io/pcieRoot"

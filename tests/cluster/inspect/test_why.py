@@ -8,11 +8,11 @@ from typing import Any
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.conftest import GpuNodeFactory
-from tests.cluster.agent.test_publishing import create_pods, published, settle
-from tests.cluster.inspect.conftest import VIEWER, Cli, impersonating, run_cli, warning
+from tests.cluster.cli import VIEWER, Cli, impersonating, run_cli, warning
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import PAUSE_IMAGE, pod_with_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.pools import create_pods, published, settle
 
 
 def findings(result: dict[str, Any]) -> dict[str, str]:
@@ -161,7 +161,7 @@ async def test_over_max_memory_says_what_the_namespace_holds_and_what_the_claim_
     kube: KubeClient, controller: ControllerProcess, memory_webhook: Any, make_policy: PolicyFactory,
     gpu_node: GpuNodeFactory, namespace: str, gpuslice: Cli,
 ) -> None:
-    from tests.cluster.controller.test_allocation import allocation
+    from tests.cluster.claims import allocation
     from tests.cluster.webhook.budgets import budget_policy, claim_with_pod, memory_claim
 
     name, klass, _ = await budget_policy(kube, make_policy, gpu_node, namespace, {"mode": "shared", "sliceSize": "1Gi"})

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.install.test_manifests import path_of, refused_by_dry_run, render
+from tests.cluster.install.render import path_of, refused_by_dry_run, render
 from tests.cluster.kubeutil import wait_for
 from tests.hacktools import hack_tool
 

@@ -24,7 +24,7 @@ from gpuslice.agent.drain import LABEL as DRAIN_LIST
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.planning.cluster.admission import static_manifests
-from tests.cluster.kubeutil import create_namespace, dev_cluster, wait_for
+from tests.cluster.kubeutil import POLICIES, create_namespace, dev_cluster, wait_for
 from tests.cluster.operator_fixtures import (
     ADMISSION,
     MANIFESTS,
@@ -35,7 +35,6 @@ from tests.cluster.operator_fixtures import (
 
 CRD = Path(__file__).resolve().parents[3] / "crds" / "gpuslicepolicies.gpuslice.dev.yaml"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gpuslicepolicies.gpuslice.dev"
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 RESOURCE = "/apis/resource.k8s.io/v1"
 ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
 OTHER_DRIVER = "nic.example.com"

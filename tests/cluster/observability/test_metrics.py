@@ -10,34 +10,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.conftest import GpuNodeFactory
-from tests.cluster.agent.test_publishing import create_pods, published, settle
-from tests.cluster.controller.test_objects import POLICIES
-from tests.cluster.kubeutil import wait_for
+from tests.cluster.gpu_nodes import GpuNodeFactory
+from tests.cluster.kubeutil import POLICIES, wait_for
+from tests.cluster.metric_names import scrape, served
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.unit.test_monitoring import expressions, selectors
+from tests.cluster.pools import create_pods, published, settle
+from tests.monitoring_queries import expressions, selectors
 
 G = 10**9
-SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
-            "gauge": ("",), "info": ("_info",), "summary": ("_sum", "_count", "_created"), "unknown": ("",)}
-
-
-async def scrape(port: int) -> str:
-    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
-        assert response.status == 200
-        return await response.text()
-
-
-def served(*texts: str) -> dict[str, list[dict[str, str]]]:
-    """Every sample name the processes serve (with each family's suffixes), and the label sets seen."""
-    found: dict[str, list[dict[str, str]]] = {}
-    for text in texts:
-        for family in text_string_to_metric_families(text):
-            for suffix in SUFFIXES.get(family.type, ("",)):
-                found.setdefault(family.name + suffix, [])
-            for sample in family.samples:
-                found.setdefault(sample.name, []).append(dict(sample.labels))
-    return found
 
 
 def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:

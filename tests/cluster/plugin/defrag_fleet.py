@@ -13,10 +13,10 @@ from typing import Any
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.test_publishing import SLICES, tag
 from tests.cluster.kubeutil import PAUSE_IMAGE, pod_claim, pod_with_claim, wait_for
 from tests.cluster.operator_fixtures import PolicyFactory
-from tests.cluster.plugin.conftest import PluginNode, gone, running
+from tests.cluster.plugin.plugin_nodes import PluginNode, gone, running
+from tests.cluster.pools import SLICES, tag
 
 GPUS = 3
 SLICING = {"mode": "memory", "sliceSize": "20G", "allowFullGpu": True}
@@ -137,7 +137,7 @@ class Fragmented:
         return dict(found) if found.get("last") else None
 
     async def policy_status(self) -> dict[str, Any]:
-        from tests.cluster.conftest import POLICIES
+        from tests.cluster.kubeutil import POLICIES
 
         return dict((await self.kube.get(f"{POLICIES}/{self.policy}")).get("status") or {})
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from gpuslice.kube.client import KubeClient
 from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, pod_claim, wait_for
-from tests.cluster.plugin.conftest import PluginNode
+from tests.cluster.plugin.plugin_nodes import PluginNode
 
 FAST = ["--usage-interval=1", "--overuse-grace=2"]
 

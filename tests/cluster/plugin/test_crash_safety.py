@@ -10,22 +10,16 @@ from typing import Any
 import pytest
 
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.test_publishing import create_pods, pool_devices, published, tenant_policy
 from tests.cluster.kubeutil import pod_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, exec_env, gone, running, until
+from tests.cluster.plugin.plugin_nodes import PluginNodeFactory, exec_env, gone, killed_at, running, until
+from tests.cluster.pools import create_pods, pool_devices, published, tenant_policy
 
 
 async def device_of(kube: KubeClient, namespace: str, pod: str) -> str:
     claim = await pod_claim(kube, namespace, pod)
     assert claim is not None
     return str(claim["status"]["allocation"]["devices"]["results"][0]["device"])
-
-
-async def killed_at(node: PluginNode, point: str) -> None:
-    await wait_for(node.agent_died, within=60, what=f"the agent to kill itself at {point}")
-    assert node.agent.process is not None
-    assert node.agent.process.returncode == -9
 
 
 @pytest.mark.parametrize("point", ["prepare-started", "prepare-cdi-written"])
@@ -120,7 +114,7 @@ async def test_kubelet_and_agent_away_past_the_wipe_pods_keep_their_devices(
 
     await wait_for(wiped, within=75, what="the kubelet to wipe the slices of the plugin that went away")
     await node.runner.stop()  # and the kubelet restarts, away for a while too
-    await asyncio.sleep(1)
+    await asyncio.sleep(1)  # length: the kubelet's absence
     await node.runner.start()
     await node.runner.wait_healthy()
     await node.start_agent()

@@ -19,10 +19,11 @@ import pytest
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.kubeutil import pod_with_claim, wait_for
-from tests.cluster.observability.test_metrics import scrape
+from tests.cluster.metric_names import scrape
+from tests.cluster.observe import defrag_looked
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, event_with, pod_events, running
 from tests.cluster.plugin.defrag_fleet import GPUS, Fragmented, make_fragmented
+from tests.cluster.plugin.plugin_nodes import PluginNode, PluginNodeFactory, event_with, pod_events, running
 
 # In the scheduler's order of devices: two Deployments' pods on the first GPU (the one to free, and
 # the first place a replacement would go but for the taint), a bare pod and a Deployment's on the
@@ -248,7 +249,7 @@ async def test_auto_mode_moves_pods_only_within_its_hourly_budget(
     kube: KubeClient, cluster: DevCluster, controller: ControllerProcess, make_policy: PolicyFactory,
     plugin_node: PluginNodeFactory, namespace: str,
 ) -> None:
-    from tests.cluster.conftest import POLICIES
+    from tests.cluster.kubeutil import POLICIES
 
     node = await plugin_node("h100-80gb", GPUS)
     auto = {"defragmentation": {"mode": "Auto", "maxEvictionsPerHour": 1, "minPendingSeconds": 0}}
@@ -258,7 +259,7 @@ async def test_auto_mode_moves_pods_only_within_its_hourly_budget(
     await waiting_big(fleet, namespace)
     event = await event_with(kube, namespace, "big", "maxEvictionsPerHour is 1", within=60)
     assert event["reason"] == "DefragmentationBlocked"
-    await asyncio.sleep(5)  # a few more looks: still nothing
+    await defrag_looked(controller, fleet.policy)  # two more looks: still nothing
     still = await fleet.uids([namespace])
     assert all(still.get(pod) == uid for pod, uid in before.items()), "nothing was evicted"
     metrics = await scrape(controller.metrics_port)
@@ -303,7 +304,7 @@ async def test_a_gpu_being_freed_goes_to_the_claim_it_is_freed_for_and_no_other(
     allocated only to the waiting claim (or one its pod owns)."""
     from gpuslice.api.status import DefragMove, ObjectRef
     from gpuslice.controller.defrag_move import now_utc, stamp, start, update_defrag
-    from tests.cluster.agent.test_publishing import tag
+    from tests.cluster.pools import tag
 
     node = await plugin_node("h100-80gb", 1)
     fleet = await make_fragmented(kube, cluster, node, make_policy, [namespace], gpus=1)

@@ -9,19 +9,19 @@ device matches, and for a pod whose node affinity keeps it off every GPU node. E
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.test_publishing import SLICES
 from tests.cluster.kubeutil import pod_with_claim, wait_for
+from tests.cluster.observe import defrag_looked
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
-from tests.cluster.plugin.conftest import PluginNodeFactory, pod_events
 from tests.cluster.plugin.defrag_fleet import GPUS, SLICING, Fragmented
-from tests.cluster.webhook.test_max_memory import memory_in_force
+from tests.cluster.plugin.plugin_nodes import PluginNodeFactory, pod_events
+from tests.cluster.pools import SLICES
+from tests.cluster.webhook.budgets import memory_in_force
 
 TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
 
@@ -98,7 +98,7 @@ async def test_auto_defrag_evicts_no_one_for_a_claim_that_would_be_refused_or_ke
 
     with contextlib.suppress(AssertionError):
         await wait_for(moved_or_told, within=60, what="a victim evicted, or the three waiting pods told why not")
-    await asyncio.sleep(5)  # two more of Auto's looks (every 2 s in the tests)
+    await defrag_looked(controller, fleet.policy)  # two more of Auto's looks
     evicted = await victim_moved()
     moved = [e.get("message") for p in before for e in await pod_events(kube, victim, p.split("/")[1])
              if "moved by gpuslice" in (e.get("message") or "")]

@@ -10,11 +10,11 @@ from typing import Any
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.test_publishing import create_pods, pool_devices, pool_versions, published, tenant_policy
 from tests.cluster.kubeutil import pod_claim, wait_for
 from tests.cluster.observe import scheduler_settled
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, gone, pod_phase, running
+from tests.cluster.plugin.plugin_nodes import PluginNode, PluginNodeFactory, gone, pod_phase, running
+from tests.cluster.pools import create_pods, pool_devices, pool_versions, published, tenant_policy
 
 QUICK_HEALTH = ["--health-interval=0.5", "--health-recovery=3"]
 
@@ -73,7 +73,7 @@ async def test_unhealthy_gpu_is_tainted_shown_in_the_pod_status_and_recovers(
     # A taint is a status of the device, not a change of it: the allocated device is not held back (no
     # pending-change), the free one does not drain, and the pool settles (nothing more is written).
     versions = await pool_versions(kube, node.name)
-    await asyncio.sleep(6)
+    await asyncio.sleep(6)  # length: across the health recovery's 3 s, a rewrite comes from a clock, not an event
     assert await pool_versions(kube, node.name) == versions, "the taint made the agent rewrite the pool again"
     assert await tainted()
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.test_publishing import create_pods, pool_devices, tenant_policy
 from tests.cluster.kubeutil import wait_for
 from tests.cluster.observe import agent_cycles
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import PluginNodeFactory, exec_env, running
-from tests.cluster.plugin.test_static_mig import by_gpu, degraded_as
+from tests.cluster.plugin.mig import by_gpu, degraded_as
+from tests.cluster.plugin.plugin_nodes import PluginNodeFactory, exec_env, running
+from tests.cluster.pools import create_pods, pool_devices, tenant_policy
 
 
 async def test_a_memory_policy_on_an_h100_in_mig_mode_switches_it_off_and_publishes(

@@ -16,20 +16,20 @@ from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.devices import gpu_tag
 from gpuslice.planning.node.mps import namespace_tag
-from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
 from tests.cluster.kubeutil import pod_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import (
-    PluginNode,
+from tests.cluster.plugin.plugin_nodes import (
     PluginNodeFactory,
     event_with,
     gone,
+    killed_at,
+    mps_mounts,
     one_gpu_with_pods,
     process_alive,
     running,
     until,
 )
-from tests.cluster.plugin.test_crash_safety import killed_at
+from tests.cluster.pools import create_pods, published, tenant_policy
 
 MIB = 1024**2
 MPS_20G = {"mode": "memory", "sliceSize": "20G", "isolation": "MPS"}
@@ -46,13 +46,6 @@ async def result_of(kube: KubeClient, namespace: str, pod: str) -> dict[str, Any
 def gpu_of(devices: dict[str, dict[str, Any]], device: str) -> str:
     attributes = devices[device]["attributes"]
     return str((attributes.get("gpuslice.dev/parentUUID") or attributes["gpuslice.dev/uuid"])["string"])
-
-
-def mps_mounts(node: PluginNode, namespace: str, pod: str) -> dict[str, str]:
-    """containerPath -> hostPath of the MPS mounts the pod runner resolved for the pod's container."""
-    recorded = node.recorded(namespace, pod) or {}
-    return {m["destination"]: m["source"] for m in recorded.get("mounts") or []
-            if m["destination"] in ("/tmp/nvidia-mps", "/var/log/nvidia-mps", "/dev/shm")}
 
 
 async def test_one_daemon_per_gpu_and_namespace_with_each_containers_limits(

@@ -11,12 +11,12 @@ from gpuslice.dra.quantity import format_bytes, quantity_bytes
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.cluster.admission import binding as binding_of
 from gpuslice.planning.cluster.tenancy_rule import NON_TENANTS, TENANCY, tenancy_binding
-from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
-from tests.cluster.controller.test_allocation import pod_using
-from tests.cluster.controller.test_tenancy import claim, dry_run_admitted
+from tests.cluster.claims import pod_using
 from tests.cluster.kubeutil import RESOURCE, pod_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import PluginNodeFactory, event_with, exec_env, gone, pod_phase, running, until
+from tests.cluster.plugin.plugin_nodes import PluginNodeFactory, event_with, exec_env, gone, pod_phase, running, until
+from tests.cluster.pools import create_pods, published, tenant_policy
+from tests.cluster.tenancy import claim, dry_run_admitted
 
 VAP = "/apis/admissionregistration.k8s.io/v1"
 

@@ -13,8 +13,8 @@ import pytest
 from gpuslice.kube.client import KubeClient
 from tests.cluster.kubeutil import RESOURCE, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import PluginNodeFactory, event_with, gone, one_gpu_with_pods, pod_phase, running
 from tests.cluster.plugin.gpu_use import FAST, claim_mark, metric_is, pod_sharing, pod_uid, shared_claim, use
+from tests.cluster.plugin.plugin_nodes import PluginNodeFactory, event_with, gone, one_gpu_with_pods, pod_phase, running
 
 GI = 1024**3
 MIB = 1024**2

@@ -7,31 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.test_publishing import create_pods, pool_devices, tenant_policy
-from tests.cluster.kubeutil import pod_claim, wait_for
+from tests.cluster.kubeutil import POLICIES, pod_claim, wait_for
 from tests.cluster.observe import agent_cycles
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, exec_env, gone, running
-
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
-RECONFIGURING = "gpuslice.dev/reconfiguring"
-
-
-def by_gpu(devices: dict[str, dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
-    found: dict[int, list[dict[str, Any]]] = {}
-    for device in devices.values():
-        found.setdefault(device["attributes"]["gpuslice.dev/index"]["int"], []).append(device)
-    return found
-
-
-def layout_of(devices: list[dict[str, Any]]) -> list[tuple[str, int]]:
-    return sorted((d["attributes"]["gpuslice.dev/profile"]["string"], d["attributes"]["gpuslice.dev/placementStart"]["int"])
-                  for d in devices)
-
-
-def taint_keys(devices: list[dict[str, Any]]) -> set[str]:
-    return {t["key"] for d in devices for t in d.get("taints") or []}
-
+from tests.cluster.plugin.mig import RECONFIGURING, by_gpu, degraded_as, layout_of, taint_keys
+from tests.cluster.plugin.plugin_nodes import PluginNode, PluginNodeFactory, exec_env, gone, running
+from tests.cluster.pools import create_pods, pool_devices, tenant_policy
 
 ONE_G = [("1g.5gb", s) for s in range(7)]
 THREE_G = [("3g.20gb", 0), ("3g.20gb", 4)]
@@ -170,16 +151,6 @@ async def test_a_layout_on_gpus_whose_mig_mode_is_off_turns_it_on_and_publishes(
     await create_pods(kube, namespace, "gpu-slice", ["on-mig"])
     await running(kube, namespace, ["on-mig"])
     assert exec_env(cluster, namespace, "on-mig")["GPUSLICE_MIG_PROFILE"] == "3g.40gb"
-
-
-async def degraded_as(kube: KubeClient, policy: str, reason: str, within: float = 60) -> dict[str, Any]:
-    async def degraded() -> dict[str, Any] | None:
-        conditions = (await kube.get(f"{POLICIES}/{policy}")).get("status", {}).get("conditions") or []
-        found = next((c for c in conditions if c["type"] == "Degraded"), None)
-        return found if found and found["reason"] == reason else None
-
-    found: dict[str, Any] = await wait_for(degraded, within=within, what=f"the policy's Degraded reason {reason}")
-    return found
 
 
 async def test_an_ampere_gpu_whose_mig_mode_is_off_waits_for_its_admin(

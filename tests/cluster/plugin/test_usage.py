@@ -20,13 +20,13 @@ from gpuslice.devcluster import operator
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.devcluster.nodes import fake_gpu_node
 from gpuslice.kube.client import Forbidden, Invalid, KubeClient, KubeError
-from tests.cluster.agent.conftest import cluster_ca
-from tests.cluster.agent.test_publishing import create_pods, published, tenant_policy
-from tests.cluster.inspect.conftest import Cli, gpuslice, viewer_kubeconfig  # noqa: F401 (fixtures)
+from tests.cluster.cli import Cli
+from tests.cluster.gpu_nodes import cluster_ca
 from tests.cluster.kubeutil import pod_claim, wait_for
-from tests.cluster.observability.test_metrics import served
+from tests.cluster.metric_names import served
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import (
+from tests.cluster.plugin.gpu_use import FAST, claim_condition, in_pod, metric_is, overuse_entry, pod_uid, use
+from tests.cluster.plugin.plugin_nodes import (
     PluginNode,
     PluginNodeFactory,
     event_with,
@@ -37,8 +37,8 @@ from tests.cluster.plugin.conftest import (
     running,
     scraped,
 )
-from tests.cluster.plugin.gpu_use import FAST, claim_condition, in_pod, metric_is, overuse_entry, pod_uid, use
-from tests.unit.test_monitoring import expressions, selectors
+from tests.cluster.pools import create_pods, published, tenant_policy
+from tests.monitoring_queries import expressions, selectors
 
 GI = 1024**3
 
@@ -65,7 +65,7 @@ async def test_the_pod_runner_serves_the_kubelets_pod_resources(
 
 async def test_use_against_allocation_per_pod_and_tenant_and_overuse_reported(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
-    namespace: str, gpuslice: Cli,  # noqa: F811
+    namespace: str, gpuslice: Cli,
 ) -> None:
     node, policy = await one_gpu_with_pods(kube, make_policy, plugin_node, namespace,
                                            {"mode": "memory", "sliceSize": "10G"}, 8, ["busy", "idle", "over"], FAST)

@@ -7,6 +7,7 @@ stopping a runner here does not disturb the other tests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -98,10 +99,14 @@ async def test_pod_without_claims_runs_and_is_deleted_and_needs_a_runner(rkube: 
     await rkube.create("/api/v1/nodes", fake_gpu_node(f"{rns}-no-runner", "l4", 1))
     try:
         await rkube.create(f"/api/v1/namespaces/{rns}/pods", plain_pod("stranded", node=f"{rns}-no-runner"))
-        await asyncio.sleep(5)
+        # A pod made after it runs: the runner has seen the stranded one, and left it alone.
+        await rkube.create(f"/api/v1/namespaces/{rns}/pods", plain_pod("later"))
+        await wait_for(lambda: _is(phase(rkube, rns, "later"), "Running"), what="the later pod to be Running")
         assert await phase(rkube, rns, "stranded") == "Pending", "without a runner a bound pod never runs"
     finally:
         await rkube.delete(f"/api/v1/namespaces/{rns}/pods/stranded", gracePeriodSeconds=0)
+        with contextlib.suppress(KubeError):
+            await rkube.delete(f"/api/v1/namespaces/{rns}/pods/later", gracePeriodSeconds=0)
         await rkube.delete(f"/api/v1/nodes/{rns}-no-runner")
 
 

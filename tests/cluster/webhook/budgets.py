@@ -7,14 +7,12 @@ from typing import Any
 
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import GpuNodeFactory
-from tests.cluster.agent.test_publishing import published
-from tests.cluster.controller.test_allocation import pod_using
-from tests.cluster.controller.test_limits import claim, request
-from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.claims import claim, pod_using, request
+from tests.cluster.gpu_nodes import GpuNodeFactory
+from tests.cluster.kubeutil import POLICIES, RESOURCE, wait_for
 from tests.cluster.operator_fixtures import PolicyFactory
+from tests.cluster.pools import published
 
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 LEDGERS = "/apis/gpuslice.dev/v1alpha1/namespaces/gpuslice-system/gpusliceledgers"
 GI = 2**30
 

@@ -25,10 +25,8 @@ import pytest
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.agent.test_publishing import published
-from tests.cluster.controller.test_allocation import allocation
-from tests.cluster.controller.test_limits import claim, request
+from tests.cluster.claims import allocation, claim, request
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import RESOURCE, wait_for
 from tests.cluster.operator_fixtures import (
     WEBHOOK_ENV,
@@ -38,6 +36,7 @@ from tests.cluster.operator_fixtures import (
     WebhookProcess,
     write_controller_kubeconfig,
 )
+from tests.cluster.pools import published
 from tests.cluster.webhook.budgets import (
     GI,
     admits,
@@ -58,7 +57,6 @@ from tests.cluster.webhook.forgery import (
     review_of,
 )
 
-__all__ = ["agent_rbac", "gpu_node"]
 MEMORY_10 = {"mode": "memory", "sliceSize": "10Gi"}
 
 

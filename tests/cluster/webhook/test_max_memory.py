@@ -9,15 +9,15 @@ import asyncio
 import contextlib
 from typing import Any
 
+from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.controller.test_allocation import allocation
-from tests.cluster.controller.test_limits import claim, refused, request
-from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.claims import allocation, claim, refusal_says, refused, request
+from tests.cluster.gpu_nodes import GpuNodeFactory
+from tests.cluster.kubeutil import POLICIES, RESOURCE, wait_for
+from tests.cluster.observe import scheduler_settled
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
 from tests.cluster.webhook.budgets import (
     GI,
-    POLICIES,
     admits,
     budget_policy,
     claim_with_pod,
@@ -29,7 +29,7 @@ from tests.cluster.webhook.budgets import (
     sample,
 )
 
-__all__ = ["agent_rbac", "gpu_node"]
+
 async def test_a_tenant_with_max_memory_holds_no_more_and_is_told_why(
     kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
     gpu_node: GpuNodeFactory, namespace: str,
@@ -145,7 +145,7 @@ async def test_every_way_to_ask_for_more_is_refused_or_charged(
 
 
 async def test_capacity_on_another_key_takes_nothing(
-    kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, memory_webhook: WebhookProcess, make_policy: PolicyFactory,
     gpu_node: GpuNodeFactory, namespace: str,
 ) -> None:
     """A tenant with maxMemory alone may ask any capacity of a shared device; a key the device does not
@@ -155,7 +155,7 @@ async def test_capacity_on_another_key_takes_nothing(
         "gpu.gpuslice.dev/memory": "80G"}})))
     await claim_with_pod(kube, namespace, "odd", memory_claim("odd", klass, 15))  # rounded up to 20G by the step
     await wait_for(lambda: allocation(kube, namespace, "odd"), within=60, what="the 15Gi claim")
-    await asyncio.sleep(3)
+    await scheduler_settled(cluster)  # sly was tried since, and parked
     assert await allocation(kube, namespace, "sly") is None
     assert (await ledger(kube, name, namespace))["status"]["heldBytes"] == 20 * 10**9
     with contextlib.suppress(KubeError):
@@ -208,7 +208,7 @@ async def test_a_raised_max_memory_waits_for_the_controller(
     try:
         await kube.merge_patch(f"{POLICIES}/{name}", {"spec": {"tenants": [
             {"namespace": namespace, "maxMemory": "60Gi"}]}})
-        await asyncio.sleep(2)
+        await refusal_says(kube, namespace, memory_claim("raised", klass, 40), "changed, and gpuslice has not yet put them")
         await refused(kube, namespace, memory_claim("raised", klass, 40), "changed, and gpuslice has not yet put them")
         assert (await ledger(kube, name, namespace))["spec"]["maxMemory"] == "30Gi"
     finally:

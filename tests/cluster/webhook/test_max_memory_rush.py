@@ -19,14 +19,12 @@ from typing import Any
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.watch import watch
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.controller.test_allocation import pod_using
-from tests.cluster.controller.test_limits import claim, request
+from tests.cluster.claims import claim, pod_using, request
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import RESOURCE, wait_for
 from tests.cluster.operator_fixtures import WEBHOOK_ENV, ControllerProcess, PolicyFactory, WebhookProcess
 from tests.cluster.webhook.budgets import GI, LEDGERS, budget_policy, shared_tenant
 
-__all__ = ["agent_rbac", "gpu_node"]
 LIMIT = 30 * GI
 CLAIMS = 40
 # kube-scheduler counts allocations in flight when it filters: a pod turned away while refused ones
@@ -216,7 +214,7 @@ async def test_the_limit_holds_with_the_webhook_killed_mid_rush(
 
     async def kill() -> None:
         await memory_webhook.stop(signal.SIGKILL)
-        await asyncio.sleep(8)
+        await asyncio.sleep(8)  # length: the outage, long enough for pods to be refused in it
         said = [e["message"] for e in await kube.list(f"/api/v1/namespaces/{namespace}/events")
                 if "maxmemory.gpuslice.dev" in (e.get("message") or "")]
         print("while the webhook was down:", said[-1:] if said else "no refusal yet")
@@ -260,7 +258,7 @@ async def test_an_allocation_write_that_fails_after_its_charge_never_undercounts
         process = memory_webhook.process
         assert process is not None
         await wait_for(lambda: asyncio.sleep(0, process.poll() is not None), within=60, what="the failpoint")
-        await asyncio.sleep(1)  # the watch sees every write committed before the webhook died
+        await asyncio.sleep(1)  # length: the watch sees every write committed before the webhook died
         ledger = (await kube.get(f"{LEDGERS}/{name}.{namespace}"))["status"]
         actual = await kube.list(f"{RESOURCE}/namespaces/{namespace}/resourceclaims")
         over.extend([ledger["heldBytes"], sum(quantity_bytes(r["consumedCapacity"]["memory"]) for c in actual

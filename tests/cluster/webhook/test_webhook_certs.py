@@ -61,7 +61,7 @@ async def test_the_webhook_keeps_answering_while_its_certificates_rotate(
             said = await answers(kube)
             if MEMORY_PROBE_ANSWER not in said:
                 refusals.append(said)
-            await asyncio.sleep(2)
+            await asyncio.sleep(2)  # length: between two passes of the rotation
     finally:
         # Back to long-lived certificates (what the session's controller makes). The short CA is
         # kept until a third of its life is left, and a serving certificate never outlives its CA,

@@ -5,7 +5,7 @@ all against the fake API server (tests.fakeapi)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Set
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,8 @@ from gpuslice.agent.publisher import PublishResult
 from gpuslice.dra.names import DRIVER
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
+from tests import builders
 from tests.fakeapi import FakeApi, Refusal, Request
-from tests.unit import bodies
 
 ATTR_POLICY = "gpuslice.dev/policy"
 PENDING = "gpuslice.dev/pending-change"
@@ -59,7 +59,7 @@ class DrainRule:
 
 @dataclass
 class Pool:
-    """Node ``bodies.NODE`` with ``count`` fake GPUs of ``model`` (in memory), published by
+    """Node ``builders.NODE`` with ``count`` fake GPUs of ``model`` (in memory), published by
     :meth:`publish` as the agent's loop does, its ``NodePool`` (``agent``) keeping its drains,
     refusals and record between cycles."""
 
@@ -78,12 +78,12 @@ class Pool:
         return cls(api, kube, state, rule, model, count)
 
     def __post_init__(self) -> None:
-        self.backend = FakeBackend(bodies.NODE, [(self.model, self.count)])
+        self.backend = FakeBackend(builders.NODE, [(self.model, self.count)])
         # What the kubelet plugin has prepared is on disk (its checkpoints); no MIG manager here.
-        self.agent = NodePool(bodies.NODE, self.kube, GpuOps(self.backend, self.backend.discover()),
+        self.agent = NodePool(builders.NODE, self.kube, GpuOps(self.backend, self.backend.discover()),
                               record=PublishedRecord(self.state), checkpoints=Checkpoints(self.state, "boot-1"))
-        if self.api.get(f"/api/v1/nodes/{bodies.NODE}") is None:
-            self.api.put(bodies.node(bodies.NODE, self.model, self.count))
+        if self.api.get(f"/api/v1/nodes/{builders.NODE}") is None:
+            self.api.put(builders.node(builders.NODE, self.model, self.count))
 
     @property
     def gpus(self) -> list[Gpu]:
@@ -112,7 +112,7 @@ class Pool:
         assert self.agent.checkpoints is not None
         uid = f"uid-holding-{device}"
         self.agent.checkpoints.write(ClaimCheckpoint(uid=uid, namespace="tenant", name=uid, phase="started", devices=[
-            PreparedDevice(request="gpu", pool=bodies.NODE, device=device, mode="memory", gpu_uuid="unknown")]))
+            PreparedDevice(request="gpu", pool=builders.NODE, device=device, mode="memory", gpu_uuid="unknown")]))
 
     async def publish(self) -> PublishResult:
         async with self.agent.lock:
@@ -133,13 +133,13 @@ class Pool:
         if static:
             layouts = {uuid: {"policy": "static", "instances": []} for uuid in sorted(static)}
             (self.state / APPLIED_FILE).write_text(json.dumps(layouts))
-        pool = NodePool.kept_in(self.state, bodies.NODE, self.kube, GpuOps(self.backend, self.gpus), boot_id=boot_id)
-        mps = MpsDaemons(bodies.NODE, self.backend, self.state / "mps", self.state / "shm")
+        pool = NodePool.kept_in(self.state, builders.NODE, self.kube, GpuOps(self.backend, self.gpus), boot_id=boot_id)
+        mps = MpsDaemons(builders.NODE, self.backend, self.state / "mps", self.state / "shm")
         return Preparer(pool, CdiDirectory(self.state / "cdi"), mps)
 
     def slices(self) -> list[dict[str, Any]]:
-        return [s for s in self.api.items(bodies.SLICES)
-                if s["spec"]["driver"] == DRIVER and s["spec"]["pool"]["name"] == bodies.NODE]
+        return [s for s in self.api.items(builders.SLICES)
+                if s["spec"]["driver"] == DRIVER and s["spec"]["pool"]["name"] == builders.NODE]
 
     def devices(self) -> dict[str, dict[str, Any]]:
         """The devices the pool's newest generation publishes, by name."""
@@ -160,18 +160,19 @@ class Pool:
 
     def listed(self) -> set[str]:
         """The devices this node's drain object lists."""
-        found = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{DRAINING}{bodies.NODE}")
-        return set(((found or {}).get("data") or {}).get(bodies.NODE, "").split())
+        found = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{DRAINING}{builders.NODE}")
+        return set(((found or {}).get("data") or {}).get(builders.NODE, "").split())
 
     def set_policy(self, name: str, slicing: dict[str, Any], **spec: Any) -> None:
         """Create or change a policy as its owner would, judged valid by the controller."""
-        live = self.api.get(f"{bodies.POLICIES}/{name}")
+        live = self.api.get(f"{builders.POLICIES}/{name}")
         generation = live["metadata"]["generation"] + 1 if live else 1
-        self.api.put(bodies.policy(name, slicing, generation=generation, **spec))
+        options = {"uid": f"u-{name}", "node": builders.NODE, "tenants": [builders.TENANT], "judged": True, **spec}
+        self.api.put(builders.policy(name, slicing, generation=generation, **options))
 
     def allocate(self, claim: str, *devices: str, **more: Any) -> None:
-        """Claim ``claim`` of the tenant allocated ``devices`` (``more``: see bodies.claim)."""
-        self.api.put(bodies.claim(claim, list(devices), **more))
+        """Claim ``claim`` of the tenant allocated ``devices`` (``more``: see builders.claim)."""
+        self.api.put(builders.claim(claim, list(devices), **more))
 
 
 def without_taints(device: dict[str, Any]) -> dict[str, Any]:
@@ -180,3 +181,27 @@ def without_taints(device: dict[str, Any]) -> dict[str, Any]:
 
 def taint_keys(device: dict[str, Any]) -> list[str]:
     return [t["key"] for t in device.get("taints") or []]
+
+
+TEN = {"mode": "memory", "sliceSize": "10G"}
+TWENTY = {"mode": "memory", "sliceSize": "20G"}
+
+
+def refusing(policy: str, code: int) -> Callable[[Request, dict[str, Any] | None], Refusal | None]:
+    """The API server refuses slices with ``policy``'s devices: its own validation naming their fields
+    (422), or an admission rule of the cluster naming none (403)."""
+    def rule(request: Request, obj: dict[str, Any] | None) -> Refusal | None:
+        if obj is None or obj.get("kind") != "ResourceSlice":
+            return None
+        named = [i for i, d in enumerate(obj["spec"].get("devices") or []) if d["attributes"][ATTR_POLICY]["string"]
+                 == policy]
+        if not named:
+            return None
+        if code == 422:
+            return Refusal(422, f"ResourceSlice.resource.k8s.io \"{obj['metadata']['name']}\" is invalid:"
+                                f" spec.devices[{named[0]}].attributes: Too many: must have at most 32 items",
+                           causes=tuple({"field": f"spec.devices[{i}].attributes", "reason": "FieldValueTooMany"}
+                                        for i in named))
+        return Refusal(403, f"resourceslices \"{obj['metadata']['name']}\" is forbidden: ValidatingAdmissionPolicy"
+                            f" 'site-rule' with binding 'site-rule' denied request: no devices of {policy} here")
+    return rule

@@ -16,16 +16,17 @@ from gpuslice.agent.mig_manager import MigManager
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.node.node_pool import plan_node_pool
-from tests.unit import bodies
+from tests import builders
 
-LABELS = {"kubernetes.io/hostname": bodies.NODE}
+LABELS = {"kubernetes.io/hostname": builders.NODE}
 LAYOUT = {"mode": "mig", "mig": {"layout": {"3g.40gb": 2}}}
 DYNAMIC = {"mode": "mig", "mig": {"profiles": ["1g.10gb", "3g.40gb"]}}
 MEMORY = {"mode": "memory", "sliceSize": "10Gi"}
 
 
 def _policies(slicing: dict[str, Any] | None) -> list[GpuSlicePolicy]:
-    return [GpuSlicePolicy.from_body(bodies.policy("p", slicing))] if slicing else []
+    return [builders.policy_model("p", slicing, generation=1, uid="u-p", node=builders.NODE, tenants=[builders.TENANT],
+                                  judged=True)] if slicing else []
 
 
 class Node:
@@ -33,9 +34,9 @@ class Node:
     and recorded, as ``reconfigure`` leaves them."""
 
     def __init__(self, state: Path, model: str = "h100-80gb") -> None:
-        self.backend = FakeBackend(bodies.NODE, [(model, 1, True)], state)
+        self.backend = FakeBackend(builders.NODE, [(model, 1, True)], state)
         [self.gpu] = self.backend.discover()
-        self.manager = MigManager(bodies.NODE, GpuOps(self.backend, [self.gpu]), state)
+        self.manager = MigManager(builders.NODE, GpuOps(self.backend, [self.gpu]), state)
         for start in (0, 4):
             self.backend.create_mig(self.gpu, self.profile("3g.40gb"), start)
         self.manager._record(self.gpu.uuid, "p", [("3g.40gb", 0), ("3g.40gb", 4)])

@@ -8,18 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gpuslice.agent.drain import NAMESPACE, PROBE
 from gpuslice.kube.client import KubeClient, ServerError
-from tests.fakeapi import FakeApi, Refusal, Request
-from tests.unit import bodies
-from tests.unit.agent.pool import ATTR_POLICY, PENDING, Pool, taint_keys, without_taints
-
-TEN = {"mode": "memory", "sliceSize": "10G"}
-TWENTY = {"mode": "memory", "sliceSize": "20G"}
+from tests import builders
+from tests.fakeapi import FakeApi
+from tests.unit.agent.pool import PENDING, TEN, TWENTY, Pool, refusing, taint_keys, without_taints
 
 
 @pytest.fixture
@@ -45,7 +41,7 @@ def deselect(pool: Pool) -> None:
 
 
 def delete(pool: Pool) -> None:
-    pool.api.remove(f"{bodies.POLICIES}/p")
+    pool.api.remove(f"{builders.POLICIES}/p")
 
 
 def gpu_gone(pool: Pool) -> None:
@@ -81,25 +77,6 @@ async def test_an_allocated_device_is_held_as_it_was_while_the_plan_changes(pool
 
 
 # A policy whose devices the API server refuses is left out; the others publish.
-
-def refusing(policy: str, code: int) -> Callable[[Request, dict[str, Any] | None], Refusal | None]:
-    """The API server refuses slices with ``policy``'s devices: its own validation naming their fields
-    (422), or an admission rule of the cluster naming none (403)."""
-    def rule(request: Request, obj: dict[str, Any] | None) -> Refusal | None:
-        if obj is None or obj.get("kind") != "ResourceSlice":
-            return None
-        named = [i for i, d in enumerate(obj["spec"].get("devices") or []) if d["attributes"][ATTR_POLICY]["string"]
-                 == policy]
-        if not named:
-            return None
-        if code == 422:
-            return Refusal(422, f"ResourceSlice.resource.k8s.io \"{obj['metadata']['name']}\" is invalid:"
-                                f" spec.devices[{named[0]}].attributes: Too many: must have at most 32 items",
-                           causes=tuple({"field": f"spec.devices[{i}].attributes", "reason": "FieldValueTooMany"}
-                                        for i in named))
-        return Refusal(403, f"resourceslices \"{obj['metadata']['name']}\" is forbidden: ValidatingAdmissionPolicy"
-                            f" 'site-rule' with binding 'site-rule' denied request: no devices of {policy} here")
-    return rule
 
 
 @pytest.mark.parametrize("code", [422, 403], ids=["refused naming the field", "refused by a rule naming none"])
@@ -139,7 +116,7 @@ async def test_the_record_is_republished_after_the_kubelets_wipe(pool: Pool, hel
     before, generation = pool.devices(), pool.generation()
 
     for piece in pool.slices():
-        pool.api.remove(f"{bodies.SLICES}/{piece['metadata']['name']}")
+        pool.api.remove(f"{builders.SLICES}/{piece['metadata']['name']}")
     if restarted:
         pool = pool.restarted()
     result = await pool.settle()

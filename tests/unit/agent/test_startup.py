@@ -16,6 +16,7 @@ from gpuslice.agent.startup import AgentStopped, check_cluster, until_answered
 from gpuslice.cli import main
 from gpuslice.dra.support import NEEDED_RESOURCES
 from gpuslice.kube.client import Forbidden, KubeClient, NotFound, NotReady, ServerError
+from tests.builders import policy
 
 
 def test_every_flag_is_a_variable_and_node_name_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,17 +126,6 @@ async def test_a_server_that_cannot_serve_gpuslice_stops_the_agent(server: Serve
         await check_cluster(cast(KubeClient, server), "n1", asyncio.Event())
 
 
-def _policy(name: str, mode: str) -> dict[str, Any]:
-    slicing: dict[str, Any] = {"mode": mode}
-    slicing.update({"mig": {"profiles": ["1g.10gb"]}} if mode == "mig" else {"sliceSize": "10Gi"})
-    return {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy",
-            "metadata": {"name": name, "generation": 1},
-            "spec": {"slicing": slicing, "tenants": [{"namespace": "t"}]},
-            "status": {"observedGeneration": 1, "conditions": [
-                {"type": "Valid", "status": "True", "reason": "Valid", "message": "", "lastTransitionTime":
-                 "2026-01-01T00:00:00Z"}]}}
-
-
 async def test_modes_a_server_drops_the_fields_of_are_left_out() -> None:
     verdict = await check_cluster(cast(KubeClient, Server(drops=("consumable",))), "n1", asyncio.Event())
     assert verdict is not None
@@ -143,11 +133,15 @@ async def test_modes_a_server_drops_the_fields_of_are_left_out() -> None:
     modes = verdict.unsupported_modes()
     assert set(modes) == {"shared"}
     assert "DRAConsumableCapacity" in modes["shared"]
-    policies = sort_policies([_policy("mem", "memory"), _policy("sh", "shared"), _policy("mig", "mig")], modes)
+    judged: dict[str, Any] = {"generation": 1, "tenants": ["t"], "judged": True}
+    policies = sort_policies([policy("mem", {"mode": "memory", "sliceSize": "10Gi"}, None, **judged),
+                              policy("sh", {"mode": "shared", "sliceSize": "10Gi"}, None, **judged),
+                              policy("mig", {"mode": "mig", "mig": {"profiles": ["1g.10gb"]}}, None, **judged)], modes)
     assert [p.name for p in policies.plannable] == ["mem", "mig"]
     assert "DRAConsumableCapacity" in policies.frozen["sh"]
 
 
+@pytest.mark.looptime
 async def test_a_stop_ends_a_request_that_hangs() -> None:
     """SIGTERM must not wait for an API server that never answers (the shutdown grace is 10 s)."""
     stop = asyncio.Event()
@@ -186,6 +180,7 @@ def test_retries_are_spread_so_a_fleet_does_not_ask_in_step() -> None:
     assert all(4.0 <= w <= 12.0 for w in waits)
 
 
+@pytest.mark.looptime  # checks a resync apart, on fake loop time
 async def test_a_node_whose_containers_cannot_get_its_gpus_publishes_nothing_until_they_can() -> None:
     """No NVIDIA toolkit spec with the driver's libraries: the agent says so at start (/readyz, a
     Node Event) and waits before publishing, rather than failing every prepare."""
@@ -205,13 +200,13 @@ async def test_a_node_whose_containers_cannot_get_its_gpus_publishes_nothing_unt
             events.append((path, body))
             return body
 
-    agent = _Agent(AgentSettings(node="n1", backend="fake", fake_gpus="l4:1", resync=0.05))
+    agent = _Agent(AgentSettings(node="n1", backend="fake", fake_gpus="l4:1"))  # checks every 60 s
     waiting = asyncio.ensure_future(agent.containers_servable(cast(KubeClient, Kube()), cast(Any, Backend())))
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(30)
     ready, why = agent.ready()
     assert not ready
     assert why.startswith("containers cannot be given this node's GPUs, nothing is published: no NVIDIA")
-    assert await asyncio.wait_for(waiting, 5) is True
+    assert await asyncio.wait_for(waiting, 120) is True
     [(path, event)] = events  # said once, not at every check
     assert path == "/api/v1/namespaces/default/events"
     assert (event["reason"], event["involvedObject"]["kind"]) == ("GpuContainerSetupMissing", "Node")

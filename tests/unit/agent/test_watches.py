@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from gpuslice.agent.watches import planned_from
+from tests.builders import policy
 
-
-def _policy() -> dict:  # type: ignore[type-arg]
-    return {"metadata": {"name": "p", "generation": 2, "creationTimestamp": "2026-01-01T00:00:00Z"},
-            "spec": {"slicing": {"mode": "memory", "sliceSize": "10G"}},
-            "status": {"observedGeneration": 2, "slices": {"published": 8, "allocated": 1},
-                       "conditions": [{"type": "Valid", "status": "True", "reason": "SpecValid"}]}}
+# A judged policy whose status also counts its slices.
+BEFORE = policy("p", {"mode": "memory", "sliceSize": "10G"}, "2026-01-01T00:00:00Z", generation=2, judged=True,
+                status={"slices": {"published": 8, "allocated": 1}})
 
 
 def test_status_counts_wake_no_agent_but_a_verdict_or_a_spec_does() -> None:
-    before = _policy()
+    before = copy.deepcopy(BEFORE)
     counted = copy.deepcopy(before)
     counted["status"]["slices"]["allocated"] = 2
     assert planned_from(counted) == planned_from(before)
@@ -27,31 +27,32 @@ def test_status_counts_wake_no_agent_but_a_verdict_or_a_spec_does() -> None:
     assert planned_from(edited) != planned_from(before)
 
 
+@pytest.mark.looptime  # the wake comes within the jitter, on fake loop time
 async def test_only_policies_that_select_the_node_wake_its_agent() -> None:
     import asyncio
 
-    from gpuslice.agent.watches import AgentWatches
+    from gpuslice.agent.watches import POLICY_JITTER, AgentWatches
 
     wake, stop = asyncio.Event(), asyncio.Event()
-    watches = AgentWatches(None, "n1", wake, stop, policy_jitter=0.0)  # type: ignore[arg-type]
+    watches = AgentWatches(None, "n1", wake, stop)  # type: ignore[arg-type]
     watches.view.node = {"metadata": {"name": "n1", "labels": {"pool": "a"}}}
-    elsewhere = _policy()
+    elsewhere = copy.deepcopy(BEFORE)
     elsewhere["spec"]["nodeSelector"] = {"matchLabels": {"pool": "b"}}
     watches._policy_event("ADDED", elsewhere)
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(POLICY_JITTER)
     assert not wake.is_set()
     moved = copy.deepcopy(elsewhere)
     moved["metadata"]["generation"] = 3
     moved["spec"]["nodeSelector"] = {"matchLabels": {"pool": "a"}}  # now it selects n1
     watches._policy_event("MODIFIED", moved)
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(POLICY_JITTER)
     assert wake.is_set()
     wake.clear()
     away = copy.deepcopy(moved)
     away["metadata"]["generation"] = 4
     away["spec"]["nodeSelector"] = {"matchLabels": {"pool": "b"}}  # leaving n1 changes its pool too
     watches._policy_event("MODIFIED", away)
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(POLICY_JITTER)
     assert wake.is_set()
     await watches.close()
 

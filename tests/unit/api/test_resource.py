@@ -13,20 +13,23 @@ from gpuslice.controller.status_write import parse_problem
 from gpuslice.inspect.cluster_plan import edited
 from gpuslice.inspect.snapshot import InspectError
 from gpuslice.preview import PlanError, load_policies
-from tests.unit.bodies import policy
+from tests.builders import policy
+
+# A policy as an agent is served it: of a tenant, for a node, judged valid at its generation.
+SERVED: dict[str, Any] = {"generation": 1, "uid": "u-p", "node": "n1", "tenants": ["team-a"], "judged": True}
 
 
 def broken() -> dict[str, Any]:
-    body = policy("p", {"mode": "memory", "sliceSize": "lots"})
+    body = policy("p", {"mode": "memory", "sliceSize": "lots"}, **SERVED)
     body["spec"]["tenants"] = "team-a"  # a second wrong field
     return body
 
 
 def test_a_good_body_parses() -> None:
-    parsed = parse_policy(policy("p", {"mode": "memory", "sliceSize": "10Gi"}))
+    parsed = parse_policy(policy("p", {"mode": "memory", "sliceSize": "10Gi"}, **SERVED))
     assert isinstance(parsed, GpuSlicePolicy)
     assert parsed.name == "p"
-    assert valid_policy(policy("p", {"mode": "memory", "sliceSize": "10Gi"})) == parsed
+    assert valid_policy(policy("p", {"mode": "memory", "sliceSize": "10Gi"}, **SERVED)) == parsed
 
 
 def test_a_broken_body_names_its_fields_in_order() -> None:

@@ -10,8 +10,8 @@ from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.controller.world import World
 from gpuslice.dra.names import LABEL_POLICY
 from gpuslice.planning.cluster.tenancy_rule import NON_TENANTS, TENANCY, TENANCY_DENIAL
+from tests import builders
 from tests.fakeapi import FakeApi, Refusal, Request
-from tests.unit import bodies
 
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 OWNED = ("deviceclasses", "resourcequotas", "resourceclaimtemplates", "devicetaintrules")
@@ -31,7 +31,7 @@ def enforce_tenancy(api: FakeApi) -> None:
         namespace = request.path.split("/")[5]
         klass = obj["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"]
         policy = klass.removesuffix(".gpuslice.dev")
-        body = api.get(f"{bodies.POLICIES}/{policy}")
+        body = api.get(f"{builders.POLICIES}/{policy}")
         tenants = {t["namespace"] for t in ((body or {}).get("spec") or {}).get("tenants") or []}
         if namespace in tenants:
             return None
@@ -68,5 +68,5 @@ def world(api: FakeApi) -> World:
         n["metadata"].get("labels") or {}, n["metadata"].get("uid"), n.get("status") or {})
         for n in api.items("/api/v1/namespaces")}
     nodes = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in api.items("/api/v1/nodes")}
-    policies = {p["metadata"]["name"]: p for p in api.items(bodies.POLICIES)}
+    policies = {p["metadata"]["name"]: p for p in api.items(builders.POLICIES)}
     return World(policies=policies, namespaces=namespaces, nodes=nodes, slices=[], claims=[])

@@ -20,22 +20,23 @@ from gpuslice.controller.state import Context
 from gpuslice.dra.names import LABEL_POLICY
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.cluster.cluster_objects import desired_objects
+from tests import builders
 from tests.fakeapi import FakeApi
-from tests.unit import bodies
 from tests.unit.controller.apiserver import enforce_tenancy, own_objects_only, world
 
 CLASS = "/apis/resource.k8s.io/v1/deviceclasses/p.gpuslice.dev"
 TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaimtemplates"
-TEMPLATE = TEMPLATES.format(bodies.TENANT) + "/gpu-slice"
+TEMPLATE = TEMPLATES.format(builders.TENANT) + "/gpu-slice"
 
 
-@pytest.fixture
-def policy(api: FakeApi) -> dict[str, Any]:
+@pytest.fixture(name="policy")
+def served_policy(api: FakeApi) -> dict[str, Any]:
     """Policy ``p`` of tenant ``team-a``, on a cluster whose API server enforces gpuslice's rules."""
     own_objects_only(api)
     enforce_tenancy(api)
-    body = bodies.policy("p", {"mode": "memory", "sliceSize": "10G"}, judged=False)
-    api.put(body, bodies.namespace(bodies.TENANT), bodies.node())
+    body = builders.policy("p", {"mode": "memory", "sliceSize": "10G"}, generation=1, uid="u-p", node=builders.NODE,
+                          tenants=[builders.TENANT])
+    api.put(body, builders.namespace(builders.TENANT), builders.node())
     return body
 
 
@@ -47,7 +48,7 @@ def template(namespace: str, name: str, policy: str | None) -> dict[str, Any]:
 
 
 async def converged(kube: KubeClient, body: dict[str, Any]) -> ApplyResult:
-    desired = desired_objects(GpuSlicePolicy.from_body(body), {bodies.TENANT})
+    desired = desired_objects(GpuSlicePolicy.from_body(body), {builders.TENANT})
     return await converge(kube, "p", [*desired.limits(), *desired.rest()], OWNED_KINDS)
 
 
@@ -59,14 +60,14 @@ CASES: dict[str, tuple[Setup, list[str], list[str], list[str], list[str]]] = {
                                    [CLASS, TEMPLATE], [TEMPLATES.format("gone") + "/gpu-slice"], [], []),
     "another policy's object": (lambda api: api.put(template("gone", "gpu-slice", "q")), [CLASS, TEMPLATE], [], [],
                                 []),
-    "a name a tenant took": (lambda api: api.put(template(bodies.TENANT, "gpu-slice", None)), [CLASS], [],
-                             [f"ResourceClaimTemplate {bodies.TENANT}/gpu-slice"], []),
+    "a name a tenant took": (lambda api: api.put(template(builders.TENANT, "gpu-slice", None)), [CLASS], [],
+                             [f"ResourceClaimTemplate {builders.TENANT}/gpu-slice"], []),
     "a write refused": (lambda api: api.fail("PATCH", CLASS, 422, "spec.selectors[0].cel.expression: Invalid"),
                         [TEMPLATE], [], [], ["applying DeviceClass p.gpuslice.dev: spec.selectors[0].cel.expression"]),
     "a write conflict": (lambda api: api.fail("PATCH", TEMPLATE, 409, "the object has been modified",
                                               reason="Conflict"),
-                         [CLASS], [], [], [f"applying ResourceClaimTemplate {bodies.TENANT}/gpu-slice: the object"]),
-    "an immutable template": (lambda api: (api.put(template(bodies.TENANT, "gpu-slice", "p")), api.fail(
+                         [CLASS], [], [], [f"applying ResourceClaimTemplate {builders.TENANT}/gpu-slice: the object"]),
+    "an immutable template": (lambda api: (api.put(template(builders.TENANT, "gpu-slice", "p")), api.fail(
         "PATCH", TEMPLATE, 422, "ResourceClaimTemplate.resource.k8s.io \"gpu-slice\" is invalid: spec: Invalid value:"
         " field is immutable")), [CLASS, TEMPLATE], [], [], []),
     "a list that fails": (lambda api: api.fail("GET", "/apis/resource.k8s.io/v1/deviceclasses", 503, "etcd",
@@ -103,7 +104,7 @@ async def test_converge_writes_what_differs_and_reports_what_it_cannot(
 FAULTS: dict[str, Callable[[FakeApi], Any]] = {
     "a write refused": lambda api: api.fail("PATCH", CLASS, 422, "spec.config: Invalid", times=None),
     "a write conflict": lambda api: api.fail("PATCH", TEMPLATE, 409, "modified", reason="Conflict", times=None),
-    "the status refused": lambda api: api.fail("PATCH", f"{bodies.POLICIES}/p/status", 422,
+    "the status refused": lambda api: api.fail("PATCH", f"{builders.POLICIES}/p/status", 422,
                                                "status.tenants[0].limitBytes: Invalid", times=None),
     "the tenancy probe unanswered": lambda api: api.fail(
         "POST", TEMPLATES.format("gpuslice-system").replace("resourceclaimtemplates", "resourceclaims"), 503,
@@ -128,7 +129,7 @@ async def test_a_failed_converge_backs_off_and_converges_once_the_fault_is_gone(
     delays = []
     for _ in range(4):
         with pytest.raises(kopf.TemporaryError) as failed:
-            await reconcile(ctx, api.get(f"{bodies.POLICIES}/p") or {}, world(api))
+            await reconcile(ctx, api.get(f"{builders.POLICIES}/p") or {}, world(api))
         delays.append(failed.value.delay)
     transient = cue.refusal.code == 503
     assert delays == ([2.0, 4.0, 8.0, 10.0] if transient else [2.0, 4.0, 8.0, 16.0])
@@ -137,14 +138,14 @@ async def test_a_failed_converge_backs_off_and_converges_once_the_fault_is_gone(
     if not transient:  # judged: the status timer's refreshes do not converge again before the delay is up
         since = len(api.requests)
         with contextlib.suppress(kopf.TemporaryError):  # a status still refused fails the refresh too
-            await reconcile(ctx, api.get(f"{bodies.POLICIES}/p") or {}, world(api), converge_objects=False)
+            await reconcile(ctx, api.get(f"{builders.POLICIES}/p") or {}, world(api), converge_objects=False)
         assert not [r for r in api.requests[since:] if r.apply]
     cue.times = 0
     clock.now += 16.0
-    await reconcile(ctx, api.get(f"{bodies.POLICIES}/p") or {}, world(api), converge_objects=False)
+    await reconcile(ctx, api.get(f"{builders.POLICIES}/p") or {}, world(api), converge_objects=False)
 
     assert ctx.unconverged == set()
     assert api.get(CLASS) is not None
     assert api.get(TEMPLATE) is not None
-    status = (api.get(f"{bodies.POLICIES}/p") or {})["status"]
+    status = (api.get(f"{builders.POLICIES}/p") or {})["status"]
     assert [c["status"] for c in status["conditions"] if c["type"] == "Valid"] == ["True"]

@@ -9,8 +9,8 @@ import datetime
 from gpuslice.api.status import DefragMove, ObjectRef
 from gpuslice.controller.defrag_move import stamp, start
 from gpuslice.kube.client import KubeClient
+from tests import builders
 from tests.fakeapi import FakeApi
-from tests.unit import bodies
 
 NOW = datetime.datetime(2026, 12, 6, 12, 0, tzinfo=datetime.UTC)
 LONG_AGO, RECENT = stamp(NOW - datetime.timedelta(hours=2)), stamp(NOW - datetime.timedelta(minutes=5))
@@ -24,24 +24,24 @@ def move(ident: str, gpu: str) -> DefragMove:
                       started=stamp(NOW), expires=stamp(NOW + datetime.timedelta(minutes=5)))
 
 
-def policy(api: FakeApi) -> None:
-    api.put({**bodies.policy("p", {"mode": "memory", "sliceSize": "10Gi"}),
-             "status": {"defragmentation": {"evictions": [LONG_AGO, RECENT]}}},
-            path=f"{bodies.POLICIES}/p")
+def put_policy(api: FakeApi) -> None:
+    api.put(builders.policy("p", {"mode": "memory", "sliceSize": "10Gi"}, generation=1, uid="u-p", node=builders.NODE,
+                            tenants=[builders.TENANT], status={"defragmentation": {"evictions": [LONG_AGO, RECENT]}}),
+            path=f"{builders.POLICIES}/p")
 
 
 async def test_a_move_recorded_by_hand_leaves_the_eviction_budget_as_it_is(api: FakeApi, kube: KubeClient) -> None:
-    policy(api)
+    put_policy(api)
     assert await start(kube, "p", move("d-1", "GPU-1"), [], now=NOW) is None
-    recorded = (api.get(f"{bodies.POLICIES}/p") or {})["status"]["defragmentation"]
+    recorded = (api.get(f"{builders.POLICIES}/p") or {})["status"]["defragmentation"]
     assert [m["id"] for m in recorded["inFlight"]] == ["d-1"]
     assert recorded["evictions"] == [LONG_AGO, RECENT], "not even the hour-old one pruned"
 
 
 async def test_an_auto_move_counts_its_evictions_against_the_hour(api: FakeApi, kube: KubeClient) -> None:
-    policy(api)
+    put_policy(api)
     assert await start(kube, "p", move("d-1", "GPU-1"), [], budget=2, now=NOW) is None
-    recorded = (api.get(f"{bodies.POLICIES}/p") or {})["status"]["defragmentation"]
+    recorded = (api.get(f"{builders.POLICIES}/p") or {})["status"]["defragmentation"]
     assert recorded["evictions"] == [RECENT, stamp(NOW)]
     refused = await start(kube, "p", move("d-2", "GPU-2"), [], budget=2, now=NOW)
     assert refused is not None

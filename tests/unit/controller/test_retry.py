@@ -1,203 +1,128 @@
-"""A converge that failed is retried by the next trigger once its backoff is up, even one that
-normally only reports; the backoff doubles and is bounded, so bad input never loops.
-
-Kopf does not retry event handlers (a tenant namespace appeared), so the 10 s status timer must
-pick up a policy whose objects could not be written. The fault (the apiserver refusing a write)
-is injected: a real apiserver cannot be made to refuse on cue.
-"""
+"""The controller's asks to kube-scheduler (controller.retry): once per interval in all, a pod asked
+for less and less often, and no read of the slices and claims when nothing changed since the last.
+A stub stands for the API server: what is under test is when the controller reads and writes."""
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
 from typing import Any, cast
 
-import kopf
-import pytest
-
-from gpuslice.controller.admin_access import NamespaceView
-from gpuslice.controller.reconcile import reconcile
-from gpuslice.controller.state import LAST_RETRY, TRANSIENT_RETRY, Context
-from gpuslice.controller.tenancy import QuotaView
-from gpuslice.controller.world import World
-from gpuslice.dra.names import quota_resource
-from gpuslice.kube.client import KubeClient, KubeError, ServerError
+from gpuslice.controller.retry import RETRY_AT, SchedulerRetry
+from gpuslice.kube.client import KubeClient
+from tests.unit.planning.cluster_state import claim, published
+from tests.unit.planning.retry_state import AWAY, DEVICE, NOTEBOOKS, asks, pod
 
 
-class Refuses:
-    """Enough of KubeClient for a reconcile; template writes are refused (as an overloaded server
-    would) while ``refuse`` is set, and the tenancy probe is refused as the admission policy does."""
-
+class Stub:
     def __init__(self) -> None:
-        self.refuse = True
-        self.applied: list[str] = []
-
-    async def apply(self, path: str, body: dict[str, Any], *, field_manager: str, force: bool = True) -> dict[str, Any]:
-        if self.refuse and "/resourceclaimtemplates/" in path:
-            raise KubeError(503, "ServiceUnavailable", "the server is currently unable to handle the request", None)
-        self.applied.append(path)
-        return body
+        self.pods = [pod("small", AWAY)]
+        self.claims = [asks("small", "2Gi"), claim("ds", "big", [("n1", DEVICE)], pods=("big",), consumed="18Gi")]
+        self.reads: list[str] = []
+        self.patched: list[tuple[str, dict[str, Any]]] = []
 
     async def list(self, path: str, **query: Any) -> list[dict[str, Any]]:
-        return []
-
-    async def get(self, path: str, **query: Any) -> dict[str, Any]:
-        if path.endswith("/validatingadmissionpolicybindings/gpuslice-non-tenants"):
-            return {"spec": {"policyName": "gpuslice-non-tenants", "validationActions": ["Deny"]}}
-        if path.endswith("/validatingadmissionpolicies/gpuslice-non-tenants"):
-            return {"spec": {}}
-        raise KubeError(404, "NotFound", "not found", None)
-
-    async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return patch
-
-    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return body
-
-    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
-        raise KubeError(403, "Forbidden", "resourceclaims.resource.k8s.io is forbidden: ValidatingAdmissionPolicy"
-                        " 'gpuslice-tenancy' with binding 'gpuslice-tenancy' denied request: ResourceClaim probe:"
-                        " namespace gpuslice-system is not a tenant of GpuSlicePolicy team-a, so ...", None)
-
-
-POLICY = {
-    "apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy",
-    "metadata": {"name": "team-a", "uid": "u-1", "generation": 1, "creationTimestamp": "2026-11-29T10:00:00Z"},
-    "spec": {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "tenants": [{"namespace": "a"}]},
-}
-WORLD = World(policies={"team-a": POLICY}, namespaces={"a": NamespaceView({}, True, "uid-a")}, nodes={}, slices=[],
-              claims=[])
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def templates(kube: Refuses) -> list[str]:
-    return [p for p in kube.applied if "/resourceclaimtemplates/" in p]
-
-
-async def test_status_refresh_converges_again_once_the_backoff_is_up() -> None:
-    kube, clock = Refuses(), Clock()
-    ctx = Context(kube=cast(KubeClient, kube), username="system:serviceaccount:gpuslice:controller", clock=clock)
-
-    with pytest.raises(kopf.TemporaryError, match="server is currently unable") as first:
-        await reconcile(ctx, POLICY, WORLD)  # e.g. from the namespace event: Kopf will not retry it
-    assert first.value.delay == 2.0
-    kube.refuse = False
-
-    await reconcile(ctx, POLICY, WORLD, converge_objects=False)  # the status timer, too early
-    assert templates(kube) == []
-    clock.now += 2.0
-    await reconcile(ctx, POLICY, WORLD, converge_objects=False)  # the status timer, backoff up
-    assert templates(kube) == ["/apis/resource.k8s.io/v1/namespaces/a/resourceclaimtemplates/gpu-slice"]
-
-    kube.applied.clear()
-    await reconcile(ctx, POLICY, WORLD, converge_objects=False)
-    assert kube.applied == [], "once converged, the status timer goes back to reporting only"
-
-
-async def test_backoff_doubles_and_is_bounded() -> None:
-    kube, clock = Refuses(), Clock()
-    ctx = Context(kube=cast(KubeClient, kube), username="u", clock=clock)
-    delays = []
-    for _ in range(12):
-        with pytest.raises(kopf.TemporaryError) as failed:
-            await reconcile(ctx, POLICY, WORLD)
-        delays.append(failed.value.delay)
-    assert delays[:5] == [2.0, 4.0, 8.0, 16.0, 32.0]
-    assert max(delays) == LAST_RETRY == delays[-1]
-    # A new generation is new input: its first failure is retried soon again.
-    with pytest.raises(kopf.TemporaryError) as failed:
-        await reconcile(ctx, {**POLICY, "metadata": {**POLICY["metadata"], "generation": 2}}, WORLD)
-    assert failed.value.delay == 2.0
-
-
-class Unready(Refuses):
-    """An API server just restarted: writes fail (503) and the tenancy rule cannot be evaluated yet
-    (its paramKind, a CRD, not yet in the server's REST mapper: the rule fails closed)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.statuses: list[dict[str, Any]] = []
-
-    async def apply(self, path: str, body: dict[str, Any], *, field_manager: str, force: bool = True) -> dict[str, Any]:
-        if self.refuse and "/resourceclaimtemplates/" in path:
-            raise ServerError(503, "ServiceUnavailable", "the server is currently unable to handle the request", None)
-        return await super().apply(path, body, field_manager=field_manager, force=force)
+        self.reads.append(path.rsplit("/", 1)[-1])
+        if path.endswith("gpuslicepolicies"):
+            return [NOTEBOOKS]
+        if path.endswith("/pods"):
+            return [{**p, "metadata": {**p["metadata"], "uid": f"uid-{p['metadata']['name']}"}} for p in self.pods]
+        if path.endswith("resourceslices"):
+            return published("n1", "l4", 1, [NOTEBOOKS])
+        return [{**c, "metadata": {**c["metadata"], "namespace": "ds"}} for c in self.claims]
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
-        if path.endswith("/status"):
-            self.statuses.append(patch)
-        return patch
-
-    async def request(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
-        raise KubeError(422, "Invalid", "resourceclaims.resource.k8s.io is forbidden: ValidatingAdmissionPolicy"
-                        " 'gpuslice-tenancy' with binding 'gpuslice-tenancy' denied request: failed to configure"
-                        " binding: failed to find resource referenced by paramKind: 'gpuslice.dev/v1alpha1,"
-                        " Kind=GpuSlicePolicy'", None)
+        self.patched.append((path, patch))
+        return {}
 
 
-JUDGED = {**POLICY, "status": {"observedGeneration": 1, "conditions": [
-    {"type": "Valid", "status": "True", "reason": "SpecValid", "message": "",
-     "lastTransitionTime": "2026-11-29T10:00:00Z", "observedGeneration": 1}]}}
+async def test_a_pod_that_fits_is_asked_for_then_less_often_and_unchanged_state_is_not_read_again() -> None:
+    stub, version = Stub(), [0]
+    retry = SchedulerRetry(cast(KubeClient, stub), 10.0, lambda: version[0])
+    asked = await retry._look(now=100.0)
+    assert [r.pod for r in asked] == ["ds/small"]
+    path, patch = stub.patched[0]
+    assert path.endswith("/deviceclasses/notebooks.gpuslice.dev")
+    assert RETRY_AT in patch["metadata"]["annotations"]
+    assert await retry._look(now=115.0) == []  # asked once: next after 20 s
+    stub.reads.clear()
+    assert [r.pod for r in await retry._look(now=121.0)] == ["ds/small"]  # then after 40 s
+    assert "resourceslices" in stub.reads
+    assert await retry._look(now=150.0) == []
 
 
-async def test_an_api_server_that_is_not_ready_is_asked_again_soon_and_nothing_is_reported_of_it() -> None:
-    """A restarted controller and API server: the verdict the status holds for this generation
-    stands (reporting it unverified would have every agent withdraw the policy's devices)."""
-    kube, clock = Unready(), Clock()
-    ctx = Context(kube=cast(KubeClient, kube), username="u", clock=clock)
-    delays = []
-    for _ in range(6):
-        with pytest.raises(kopf.TemporaryError) as failed:
-            await reconcile(ctx, JUDGED, WORLD)
-        delays.append(failed.value.delay)
-    assert delays == [2.0, 4.0, 8.0, TRANSIENT_RETRY, TRANSIENT_RETRY, TRANSIENT_RETRY]
-    # The writes work again; the tenancy rule cannot be evaluated yet: asked again soon, and the
-    # policy is not reported as unenforced meanwhile.
-    kube.refuse = False
-    with pytest.raises(kopf.TemporaryError, match="failed to configure") as failed:
-        await reconcile(ctx, JUDGED, WORLD)
-    assert failed.value.delay == TRANSIENT_RETRY
-    assert not [p for p in kube.statuses if "TenancyNotEnforced" in str(p)]
+async def test_no_room_no_ask_and_no_read_until_a_claim_or_slice_changes() -> None:
+    stub, version = Stub(), [0]
+    stub.claims[0] = asks("small", "8Gi")  # 4.49Gi free
+    retry = SchedulerRetry(cast(KubeClient, stub), 10.0, lambda: version[0])
+    assert await retry._look(now=100.0) == []
+    assert not stub.patched
+    stub.reads.clear()
+    assert await retry._look(now=110.0) == []
+    assert "resourceslices" not in stub.reads
+    assert "resourceclaims" not in stub.reads
+    stub.claims.pop()  # the big claim goes: an event bumps the version
+    version[0] += 1
+    assert [r.pod for r in await retry._look(now=120.0)] == ["ds/small"]
 
 
-async def test_a_new_policy_whose_probe_gets_no_verdict_says_it_is_unverified_and_why() -> None:
-    """Never judged, it has nothing to keep: its status says why there is no verdict yet (it showed
-    no Valid condition at all until an answer came)."""
-    kube, clock = Unready(), Clock()
-    kube.refuse = False
-    ctx = Context(kube=cast(KubeClient, kube), username="u", clock=clock)
-    with pytest.raises(kopf.TemporaryError, match="failed to configure") as failed:
-        await reconcile(ctx, POLICY, WORLD)
-    assert failed.value.delay == 2.0
-    valid = next(c for p in kube.statuses for c in (p["status"].get("conditions") or []) if c["type"] == "Valid")
-    assert (valid["status"], valid["reason"]) == ("False", "TenancyNotEnforced")
-    assert "not yet verified" in valid["message"]
-    assert "failed to configure binding" in valid["message"]
+async def test_one_look_per_interval_whichever_daemon_calls() -> None:
+    stub = Stub()
+    retry = SchedulerRetry(cast(KubeClient, stub), 3600.0)
+    assert len(await retry.tick()) == 1
+    assert await retry.tick() == []
+    assert len(stub.patched) == 1
+    assert await SchedulerRetry(cast(KubeClient, stub), 0.0).tick() == []  # 0: off
 
 
-async def test_a_tenant_waiting_on_a_clock_far_behind_is_looked_at_again_by_the_status_timer() -> None:
-    """A limited tenant is admitted a second after its quota was made. With the controller's clock
-    far behind the apiserver's, a reconcile does not wait that long: it marks the policy, so the
-    status timer (which otherwise refreshes only what changed) looks again."""
-    kube = Refuses()
-    kube.refuse = False
-    ctx = Context(kube=cast(KubeClient, kube), username="u")
-    limited = {**POLICY, "spec": {**POLICY["spec"], "tenants": [{"namespace": "a", "maxSlices": 2}]}}
-    ahead = (datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    hard = {quota_resource("team-a.gpuslice.dev"): "2"}
-    world = dataclasses.replace(WORLD, policies={"team-a": limited},
-                                quotas={("a", "gpuslice-team-a"): QuotaView("team-a", ahead, hard)})
-    await reconcile(ctx, limited, world)
-    assert ctx.policies["team-a"].admitted == []
-    assert "team-a" in ctx.clock_waits
-    now = dataclasses.replace(world, quotas={("a", "gpuslice-team-a"): QuotaView("team-a", "2026-11-29T10:00:00Z", hard)})
-    await reconcile(ctx, limited, now, converge_objects=False)
-    assert [a.namespace for a in ctx.policies["team-a"].admitted] == ["a"]
-    assert "team-a" not in ctx.clock_waits
+async def test_the_first_look_is_at_once_on_a_machine_booted_a_second_ago() -> None:
+    stub, now = Stub(), [1.0]
+    retry = SchedulerRetry(cast(KubeClient, stub), 3600.0, clock=lambda: now[0])
+    assert len(await retry.tick()) == 1
+    now[0] = 3600.5
+    assert await retry.tick() == []
+    now[0] = 3601.0
+    await retry.tick()
+    assert stub.reads.count("pods") == 2
+
+
+async def test_a_pod_never_helped_backs_off_only_itself_never_another_pod() -> None:
+    """One pod that never fits (a tenant's poison) is asked for less and less often; another pod,
+    of the same tenant or another, is asked for at the first look it is due, whatever the poison's
+    backoff has reached."""
+    stub = Stub()
+    retry = SchedulerRetry(cast(KubeClient, stub), 10.0)
+    assert [r.pod for r in await retry._look(now=100.0)] == ["ds/small"]
+    for now in (120.0, 160.0, 240.0):  # small never helped: asked at 100, 120, 160, 240 (10, 20, 40, 80 s)
+        assert [r.pod for r in await retry._look(now=now)] == ["ds/small"]
+        assert await retry._look(now=now + 10.0) == []
+    stub.pods = [pod("small", AWAY), pod("new", AWAY)]
+    stub.claims.append(asks("new", "1Gi"))
+    assert [r.pod for r in await retry._look(now=251.0)] == ["ds/new"]  # at once: small waits till 400
+    assert [r.pod for r in await retry._look(now=400.0)] == ["ds/small", "ds/new"]  # new: due since 271
+    assert len(stub.patched) == 6  # one change per look that asked
+
+
+async def test_many_poison_pods_make_at_most_one_change_per_look() -> None:
+    stub = Stub()
+    stub.pods = [pod(f"p{i}", AWAY) for i in range(50)]
+    stub.claims = [asks(f"p{i}", "1Gi") for i in range(50)]
+    retry = SchedulerRetry(cast(KubeClient, stub), 10.0)
+    assert len(await retry._look(now=100.0)) == 50
+    assert len(stub.patched) == 1
+    assert await retry._look(now=110.0) == []  # each backed off: 20 s
+    assert len(stub.patched) == 1
+
+
+async def test_a_class_gone_is_passed_over_and_a_refused_change_still_backs_off() -> None:
+    from gpuslice.kube.client import NotFound
+
+    class Gone(Stub):
+        async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+            self.patched.append((path, patch))
+            raise NotFound(404, "NotFound", path, None)
+
+    stub = Gone()
+    retry = SchedulerRetry(cast(KubeClient, stub), 10.0)
+    assert await retry._look(now=100.0) == []
+    assert len(stub.patched) == 1
+    assert await retry._look(now=111.0) == []  # small still waits: asked at 100, next after 20 s
+    assert len(stub.patched) == 1

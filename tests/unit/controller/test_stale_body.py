@@ -11,7 +11,7 @@ from gpuslice.controller.reconcile import reconcile
 from gpuslice.controller.state import Context
 from gpuslice.controller.world import World
 from gpuslice.kube.client import KubeClient
-from tests.unit.controller.test_retry import POLICY, WORLD, Refuses, templates
+from tests.unit.controller.refusing import POLICY, WORLD, Refuses, templates
 
 
 def edited(generation: int, tenants: list[str], uid: str = "u-1") -> dict[str, Any]:

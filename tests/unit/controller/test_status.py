@@ -8,13 +8,13 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.controller.status import Findings, build_status
 from gpuslice.planning.reads.usage import Usage
 from gpuslice.planning.selection import Problem, Selection
+from tests.builders import policy_model
 
 
-def policy(recorded: list[str]) -> GpuSlicePolicy:
-    return GpuSlicePolicy.model_validate({
-        "metadata": {"name": "p", "generation": 2, "creationTimestamp": "2026-12-01T00:00:00Z"},
-        "spec": {"slicing": {"mode": "memory", "sliceSize": "10Gi"}},
-        "status": {"selectedNodes": recorded}})
+def recorded(nodes: list[str]) -> GpuSlicePolicy:
+    """A policy whose status records ``nodes`` as the ones it selects."""
+    return policy_model("p", {"mode": "memory", "sliceSize": "10Gi"}, "2026-12-01T00:00:00Z", generation=2,
+                        status={"selectedNodes": nodes})
 
 
 def findings(**more: Any) -> Findings:
@@ -22,14 +22,14 @@ def findings(**more: Any) -> Findings:
 
 
 def test_the_record_moves_with_valid_specs_only() -> None:
-    status = build_status(policy(["a"]), findings(selected_nodes=("a", "b")), "now")
+    status = build_status(recorded(["a"]), findings(selected_nodes=("a", "b")), "now")
     assert status.selected_nodes == ["a", "b"]
     frozen = Findings([Problem("SliceLargerThanGpu", "...")], Selection(()), 0, Usage(), selected_nodes=None)
-    assert build_status(policy(["a"]), frozen, "now").selected_nodes == ["a"], "an invalid spec keeps the record"
+    assert build_status(recorded(["a"]), frozen, "now").selected_nodes == ["a"], "an invalid spec keeps the record"
 
 
 def test_devices_on_nodes_the_policy_does_not_select_are_reported() -> None:
-    status = build_status(policy([]), findings(selected_nodes=(), unselected=("rogue",)), "now")
+    status = build_status(recorded([]), findings(selected_nodes=(), unselected=("rogue",)), "now")
     degraded = next(c for c in status.conditions if c.type == "Degraded")
     assert (degraded.status, degraded.reason) == ("True", "DevicesOnUnselectedNodes")
     assert "publish devices of it: rogue." in degraded.message

@@ -13,14 +13,13 @@ from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.controller.crd import CRD_PATH, CrdState, crd_leaving, crd_state, wait_for_crd
 from gpuslice.controller.tenancy_labels import named_namespaces, plan_tenancy_labels
 from gpuslice.kube.client import Forbidden, KubeClient, NotFound, ServerError
+from tests.builders import policy
 
 
-def _policy(tenants: list[str], admins: list[str] = (), deleting: bool = False) -> dict[str, Any]:  # type: ignore[assignment]
-    meta: dict[str, Any] = {"name": "p"}
-    if deleting:
-        meta["deletionTimestamp"] = "2026-12-02T00:00:00Z"
-    return {"metadata": meta, "spec": {"tenants": [{"namespace": t} for t in tenants],
-                                       "adminAccess": {"namespaces": list(admins)}}}
+def naming(tenants: list[str], admins: list[str] = (), deleting: bool = False) -> dict[str, Any]:  # type: ignore[assignment]
+    """A policy that names ``tenants`` and admin namespaces ``admins``, perhaps being deleted."""
+    return policy("p", tenants=tenants, adminAccess={"namespaces": list(admins)},
+                  deleting="2026-12-02T00:00:00Z" if deleting else None)
 
 
 def _ns(judged: bool, active: bool = True) -> NamespaceView:
@@ -29,12 +28,12 @@ def _ns(judged: bool, active: bool = True) -> NamespaceView:
 
 
 def test_the_namespaces_policies_name_and_the_controllers_own_are_wanted() -> None:
-    wanted = named_namespaces([_policy(["a", "b"], ["ops"]), _policy(["c"]), {"metadata": {}, "spec": {}}], "own")
+    wanted = named_namespaces([naming(["a", "b"], ["ops"]), naming(["c"]), {"metadata": {}, "spec": {}}], "own")
     assert wanted == {"own", "a", "b", "c", "ops"}
 
 
 def test_a_policy_being_deleted_names_no_namespace() -> None:
-    assert named_namespaces([_policy(["a"], deleting=True), _policy(["b"])], "own") == {"own", "b"}
+    assert named_namespaces([naming(["a"], deleting=True), naming(["b"])], "own") == {"own", "b"}
 
 
 def test_labels_follow_what_is_wanted_and_terminating_namespaces_are_left_alone() -> None:

@@ -4,7 +4,6 @@ posted is a log line. The client is the real one, against a real HTTP server on 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -17,6 +16,7 @@ from gpuslice.controller.world import World
 from gpuslice.kube.client import KubeClient, RetryPolicy
 from gpuslice.kube.credentials import Credentials
 from gpuslice.kube.transport import AiohttpTransport
+from tests.builders import policy
 
 
 @pytest.fixture
@@ -27,7 +27,6 @@ async def dropping() -> AsyncIterator[tuple[KubeClient, list[str]]]:
         hits.append(f"{request.method} {request.path}")
         assert request.transport is not None
         request.transport.close()
-        await asyncio.sleep(0.05)
         return web.Response()
 
     app = web.Application()
@@ -41,18 +40,12 @@ async def dropping() -> AsyncIterator[tuple[KubeClient, list[str]]]:
     await runner.cleanup()
 
 
-def policy(name: str) -> dict[str, object]:
-    return {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy",
-            "metadata": {"name": name, "uid": f"u-{name}", "generation": 1,
-                         "creationTimestamp": "2026-11-29T10:00:00Z"},
-            "spec": {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "tenants": [{"namespace": "a"}]}}
-
-
 async def test_every_policy_an_event_touches_is_tried_when_the_server_drops_connections(
         dropping: tuple[KubeClient, list[str]]) -> None:
     kube, hits = dropping
     ctx = Context(kube=kube, username="system:serviceaccount:gpuslice-system:gpuslice-controller")
-    bodies = [policy("first"), policy("second")]
+    bodies = [policy(n, {"mode": "memory", "sliceSize": "10Gi"}, generation=1, uid=f"u-{n}", tenants=["a"])
+              for n in ("first", "second")]
     world = World(policies={b["metadata"]["name"]: b for b in bodies}, namespaces={}, nodes={},  # type: ignore[index]
                   slices=[], claims=[])
     await reconcile_each(ctx, bodies, world)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from gpuslice.devcluster.errors import DevClusterError
 from gpuslice.devcluster.process import Component
 from gpuslice.devcluster.state import pid_alive
+from tests.unit.polling import eventually
 
 
 async def _never_healthy() -> bool:
@@ -50,20 +50,14 @@ async def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
     component = Component("stubborn", ["/bin/sh", "-c", script], tmp_path / "s.log", startup_timeout=5)
     await component.start()
     await component.wait_healthy()
-    for _ in range(50):
-        if pid_file.exists() and pid_file.read_text().strip():
-            break
-        await asyncio.sleep(0.1)
+    await eventually(lambda: pid_file.exists() and pid_file.read_text().strip(), 5, what="the grandchild's pid")
     grandchild = int(pid_file.read_text())
     assert pid_alive(grandchild)
     await component.stop(grace=0.5)
     assert not component.running
     # The group's SIGKILL is sent before stop returns; the grandchild's exit follows it, at once
     # when idle and a moment later on a loaded machine.
-    for _ in range(50):
-        if not pid_alive(grandchild):
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: not pid_alive(grandchild), 2.5, what="the grandchild to exit")
     assert not pid_alive(grandchild)
 
 

@@ -144,7 +144,9 @@ class ConnectProxy:
         for writer in self._open:  # the tunnels end first, so that no handler is cancelled midway
             with contextlib.suppress(ConnectionError, OSError):
                 writer.close()
-        await asyncio.sleep(0.01)
+        for writer in self._open:
+            with contextlib.suppress(ConnectionError, OSError):
+                await asyncio.wait_for(writer.wait_closed(), 2)
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):

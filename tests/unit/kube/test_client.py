@@ -27,7 +27,9 @@ from gpuslice.kube.client import (
     refused_by_disruption_budget,
 )
 from gpuslice.kube.credentials import Credentials
+from gpuslice.kube.metrics import API_REQUESTS
 from gpuslice.kube.transport import AiohttpTransport
+from tests.unit.polling import eventually
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 FAST = RetryPolicy(attempts=4, budget=5.0, first_delay=0.01, max_delay=0.05)
@@ -94,7 +96,6 @@ async def drop(request: web.Request) -> web.StreamResponse:
     """Close the connection without an answer, as a restarting apiserver does."""
     assert request.transport is not None
     request.transport.close()
-    await asyncio.sleep(0.05)
     return web.Response()
 
 
@@ -156,8 +157,15 @@ async def test_a_create_that_never_reached_the_server_is_repeated(server: Server
     runner = web.AppRunner(app)
     await runner.setup()
 
-    async def start_late() -> None:
-        await asyncio.sleep(0.3)
+    def refused_creates() -> float:
+        return sum(s.value for m in API_REQUESTS.collect() for s in m.samples
+                   if s.name == "gpuslice_api_requests_total" and s.labels["verb"] == "create"
+                   and s.labels["outcome"] == "unreachable")
+
+    before = refused_creates()
+
+    async def start_late() -> None:  # once the create was refused twice
+        await eventually(lambda: refused_creates() >= before + 2, what="the create to be refused twice")
         await web.TCPSite(runner, "127.0.0.1", port).start()
 
     late = asyncio.create_task(start_late())

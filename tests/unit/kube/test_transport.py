@@ -40,6 +40,7 @@ from tests.unit.kube.loopback import (
     kubeconfig,
     write_plugin,
 )
+from tests.unit.polling import eventually
 
 NAME = "apiserver.test"  # stands for this machine: to the proxy, and to LoopbackResolver
 Serve = Callable[..., Awaitable[ApiServer]]
@@ -517,10 +518,7 @@ async def test_a_cancelled_request_stops_its_plugin(ca: CertificateAuthority, tm
     plugin, pid = hanging_plugin(tmp_path)
     task = asyncio.create_task(connect(config(tmp_path, ca, "https://127.0.0.1:1", user=exec_user(plugin)),
                                        pod_first=False))
-    for _ in range(200):
-        if pid.exists() and pid.read_text():
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: pid.exists() and pid.read_text(), what="the plugin to start")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

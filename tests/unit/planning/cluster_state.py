@@ -3,27 +3,24 @@ node publishes for some policies, claims that hold its devices, policies with a 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.resourceslice import resource_slice
+from gpuslice.inventory.catalog import MODELS
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.systems import SYSTEMS
+from gpuslice.planning.devices import gpu_tag
 from gpuslice.planning.node.node_pool import plan_node_pool
+from gpuslice.planning.reads.occupancy import GpuMap
+from gpuslice.planning.reads.status_report import Snapshot, status_report
+from tests.builders import policy
 
 Body = dict[str, Any]
-CREATED = "2026-11-29T10:00:00Z"
-
-
-def policy_body(name: str, slicing: dict[str, Any], created: str = CREATED, **spec: Any) -> Body:
-    """A policy the controller found valid at its generation (the agent plans only those)."""
-    return {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy",
-            "metadata": {"name": name, "creationTimestamp": created, "generation": 1, "uid": f"uid-{name}"},
-            "spec": {"slicing": slicing, **spec},
-            "status": {"observedGeneration": 1, "conditions": [
-                {"type": "Valid", "status": "True", "reason": "SpecValid"},
-                {"type": "Ready", "status": "True", "reason": "Ready"}]}}
+# A policy the controller found valid and ready at its generation (the agent plans only those).
+policy_body = partial(policy, generation=1, judged=True, ready=True)
 
 
 def gpus(node: str, model: str, count: int = 1) -> list[Gpu]:
@@ -66,3 +63,27 @@ def claim(namespace: str, name: str, devices: list[tuple[str, str]], pods: tuple
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class_name}}]}},
             "status": {"allocation": {"devices": {"results": results}},
                        "reservedFor": [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in pods]}}
+
+
+H100 = MODELS["h100-80gb"].memory
+INFERENCE = policy_body("inference", {"mode": "memory", "sliceSize": "10G", "allowFullGpu": True},
+                        tenants=[{"namespace": "team-a", "maxSlices": 8, "maxFullGpus": 1},
+                                 {"namespace": "team-b", "maxSlices": 4}])
+
+
+def tag(node: str, model: str = "h100-80gb", index: int = 0) -> str:
+    return gpu_tag(gpus(node, model, index + 1)[index].uuid)
+
+
+def only_gpu(snapshot: Snapshot) -> GpuMap:
+    [gpu] = status_report(snapshot).map.gpus
+    return gpu
+
+
+def overusing(body: dict[str, Any], message: str) -> dict[str, Any]:
+    """The node agent's condition on the claim's device (agent/usage/actions.py)."""
+    [result] = body["status"]["allocation"]["devices"]["results"]
+    body["status"]["devices"] = [{"driver": "gpu.gpuslice.dev", "pool": result["pool"], "device": result["device"],
+                                  "conditions": [{"type": "GpuMemoryOveruse", "status": "True",
+                                                  "reason": "OverAllocation", "message": message}]}]
+    return body

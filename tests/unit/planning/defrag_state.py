@@ -12,8 +12,7 @@ from gpuslice.planning.reads.defrag_facts import ClaimFacts, DisruptionBudget, P
 from gpuslice.planning.reads.defrag_model import Cluster, Plan, waiting_pods
 from gpuslice.planning.reads.node_fit import NodeFacts
 from gpuslice.planning.reads.published import read_pools
-from tests.unit.planning.cluster_state import Body, gpus, policy_body, published
-from tests.unit.planning.reads.test_occupancy import tag
+from tests.unit.planning.cluster_state import Body, gpus, policy_body, published, tag
 
 INFERENCE = policy_body("inference", {"mode": "memory", "sliceSize": "10G", "allowFullGpu": True},
                         tenants=[{"namespace": "team-a"}, {"namespace": "team-b"}])

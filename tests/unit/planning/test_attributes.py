@@ -10,7 +10,8 @@ from gpuslice.inventory.catalog import MODELS
 from gpuslice.inventory.pci import BDF, PciAddressError, normalized_bus_id, pcie_root
 from gpuslice.planning.attributes import semver
 from gpuslice.planning.node.node_pool import plan_node_pool
-from tests.unit.planning.node.test_node_pool import LABELS, gpus, policy
+from tests.builders import policy_model as policy
+from tests.unit.planning.node.one_node import LABELS, gpus
 
 MEMORY = policy("m", {"mode": "memory", "sliceSize": "10G", "allowFullGpu": True})
 SHARED = policy("s", {"mode": "shared", "sliceSize": "10Gi"})

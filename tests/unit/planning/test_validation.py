@@ -8,12 +8,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.nodes import node_gpus
 from gpuslice.planning.selection import select
 from gpuslice.planning.validation import validate
-
-
-def policy(name: str, spec: dict[str, Any], created: str = "2026-11-29T10:00:00Z", valid: bool = False) -> GpuSlicePolicy:
-    status = {"conditions": [{"type": "Valid", "status": "True", "reason": "SpecValid"}]} if valid else {}
-    return GpuSlicePolicy.model_validate({"metadata": {"name": name, "creationTimestamp": created},
-                                          "spec": spec, "status": status})
+from tests.builders import policy_model
 
 
 def fake(node: str, model: str, count: int = 8, **labels: str) -> tuple[dict[str, str], Any]:
@@ -32,131 +27,131 @@ def reasons(p: GpuSlicePolicy, others: list[GpuSlicePolicy] = ()) -> list[str]: 
 
 
 def test_selection_by_node_and_product_and_memory() -> None:
-    p = policy("p", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "gpuSelector": {"minMemory": "40Gi"}})
+    p = policy_model("p", spec={"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "gpuSelector": {"minMemory": "40Gi"}})
     selection = select(p, INVENTORY)
     assert sorted(selection.nodes) == ["a100", "h100"]
     assert selection.gpu_count == 10
-    p = policy("p", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "gpuSelector": {"products": ["NVIDIA L4"]}})
+    p = policy_model("p", spec={"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "gpuSelector": {"products": ["NVIDIA L4"]}})
     assert select(p, INVENTORY).nodes == {"l4"}
 
 
 def test_slice_larger_than_any_selected_gpu() -> None:
-    assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "90Gi"}})) == ["SliceLargerThanGpu"]
+    assert reasons(policy_model("p", spec={"slicing": {"mode": "memory", "sliceSize": "90Gi"}})) == ["SliceLargerThanGpu"]
     h100s = {"products": ["NVIDIA H100 80GB HBM3"]}
-    assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "79Gi"}, "gpuSelector": h100s})) == []
+    assert reasons(policy_model("p", spec={"slicing": {"mode": "memory", "sliceSize": "79Gi"}, "gpuSelector": h100s})) == []
     # Every selected GPU counts, not only the largest: the L4s (22.5 GiB) cannot hold a 30Gi slice.
-    [problem] = validate(p := policy("p", {"slicing": {"mode": "shared", "sliceSize": "30Gi"}}), select(p, INVENTORY), [])
+    [problem] = validate(p := policy_model("p", spec={"slicing": {"mode": "shared", "sliceSize": "30Gi"}}), select(p, INVENTORY), [])
     assert problem.reason == "SliceLargerThanGpu"
     assert "NVIDIA L4 on l4" in problem.message
     assert "minMemory: 30Gi" in problem.message
     nothing = {"matchLabels": {"absent": "x"}}
-    assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "900Gi"}, "nodeSelector": nothing})) == []
+    assert reasons(policy_model("p", spec={"slicing": {"mode": "memory", "sliceSize": "900Gi"}, "nodeSelector": nothing})) == []
 
 
 def test_too_many_slices_per_gpu_names_the_smallest_size_that_fits() -> None:
-    tiny = policy("p", {"slicing": {"mode": "memory", "sliceSize": "512Mi"}})
+    tiny = policy_model("p", spec={"slicing": {"mode": "memory", "sliceSize": "512Mi"}})
     [problem] = validate(tiny, select(tiny, INVENTORY), [])
     assert problem.reason == "TooManySlices"
     assert "into 159 slices; at most 64 per GPU" in problem.message
     assert "choose a sliceSize of at least 1275Mi" in problem.message
-    assert reasons(policy("p", {"slicing": {"mode": "memory", "sliceSize": "1275Mi"}})) == []
-    assert reasons(policy("p", {"slicing": {"mode": "shared", "sliceSize": "512Mi"}})) == [], "one device per GPU"
+    assert reasons(policy_model("p", spec={"slicing": {"mode": "memory", "sliceSize": "1275Mi"}})) == []
+    assert reasons(policy_model("p", spec={"slicing": {"mode": "shared", "sliceSize": "512Mi"}})) == [], "one device per GPU"
 
 
 def test_mig_profiles_are_checked_per_model() -> None:
     h100 = {"matchLabels": {"kubernetes.io/hostname": "h100"}}
-    assert reasons(policy("p", {"nodeSelector": h100, "slicing": {"mode": "mig", "mig": {"profiles": ["3g.40gb"]}}})) == []
-    assert reasons(policy("p", {"nodeSelector": h100, "slicing": {"mode": "mig", "mig": {"profiles": ["3g.20gb"]}}})) == [
+    assert reasons(policy_model("p", spec={"nodeSelector": h100, "slicing": {"mode": "mig", "mig": {"profiles": ["3g.40gb"]}}})) == []
+    assert reasons(policy_model("p", spec={"nodeSelector": h100, "slicing": {"mode": "mig", "mig": {"profiles": ["3g.20gb"]}}})) == [
         "UnknownMigProfile"]
     l4 = {"matchLabels": {"kubernetes.io/hostname": "l4"}}
-    assert reasons(policy("p", {"nodeSelector": l4, "slicing": {"mode": "mig", "mig": {"profiles": ["1g.10gb"]}}})) == [
+    assert reasons(policy_model("p", spec={"nodeSelector": l4, "slicing": {"mode": "mig", "mig": {"profiles": ["1g.10gb"]}}})) == [
         "GpuNotMigCapable"]
 
 
 def test_static_layout_must_fit_the_gpu() -> None:
     a100 = {"matchLabels": {"kubernetes.io/hostname": "a100"}}
     fits = {"nodeSelector": a100, "slicing": {"mode": "mig", "mig": {"layout": {"3g.20gb": 1, "1g.5gb": 4}}}}
-    assert reasons(policy("p", fits)) == []
+    assert reasons(policy_model("p", spec=fits)) == []
     too_big = {"nodeSelector": a100, "slicing": {"mode": "mig", "mig": {"layout": {"4g.20gb": 1, "3g.20gb": 2}}}}
-    assert reasons(policy("p", too_big)) == ["MigLayoutDoesNotFit"]
+    assert reasons(policy_model("p", spec=too_big)) == ["MigLayoutDoesNotFit"]
 
 
 def test_newer_exclusive_policy_yields_and_memory_policies_share() -> None:
-    old = policy("old", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}}, created="2026-11-29T09:00:00Z")
-    shared = policy("shared", {"slicing": {"mode": "shared", "sliceSize": "10Gi"}})
-    memory = policy("memory", {"slicing": {"mode": "memory", "sliceSize": "20Gi"}})
+    old = policy_model("old", spec={"slicing": {"mode": "memory", "sliceSize": "10Gi"}}, created="2026-11-29T09:00:00Z")
+    shared = policy_model("shared", spec={"slicing": {"mode": "shared", "sliceSize": "10Gi"}})
+    memory = policy_model("memory", spec={"slicing": {"mode": "memory", "sliceSize": "20Gi"}})
     assert reasons(shared, [old]) == ["ConflictingPolicy"]
     assert reasons(old, [shared]) == []
     assert reasons(memory, [old]) == []
 
 
 def test_memory_policies_sharing_gpus_need_one_isolation() -> None:
-    old = policy("old", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}}, created="2026-11-29T09:00:00Z")
-    mps = policy("mps", {"slicing": {"mode": "memory", "sliceSize": "20Gi", "isolation": "MPS"}})
+    old = policy_model("old", spec={"slicing": {"mode": "memory", "sliceSize": "10Gi"}}, created="2026-11-29T09:00:00Z")
+    mps = policy_model("mps", spec={"slicing": {"mode": "memory", "sliceSize": "20Gi", "isolation": "MPS"}})
     assert reasons(mps, [old]) == ["ConflictingIsolation"]
     assert reasons(old, [mps]) == [], "the older policy keeps its GPUs"
-    elsewhere = policy("mps", {"slicing": {"mode": "memory", "sliceSize": "20Gi", "isolation": "MPS"},
+    elsewhere = policy_model("mps", spec={"slicing": {"mode": "memory", "sliceSize": "20Gi", "isolation": "MPS"},
                                "gpuSelector": {"products": ["NVIDIA L4"]}})
     assert reasons(elsewhere, [old]) == ["ConflictingIsolation"], "the L4s are old's too"
-    apart = policy("mps", {"slicing": {"mode": "memory", "sliceSize": "20Gi", "isolation": "MPS"},
+    apart = policy_model("mps", spec={"slicing": {"mode": "memory", "sliceSize": "20Gi", "isolation": "MPS"},
                            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": "h100"}}})
-    mine = policy("old", {"slicing": {"mode": "memory", "sliceSize": "10Gi"},
+    mine = policy_model("old", spec={"slicing": {"mode": "memory", "sliceSize": "10Gi"},
                           "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": "l4"}}}, created="2026-11-29T09:00:00Z")
     assert reasons(apart, [mine]) == []
 
 
 def test_same_second_tie_goes_to_the_policy_already_valid() -> None:
-    serving = policy("zzz", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}}, valid=True)
-    newcomer = policy("aaa", {"slicing": {"mode": "shared", "sliceSize": "10Gi"}})
+    serving = policy_model("zzz", spec={"slicing": {"mode": "memory", "sliceSize": "10Gi"}}, judged=True)
+    newcomer = policy_model("aaa", spec={"slicing": {"mode": "shared", "sliceSize": "10Gi"}})
     assert reasons(newcomer, [serving]) == ["ConflictingPolicy"]
     assert reasons(serving, [newcomer]) == []
 
 
 def test_claim_template_and_extended_resource_collisions() -> None:
     nothing = {"matchLabels": {"absent": "x"}}
-    old = policy("old", {"nodeSelector": nothing, "slicing": {"mode": "memory", "sliceSize": "10Gi"},
+    old = policy_model("old", spec={"nodeSelector": nothing, "slicing": {"mode": "memory", "sliceSize": "10Gi"},
                          "tenants": [{"namespace": "a"}], "extendedResourceName": "example.com/gpu"},
                  created="2026-11-29T09:00:00Z")
-    new = policy("new", {"nodeSelector": nothing, "slicing": {"mode": "memory", "sliceSize": "10Gi"},
+    new = policy_model("new", spec={"nodeSelector": nothing, "slicing": {"mode": "memory", "sliceSize": "10Gi"},
                          "tenants": [{"namespace": "a"}], "extendedResourceName": "example.com/gpu"})
     assert reasons(new, [old]) == ["ClaimTemplateConflict", "ExtendedResourceConflict"]
 
 
 def test_shared_slice_must_leave_room_for_two_on_every_selected_gpu() -> None:
     """The apiserver refuses a shared device whose request policy's min + step passes its capacity."""
-    fits_h100_not_l4 = policy("p", {"slicing": {"mode": "shared", "sliceSize": "20Gi"}})
+    fits_h100_not_l4 = policy_model("p", spec={"slicing": {"mode": "shared", "sliceSize": "20Gi"}})
     [problem] = validate(fits_h100_not_l4, select(fits_h100_not_l4, INVENTORY), [])
     assert problem.reason == "SliceTooLargeToShare"
     assert "more than half of NVIDIA L4 on l4 (23034Mi)" in problem.message
     assert "at most 11517Mi" in problem.message
-    h100_only = policy("p", {"slicing": {"mode": "shared", "sliceSize": "39Gi"}, "nodeSelector": {
+    h100_only = policy_model("p", spec={"slicing": {"mode": "shared", "sliceSize": "39Gi"}, "nodeSelector": {
         "matchLabels": {"kubernetes.io/hostname": "h100"}}})
     assert reasons(h100_only) == []
-    assert reasons(policy("p", {**h100_only.spec.model_dump(by_alias=True, exclude_none=True),
+    assert reasons(policy_model("p", spec={**h100_only.spec.model_dump(by_alias=True, exclude_none=True),
                                 "slicing": {"mode": "shared", "sliceSize": "40Gi"}})) == ["SliceTooLargeToShare"]
 
 
 def test_a_template_name_of_any_kind_collides() -> None:
-    full = policy("a", {"slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
+    full = policy_model("a", spec={"slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
                         "tenants": [{"namespace": "t"}], "claimTemplateName": "gpu"}, created="2026-11-29T09:00:00Z")
-    other = policy("b", {"slicing": {"mode": "memory", "sliceSize": "20Gi"}, "tenants": [{"namespace": "t"}],
+    other = policy_model("b", spec={"slicing": {"mode": "memory", "sliceSize": "20Gi"}, "tenants": [{"namespace": "t"}],
                          "claimTemplateName": "gpu-full"})
     assert reasons(other, [full]) == ["ClaimTemplateConflict"]
 
 
 def test_extended_resource_of_a_foreign_class_and_the_controller_namespace() -> None:
-    p = policy("p", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "extendedResourceName": "example.com/gpu"})
+    p = policy_model("p", spec={"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "extendedResourceName": "example.com/gpu"})
     [problem] = validate(p, select(p, INVENTORY), [], foreign_extended={"example.com/gpu": "vendor-gpu"})
     assert problem.reason == "ExtendedResourceConflict"
     assert "already served by DeviceClass vendor-gpu" in problem.message
-    q = policy("q", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "tenants": [{"namespace": "ops"}]})
+    q = policy_model("q", spec={"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "tenants": [{"namespace": "ops"}]})
     [problem] = validate(q, select(q, INVENTORY), [], controller_namespace="ops")
     assert problem.reason == "ControllerNamespace"
 
 
 def test_a_policy_may_select_at_most_a_thousand_nodes() -> None:
     """Each is named in status.selectedNodes, which every allocation of its devices is checked against."""
-    p = policy("p", {"slicing": {"mode": "memory", "sliceSize": "10Gi"}})
+    p = policy_model("p", spec={"slicing": {"mode": "memory", "sliceSize": "10Gi"}})
     selection = select(p, INVENTORY)
     assert validate(p, selection, [], selected_nodes=1000) == []
     [problem] = validate(p, selection, [], selected_nodes=1001)

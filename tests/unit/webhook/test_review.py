@@ -13,8 +13,8 @@ from gpuslice.kube.client import KubeClient
 from gpuslice.webhook.ledger import Ledgers
 from gpuslice.webhook.review import Reviewer
 from gpuslice.webhook.state import SLICES, State
+from tests import builders
 from tests.fakeapi import FakeApi
-from tests.unit import bodies
 
 GI = 2**30
 POLICY, TENANT, OTHER, NODE = "p", "team-a", "team-b", "node-1"
@@ -58,7 +58,8 @@ def allocated(name: str, device: str, consumed: str | None = None, asked: str | 
 async def setup(api: FakeApi, kube: KubeClient, held_claims: int = 2) -> Reviewer:
     """maxMemory 20Gi; c0 and c1 allocated (and charged 10Gi each, or only the first
     ``held_claims``); c2 waiting; a shared device too."""
-    policy = bodies.policy(POLICY, {"mode": "memory", "sliceSize": "10Gi"}, tenants=())
+    policy = builders.policy(POLICY, {"mode": "memory", "sliceSize": "10Gi"}, generation=1, uid=f"u-{POLICY}",
+                             node=builders.NODE, tenants=(), judged=True)
     policy["spec"]["tenants"] = [{"namespace": TENANT, "maxMemory": "20Gi"}, {"namespace": OTHER}]
     held = [claim(f"c{i}", device=f"s-{i}") for i in range(2)]
     api.put(*held, claim("c2"), claim("w", asked="15Gi"), claim("victim", namespace=OTHER))

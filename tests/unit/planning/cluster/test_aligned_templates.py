@@ -8,7 +8,6 @@ import pydantic
 import pytest
 
 from gpuslice.api.policy import GpuSlicePolicySpec
-from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.api.status import ClassInForce
 from gpuslice.planning.aligned import ALIGNED_LABEL
 from gpuslice.planning.cluster.cluster_objects import desired_objects
@@ -17,14 +16,14 @@ from gpuslice.planning.memory import least_asked
 from gpuslice.planning.modes import device_kinds
 from gpuslice.planning.selection import Selection
 from gpuslice.planning.validation import validate
-from tests.unit.planning.cluster.test_cluster_objects import policy
+from tests.builders import policy_model
 
 TRAIN = {"slicing": {"mode": "memory", "sliceSize": "20Gi", "allowFullGpu": True}}
 
 
 def templates(spec: dict[str, Any], namespaces: set[str]) -> dict[tuple[str, str], dict[str, Any]]:
     return {(t["metadata"]["namespace"], t["metadata"]["name"]): t
-            for t in desired_objects(policy(spec), namespaces).templates}
+            for t in desired_objects(policy_model("team-a", uid="u-1", generation=3, spec=spec), namespaces).templates}
 
 
 def test_one_template_per_count_with_the_alignments_in_order_and_a_constraint_per_attribute() -> None:
@@ -66,7 +65,8 @@ def test_a_tenant_gets_only_the_counts_its_whole_gpu_limit_allows() -> None:
 
 
 def test_max_memory_counts_an_aligned_claim_as_its_gpus() -> None:
-    p = policy({**TRAIN, "tenants": [{"namespace": "a", "maxMemory": "1Ti"}], "topology": {"counts": [4]}})
+    p = policy_model("team-a", uid="u-1", generation=3,
+                     spec={**TRAIN, "tenants": [{"namespace": "a", "maxMemory": "1Ti"}], "topology": {"counts": [4]}})
     template = next(t for t in desired_objects(p, {"a"}).templates if t["metadata"]["name"].endswith("-x4"))
     full = ClassInForce(name="full.team-a.gpuslice.dev", kind="full", shared=False, memory="81559Mi",
                         least_memory="81559Mi")
@@ -77,11 +77,10 @@ def test_topology_needs_whole_gpus_and_names_are_kept_from_other_policies() -> N
     with pytest.raises(pydantic.ValidationError, match="topology offers claims of several whole GPUs"):
         GpuSlicePolicySpec.model_validate({"slicing": {"mode": "shared", "sliceSize": "10Gi"},
                                            "topology": {"counts": [2]}})
-    one = policy({**TRAIN, "tenants": [{"namespace": "a"}], "topology": {"counts": [4]}}, name="one")
+    one = policy_model("one", uid="u-1", generation=3,
+                       spec={**TRAIN, "tenants": [{"namespace": "a"}], "topology": {"counts": [4]}})
     assert "gpu-slice-full-x4" in all_template_names(one, device_kinds(one, Selection(())))
-    other = GpuSlicePolicy.model_validate({
-        "metadata": {"name": "other", "uid": "u-2", "creationTimestamp": "2026-11-30T10:00:00Z"},
-        "spec": {"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "tenants": [{"namespace": "a"}],
-                 "claimTemplateName": "gpu-slice-full-x4"}})
+    other = policy_model("other", {"mode": "memory", "sliceSize": "10Gi"}, "2026-11-30T10:00:00Z", uid="u-2",
+                         tenants=["a"], claimTemplateName="gpu-slice-full-x4")
     problems = validate(other, Selection(()), [(one, Selection(()))])
     assert any("gpu-slice-full-x4" in p.message for p in problems), problems

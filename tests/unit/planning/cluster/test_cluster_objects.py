@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.planning.cluster.cluster_objects import desired_objects
-
-
-def policy(spec: dict[str, Any], name: str = "team-a") -> GpuSlicePolicy:
-    return GpuSlicePolicy.model_validate({
-        "metadata": {"name": name, "uid": "u-1", "generation": 3, "creationTimestamp": "2026-11-29T10:00:00Z"},
-        "spec": spec,
-    })
+from tests.builders import policy_model
 
 
 def kinds(objects: list[dict[str, Any]]) -> list[tuple[str, str | None, str]]:
@@ -20,7 +13,7 @@ def kinds(objects: list[dict[str, Any]]) -> list[tuple[str, str | None, str]]:
 
 
 def test_memory_policy_objects_exist_only_in_existing_namespaces_quota_first() -> None:
-    p = policy({"slicing": {"mode": "memory", "sliceSize": "10Gi"},
+    p = policy_model("team-a", uid="u-1", generation=3, spec={"slicing": {"mode": "memory", "sliceSize": "10Gi"},
                 "tenants": [{"namespace": "a", "maxSlices": 2}, {"namespace": "missing"}, {"namespace": "b"}]})
     desired = desired_objects(p, {"a", "b", "other"})
     assert kinds(desired.all()) == [
@@ -41,7 +34,7 @@ def test_memory_policy_objects_exist_only_in_existing_namespaces_quota_first() -
 
 
 def test_each_kind_has_its_class_and_a_limited_tenant_gets_zero_of_what_it_is_not_granted() -> None:
-    p = policy({"slicing": {"mode": "memory", "sliceSize": "10G", "allowFullGpu": True},
+    p = policy_model("team-a", uid="u-1", generation=3, spec={"slicing": {"mode": "memory", "sliceSize": "10G", "allowFullGpu": True},
                 "tenants": [{"namespace": "a", "maxSlices": 8}, {"namespace": "b", "maxSlices": 2, "maxFullGpus": 1},
                             {"namespace": "c"}]})
     desired = desired_objects(p, {"a", "b", "c"})
@@ -64,7 +57,7 @@ def test_each_kind_has_its_class_and_a_limited_tenant_gets_zero_of_what_it_is_no
 
 
 def test_mig_has_a_class_per_profile_and_the_template_asks_for_the_smallest_usable() -> None:
-    p = policy({"slicing": {"mode": "mig", "mig": {"profiles": ["3g.40gb", "1g.10gb+me", "1g.10gb"]}},
+    p = policy_model("team-a", uid="u-1", generation=3, spec={"slicing": {"mode": "mig", "mig": {"profiles": ["3g.40gb", "1g.10gb+me", "1g.10gb"]}},
                 "tenants": [{"namespace": "a", "maxMigDevices": {"3g.40gb": 2}}, {"namespace": "b"}]})
     desired = desired_objects(p, {"a", "b"})
     assert [c["metadata"]["name"] for c in desired.classes] == [
@@ -83,14 +76,14 @@ def test_mig_has_a_class_per_profile_and_the_template_asks_for_the_smallest_usab
 
 
 def test_shared_template_requests_exactly_one_slice() -> None:
-    p = policy({"slicing": {"mode": "shared", "sliceSize": "5Gi"}, "tenants": [{"namespace": "a"}]})
+    p = policy_model("team-a", uid="u-1", generation=3, spec={"slicing": {"mode": "shared", "sliceSize": "5Gi"}, "tenants": [{"namespace": "a"}]})
     [template] = desired_objects(p, {"a"}).templates
     [request] = template["spec"]["spec"]["devices"]["requests"]
     assert request["exactly"] == {"deviceClassName": "team-a.gpuslice.dev", "capacity": {"requests": {"memory": "5Gi"}}}
 
 
 def test_no_admission_objects_per_policy() -> None:
-    p = policy({"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "tenants": [{"namespace": "a"}],
+    p = policy_model("team-a", uid="u-1", generation=3, spec={"slicing": {"mode": "memory", "sliceSize": "10Gi"}, "tenants": [{"namespace": "a"}],
                 "adminAccess": {"namespaces": ["ops"]}})
     assert not [o for o in desired_objects(p, {"a"}).all() if o["apiVersion"].startswith("admissionregistration")]
 
@@ -98,13 +91,13 @@ def test_no_admission_objects_per_policy() -> None:
 def test_a_tainted_policy_asks_for_no_taint_rules() -> None:
     """Taints travel on the devices the agents publish (see test_node_pool), not as one
     DeviceTaintRule per device."""
-    p = policy({"slicing": {"mode": "memory", "sliceSize": "10Gi"},
+    p = policy_model("team-a", uid="u-1", generation=3, spec={"slicing": {"mode": "memory", "sliceSize": "10Gi"},
                 "taints": [{"key": "gpuslice.dev/maintenance", "effect": "NoExecute"}]})
     assert "DeviceTaintRule" not in {o["kind"] for o in desired_objects(p, {"a"}).all()}
 
 
 def test_extended_resource_name_goes_on_the_slice_class_only() -> None:
-    p = policy({"slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
+    p = policy_model("team-a", uid="u-1", generation=3, spec={"slicing": {"mode": "memory", "sliceSize": "10Gi", "allowFullGpu": True},
                 "extendedResourceName": "example.com/gpu-slice"})
     slices, full = desired_objects(p, set()).classes
     assert slices["spec"]["extendedResourceName"] == "example.com/gpu-slice"

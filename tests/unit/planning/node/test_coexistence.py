@@ -11,7 +11,7 @@ from gpuslice.planning.node.coexistence import MIG_MANAGER_LABEL, other_driver_g
 from gpuslice.planning.node.node_pool import plan_node_pool
 from gpuslice.planning.reads.usage import Usage
 from gpuslice.planning.selection import Selection
-from tests.unit.planning.node.test_node_pool import policy
+from tests.builders import policy_model as policy
 
 GPUS = FakeBackend("n", [("a100-40gb", 3)]).discover()
 

@@ -6,7 +6,7 @@ from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.planning.node.health import Fault, step, taint
 from gpuslice.planning.node.node_pool import plan_node_pool
 from gpuslice.planning.node.pool_safety import make_safe, with_statuses
-from tests.unit.planning.node.test_node_pool import policy
+from tests.builders import policy_model as policy
 
 XID = Fault("xid", 48, "ECC page retirement")
 LOST = Fault("lost")

@@ -9,7 +9,7 @@ from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.planning.node.mig_layout import Step, devices_of, inverse, layout_targets, steps
 from gpuslice.planning.node.node_pool import plan_node_pool
 from gpuslice.preview import preview
-from tests.unit.planning.node.test_node_pool import policy
+from tests.builders import policy_model as policy
 
 SIZES = {"1g.5gb": 1, "3g.20gb": 4, "7g.40gb": 8}
 

@@ -24,7 +24,8 @@ from gpuslice.planning.node.mig_mode import switches_mig_mode
 from gpuslice.planning.node.node_pool import plan_node_pool
 from gpuslice.planning.reads.usage import SliceView, Usage, slice_policies
 from gpuslice.planning.selection import Selection
-from tests.unit.planning.node.test_node_pool import LABELS, gpus, policy
+from tests.builders import policy_model as policy
+from tests.unit.planning.node.one_node import LABELS, gpus
 
 DYNAMIC = policy("dyn", {"mode": "mig", "mig": {"profiles": ["1g.5gb", "3g.20gb"]}})
 LAYOUT = policy("lay", {"mode": "mig", "mig": {"layout": {"3g.20gb": 2}}})

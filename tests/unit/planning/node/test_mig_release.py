@@ -4,30 +4,24 @@ for each slicing mode a GPU can go to, from a layout, dynamic MIG or instances m
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import pytest
 
 from gpuslice.agent.gpus.fake import FakeBackend
-from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.node.mig_layout import layout_targets
 from gpuslice.planning.node.mig_release import Release, Wants, release, wants
 from gpuslice.planning.node.node_pool import plan_node_pool
-from tests.unit import bodies
+from tests import builders
 
-LABELS = {"kubernetes.io/hostname": bodies.NODE}
+LABELS = {"kubernetes.io/hostname": builders.NODE}
 LAYOUT = [("3g.40gb", 0), ("3g.40gb", 4)]
 OTHER = [("1g.10gb", 0)]  # made by hand, or left by dynamic MIG
 
 
 def _gpu(model: str, mig: bool) -> Gpu:
-    [gpu] = FakeBackend(bodies.NODE, [(model, 1, mig)]).discover()
+    [gpu] = FakeBackend(builders.NODE, [(model, 1, mig)]).discover()
     return gpu
-
-
-def _policy(slicing: dict[str, Any]) -> GpuSlicePolicy:
-    return GpuSlicePolicy.from_body(bodies.policy("p", slicing))
 
 
 SLICINGS = {
@@ -40,7 +34,8 @@ SLICINGS = {
 
 
 def _wants(gpu: Gpu, slicing: str | None, labels: dict[str, str] = LABELS) -> Wants:
-    policies = [_policy(SLICINGS[slicing])] if slicing else []
+    policies = [builders.policy_model("p", SLICINGS[slicing], generation=1, uid="u-p", node=builders.NODE,
+                                      tenants=[builders.TENANT], judged=True)] if slicing else []
     plan = plan_node_pool(labels, [gpu], policies)
     return wants(plan, set(layout_targets(plan.typed, policies)), gpu)
 

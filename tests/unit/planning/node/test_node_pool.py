@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from gpuslice.agent.gpus.fake import FakeBackend
-from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.planning.devices import Device, gpu_tag
 from gpuslice.planning.mig import mig_device_name, parse_mig_device_name
 from gpuslice.planning.node.node_pool import plan_node_pool
-
-LABELS = {"kubernetes.io/hostname": "n1"}
-
-
-def gpus(model: str, count: int = 1) -> list[Any]:
-    return FakeBackend("n1", [(model, count)]).discover()
-
-
-def policy(name: str, slicing: dict[str, Any], created: str = "2026-11-29T10:00:00Z", **spec: Any) -> GpuSlicePolicy:
-    return GpuSlicePolicy.model_validate({"metadata": {"name": name, "creationTimestamp": created},
-                                          "spec": {"slicing": slicing, **spec}})
+from tests.builders import policy_model as policy
+from tests.unit.planning.node.one_node import LABELS, gpus
 
 
 def test_memory_mode_slices_and_full_gpu() -> None:

@@ -12,7 +12,7 @@ FULL = Request("big-gpu", "gpu", "full.p.gpuslice.dev")
 SINCE = "2026-12-01T00:00:00Z"
 
 
-def policy(tenant: dict[str, Any], record: dict[str, Any] | None) -> dict[str, Any]:
+def admitted(tenant: dict[str, Any], record: dict[str, Any] | None) -> dict[str, Any]:
     body = policy_body("p", {"mode": "memory", "sliceSize": "10G", "allowFullGpu": True}, tenants=[tenant])
     body["status"]["admittedTenants"] = [record] if record else []
     body["status"]["classesInForce"] = [{"name": "full.p.gpuslice.dev", "kind": "full", "memory": "80Gi",
@@ -26,7 +26,7 @@ def ledger(held: int, uid: str = "ns-b") -> dict[str, Any]:
 
 
 def test_max_memory_judged_from_the_ledger_and_the_class_in_force() -> None:
-    body = policy({"namespace": "b", "maxMemory": "100Gi"}, {"namespace": "b", "uid": "ns-b",
+    body = admitted({"namespace": "b", "maxMemory": "100Gi"}, {"namespace": "b", "uid": "ns-b",
                                                              "limits": {"maxMemory": "100Gi"}})
     ok = admission(FULL, body, "b", "ns-b", "2026-12-02T00:00:00Z", ledger(20 * 2**30))
     assert ok.refused is None
@@ -46,12 +46,12 @@ def test_max_memory_judged_from_the_ledger_and_the_class_in_force() -> None:
 def test_the_record_refuses_what_the_tenancy_rule_refuses_at_allocation() -> None:
     record = {"namespace": "b", "uid": "ns-b", "limits": {"maxFullGpus": 1}, "since": SINCE,
               "classes": ["full.p.gpuslice.dev"]}
-    body = policy({"namespace": "b", "maxFullGpus": 1}, record)
+    body = admitted({"namespace": "b", "maxFullGpus": 1}, record)
     assert admission(FULL, body, "b", "ns-b", "2026-12-02T00:00:00Z", None).refused is None
     cases = {"MadeBeforeQuota": (body, "ns-b", SINCE),  # in the quota's second: not after it
              "NotAdmitted": (body, "ns-other", "2026-12-02T00:00:00Z"),
-             "LimitsNotInForce": (policy({"namespace": "b", "maxFullGpus": 2}, record), "ns-b", "2026-12-02T00:00:00Z"),
-             "ClassNotInForce": (policy({"namespace": "b", "maxFullGpus": 1}, {**record, "classes": ["x"]}), "ns-b",
+             "LimitsNotInForce": (admitted({"namespace": "b", "maxFullGpus": 2}, record), "ns-b", "2026-12-02T00:00:00Z"),
+             "ClassNotInForce": (admitted({"namespace": "b", "maxFullGpus": 1}, {**record, "classes": ["x"]}), "ns-b",
                                  "2026-12-02T00:00:00Z")}
     for code, (judged, uid, created) in cases.items():
         refused = admission(FULL, judged, "b", uid, created, None).refused

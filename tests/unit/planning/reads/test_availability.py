@@ -6,8 +6,7 @@ from __future__ import annotations
 from gpuslice.planning.reads.availability import largest_free, on_gpu
 from gpuslice.planning.reads.occupancy import GpuMap
 from gpuslice.planning.reads.status_report import Snapshot
-from tests.unit.planning.cluster_state import Body, claim, policy_body, published, taint
-from tests.unit.planning.reads.test_occupancy import H100, INFERENCE, only_gpu, tag
+from tests.unit.planning.cluster_state import H100, INFERENCE, Body, claim, only_gpu, policy_body, published, tag, taint
 
 G = 10**9
 T = tag("n1")

@@ -3,27 +3,23 @@
 from __future__ import annotations
 
 from gpuslice.inventory.catalog import MODELS
-from gpuslice.planning.devices import gpu_tag
 from gpuslice.planning.reads.occupancy import GpuMap, occupancy
 from gpuslice.planning.reads.status_report import Snapshot, status_report
-from tests.unit.planning.cluster_state import claim, gpus, node_body, policy_body, published, taint
+from tests.unit.planning.cluster_state import (
+    H100,
+    INFERENCE,
+    claim,
+    node_body,
+    only_gpu,
+    policy_body,
+    published,
+    tag,
+    taint,
+)
 
-H100 = MODELS["h100-80gb"].memory
 A100 = MODELS["a100-40gb"].memory
 G = 10**9
 GI = 2**30
-INFERENCE = policy_body("inference", {"mode": "memory", "sliceSize": "10G", "allowFullGpu": True},
-                        tenants=[{"namespace": "team-a", "maxSlices": 8, "maxFullGpus": 1},
-                                 {"namespace": "team-b", "maxSlices": 4}])
-
-
-def tag(node: str, model: str = "h100-80gb", index: int = 0) -> str:
-    return gpu_tag(gpus(node, model, index + 1)[index].uuid)
-
-
-def only_gpu(snapshot: Snapshot) -> GpuMap:
-    [gpu] = status_report(snapshot).map.gpus
-    return gpu
 
 
 def states(gpu: GpuMap) -> list[str]:

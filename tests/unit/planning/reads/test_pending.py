@@ -6,8 +6,7 @@ from typing import Any
 
 from gpuslice.planning.reads.pending import Diagnosis, Facts, diagnose
 from gpuslice.planning.reads.status_report import Snapshot, status_report
-from tests.unit.planning.cluster_state import claim, node_body, published, taint
-from tests.unit.planning.reads.test_occupancy import INFERENCE, tag
+from tests.unit.planning.cluster_state import INFERENCE, claim, node_body, overusing, published, tag, taint
 
 NODES = [node_body("n1", "h100-80gb", 1)]
 
@@ -151,15 +150,6 @@ def test_an_allocated_claim_waits_on_its_node() -> None:
     diagnosis = run(facts)
     assert codes(diagnosis) == []
     assert [f.code for f in diagnosis.findings] == ["Allocated", "Event", "WaitingOnNode"]
-
-
-def overusing(body: dict[str, Any], message: str) -> dict[str, Any]:
-    """The node agent's condition on the claim's device (agent/usage/actions.py)."""
-    [result] = body["status"]["allocation"]["devices"]["results"]
-    body["status"]["devices"] = [{"driver": "gpu.gpuslice.dev", "pool": result["pool"], "device": result["device"],
-                                  "conditions": [{"type": "GpuMemoryOveruse", "status": "True",
-                                                  "reason": "OverAllocation", "message": message}]}]
-    return body
 
 
 def test_why_names_the_neighbour_that_uses_more_than_its_slice() -> None:

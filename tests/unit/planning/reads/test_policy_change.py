@@ -7,8 +7,7 @@ from typing import Any
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.planning.reads.policy_change import ChangePlan, gpus_from_devices, plan_change
 from gpuslice.planning.reads.status_report import Snapshot
-from tests.unit.planning.cluster_state import claim, devices_of, gpus, node_body, policy_body, published
-from tests.unit.planning.reads.test_occupancy import INFERENCE, tag
+from tests.unit.planning.cluster_state import INFERENCE, claim, devices_of, gpus, node_body, policy_body, published, tag
 
 NODES = [node_body("n1", "h100-80gb", 1)]
 

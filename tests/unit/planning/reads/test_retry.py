@@ -8,25 +8,8 @@ from gpuslice.planning.reads.availability import room_for
 from gpuslice.planning.reads.occupancy import occupancy
 from gpuslice.planning.reads.published import read_pools
 from gpuslice.planning.reads.retry import to_retry, turned_away
-from tests.unit.planning.cluster_state import claim, policy_body, published
-from tests.unit.planning.reads.test_occupancy import tag
-
-NOTEBOOKS = policy_body("notebooks", {"mode": "shared", "sliceSize": "1Gi"}, tenants=[{"namespace": "ds"}])
-DEVICE = f"{tag('n1', 'l4')}-notebooks-shared"  # an L4: 24Gi less its reserve, in steps of 1Gi
-AWAY = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-        "message": "0/3 nodes are available: 3 cannot allocate all claims."}
-
-
-def pod(name: str, *conditions: dict[str, Any], node: str = "") -> dict[str, Any]:
-    return {"metadata": {"namespace": "ds", "name": name},
-            "spec": {"nodeName": node, "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]},
-            "status": {"phase": "Pending", "conditions": list(conditions)}}
-
-
-def asks(name: str, memory: str, device_class: str = "notebooks.gpuslice.dev") -> dict[str, Any]:
-    return {"metadata": {"namespace": "ds", "name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": device_class, "capacity": {"requests": {"memory": memory}}}}]}}}
+from tests.unit.planning.cluster_state import claim, published
+from tests.unit.planning.retry_state import AWAY, DEVICE, NOTEBOOKS, asks, pod
 
 
 def retries(pods: list[dict[str, Any]], waiting: list[dict[str, Any]], held: list[dict[str, Any]]) -> list[str]:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from gpuslice.inventory.catalog import MODELS
 from gpuslice.planning.reads.status_report import Snapshot, status_report
-from tests.unit.planning.cluster_state import claim, node_body, policy_body, published, taint
-from tests.unit.planning.reads.test_occupancy import INFERENCE, tag
+from tests.unit.planning.cluster_state import INFERENCE, claim, node_body, policy_body, published, tag, taint
 
 H100 = MODELS["h100-80gb"].memory
 G = 10**9
