@@ -101,3 +101,8 @@ def impersonating(cluster: DevCluster, path: Path, user: str, namespace: str) ->
         "cluster": admin["cluster"], "user": "as-user", "namespace": namespace}})
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def findings(result: dict[str, Any]) -> dict[str, str]:
+    """``gpuslice why -o json``'s findings: each code and its message."""
+    return {f["code"]: f["message"] for f in result["findings"]}

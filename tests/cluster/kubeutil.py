@@ -228,3 +228,8 @@ def condition(policy: dict[str, Any], kind: str) -> dict[str, Any]:
 
 def template_path(ns: str, name: str = "gpu-slice") -> str:
     return f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates/{name}"
+
+
+def on(node: str) -> dict[str, Any]:
+    """A nodeSelector of the one node ``node`` (a policy's, or a pod's)."""
+    return {"matchLabels": {"kubernetes.io/hostname": node}}

@@ -14,16 +14,12 @@ from typing import Any
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.claims import allocation, claim, pod_using, refusal_says, refused, request
 from tests.cluster.gpu_nodes import GpuNodeFactory
-from tests.cluster.kubeutil import POLICIES, RESOURCE, condition, wait_for
+from tests.cluster.kubeutil import POLICIES, RESOURCE, condition, on, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.pools import pool_devices, published
 from tests.cluster.tenancy import ready_tenant
 
 OVER = "as the class is in force"
-
-
-def on(node: str) -> dict[str, Any]:
-    return {"matchLabels": {"kubernetes.io/hostname": node}}
 
 
 async def judged(kube: KubeClient, name: str, valid: str) -> dict[str, Any]:

@@ -9,10 +9,9 @@ from typing import Any
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.inventory.systems import SYSTEMS
 from gpuslice.kube.client import KubeClient
-from tests.cluster.cli import Cli
+from tests.cluster.cli import Cli, findings
 from tests.cluster.gpu_nodes import GpuNodeFactory
-from tests.cluster.inspect.test_why import findings, on
-from tests.cluster.kubeutil import PAUSE_IMAGE, pod_claim, wait_for
+from tests.cluster.kubeutil import PAUSE_IMAGE, on, pod_claim, wait_for
 from tests.cluster.nic_driver import NIC_CLASS, publish_nics
 from tests.cluster.observe import scheduler_settled, scrape, total
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory

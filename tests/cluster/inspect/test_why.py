@@ -8,19 +8,11 @@ from typing import Any
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
-from tests.cluster.cli import VIEWER, Cli, impersonating, run_cli, warning
+from tests.cluster.cli import VIEWER, Cli, findings, impersonating, run_cli, warning
 from tests.cluster.gpu_nodes import GpuNodeFactory
-from tests.cluster.kubeutil import PAUSE_IMAGE, pod_with_claim, wait_for
+from tests.cluster.kubeutil import PAUSE_IMAGE, on, pod_with_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.pools import create_pods, published, settle
-
-
-def findings(result: dict[str, Any]) -> dict[str, str]:
-    return {f["code"]: f["message"] for f in result["findings"]}
-
-
-def on(node: str) -> dict[str, Any]:
-    return {"matchLabels": {"kubernetes.io/hostname": node}}
 
 
 async def test_over_the_limit_by_how_much(

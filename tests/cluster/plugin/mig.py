@@ -1,5 +1,5 @@
-"""MIG layouts as a node publishes them: its devices by GPU, each GPU's layout, and a GPU taken out
-of service."""
+"""MIG layouts as a node publishes them: its devices by GPU, each GPU's layout, a GPU taken out of
+service, and a node whose GPUs settled on the layouts wanted."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Any
 
 from gpuslice.kube.client import KubeClient
 from tests.cluster.kubeutil import POLICIES, wait_for
+from tests.cluster.plugin.plugin_nodes import PluginNode
+from tests.cluster.pools import pool_devices
 
 RECONFIGURING = "gpuslice.dev/reconfiguring"
 
@@ -35,3 +37,13 @@ async def degraded_as(kube: KubeClient, policy: str, reason: str, within: float 
 
     found: dict[str, Any] = await wait_for(degraded, within=within, what=f"the policy's Degraded reason {reason}")
     return found
+
+
+async def settled(kube: KubeClient, node: PluginNode, gpus: dict[int, list[tuple[str, int]]], within: float = 90) -> None:
+    """Every GPU publishes exactly the wanted instances, untainted, and really has them."""
+    async def check() -> bool:
+        published = by_gpu(await pool_devices(kube, node.name))
+        return all(layout_of(published.get(i, [])) == want and not taint_keys(published.get(i, []))
+                   and node.mig_instances(i) == want for i, want in gpus.items())
+
+    await wait_for(check, within=within, what=f"the GPUs to have and publish {gpus}")

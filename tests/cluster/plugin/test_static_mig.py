@@ -10,22 +10,12 @@ from gpuslice.kube.client import KubeClient
 from tests.cluster.kubeutil import POLICIES, pod_claim, wait_for
 from tests.cluster.observe import agent_cycles
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.mig import RECONFIGURING, by_gpu, degraded_as, layout_of, taint_keys
-from tests.cluster.plugin.plugin_nodes import PluginNode, PluginNodeFactory, exec_env, gone, running
+from tests.cluster.plugin.mig import RECONFIGURING, by_gpu, degraded_as, layout_of, settled, taint_keys
+from tests.cluster.plugin.plugin_nodes import PluginNodeFactory, exec_env, gone, running
 from tests.cluster.pools import create_pods, pool_devices, tenant_policy
 
 ONE_G = [("1g.5gb", s) for s in range(7)]
 THREE_G = [("3g.20gb", 0), ("3g.20gb", 4)]
-
-
-async def settled(kube: KubeClient, node: PluginNode, gpus: dict[int, list[tuple[str, int]]], within: float = 90) -> None:
-    """Every GPU publishes exactly the wanted instances, untainted, and really has them."""
-    async def check() -> bool:
-        published = by_gpu(await pool_devices(kube, node.name))
-        return all(layout_of(published.get(i, [])) == want and not taint_keys(published.get(i, []))
-                   and node.mig_instances(i) == want for i, want in gpus.items())
-
-    await wait_for(check, within=within, what=f"the GPUs to have and publish {gpus}")
 
 
 async def test_layout_change_goes_one_gpu_at_a_time_and_waits_for_the_busy_one(

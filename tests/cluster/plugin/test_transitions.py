@@ -14,11 +14,11 @@ from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.kube.client import Conflict, KubeClient
 from gpuslice.planning.node.node_pool import plan_node_pool
-from tests.cluster.kubeutil import pod_claim, wait_for
+from tests.cluster.kubeutil import POLICIES, pod_claim, wait_for
 from tests.cluster.observe import agent_cycles
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.plugin.mig import by_gpu, degraded_as, settled, taint_keys
 from tests.cluster.plugin.plugin_nodes import PluginNode, PluginNodeFactory, exec_env, gone, running
-from tests.cluster.plugin.test_static_mig import POLICIES, by_gpu, degraded_as, settled, taint_keys
 from tests.cluster.pools import create_pods, pool_devices, tenant_policy
 
 MODEL, GPUS = "h100-80gb", 2

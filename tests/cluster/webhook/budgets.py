@@ -9,16 +9,12 @@ from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.claims import claim, pod_using, request
 from tests.cluster.gpu_nodes import GpuNodeFactory
-from tests.cluster.kubeutil import POLICIES, RESOURCE, wait_for
+from tests.cluster.kubeutil import POLICIES, RESOURCE, on, wait_for
 from tests.cluster.operator_fixtures import PolicyFactory
 from tests.cluster.pools import published
 
 LEDGERS = "/apis/gpuslice.dev/v1alpha1/namespaces/gpuslice-system/gpusliceledgers"
 GI = 2**30
-
-
-def on(node: str) -> dict[str, Any]:
-    return {"matchLabels": {"kubernetes.io/hostname": node}}
 
 
 async def memory_in_force(kube: KubeClient, policy: str, ns: str, max_memory: str) -> None:

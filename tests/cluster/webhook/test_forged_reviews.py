@@ -27,7 +27,7 @@ from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.claims import allocation, claim, request
 from tests.cluster.gpu_nodes import GpuNodeFactory
-from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.kubeutil import RESOURCE, on, wait_for
 from tests.cluster.operator_fixtures import (
     WEBHOOK_ENV,
     WEBHOOK_RBAC,
@@ -45,7 +45,6 @@ from tests.cluster.webhook.budgets import (
     ledger,
     memory_claim,
     memory_in_force,
-    on,
     refused_at_allocation,
 )
 from tests.cluster.webhook.forgery import (
