@@ -20,6 +20,7 @@ from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.claims import allocation, claim, pod_using, refused, request
 from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.observe import scheduler_settled
 from tests.cluster.operator_fixtures import MANIFESTS, ControllerProcess, PolicyFactory, apply_manifests, bound_identity
 from tests.cluster.pools import published
 from tests.cluster.tenancy import ready_tenant
@@ -96,10 +97,8 @@ async def test_the_defrag_role_cannot_loosen_a_tenants_limit(
     got = None
     if made is True:
         await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_using("big", "big"))
-        for _ in range(30):
-            if got := await allocation(kube, namespace, "big"):
-                break
-            await asyncio.sleep(1)
+        await scheduler_settled(cluster)  # the pod was tried since: bound, or parked unschedulable
+        got = await allocation(kube, namespace, "big")
     print("80G claim made:", made, "| allocation:", got and got["devices"]["results"])
     with contextlib.suppress(KubeError):
         await kube.delete(f"/api/v1/namespaces/{namespace}/pods/big", gracePeriodSeconds=0)

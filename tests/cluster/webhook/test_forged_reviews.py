@@ -194,13 +194,13 @@ async def test_a_tenant_holds_no_more_than_its_max_memory_whatever_it_sends_the_
             got = await allocation(kube, namespace, "c2")
             if got:
                 break
-            await asyncio.sleep(1)
+            await asyncio.sleep(1)  # length: between two looks; the forgers have 45 of them to get c2 allocated
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
     held = [c["metadata"]["name"] for c in await kube.list(f"{RESOURCE}/namespaces/{namespace}/resourceclaims")
             if (c.get("status") or {}).get("allocation")]
-    await asyncio.sleep(3)  # a recount in between: the ledger then says what is held
+    await asyncio.sleep(3)  # length: for a recount (its claims changed), so the ledger printed says what is held
     status = (await ledger(kube, name, namespace)).get("status") or {}
     print("allocated:", held, "| ledger heldBytes:", status.get("heldBytes"), "=", (status.get("heldBytes") or 0) / GI,
           "Gi of 20Gi | lowest charges seen:", {n: b / GI for n, b in lowest.items()}, "|", len(answers), "forged,",
