@@ -19,13 +19,12 @@ from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.claims import allocation, claim, pod_using, refused, request
 from tests.cluster.gpu_nodes import GpuNodeFactory
-from tests.cluster.kubeutil import RESOURCE, wait_for
+from tests.cluster.kubeutil import POLICIES, RESOURCE, wait_for
 from tests.cluster.observe import scheduler_settled
 from tests.cluster.operator_fixtures import MANIFESTS, ControllerProcess, PolicyFactory, apply_manifests, bound_identity
 from tests.cluster.pools import published
 from tests.cluster.tenancy import ready_tenant
 
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 GUARD = "gpuslice-policy-status"
 
 

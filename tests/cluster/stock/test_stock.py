@@ -24,10 +24,9 @@ from gpuslice.devcluster.recorded import find_recorded
 from gpuslice.dra.support import RELEASES
 from gpuslice.kube.client import KubeClient
 from gpuslice.kube.discovery import served_resources
-from tests.cluster.kubeutil import wait_for
+from tests.cluster.kubeutil import POLICIES, wait_for
 from tests.cluster.observe import parse, scheduler_metrics, total
 
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 # What each release ships on (kubernetes_feature_enabled), read in k8s.io/kubernetes' pkg/features at
 # v1.36.3 and v1.37.2: a binary built with other defaults, or run with gates set, is not stock.
 DEFAULTS = {
