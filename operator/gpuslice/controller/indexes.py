@@ -1,7 +1,8 @@
 """The controller's Kopf indexes: what it keeps in memory of what it watches.
 
-Kopf watches policies, namespaces, nodes, our ResourceSlices and the ResourceClaims, and keeps
-in-memory indexes of what it saw, so a reconcile reads the cluster from memory (:func:`world`)
+Kopf watches policies, namespaces, nodes, our ResourceSlices, the ResourceClaims and the pods not
+yet on a node (``PENDING_PODS``: selected by the API server), and keeps in-memory indexes of what
+it saw, so a reconcile reads the cluster from memory (:func:`world`)
 and only writes. Foreign objects are only indexed or observed: no timer, daemon or finalizer ever
 touches them. Kopf runs index handlers in a thread before it stores what they return, so they
 note nothing: the event handlers that run after them do (controller.changes says why).
@@ -23,11 +24,17 @@ from gpuslice.controller.world import FleetMemo, World
 from gpuslice.dra.names import DRIVER, LABEL_POLICY
 from gpuslice.dra.wire import pool_mark
 from gpuslice.planning.node.coexistence import other_driver_gpus
+from gpuslice.planning.reads.node_fit import NodeFacts
 from gpuslice.planning.reads.published import own_pool
 from gpuslice.planning.reads.usage import ClaimView, SliceView, slice_policies
 
 POLICY = (GROUP, VERSION, PLURAL)
 SLICES = ("resource.k8s.io", "v1", "resourceslices")
+PODS = ("v1", "pods")
+# The only pods the controller watches: those not yet on a node, selected by the API server (its
+# watch cache keeps pods by spec.nodeName), so a pod sends events from its creation until it is
+# bound (then one that it is gone from the selection), and none while it runs.
+PENDING_PODS = "spec.nodeName="
 
 
 def other_driver(spec: kopf.Spec, **_: Any) -> bool:
@@ -138,6 +145,44 @@ def other_driver_index(spec: kopf.Spec, **_: Any) -> dict[str, tuple[str, int]]:
     return {str(spec["nodeName"]): (found.driver, found.gpu_devices)} if found.gpu_devices else {}
 
 
+def node_facts_index(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeFacts]:
+    """What a pod's placement is judged against: the node's labels and its scheduling taints."""
+    return {name: NodeFacts.from_body(body)}
+
+
+def claiming(spec: kopf.Spec, **_: Any) -> bool:
+    """A pod with claims (only such a pod can wait for devices)."""
+    return bool(spec.get("resourceClaims"))
+
+
+def pending_pod_index(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], Any]:
+    """A pod not yet on a node, with what the scheduler retry and the defragmenter read of it."""
+    return {(namespace or "", name): pending_pod(body)}
+
+
+def pending_pod(body: Any) -> dict[str, Any]:
+    """What is kept of a pod not yet on a node: its identity, claims, placement and the scheduler's
+    last word (the rest of a pod, its containers, is not kept)."""
+    meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
+    return {
+        "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp")
+                     if k in meta},
+        "spec": {k: spec[k] for k in ("nodeName", "resourceClaims", "nodeSelector", "affinity", "tolerations")
+                 if k in spec},
+        "status": {"phase": status.get("phase", "Pending"),
+                   "conditions": [c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"],
+                   "resourceClaimStatuses": status.get("resourceClaimStatuses") or []},
+    }
+
+
+def pending_pods(kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+    return _values(kwargs["pending_pod_index"])
+
+
+def node_facts(kwargs: dict[str, Any]) -> dict[str, NodeFacts]:
+    return _one_per_key(kwargs["node_facts_index"])
+
+
 def claim_index(namespace: str | None, name: str, status: kopf.Status, **_: Any) -> dict[tuple[str, str], Any]:
     return {(namespace or "", name): ClaimView.from_claim(namespace or "", name, status)}
 
@@ -152,6 +197,8 @@ def register_indexes(registry: kopf.OperatorRegistry) -> None:
                labels={LABEL_POLICY: kopf.PRESENT})(quota_index)
     kopf.index(GROUP, VERSION, LEDGER_PLURAL, registry=registry, id="ledger_index")(ledger_index)
     kopf.index("v1", "nodes", registry=registry, id="node_index")(node_index)
+    kopf.index("v1", "nodes", registry=registry, id="node_facts_index")(node_facts_index)
+    kopf.index(*PODS, registry=registry, id="pending_pod_index", when=claiming)(pending_pod_index)
     kopf.index(*SLICES, registry=registry, id="slice_index", when=ours)(slice_index)
     kopf.index(*SLICES, registry=registry, id="policy_pool_index", when=ours)(policy_pool_index)
     kopf.index(*SLICES, registry=registry, id="other_driver_index", when=other_driver)(other_driver_index)

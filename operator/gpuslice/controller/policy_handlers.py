@@ -17,7 +17,7 @@ from gpuslice.api.policy import GROUP
 from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
 from gpuslice.controller.crd import crd_leaving as crd_is_leaving
 from gpuslice.controller.defrag_auto import Defragmenter
-from gpuslice.controller.indexes import POLICY, overuse_policies
+from gpuslice.controller.indexes import PENDING_PODS, PODS, POLICY, node_facts, overuse_policies, pending_pods
 from gpuslice.controller.overuse import EVICTION_RETRY
 from gpuslice.controller.reconcile import reconcile
 from gpuslice.controller.retry import SchedulerRetry
@@ -46,6 +46,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> N
     # Lists (at start, and after a watch's 410 Gone) in pages of 500, as client-go's reflector:
     # a thousand nodes' slices are one ~60 MB answer otherwise, parsed at once.
     settings.watching.chunk_size = 500
+    settings.watching.field_selectors[PODS] = PENDING_PODS  # pods not yet on a node only (indexes.py)
     settings.networking.request_timeout = ours.request_timeout
     settings.networking.error_backoffs = EndlessBackoff()  # back within 5 s of the API server
     settings.execution.default_backoff = 5
@@ -54,7 +55,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> N
     settings.process.ultimate_exiting_timeout = ours.shutdown_grace
     # Set on the memo Kopf copies for each object it then watches: every handler sees them.
     memo.ctx = await start_context(await memo.client(), ours)
-    memo.defrag = Defragmenter(memo.ctx.kube, ours)
+    memo.defrag = Defragmenter(memo.ctx.kube, ours, version=lambda: memo.changes.devices_version)
     memo.retry = SchedulerRetry(memo.ctx.kube, ours.scheduler_retry_interval, lambda: memo.changes.devices_version)
 
 
@@ -131,25 +132,27 @@ async def defragment(body: kopf.Body, memo: Runtime, stopped: kopf.DaemonStopped
             return
         delay = 10.0
         try:
-            delay = await memo.defrag.tick(body)
+            delay = await memo.defrag.tick(body, pending_pods(kwargs))
         except KubeError as error:  # the API server away or busy: the record says where to go on
             log.warning("defragmentation step failed; will retry", policy=body["metadata"]["name"],
                         error=str(error))
         except Exception:  # a move must never end the daemon: the next tick reads the record again
             log.exception("defragmentation step failed unexpectedly; will retry", policy=body["metadata"]["name"])
-        await _retry(memo)
+        await _retry(memo, kwargs)
         await stopped.wait(delay)
     if memo.defrag is not None:
         memo.defrag.forget(body["metadata"]["name"])
 
 
-async def _retry(memo: Runtime) -> None:
+async def _retry(memo: Runtime, kwargs: dict[str, Any]) -> None:
     """Pods the scheduler turned away whose devices are free (controller.retry): looked for from
-    every policy's daemon, at most once per interval in all, only while this copy leads."""
+    every policy's daemon, at most once per interval in all, only while this copy leads, in what
+    the watches hold."""
     if memo.retry is None:
         return
     try:
-        await memo.retry.tick()
+        policies = [b for store in kwargs["policy_index"].values() for b in store]
+        await memo.retry.tick(policies, pending_pods(kwargs), node_facts(kwargs))
     except KubeError as error:
         log.warning("could not look for pods the scheduler turned away; will look again", error=str(error))
     except Exception:  # never ends the daemon

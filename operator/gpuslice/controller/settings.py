@@ -49,13 +49,16 @@ class ControllerSettings(ProcessSettings):
     webhook_cert_interval: float = Field(default=600.0, gt=0, description=(
         "Seconds between checks of the webhook's certificates (and of the caBundle someone may have removed)."))
     defrag_interval: float = Field(default=30.0, gt=0, description=(
-        "Seconds between looks, per policy in defragmentation mode Auto, for pods waiting long enough that"
-        " moving pods would make room for (a look lists the claims, and the pods of the policy's tenants)."))
+        "Seconds between looks at most, per policy in defragmentation mode Auto, for pods waiting long enough"
+        " that moving pods would make room for. A look reads the cluster (the claims, and the pods of the"
+        " policy's tenants) only when the controller's watch holds a pod of its tenants waiting that long and"
+        " something changed since the last look."))
     scheduler_retry_interval: float = Field(default=30.0, ge=0, description=(
         "Seconds between looks for pods kube-scheduler turned away while allocations it then failed to write"
         " were in flight (a tenant over its maxMemory), whose devices are free: the controller annotates their"
-        " DeviceClass, which makes the scheduler try them again instead of after its 5-minute flush. A look lists"
-        " the pods not yet on a node in the tenant namespaces; 0 turns it off."))
+        " DeviceClass, which makes the scheduler try them again instead of after its 5-minute flush. A look reads"
+        " the pods from the controller's watch of pods not yet on a node, and lists the slices and claims (once"
+        " each, cluster-wide) only when such a pod is due and something changed; 0 turns it off."))
     defrag_timeout: float = Field(default=300.0, gt=0, description=(
         "Seconds a move may take, from its start until the waiting claim is allocated, before it is given up:"
         " its record goes and its GPU's taint lifts (gpuslice defrag --timeout sets its own)."))
