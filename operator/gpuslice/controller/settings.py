@@ -19,8 +19,10 @@ class ControllerSettings(ProcessSettings):
         "Seconds between full re-applies of a policy's objects, which repair edits made by others (each is"
         " one LIST per owned kind)."))
     crd_interval: float = Field(default=10.0, gt=0, description=(
-        "Seconds between checks that the GpuSlicePolicy CRD is still served (discovery); once it is gone"
-        " the controller stops Kopf and waits for it, asking again after 1 s doubling to 30 s."))
+        "A watch of the GpuSlicePolicy CRD says when it goes (no request while it stays served); this is how"
+        " often it is asked instead while it is being deleted with policies left, or where the RBAC grants no"
+        " watch of it. Once it is gone the controller stops Kopf and waits for it, asking again after 1 s"
+        " doubling to 30 s."))
     first_retry: float = Field(default=2.0, gt=0, description=(
         "Seconds before a failed converge is tried again; doubles with each failure of the same generation."))
     last_retry: float = Field(default=300.0, gt=0, description=(
