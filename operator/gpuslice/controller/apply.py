@@ -1,15 +1,18 @@
 """Make the cluster hold exactly a policy's desired objects, writing only what differs.
 
-Each kind is listed once by the policy's label; an object whose live state
-already contains everything we want is left alone (no request at all), others
-are server-side applied with one field manager, and labelled objects we no
-longer want are deleted.
+Each kind's objects of the policy (by its label) come from the controller's
+watches (controller.indexes), or are listed once where it does not watch them;
+an object whose live state already contains everything we want is left alone
+(no request at all), others are server-side applied with one field manager,
+and labelled objects we no longer want are deleted. A watch a moment behind the
+controller's own writes costs at most a write again (the same manifest: the API
+server changes nothing) or a delete that finds nothing.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +34,9 @@ REST_KINDS = (("resource.k8s.io/v1", "ResourceClaimTemplate"),)
 # maxMemory ledgers (their spec), in gpuslice-system: after the quotas, before anyone is admitted.
 LEDGER_KINDS = (("gpuslice.dev/v1alpha1", "GpuSliceLedger"),)
 OWNED_KINDS = (*LIMIT_KINDS, *REST_KINDS)
+# What the controller watches of them (controller.indexes.OWNED); DeviceTaintRules, which it only
+# prunes (an earlier version made them), are listed.
+WATCHED_KINDS = frozenset({*OWNED_KINDS, *LEDGER_KINDS})
 
 
 def contains(want: Any, have: Any) -> bool:
@@ -88,14 +94,20 @@ async def apply_object(kube: KubeClient, manifest: dict[str, Any], live: dict[st
 
 
 async def converge(
-    kube: KubeClient, policy: str, desired: Sequence[dict[str, Any]], kinds: Sequence[tuple[str, str]]
+    kube: KubeClient, policy: str, desired: Sequence[dict[str, Any]], kinds: Sequence[tuple[str, str]],
+    watched: Sequence[Mapping[str, Any]] | None = None,
 ) -> ApplyResult:
-    """Apply ``desired`` and delete the policy's other objects of ``kinds``."""
+    """Apply ``desired`` and delete the policy's other objects of ``kinds``. ``watched``: the
+    policy's objects as the controller's watches hold them, for the kinds in WATCHED_KINDS (None:
+    listed); the others are listed."""
     result = ApplyResult()
     wanted = {object_path(m): m for m in desired}
     for api_version, kind in kinds:
         try:
-            items = await kube.list(collection(api_version, kind), labelSelector=f"{LABEL_POLICY}={policy}")
+            if watched is not None and (api_version, kind) in WATCHED_KINDS:
+                items = [dict(o) for o in watched if (o.get("apiVersion"), o.get("kind")) == (api_version, kind)]
+            else:
+                items = await kube.list(collection(api_version, kind), labelSelector=f"{LABEL_POLICY}={policy}")
         except KubeError as error:
             result.errors.append(f"listing {kind}: {error.message}")
             result.failed |= {p for p, m in wanted.items() if (m["apiVersion"], m["kind"]) == (api_version, kind)}

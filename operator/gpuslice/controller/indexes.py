@@ -70,6 +70,7 @@ def world(kwargs: dict[str, Any], memo: FleetMemo | None = None, nodes_version: 
         nodes_version=nodes_version,
         memo=memo,
         other_drivers={node: list(store) for node, store in kwargs["other_driver_index"].items()},
+        owned=owned_objects(kwargs),
     )
 
 
@@ -183,6 +184,33 @@ def node_facts(kwargs: dict[str, Any]) -> dict[str, NodeFacts]:
     return _one_per_key(kwargs["node_facts_index"])
 
 
+# The kinds a policy owns, each watched for its objects (labelled with their policy): a converge,
+# and so the drift repair every 120 s, compares what it wants with these instead of listing.
+OWNED = {
+    "owned_class_index": ("resource.k8s.io", "v1", "deviceclasses"),
+    "owned_quota_index": ("v1", "resourcequotas"),
+    "owned_template_index": ("resource.k8s.io", "v1", "resourceclaimtemplates"),
+    "owned_ledger_index": (GROUP, VERSION, LEDGER_PLURAL),
+}
+
+
+def owned_index(labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+    """One of a policy's objects, by its policy: what a converge compares with what it wants."""
+    meta = body.get("metadata") or {}
+    kept = {k: meta[k] for k in ("name", "namespace", "labels", "annotations", "ownerReferences") if k in meta}
+    return {str(labels[LABEL_POLICY]): {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                                         "metadata": kept, "spec": body.get("spec")}}
+
+
+def owned_objects(kwargs: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Each policy's objects of the owned kinds, as the watches hold them."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for index in OWNED:
+        for policy, store in kwargs[index].items():
+            found.setdefault(policy, []).extend(store)
+    return found
+
+
 def claim_index(namespace: str | None, name: str, status: kopf.Status, **_: Any) -> dict[tuple[str, str], Any]:
     return {(namespace or "", name): ClaimView.from_claim(namespace or "", name, status)}
 
@@ -203,3 +231,5 @@ def register_indexes(registry: kopf.OperatorRegistry) -> None:
     kopf.index(*SLICES, registry=registry, id="policy_pool_index", when=ours)(policy_pool_index)
     kopf.index(*SLICES, registry=registry, id="other_driver_index", when=other_driver)(other_driver_index)
     kopf.index("resource.k8s.io", "v1", "resourceclaims", registry=registry, id="claim_index")(claim_index)
+    for index, resource in OWNED.items():
+        kopf.index(*resource, registry=registry, id=index, labels={LABEL_POLICY: kopf.PRESENT})(owned_index)

@@ -17,7 +17,14 @@ from gpuslice.api.policy import GROUP
 from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
 from gpuslice.controller.crd import crd_leaving as crd_is_leaving
 from gpuslice.controller.defrag_auto import Defragmenter
-from gpuslice.controller.indexes import PENDING_PODS, PODS, POLICY, node_facts, overuse_policies, pending_pods
+from gpuslice.controller.indexes import (
+    PENDING_PODS,
+    PODS,
+    POLICY,
+    node_facts,
+    overuse_policies,
+    pending_pods,
+)
 from gpuslice.controller.overuse import EVICTION_RETRY
 from gpuslice.controller.reconcile import reconcile
 from gpuslice.controller.retry import SchedulerRetry
@@ -26,6 +33,7 @@ from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import start_context
 from gpuslice.controller.status_write import report_deleting
 from gpuslice.controller.tenancy_labels import sync_routes
+from gpuslice.dra.names import LABEL_POLICY
 from gpuslice.kube.client import EndlessBackoff, KubeError
 
 log = structlog.get_logger(__name__)
@@ -47,6 +55,9 @@ async def startup(settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> N
     # a thousand nodes' slices are one ~60 MB answer otherwise, parsed at once.
     settings.watching.chunk_size = 500
     settings.watching.field_selectors[PODS] = PENDING_PODS  # pods not yet on a node only (indexes.py)
+    # Only gpuslice's quotas and templates, selected by the API server (the cluster's others never sent).
+    for resource in (("v1", "resourcequotas"), ("resource.k8s.io", "resourceclaimtemplates")):
+        settings.watching.label_selectors[resource] = LABEL_POLICY
     settings.networking.request_timeout = ours.request_timeout
     settings.networking.error_backoffs = EndlessBackoff()  # back within 5 s of the API server
     settings.execution.default_backoff = 5
@@ -55,6 +66,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> N
     settings.process.ultimate_exiting_timeout = ours.shutdown_grace
     # Set on the memo Kopf copies for each object it then watches: every handler sees them.
     memo.ctx = await start_context(await memo.client(), ours)
+    memo.ctx.canary_every = ours.drift_interval  # one tenancy probe per drift interval in all (state.py)
     memo.defrag = Defragmenter(memo.ctx.kube, ours, version=lambda: memo.changes.devices_version)
     memo.retry = SchedulerRetry(memo.ctx.kube, ours.scheduler_retry_interval, lambda: memo.changes.devices_version)
 
@@ -103,7 +115,7 @@ async def refresh_status(body: kopf.Body, memo: Runtime, **kwargs: Any) -> None:
     # is tried again on every refresh (a dry run), not only when the converge's backoff is up.
     state = ctx.policy(name)
     probed, unenforced = state.tenancy or (None, None)
-    probed = probed == body["metadata"].get("generation") and not unenforced
+    probed = probed == body["metadata"].get("generation") and not unenforced and not ctx.stale_probe(name)
     if not changes.take(name) and judged and probed and not state.unconverged and not state.clock_wait:
         return  # nothing this policy's status reads has changed since its last refresh
     try:

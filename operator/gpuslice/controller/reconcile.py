@@ -195,7 +195,9 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     if not problems and converge_objects:
         active = {n for n, view in world.namespaces.items() if view.active}
         desired = desired_objects(policy, active)
-        limits = await converge(ctx.kube, policy.name, desired.limits(), LIMIT_KINDS)
+        # What the watches hold of the policy's objects (None: a World made by hand; they are listed).
+        watched = world.owned.get(policy.name, []) if world.owned is not None else None
+        limits = await converge(ctx.kube, policy.name, desired.limits(), LIMIT_KINDS, watched)
         # What the classes now enforce, before anyone is admitted under it: the admission policy
         # judges claims against this record, never against a spec not converged (tenancy_rule).
         failed = {path.rsplit("/", 1)[1] for path in limits.failed if "/deviceclasses/" in path}
@@ -205,12 +207,16 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         wanted = desired_ledgers(policy, uids)
         ledgers = ApplyResult()
         if wanted or any(found.policy == policy.name for found in world.ledgers.values()):
-            ledgers = await converge(ctx.kube, policy.name, wanted, LEDGER_KINDS)
+            ledgers = await converge(ctx.kube, policy.name, wanted, LEDGER_KINDS, watched)
         memory_unproven = await _admit(ctx, policy, world, kinds, converged=True)
         # DeviceTaintRules are no longer made (taints travel on the devices); listing the kind
-        # prunes those an earlier version made.
-        rest = await converge(ctx.kube, policy.name, desired.rest(),
-                              [*REST_KINDS, (ctx.taint_rule_api, "DeviceTaintRule")])
+        # prunes those an earlier version made, once per generation of the policy.
+        generation = policy.metadata.generation or 0
+        pruned = ctx.taint_rules_pruned.get(policy.name) == generation
+        prune = [] if pruned else [(ctx.taint_rule_api, "DeviceTaintRule")]
+        rest = await converge(ctx.kube, policy.name, desired.rest(), [*REST_KINDS, *prune], watched)
+        if prune and not any("devicetaintrule" in e.lower() for e in rest.errors):
+            ctx.taint_rules_pruned[policy.name] = generation
         errors, taken = labelling + limits.errors + ledgers.errors + rest.errors, limits.taken + rest.taken
         try:
             plan = plan_labels(set(policy.spec.admin_access.namespaces), world.namespaces, records(ctx, policy)[0],
@@ -219,12 +225,15 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
                                     lambda record: _write_records(ctx, policy, labels=frozenset(record)))
         except KubeError as error:
             errors.append(f"labelling admin-access namespaces: {error.message}")
-        unanswered = await _probe(ctx, policy, kinds[0].class_name)
+        if ctx.probe_due(policy.name, policy.metadata.generation):
+            unanswered = await _probe(ctx, policy, kinds[0].class_name)
     else:
         memory_unproven = await _admit(ctx, policy, world, kinds)
         probed = ctx.policy(policy.name).tenancy
-        if not problems and probed is not None and probed[1] and probed[0] == policy.metadata.generation:
-            # This generation's probe failed: probe again (a dry run), not only at the next converge.
+        refused = probed is not None and bool(probed[1]) and probed[0] == policy.metadata.generation
+        if not problems and (refused or ctx.stale_probe(policy.name)):
+            # This generation's probe failed, or another policy's canary did: probe again (a dry run),
+            # not only at the next converge.
             unanswered = await _probe(ctx, policy, kinds[0].class_name)
     if unanswered is not None and policy.status.observed_generation == policy.metadata.generation:
         raise unanswered  # the status already judged this generation: it stands until an answer comes
@@ -297,5 +306,5 @@ async def _probe(ctx: Context, policy: GpuSlicePolicy, class_name: str) -> KubeE
         if not error.transient:
             raise
         return error
-    ctx.policy(policy.name).tenancy = (policy.metadata.generation, unenforced)
+    ctx.probed(policy.name, policy.metadata.generation, unenforced)
     return None

@@ -16,8 +16,9 @@ class ControllerSettings(ProcessSettings):
         "Seconds between checks of each policy's status; a check computes from memory and writes only when"
         " something it reads changed, so a short interval costs little."))
     drift_interval: float = Field(default=120.0, gt=0, description=(
-        "Seconds between full re-applies of a policy's objects, which repair edits made by others (each is"
-        " one LIST per owned kind)."))
+        "Seconds between full re-applies of a policy's objects, which repair edits made by others. Each compares"
+        " what the policy wants with what the controller's watches hold and writes only what differs; one"
+        " policy's tenancy probe each interval stands for all."))
     crd_interval: float = Field(default=10.0, gt=0, description=(
         "A watch of the GpuSlicePolicy CRD says when it goes (no request while it stays served); this is how"
         " often it is asked instead while it is being deleted with policies left, or where the RBAC grants no"

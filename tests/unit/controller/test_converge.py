@@ -148,3 +148,45 @@ async def test_a_failed_converge_backs_off_and_converges_once_the_fault_is_gone(
     assert api.get(TEMPLATE) is not None
     status = (api.get(f"{bodies.POLICIES}/p") or {})["status"]
     assert [c["status"] for c in status["conditions"] if c["type"] == "Valid"] == ["True"]
+
+
+async def test_a_drift_converge_reads_from_the_watches_and_one_probe_a_drift_interval_stands_for_all(
+        api: FakeApi, kube: KubeClient, policy: dict[str, Any]) -> None:
+    """Repairing drift every 120 s per policy cost a LIST per owned kind and a tenancy probe each:
+    at 50 policies, 350 requests every two minutes whatever changed. Now what the policy owns comes
+    from the watches, DeviceTaintRules (pruned only) are listed once, and one policy's probe a drift
+    interval stands for all; a canary that finds tenancy gone has every policy probed again."""
+    api.put(bodies.policy("q", {"mode": "memory", "sliceSize": "20G"}, judged=False, tenants=("team-b",), node="n2"),
+            bodies.namespace("team-b"), bodies.node("n2"))
+    clock = Clock()
+    ctx = Context(kube=kube, username="system:serviceaccount:gpuslice-system:gpuslice-controller", clock=clock,
+                  canary_every=120.0)
+    for name in ("p", "q"):
+        await reconcile(ctx, api.get(f"{bodies.POLICIES}/{name}") or {}, world(api))
+    probes = [r for r in api.requests if r.method == "POST" and "/resourceclaims" in r.path]
+    assert len(probes) == 2  # each generation is proved once it converges
+
+    since = len(api.requests)
+    clock.now += 60.0
+    for name in ("p", "q"):
+        await reconcile(ctx, api.get(f"{bodies.POLICIES}/{name}") or {}, world(api))
+    assert [str(r) for r in api.requests[since:]] == [], "a drift converge with nothing to repair makes no request"
+    clock.now += 61.0
+    for name in ("p", "q"):
+        await reconcile(ctx, api.get(f"{bodies.POLICIES}/{name}") or {}, world(api))
+    canary = api.requests[since:]
+    assert [(r.method, r.dry_run) for r in canary if r.method != "GET"] == [("POST", True)], "one canary for both"
+    assert all("/validatingadmissionpolic" in r.path for r in canary if r.method == "GET")  # the probe's own
+
+    # Someone takes the tenancy rule away: the next canary finds it, and every policy is probed again.
+    api.admission.clear()
+    since = len(api.requests)
+    clock.now += 121.0
+    with pytest.raises(kopf.TemporaryError):
+        await reconcile(ctx, api.get(f"{bodies.POLICIES}/p") or {}, world(api))
+    assert ctx.stale_probe("q")
+    with contextlib.suppress(kopf.TemporaryError):
+        await reconcile(ctx, api.get(f"{bodies.POLICIES}/q") or {}, world(api), converge_objects=False)
+    valid = {n: [c["reason"] for c in (api.get(f"{bodies.POLICIES}/{n}") or {})["status"]["conditions"]
+                 if c["type"] == "Valid"] for n in ("p", "q")}
+    assert valid == {"p": ["TenancyNotEnforced"], "q": ["TenancyNotEnforced"]}
