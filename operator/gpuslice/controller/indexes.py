@@ -14,10 +14,12 @@ from typing import Any
 
 import kopf
 
+from gpuslice.api.agent_view import VIEW_PLURAL
 from gpuslice.api.ledger import LEDGER_PLURAL
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.api.resource import GpuSlicePolicy, valid_policy
 from gpuslice.controller.admin_access import NamespaceView
+from gpuslice.controller.apply import APPLIED
 from gpuslice.controller.overuse import Policies
 from gpuslice.controller.tenancy import LedgerView, QuotaView
 from gpuslice.controller.world import FleetMemo, World
@@ -211,6 +213,15 @@ def owned_objects(kwargs: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
+def view_index(name: str, annotations: kopf.Annotations, **_: Any) -> dict[str, str | None]:
+    """Each policy's agent view, by the digest of what was last applied to it (controller.agent_views)."""
+    return {name: annotations.get(APPLIED)}
+
+
+def views(kwargs: dict[str, Any]) -> dict[str, str | None]:
+    return _one_per_key(kwargs["view_index"])
+
+
 def claim_index(namespace: str | None, name: str, status: kopf.Status, **_: Any) -> dict[tuple[str, str], Any]:
     return {(namespace or "", name): ClaimView.from_claim(namespace or "", name, status)}
 
@@ -231,5 +242,6 @@ def register_indexes(registry: kopf.OperatorRegistry) -> None:
     kopf.index(*SLICES, registry=registry, id="policy_pool_index", when=ours)(policy_pool_index)
     kopf.index(*SLICES, registry=registry, id="other_driver_index", when=other_driver)(other_driver_index)
     kopf.index("resource.k8s.io", "v1", "resourceclaims", registry=registry, id="claim_index")(claim_index)
+    kopf.index(GROUP, VERSION, VIEW_PLURAL, registry=registry, id="view_index")(view_index)
     for index, resource in OWNED.items():
         kopf.index(*resource, registry=registry, id=index, labels={LABEL_POLICY: kopf.PRESENT})(owned_index)

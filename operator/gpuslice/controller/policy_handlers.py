@@ -15,6 +15,7 @@ import structlog
 
 from gpuslice.api.policy import GROUP
 from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
+from gpuslice.controller.agent_views import sync_view_quietly
 from gpuslice.controller.crd import crd_leaving as crd_is_leaving
 from gpuslice.controller.defrag_auto import Defragmenter
 from gpuslice.controller.indexes import (
@@ -24,6 +25,7 @@ from gpuslice.controller.indexes import (
     node_facts,
     overuse_policies,
     pending_pods,
+    views,
 )
 from gpuslice.controller.overuse import EVICTION_RETRY
 from gpuslice.controller.reconcile import reconcile
@@ -109,6 +111,8 @@ async def refresh_status(body: kopf.Body, memo: Runtime, **kwargs: Any) -> None:
     if _orphaned(body, kwargs):
         return
     name = body["metadata"]["name"]
+    # A view write that failed at the policy's event is tried again here (in memory when it stands).
+    await sync_view_quietly(memo.context().kube, body, False, memo.context().views, views(kwargs))
     judged = (body.get("status") or {}).get("observedGeneration") == body["metadata"].get("generation")
     ctx, changes = memo.context(), memo.changes
     # Probed for this generation, and the apiserver refused the probe as it should; a failed probe
@@ -171,8 +175,11 @@ async def _retry(memo: Runtime, kwargs: dict[str, Any]) -> None:
         log.exception("looking for pods the scheduler turned away failed unexpectedly; will look again")
 
 
-async def policy_event(type: str | None, memo: Runtime, **kwargs: Any) -> None:
-    """The last policy gone: if its CRD is being deleted, Kopf must stop before the CRD goes."""
+async def policy_event(type: str | None, body: kopf.Body, memo: Runtime, **kwargs: Any) -> None:
+    """The policy's agent view follows it (controller.agent_views). The last policy gone: if its CRD
+    is being deleted, Kopf must stop before the CRD goes."""
+    if memo.ctx is not None:
+        await sync_view_quietly(memo.ctx.kube, body, type == "DELETED", memo.ctx.views, views(kwargs))
     if type == "DELETED" and memo.crd_leaving is not None and not kwargs["policy_index"] and memo.ctx is not None:
         with contextlib.suppress(KubeError):  # the periodic check asks again
             if await crd_is_leaving(memo.ctx.kube):
