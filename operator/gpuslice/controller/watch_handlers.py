@@ -125,19 +125,14 @@ async def namespace_event(name: str, labels: kopf.Labels, uid: str | None, statu
     await reconcile_each(ctx, affected, now)
 
 
-async def slice_event(spec: kopf.Spec, annotations: kopf.Annotations, type: str | None, memo: Runtime,
-                      **kwargs: Any) -> None:
-    """Devices came or went: their policies' status follows at once. Nothing a policy makes
-    depends on its devices (taints travel on them), so its objects are not converged again: at
-    1,000 nodes that was a third of the requests until the fleet was published."""
-    view = SliceView.from_slice(spec, annotations)
-    told = memo.changes.slice_seen(view)  # a deleted slice's devices count too
-    if type is None or memo.ctx is None:
-        return  # the initial listing: resume handlers cover it
-    now = memo.world(kwargs)
-    names = sorted(told)
-    await reconcile_each(memo.ctx, [now.policies[n] for n in names if n in now.policies], now,
-                         converge_objects=False)
+async def slice_event(spec: kopf.Spec, annotations: kopf.Annotations, memo: Runtime, **_: Any) -> None:
+    """Devices came or went: their policies' status follows at its next refresh (at most every
+    ``--status-interval``), not at once. Nothing a policy makes depends on its devices (taints
+    travel on them), so its objects are not converged again; and a status written at each node's
+    publish was one write per node per policy while a fleet published, each sent to every watcher
+    of the policies: now a policy's status is written at most once per interval, however many
+    nodes publish meanwhile."""
+    memo.changes.slice_seen(SliceView.from_slice(spec, annotations))  # a deleted slice's devices count too
 
 
 async def quota_event(namespace: str | None, name: str, labels: kopf.Labels, meta: kopf.Meta,
