@@ -12,7 +12,7 @@ server changes nothing) or a delete that finds nothing.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,31 +75,58 @@ def stamped(manifest: dict[str, Any]) -> dict[str, Any]:
     return {**manifest, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), APPLIED: digest}}}
 
 
-async def apply_object(kube: KubeClient, manifest: dict[str, Any], live: dict[str, Any] | None) -> bool:
-    """Apply ``manifest`` unless ``live`` already matches; True when something was written."""
+Applied = MutableMapping[str, tuple[str | None, int]]  # path -> (digest applied, None: deleted; resourceVersion)
+
+
+def _version(body: Mapping[str, Any] | None) -> int | None:
+    text = str(((body or {}).get("metadata") or {}).get("resourceVersion"))
+    return int(text) if text.isdigit() else None
+
+
+def newer(applied: Applied | None, path: str, live: Mapping[str, Any] | None) -> tuple[str | None, int] | None:
+    """What the controller itself last did to ``path``, when the watch shows it (``live``) at an older
+    version. An object the watch does not show is not judged so: it may have been deleted since."""
+    mine = (applied or {}).get(path)
+    version = _version(live)
+    if mine is None or version is None or version >= mine[1]:
+        return None
+    return mine
+
+
+async def apply_object(kube: KubeClient, manifest: dict[str, Any], live: dict[str, Any] | None,
+                       applied: Applied | None = None) -> bool:
+    """Apply ``manifest`` unless ``live`` already matches, or (``applied``) the controller's own
+    write of it that the watch has not shown yet does; True when something was written."""
     manifest = stamped(manifest)
-    if live is not None and contains(manifest, live):
-        return False
     path = object_path(manifest)
+    mine = newer(applied, path, live)
+    if mine is not None and mine[0] == manifest["metadata"]["annotations"][APPLIED]:
+        return False
+    if mine is None and live is not None and contains(manifest, live):
+        return False
     try:
-        await kube.apply(path, manifest, field_manager=FIELD_MANAGER)
+        answer = await kube.apply(path, manifest, field_manager=FIELD_MANAGER)
     except Invalid as error:
         if not (error.immutable and live is not None):
             raise
         # A ResourceClaimTemplate's spec cannot change: replace the template. Claims
         # already made from it keep their own copy of the spec.
         await kube.delete(path)
-        await kube.apply(path, manifest, field_manager=FIELD_MANAGER)
+        answer = await kube.apply(path, manifest, field_manager=FIELD_MANAGER)
+    version = _version(answer)
+    if applied is not None and version is not None:
+        applied[path] = (manifest["metadata"]["annotations"][APPLIED], version)
     return True
 
 
 async def converge(
     kube: KubeClient, policy: str, desired: Sequence[dict[str, Any]], kinds: Sequence[tuple[str, str]],
-    watched: Sequence[Mapping[str, Any]] | None = None,
+    watched: Sequence[Mapping[str, Any]] | None = None, applied: Applied | None = None,
 ) -> ApplyResult:
     """Apply ``desired`` and delete the policy's other objects of ``kinds``. ``watched``: the
     policy's objects as the controller's watches hold them, for the kinds in WATCHED_KINDS (None:
-    listed); the others are listed."""
+    listed); the others are listed. ``applied``: what the controller itself last wrote or deleted,
+    taken over a watched object older than that (kept up to date here)."""
     result = ApplyResult()
     wanted = {object_path(m): m for m in desired}
     for api_version, kind in kinds:
@@ -121,7 +148,7 @@ async def converge(
             if (manifest["apiVersion"], manifest["kind"]) != (api_version, kind):
                 continue
             try:
-                if await apply_object(kube, manifest, live.get(path)):
+                if await apply_object(kube, manifest, live.get(path), applied):
                     result.written.append(path)
                     failpoint("controller.object-applied")
             except KubeError as error:
@@ -133,9 +160,15 @@ async def converge(
                 else:
                     result.errors.append(f"applying {kind} {where}: {error.message}")
         for path in sorted(set(live) - set(wanted)):
+            mine = newer(applied, path, live[path])
+            if mine is not None and mine[0] is None:
+                continue  # deleted already; the watch has not shown it yet
             try:
-                await kube.delete(path)
+                answer = await kube.delete(path)
                 result.deleted.append(path)
+                version = _version(answer)
+                if applied is not None and version is not None:
+                    applied[path] = (None, version + 1)  # its deletion comes after its last version
             except NotFound:
                 pass
             except KubeError as error:

@@ -10,6 +10,7 @@ note nothing: the event handlers that run after them do (controller.changes says
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import kopf
@@ -72,7 +73,7 @@ def world(kwargs: dict[str, Any], memo: FleetMemo | None = None, nodes_version: 
         nodes_version=nodes_version,
         memo=memo,
         other_drivers={node: list(store) for node, store in kwargs["other_driver_index"].items()},
-        owned=owned_objects(kwargs),
+        owned=OwnedObjects(kwargs),
     )
 
 
@@ -105,10 +106,10 @@ def parsed_index(name: str, body: kopf.Body, **_: Any) -> dict[str, GpuSlicePoli
     return {name: valid_policy(body)}
 
 
-def namespace_index(name: str, labels: kopf.Labels, uid: str | None, status: kopf.Status,
+def namespace_index(name: str, labels: kopf.Labels, uid: str | None, status: kopf.Status, meta: kopf.Meta,
                     **_: Any) -> dict[str, NamespaceView]:
     """What changed is noted by namespace_event, once this index holds it (changes.py says why)."""
-    return {name: NamespaceView.from_namespace(labels, uid, status)}
+    return {name: NamespaceView.from_namespace(labels, uid, status, meta.get("resourceVersion"))}
 
 
 def class_index(name: str, labels: kopf.Labels, spec: kopf.Spec, **_: Any) -> dict[str, str | bool | None]:
@@ -199,18 +200,28 @@ OWNED = {
 def owned_index(labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
     """One of a policy's objects, by its policy: what a converge compares with what it wants."""
     meta = body.get("metadata") or {}
-    kept = {k: meta[k] for k in ("name", "namespace", "labels", "annotations", "ownerReferences") if k in meta}
+    kept = {k: meta[k] for k in ("name", "namespace", "labels", "annotations", "ownerReferences", "resourceVersion")
+            if k in meta}
     return {str(labels[LABEL_POLICY]): {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
                                          "metadata": kept, "spec": body.get("spec")}}
 
 
-def owned_objects(kwargs: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """Each policy's objects of the owned kinds, as the watches hold them."""
-    found: dict[str, list[dict[str, Any]]] = {}
-    for index in OWNED:
-        for policy, store in kwargs[index].items():
-            found.setdefault(policy, []).extend(store)
-    return found
+class OwnedObjects(Mapping[str, list[dict[str, Any]]]):
+    """Each policy's objects of the owned kinds, as the watches hold them when asked (Kopf's indexes
+    are live): a converge that waited for the policy's lock sees what the one before it wrote, not
+    what its handler saw when it began."""
+
+    def __init__(self, kwargs: dict[str, Any]) -> None:
+        self.indexes = [kwargs[index] for index in OWNED]
+
+    def __getitem__(self, policy: str) -> list[dict[str, Any]]:
+        return [body for index in self.indexes for body in index.get(policy, ())]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({policy for index in self.indexes for policy in index})
+
+    def __len__(self) -> int:
+        return len(set(self))
 
 
 def view_index(name: str, annotations: kopf.Annotations, **_: Any) -> dict[str, str | None]:

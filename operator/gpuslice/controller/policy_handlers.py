@@ -207,7 +207,7 @@ async def policy_deleted(name: str, body: kopf.Body, memo: Runtime, **kwargs: An
         # The namespaces only this policy named lose their tenancy label before it goes: with
         # the CRD deleted next, none is left routed to a rule whose parameter is gone.
         others = (b for n, b in now.policies.items() if n != name)
-        await sync_routes(ctx.kube, ctx.tenancy_labels, now.namespaces, others, ctx.namespace)
+        await sync_routes(ctx.kube, ctx.tenancy_labels, now.namespaces, others, ctx.namespace, ctx.routes_written)
     ctx.forget(name, str(body["metadata"].get("uid") or ""))
     memo.changes.forget(name)
     memo.changes.everything()  # a conflict it caused may be gone

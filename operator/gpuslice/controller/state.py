@@ -71,6 +71,11 @@ class Context:
     # event handler's body read before the deletion, must not bring its status and series back.
     gone: dict[str, None] = field(default_factory=dict)
     tenancy_labels: asyncio.Lock = field(default_factory=asyncio.Lock)  # controller.tenancy_labels
+    # The routing labels this controller last wrote, and the namespace's resourceVersion then.
+    routes_written: dict[tuple[str, str], tuple[str | None, int]] = field(default_factory=dict)
+    # The objects a converge last applied (their APPLIED digest, None once deleted) and their
+    # resourceVersion then: the watches may not have caught up with them yet (controller.apply).
+    applied: dict[str, tuple[str | None, int]] = field(default_factory=dict)
     # The generation of each policy whose DeviceTaintRules of an earlier version this controller has
     # pruned (the kind is listed once per generation, not at every drift repair).
     taint_rules_pruned: dict[str, int] = field(default_factory=dict)

@@ -190,3 +190,28 @@ async def test_a_drift_converge_reads_from_the_watches_and_one_probe_a_drift_int
     valid = {n: [c["reason"] for c in (api.get(f"{bodies.POLICIES}/{n}") or {})["status"]["conditions"]
                  if c["type"] == "Valid"] for n in ("p", "q")}
     assert valid == {"p": ["TenancyNotEnforced"], "q": ["TenancyNotEnforced"]}
+
+
+async def test_a_converge_right_after_another_does_not_write_again_what_the_watch_has_not_shown_yet(
+        api: FakeApi, kube: KubeClient, policy: dict[str, Any]) -> None:
+    """Converges of one policy in a row (its creation, a quota's events) each compared what it wants
+    with what the watches held when its handler started, before the last one's writes came back:
+    every template written four times over as a fleet converged. The controller's own writes stand
+    until the watch shows their version; an object the watch no longer shows is written again."""
+    ctx = Context(kube=kube, username="system:serviceaccount:gpuslice-system:gpuslice-controller")
+    await reconcile(ctx, api.get(f"{bodies.POLICIES}/p") or {}, world(api))
+    before = world(api)  # the watches as they were: the template as first written
+    live = api.get(f"{bodies.POLICIES}/p") or {}
+    edited = {**live, "metadata": {**live["metadata"], "generation": 2},
+              "spec": {**live["spec"], "slicing": {"mode": "memory", "sliceSize": "20G"}}}
+    api.put(edited)
+    since = len(api.requests)
+    await reconcile(ctx, edited, world(api))
+    changed = {r.path for r in api.requests[since:] if r.apply}
+    assert CLASS in changed, "the class changes with the slice size"
+    since = len(api.requests)
+    await reconcile(ctx, edited, before, converge_objects=True)  # a handler that saw the first one
+    assert not [str(r) for r in api.requests[since:] if r.apply], "written again from a stale view"
+    api.remove(TEMPLATE)  # deleted by someone else since: the watch shows it gone
+    await reconcile(ctx, edited, world(api), converge_objects=True)
+    assert api.get(TEMPLATE) is not None, "put back"

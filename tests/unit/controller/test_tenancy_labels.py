@@ -198,3 +198,17 @@ async def test_without_the_right_to_watch_it_the_controller_asks_every_interval(
     server.answers = [MISSING]
     await asyncio.wait_for(leaving.wait(), 2)
     await task
+
+
+def test_a_namespace_the_watch_shows_older_than_the_controllers_own_label_is_taken_as_labelled() -> None:
+    """A fleet's policies converging at once each saw the namespaces as its handler first did, and
+    labelled every tenant namespace again (200 writes for 20 namespaces): what the controller wrote
+    stands until the watch shows the namespace at that version or later."""
+    stale = NamespaceView({}, True, "uid", version=10)
+    written = {("a", "gpuslice.dev/tenancy"): ("judged", 12), ("b", "gpuslice.dev/tenancy"): (None, 12)}
+    namespaces = {"a": stale, "b": NamespaceView({"gpuslice.dev/tenancy": "judged"}, True, "uid", version=11)}
+    assert plan_tenancy_labels(namespaces, {"a"}, written=written) == ([], [])
+    # Someone took the label off after the controller's write: the watch shows it, and it goes back.
+    later = {"a": NamespaceView({}, True, "uid", version=13), "b": namespaces["b"]}
+    assert plan_tenancy_labels(later, {"a"}, written=written) == (["a"], [])
+    assert plan_tenancy_labels(namespaces, {"a"}) == (["a"], ["b"])  # without the record, as before
