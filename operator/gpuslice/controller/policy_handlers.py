@@ -53,6 +53,10 @@ async def startup(settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> N
     settings.scanning.disabled = True  # no CRD/namespace scanning: no RBAC for it needed
     settings.posting.level = 30  # warnings and errors only; our own Events say the rest
     settings.watching.server_timeout = 600
+    # A stream is given up after this long without an event or a bookmark (Kopf's default, 70 s,
+    # reopened most of the controller's watches every minute or so: the API server's bookmarks come
+    # about every minute, not always within 70 s); the API server ends each stream by 600 s.
+    settings.watching.inactivity_timeout = settings.watching.server_timeout + 60
     # Lists (at start, and after a watch's 410 Gone) in pages of 500, as client-go's reflector:
     # a thousand nodes' slices are one ~60 MB answer otherwise, parsed at once.
     settings.watching.chunk_size = 500
