@@ -1,6 +1,6 @@
 """Each policy's GpuSliceAgentView (api.agent_view): what the node agents plan from, written by
 the controller beside the policy, so that the policy's status, which changes as claims come and
-go, reaches no agent.
+go, reaches no agent. Only for a policy the controller has taken in (its finalizer is on).
 
 The view is worked out from the policy's body on every event of the policy (its spec, its
 verdict, its moves in flight, its deletion) and written only when it differs from what the
@@ -18,11 +18,15 @@ from typing import Any
 import structlog
 
 from gpuslice.api.agent_view import view_of, view_path
+from gpuslice.api.policy import GROUP
 from gpuslice.controller.apply import APPLIED, FIELD_MANAGER, stamped
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 
 log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]
+# The controller's finalizer (Kopf's, set on every policy it takes in): a view is written only for a
+# policy that has it, so a policy created and deleted while the controller was away gets none.
+FINALIZER = f"{GROUP}/policy-cleanup"
 
 
 def written_digest(view: Body) -> str | None:
@@ -37,10 +41,13 @@ async def sync_view(kube: KubeClient, policy: Body, deleted: bool, written: Muta
     policy is gone. True when something was written."""
     name = str(policy["metadata"]["name"])
     if deleted:
-        written.pop(name, None)
+        if written.pop(name, None) is None and name not in watched:
+            return False  # none was written (a policy deleted before the controller took it in)
         with contextlib.suppress(NotFound):
             await kube.delete(view_path(name))
         return True
+    if FINALIZER not in (policy["metadata"].get("finalizers") or []):
+        return False  # not taken in yet (the finalizer comes first), or gone before it was
     manifest = stamped(view_of(policy))
     digest = manifest["metadata"]["annotations"][APPLIED]
     if written.get(name, watched.get(name)) == digest:

@@ -15,7 +15,7 @@ import structlog
 
 from gpuslice.api.policy import GROUP
 from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
-from gpuslice.controller.agent_views import sync_view_quietly
+from gpuslice.controller.agent_views import FINALIZER, sync_view_quietly
 from gpuslice.controller.crd import crd_leaving as crd_is_leaving
 from gpuslice.controller.defrag_auto import Defragmenter
 from gpuslice.controller.indexes import (
@@ -46,7 +46,7 @@ CHANGED_ID, DELETED_ID = "build_registry.<locals>.policy_changed", "build_regist
 
 async def startup(settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> None:
     ours = memo.settings
-    settings.persistence.finalizer = f"{GROUP}/policy-cleanup"
+    settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration")

@@ -1,13 +1,14 @@
 """The controller writes a policy's agent view when what the agents plan from changes, and not
 when the status changes for a bound pod: the agents' watch of the views then hears nothing. A
-restarted controller finds the views as its watch holds them and rewrites none."""
+restarted controller finds the views as its watch holds them and rewrites none; a policy it has
+not taken in (no finalizer yet: created and deleted while it was away) gets none."""
 
 from __future__ import annotations
 
 import copy
 
 from gpuslice.api.agent_view import VIEWS, view_path
-from gpuslice.controller.agent_views import sync_view, written_digest
+from gpuslice.controller.agent_views import FINALIZER, sync_view, written_digest
 from gpuslice.kube.client import KubeClient
 from tests.fakeapi import FakeApi
 from tests.unit import bodies
@@ -16,11 +17,16 @@ from tests.unit import bodies
 async def test_a_view_is_written_for_a_verdict_not_for_a_bound_pod(api: FakeApi, kube: KubeClient) -> None:
     policy = bodies.policy("p", {"mode": "memory", "sliceSize": "10G"}, judged=False)
     written: dict[str, str] = {}
+    assert not await sync_view(kube, policy, False, written, {})  # not taken in yet
+    assert not await sync_view(kube, policy, True, written, {})  # gone before it was: nothing asked
+    assert api.requests == []
+    policy["metadata"]["finalizers"] = [FINALIZER]
     assert await sync_view(kube, policy, False, written, {})
     view = api.get(view_path("p"))
     assert view is not None
     assert "valid" not in view["spec"]  # not judged yet: the agents publish nothing of it
     judged = bodies.policy("p", {"mode": "memory", "sliceSize": "10G"})
+    judged["metadata"]["finalizers"] = [FINALIZER]
     assert await sync_view(kube, judged, False, written, {})
     assert (api.get(view_path("p")) or {})["spec"]["valid"]["status"] == "True"
     since = len(api.requests)
