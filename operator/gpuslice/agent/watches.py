@@ -43,6 +43,10 @@ log = structlog.get_logger(__name__)
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 POLICY_JITTER = 2.0  # seconds: the spread of a fleet's wake-ups after a policy edit
+# Seconds each watch stream runs before it is opened again (the API server ends it then): a fleet's
+# only steady cost is these reconnections, three per agent each time (every 10 minutes by default, a
+# third of a request a minute per node); a dead connection is still found within kube.watch.STALL.
+WATCH_SECONDS = 3600
 
 
 def planned_from(policy: dict[str, Any]) -> tuple[Any, ...]:
@@ -184,7 +188,8 @@ class AgentWatches:
             # this list) is looked at once.
             self.wake.set()
 
-        await watch(self.kube, path, handler, self.stop, query=query, on_error=on_error, on_listed=on_listed)
+        await watch(self.kube, path, handler, self.stop, query=query, server_timeout=WATCH_SECONDS, on_error=on_error,
+                    on_listed=on_listed)
 
     def _view_event(self, kind: str | None, view: dict[str, Any]) -> None:
         """A policy's agent view, as the policy the planner reads."""
