@@ -150,6 +150,7 @@ crds: $(STAMP)
 	@echo ">> generating crds/ from operator/gpuslice/api, manifests/admission.yaml and memory-webhook.yaml from planning/"
 	@$(BIN)/python -m gpuslice.api.crd > crds/gpuslicepolicies.gpuslice.dev.yaml
 	@$(BIN)/python -m gpuslice.api.crd gpusliceledgers.gpuslice.dev.yaml > crds/gpusliceledgers.gpuslice.dev.yaml
+	@$(BIN)/python -m gpuslice.api.crd gpusliceagentviews.gpuslice.dev.yaml > crds/gpusliceagentviews.gpuslice.dev.yaml
 	@$(BIN)/python -m gpuslice.planning.cluster.admission > manifests/admission.yaml
 	@$(BIN)/python -m gpuslice.planning.cluster.memory_rule > manifests/memory-webhook.yaml
 	@$(MAKE) --no-print-directory manifests

@@ -149,7 +149,8 @@ def test_helm_uninstall_waits_for_claims_then_leaves_nothing(installed: Kind) ->
     kind.kubectl("-n", "team-a", "delete", "pod", "inference", "--wait=true")
     helm(kind, "uninstall", *RELEASE, "--wait", "--timeout", "5m")
     # What Helm leaves by design: crds/ (docs/install.md), and the release's namespace.
-    kind.kubectl("delete", "crd", "gpuslicepolicies.gpuslice.dev", "gpusliceledgers.gpuslice.dev")
+    kind.kubectl("delete", "crd", "gpuslicepolicies.gpuslice.dev", "gpusliceledgers.gpuslice.dev",
+                 "gpusliceagentviews.gpuslice.dev")
     kind.kubectl("delete", "namespace", "gpuslice-system", "--wait=true")
     kind.kubectl("delete", "-f", kind.build["monitoringCrds"])
     kind.wait_until("the agents' slices to be gone", lambda: not kind.kubectl(

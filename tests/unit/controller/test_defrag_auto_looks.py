@@ -1,0 +1,60 @@
+"""Auto defragmentation reads the cluster only when a pod of the policy's tenants has waited long
+enough in the controller's watch of pods not yet on a node, and not again while nothing changed:
+a fleet where nothing waits costs the API server nothing, whatever its tenants."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from gpuslice.controller import defrag_auto
+from gpuslice.controller.defrag_auto import FAILED_PAUSE, Defragmenter
+from gpuslice.controller.settings import ControllerSettings
+from gpuslice.kube.client import KubeClient
+from gpuslice.planning.reads.defrag_model import Cluster
+from gpuslice.reading.cluster import Reading
+
+POLICY = {"metadata": {"name": "p"}, "spec": {"defragmentation": {"mode": "Auto", "minPendingSeconds": 60},
+                                              "tenants": [{"namespace": f"t{i}"} for i in range(200)]}}
+
+
+def pending(namespace: str, created: str, uid: str = "u1") -> dict[str, Any]:
+    return {"metadata": {"name": "w", "namespace": namespace, "uid": uid, "creationTimestamp": created},
+            "spec": {"resourceClaims": [{"name": "gpu"}]}, "status": {"phase": "Pending"}}
+
+
+async def test_an_auto_look_reads_only_for_a_long_wait_and_only_when_something_changed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[str] = []
+
+    async def read_cluster(kube: Any, policy: str | None = None) -> Reading:
+        reads.append(str(policy))
+        return Reading([], Cluster([], [], [], [], {}, frozenset(), {}, ()), [])
+
+    monkeypatch.setattr(defrag_auto, "read_cluster", read_cluster)
+    now, version = [1.0], [0]
+    settings = ControllerSettings(defrag_interval=30.0)
+    defrag = Defragmenter(cast(KubeClient, object()), settings, clock=lambda: now[0], version=lambda: version[0])
+    await defrag.auto(POLICY, [])  # nothing pending
+    now[0] += 31
+    await defrag.auto(POLICY, [pending("elsewhere", "2020-01-01T00:00:00Z")])  # not a tenant's
+    now[0] += 31
+    await defrag.auto(POLICY, [pending("t3", "2999-01-01T00:00:00Z")])  # has not waited a minute yet
+    assert reads == []
+    long_wait = [pending("t3", "2020-01-01T00:00:00Z")]
+    now[0] += 31
+    await defrag.auto(POLICY, long_wait)
+    assert reads == ["p"]
+    now[0] += 31
+    await defrag.auto(POLICY, long_wait)  # the same pod, no claim or slice event: no read
+    assert reads == ["p"]
+    version[0] += 1
+    now[0] += 31
+    await defrag.auto(POLICY, long_wait)
+    now[0] += 31
+    await defrag.auto(POLICY, [*long_wait, pending("t4", "2020-01-01T00:00:00Z", "u2")])
+    assert reads == ["p", "p", "p"]
+    now[0] += FAILED_PAUSE
+    await defrag.auto(POLICY, [*long_wait, pending("t4", "2020-01-01T00:00:00Z", "u2")])  # a paused claim's hour
+    assert reads == ["p", "p", "p", "p"]
