@@ -122,6 +122,8 @@ class Defragmenter:
         for plan in plans:
             if plan.verdict in ("NotNeeded", "InFlight"):
                 continue
+            if plan.reason == "NotTried":
+                continue  # the scheduler's first try is due: told nothing until it has said why it waits
             if not plan.ready:
                 code = (plan.reason or plan.verdict if plan.verdict in ("NoRoom", "Unsupported")
                         else _first_blocker(plan))
