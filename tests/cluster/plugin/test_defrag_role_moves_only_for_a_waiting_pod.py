@@ -17,6 +17,12 @@ the record says. So an identity with only gpuslice-viewer and gpuslice-defrag ca
 A promise test: docs/controller.md says the defrag role's one write is a move "for a waiting pod"
 that the controller carries out; README: moves end by --defrag-timeout. It asserts no pod is
 evicted and the tenant's pods run, so it fails while the hole is open.
+
+Since the fix, the admission rule refuses both moves as first written (a claim outside the policy's
+tenants, an expiry 70 years on, a GPU on a node policy X does not select). The attacker's next try
+is kept: move 1 for an idle claim in the victim's own namespace, expiring in 5 minutes, which the
+rule cannot tell from a real request; the controller must refuse it (no taint, no eviction, the
+record gone as Failed with the reason, an Event on the policy).
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ from tests.cluster.plugin.conftest import PluginNodeFactory, pod_events
 from tests.cluster.plugin.defrag_fleet import APPS, app_pod, deployment, pods_of
 
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
-FAR = datetime.timedelta(days=365 * 70)  # the move's own `expires`: nothing caps it
+FAR = datetime.timedelta(days=365 * 70)  # the move's own `expires`: nothing capped it
+SOON = datetime.timedelta(minutes=5)  # what the admission rule lets a request say
 
 
 async def defrag_operator(cluster: DevCluster, kube: KubeClient, directory: Path, name: str) -> KubeClient:
@@ -62,7 +69,7 @@ async def defrag_operator(cluster: DevCluster, kube: KubeClient, directory: Path
 
 
 def _move(policy_gpu: tuple[str, str, str], bystander: dict[str, Any], evictions: list[ObjectRef],
-          by: str) -> DefragMove:
+          by: str, lasting: datetime.timedelta = FAR) -> DefragMove:
     node, uuid_, gpu_tag = policy_gpu
     now = now_utc()
     meta = bystander["metadata"]
@@ -71,7 +78,15 @@ def _move(policy_gpu: tuple[str, str, str], bystander: dict[str, Any], evictions
         device="no-device-waits-here",  # every device of the GPU tainted
         claim=ObjectRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"]),
         pod=ObjectRef(namespace=meta["namespace"], name="nobody", uid=str(uuid.uuid4())),
-        evictions=evictions, by=by, started=stamp(now), expires=stamp(now + FAR))
+        evictions=evictions, by=by, started=stamp(now), expires=stamp(now + lasting))
+
+
+async def _record(client: KubeClient, policy: str, move: DefragMove) -> str | None:
+    """What `gpuslice defrag --apply` does to request ``move``: None, or why it was not recorded."""
+    try:
+        return await start(client, policy, move, [])
+    except KubeError as error:
+        return error.message
 
 
 async def _running_pod(kube: KubeClient, namespace: str, app: str) -> dict[str, Any] | None:
@@ -118,13 +133,48 @@ async def test_the_defrag_role_evicts_no_one_and_keeps_no_gpu_from_its_tenants_w
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "idle"},
         "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}}]}}})
     victim_ref = ObjectRef(namespace=victim, name=first, uid=pod["metadata"]["uid"])
+    # The attacker's second try: an idle claim the victim has (no pod uses it), in the victim's namespace.
+    idle = await kube.create(f"{RESOURCE}/namespaces/{victim}/resourceclaims", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "idle"},
+        "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}}]}}})
+    by = f"gpuslice defrag (defrag-{unique})"
+
+    async def tainted_now() -> list[str]:
+        return [d["name"] for s in await kube.list(SLICES, fieldSelector=f"spec.nodeName={node.name}")
+                for d in s["spec"].get("devices") or [] if any(t.get("key") == "gpuslice.dev/defrag"
+                                                              for t in d.get("taints") or [])]
 
     async with await defrag_operator(cluster, kube, tmp_path, f"defrag-{unique}") as as_operator:
-        # 1. A move in the victim's own policy Y, evicting its running pod, for the idle claim, for 70 years.
-        m1 = _move((node.name, gpu, gpu_tag), bystander, [victim_ref], f"gpuslice defrag (defrag-{unique})")
-        said1 = await start(as_operator, policy_y, m1, [])
-        print("P move 1 (policy Y, evicts the victim's running pod, for an idle claim of another namespace,"
+        # 0. The first try as the review wrote it: policy Y, evicting the victim's running pod, for the idle
+        # claim of another namespace, for 70 years.
+        m0 = _move((node.name, gpu, gpu_tag), bystander, [victim_ref], by)
+        said0 = await _record(as_operator, policy_y, m0)
+        print(f"P move 0 (policy Y, for {bystanders}/idle, expires {m0.expires}) recorded:", said0 or "admitted")
+        # 1. The same in the victim's own namespace, expiring in 5 minutes: what the admission rule admits.
+        m1 = _move((node.name, gpu, gpu_tag), idle, [victim_ref], by, SOON)
+        said1 = await _record(as_operator, policy_y, m1)
+        print("P move 1 (policy Y, evicts the victim's running pod, for an idle claim of the victim,"
               f" expires {m1.expires}) recorded:", said1 or "admitted")
+        seen_tainted: list[str] = []
+        for _ in range(10):  # the node agent follows policies within a second or two
+            seen_tainted += await tainted_now()
+            await asyncio.sleep(0.5)
+        print("P devices tainted while move 1 was recorded:", sorted(set(seen_tainted)))
+
+        async def y_moves() -> dict[str, Any]:
+            return ((await kube.get(f"{POLICIES}/{policy_y}")).get("status") or {}).get("defragmentation") or {}
+
+        async def judged() -> bool:
+            return (((await y_moves()).get("last") or {}).get("id")) == m1.id
+
+        with contextlib.suppress(AssertionError):
+            await wait_for(judged, within=30, what="the controller to judge move 1")
+        y_status = await y_moves()
+        refused_events = [e.get("message") for e in await kube.list("/api/v1/namespaces/default/events")
+                          if e.get("reason") == "DefragmentationRefused"
+                          and (e.get("involvedObject") or {}).get("name") == policy_y]
+        print("P policy Y's moves after:", [m["id"] for m in y_status.get("inFlight") or []], "| last:",
+              y_status.get("last"), "| Events:", refused_events[:2])
 
         async def evicted() -> bool:
             return not any(p["metadata"]["uid"] == victim_ref.uid for p in await pods_of(kube, victim, "web"))
@@ -137,13 +187,13 @@ async def test_the_defrag_role_evicts_no_one_and_keeps_no_gpu_from_its_tenants_w
         print("P victim's pod evicted:", was_evicted, "| told:", told)
         # 2. A move in policy X naming policy Y's GPU (no eviction), before move 1 goes: the GPU stays reserved.
         m2 = _move((node.name, gpu, gpu_tag), bystander, [], f"gpuslice defrag (defrag-{unique})")
-        said2 = await start(as_operator, policy_x, m2, [])
+        said2 = await _record(as_operator, policy_x, m2)
         print(f"P move 2 (recorded in policy {policy_x}, names GPU {gpu_tag} of policy {policy_y}'s node) recorded:",
               said2 or "admitted")
         removed = await update_defrag(as_operator, policy_y,
                                       lambda c: c.model_copy(update={"in_flight": [m for m in c.in_flight
                                                                                     if m.id != m1.id]}))
-        print("P move 1 removed by the role:", removed or "yes")
+        print("P move 1 removed by the role:", removed or "yes (or gone already)")
         await asyncio.sleep(40)  # the replacement pod is free to go to its GPU, but for move 2
         running = await _running_pod(kube, victim, "web")
         tainted = [d["name"] for s in await kube.list(SLICES, fieldSelector=f"spec.nodeName={node.name}")
@@ -163,9 +213,17 @@ async def test_the_defrag_role_evicts_no_one_and_keeps_no_gpu_from_its_tenants_w
         await update_defrag(as_operator, policy_x, lambda c: c.model_copy(update={"in_flight": []}))
     control = await app_pod(kube, victim, "web")
     print("P control: with move 2 removed, the victim's pod runs:", control)
+    assert said0, "a move for another namespace's claim, for 70 years, was admitted"
+    assert "gpuslice-policy-status" in said0, said0
     assert not said1, f"the role's first move was refused (the hole is closed another way): {said1}"
-    assert not said2, f"the role's second move was refused (the hole is closed another way): {said2}"
+    assert said2, f"a move in policy {policy_x} naming a GPU on a node it does not select was admitted"
+    assert "gpuslice-policy-status" in said2, said2
     assert not was_evicted, (f"an identity with only gpuslice-viewer and gpuslice-defrag had {victim}/{first}"
                              " evicted by recording a move for a claim no pod waits for")
+    assert not seen_tainted, f"a move the controller did not judge tainted {sorted(set(seen_tainted))}"
+    assert not y_status.get("inFlight"), "the controller removes a move it refuses"
+    assert (y_status.get("last") or {}).get("id") == m1.id
+    assert "was refused" in (y_status.get("last") or {}).get("message", ""), y_status.get("last")
+    assert refused_events, "a DefragmentationRefused Event on the policy says why"
     assert running is not None, (f"a move recorded in policy {policy_x} (expires {m2.expires}) keeps tenant {victim}"
                                  f" of policy {policy_y} off its own GPU")
