@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import functools
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -60,12 +61,13 @@ from gpuslice.planning.node.defrag_taints import REQUESTED, parse_time
 from gpuslice.planning.reads.defrag_facts import PodFacts, opted_out_namespaces, pod_blocker
 from gpuslice.planning.reads.defrag_model import Plan
 from gpuslice.planning.reads.defrag_request import refusal as request_refusal
-from gpuslice.reading.cluster import POLICIES, RESOURCE, read_cluster, tenants_of
+from gpuslice.reading.cluster import POLICIES, RESOURCE, Reading, read_cluster, tenants_of
 
 log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]
 WRITE_TRIES = 8
 AUTO = "controller (Auto)"  # who records the moves of Auto mode
+READING_FOR = 1.0  # seconds one reading of the cluster judges requested moves for
 
 
 CONFLICT_BACKOFF = Backoff(0.1, 2.0)  # another writer of the policy's status: read again after a moment
@@ -164,6 +166,7 @@ class Mover:
         for a while); ``timeout``: the longest a requested move is taken up for (--defrag-timeout)."""
         self.kube, self.taint_wait, self.failed, self.timeout = kube, taint_wait, failed, timeout
         self.announced: set[str] = set()
+        self.readings: dict[str, tuple[float, Reading]] = {}  # policy -> (when, what the last judgement read)
 
     async def step(self, policy: Body, move: DefragMove, now: datetime.datetime | None = None) -> bool:
         """One step of ``move``; True once it is over (its record gone)."""
@@ -212,7 +215,7 @@ class Mover:
         end it refused (True). Nothing of a refused move was done: no Event goes to the pod it names,
         and Auto's pause after a failure is not set off for its claim (its writer chose both)."""
         name = str(policy["metadata"]["name"])
-        reading = await read_cluster(self.kube, policy=name)
+        reading = await self._reading(name)
         why = request_refusal(move, name, reading.cluster, reading.waiting)
         if why is None:
             expires = parse_time(move.expires)
@@ -225,6 +228,16 @@ class Mover:
                          expires=taken["expires"])
             return False
         return await self._refuse(policy, move, why)
+
+    async def _reading(self, policy: str) -> Reading:
+        """What the planner reads, once a second at most per policy: requests added many at a time
+        (16 fit in a status) are judged on one reading, not one each."""
+        now = time.monotonic()
+        cached = self.readings.get(policy)
+        if cached is None or now - cached[0] >= READING_FOR:
+            self.readings = {p: r for p, r in self.readings.items() if now - r[0] < READING_FOR}
+            self.readings[policy] = (now, await read_cluster(self.kube, policy=policy))
+        return self.readings[policy][1]
 
     async def _refuse(self, policy: Body, move: DefragMove, why: str) -> bool:
         name = str(policy["metadata"]["name"])

@@ -42,6 +42,7 @@ class World:
     fleet: Fleet
     api: FakeApi
     policy: dict[str, Any] = field(default_factory=dict)
+    reads: int = 0
 
     def record(self, move: DefragMove) -> None:
         self.policy = {**bodies.policy("inference", {"mode": "memory", "sliceSize": "10G"}), "status": {
@@ -68,7 +69,11 @@ def world(api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> World:
         cluster = made.fleet.cluster(in_flight=[DefragMove.model_validate(m) for m in moves])
         return Reading(made.fleet.policies, cluster, waiting_pods(cluster.pods, cluster.claims, made.fleet.policies))
 
-    monkeypatch.setattr(defrag_move, "read_cluster", read)
+    async def counted(kube: KubeClient, policy: str | None = None) -> Reading:
+        made.reads += 1
+        return await read(kube, policy)
+
+    monkeypatch.setattr(defrag_move, "read_cluster", counted)
     return made
 
 
@@ -106,3 +111,15 @@ async def test_a_move_for_a_claim_no_pod_waits_for_is_refused(world: World, kube
     world.record(move)
     assert await Mover(kube, 30.0).step(world.policy, move, NOW) is True
     assert "claim team-a/rs-1-gpu (UID uid-rs-1-gpu) is not an unallocated claim" in world.status()["last"]["message"]
+
+
+async def test_requests_added_many_at_once_are_judged_on_one_reading(world: World, kube: KubeClient) -> None:
+    """16 requests fit in a status: judging each on a reading of its own would be 16 LISTs of every
+    claim and slice a second, for whoever holds the defrag role."""
+    moves = [world.requested(id=f"d-{i}", claim=ObjectRef(namespace="team-a", name="x", uid=f"u-{i}"))
+             for i in range(5)]
+    world.record(moves[0])
+    mover = Mover(kube, 30.0)
+    for move in moves:
+        await mover.step(world.policy, move, NOW)
+    assert world.reads == 1
