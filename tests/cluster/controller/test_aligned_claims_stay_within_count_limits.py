@@ -14,12 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.controller.test_limits import ready_tenant
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import RESOURCE, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-
-__all__ = ["agent_rbac", "gpu_node"]
+from tests.cluster.tenancy import ready_tenant
 
 
 def _claim(name: str, requests: list[dict[str, Any]], constraints: list[dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -19,13 +19,12 @@ from typing import Any
 from gpuslice.api.status import DefragMove, ObjectRef
 from gpuslice.controller.defrag_move import now_utc, stamp, start
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.agent.test_publishing import published
-from tests.cluster.controller.test_limits import ready_tenant
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.pools import published
+from tests.cluster.tenancy import ready_tenant
 
-__all__ = ["agent_rbac", "gpu_node"]
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 
 

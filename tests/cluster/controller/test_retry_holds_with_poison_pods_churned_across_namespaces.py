@@ -24,15 +24,13 @@ from typing import Any
 from gpuslice.controller.retry import RETRY_AT
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.planning.reads.retry import turned_away
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.agent.test_publishing import published
-from tests.cluster.controller.test_allocation import allocation, pod_using
-from tests.cluster.controller.test_limits import claim, request
+from tests.cluster.claims import allocation, claim, pod_using, request
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import RESOURCE, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
+from tests.cluster.pools import published
 from tests.cluster.webhook.budgets import memory_claim, shared_tenant
 
-__all__ = ["agent_rbac", "gpu_node"]
 POISON_SECONDS = 60
 ELSEWHERE = "absent.churn.example.com"  # a class of another driver with no device anywhere
 
@@ -133,7 +131,7 @@ async def test_poison_pods_churned_across_namespaces_do_not_delay_my_retry(
             stamp = await _stamp(kube, klass_poison)
             if stamp and (not stamps or stamps[-1] != stamp):
                 stamps.append(stamp)
-            await asyncio.sleep(1)
+            await asyncio.sleep(1)  # length: one read of the class's stamp a second, for the whole churn window
         print(f"R retry-at changes of the poison's class in {POISON_SECONDS} s of churn ({made_pods} pods made"
               f" again): {len(stamps)}: {stamps}")
 
@@ -147,7 +145,7 @@ async def test_poison_pods_churned_across_namespaces_do_not_delay_my_retry(
         try:
             for big in bigs:
                 await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_using(big, big))
-            await asyncio.sleep(3)
+            await asyncio.sleep(3)  # length: the 10 big pods' allocations reach the frozen webhook first
             await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_using("small", "small"))
             await wait_for(lambda: _turned_away(kube, namespace, "small"), within=20, what="the 4Gi pod turned away")
         finally:
@@ -158,7 +156,7 @@ async def test_poison_pods_churned_across_namespaces_do_not_delay_my_retry(
             got = await allocation(kube, namespace, "small")
             if got:
                 break
-            await asyncio.sleep(1)
+            await asyncio.sleep(1)  # length: one read a second of the claim, up to the 45 s the retry is given
         waited = asyncio.get_running_loop().time() - thawed
         lines = [line for line in controller.log_text().splitlines() if "turned away" in line][-2:]
         print(f"R small allocated: {bool(got)} after {waited:.0f} s ({made_pods} poison pods made again in all);"

@@ -19,11 +19,11 @@ from __future__ import annotations
 import pytest
 
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import GpuNodeFactory
-from tests.cluster.agent.test_publishing import SLICES, published, tenant_policy
-from tests.cluster.inspect.conftest import Cli
+from tests.cluster.cli import Cli
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
+from tests.cluster.pools import SLICES, published, tenant_policy
 
 ROOT = "resource.kubernetes.io/pcieRoot"
 NVLINK = "gpuslice.dev/nvlinkDomain"  # a node with an NVLink domain or a NUMA node gets the topology table

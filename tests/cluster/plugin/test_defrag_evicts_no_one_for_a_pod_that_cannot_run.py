@@ -21,11 +21,11 @@ from typing import Any
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.test_publishing import SLICES
 from tests.cluster.kubeutil import pod_with_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
-from tests.cluster.plugin.conftest import PluginNodeFactory, pod_events
 from tests.cluster.plugin.defrag_fleet import GPUS, SLICING, Fragmented
+from tests.cluster.plugin.plugin_nodes import PluginNodeFactory, pod_events
+from tests.cluster.pools import SLICES
 
 TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
 
@@ -73,7 +73,7 @@ async def _watch(kube: KubeClient, fleet: Fragmented, victim: str, attacker: str
 
     with contextlib.suppress(AssertionError):
         await wait_for(moved_or_told, within=60, what="a victim evicted, or the waiting pod told why not")
-    await asyncio.sleep(5)  # two more of Auto's looks (every 2 s in the tests)
+    await asyncio.sleep(5)  # length: two more of Auto's looks (every 2 s in the tests), any of which could evict
     evicted = await victim_moved() or []
     moved = [e.get("message") for p in before for e in await pod_events(kube, victim, p.split("/")[1])
              if "moved by gpuslice" in (e.get("message") or "")]
@@ -124,7 +124,7 @@ async def test_auto_defrag_evicts_no_one_for_a_pod_held_by_a_scheduling_gate(
         status = (await kube.get(f"/api/v1/namespaces/{attacker}/pods/gated")).get("status") or {}
         if claim_made := [s for s in status.get("resourceClaimStatuses") or [] if s.get("resourceClaimName")]:
             break
-        await asyncio.sleep(1)
+        await asyncio.sleep(1)  # length: one read a second, up to 20, of the gated pod's claim status
     print("D[gated] claim made for the gated pod:", claim_made)
     evicted, status = await _watch(kube, fleet, victim, attacker, "gated", before)
     assert not evicted, (f"the controller evicted {evicted} of tenant {victim} to free a GPU for {attacker}/gated,"

@@ -39,11 +39,11 @@ from gpuslice.controller.defrag_move import now_utc, stamp, start, update_defrag
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.dra.wire import device_gpu
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.test_publishing import SLICES, pool_devices
 from tests.cluster.kubeutil import RESOURCE, pod_claim, wait_for
 from tests.cluster.operator_fixtures import MANIFESTS, ControllerProcess, PolicyFactory, apply_manifests, bound_identity
-from tests.cluster.plugin.conftest import PluginNodeFactory, pod_events
 from tests.cluster.plugin.defrag_fleet import APPS, app_pod, deployment, pods_of
+from tests.cluster.plugin.plugin_nodes import PluginNodeFactory, pod_events
+from tests.cluster.pools import SLICES, pool_devices
 
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 FAR = datetime.timedelta(days=365 * 70)  # the move's own `expires`: nothing capped it
@@ -194,7 +194,7 @@ async def test_the_defrag_role_evicts_no_one_and_keeps_no_gpu_from_its_tenants_w
                                       lambda c: c.model_copy(update={"in_flight": [m for m in c.in_flight
                                                                                     if m.id != m1.id]}))
         print("P move 1 removed by the role:", removed or "yes (or gone already)")
-        await asyncio.sleep(40)  # the replacement pod is free to go to its GPU, but for move 2
+        await asyncio.sleep(40)  # length: the window in which the replacement pod, free but for move 2, reaches its GPU
         running = await _running_pod(kube, victim, "web")
         tainted = [d["name"] for s in await kube.list(SLICES, fieldSelector=f"spec.nodeName={node.name}")
                    for d in s["spec"].get("devices") or [] if any(t.get("key") == "gpuslice.dev/defrag"

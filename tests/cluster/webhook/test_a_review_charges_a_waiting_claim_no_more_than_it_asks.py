@@ -33,8 +33,8 @@ import pytest
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.devcluster.pki import CertificateAuthority
 from gpuslice.kube.client import KubeClient, KubeError
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
-from tests.cluster.controller.test_allocation import allocation
+from tests.cluster.claims import allocation
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import RESOURCE, wait_for
 from tests.cluster.operator_fixtures import (
     WEBHOOK_ENV,
@@ -46,8 +46,6 @@ from tests.cluster.operator_fixtures import (
 )
 from tests.cluster.webhook.budgets import GI, budget_policy, claim_with_pod, ledger, memory_claim, refused_at_allocation
 from tests.cluster.webhook.forgery import Forger, review_of
-
-__all__ = ["agent_rbac", "gpu_node"]
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +98,7 @@ async def test_a_review_of_a_waiting_claim_charges_it_no_more_than_it_asks(
     async def keep_forging() -> None:  # renews the charge while the claim waits
         while not stop.is_set():
             await forger.post(forged)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # length: the forger's pace, renewing the charge while the claim waits
 
     task = asyncio.create_task(keep_forging())
     said: str | None = None

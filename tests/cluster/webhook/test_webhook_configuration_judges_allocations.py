@@ -9,12 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from gpuslice.kube.client import KubeClient
-from tests.cluster.agent.conftest import GpuNodeFactory, agent_rbac, gpu_node
+from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
 from tests.cluster.webhook.budgets import POLICIES, memory_in_force, on
 
-__all__ = ["agent_rbac", "gpu_node"]
 CONFIG = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/gpuslice-memory"
 
 
