@@ -18,8 +18,8 @@ from gpuslice.controller.defrag_move import Mover, new_move, stamp
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.reads.defrag_model import waiting_pods
 from gpuslice.reading.cluster import Reading
+from tests import builders
 from tests.fakeapi import FakeApi
-from tests.unit import bodies
 from tests.unit.planning.defrag_state import Fleet
 
 NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
@@ -45,12 +45,13 @@ class World:
     reads: int = 0
 
     def record(self, move: DefragMove) -> None:
-        self.policy = {**bodies.policy("inference", {"mode": "memory", "sliceSize": "10G"}), "status": {
+        self.policy = {**builders.policy("inference", {"mode": "memory", "sliceSize": "10G"}, generation=1, uid="u-inference",
+                                       node=builders.NODE, tenants=[builders.TENANT], judged=True), "status": {
             "defragmentation": {"inFlight": [move.model_dump(by_alias=True, exclude_none=True, mode="json")]}}}
-        self.api.put(self.policy, path=f"{bodies.POLICIES}/inference")
+        self.api.put(self.policy, path=f"{builders.POLICIES}/inference")
 
     def status(self) -> dict[str, Any]:
-        return dict((self.api.get(f"{bodies.POLICIES}/inference") or {})["status"]["defragmentation"])
+        return dict((self.api.get(f"{builders.POLICIES}/inference") or {})["status"]["defragmentation"])
 
     def requested(self, **change: Any) -> DefragMove:
         """The planner's move for the waiting pod, as someone requested it: expiring in 70 years."""
