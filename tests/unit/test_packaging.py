@@ -105,3 +105,13 @@ def test_help_lists_every_command_without_the_extra() -> None:
     assert done.returncode == 0, done.stderr
     for command in ("agent", "controller", "status", "why", "dev-cluster"):
         assert f"  {command}" in done.stdout
+
+
+def test_the_license_is_apache_2_0_and_the_package_ships_it() -> None:
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License\n" in text, "LICENSE is not the Apache-2.0 text"
+    assert "Version 2.0, January 2004" in text, "LICENSE is not the Apache-2.0 text"
+    assert "END OF TERMS AND CONDITIONS" in text, "LICENSE is cut short: the full Apache-2.0 text"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
+    assert project["license-files"] == ["LICENSE"], "the wheel and sdist carry LICENSE (PEP 639)"
