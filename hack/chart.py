@@ -24,6 +24,7 @@ import os
 import re
 import tempfile
 import textwrap
+import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,7 +84,8 @@ def workload_values(prefix: str, workload: tuple[str, str], docs: Mapping[str, s
     """The values every workload has, each read from where the overlay sets it, else empty; replicas
     and a disruption budget for the Deployments. ``docs`` says what a value does, by its key."""
     def one(key: str, schema: Obj, path: Path_ | None = None, default: Any = None) -> Value:
-        return Value(f"{prefix}.{key}", schema, docs.get(key, ""), (*workload, path) if path else None, default)
+        return Value(f"{prefix}.{key}", schema, docs.get(key, "") or COMMON_DOCS.get(key, ""),
+                     (*workload, path) if path else None, default)
 
     replicated = workload[0] == "Deployment"
     return [
@@ -94,12 +96,101 @@ def workload_values(prefix: str, workload: tuple[str, str], docs: Mapping[str, s
         one("tolerations", ARRAY, (*POD, "tolerations"), []),
         one("affinity", OBJECT, (*POD, "affinity"), {}),
         *([one("podDisruptionBudget.enabled", BOOL, default=True)] if replicated else []),
+        one("logLevel", {"enum": ["", *LOG_LEVELS]}, default=""),
+        one("logFormat", {"enum": ["", *LOG_FORMATS]}, default=""),
+        one("settings", settings_schema(prefix), default={}),
+        one("extraArgs", {"type": "array", "items": STRING}, default=[]),
+        one("env", ARRAY, default=[]),
+        one("podAnnotations", STRING_MAP, default={}),
+        one("podLabels", STRING_MAP, default={}),
+        one("serviceAccount.annotations", STRING_MAP, default={}),
+        one("podSecurityContext", OBJECT, (*POD, "securityContext"), {}),
+        *([one("securityContext", OBJECT, (*CONTAINER, "securityContext"))] if replicated else []),
+        *([one("updateStrategy", OBJECT, ("spec", "updateStrategy"))] if not replicated else []),
     ]
+
+STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("auto", "json", "console")
+COMMON_DOCS = {
+    "logLevel": "Least severe log lines written (GPUSLICE_LOG_LEVEL); empty: the process's default, info.",
+    "logFormat": "json, console or auto (GPUSLICE_LOG_FORMAT); empty: the process's default, auto (JSON in a pod).",
+    "settings": "Any documented setting of the process (docs/configuration.md), by its name in camelCase"
+                " (statusInterval: 20): set as its GPUSLICE_* environment variable. Those the chart passes as"
+                " flags, and logLevel and logFormat, are values of their own.",
+    "extraArgs": "More command-line flags, after the chart's own (docs/configuration.md).",
+    "env": "More environment variables (EnvVar objects), after those of settings.",
+    "podAnnotations": "Added to the pods' annotations.",
+    "podLabels": "Added to the pods' labels (the selector's labels stay the chart's).",
+    "serviceAccount.annotations": "Added to its ServiceAccount (for example a cloud IAM role).",
+    "podSecurityContext": "The pod's securityContext.",
+    "securityContext": "The container's securityContext.",
+    "updateStrategy": "The DaemonSet's updateStrategy: a larger maxUnavailable (a number or a percentage) rolls"
+                      " a large fleet in fewer steps; readiness still gates each node.",
+}
+# The workloads' documented settings (gpuslice.cli.DOCUMENTED), by value prefix.
+PROCESSES = {"controller": "controller", "agent": "agent", "webhook": "webhook"}
+# Never in `settings`: a kubeconfig (a pod uses its ServiceAccount), the values of their own, what the
+# Downward API sets, and whatever the chart passes as a flag (a flag wins over its variable).
+NOT_SETTINGS = {"kubeconfig", "log_level", "log_format", "node", "nvidia_driver_root"}
+
+
+def camel(field: str) -> str:
+    head, *rest = field.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def documented(process: str) -> Any:
+    from gpuslice.cli import DOCUMENTED  # the settings models: what each process can be told
+
+    return DOCUMENTED[process]
+
+
+def settings_fields(process: str) -> list[str]:
+    """The fields of a process's settings model the chart offers in `settings`."""
+    model = documented(process)
+    flagged = set(ARGS_FLAGS.get(process, ()))
+    return [name for name in model.model_fields if name not in NOT_SETTINGS and model.flag(name) not in flagged]
+
+
+def settings_schema(process: str) -> Obj:
+    """The JSON schema of `<process>.settings`: every field of its model with its type and description."""
+    model = documented(process)
+    properties: Obj = {}
+    for name, field_schema in model.model_json_schema()["properties"].items():
+        if name not in settings_fields(process):
+            continue
+        branch = next((b for b in field_schema.get("anyOf", []) if b.get("type") != "null"), field_schema)
+        kept = {k: v for k, v in branch.items() if k in ("type", "enum", "minimum", "maximum", "exclusiveMinimum",
+                                                          "items")}
+        if "items" in kept:
+            kept["items"] = {k: v for k, v in kept["items"].items() if k == "type"}
+        description = f"{model.env_name(name)}: {model.model_fields[name].description}"
+        properties[camel(name)] = {**kept, "description": description}
+    return {"type": "object", "properties": properties, "additionalProperties": False}
+
+
+def args_flags() -> dict[str, tuple[str, ...]]:
+    """The flags each workload's container passes in the kustomize base, which `settings` must not offer."""
+    flags = {}
+    for process in PROCESSES:
+        [workload] = [d for d in yaml.safe_load_all((REPO / f"manifests/base/{process}.yaml").read_text())
+                      if d and d["kind"] in ("Deployment", "DaemonSet")]
+        args = workload["spec"]["template"]["spec"]["containers"][0]["args"]
+        flags[process] = tuple(str(a).split("=", 1)[0] for a in args if str(a).startswith("--"))
+    return flags
+
+
+ARGS_FLAGS = args_flags()
+
 
 VALUES = [
     Value("image.repository", STRING, "The gpuslice image (make image; push it to your registry).",
           at=(*DEP, (*CONTAINER, "image"))),
     Value("image.tag", STRING, "Its tag; empty: the chart's appVersion (the one version of gpuslice).", default=""),
+    Value("image.digest", {"type": "string", "pattern": "^(sha256:[0-9a-f]{64})?$"},
+          "Its digest (sha256:...): set, the image is pulled by it and the tag only names it. A release's packaged"
+          " chart sets it (make release).", default=""),
     Value("image.pullPolicy", {"enum": ["Always", "IfNotPresent", "Never"]}, "",
           at=(*DEP, (*CONTAINER, "imagePullPolicy"))),
     Value("imagePullSecrets", ARRAY, "Secrets to pull the image with ([{name: ...}]), for both workloads.",
@@ -131,6 +222,11 @@ VALUES = [
                     " docs/nvidia.md).",
         "resources": "Measured figures: docs/install.md, \"Resources\". No memory limit: the MPS daemons and"
                      " servers are the agent's children, in its memory cgroup."}),
+    Value("kubelet.rootDir", {"type": "string", "pattern": "^/"},
+          "The kubelet's --root-dir on the GPU nodes, where the agent registers its plugin and finds the"
+          " PodResources socket: /var/lib/k0s/kubelet on k0s, /var/snap/microk8s/common/var/lib/kubelet on"
+          " MicroK8s.", default="/var/lib/kubelet"),
+    Value("commonLabels", STRING_MAP, "Added to every object's labels (not to selectors).", default={}),
     Value("metrics.service.enabled", BOOL, "A headless metrics Service per workload (on with serviceMonitor).",
           default=False),
     Value("metrics.serviceMonitor.enabled", BOOL, "A ServiceMonitor per workload (Prometheus Operator).",
@@ -189,9 +285,33 @@ class Point:
     items: str = ""
 
 
+POD_META = ("spec", "template", "metadata")
+
+
+def labels_of(metadata: Obj) -> str:
+    """The expression of the labels the chart adds to an object, less any it has of its own."""
+    own = " ".join(json.dumps(k) for k in sorted(metadata.get("labels") or {}))
+    return f'include "gpuslice.labels" (dict "top" $ "own" (list {own})) | trim'
+
+
+ENV = 'include "gpuslice.env" {} | trim'
+
+
 def container_points(workload: tuple[str, str], values: str) -> list[Point]:
     kind, name = workload
+    replicated = kind == "Deployment"
     return [
+        Point(kind, name, (*CONTAINER, "args"), "extend", v(f"{values}.extraArgs")),
+        Point(kind, name, (*CONTAINER, "env"), "include", ENV.format(v(values))),
+        Point(kind, name, (*POD_META, "labels"), "extend", v(f"{values}.podLabels")),
+        Point(kind, name, (*POD_META, "labels"), "include", labels_of({})),
+        Point(kind, name, (*POD_META, "annotations"), "optional", v(f"{values}.podAnnotations")),
+        Point(kind, name, (*POD, "securityContext"), "block" if replicated else "optional",
+              v(f"{values}.podSecurityContext")),
+        *([Point(kind, name, (*CONTAINER, "securityContext"), "block", v(f"{values}.securityContext"))]
+          if replicated else [Point(kind, name, ("spec", "updateStrategy"), "block", v(f"{values}.updateStrategy"))]),
+        Point("ServiceAccount", name, ("metadata", "annotations"), "optional",
+              v(f"{values}.serviceAccount.annotations")),
         Point(kind, name, (*POD, "imagePullSecrets"), "optional", v("imagePullSecrets")),
         Point(kind, name, (*POD, "priorityClassName"), "value", v(f"{values}.priorityClassName")),
         Point(kind, name, (*POD, "nodeSelector"), "optional", v(f"{values}.nodeSelector")),
@@ -233,6 +353,10 @@ POINTS = [
         Point("NetworkPolicy", name, ("spec", "egress", 0, "to"), "optional", v("networkPolicy.apiServer.to")),
     )),
 ]
+# Literal text replaced by an expression wherever it is in an object: the kubelet's root directory,
+# in the agent's host paths, its mounts at the same paths (the kubelet dials the path the plugin
+# reports) and its flags.
+SUBSTITUTIONS = {DS: {"/var/lib/kubelet": '{{ trimSuffix "/" .Values.kubelet.rootDir }}'}}
 # Whole objects rendered only when a value says so.
 CONDITIONS = {
     ("PodDisruptionBudget", "gpuslice-controller"): v("controller.podDisruptionBudget.enabled"),
@@ -250,7 +374,8 @@ CONDITIONS = {
     ("NetworkPolicy", "gpuslice-webhook"): v("networkPolicy.enabled"),
 }
 # Which template file each kind goes to.
-FILES = {"ServiceAccount": "rbac", "ClusterRole": "rbac", "ClusterRoleBinding": "rbac", "Role": "rbac",
+FILES = {"CustomResourceDefinition": "crds",
+         "ServiceAccount": "rbac", "ClusterRole": "rbac", "ClusterRoleBinding": "rbac", "Role": "rbac",
          "RoleBinding": "rbac", "ValidatingAdmissionPolicy": "admission",
          "ValidatingAdmissionPolicyBinding": "admission", "Deployment": "controller",
          "PodDisruptionBudget": "controller", "DaemonSet": "agent", "ConfigMap": "agent", "Service": "monitoring",
@@ -324,10 +449,15 @@ def expand(point: Point, line: str, mark: str, kind_doc: Obj | None, nvidia_doc:
     indent = len(line) - len(line.lstrip(" "))
     key = line.strip().split(":", 1)[0]
     pad = " " * indent
+    if point.style == "include":  # template text (list items or map entries) from a named template
+        if line.strip() == f"{key}: {mark}":  # the field only this makes
+            return (f"{{{{- with {point.expr} }}}}\n{pad}{key}:\n{{{{- . | nindent {indent + 2} }}}}\n"
+                    "{{- end }}")
+        return f"{{{{- with {point.expr} }}}}\n{{{{- . | nindent {indent} }}}}\n{{{{- end }}}}"
     if point.style == "block":  # `key: X`, or `- key: X` as the first field of a list item
         inner = indent + 2 if key.startswith("- ") else indent
         return f"{pad}{key}:\n{{{{- toYaml {point.expr} | nindent {inner + 2} }}}}"
-    assert point.style in ("extend", "when") or not key.startswith("- "), \
+    assert point.style in ("extend", "when", "include") or not key.startswith("- "), \
         f"{point}: the first field of a list item takes only a value or a block"
     if point.style == "optional":
         if has(nvidia_doc, point.path) and not isinstance(lookup(nvidia_doc, point.path), (dict, list)):
@@ -354,8 +484,10 @@ def place(doc: Obj, point: Point, index: int) -> None:
     """Put the sentinel of ``point`` in ``doc`` (a copy of the overlay's object)."""
     *parents, last = point.path
     holder = lookup(doc, tuple(parents))
-    if point.style in ("extend", "when"):
-        target = holder.setdefault(last, [] if point.style == "when" else {})
+    if point.style == "include" and not has(doc, point.path):
+        holder[last] = sentinel(index)  # the field is made only when the include renders something
+    elif point.style in ("extend", "when", "include"):
+        target = holder.setdefault(last, [] if point.style == "when" else {})  # include: the field exists
         if isinstance(target, list):
             target.append(sentinel(index))
         else:
@@ -369,12 +501,13 @@ def place(doc: Obj, point: Point, index: int) -> None:
 def template(nvidia: Obj, kind: Obj | None) -> str:
     """One object as template text: the overlay's YAML with the expressions of its points."""
     points = [p for p in POINTS if (p.kind, p.name) == ident(nvidia)]
+    points.append(Point(*ident(nvidia), ("metadata", "labels"), "include", labels_of(nvidia["metadata"])))
     switched = {p.path for p in points if p.style == "switch"}
     doc = copy.deepcopy(nvidia)
     # A switch replaces a whole field, so a "when" on the same field goes after it, not inside it.
     placed: list[tuple[int, Point]] = []
     for index, point in enumerate(points):
-        if point.style == "when" and point.path in switched:
+        if point.style in ("when", "include") and point.path in switched:
             continue
         if point.style != "switch" or has(doc, point.path):
             place(doc, point, index)
@@ -388,12 +521,17 @@ def template(nvidia: Obj, kind: Obj | None) -> str:
         position = next(i for i, line in enumerate(lines) if mark in line)
         replacement = expand(point, lines[position], mark, kind, nvidia)
         if point.style == "switch":
-            extra = [p for p in points if p.style == "when" and p.path == point.path]
+            extra = [p for p in points if p.style in ("when", "include") and p.path == point.path]
             for other in extra:
                 indent = len(lines[position]) - len(lines[position].lstrip(" "))
-                replacement += f"\n{{{{- if {other.expr} }}}}\n{indented(other.items, indent)}\n{{{{- end }}}}"
+                if other.style == "include":
+                    replacement += f"\n{{{{- with {other.expr} }}}}\n{{{{- . | nindent {indent} }}}}\n{{{{- end }}}}"
+                else:
+                    replacement += f"\n{{{{- if {other.expr} }}}}\n{indented(other.items, indent)}\n{{{{- end }}}}"
         lines[position] = replacement
     body = "\n".join(lines).rstrip("\n")
+    for literal, expression in SUBSTITUTIONS.get(ident(nvidia), {}).items():
+        body = body.replace(literal, expression)
     condition = CONDITIONS.get(ident(nvidia))
     return f"{{{{- if {condition} }}}}\n{body}\n{{{{- end }}}}" if condition else body
 
@@ -497,19 +635,20 @@ def render(build: Build) -> dict[Path, str]:
         if doc["kind"] == "Namespace":
             continue  # the release's namespace: docs/install.md
         if doc["kind"] == "CustomResourceDefinition":
-            files[CHART / "crds" / f"{doc['metadata']['name']}.yaml"] = GENERATED + dump(doc)
-            continue
+            # Templates, not crds/: `helm upgrade` upgrades them; kept on uninstall, so that deleting the
+            # release never deletes every policy with its CRD (docs/install.md, "CRDs").
+            doc = copy.deepcopy(doc)
+            doc["metadata"].setdefault("annotations", {})["helm.sh/resource-policy"] = "keep"
         name = FILE_OF.get(kind_name) or FILES[doc["kind"]]
         templates.setdefault(name, []).append(template(doc, kind.get(kind_name)))
     for name, parts in templates.items():
         files[CHART / "templates" / f"{name}.yaml"] = GENERATED + "---\n".join(p + "\n" for p in parts)
     release = version()
-    files[CHART / "Chart.yaml"] = GENERATED + dump({
-        "apiVersion": "v2", "name": "gpuslice", "version": release, "appVersion": release,
-        "description": "Per-tenant GPU slicing policy turned into native Kubernetes Dynamic Resource Allocation",
-        "type": "application", "kubeVersion": ">=1.36.0-0",
-        "keywords": ["gpu", "dra", "dynamic-resource-allocation", "mig", "multi-tenancy"]})
+    crds = [d for d in base if d["kind"] == "CustomResourceDefinition"]
+    files[CHART / "Chart.yaml"] = GENERATED + dump(chart_metadata(release, crds))
+    files[CHART / "templates" / "_settings.tpl"] = settings_template()
     values = default_values(everything)
+    files[REPO / "docs" / "reference" / "helm-values.md"] = values_reference(values)
     files[CHART / "values.yaml"] = GENERATED + "\n".join(emit_values(values)) + "\n"
     files[CHART / "values.schema.json"] = json.dumps(schema(), indent=2) + "\n"
     files[CHART / "ci" / "kind-values.yaml"] = (
@@ -518,10 +657,90 @@ def render(build: Build) -> dict[Path, str]:
     return files
 
 
+def source_url() -> str:
+    return str(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]["Source"])
+
+
+def chart_metadata(release: str, crds: list[Obj]) -> Obj:
+    """Chart.yaml: what Helm and Artifact Hub read (its annotations: artifacthub.io/*)."""
+    source = source_url()
+    listed = [{"kind": d["spec"]["names"]["kind"], "version": v["name"], "name": d["metadata"]["name"],
+               "displayName": d["spec"]["names"]["kind"],
+               "description": (v.get("schema", {}).get("openAPIV3Schema", {}).get("description") or "").split(".")[0]}
+              for d in crds for v in d["spec"]["versions"] if v.get("served")]
+    return {
+        "apiVersion": "v2", "name": "gpuslice", "version": release, "appVersion": release,
+        "description": "Per-tenant GPU slicing policy turned into native Kubernetes Dynamic Resource Allocation",
+        "type": "application", "kubeVersion": ">=1.36.0-0",
+        "keywords": ["gpu", "dra", "dynamic-resource-allocation", "mig", "multi-tenancy"],
+        "home": source, "sources": [source], "maintainers": [{"name": "gpuslice", "url": source}],
+        "annotations": {
+            "artifacthub.io/license": "Apache-2.0",
+            "artifacthub.io/operator": "true",
+            "artifacthub.io/prerelease": "true" if release.startswith("0.") or "-" in release else "false",
+            "artifacthub.io/category": "ai-machine-learning",
+            "artifacthub.io/links": dump([
+                {"name": "Documentation", "url": f"{source}/tree/main/docs"},
+                {"name": "Values", "url": f"{source}/blob/main/docs/reference/helm-values.md"},
+                {"name": "Runbooks", "url": f"{source}/blob/main/docs/runbooks.md"}]),
+            "artifacthub.io/crds": dump(listed),
+        },
+    }
+
+
+def settings_template() -> str:
+    """_settings.tpl: "gpuslice.env", a workload's environment from its values: logLevel, logFormat,
+    each of `settings` as its GPUSLICE_* variable (the names from the settings models), then `env`."""
+    names = {camel(f): documented(p).env_name(f) for p in PROCESSES for f in settings_fields(p)}
+    pairs = " ".join(f'"{k}" "{names[k]}"' for k in sorted(names))
+    return (
+        "{{/* " + GENERATED.strip("# \n") + " */}}\n"
+        '{{- define "gpuslice.env" -}}\n'
+        f"{{{{- $names := dict {pairs} -}}}}\n"
+        "{{- with .logLevel }}\n- name: GPUSLICE_LOG_LEVEL\n  value: {{ . | quote }}\n{{- end }}\n"
+        "{{- with .logFormat }}\n- name: GPUSLICE_LOG_FORMAT\n  value: {{ . | quote }}\n{{- end }}\n"
+        "{{- range $key, $value := .settings }}\n- name: {{ get $names $key }}\n"
+        '  value: {{ if kindIs "slice" $value }}{{ join " " $value | quote }}{{ else }}{{ $value | toString | quote }}'
+        "{{ end }}\n{{- end }}\n"
+        "{{- with .env }}\n{{ toYaml . }}\n{{- end }}\n"
+        "{{- end }}\n")
+
+
+def values_reference(values: Obj) -> str:
+    """docs/reference/helm-values.md: every value of the chart, its type, default and what it does."""
+    def flat(tree: Obj, prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        keys = {value.key for value in VALUES}
+        for key, value in tree.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, dict) and path not in keys:
+                out.update(flat(value, path + "."))
+            else:
+                out[path] = value
+        return out
+
+    defaults = flat(values)
+    rows = ["| value | type | default | what it does |", "|---|---|---|---|"]
+    for value in VALUES:
+        kind = "enum: " + ", ".join(f"`{e!s}`" if e else '`""`' for e in value.schema["enum"]) \
+            if "enum" in value.schema else value.schema.get("type", "")
+        default = json.dumps(defaults[value.key])
+        default = f"`{default}`" if len(default) <= 60 else "(see values.yaml)"
+        doc = value.doc.replace("|", "\\|").replace("\n", " ")
+        if value.key.endswith(".settings"):
+            doc += " Keys: " + ", ".join(f"`{k}`" for k in value.schema["properties"]) + "."
+        rows.append(f"| `{value.key}` | {kind} | {default} | {doc} |")
+    return ("# Helm values\n\n"
+            "<!-- Generated by `make manifests` (hack/chart.py) from the chart's values; do not edit. -->\n\n"
+            "Every value of `charts/gpuslice` ([install.md](../install.md#the-helm-chart)); `values.schema.json`"
+            " refuses any other. The settings each `settings` map takes, and what each means:"
+            " [configuration.md](../configuration.md).\n\n" + "\n".join(rows) + "\n")
+
+
 def files() -> list[Path]:
     """The chart's generated files as they are now (the hand-written ones, such as the hook and
     _helpers.tpl, carry no GENERATED line)."""
     if not CHART.exists():
         return []
     return sorted(p for p in CHART.rglob("*") if p.is_file()
-                  and (p.name == "values.schema.json" or p.read_text().startswith(GENERATED)))
+                  and (p.name in ("values.schema.json", "_settings.tpl") or p.read_text().startswith(GENERATED)))

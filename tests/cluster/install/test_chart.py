@@ -1,13 +1,15 @@
 """The Helm chart installs what kustomize installs: ``helm template`` with the default values is the
 nvidia overlay, with ci/kind-values.yaml the kind overlay, and with the monitoring and NetworkPolicy
 values on, the nvidia overlay with both components, object for object (less the Namespace, which
-is the release's, and the pre-delete hook, which only the chart has). Everything the chart can
+is the release's, the pre-delete hook, which only the chart has, and Helm's standard labels and the
+CRDs' keep policy, which only the chart adds). Everything the chart can
 render, the Prometheus Operator's kinds included (their CRDs installed from its Go module), passes a
 server-side dry-run against the real apiserver; a value the chart does not know is refused."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import subprocess
 import tempfile
@@ -41,6 +43,33 @@ def template(helm: str, *args: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(done.stdout) if d]
 
 
+# What only the chart puts on its objects: Helm's standard labels, and the CRDs' keep policy.
+CHART_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance",
+                "app.kubernetes.io/version")
+
+
+def without_chart_metadata(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` less what only the chart adds, after checking that the chart did add it."""
+    doc = copy.deepcopy(doc)
+    metas = [doc["metadata"]]
+    if doc["kind"] in ("Deployment", "DaemonSet"):
+        metas.append(doc["spec"]["template"]["metadata"])
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    added = dict(zip(CHART_LABELS, (f"gpuslice-{chart['version']}", "Helm", "gpuslice", chart["appVersion"]),
+                     strict=True))
+    for meta in metas:
+        labels = meta["labels"]
+        assert all(label in labels for label in CHART_LABELS), f"{doc['kind']} {doc['metadata']['name']}: {labels}"
+        # An object's own label wins (the admission policies are app.kubernetes.io/managed-by: gpuslice).
+        meta["labels"] = {k: v for k, v in labels.items() if added.get(k) != v}
+    if doc["kind"] == "CustomResourceDefinition":
+        annotations = doc["metadata"]["annotations"]
+        assert annotations.pop("helm.sh/resource-policy") == "keep", "helm uninstall must never delete the CRDs"
+        if not annotations:
+            del doc["metadata"]["annotations"]
+    return doc
+
+
 def by_object(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[str, Any]]:
     return {(d["apiVersion"], d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]): d
             for d in objects}
@@ -64,7 +93,8 @@ def test_the_chart_renders_what_kustomize_installs(helm: str, kustomize: str, ca
     else:
         wanted, chart = with_components(kustomize, "monitoring", "networkpolicy"), template(helm, *EVERYTHING_ON)
     kustomized = by_object([d for d in wanted if d["kind"] != "Namespace"])
-    helmed = by_object([d for d in chart if "helm.sh/hook" not in d["metadata"].get("annotations", {})])
+    helmed = by_object([without_chart_metadata(d) for d in chart
+                        if "helm.sh/hook" not in d["metadata"].get("annotations", {})])
     assert sorted(helmed) == sorted(kustomized), "the chart and kustomize install different objects"
     differ = [key for key in kustomized if helmed[key] != kustomized[key]]
     assert differ == [], f"{case}: the chart renders these differently from kustomize: {differ}"
