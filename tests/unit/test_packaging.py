@@ -13,6 +13,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from gpuslice import __version__
+
 ROOT = Path(__file__).resolve().parents[2]
 CLI_EXTRA = ("rich", "kubernetes_asyncio")
 
@@ -98,6 +100,16 @@ def test_a_command_that_needs_the_extra_says_how_to_get_it(args: list[str]) -> N
     assert f"`gpuslice {args[0]}` needs the cli extra" in done.stderr
     assert "pipx install 'gpuslice[cli]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_kubectl_gpuslice_says_its_version_without_the_extra_and_what_it_needs_otherwise() -> None:
+    code = "import sys; sys.argv = ['kubectl-gpuslice', {arg!r}]\nfrom gpuslice.inspect.plugin import run\nrun()"
+    version = _without_the_cli_extra(code.format(arg="--version"))
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"kubectl-gpuslice, version {__version__}"
+    status = _without_the_cli_extra(code.format(arg="status"))
+    assert status.returncode == 1
+    assert "`kubectl gpuslice` needs the cli extra" in status.stderr
 
 
 def test_help_lists_every_command_without_the_extra() -> None:
