@@ -152,3 +152,14 @@ def test_the_crds_are_templates_that_helm_upgrades_and_uninstall_keeps(helm: str
     for crd in crds:
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert not (CHART / "crds").exists(), "crds/ is never upgraded by Helm: the CRDs are templates"
+
+
+def test_helm_test_runs_a_pod_of_the_release_image_with_a_read_only_account(helm: str) -> None:
+    hooks = [d for d in render(helm, "--set", "image.digest=sha256:" + "0" * 64)
+             if d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    [pod] = [d for d in hooks if d["kind"] == "Pod"]
+    assert pod["spec"]["containers"][0]["image"].endswith("@sha256:" + "0" * 64), "the release's image, by digest"
+    [role] = [d for d in hooks if d["kind"] == "Role"]
+    assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                              "resourceNames": ["gpuslice-controller"], "verbs": ["get"]}]
+    compile(pod["spec"]["containers"][0]["args"][0], "helm test", "exec")
