@@ -20,3 +20,10 @@ change with each release. Called with (dict "top" $ "own" (list KEY...)). */}}
 {{- end }}
 {{- end }}
 {{- end }}
+{{/* The maxMemory webhook's configuration with cert-manager: its CA injector writes the caBundle
+(manifests/overlays/cert-manager). */}}
+{{- define "gpuslice.certManagerAnnotations" -}}
+{{- if .Values.webhook.certManager.enabled -}}
+cert-manager.io/inject-ca-from: {{ printf "%s/gpuslice-webhook" .Release.Namespace }}
+{{- end }}
+{{- end }}

@@ -1,6 +1,7 @@
 """The Helm chart installs what kustomize installs: ``helm template`` with the default values is the
 nvidia overlay, with ci/kind-values.yaml the kind overlay, and with the monitoring and NetworkPolicy
-values on, the nvidia overlay with both components, object for object (less the Namespace, which
+values on, the nvidia overlay with both components, with webhook.certManager.enabled the
+cert-manager overlay, object for object (less the Namespace, which
 is the release's, the pre-delete hook, which only the chart has, and Helm's standard labels and the
 CRDs' keep policy, which only the chart adds). Everything the chart can
 render, the Prometheus Operator's kinds included (their CRDs installed from its Go module), passes a
@@ -62,6 +63,8 @@ def without_chart_metadata(doc: dict[str, Any]) -> dict[str, Any]:
         assert all(label in labels for label in CHART_LABELS), f"{doc['kind']} {doc['metadata']['name']}: {labels}"
         # An object's own label wins (the admission policies are app.kubernetes.io/managed-by: gpuslice).
         meta["labels"] = {k: v for k, v in labels.items() if added.get(k) != v}
+        if not meta["labels"]:
+            del meta["labels"]  # an object of the overlay's own with no labels (cert-manager's)
     if doc["kind"] == "CustomResourceDefinition":
         annotations = doc["metadata"]["annotations"]
         assert annotations.pop("helm.sh/resource-policy") == "keep", "helm uninstall must never delete the CRDs"
@@ -83,10 +86,13 @@ def with_components(kustomize: str, *components: str) -> list[dict[str, Any]]:
         return render(kustomize, str(Path(work).relative_to(REPO)))
 
 
-@pytest.mark.parametrize("case", ["nvidia", "kind", "components"])
+@pytest.mark.parametrize("case", ["nvidia", "kind", "components", "cert-manager"])
 def test_the_chart_renders_what_kustomize_installs(helm: str, kustomize: str, case: str) -> None:
     if case == "nvidia":
         wanted, chart = render(kustomize, "manifests/overlays/nvidia"), template(helm)
+    elif case == "cert-manager":
+        wanted = render(kustomize, "manifests/overlays/cert-manager")
+        chart = template(helm, "--set", "webhook.certManager.enabled=true")
     elif case == "kind":
         wanted = render(kustomize, "manifests/overlays/kind")
         chart = template(helm, "-f", str(CHART / "ci/kind-values.yaml"))
@@ -152,6 +158,9 @@ async def test_everything_the_chart_renders_passes_a_server_side_dry_run(
     assert {"ServiceMonitor", "PrometheusRule", "Service", "NetworkPolicy", "PodDisruptionBudget", "Job"} <= kinds
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuslice-system"}}
     await kube.apply(path_of(namespace), namespace, field_manager="gpuslice-install-check")
+    # A pod (helm test's) is admitted only with its ServiceAccount there, which a dry run creates not.
+    for account in (d for d in objects if d["kind"] == "ServiceAccount"):
+        await kube.apply(path_of(account), account, field_manager="gpuslice-install-check")
     failures = await refused_by_dry_run(kube, objects)
     assert not failures, "the apiserver refused:\n" + "\n".join(failures)
     # The operator's schema judges our objects: a ServiceMonitor without its endpoints' port is refused.
