@@ -8,9 +8,9 @@ Lease, and every write goes through the leader's guarded client, so only the lea
 Auto mode (``spec.defragmentation.mode: Auto``) looks at most every ``--defrag-interval`` seconds,
 per policy, for pods whose claim of the policy has waited ``minPendingSeconds``: only when the
 controller's watch of pods not yet on a node holds one in a tenant namespace of the policy that
-waited that long, and something changed since the last look (another such pod, a claim or slice
-event; or an hour went by, when a paused claim may be planned for again), so a fleet where nothing
-waits is never read. It plans for them with
+waited that long, and something changed since the last look (another such pod, what kube-scheduler
+said of one, a claim or slice event; or an hour went by, when a paused claim may be planned for
+again), so a fleet where nothing waits is never read. It plans for them with
 the same planner as ``gpuslice defrag``, and starts the first plan that fits the hourly budget:
 one GPU at a time per policy (no new move while one is in flight). A pod it cannot help is told
 why once (an Event), and counted in ``gpuslice_defrag_plans_blocked_total`` by reason. A claim a
@@ -40,6 +40,7 @@ from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.planning.node.defrag_taints import parse_time
 from gpuslice.planning.reads.defrag import plan_defrag
 from gpuslice.planning.reads.defrag_model import Plan, Waiting, moves_in_flight
+from gpuslice.planning.reads.scheduler_said import SchedulerSaid
 from gpuslice.reading.cluster import POLICIES, read_cluster, tenants_of
 
 log = structlog.get_logger(__name__)
@@ -56,7 +57,8 @@ class Defragmenter:
         self.kube, self.settings, self.clock, self.version = kube, settings, clock, version
         self.mover = Mover(kube, settings.defrag_taint_wait, self._failed, settings.defrag_timeout)
         self.looked: dict[str, float] = {}  # policy -> when Auto last looked (clock)
-        self.seen: dict[str, tuple[int, frozenset[str]]] = {}  # policy -> (version, pods aged) at that look
+        # policy -> (version, pods aged) at that look
+        self.seen: dict[str, tuple[int, frozenset[tuple[str, SchedulerSaid]]]] = {}
         self.told: dict[str, str] = {}  # waiting pod UID -> what it was last told
         self.failures: dict[str, float] = {}  # claim UID -> when a move for it failed (clock)
 
@@ -165,10 +167,13 @@ class Defragmenter:
                                 "Normal", "DefragmentationBlocked", message)
 
 
-def _aged(pods: Iterable[Body], namespaces: frozenset[str], seconds: float, now: datetime.datetime) -> frozenset[str]:
-    """The UIDs of the pods in ``namespaces`` not yet on a node for at least ``seconds`` (their claims
-    cannot have waited longer than they did)."""
-    return frozenset(str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+def _aged(pods: Iterable[Body], namespaces: frozenset[str], seconds: float,
+          now: datetime.datetime) -> frozenset[tuple[str, SchedulerSaid]]:
+    """The pods in ``namespaces`` not yet on a node for at least ``seconds`` (their claims cannot have
+    waited longer than they did), by UID, each with what the scheduler last said of it: a pod it
+    turns away for devices after a look that found it not yet tried or gated is a change."""
+    return frozenset((str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"),
+                      SchedulerSaid.from_body(pod))
                      for pod in pods if (meta := pod.get("metadata") or {}).get("namespace") in namespaces
                      and not meta.get("deletionTimestamp")
                      and _waited(str(meta.get("creationTimestamp") or ""), now) >= seconds)

@@ -171,8 +171,8 @@ def pending_pod(body: Any) -> dict[str, Any]:
     return {
         "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp")
                      if k in meta},
-        "spec": {k: spec[k] for k in ("nodeName", "resourceClaims", "nodeSelector", "affinity", "tolerations")
-                 if k in spec},
+        "spec": {k: spec[k] for k in ("nodeName", "resourceClaims", "nodeSelector", "affinity", "tolerations",
+                                          "schedulingGates") if k in spec},
         "status": {"phase": status.get("phase", "Pending"),
                    "conditions": [c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"],
                    "resourceClaimStatuses": status.get("resourceClaimStatuses") or []},

@@ -58,3 +58,35 @@ async def test_an_auto_look_reads_only_for_a_long_wait_and_only_when_something_c
     now[0] += FAILED_PAUSE
     await defrag.auto(POLICY, [*long_wait, pending("t4", "2020-01-01T00:00:00Z", "u2")])  # a paused claim's hour
     assert reads == ["p", "p", "p", "p"]
+
+
+async def test_an_auto_look_is_woken_by_the_schedulers_verdict_on_a_pod_it_had_not_tried(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A look that found the pod not yet tried (or gated) tells it nothing (D'); the scheduler turning
+    it away for devices afterwards changes no claim, slice or pod UID, yet must be looked at."""
+    reads: list[str] = []
+
+    async def read_cluster(kube: Any, policy: str | None = None) -> Reading:
+        reads.append(str(policy))
+        return Reading([], Cluster([], [], [], [], {}, frozenset(), {}, ()), [])
+
+    monkeypatch.setattr(defrag_auto, "read_cluster", read_cluster)
+    now = [1.0]
+    defrag = Defragmenter(cast(KubeClient, object()), ControllerSettings(defrag_interval=30.0),
+                          clock=lambda: now[0], version=lambda: 0)
+    gated = pending("t3", "2020-01-01T00:00:00Z")
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
+    await defrag.auto(POLICY, [gated])
+    untried = pending("t3", "2020-01-01T00:00:00Z")
+    now[0] += 31
+    await defrag.auto(POLICY, [untried])  # its gate removed
+    now[0] += 31
+    await defrag.auto(POLICY, [untried])  # nothing said of it since
+    assert reads == ["p", "p"]
+    turned_away = pending("t3", "2020-01-01T00:00:00Z")
+    turned_away["status"]["conditions"] = [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": "0/3 nodes are available: 3 cannot allocate all claims."}]
+    now[0] += 31
+    await defrag.auto(POLICY, [turned_away])
+    assert reads == ["p", "p", "p"]
