@@ -9,8 +9,9 @@ Auto mode (``spec.defragmentation.mode: Auto``) looks at most every ``--defrag-i
 per policy, for pods whose claim of the policy has waited ``minPendingSeconds``: only when the
 controller's watch of pods not yet on a node holds one in a tenant namespace of the policy that
 waited that long, and something changed since the last look (another such pod, what kube-scheduler
-said of one, a claim or slice event; or an hour went by, when a paused claim may be planned for
-again), so a fleet where nothing waits is never read. It plans for them with
+said of one, a claim or slice event, the policy's defragmentation settings, e.g. a larger budget;
+or an hour went by, when a paused claim may be planned for again), so a fleet where nothing waits
+is never read. It plans for them with
 the same planner as ``gpuslice defrag``, and starts the first plan that fits the hourly budget:
 one GPU at a time per policy (no new move while one is in flight). A pod it cannot help is told
 why once (an Event), and counted in ``gpuslice_defrag_plans_blocked_total`` by reason. A claim a
@@ -57,8 +58,8 @@ class Defragmenter:
         self.kube, self.settings, self.clock, self.version = kube, settings, clock, version
         self.mover = Mover(kube, settings.defrag_taint_wait, self._failed, settings.defrag_timeout)
         self.looked: dict[str, float] = {}  # policy -> when Auto last looked (clock)
-        # policy -> (version, pods aged) at that look
-        self.seen: dict[str, tuple[int, frozenset[tuple[str, SchedulerSaid]]]] = {}
+        # policy -> (version, the policy's defragmentation spec, pods aged) at that look
+        self.seen: dict[str, tuple[int, Defragmentation, frozenset[tuple[str, SchedulerSaid]]]] = {}
         self.told: dict[str, str] = {}  # waiting pod UID -> what it was last told
         self.failures: dict[str, float] = {}  # claim UID -> when a move for it failed (clock)
 
@@ -109,7 +110,7 @@ class Defragmenter:
         if spec.mode != "Auto" or (last is not None and now - last < self.settings.defrag_interval):
             return
         long_waits = _aged(pending, tenants_of(body), spec.min_pending_seconds, now_utc())
-        seen = (self.version(), long_waits)
+        seen = (self.version(), spec, long_waits)
         if not long_waits or (seen == self.seen.get(name) and last is not None and now - last < FAILED_PAUSE):
             return  # nothing waits long enough, or nothing changed since a look that helped none
         self.looked[name], self.seen[name] = now, seen

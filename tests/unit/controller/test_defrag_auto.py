@@ -90,3 +90,29 @@ async def test_an_auto_look_is_woken_by_the_schedulers_verdict_on_a_pod_it_had_n
     now[0] += 31
     await defrag.auto(POLICY, [turned_away])
     assert reads == ["p", "p", "p"]
+
+
+async def test_an_auto_look_is_woken_by_a_change_of_the_policys_defragmentation_settings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod told that the hour's budget is spent must be looked at again once the budget is raised,
+    though no claim, slice or pod changed."""
+    reads: list[str] = []
+
+    async def read_cluster(kube: Any, policy: str | None = None) -> Reading:
+        reads.append(str(policy))
+        return Reading([], Cluster([], [], [], [], {}, frozenset(), {}, ()), [])
+
+    monkeypatch.setattr(defrag_auto, "read_cluster", read_cluster)
+    now = [1.0]
+    defrag = Defragmenter(cast(KubeClient, object()), ControllerSettings(defrag_interval=30.0),
+                          clock=lambda: now[0], version=lambda: 0)
+    waiting = [pending("t3", "2020-01-01T00:00:00Z")]
+    await defrag.auto(POLICY, waiting)
+    now[0] += 31
+    await defrag.auto(POLICY, waiting)
+    assert reads == ["p"]
+    raised = {**POLICY, "spec": {**POLICY["spec"], "defragmentation": {
+        "mode": "Auto", "minPendingSeconds": 60, "maxEvictionsPerHour": 12}}}
+    now[0] += 31
+    await defrag.auto(raised, waiting)
+    assert reads == ["p", "p"]
