@@ -32,7 +32,7 @@ help:
 	@echo "make demo          bring up a real local control plane with fake GPU nodes and show it"
 	@echo "make test          lint + unit tests + cluster tests against the real control plane"
 	@echo "make kube-bin      build kube-apiserver/scheduler/controller-manager/etcd and pod-runner from Go modules (cached)"
-	@echo "make lint          ruff, mypy --strict, import-linter layer contracts, gofmt and go vet of hack/kube"
+	@echo "make lint          ruff, mypy --strict, import-linter layer contracts, gofmt and go vet of hack/kube and hack/nvidia"
 	@echo "make test-unit     fast tests, no cluster"
 	@echo "make test-cluster  tests against the real control plane (the faults tier included)"
 	@echo "make test-faults   only the faults tier: stalls, restarts and kills, with an invariant checker"
@@ -77,14 +77,17 @@ lint: $(STAMP)
 	@$(BIN)/mypy --strict hack/kind/build.py hack/manifests.py hack/chart.py
 	@echo ">> import-linter (layer contracts)"
 	@cd operator && ../$(BIN)/lint-imports ../pyproject.toml
-	@echo ">> gofmt, go vet (hack/kind, hack/kube: the pod runner and nodebins)"
+	@echo ">> gofmt, go vet (hack/kind, hack/kube: the pod runner and nodebins; hack/nvidia: the mock NVML library)"
 	@command -v go >/dev/null || { echo "go not found: install Go 1.26+ (gofmt and go vet are part of lint)"; exit 1; }
-	@test -z "$$(gofmt -l hack/kind hack/kube)" || { echo "gofmt: not formatted:"; gofmt -l hack/kind hack/kube; exit 1; }
+	@test -z "$$(gofmt -l hack/kind hack/kube hack/nvidia)" || { echo "gofmt: not formatted:"; gofmt -l hack/kind hack/kube hack/nvidia; exit 1; }
 	@# The same CGO_ENABLED and -trimpath as the builds (devcluster/binaries.py, hack/kind/build.py):
 	@# vet then finds every dependency compiled in the Go build cache (make test runs kube-bin first)
 	@# instead of compiling all of Kubernetes again with other flags (about 15 minutes on 2 cores).
 	@cd hack/kind && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-modcacherw -trimpath" nice -n 10 go vet ./...
 	@cd hack/kube && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-modcacherw -trimpath" nice -n 10 go vet ./...
+	@# cgo, as devcluster/nvidia_build.py builds it (go-nvml's deprecation warnings are NVIDIA's header's).
+	@cd hack/nvidia/mocknvml && GOTOOLCHAIN=local CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" \
+		GOFLAGS="-modcacherw -trimpath" nice -n 10 go vet ./...
 
 # kustomize: the chart and install.yaml are checked against what it renders now.
 test-unit: $(STAMP) kustomize

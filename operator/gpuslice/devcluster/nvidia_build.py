@@ -1,0 +1,169 @@
+"""Building NVIDIA's code and gpuslice's mock NVML library from Go modules, cached by content hash.
+
+Three builds, each a Go module under ``hack/nvidia`` pinned by its go.mod and go.sum, as the
+control plane is (``binaries.py``):
+
+- ``mocknvml``: gpuslice's ``libnvidia-ml.so.1`` for fake nodes (cgo, ``-buildmode=c-shared``) over
+  go-nvml's DGX mocks; its stubs are generated from go-nvml's ``nvml.h`` at build time.
+- ``ctk``: NVIDIA Container Toolkit's ``nvidia-ctk`` and ``nvidia-cdi-hook``, which write and apply CDI
+  specs.
+- ``deviceplugin``: NVIDIA's device plugin (``nvidia-device-plugin``), a neighbour on kind.
+
+A build's slot is keyed by the hash of its module's files, the Go version, the C compiler and the
+build's own flags, so a warm run only checks; concurrent builders of one slot wait on its lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuslice.devcluster.binaries import cache_root
+from gpuslice.devcluster.errors import DevClusterError
+
+Reporter = Callable[[str], None]
+# Bump when how a build is made changes (its commands, not its sources: those are hashed).
+RECIPE = "1"
+CGO_CFLAGS = "-O2 -g -Wno-deprecated-declarations"
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def nvidia_source_dir() -> Path | None:
+    """``hack/nvidia`` of a source checkout, if this is one."""
+    override = os.environ.get("GPUSLICE_NVIDIA_SOURCE")
+    if override:
+        return Path(override)
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "hack" / "nvidia" / "mocknvml" / "go.mod").is_file():
+            return parent / "hack" / "nvidia"
+    return None
+
+
+@dataclass(frozen=True)
+class Build:
+    name: str  # the module's directory under hack/nvidia
+    outputs: tuple[str, ...]  # files the slot holds when complete
+    compile: Callable[[Path, Path, Reporter], None]  # (module, partial slot, report)
+
+
+def _go_env(cgo: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(GOTOOLCHAIN="local", GOFLAGS="-modcacherw", CGO_ENABLED="1" if cgo else "0")
+    if cgo:
+        env["CGO_CFLAGS"] = CGO_CFLAGS
+    return env
+
+
+def _run(args: list[str], cwd: Path, env: dict[str, str], what: str) -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise DevClusterError(f"Go is not installed: {what} is built from Go modules. Install Go 1.26+.")
+    done = subprocess.run([go, *args[1:]] if args[0] == "go" else args, cwd=cwd, env=env, capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        raise DevClusterError(f"{what}: `{' '.join(args)}` failed in {cwd}.", log_tail=done.stderr[-3000:])
+    return done.stdout
+
+
+def _toolchain() -> str:
+    parts = [_run(["go", "env", "GOVERSION", "GOOS", "GOARCH"], Path.cwd(), _go_env(False), "go env")]
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is not None:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
+        parts.append(version.splitlines()[0] if version else cc)
+    return " ".join(" ".join(parts).split())
+
+
+def _key(module: Path, build: Build, toolchain: str) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in module.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(module)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for part in (build.name, toolchain, RECIPE, CGO_CFLAGS):
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def slot(build: Build, source: Path | None = None) -> Path:
+    """The cache directory of the build, without building it."""
+    source = source or nvidia_source_dir()
+    if source is None:
+        raise DevClusterError("This installation has no hack/nvidia sources: run from a gpuslice checkout.")
+    key = _key(source / build.name, build, _toolchain())
+    return cache_root() / "nvidia" / f"{build.name}-{key[:16]}"
+
+
+def ensure(build: Build, report: Reporter = _stderr, source: Path | None = None) -> Path:
+    """The build's cache directory, built first if it is not there."""
+    source = source or nvidia_source_dir()
+    directory = slot(build, source)
+    if (directory / ".complete").exists():
+        return directory
+    assert source is not None  # slot() said so
+    with _lock(directory.parent / f".{directory.name}.lock"):
+        if (directory / ".complete").exists():
+            return directory
+        report(f"nvidia: building {build.name} from Go modules (hack/nvidia/{build.name}) into {directory}")
+        started = time.monotonic()
+        partial = directory.with_name(directory.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        build.compile(source / build.name, partial, report)
+        missing = [name for name in build.outputs if not (partial / name).exists()]
+        if missing:
+            raise DevClusterError(f"building {build.name} left no {', '.join(missing)} in {partial}.")
+        (partial / ".complete").write_text(json.dumps({"seconds": round(time.monotonic() - started, 1)}))
+        shutil.rmtree(directory, ignore_errors=True)
+        partial.rename(directory)
+        report(f"nvidia: {build.name} built in {time.monotonic() - started:.0f} s")
+    return directory
+
+
+MOCK_NVML_LIBRARY = "libnvidia-ml.so.1"
+
+
+def _compile_mocknvml(module: Path, partial: Path, report: Reporter) -> None:
+    """The stubs are generated from go-nvml's nvml.h (the version go.mod pins) in a copy of the
+    module, so the checkout stays as it is."""
+    env = _go_env(True)
+    with tempfile.TemporaryDirectory(prefix="gpuslice-mocknvml-") as scratch:
+        work = Path(scratch) / "mocknvml"
+        shutil.copytree(module, work)
+        nvml = _run(["go", "list", "-m", "-f", "{{.Dir}}", "github.com/NVIDIA/go-nvml"], work, env, "mocknvml").strip()
+        _run(["go", "run", "./gen", str(Path(nvml) / "pkg/nvml/nvml.h"), "stubs.c"], work, env, "mocknvml stubs")
+        _run(["go", "build", "-trimpath", "-buildmode=c-shared", "-ldflags",
+              '-s -w -extldflags "-Wl,-soname,libnvidia-ml.so.1"', "-o", str(partial / MOCK_NVML_LIBRARY), "."],
+             work, env, "mocknvml")
+    (partial / "libnvidia-ml.so.h").unlink(missing_ok=True)
+
+
+MOCK_NVML = Build("mocknvml", (MOCK_NVML_LIBRARY,), _compile_mocknvml)
+
+
+def mock_nvml_library(report: Reporter = _stderr) -> Path:
+    """gpuslice's ``libnvidia-ml.so.1`` over go-nvml's mocks, built when missing."""
+    return ensure(MOCK_NVML, report) / MOCK_NVML_LIBRARY
