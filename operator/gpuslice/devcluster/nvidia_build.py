@@ -1,13 +1,12 @@
 """Building NVIDIA's code and gpuslice's mock NVML library from Go modules, cached by content hash.
 
-Three builds, each a Go module under ``hack/nvidia`` pinned by its go.mod and go.sum, as the
-control plane is (``binaries.py``):
+Each build is a Go module under ``hack/nvidia`` pinned by its go.mod and go.sum, as the control
+plane is (``binaries.py``):
 
 - ``mocknvml``: gpuslice's ``libnvidia-ml.so.1`` for fake nodes (cgo, ``-buildmode=c-shared``) over
   go-nvml's DGX mocks; its stubs are generated from go-nvml's ``nvml.h`` at build time.
-- ``ctk``: NVIDIA Container Toolkit's ``nvidia-ctk`` and ``nvidia-cdi-hook``, which write and apply CDI
-  specs.
-- ``deviceplugin``: NVIDIA's device plugin (``nvidia-device-plugin``), a neighbour on kind.
+
+NVIDIA's MPS binaries come from Debian (``mps_binaries``), fetched once into the same cache.
 
 A build's slot is keyed by the hash of its module's files, the Go version, the C compiler and the
 build's own flags, so a warm run only checks; concurrent builders of one slot wait on its lock.
@@ -69,11 +68,12 @@ def _go_env(cgo: bool) -> dict[str, str]:
 
 
 def _run(args: list[str], cwd: Path, env: dict[str, str], what: str) -> str:
-    go = shutil.which("go")
-    if go is None:
-        raise DevClusterError(f"Go is not installed: {what} is built from Go modules. Install Go 1.26+.")
-    done = subprocess.run([go, *args[1:]] if args[0] == "go" else args, cwd=cwd, env=env, capture_output=True,
-                          text=True, check=False)
+    if args[0] == "go":
+        go = shutil.which("go")
+        if go is None:
+            raise DevClusterError(f"Go is not installed: {what} is built from Go modules. Install Go 1.26+.")
+        args = [go, *args[1:]]
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise DevClusterError(f"{what}: `{' '.join(args)}` failed in {cwd}.", log_tail=done.stderr[-3000:])
     return done.stdout
@@ -167,3 +167,58 @@ MOCK_NVML = Build("mocknvml", (MOCK_NVML_LIBRARY,), _compile_mocknvml)
 def mock_nvml_library(report: Reporter = _stderr) -> Path:
     """gpuslice's ``libnvidia-ml.so.1`` over go-nvml's mocks, built when missing."""
     return ensure(MOCK_NVML, report) / MOCK_NVML_LIBRARY
+
+
+# NVIDIA's MPS control daemon and server, from Debian's non-free component (bookworm's driver branch,
+# 535): the binaries run without a GPU (they start, answer their control commands and quit), so the
+# agent's MPS lifecycle is tested against them. Fetched with a scoped apt configuration into the cache;
+# the system's apt sources are left as they are.
+MPS_PACKAGE, MPS_VERSION, MPS_SUITES = "nvidia-cuda-mps", "535.261.03-1", ("bookworm",)
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+DEBIAN_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+MPS_CONTROL, MPS_SERVER = "usr/bin/nvidia-cuda-mps-control", "usr/sbin/nvidia-cuda-mps-server"
+
+
+def mps_binaries(report: Reporter = _stderr) -> Path:
+    """A directory holding ``usr/bin/nvidia-cuda-mps-control`` and ``usr/sbin/nvidia-cuda-mps-server``
+    of Debian's ``nvidia-cuda-mps`` at the pinned version, fetched when missing (apt-get, dpkg-deb)."""
+    directory = cache_root() / "nvidia" / f"mps-{MPS_VERSION}"
+    if (directory / ".complete").exists():
+        return directory
+    for tool in ("apt-get", "apt-cache", "dpkg-deb"):
+        if shutil.which(tool) is None:
+            raise DevClusterError(f"{tool} is missing: NVIDIA's MPS daemon comes from Debian's non-free component"
+                                  f" ({MPS_PACKAGE} {MPS_VERSION}); on another system put its binaries in {directory}.")
+    with _lock(directory.parent / f".{directory.name}.lock"):
+        if (directory / ".complete").exists():
+            return directory
+        report(f"nvidia: fetching {MPS_PACKAGE} {MPS_VERSION} from Debian's non-free component into {directory}")
+        with tempfile.TemporaryDirectory(prefix="gpuslice-apt-") as scratch:
+            apt = Path(scratch)
+            for sub in ("lists/partial", "archives/partial", "parts", "preferences"):
+                (apt / sub).mkdir(parents=True)
+            signed = f"[signed-by={DEBIAN_KEYRING}] " if Path(DEBIAN_KEYRING).exists() else ""
+            (apt / "sources.list").write_text("".join(f"deb {signed}{DEBIAN_MIRROR} {suite} non-free\n"
+                                                      for suite in MPS_SUITES))
+            options = [f"-oDir::Etc::SourceList={apt / 'sources.list'}", f"-oDir::Etc::SourceParts={apt / 'parts'}",
+                       f"-oDir::State::Lists={apt / 'lists'}", f"-oDir::Cache={apt}",
+                       f"-oDir::Cache::Archives={apt / 'archives'}", f"-oDir::Etc::Preferences={apt / 'none'}",
+                       f"-oDir::Etc::PreferencesParts={apt / 'preferences'}", "-oDebug::NoLocking=1",
+                       "-oAPT::Sandbox::User=root" if os.geteuid() == 0 else "-oAPT::Get::List-Cleanup=0"]
+            _run(["apt-get", *options, "-q", "update"], apt, dict(os.environ), "apt-get update (Debian non-free)")
+            try:
+                _run(["apt-get", *options, "-q", "download", f"{MPS_PACKAGE}={MPS_VERSION}"], apt, dict(os.environ),
+                     f"apt-get download {MPS_PACKAGE}={MPS_VERSION}")
+            except DevClusterError as error:
+                offered = _run(["apt-cache", *options, "madison", MPS_PACKAGE], apt, dict(os.environ), "apt-cache")
+                raise DevClusterError(f"Debian no longer offers {MPS_PACKAGE} {MPS_VERSION} (it offers:"
+                                      f" {offered.strip()}); update MPS_VERSION in devcluster/nvidia_build.py."
+                                      ) from error
+            [deb] = apt.glob("*.deb")
+            partial = directory.with_name(directory.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            _run(["dpkg-deb", "-x", str(deb), str(partial)], apt, dict(os.environ), "dpkg-deb")
+        (partial / ".complete").write_text(f"{MPS_PACKAGE} {MPS_VERSION}\n")
+        shutil.rmtree(directory, ignore_errors=True)
+        partial.rename(directory)
+    return directory
