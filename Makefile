@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 PYTEST ?= $(BIN)/pytest
 
 .DEFAULT_GOAL := help
-.PHONY: help venv kube-bin lint test test-unit test-cluster test-faults demo crds protos bench clean manifests constraints \
+.PHONY: help venv kube-bin nvidia-bin lint test test-unit test-cluster test-faults demo crds protos bench clean manifests constraints \
         kustomize image \
         kind-up kind-deploy kind-demo kind-undeploy kind-down undeploy kind-images test-kind
 
@@ -32,6 +32,7 @@ help:
 	@echo "make demo          bring up a real local control plane with fake GPU nodes and show it"
 	@echo "make test          lint + unit tests + cluster tests against the real control plane"
 	@echo "make kube-bin      build kube-apiserver/scheduler/controller-manager/etcd and pod-runner from Go modules (cached)"
+	@echo "make nvidia-bin    build the mock libnvidia-ml and nvidia-ctk from Go modules, fetch NVIDIA's MPS daemon (cached)"
 	@echo "make lint          ruff, mypy --strict, import-linter layer contracts, gofmt and go vet of hack/kube and hack/nvidia"
 	@echo "make test-unit     fast tests, no cluster"
 	@echo "make test-cluster  tests against the real control plane (the faults tier included)"
@@ -69,6 +70,12 @@ kube-bin: $(STAMP)
 	@echo ">> control-plane binaries (Kubernetes from Go modules, cached by content hash)"
 	@$(BIN)/gpuslice dev-cluster build
 
+# What the NVML nodes need (devcluster/nvidia_build.py): gpuslice's mock libnvidia-ml over go-nvml's DGX mocks and
+# NVIDIA's nvidia-ctk, from Go modules, and NVIDIA's MPS binaries from Debian; each cached by content or version.
+nvidia-bin: $(STAMP)
+	@echo ">> NVIDIA's pieces for the mock NVML nodes (Go modules and Debian, cached)"
+	@$(BIN)/python -m gpuslice.devcluster.nvidia_build
+
 lint: $(STAMP)
 	@echo ">> ruff"
 	@$(BIN)/ruff check operator tests hack
@@ -90,14 +97,14 @@ lint: $(STAMP)
 		GOFLAGS="-modcacherw -trimpath" nice -n 10 go vet ./...
 
 # kustomize: the chart and install.yaml are checked against what it renders now.
-test-unit: $(STAMP) kustomize
+test-unit: $(STAMP) nvidia-bin kustomize
 	@echo ">> unit tests"
 	@$(PYTEST) tests/unit
 
 # Each worker runs its own control plane and takes whole test files (the tier waits more than it
 # computes: about 70% of 2 cores idle with one worker); CLUSTER_WORKERS=0 runs it in this process.
 CLUSTER_WORKERS ?= 2
-test-cluster: kube-bin kustomize
+test-cluster: kube-bin nvidia-bin kustomize
 	@echo ">> cluster tests (real etcd, kube-apiserver, kube-scheduler, kube-controller-manager; $(CLUSTER_WORKERS) workers)"
 	@$(PYTEST) -n $(CLUSTER_WORKERS) --dist loadfile tests/cluster
 

@@ -794,9 +794,12 @@ func nvmlDeviceGetMaxMigDeviceCount(device unsafe.Pointer, count *C.uint) C.int 
 	if r != nvml.SUCCESS {
 		return rc(r)
 	}
+	// "Returns zero if MIG is not supported or enabled" (nvml.h).
 	most := uint32(0)
 	for _, p := range t.gpu.Profiles {
-		most = max(most, p.Info.InstanceCount)
+		if migEnabled(t.st) {
+			most = max(most, p.Info.InstanceCount)
+		}
 	}
 	*count = C.uint(most)
 	return rc(nvml.SUCCESS)
@@ -810,9 +813,6 @@ func nvmlDeviceGetMigDeviceHandleByIndex(device unsafe.Pointer, index C.uint, mi
 	}
 	if mig == nil {
 		return rc(nvml.ERROR_INVALID_ARGUMENT)
-	}
-	if !migEnabled(t.st) {
-		return rc(nvml.ERROR_NOT_SUPPORTED)
 	}
 	found := migDevices(t.st)
 	if int(index) >= len(found) {

@@ -17,14 +17,17 @@ import fcntl
 import json
 import os
 import shutil
+import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
 
 import pydantic
 
 from gpuslice.devcluster.errors import DevClusterError
+from gpuslice.devcluster.nvidia_build import MPS_CONTROL, MPS_SERVER, container_toolkit, mock_nvml_library, mps_binaries
 from gpuslice.inventory.catalog import MODELS, MigProfile
 
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
@@ -279,9 +282,10 @@ def _place(library: Path, target: Path) -> None:
         shutil.copy2(library, target)
 
 
-def make_driver_root(root: Path, config: dict[str, object], library: Path) -> Path:
+def make_driver_root(root: Path, config: dict[str, object], library: Path, host_proc: Path | None = None) -> Path:
     """Lay out a fake driver root for ``config`` (``node_config``) with ``library``; the library's
-    config directory (its state file lives there)."""
+    config directory (its state file lives there). ``host_proc``: the node's /proc, which gets the
+    kernel's files (devices, nvidia-caps/mig-minors) too, as the root's own proc does."""
     server = str(config["server"])
     driver = str(config.get("driverVersion") or MOCK_DRIVERS[server])
     gpus = config["gpus"]
@@ -308,14 +312,83 @@ def make_driver_root(root: Path, config: dict[str, object], library: Path) -> Pa
     minors = mig_minors(len(gpus))
     for _, minor in minors:
         _mknod(dev / "nvidia-caps" / f"nvidia-cap{minor}", MAJORS["nvidia-caps"], minor)
-    proc = root / "proc"
-    (proc / "driver/nvidia-caps").mkdir(parents=True, exist_ok=True)
-    (proc / "driver/nvidia-caps/mig-minors").write_text("".join(f"{name} {minor}\n" for name, minor in minors))
-    (proc / "devices").write_text(
-        "Character devices:\n  1 mem\n  4 tty\n"
-        + "".join(f"{major} {name}\n" for name, major in sorted(MAJORS.items(), key=lambda item: item[1]))
-        + "\nBlock devices:\n  8 sd\n")
+    for proc in (root / "proc", *((host_proc,) if host_proc else ())):
+        (proc / "driver/nvidia-caps").mkdir(parents=True, exist_ok=True)
+        (proc / "driver/nvidia-caps/mig-minors").write_text("".join(f"{name} {minor}\n" for name, minor in minors))
+        (proc / "devices").write_text(
+            "Character devices:\n  1 mem\n  4 tty\n"
+            + "".join(f"{major} {name}\n" for name, major in sorted(MAJORS.items(), key=lambda item: item[1]))
+            + "\nBlock devices:\n  8 sd\n")
     return directory
+
+
+def generate_spec(root: Path, output: Path, *args: str, toolkit: Path | None = None) -> str:
+    """NVIDIA's ``nvidia-ctk cdi generate`` over the root (its libraries, device nodes and the mock
+    library, which nvcdi loads); its log. nvml mode reads the host's
+    ``/proc/driver/nvidia-caps/mig-minors`` whatever the driver root (``dgpu.go``: ``NewMigCaps``), so
+    it runs in a mount namespace of its own where the root's ``proc/driver`` is the host's."""
+    toolkit = toolkit or container_toolkit()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    command = [str(toolkit / "nvidia-ctk"), "cdi", "generate", f"--driver-root={root}",
+               f"--nvidia-cdi-hook-path={toolkit / 'nvidia-cdi-hook'}", f"--output={output}", *args]
+    unshare = shutil.which("unshare")
+    if unshare and os.geteuid() == 0 and Path("/proc/driver").is_dir():
+        command = [unshare, "--mount", "--propagation", "private", "sh", "-ec",
+                   'mount --bind "$0" /proc/driver; exec "$@"', str(root / "proc/driver"), *command]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not output.exists():
+        raise DevClusterError(f"nvidia-ctk cdi generate failed for the mock node at {root}.",
+                              log_tail=done.stderr[-3000:])
+    return done.stderr
+
+
+@dataclass(frozen=True)
+class NvmlNode:
+    """A fake node's NVIDIA driver root (the mock library) and the toolkit's spec of it."""
+
+    root: Path
+    cdi: Path
+
+    @property
+    def state(self) -> MockStateFile:
+        return state_file(self.root)
+
+    def agent_args(self) -> list[str]:
+        return ["--backend=nvml", f"--nvidia-driver-root={self.root}", f"--nvidia-cdi-dir={self.cdi}"]
+
+
+MANAGEMENT = ("--mode=management", "--vendor=management.nvidia.com")  # as the GPU Operator's toolkit writes it
+STATE_LINK = "mock-nvml"  # in the agent's state directory: where `gpuslice fake-gpu` finds the mock's state
+
+
+def prepare_node(node_dir: Path, node: str, model: str, count: int, mig: bool | None = None,
+                 spec_args: Sequence[str] = ()) -> NvmlNode:
+    """A dev cluster node's NVIDIA side: the driver root in ``node_dir/nvidia`` with NVIDIA's MPS
+    binaries (Debian's), its kernel files in the node's /proc (``node_dir/proc``, the agent's
+    --host-proc), and the NVIDIA Container Toolkit's spec, generated by nvidia-ctk, in
+    ``node_dir/nvidia-cdi``. MIG mode starts as the fake backend
+    starts it unless ``mig`` says: on before Hopper, off from Hopper on.
+
+    nvml mode cannot write a spec for a node whose GPUs are all in MIG mode with no MIG instance (its
+    ``all`` device has no edits: "invalid device, empty device edits"; with ``--no-all-device``,
+    "invalid spec, no devices"), so such a node gets the GPU Operator's management spec."""
+    if mig is None:
+        mig = model in MODELS and MODELS[model].architecture == "Ampere"
+    root, cdi = node_dir / "nvidia", node_dir / "nvidia-cdi"
+    directory = make_driver_root(root, node_config(node, model, count, mig), mock_nvml_library(), node_dir / "proc")
+    mps = mps_binaries()
+    (root / "usr/bin").mkdir(parents=True, exist_ok=True)
+    for binary in (MPS_CONTROL, MPS_SERVER):  # where a driver installs them both (nvcdi looks there)
+        _place(mps / binary, root / "usr/bin" / Path(binary).name)
+    if not spec_args and mig:
+        spec_args = MANAGEMENT
+    generate_spec(root, cdi / "nvidia.yaml", *spec_args)
+    (node_dir / "agent").mkdir(parents=True, exist_ok=True)
+    link = node_dir / "agent" / STATE_LINK
+    with contextlib.suppress(FileNotFoundError):
+        link.unlink()
+    link.symlink_to(directory)
+    return NvmlNode(root, cdi)
 
 
 def state_file(root: Path) -> MockStateFile:
@@ -335,3 +408,64 @@ def environment(root: Path) -> Iterator[None]:
             os.environ.pop("GPUSLICE_MOCK_NVML_CONFIG", None)
         else:
             os.environ["GPUSLICE_MOCK_NVML_CONFIG"] = before
+
+
+# What `gpuslice fake-gpu` does to a node of the mock library, as it does to the fake backend's GPUs.
+
+# The NVML call each of fake-gpu's operations fails in (its next calls answer NVML_ERROR_UNKNOWN).
+FAILING_CALLS = {"create-mig": "nvmlDeviceCreateGpuInstanceWithPlacement", "destroy-mig": "nvmlGpuInstanceDestroy",
+                 "set-mig-mode": "nvmlDeviceSetMigMode", "processes": "nvmlDeviceGetComputeRunningProcesses_v3"}
+NVML_ERROR_UNKNOWN = 999
+# NVML's GPU instance profile id for each enum of the seven-slice family (fidelity.go).
+PROFILE_IDS = {ENUM_1_SLICE: 19, ENUM_1_SLICE_REV1: 20, ENUM_1_SLICE_REV2: 15, ENUM_2_SLICE: 14, ENUM_3_SLICE: 9,
+               ENUM_4_SLICE: 5, ENUM_7_SLICE: 0}
+
+
+def raise_fault(state: MockState, config: dict[str, object], gpu: int, kind: str, code: int | None) -> None:
+    """An XID (79: off the bus, and lost from then on) or double-bit ECC event, or the GPU lost."""
+    if kind == "lost" or code == 79:
+        state.gpu(config, gpu).lost = True
+    if kind == "ecc":
+        state.post(config, gpu, ECC_EVENT, 0)
+    elif code is not None:
+        state.post(config, gpu, XID_EVENT, code)
+
+
+def clear_fault(state: MockState, config: dict[str, object], gpu: int) -> None:
+    """The GPU back (events are seen once: nothing to clear of them)."""
+    state.gpu(config, gpu).lost = False
+
+
+def inject_failure(state: MockState, operation: str, gpu: int | None, times: int) -> None:
+    state.failures.append(MockFailure.model_validate(
+        {"call": FAILING_CALLS[operation], "gpu": gpu, "return": NVML_ERROR_UNKNOWN, "remaining": times}))
+
+
+def use(state: MockState, config: dict[str, object], gpu: int, pid: int, memory: int, sm: float) -> None:
+    """Process ``pid`` on the GPU (in MIG mode, on its first MIG device); memory 0: it stops."""
+    found = state.gpu(config, gpu)
+    kept = [p for p in found.processes if p.pid != pid]
+    if memory > 0:
+        kept.append(MockProcess(pid=pid, memory=memory, sm=sm))
+    found.processes = kept
+
+
+def admin_sets_mig_mode(state: MockState, config: dict[str, object], gpu: int, enabled: bool) -> None:
+    """``nvidia-smi -i GPU -mig 1|0`` and a GPU reset; refused with MIG instances, as NVML refuses it."""
+    found = state.gpu(config, gpu)
+    if found.instances and not enabled:
+        raise ValueError(f"GPU {gpu} has {len(found.instances)} MIG instances; destroy them before turning MIG mode"
+                         " off.")
+    found.mig_mode = found.pending_mig_mode = int(enabled)
+
+
+def heal(state: MockState) -> None:
+    for found in state.gpus.values():
+        found.lost, found.processes = False, []
+    state.failures = []
+
+
+def profile_names(model: str) -> dict[int, str]:
+    """NVML's profile id -> the catalog's profile name, for a catalogued model."""
+    catalogued = MODELS.get(model)
+    return {PROFILE_IDS[profile_enum(p)]: p.name for p in catalogued.mig_profiles} if catalogued else {}

@@ -22,6 +22,7 @@ from gpuslice.inventory.catalog import MODELS
 from gpuslice.inventory.nodes import FAKE_BACKEND as LABEL_BACKEND
 from gpuslice.inventory.nodes import FAKE_COUNT as LABEL_COUNT
 from gpuslice.inventory.nodes import FAKE_MODEL as LABEL_MODEL
+from gpuslice.inventory.nodes import GFD_COUNT, GFD_MEMORY_MIB, GFD_PRODUCT, product_key
 
 # Models the fake GPU backend knows; the node agent and the controller read
 # the labels to know what GPUs the node pretends to have.
@@ -32,7 +33,23 @@ def node_name(index: int) -> str:
     return f"gpu-node-{index}"
 
 
-def fake_gpu_node(name: str, gpu_model: str, gpu_count: int) -> dict[str, Any]:
+def gpu_labels(gpu_model: str, gpu_count: int, backend: str) -> dict[str, str]:
+    """The fake backend's labels (the agent and the controller read them), or for a node of the mock
+    NVML library (``mocknvml``) GPU Feature Discovery's, as a real NVIDIA node has them."""
+    if backend == "fake":
+        return {LABEL_BACKEND: "fake", LABEL_MODEL: gpu_model, LABEL_COUNT: str(gpu_count)}
+    model = MODELS.get(gpu_model)
+    product, mib = (model.product_name, model.memory // 2**20) if model else MOCK_ONLY[gpu_model]
+    return {LABEL_BACKEND: backend, GFD_PRODUCT: product_key(product), GFD_COUNT: str(gpu_count),
+            GFD_MEMORY_MIB: str(mib), GPU_PRESENT: "true"}
+
+
+# Models only the mock NVML library has (go-nvml's figures: NVML's name and memory).
+MOCK_ONLY = {"b200-180gb": ("NVIDIA B200 180GB HBM3e", 184320)}
+GPU_PRESENT = "nvidia.com/gpu.present"
+
+
+def fake_gpu_node(name: str, gpu_model: str, gpu_count: int, backend: str = "fake") -> dict[str, Any]:
     capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}
     return {
         "apiVersion": "v1",
@@ -43,9 +60,7 @@ def fake_gpu_node(name: str, gpu_model: str, gpu_count: int) -> dict[str, Any]:
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
-                LABEL_BACKEND: "fake",
-                LABEL_MODEL: gpu_model,
-                LABEL_COUNT: str(gpu_count),
+                **gpu_labels(gpu_model, gpu_count, backend),
             },
         },
         "status": {
@@ -90,14 +105,15 @@ def pod_runner_component(binary: Path, node: str, root: Path, node_kubeconfig: P
 
 
 def stop_mps_daemons(node_dir: Path) -> list[int]:
-    """SIGKILL the MPS control daemons (stand-ins) a fake node's agent started: they outlive their
-    agent on purpose (its pods keep running), so a stopped dev cluster stops them itself. The pids
-    killed."""
+    """SIGKILL the MPS control daemons (stand-ins, or NVIDIA's on a node of the mock NVML library) a
+    fake node's agent started: they outlive their agent on purpose (its pods keep running), so a
+    stopped dev cluster stops them itself. The pids killed."""
     killed = []
     for record in (node_dir / "agent" / "mps").glob("*/*/daemon.json"):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             pid = int(json.loads(record.read_text())["pid"])
-            if "gpuslice.agent.mps.standin" in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "):
+            command = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+            if "gpuslice.agent.mps.standin" in command or "nvidia-cuda-mps-control" in command:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
     return killed

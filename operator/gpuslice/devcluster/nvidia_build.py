@@ -5,6 +5,8 @@ plane is (``binaries.py``):
 
 - ``mocknvml``: gpuslice's ``libnvidia-ml.so.1`` for fake nodes (cgo, ``-buildmode=c-shared``) over
   go-nvml's DGX mocks; its stubs are generated from go-nvml's ``nvml.h`` at build time.
+- ``ctk``: NVIDIA Container Toolkit's ``nvidia-ctk`` and ``nvidia-cdi-hook``, which write and apply CDI
+  specs.
 
 NVIDIA's MPS binaries come from Debian (``mps_binaries``), fetched once into the same cache.
 
@@ -169,6 +171,27 @@ def mock_nvml_library(report: Reporter = _stderr) -> Path:
     return ensure(MOCK_NVML, report) / MOCK_NVML_LIBRARY
 
 
+def _compile_tools(packages: tuple[str, ...]) -> Callable[[Path, Path, Reporter], None]:
+    """Main packages of NVIDIA's modules, at the versions the module's go.mod pins (its ``tool`` lines)."""
+
+    def compile_them(module: Path, partial: Path, report: Reporter) -> None:
+        _run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", f"{partial}/", *packages], module,
+             _go_env(True), f"building {' '.join(packages)}")
+
+    return compile_them
+
+
+CTK = Build("ctk", ("nvidia-ctk", "nvidia-cdi-hook"), _compile_tools((
+    "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk",
+    "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook")))
+
+
+def container_toolkit(report: Reporter = _stderr) -> Path:
+    """The directory of NVIDIA's ``nvidia-ctk`` and ``nvidia-cdi-hook`` (hack/nvidia/ctk's pinned
+    version), built when missing."""
+    return ensure(CTK, report)
+
+
 # NVIDIA's MPS control daemon and server, from Debian's non-free component (bookworm's driver branch,
 # 535): the binaries run without a GPU (they start, answer their control commands and quit), so the
 # agent's MPS lifecycle is tested against them. Fetched with a scoped apt configuration into the cache;
@@ -222,3 +245,21 @@ def mps_binaries(report: Reporter = _stderr) -> Path:
         shutil.rmtree(directory, ignore_errors=True)
         partial.rename(directory)
     return directory
+
+
+def main() -> int:
+    """``python -m gpuslice.devcluster.nvidia_build``: every piece the NVML nodes need, built or found."""
+    for name, get in (("mock NVML library", mock_nvml_library), ("nvidia-ctk", container_toolkit),
+                      ("NVIDIA's MPS binaries", mps_binaries)):
+        started = time.monotonic()
+        try:
+            found = get()
+        except DevClusterError as error:
+            print(f"nvidia: {error}", file=sys.stderr)
+            return 1
+        print(f"nvidia: {name}: {found} ({time.monotonic() - started:.1f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

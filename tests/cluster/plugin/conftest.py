@@ -1,9 +1,15 @@
 """Fake GPU nodes with everything a real one runs: a pod runner (the kubelet's plugin manager and DRA
 manager) and the gpuslice node agent, whose kubelet plugin registers with it and prepares the
-claims the real scheduler allocated. On the session's control plane, next to its controller."""
+claims the real scheduler allocated. On the session's control plane, next to its controller.
+
+A node's agent runs the fake backend, or (``gpu_backend`` nvml) the NVML backend on gpuslice's mock
+``libnvidia-ml.so.1`` (go-nvml's DGX mocks) under a fake driver root whose toolkit spec nvidia-ctk
+wrote (``devcluster/mocknvml.py``). A test module that sets ``GPU_BACKENDS = ("fake", "nvml")`` runs
+each of its tests on both."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -18,7 +24,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuslice.devcluster import binaries, operator
+from gpuslice.devcluster import binaries, mocknvml, operator
 from gpuslice.devcluster.cluster import DevCluster, free_port
 from gpuslice.devcluster.nodes import fake_gpu_node, node_layout, pod_runner_component, stop_mps_daemons
 from gpuslice.devcluster.pki import CertificateAuthority
@@ -29,12 +35,27 @@ from tests.cluster.kubeutil import short_dir, wait_for
 from tests.cluster.observe import scrape
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("gpu_backends")
+    backends = marker.args if marker is not None else getattr(metafunc.module, "GPU_BACKENDS", None)
+    if backends and "gpu_backend" in metafunc.fixturenames:
+        metafunc.parametrize("gpu_backend", backends)
+
+
+@pytest.fixture
+def gpu_backend() -> str:
+    """The backend of a test's nodes: fake, unless its module asks for more (GPU_BACKENDS)."""
+    return "fake"
+
+
 class PluginNode:
     """A fake node: its directories, pod runner and agent, and what tests do to them."""
 
-    def __init__(self, name: str, root: Path, runner: Component, agent_args: list[str], logs: Path) -> None:
+    def __init__(self, name: str, root: Path, runner: Component, agent_args: list[str], logs: Path,
+                 nvml: mocknvml.NvmlNode | None = None, model: str = "") -> None:
         self.name, self.root, self.runner, self.logs = name, root, runner, logs
         self.agent_args = agent_args
+        self.nvml, self.model = nvml, model
         self.metrics_port = free_port()
         self.agent: Component = self._agent_component()
 
@@ -44,8 +65,9 @@ class PluginNode:
         return self.logs / f"agent-{self.name}.kubeconfig"
 
     def _agent_component(self, env: dict[str, str] | None = None) -> Component:
+        backend = self.nvml.agent_args() if self.nvml else ("--backend=fake",)
         component = operator.agent_component(self.name, self.agent_kubeconfig, self.logs / f"agent-{self.name}.log",
-                                             self.metrics_port, self.root, self.agent_args, env)
+                                             self.metrics_port, self.root, self.agent_args, env, backend)
         return component
 
     async def metrics(self) -> dict[str, float]:
@@ -100,9 +122,29 @@ class PluginNode:
         return json.loads(path.read_text()) if path.exists() else {}
 
     def mig_instances(self, gpu: int = 0) -> list[tuple[str, int]]:
-        """(profile, start) of the fake GPU's MIG instances, as its state file holds them."""
+        """(profile, start) of the fake GPU's MIG instances, as its state file holds them (the fake
+        backend's, or the mock NVML library's)."""
+        if self.nvml is not None:
+            state = self.nvml.state.read().gpus.get(str(gpu))
+            names = mocknvml.profile_names(self.model)
+            return sorted((names[i.profile_id], i.start) for i in (state.instances if state else []))
         instances = (self.fake_state().get("gpus") or {}).get(str(gpu), {}).get("instances") or []
         return sorted((i["profile"], i["start"]) for i in instances)
+
+    def mig_modes(self) -> list[bool]:
+        """Each GPU's MIG mode (current), as the fake backend's or the mock library's state has it."""
+        if self.nvml is not None:
+            config = self.nvml.state.config
+            state = self.nvml.state.read()
+            return [state.gpu(config, i).mig_mode == 1 for i in range(len(config["gpus"]))]  # type: ignore[arg-type]
+        return [g["mig_enabled"] for g in self.fake_state()["gpus"].values()]
+
+    def mig_uuids(self) -> dict[tuple[int, int], str]:
+        """(GPU, placement start) -> the MIG device's UUID, of every instance."""
+        if self.nvml is not None:
+            return {(int(i), gi.start): ci.uuid for i, g in self.nvml.state.read().gpus.items()
+                    for gi in g.instances for ci in gi.compute_instances}
+        return {(int(i), m["start"]): m["uuid"] for i, g in self.fake_state()["gpus"].items() for m in g["instances"]}
 
     def fake_gpu(self, *args: str) -> str:
         """Run `gpuslice fake-gpu --state-dir <agent state> ARGS...`; its output."""
@@ -143,6 +185,14 @@ async def scraped(port: int, name: str, labels: dict[str, str]) -> float | None:
     return None
 
 
+def _fake_gpus_mig_mode(args: Sequence[str]) -> bool | None:
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--fake-gpus":
+            suffix = args[i + 1].rsplit(":", 1)[-1]
+            return {"mig-on": True, "mig-off": False}.get(suffix)
+    return None
+
+
 def process_alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -157,6 +207,7 @@ PluginNodeFactory = Callable[..., Awaitable[PluginNode]]
 @pytest.fixture
 async def plugin_node(
     cluster: DevCluster, kube: KubeClient, agent_rbac: None, unique: str, tmp_path: Path,  # noqa: F811
+    gpu_backend: str,
 ) -> AsyncIterator[PluginNodeFactory]:
     made: list[PluginNode] = []
     found = await binaries.resolve(build_if_missing=False)
@@ -164,9 +215,10 @@ async def plugin_node(
     ca_pem = cluster_ca(cluster)
     ca = CertificateAuthority.load(cluster.state.pki)
 
-    async def create(model: str, count: int, agent_args: Sequence[str] = ()) -> PluginNode:
+    async def create(model: str, count: int, agent_args: Sequence[str] = (), backend: str | None = None) -> PluginNode:
         name = f"p-{unique}-{len(made)}"
-        await kube.create("/api/v1/nodes", fake_gpu_node(name, model, count))
+        backend = backend or gpu_backend
+        await kube.create("/api/v1/nodes", fake_gpu_node(name, model, count, backend))
         root = short_dir()  # unix socket paths must stay under 108 bytes
         # Where `gpuslice dev-cluster exec-env` looks for what containers received.
         link = cluster.state.root / "nodes" / name
@@ -177,7 +229,12 @@ async def plugin_node(
         runner = pod_runner_component(found.pod_runner, name, root, node_kubeconfig, tmp_path / f"runner-{name}.log",
                                       cluster.lease_exists(name))
         await operator.agent_kubeconfig(kube, name, tmp_path, cluster.server, ca_pem)  # agent-<name>.kubeconfig
-        node = PluginNode(name, root, runner, list(agent_args), tmp_path)
+        nvml, args = None, list(agent_args)
+        if backend == "nvml":
+            mig = _fake_gpus_mig_mode(args)  # the fake backend's --fake-gpus MODEL:N:mig-on|off, as MIG mode at start
+            args = [a for i, a in enumerate(args) if a != "--fake-gpus" and (i == 0 or args[i - 1] != "--fake-gpus")]
+            nvml = await asyncio.to_thread(mocknvml.prepare_node, root, name, model, count, mig)
+        node = PluginNode(name, root, runner, args, tmp_path, nvml, model)
         made.append(node)
         await runner.start()
         await runner.wait_healthy()

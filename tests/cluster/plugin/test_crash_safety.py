@@ -15,6 +15,8 @@ from tests.cluster.kubeutil import pod_claim, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.plugin.conftest import PluginNode, PluginNodeFactory, exec_env, gone, running, until
 
+GPU_BACKENDS = ("fake", "nvml")  # each test on the fake backend and on the mock NVML library
+
 
 async def device_of(kube: KubeClient, namespace: str, pod: str) -> str:
     claim = await pod_claim(kube, namespace, pod)

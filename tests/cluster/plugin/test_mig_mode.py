@@ -14,6 +14,8 @@ from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.plugin.conftest import PluginNodeFactory, exec_env, running
 from tests.cluster.plugin.test_static_mig import by_gpu, degraded_as
 
+GPU_BACKENDS = ("fake", "nvml")  # each test on the fake backend and on the mock NVML library
+
 
 async def test_a_memory_policy_on_an_h100_in_mig_mode_switches_it_off_and_publishes(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
@@ -22,7 +24,7 @@ async def test_a_memory_policy_on_an_h100_in_mig_mode_switches_it_off_and_publis
     """As NVIDIA's DRA driver (maybeDisableMigMode): Hopper switches MIG mode without a reset, so the
     agent turns it off (nothing of the GPU is published, no instance) and the memory slices follow."""
     node = await plugin_node("h100-80gb", 1, ["--fake-gpus", "h100-80gb:1:mig-on"])
-    assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [True]
+    assert node.mig_modes() == [True]
     await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10Gi"})
 
     async def published() -> bool:
@@ -31,7 +33,7 @@ async def test_a_memory_policy_on_an_h100_in_mig_mode_switches_it_off_and_publis
                                      for d in devices.values())
 
     await wait_for(published, within=60, what="memory slices on the H100")
-    assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [False]
+    assert node.mig_modes() == [False]
     await create_pods(kube, namespace, "gpu-slice", ["whole"])
     await running(kube, namespace, ["whole"])
     assert exec_env(cluster, namespace, "whole")["GPUSLICE_MODE"] == "memory"
@@ -50,7 +52,7 @@ async def test_a_shared_policy_on_an_a100_in_mig_mode_waits_for_its_admin(
     assert f"MIG mode is on on node {node.name} GPU 0 (NVIDIA A100-SXM4-40GB), node {node.name} GPU 1" \
         in condition["message"]
     assert await pool_devices(kube, node.name) == {}
-    assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [True, True], "nothing switched"
+    assert node.mig_modes() == [True, True], "nothing switched"
 
     node.fake_gpu("mig-mode", "0", "off")
 

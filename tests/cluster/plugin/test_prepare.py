@@ -19,6 +19,7 @@ from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.plugin.conftest import PluginNodeFactory, event_with, exec_env, gone, pod_phase, running, until
 
 VAP = "/apis/admissionregistration.k8s.io/v1"
+GPU_BACKENDS = ("fake", "nvml")  # each test on the fake backend and on the mock NVML library
 
 
 async def allocated_device(kube: KubeClient, namespace: str, pod: str) -> dict[str, Any]:

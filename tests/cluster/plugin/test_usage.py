@@ -39,6 +39,8 @@ from tests.cluster.plugin.conftest import (
 )
 from tests.unit.test_monitoring import expressions, selectors
 
+GPU_BACKENDS = ("fake", "nvml")  # each test on the fake backend and on the mock NVML library
+
 GI = 1024**3
 FAST = ["--usage-interval=1", "--overuse-grace=2"]
 

@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pynvml
@@ -227,7 +228,11 @@ def test_a_lost_gpu_and_xid_and_ecc_events_reach_the_agent(tmp_path: Path) -> No
     with mock_node(tmp_path, "h100-80gb", count=2) as node:
         backend = NvmlBackend(pynvml)
         first, second = backend.discover()
-        assert backend.faults() == {}  # starts the event watch
+        assert backend.faults() == {}  # starts the event watch, in a thread
+        for _ in range(200):  # an event set sees the events posted after it was made: wait for the watch's
+            if "nvmlEventSetWait_v2" in node.calls():
+                break
+            time.sleep(0.05)
         node.post(1, XID_EVENT, 13)  # an application's own error
         node.post(1, XID_EVENT, 48)
         node.post(0, ECC_EVENT, 0)
@@ -236,7 +241,7 @@ def test_a_lost_gpu_and_xid_and_ecc_events_reach_the_agent(tmp_path: Path) -> No
             faults.update(backend.faults())
             if len(faults) == 2:
                 break
-            __import__("time").sleep(0.05)
+            time.sleep(0.05)
         assert {uuid: (f.kind, f.code) for uuid, f in faults.items()} == {
             second.uuid: ("xid", 48), first.uuid: ("ecc", None)}
         node.lose(1)
