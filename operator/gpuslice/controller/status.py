@@ -16,7 +16,7 @@ from gpuslice.api.status import (
     TenantStatus,
 )
 from gpuslice.planning.kinds import DeviceKind, limit_bytes, quota
-from gpuslice.planning.left_out import MIG_MODE_OFF, MIG_MODE_ON, LeftOut
+from gpuslice.planning.left_out import DEVICE_PLUGIN, MIG_MODE_OFF, MIG_MODE_ON, LeftOut
 from gpuslice.planning.reads.usage import Usage
 from gpuslice.planning.selection import Problem, Selection
 
@@ -56,6 +56,12 @@ def _condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
 
 # What the agents left out, by reason (planning.left_out), worded here: an agent names only GPUs.
 LEFT_OUT = {
+    DEVICE_PLUGIN: "{gpus} are on nodes whose allocatable advertises a device plugin's NVIDIA resources (nvidia.com/*:"
+                   " NVIDIA's, HAMi or another; they name no GPU, so each GPU there counts as the plugin's), so no"
+                   " device of this policy is published on them: a GPU both managed could be given to two pods."
+                   " Turn the device plugin off on those nodes (the GPU Operator's: label them"
+                   " nvidia.com/gpu.deploy.device-plugin=false) or keep this policy off them; the nodes' Events"
+                   " (GpuAdvertisedByDevicePlugin) name the resources.",
     MIG_MODE_OFF: "MIG mode is off on {gpus}, and these GPUs (before Hopper, such as A100 and A30) switch it only at a"
                   " GPU reset, which gpuslice does not do: nvidia-persistenced, DCGM and other clients keep the GPU"
                   " from resetting. So no MIG device of this policy is published on them. Enable MIG mode on each"
