@@ -315,11 +315,26 @@ def make_driver_root(root: Path, config: dict[str, object], library: Path, host_
     for proc in (root / "proc", *((host_proc,) if host_proc else ())):
         (proc / "driver/nvidia-caps").mkdir(parents=True, exist_ok=True)
         (proc / "driver/nvidia-caps/mig-minors").write_text("".join(f"{name} {minor}\n" for name, minor in minors))
+        _capability_files(proc / "driver/nvidia/capabilities", minors)
         (proc / "devices").write_text(
             "Character devices:\n  1 mem\n  4 tty\n"
             + "".join(f"{major} {name}\n" for name, major in sorted(MAJORS.items(), key=lambda item: item[1]))
             + "\nBlock devices:\n  8 sd\n")
     return directory
+
+
+def _capability_files(directory: Path, minors: list[tuple[str, int]]) -> None:
+    """The driver's MIG capability files (``/proc/driver/nvidia/capabilities/gpu<N>/mig/gi<G>/access``,
+    ``.../ci<C>/access``, ``mig/config``, ``mig/monitor``), which NVIDIA's device plugin reads a MIG
+    device's capability minors from (go-nvlib's nvcaps)."""
+    for name, minor in minors:
+        if name in ("config", "monitor"):
+            path = directory / "mig" / name
+        else:
+            gpu, rest = name.split("/", 1)
+            path = directory / gpu / "mig" / rest
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
 
 
 def generate_spec(root: Path, output: Path, *args: str, toolkit: Path | None = None) -> str:

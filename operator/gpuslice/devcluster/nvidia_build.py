@@ -7,6 +7,7 @@ plane is (``binaries.py``):
   go-nvml's DGX mocks; its stubs are generated from go-nvml's ``nvml.h`` at build time.
 - ``ctk``: NVIDIA Container Toolkit's ``nvidia-ctk`` and ``nvidia-cdi-hook``, which write and apply CDI
   specs.
+- ``deviceplugin``: NVIDIA's device plugin, a neighbour gpuslice must leave the GPUs to.
 
 NVIDIA's MPS binaries come from Debian (``mps_binaries``), fetched once into the same cache.
 
@@ -186,6 +187,15 @@ CTK = Build("ctk", ("nvidia-ctk", "nvidia-cdi-hook"), _compile_tools((
     "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook")))
 
 
+DEVICE_PLUGIN = Build("deviceplugin", ("nvidia-device-plugin",), _compile_tools((
+    "github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin",)))
+
+
+def device_plugin(report: Reporter = _stderr) -> Path:
+    """NVIDIA's ``nvidia-device-plugin`` (hack/nvidia/deviceplugin's pinned version), built when missing."""
+    return ensure(DEVICE_PLUGIN, report) / "nvidia-device-plugin"
+
+
 def container_toolkit(report: Reporter = _stderr) -> Path:
     """The directory of NVIDIA's ``nvidia-ctk`` and ``nvidia-cdi-hook`` (hack/nvidia/ctk's pinned
     version), built when missing."""
@@ -250,7 +260,7 @@ def mps_binaries(report: Reporter = _stderr) -> Path:
 def main() -> int:
     """``python -m gpuslice.devcluster.nvidia_build``: every piece the NVML nodes need, built or found."""
     for name, get in (("mock NVML library", mock_nvml_library), ("nvidia-ctk", container_toolkit),
-                      ("NVIDIA's MPS binaries", mps_binaries)):
+                      ("NVIDIA's device plugin", device_plugin), ("NVIDIA's MPS binaries", mps_binaries)):
         started = time.monotonic()
         try:
             found = get()
