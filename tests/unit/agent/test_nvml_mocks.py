@@ -285,3 +285,33 @@ def test_check_reads_the_mock_and_calls_no_entry_point_that_writes(tmp_path: Pat
     allowed = {name for call in READ_CALLS for name in (call, f"{call}_v2", f"{call}_v3", f"{call}V")}
     assert called - allowed - {"nvmlInitWithFlags", "nvmlErrorString"} == set(), "only reads reached the library"
     assert not {c for c in called if c.startswith("stub:")}
+
+
+@pytest.mark.parametrize(("model", "links", "switches"), [("a100-40gb", 12, 6), ("h100-80gb", 18, 4),
+                                                          ("b200-180gb", 18, 2)])
+def test_topology_answers_as_a_dgx(model: str, links: int, switches: int, tmp_path: Path) -> None:
+    """NUMA nodes, PCIe paths and NVLinks, as a DGX of the model answers them (for topology attributes
+    read from NVML): two sockets, GPUs in pairs behind a PCIe switch, every link active to an NVSwitch."""
+    with mock_node(tmp_path, model, count=8):
+        pynvml.nvmlInit()
+        try:
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
+            assert [pynvml.nvmlDeviceGetNumaNodeId(h) for h in handles] == [0, 0, 0, 0, 1, 1, 1, 1]
+            common = pynvml.nvmlDeviceGetTopologyCommonAncestor
+            assert common(handles[0], handles[0]) == pynvml.NVML_TOPOLOGY_INTERNAL
+            assert common(handles[0], handles[1]) == pynvml.NVML_TOPOLOGY_MULTIPLE
+            assert common(handles[0], handles[2]) == pynvml.NVML_TOPOLOGY_NODE
+            assert common(handles[0], handles[7]) == pynvml.NVML_TOPOLOGY_SYSTEM
+            states = []
+            for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+                try:
+                    states.append(pynvml.nvmlDeviceGetNvLinkState(handles[3], link))
+                except pynvml.NVMLError_InvalidArgument:
+                    break
+            assert states == [pynvml.NVML_FEATURE_ENABLED] * links
+            remote = {pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handles[3], link).busId for link in range(links)}
+            assert len(remote) == switches, "the links spread over the NVSwitches"
+            assert all(re.match(r"^00000000:[0-9A-F]{2}:00\.0$", str(bus)) for bus in remote)
+            assert pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handles[3], 0) == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+        finally:
+            pynvml.nvmlShutdown()
