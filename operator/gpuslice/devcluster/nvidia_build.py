@@ -156,7 +156,9 @@ def _compile_mocknvml(module: Path, partial: Path, report: Reporter) -> None:
     with tempfile.TemporaryDirectory(prefix="gpuslice-mocknvml-") as scratch:
         work = Path(scratch) / "mocknvml"
         shutil.copytree(module, work)
-        nvml = _run(["go", "list", "-m", "-f", "{{.Dir}}", "github.com/NVIDIA/go-nvml"], work, env, "mocknvml").strip()
+        # Downloaded first: `go list -m` names no directory for a module not in the cache yet (a cold machine).
+        nvml = json.loads(_run(["go", "mod", "download", "-json", "github.com/NVIDIA/go-nvml"], work, env,
+                               "mocknvml"))["Dir"]
         _run(["go", "run", "./gen", str(Path(nvml) / "pkg/nvml/nvml.h"), "stubs.c"], work, env, "mocknvml stubs")
         _run(["go", "build", "-trimpath", "-buildmode=c-shared", "-ldflags",
               '-s -w -extldflags "-Wl,-soname,libnvidia-ml.so.1"', "-o", str(partial / MOCK_NVML_LIBRARY), "."],
