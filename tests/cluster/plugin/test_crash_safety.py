@@ -31,6 +31,8 @@ async def killed_at(node: PluginNode, point: str) -> None:
 
 
 @pytest.mark.parametrize("point", ["prepare-started", "prepare-cdi-written"])
+# No MIG instance, so nothing of the GPU backend's: on the fake backend only (the CI's time).
+@pytest.mark.gpu_backends("fake")
 async def test_killed_between_the_checkpoint_phases_the_agent_restarts_clean(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str, point: str, cluster: Any,
@@ -89,6 +91,8 @@ async def test_killed_between_mig_creation_and_the_checkpoint_the_instance_is_no
     await until(lambda: node.mig_instances() == [], what="the instance to be destroyed on unprepare")
 
 
+# No MIG instance, so nothing of the GPU backend's: on the fake backend only (the CI's time).
+@pytest.mark.gpu_backends("fake")
 async def test_kubelet_and_agent_away_past_the_wipe_pods_keep_their_devices(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str, cluster: Any,
