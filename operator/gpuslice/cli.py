@@ -154,7 +154,8 @@ def agent(check: bool, **values: Any) -> None:
 
         from gpuslice.agent.check import run_check
 
-        sys.exit(run_check(pynvml, settings.nvidia_cdi_dir or None, click.echo, settings.nvidia_driver_root))
+        sys.exit(run_check(pynvml, settings.nvidia_cdi_dir or None, click.echo, settings.nvidia_driver_root,
+                           proc=settings.host_proc))
     try:
         asyncio.run(run_agent(settings))
     except (GpuBackendError, PluginPathError, AgentStopped, KubeconfigError) as error:
