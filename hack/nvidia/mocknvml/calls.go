@@ -1,3 +1,6 @@
+// What every entry point shares: its trace line, the check that NVML is initialised, the
+// handle resolved to what it names, injected failures, and NVML's strings and return codes.
+
 package main
 
 /*

@@ -1,3 +1,6 @@
+// The node's config (config.json, which gpuslice writes from its catalog) and what it loads into:
+// each GPU from go-nvml's DGX mock, with the catalog's figures and the chassis' buses, NUMA nodes and NVLinks.
+
 package main
 
 import (

@@ -1,3 +1,6 @@
+// NVML's entry points for initialisation, the system, and a device's identity, memory and PCI
+// information.
+
 package main
 
 /*

@@ -1,3 +1,6 @@
+// NVML's entry points for MIG: the mode (pending until a reset before Hopper), GPU and compute
+// instances, their profiles and placements, and MIG device handles.
+
 package main
 
 /*

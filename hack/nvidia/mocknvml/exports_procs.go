@@ -1,3 +1,6 @@
+// NVML's entry points for processes, their SM utilisation, and XID and ECC events: what
+// `gpuslice fake-gpu` sets in the state file, as NVML would report it.
+
 package main
 
 /*

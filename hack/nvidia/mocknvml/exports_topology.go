@@ -1,3 +1,6 @@
+// NVML's entry points for where a GPU sits, as a DGX answers them: NUMA node,
+// PCIe common ancestors, and NVLinks to NVSwitches.
+
 package main
 
 /*

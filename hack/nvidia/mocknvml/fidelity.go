@@ -1,3 +1,6 @@
+// What go-nvml's mocks leave schematic, set as NVML answers on hardware: profile ids, placements
+// and GPU instance ids of the seven-slice family.
+
 package main
 
 import (

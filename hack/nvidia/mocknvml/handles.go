@@ -1,3 +1,6 @@
+// Handles: the opaque pointers NVML hands out, each naming a GPU, GPU instance, compute instance,
+// MIG device or event set, valid in every process that loads the library.
+
 package main
 
 import (

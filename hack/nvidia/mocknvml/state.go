@@ -1,3 +1,6 @@
+// The state every process shares (state.json beside the config, replaced by rename under flock of
+// state.lock): MIG mode and instances, processes, a lost GPU, events and injected failures.
+
 package main
 
 import (
