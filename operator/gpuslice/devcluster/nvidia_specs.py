@@ -1,5 +1,5 @@
 """The NVIDIA Container Toolkit's CDI specs of a node, as NVIDIA's own generator writes them, for the
-unit tier's fixtures (``tests/unit/agent/nvidia_ctk/``).
+unit tier's fixtures (``tests/unit/dra/nvidia_ctk/``).
 
 The node: two H100 80GB of go-nvml's DGX H100 behind gpuslice's mock library, GPU 0 whole, GPU 1 in MIG
 mode with a 1g.10gb instance at slice 0 (GPU instance 7) and a 3g.40gb at slice 4 (GPU instance 2),
@@ -30,7 +30,7 @@ from gpuslice.devcluster.errors import DevClusterError
 from gpuslice.devcluster.mocknvml import LIB_DIR, environment, make_driver_root, node_config
 from gpuslice.devcluster.nvidia_build import container_toolkit, mock_nvml_library, nvidia_source_dir
 
-FIXTURE_DIR = Path("tests/unit/agent/nvidia_ctk")
+FIXTURE_DIR = Path("tests/unit/dra/nvidia_ctk")
 NODE = "gpuslice-fixture"
 DRIVER_ROOT = "/run/nvidia/driver"
 HOST_HOOK, OPERATOR_HOOK = "/usr/bin/nvidia-cdi-hook", "/usr/local/nvidia/toolkit/nvidia-cdi-hook"

@@ -21,8 +21,8 @@ major, minor and mode nvcdi read from them, never a ``type`` (``internal/edits/d
 them all (the ``nvidia`` runtime class put them there).
 
 Hand-built so that each test can vary one thing (the driver, the toolkit's version, DRM nodes, a hook's
-path); what NVIDIA's own generator (v1.20.2) writes for a node is in ``nvidia_ctk/``, and these follow
-it (1.20.x's apply-cuda-memory-limits, update-application-profile and void mount included).
+path); what NVIDIA's own generator (v1.20.2) writes for a node is in ``tests/unit/dra/nvidia_ctk/``, and
+these follow it (1.20.x's apply-cuda-memory-limits, update-application-profile and void mount included).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def driver_edits(device_node_hook: bool = True, driver: str = "580.95.05", compa
     hooks.append(_hook("update-ldcache", "--folder", LIBS))
     if device_node_hook:  # management mode turns this one off (options.go), and has no graphics hook
         hooks += [_hook("disable-device-node-modification"), _hook("update-application-profile")]
-    # 1.20.2's "void volume-mount device", in every mode (nvidia_ctk/*.yaml).
+    # 1.20.2's "void volume-mount device", in every mode (tests/unit/dra/nvidia_ctk/*.yaml).
     void = {"hostPath": "/dev/null", "containerPath": "/var/run/nvidia-container-devices/void",
             "options": ["ro", "nosuid", "nodev", "bind"]}
     return {"mounts": [*(_mount(p) for p in (
@@ -73,7 +73,8 @@ def nvml_mode(gpu0: str, mig_uuid: str, driver: str = "580.95.05") -> str:
     # A DRM node of group video (44), not open to all: nvcdi writes its gid and the group as
     # additionalGids (internal/edits/device.go).
     card = {"path": "/dev/dri/card1", "major": 226, "minor": 1, "fileMode": 0o660, "permissions": "rwm", "gid": 44}
-    # Each whole GPU's entry has the per-GPU apply-cuda-memory-limits hook since 1.20.1 (nvidia_ctk/nvml.yaml).
+    # Each whole GPU's entry has the per-GPU apply-cuda-memory-limits hook since 1.20.1
+    # (tests/unit/dra/nvidia_ctk/nvml.yaml).
     limits = {"hookName": "createRuntime", "path": HOOK, "env": ["NVIDIA_CTK_DEBUG=false"],
               "args": ["nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", "/", "--gpu-id", gpu0]}
     gpu0_edits = {"deviceNodes": [*_nodes("/dev/nvidia0"), card, *_nodes("/dev/dri/renderD128")],

@@ -9,7 +9,7 @@ from gpuslice.planning.left_out import ANNOTATION, DEVICE_PLUGIN, LeftOut, decod
 from gpuslice.planning.node.device_plugins import advertised, describe, left_out
 from gpuslice.planning.reads.usage import Usage
 from gpuslice.planning.selection import Selection
-from tests.unit.planning.node.test_node_pool import policy
+from tests.builders import policy_model as policy
 
 GPUS = FakeBackend("n", [("h100-80gb", 2)]).discover()
 H100 = "NVIDIA H100 80GB HBM3"
