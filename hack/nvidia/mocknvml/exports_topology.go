@@ -1,4 +1,4 @@
-// NVML's entry points for where a GPU sits, as a DGX answers them: NUMA node,
+// NVML's entry points for where a GPU sits, as a DGX answers them: NUMA node and memory affinity,
 // PCIe common ancestors, and NVLinks to NVSwitches.
 
 package main
@@ -15,7 +15,7 @@ import (
 )
 
 // Topology as on a DGX: two CPU sockets, the first half of the GPUs on NUMA node 0 and the rest on
-// node 1; GPUs in pairs behind one PCIe switch (DGX A100 and H100 system manuals); every NVLink of
+// node 1 (nvmlDeviceGetNumaNodeId and nvmlDeviceGetMemoryAffinity say so); GPUs in pairs behind one PCIe switch (DGX A100 and H100 system manuals); every NVLink of
 // a GPU active and going to an NVSwitch (links spread over the switches in turn).
 
 func level(a, b *GPU) nvml.GpuTopologyLevel {
@@ -38,6 +38,27 @@ func nvmlDeviceGetNumaNodeId(device unsafe.Pointer, node *C.uint) C.int {
 		return rc(r)
 	}
 	*node = C.uint(t.gpu.NumaNode)
+	return rc(nvml.SUCCESS)
+}
+
+// The NUMA nodes (scope NODE) or sockets (scope SOCKET) nearest the GPU's memory, a bit each in
+// nodeSet's words (unsigned long): on a DGX one node per socket, so both name the GPU's NumaNode.
+//
+//export nvmlDeviceGetMemoryAffinity
+func nvmlDeviceGetMemoryAffinity(device unsafe.Pointer, nodeSetSize C.uint, nodeSet *C.ulong, scope C.int) C.int {
+	_, _, t, r := gpuDevice("nvmlDeviceGetMemoryAffinity", device)
+	if r != nvml.SUCCESS {
+		return rc(r)
+	}
+	if nodeSet == nil || nodeSetSize == 0 || (scope != nvml.AFFINITY_SCOPE_NODE && scope != nvml.AFFINITY_SCOPE_SOCKET) {
+		return rc(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	words := unsafe.Slice(nodeSet, int(nodeSetSize))
+	clear(words)
+	bits := int(unsafe.Sizeof(C.ulong(0))) * 8
+	if t.gpu.NumaNode/bits < len(words) {
+		words[t.gpu.NumaNode/bits] = C.ulong(1) << (t.gpu.NumaNode % bits)
+	}
 	return rc(nvml.SUCCESS)
 }
 

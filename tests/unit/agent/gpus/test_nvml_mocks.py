@@ -36,8 +36,9 @@ MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-
 @pytest.mark.parametrize("model", list(MODEL_NAMES))
 def test_discovery_on_each_dgx_mock_is_the_catalogs_gpu(model: str, tmp_path: Path) -> None:
     with mock_node(tmp_path, model, count=8, mig=True) as node:
-        gpus = NvmlBackend(pynvml).discover()
-        again = NvmlBackend(pynvml).discover()
+        # No sysfs for the mock's PCI functions (nor the host's, which may have some at those bus ids).
+        gpus = NvmlBackend(pynvml, sysfs=tmp_path / "sys").discover()
+        again = NvmlBackend(pynvml, sysfs=tmp_path / "sys").discover()
     assert len(gpus) == 8
     assert [g.uuid for g in gpus] == [g.uuid for g in again], "the same UUIDs in every process"
     assert all(UUID.match(g.uuid) for g in gpus)
@@ -64,6 +65,11 @@ def test_discovery_on_each_dgx_mock_is_the_catalogs_gpu(model: str, tmp_path: Pa
         assert [p.name for p in gpu.mig_profiles].count("1g.45gb") == 1
         assert shapes["1g.45gb"] == (1, (0, 1, 2, 3, 4, 5, 6), 7)
         assert len(gpu.mig_profiles) == 6
+    # Where each GPU sits, as a DGX's: its NUMA node from NVML's memory affinity (sysfs does not say), and
+    # one NVLink domain, every GPU's links going to the same NVSwitches; no PCIe root without sysfs.
+    assert [g.numa_node for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert {g.nvlink_domain for g in gpus} == {"nvswitch-0000:a0:00.0"}
+    assert {g.pcie_root for g in gpus} == {None}
     assert not [c for c in node.calls() if c.startswith("stub:")], "discovery calls only what the library implements"
 
 
@@ -297,6 +303,9 @@ def test_topology_answers_as_a_dgx(model: str, links: int, switches: int, tmp_pa
         try:
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
             assert [pynvml.nvmlDeviceGetNumaNodeId(h) for h in handles] == [0, 0, 0, 0, 1, 1, 1, 1]
+            for scope in (pynvml.NVML_AFFINITY_SCOPE_NODE, pynvml.NVML_AFFINITY_SCOPE_SOCKET):
+                assert [list(pynvml.nvmlDeviceGetMemoryAffinity(h, 2, scope)) for h in handles] == \
+                    [[1, 0]] * 4 + [[2, 0]] * 4, "one bit: the GPU's NUMA node (one per socket)"
             common = pynvml.nvmlDeviceGetTopologyCommonAncestor
             assert common(handles[0], handles[0]) == pynvml.NVML_TOPOLOGY_INTERNAL
             assert common(handles[0], handles[1]) == pynvml.NVML_TOPOLOGY_MULTIPLE
