@@ -51,7 +51,7 @@ def test_a_lost_gpu_until_cleared_and_failing_calls(tmp_path: Path, agent_dir: P
         assert {f.kind for f in backend.faults().values()} == {"lost"}
         fake_gpu(agent_dir, "clear", "0")
         assert backend.faults() == {}
-        fake_gpu(agent_dir, "mig-mode", "0", "on")  # an admin's nvidia-smi -mig 1 and a reset
+        fake_gpu(agent_dir, "mig-mode", "0", "on")  # an admin's nvidia-smi -mig 1: current at once on an H100
         assert backend.mig_enabled(gpu)
         fake_gpu(agent_dir, "fail", "create-mig", "--gpu", "0")
         with pytest.raises(GpuBackendError, match="Unknown Error"):
@@ -75,3 +75,37 @@ def test_xid_79_is_an_event_and_a_lost_gpu(tmp_path: Path, agent_dir: Path) -> N
 
 def _posted(node: MockNode) -> int:
     return node.state.read().seq
+
+
+def test_an_admins_mig_mode_is_pending_until_the_reset_before_hopper_and_current_at_once_after(
+    tmp_path: Path, agent_dir: Path,
+) -> None:
+    """`fake-gpu mig-mode` is nvidia-smi -mig here too, through NVML's own pending mode: an A100's waits for
+    `fake-gpu reset` (nvidia-smi -r), which a process on the GPU refuses and which no MIG instance
+    survives; an H100's is current at once (as on the fake backend, tests/unit/agent/gpus/test_fake.py)."""
+    with mock_node(tmp_path / "root", ["a100-40gb", "a100-40gb", "h100-80gb"], mig=True) as node:
+        backend = NvmlBackend(pynvml)
+        a100, _, h100 = backend.discover()
+        assert fake_gpu(agent_dir, "mig-mode", "2", "off") == "GPU 2: MIG mode off.\n"
+        assert not backend.mig_enabled(h100)
+        made = backend.create_mig(a100, a100.mig_profiles[0], 0)
+        refused = CliRunner().invoke(main, ["fake-gpu", "--state-dir", str(agent_dir), "mig-mode", "0", "off"])
+        assert refused.exit_code == 1
+        assert "GPU 0 has 1 MIG instances; destroy them before turning MIG mode off" in refused.output
+        backend.destroy_mig(a100, made)
+        assert "pending until the GPU is reset (gpuslice fake-gpu reset 0" in fake_gpu(agent_dir, "mig-mode", "0", "off")
+        assert backend.mig_enabled(a100), "pending: NVML's current mode is still on"
+        pynvml.nvmlInit()
+        try:
+            assert pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByIndex(0)) == [1, 0], "current, pending"
+        finally:
+            pynvml.nvmlShutdown()
+        fake_gpu(agent_dir, "use", "0", "--pid", "4242", "--memory", "1Gi")
+        refused = CliRunner().invoke(main, ["fake-gpu", "--state-dir", str(agent_dir), "reset", "0"])
+        assert refused.exit_code == 1
+        assert "processes 4242 use it" in refused.output
+        fake_gpu(agent_dir, "use", "0", "--pid", "4242", "--memory", "0")
+        backend.create_mig(a100, a100.mig_profiles[0], 0)  # (the mode is still on)
+        assert fake_gpu(agent_dir, "reset", "0", "1") == "GPU 0 reset: MIG mode off.\nGPU 1 reset: MIG mode on.\n"
+        assert not backend.mig_enabled(a100)
+        assert node.state.read().gpus["0"].instances == [], "no MIG instance survives a reset"
