@@ -52,6 +52,7 @@ def test_the_device_check_on_a_mock_dgx_h100(tmp_path: Path) -> None:
     assert "memory 81559 MiB (catalog 81559 MiB: same)" in text
     assert "Nvidia, Hopper, compute capability 9.0, driver 550.54.15, CUDA 12.4" in text
     assert "PCI bus id 0000:1b:00.0" in text
+    assert "NUMA node 0, NVLink domain nvswitch-0000:a0:00.0" in text, "where the mock's DGX puts GPU 0 (NVML)"
     assert "MIG: capable, mode enabled" in text
     assert "3g.40gb          40448 MiB  up to 2  60 SMs" in text
     assert "placements 0+4, 4+4" in text
