@@ -1,9 +1,10 @@
 # gpuslice: one image, two entry points (`gpuslice controller`, `gpuslice agent`).
 #   make image              (docker build -t gpuslice:<version> ., or buildx for amd64 and arm64: hack/image.sh)
 # BASE is any Debian-based image with Python 3.11+ and its venv module; the default is the
-# public Python image. gpuslice's own tests build this same file on a base made with
+# public Python image, pinned by the digest of its multi-platform index (`make pin-base` resolves
+# the tag again and rewrites it here). gpuslice's own tests build this same file on a base made with
 # debootstrap (no registry is reachable there): --build-arg BASE=<that image>.
-ARG BASE=python:3.12-slim-bookworm
+ARG BASE=python:3.12-slim-bookworm@sha256:a116514e19457bcb7af7efe9c3dd0b9b71e85b317694e7882a1c52aa15a78134
 
 FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -33,3 +34,19 @@ ENV PATH=/opt/gpuslice/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 USER 65532:65532
 ENTRYPOINT ["gpuslice"]
 CMD ["--help"]
+# OCI labels (hack/image.sh passes the version, the commit and the base's digest; make release
+# copies them onto the OCI index and manifests as annotations). Last: they change with each commit.
+ARG BASE
+ARG BASE_DIGEST=""
+ARG VERSION=unreleased
+ARG REVISION=unknown
+ARG SOURCE=https://github.com/gpuslice/gpuslice
+LABEL org.opencontainers.image.title="gpuslice" \
+      org.opencontainers.image.description="Per-tenant GPU slicing policy turned into native Kubernetes Dynamic Resource Allocation" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.url="${SOURCE}" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.base.name="${BASE}" \
+      org.opencontainers.image.base.digest="${BASE_DIGEST}"

@@ -10,7 +10,7 @@ comma  := ,
 .PHONY: help venv kube-bin nvidia-bin lint test test-unit test-cluster test-faults test-136 demo crds protos bench clean manifests constraints \
         docs reference \
         kustomize image \
-        kind-up kind-deploy kind-demo kind-undeploy kind-down undeploy kind-images test-kind
+        kind-up kind-deploy kind-demo kind-undeploy kind-down undeploy kind-images test-kind release pin-base release-tools
 
 # Install and kind. Defaults are what a user with Docker and kind v0.33.0 has; the kind tier
 # (make test-kind) overrides them with what hack/kind/build.py built here.
@@ -47,6 +47,7 @@ help:
 	@echo "make kind-demo     the example policies and a tenant pod of each mode on kind"
 	@echo "make kind-undeploy uninstall gpuslice from kind, leaving nothing behind (make kind-down: delete the cluster)"
 	@echo "make image         build the gpuslice image ($(IMAGE)): amd64 and arm64 with buildx, else this host's"
+	@echo "make release       VERSION=x.y.z: the image (OCI layout, SBOM), chart, install.yaml, wheel, krew plugin, checksums into dist/"
 	@echo "make manifests     regenerate manifests/base/static.yaml, the monitoring component, install.yaml and charts/gpuslice"
 	@echo "make constraints   re-pin constraints.txt: what the image installs (runtime dependencies, no extras)"
 	@echo "make docs          build the documentation site (mkdocs.yml) into build/site, strictly: a broken link fails"
@@ -88,18 +89,19 @@ lint: $(STAMP)
 	@$(BIN)/ruff check operator tests hack
 	@echo ">> mypy --strict"
 	@$(BIN)/mypy
-	@$(BIN)/mypy --strict hack/kind/build.py hack/manifests.py hack/chart.py
+	@$(BIN)/mypy --strict hack/kind/build.py hack/manifests.py hack/chart.py hack/release.py hack/krew.py
 	@$(BIN)/mypy --strict hack/docs/*.py
 	@echo ">> import-linter (layer contracts)"
 	@cd operator && ../$(BIN)/lint-imports ../pyproject.toml
-	@echo ">> gofmt, go vet (hack/kind, hack/kube: the pod runner and nodebins; hack/nvidia: the mock NVML library)"
+	@echo ">> gofmt, go vet (hack/kind, hack/kube: the pod runner and nodebins, hack/oci; hack/nvidia: the mock NVML library)"
 	@command -v go >/dev/null || { echo "go not found: install Go 1.26+ (gofmt and go vet are part of lint)"; exit 1; }
-	@test -z "$$(gofmt -l hack/kind hack/kube hack/nvidia)" || { echo "gofmt: not formatted:"; gofmt -l hack/kind hack/kube hack/nvidia; exit 1; }
+	@test -z "$$(gofmt -l hack/kind hack/kube hack/oci hack/nvidia)" || { echo "gofmt: not formatted:"; gofmt -l hack/kind hack/kube hack/oci hack/nvidia; exit 1; }
 	@# The same CGO_ENABLED and -trimpath as the builds (devcluster/binaries.py, hack/kind/build.py):
 	@# vet then finds every dependency compiled in the Go build cache (make test runs kube-bin first)
 	@# instead of compiling all of Kubernetes again with other flags (about 15 minutes on 2 cores).
 	@cd hack/kind && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-modcacherw -trimpath" nice -n 10 go vet ./...
 	@cd hack/kube && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-modcacherw -trimpath" nice -n 10 go vet ./...
+	@cd hack/oci && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-modcacherw -trimpath" nice -n 10 go vet ./...
 	@# cgo, as devcluster/nvidia_build.py builds it (go-nvml's deprecation warnings are NVIDIA's header's).
 	@cd hack/nvidia/mocknvml && GOTOOLCHAIN=local CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" \
 		GOFLAGS="-modcacherw -trimpath" nice -n 10 go vet ./...
@@ -183,6 +185,29 @@ manifests: kustomize
 image:
 	@echo ">> gpuslice image $(IMAGE)"
 	@DOCKER=$(DOCKER) IMAGE=$(IMAGE) IMAGE_BASE=$(IMAGE_BASE) hack/image.sh
+
+# make release VERSION=x.y.z: every artifact of a release into dist/ (docs/release.md): the image as an
+# OCI layout with its SBOMs, the chart, install.yaml pinned by digest, the wheel and sdist, the krew
+# plugin, checksums. REGISTRY: where the image is to be pushed; COSIGN_KEY (COSIGN_PASSWORD) signs.
+REGISTRY   ?= ghcr.io/gpuslice
+COSIGN_KEY ?=
+DIST       ?= dist
+release: $(STAMP) kustomize
+	@echo ">> release $(VERSION) into $(DIST)/: the image $(REGISTRY)/gpuslice:$(VERSION) and the rest"
+	@$(BIN)/python hack/release.py --version $(VERSION) --registry $(REGISTRY) --dist $(DIST) \
+	  $(if $(IMAGE_BASE),--base $(IMAGE_BASE)) $(if $(COSIGN_KEY),--cosign-key $(COSIGN_KEY))
+
+# The release's and the monitoring checks' tools, each pinned and built from its Go module, cached by
+# content hash (hack/kind/build.py): promtool (make test), helm, hack/oci, cosign, syft.
+RELEASE_TOOLS := promtool helm oci cosign syft
+release-tools: $(STAMP)
+	@for tool in $(RELEASE_TOOLS); do $(BIN)/python hack/kind/build.py $$tool >/dev/null || exit 1; done
+
+# The Dockerfile's base, pinned again to the digest its tag has now (needs its registry).
+pin-base: $(STAMP)
+	@base=$$(sed -n 's/^ARG BASE=\([^@]*\)@.*/\1/p' Dockerfile) && \
+	  digest=$$("$$($(BIN)/python hack/kind/build.py oci)" digest "$$base") && \
+	  sed -i "s|^ARG BASE=.*|ARG BASE=$$base@$$digest|" Dockerfile && echo ">> Dockerfile: BASE=$$base@$$digest"
 
 # kind: three commands from a clone to tenant pods on their slices (README, "Trying it on kind").
 kind-up:

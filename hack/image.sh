@@ -8,6 +8,10 @@
 #   PUSH=1      push the multi-arch image to IMAGE's registry (a manifest list); without it the
 #               multi-arch image is written as an OCI archive under dist/, and this host's
 #               architecture is loaded into Docker as IMAGE (for docker run, kind load, ...)
+#   ARCHIVES=DIR  (make release) one `docker save` tarball per platform built into DIR, named
+#               after the platform (linux-amd64.tar); hack/oci makes the OCI layout from them
+#   VERSION, REVISION, SOURCE  the image's OCI labels (the Dockerfile's ARGs); the base's digest
+#               label comes from BASE (name@sha256:...) or, for a local base, its image ID
 #
 # Multi-arch needs `docker buildx` with a builder that is not the plain `docker` driver (one
 # made by `docker buildx create --use`) and lists every platform asked for (QEMU's binfmt
@@ -21,6 +25,19 @@ say() { echo "image: $*"; }
 
 build_args=()
 [ -n "${IMAGE_BASE:-}" ] && build_args+=(--build-arg "BASE=$IMAGE_BASE")
+for arg in VERSION REVISION SOURCE; do
+  [ -n "${!arg:-}" ] && build_args+=(--build-arg "$arg=${!arg}")
+done
+if [ -n "${IMAGE_BASE:-}" ]; then
+  case "$IMAGE_BASE" in
+    *@sha256:*) base_digest=${IMAGE_BASE##*@} ;;
+    *) base_digest=$($DOCKER image inspect --format '{{.Id}}' "$IMAGE_BASE" 2>/dev/null || true) ;;
+  esac
+  [ -n "$base_digest" ] && build_args+=(--build-arg "BASE_DIGEST=$base_digest")
+elif [ -n "${VERSION:-}" ]; then
+  base=$(sed -n 's/^ARG BASE=//p' Dockerfile)
+  build_args+=(--build-arg "BASE_DIGEST=${base##*@}")
+fi
 host="linux/$($DOCKER version --format '{{.Server.Arch}}' 2>/dev/null || uname -m)"
 
 # Why not multi-arch here, or nothing when it can be.
@@ -47,6 +64,23 @@ why_not_multiarch() {
 }
 
 reason=$(why_not_multiarch)
+if [ -n "${ARCHIVES:-}" ]; then
+  mkdir -p "$ARCHIVES"
+  if [ -z "$reason" ]; then
+    for platform in ${PLATFORMS//,/ }; do
+      say "building $IMAGE for $platform with buildx into $ARCHIVES/${platform//\//-}.tar"
+      $DOCKER buildx build --platform "$platform" "${build_args[@]}" -t "$IMAGE" \
+        --output "type=docker,dest=$ARCHIVES/${platform//\//-}.tar" .
+    done
+    say "built $IMAGE for $PLATFORMS into $ARCHIVES"
+  else
+    say "building $IMAGE for this host's architecture only ($host): $reason"
+    $DOCKER build "${build_args[@]}" -t "$IMAGE" .
+    $DOCKER save -o "$ARCHIVES/${host//\//-}.tar" "$IMAGE"
+    say "built $IMAGE for $host only (not multi-arch: $reason) into $ARCHIVES"
+  fi
+  exit 0
+fi
 if [ -z "$reason" ]; then
   if [ "${PUSH:-}" = 1 ]; then
     say "building $IMAGE for $PLATFORMS with buildx and pushing it"

@@ -142,6 +142,9 @@ def main() -> int:
         with staged(dict(wanted), keep=not args.check):
             wanted[INSTALL] = render_install(args.kustomize)
             wanted.update(chart.render(lambda path: kustomize_build(args.kustomize, path)))
+        for path in wanted:  # what the chart renders outside it (its values reference page)
+            if path not in current:
+                current[path] = path.read_text() if path.exists() else None
     stale = [path for path, text in wanted.items() if current.get(path) != text]
     if args.kustomize:
         stale += [path for path in chart.files() if path not in wanted]  # left from an older chart

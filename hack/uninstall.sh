@@ -14,7 +14,10 @@
 #  4. The agents' drain lists (ConfigMaps gpuslice-draining-<node>, one per node that was draining,
 #     made by the agents, not by the overlay), then everything else the overlay installed: RBAC,
 #     the CRD, the namespace.
-#  5. What outlives the objects above by design: the agents' ResourceSlices (owned by their Node;
+#  5. Kept on purpose: gpuslice-configmap-params (manifests/configmap-params.yaml), an admission
+#     policy and binding that judge nothing and keep the API servers watching ConfigMap parameters,
+#     so that installing again needs no API server restart (kubernetes/kubernetes#130887).
+#  6. What outlives the objects above by design: the agents' ResourceSlices (owned by their Node;
 #     the agents delete them when no policy is left, and the kubelet drops a driver's slices 30 s
 #     after its plugin goes).
 set -euo pipefail
@@ -42,17 +45,18 @@ echo "uninstall: deleting the maxMemory webhook's configuration; stopping the we
 k delete validatingwebhookconfiguration gpuslice-memory --ignore-not-found
 k -n gpuslice-system delete daemonset/gpuslice-agent deployment/gpuslice-controller deployment/gpuslice-webhook \
   --cascade=foreground --ignore-not-found --wait --timeout="${TIMEOUT}s"
-echo "uninstall: deleting the admission policies and any tenancy label left"
+echo "uninstall: deleting the admission policies (not gpuslice-configmap-params: kept) and any tenancy label left"
 for selector in app.kubernetes.io/part-of=gpuslice app.kubernetes.io/managed-by=gpuslice; do
-  k delete validatingadmissionpolicybindings,validatingadmissionpolicies -l "$selector" --ignore-not-found
+  k delete validatingadmissionpolicybindings,validatingadmissionpolicies -l "$selector,gpuslice.dev/kept!=true" \
+    --ignore-not-found
 done
 k label namespaces -l gpuslice.dev/tenancy gpuslice.dev/tenancy- >/dev/null
 k label namespaces -l gpuslice.dev/memory-limit gpuslice.dev/memory-limit- >/dev/null
 echo "uninstall: deleting the node agents' drain lists"
 k -n gpuslice-system delete configmaps -l gpuslice.dev/drain-list --ignore-not-found
 k -n gpuslice-system delete configmap gpuslice-draining --ignore-not-found  # the one list of earlier versions
-echo "uninstall: deleting what $OVERLAY installed"
-k delete -k "$OVERLAY" --ignore-not-found --wait --timeout="${TIMEOUT}s"
+echo "uninstall: deleting what $OVERLAY installed (but what is labelled gpuslice.dev/kept)"
+k delete -k "$OVERLAY" -l 'gpuslice.dev/kept!=true' --ignore-not-found --wait --timeout="${TIMEOUT}s"
 echo "uninstall: deleting any ResourceSlice the agents left"
 k delete resourceslices --field-selector spec.driver=gpu.gpuslice.dev --ignore-not-found
 echo "uninstall: done"

@@ -53,6 +53,10 @@ HELM_VERSION = "v3.22.0"
 # The newest release of the Prometheus Operator's main module the Go module proxy lists.
 PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
 MONITORING_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
+# Release tools (make release, the monitoring checks): each pinned, built from its Go module.
+PROMETHEUS_VERSION = "v0.316.0"  # the Go module's version of Prometheus 3.16.0: promtool
+COSIGN_VERSION = "v3.1.3"
+SYFT_VERSION = "v1.57.2"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 CNI_PLUGINS = ("main/bridge", "main/loopback", "main/ptp", "ipam/host-local", "meta/portmap")
@@ -698,8 +702,44 @@ def kustomize() -> Path:
     return tool.build(go_version()) / "kustomize"
 
 
-# What `build.py TARGET` builds alone, with Go only (no Docker): the cluster tier's tools.
-ALONE: dict[str, Callable[[], Path]] = {"kustomize": kustomize, "helm": helm, "monitoring-crds": monitoring_crds}
+def promtool() -> Path:
+    """promtool (Prometheus's rule checker and rule unit tests), with Prometheus's own version ldflags."""
+    release = prometheus_release()
+    tool = GoTool("promtool", (f"github.com/prometheus/prometheus/cmd/promtool@{PROMETHEUS_VERSION}",),
+                  ldflags=f"-s -w -X github.com/prometheus/common/version.Version={release}",
+                  tags="netgo remove_all_sd")  # no service discovery: promtool needs none for rules
+    return tool.build(go_version()) / "promtool"
+
+
+def prometheus_release() -> str:
+    """Prometheus 3.x.y is its Go module's v0.3xx.y (v0.316.0 is 3.16.0)."""
+    minor, patch = re.fullmatch(r"v0\.3(\d\d)\.(\d+)", PROMETHEUS_VERSION).groups()  # type: ignore[union-attr]
+    return f"3.{int(minor)}.{patch}"
+
+
+def cosign() -> Path:
+    """cosign (Sigstore): signs and verifies the release, key-based (keyless needs the Internet)."""
+    pkg = "sigs.k8s.io/release-utils/version"
+    tool = GoTool("cosign", (f"github.com/sigstore/cosign/v3/cmd/cosign@{COSIGN_VERSION}",),
+                  ldflags=f"-s -w -X {pkg}.gitVersion={COSIGN_VERSION} -X {pkg}.gitTreeState=clean")
+    return tool.build(go_version()) / "cosign"
+
+
+def syft() -> Path:
+    """syft (Anchore): the image's SBOM, from its Debian packages and Python distributions."""
+    tool = GoTool("syft", (f"github.com/anchore/syft/cmd/syft@{SYFT_VERSION}",),
+                  ldflags=f"-s -w -X main.version={SYFT_VERSION}")
+    return tool.build(go_version()) / "syft"
+
+
+def oci() -> Path:
+    """hack/oci (go-containerregistry): OCI layouts, pushes, and the kind tier's registry."""
+    return GoModule("oci", REPO / "hack/oci", (".",)).build(go_version()) / "oci"
+
+
+# What `build.py TARGET` builds alone, with Go only (no Docker): the cluster tier's and the release's tools.
+ALONE: dict[str, Callable[[], Path]] = {"kustomize": kustomize, "helm": helm, "monitoring-crds": monitoring_crds,
+                                        "promtool": promtool, "cosign": cosign, "syft": syft, "oci": oci}
 
 def alone(target: str) -> Path:
     """One of ALONE, under its own lock: the cluster tier's `build.py helm` may run beside a full

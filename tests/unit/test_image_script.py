@@ -69,3 +69,27 @@ def test_push_pushes_the_multi_arch_image(tmp_path: Path) -> None:
     assert [c for c in calls if c.startswith("buildx build")] == [
         "buildx build --platform linux/amd64,linux/arm64 -t r.example/g:1 --push ."]
     assert "built and pushed r.example/g:1 for linux/amd64,linux/arm64" in said
+
+
+def test_a_release_builds_one_docker_archive_per_platform_with_its_labels(tmp_path: Path) -> None:
+    said, calls = make_image(tmp_path, BUILDX="1", DRIVER="docker-container",
+                             PLATFORMS_LISTED="linux/amd64, linux/arm64", ARCHIVES=f"{tmp_path}/out", VERSION="1.2.3",
+                             REVISION="abc", IMAGE_BASE="python@sha256:0123")
+    labels = ("--build-arg BASE=python@sha256:0123 --build-arg VERSION=1.2.3 --build-arg REVISION=abc"
+              " --build-arg BASE_DIGEST=sha256:0123")
+    assert [c for c in calls if c.startswith("buildx build")] == [
+        f"buildx build --platform linux/amd64 {labels} -t r.example/g:1 --output type=docker,dest={tmp_path}/out/linux-amd64.tar .",
+        f"buildx build --platform linux/arm64 {labels} -t r.example/g:1 --output type=docker,dest={tmp_path}/out/linux-arm64.tar .",
+    ]
+    assert f"built r.example/g:1 for linux/amd64,linux/arm64 into {tmp_path}/out" in said
+
+
+def test_a_release_without_buildx_saves_the_hosts_architecture_and_says_so(tmp_path: Path) -> None:
+    said, calls = make_image(tmp_path, ARCHIVES=f"{tmp_path}/out", VERSION="1.2.3")
+    base = (REPO / "Dockerfile").read_text().split("ARG BASE=", 1)[1].split("\n", 1)[0]
+    assert "@sha256:" in base, "the Dockerfile's base is pinned by digest"
+    assert [c for c in calls if c.startswith(("build ", "save "))] == [
+        f"build --build-arg VERSION=1.2.3 --build-arg BASE_DIGEST={base.split('@')[1]} -t r.example/g:1 .",
+        f"save -o {tmp_path}/out/linux-amd64.tar r.example/g:1",
+    ]
+    assert "built r.example/g:1 for linux/amd64 only (not multi-arch: docker buildx is not installed) into" in said

@@ -13,6 +13,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from gpuslice import __version__
+
 ROOT = Path(__file__).resolve().parents[2]
 CLI_EXTRA = ("rich", "kubernetes_asyncio")
 
@@ -100,8 +102,28 @@ def test_a_command_that_needs_the_extra_says_how_to_get_it(args: list[str]) -> N
     assert "Traceback" not in done.stderr
 
 
+def test_kubectl_gpuslice_says_its_version_without_the_extra_and_what_it_needs_otherwise() -> None:
+    code = "import sys; sys.argv = ['kubectl-gpuslice', {arg!r}]\nfrom gpuslice.inspect.plugin import run\nrun()"
+    version = _without_the_cli_extra(code.format(arg="--version"))
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"kubectl-gpuslice, version {__version__}"
+    status = _without_the_cli_extra(code.format(arg="status"))
+    assert status.returncode == 1
+    assert "`kubectl gpuslice` needs the cli extra" in status.stderr
+
+
 def test_help_lists_every_command_without_the_extra() -> None:
     done = _without_the_cli_extra("from gpuslice.cli import main\nmain(['--help'])")
     assert done.returncode == 0, done.stderr
     for command in ("agent", "controller", "status", "why", "dev-cluster"):
         assert f"  {command}" in done.stdout
+
+
+def test_the_license_is_apache_2_0_and_the_package_ships_it() -> None:
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License\n" in text, "LICENSE is not the Apache-2.0 text"
+    assert "Version 2.0, January 2004" in text, "LICENSE is not the Apache-2.0 text"
+    assert "END OF TERMS AND CONDITIONS" in text, "LICENSE is cut short: the full Apache-2.0 text"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
+    assert project["license-files"] == ["LICENSE"], "the wheel and sdist carry LICENSE (PEP 639)"

@@ -130,12 +130,17 @@ class ObjectRef(ApiModel):
     uid: str = Field(default="", max_length=64)
 
 
+MAX_REQUESTED_MOVE = 3600  # seconds from a requested move's start to its expiry (gpuslice-policy-status)
+
+
 class DefragMove(ApiModel):
-    """A GPU being freed for a waiting pod. Written by whoever carries the move out (gpuslice defrag
-    --apply, or the controller in Auto mode) before it evicts anything, and removed once the waiting
-    claim is allocated, the move fails, or it expires. While it is here and unexpired, the node agent
-    taints every device of the GPU but the one named (gpuslice.dev/defrag:NoSchedule), and the tenancy
-    admission rule lets no claim but the waiting one (or one its pod owns) be allocated a device of the GPU."""
+    """A GPU being freed for a waiting pod. Requested by gpuslice defrag --apply, or recorded by the
+    controller in Auto mode, before anything is evicted, and removed once the waiting claim is
+    allocated, the move fails, or it expires. A move past Requested (which only the controller
+    writes: the admission rule gpuslice-policy-status) is one the controller judged itself: while it
+    is here and unexpired, the node agent taints every device of the GPU but the one named
+    (gpuslice.dev/defrag:NoSchedule), and the tenancy admission rule lets no claim but the waiting one
+    (or one its pod owns) be allocated a device of the GPU. A Requested move does neither."""
 
     id: str = Field(max_length=32, description="Names the move: the value of its device taint.")
     node: str = Field(max_length=253, description="The node (and pool) of the GPU.")
@@ -151,12 +156,15 @@ class DefragMove(ApiModel):
     evicted: list[str] = Field(default_factory=list, max_length=64, description=(
         "UIDs of the pods evicted so far (an eviction of a pod already gone is never sent again)."))
     by: str = Field(default="", max_length=253, description="controller (Auto) or gpuslice defrag and its user.")
-    phase: Literal["Requested", "Evicting", "Placing"] = Field(default="Requested", description=(
-        "Requested: waiting for the node agent to taint the GPU (nothing is evicted before); Evicting: the"
-        " controller evicts the pods; Placing: they are gone, the waiting claim is to be allocated."))
-    started: str = Field(description="When the move began.")
+    phase: Literal["Requested", "Tainting", "Evicting", "Placing"] = Field(default="Requested", description=(
+        "Requested: recorded by someone other than the controller, not yet judged by it (nothing is"
+        " tainted, reserved or evicted for it); Tainting: the controller's, waiting for the node agent to"
+        " taint the GPU (nothing is evicted before); Evicting: the controller evicts the pods; Placing:"
+        " they are gone, the waiting claim is to be allocated."))
+    started: str = Field(description="When the move began (when the controller took a requested move up).")
     expires: str = Field(description=(
-        "When the move gives up: the record goes and the taint lifts, whether or not the claim got the GPU."))
+        "When the move gives up: the record goes and the taint lifts, whether or not the claim got the GPU."
+        " The controller takes a requested move up until its own --defrag-timeout at most."))
 
 
 class DefragOutcome(ApiModel):

@@ -49,7 +49,7 @@ class Defragmenter:
     def __init__(self, kube: KubeClient, settings: ControllerSettings,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.kube, self.settings, self.clock = kube, settings, clock
-        self.mover = Mover(kube, settings.defrag_taint_wait, self._failed)
+        self.mover = Mover(kube, settings.defrag_taint_wait, self._failed, settings.defrag_timeout)
         self.looked: dict[str, float] = {}  # policy -> when Auto last looked (clock)
         self.told: dict[str, str] = {}  # waiting pod UID -> what it was last told
         self.failures: dict[str, float] = {}  # claim UID -> when a move for it failed (clock)
@@ -122,13 +122,15 @@ class Defragmenter:
         for plan in plans:
             if plan.verdict in ("NotNeeded", "InFlight"):
                 continue
+            if plan.reason == "NotTried":
+                continue  # the scheduler's first try is due: told nothing until it has said why it waits
             if not plan.ready:
                 code = (plan.reason or plan.verdict if plan.verdict in ("NoRoom", "Unsupported")
                         else _first_blocker(plan))
                 await self._tell(name, plan.pod, plan.pod_uid, code, f"gpuslice cannot free a GPU for this pod:"
                                  f" {plan.message}" + _blockers(plan))
                 continue
-            move = new_move(plan, AUTO, moment, self.settings.defrag_timeout)
+            move = new_move(plan, AUTO, moment, self.settings.defrag_timeout, phase="Tainting")  # judged here
             refused = await start(self.kube, name, move, others, budget=spec.max_evictions_per_hour, now=moment)
             if refused is None:
                 log.info("defragmentation move started", policy=name, move=move.id, pod=plan.pod,

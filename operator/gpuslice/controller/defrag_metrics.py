@@ -11,7 +11,8 @@ FREED = Counter("gpuslice_defrag_gpus_freed", "Moves that ended with the waiting
                 " who asked (auto, manual).", ["policy", "by"])
 FAILED = Counter("gpuslice_defrag_moves_failed", "Moves given up, by reason (Disruption: a PodDisruptionBudget"
                  " refused an eviction; Timeout; NotTainted: the node agent did not taint the GPU; Unmovable: a pod"
-                 " of the plan may no longer move; Gone: the waiting claim went).", ["policy", "reason"])
+                 " of the plan may no longer move; Gone: the waiting claim went; Invalid: a requested move the"
+                 " controller would not make itself, refused).", ["policy", "reason"])
 BLOCKED = Counter("gpuslice_defrag_plans_blocked", "Auto mode: pods that waited long enough but got no move, by"
                   " reason (Budget: maxEvictionsPerHour; NoRoom; Busy; Failed: a move for its claim failed within"
                   " the hour; why its claim would not be allocated or is not planned for: OverMemory, NotAdmitted,"

@@ -1,10 +1,15 @@
 """Carry a defragmentation move out, one step at a time, from what the policy's status records.
 
 A move is recorded in ``status.defragmentation.inFlight`` of the waiting claim's policy before
-anything happens (by ``gpuslice defrag --apply``, or by the controller in Auto mode), and the
-controller (while it holds the leader Lease) carries every recorded move out. Each step reads
+anything happens (requested by ``gpuslice defrag --apply``, or by the controller in Auto mode), and
+the controller (while it holds the leader Lease) carries every recorded move out. Each step reads
 the world again and does the next thing:
 
+0. a move someone else requested (phase ``Requested``, the only one they may add) counts for
+   nothing until the controller has judged it: it plans again, and takes the move up (phase
+   ``Tainting``, started now, its expiry bounded by ``--defrag-timeout``) only if its own plan for
+   that claim is that very move (``planning.reads.defrag_request``); else the record goes, marked
+   Failed with the reason, and a ``DefragmentationRefused`` Event on the policy says why;
 1. the waiting claim allocated: done, the record goes (the taint lifts with it); the claim gone,
    or the move past its expiry: given up, the same way;
 2. until the node agent has tainted the GPU's other devices (``gpuslice.dev/defrag``) nothing is
@@ -28,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import functools
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -36,7 +42,7 @@ import structlog
 from gpuslice.api.status import DefragmentationStatus, DefragMove, DefragOutcome, ObjectRef
 from gpuslice.backoff import Backoff
 from gpuslice.controller.defrag_metrics import EVICTIONS, FAILED, FREED, WASTED, who
-from gpuslice.controller.events import post_object_event
+from gpuslice.controller.events import post_event, post_object_event
 from gpuslice.dra.names import DEFRAG_TAINT_KEY, DRIVER, short_hash
 from gpuslice.dra.wire import allocation_results, device_gpu, devices_of, is_allocated, newest_generation
 from gpuslice.kube.client import (
@@ -51,15 +57,17 @@ from gpuslice.kube.client import (
     refused_by_disruption_budget,
 )
 from gpuslice.observability.failpoints import failpoint
-from gpuslice.planning.node.defrag_taints import parse_time
+from gpuslice.planning.node.defrag_taints import REQUESTED, parse_time
 from gpuslice.planning.reads.defrag_facts import PodFacts, opted_out_namespaces, pod_blocker
 from gpuslice.planning.reads.defrag_model import Plan
-from gpuslice.reading.cluster import POLICIES, RESOURCE, tenants_of
+from gpuslice.planning.reads.defrag_request import refusal as request_refusal
+from gpuslice.reading.cluster import POLICIES, RESOURCE, Reading, read_cluster, tenants_of
 
 log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]
 WRITE_TRIES = 8
 AUTO = "controller (Auto)"  # who records the moves of Auto mode
+READING_FOR = 1.0  # seconds one reading of the cluster judges requested moves for
 
 
 CONFLICT_BACKOFF = Backoff(0.1, 2.0)  # another writer of the policy's status: read again after a moment
@@ -73,7 +81,9 @@ def now_utc() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC).replace(microsecond=0)
 
 
-def new_move(plan: Plan, by: str, now: datetime.datetime, timeout: float) -> DefragMove:
+def new_move(plan: Plan, by: str, now: datetime.datetime, timeout: float,
+             phase: Literal["Requested", "Tainting"] = REQUESTED) -> DefragMove:
+    """The move ``plan`` makes: ``Requested`` by hand, ``Tainting`` when the controller records its own."""
     assert plan.target is not None
     ns, _, pod = plan.pod.partition("/")
     claim = plan.claim.partition("/")[2]
@@ -85,7 +95,7 @@ def new_move(plan: Plan, by: str, now: datetime.datetime, timeout: float) -> Def
                                                                                      uid=plan.pod_uid),
         evictions=[ObjectRef(namespace=m.pod.partition("/")[0], name=m.pod.partition("/")[2], uid=m.uid)
                    for m in target.moves],
-        by=by, started=stamp(now), expires=stamp(now + datetime.timedelta(seconds=timeout)))
+        by=by, phase=phase, started=stamp(now), expires=stamp(now + datetime.timedelta(seconds=timeout)))
 
 
 def describe(move: DefragMove) -> str:
@@ -151,16 +161,19 @@ class Mover:
     """Carries recorded moves out (the controller's, whoever recorded them)."""
 
     def __init__(self, kube: KubeClient, taint_wait: float,
-                 failed: Callable[[DefragMove], None] = lambda move: None) -> None:
+                 failed: Callable[[DefragMove], None] = lambda move: None, timeout: float = 300.0) -> None:
         """``failed``: told of each move this copy ends Failed (Auto then plans no move for its claim
-        for a while)."""
-        self.kube, self.taint_wait, self.failed = kube, taint_wait, failed
+        for a while); ``timeout``: the longest a requested move is taken up for (--defrag-timeout)."""
+        self.kube, self.taint_wait, self.failed, self.timeout = kube, taint_wait, failed, timeout
         self.announced: set[str] = set()
+        self.readings: dict[str, tuple[float, Reading]] = {}  # policy -> (when, what the last judgement read)
 
     async def step(self, policy: Body, move: DefragMove, now: datetime.datetime | None = None) -> bool:
         """One step of ``move``; True once it is over (its record gone)."""
         now = now or now_utc()
         name = str(policy["metadata"]["name"])
+        if move.phase == REQUESTED:
+            return await self._take_up(policy, move, now)
         claim = await self._get(f"{RESOURCE}/namespaces/{move.claim.namespace}/resourceclaims/{move.claim.name}")
         if claim is None or claim["metadata"].get("uid") != move.claim.uid:
             return await self.finish(name, move, "Failed", "Gone", f"the waiting claim {move.claim.namespace}/"
@@ -196,6 +209,54 @@ class Mover:
                 return await self.finish(name, move, "Failed", refused[0], refused[1])
             await update_defrag(self.kube, name, functools.partial(_mark, move_id=move.id, uid=victim.uid))
         return False
+
+    async def _take_up(self, policy: Body, move: DefragMove, now: datetime.datetime) -> bool:
+        """Judge a requested move as the planner would make it now; take it up (False: not over), or
+        end it refused (True). Nothing of a refused move was done: no Event goes to the pod it names,
+        and Auto's pause after a failure is not set off for its claim (its writer chose both)."""
+        name = str(policy["metadata"]["name"])
+        reading = await self._reading(name)
+        why = request_refusal(move, name, reading.cluster, reading.waiting)
+        if why is None:
+            expires = parse_time(move.expires)
+            bound = now + datetime.timedelta(seconds=self.timeout)
+            taken = {"phase": "Tainting", "started": stamp(now),
+                     "expires": stamp(min(expires, bound) if expires is not None else bound)}
+            written = await update_defrag(self.kube, name, lambda c: _taken_up(c, move.id, taken))
+            if written is None:
+                log.info("defragmentation move taken up", policy=name, move=move.id, by=move.by,
+                         expires=taken["expires"])
+            return False
+        return await self._refuse(policy, move, why)
+
+    async def _reading(self, policy: str) -> Reading:
+        """What the planner reads, once a second at most per policy: requests added many at a time
+        (16 fit in a status) are judged on one reading, not one each."""
+        now = time.monotonic()
+        cached = self.readings.get(policy)
+        if cached is None or now - cached[0] >= READING_FOR:
+            self.readings = {p: r for p, r in self.readings.items() if now - r[0] < READING_FOR}
+            self.readings[policy] = (now, await read_cluster(self.kube, policy=policy))
+        return self.readings[policy][1]
+
+    async def _refuse(self, policy: Body, move: DefragMove, why: str) -> bool:
+        name = str(policy["metadata"]["name"])
+        message = f"move {move.id} requested by {move.by or 'someone'} was refused: {why}"
+
+        def drop(current: DefragmentationStatus) -> DefragmentationStatus | str:
+            if not any(m.id == move.id and m.phase == REQUESTED for m in current.in_flight):
+                return "gone or taken up already"
+            return current.model_copy(update={
+                "in_flight": [m for m in current.in_flight if m.id != move.id],
+                "last": DefragOutcome(id=move.id, time=stamp(now_utc()), outcome="Failed", message=message[:2048])})
+
+        if await update_defrag(self.kube, name, drop) is not None:
+            return True
+        FAILED.labels(name, "Invalid").inc()
+        log.warning("defragmentation move refused", policy=name, move=move.id, by=move.by, why=why)
+        await post_event(self.kube, name, str(policy["metadata"].get("uid", "")), "Warning", "DefragmentationRefused",
+                         message)
+        return True
 
     async def _phase(self, policy: str, move: DefragMove, phase: str) -> bool:
         if move.phase != phase:
@@ -311,6 +372,13 @@ def _wasted(policy: str, move: DefragMove) -> str:
 def _mark(current: DefragmentationStatus, move_id: str, uid: str) -> DefragmentationStatus:
     moves = [m.model_copy(update={"evicted": [*m.evicted, uid]}) if m.id == move_id and uid not in m.evicted else m
              for m in current.in_flight]
+    return current.model_copy(update={"in_flight": moves})
+
+
+def _taken_up(current: DefragmentationStatus, move_id: str, taken: Mapping[str, str]) -> DefragmentationStatus | str:
+    if not any(m.id == move_id and m.phase == REQUESTED for m in current.in_flight):
+        return "gone or taken up already"
+    moves = [m.model_copy(update=dict(taken)) if m.id == move_id else m for m in current.in_flight]
     return current.model_copy(update={"in_flight": moves})
 
 

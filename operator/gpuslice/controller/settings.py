@@ -58,7 +58,8 @@ class ControllerSettings(ProcessSettings):
         " the pods not yet on a node in the tenant namespaces; 0 turns it off."))
     defrag_timeout: float = Field(default=300.0, gt=0, description=(
         "Seconds a move may take, from its start until the waiting claim is allocated, before it is given up:"
-        " its record goes and its GPU's taint lifts (gpuslice defrag --timeout sets its own)."))
+        " its record goes and its GPU's taint lifts. A move requested by hand (gpuslice defrag --timeout) is"
+        " taken up until this at most."))
     defrag_taint_wait: float = Field(default=30.0, gt=0, description=(
         "Seconds a move waits for the node agent to taint the GPU being freed before it evicts anything;"
         " past that the move is given up (the agent may be down), having evicted nothing."))

@@ -9,7 +9,7 @@ that record, not from a body read earlier, which may lag the controller's own wr
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -21,7 +21,7 @@ from gpuslice.controller.metrics import POLICY_METRICS, PolicyFigures
 from gpuslice.controller.state import Context
 from gpuslice.controller.status import STATUS_REFUSED, Findings, build_status, status_body
 from gpuslice.controller.world import World
-from gpuslice.kube.client import KubeError
+from gpuslice.kube.client import Conflict, KubeError
 from gpuslice.planning.reads.usage import devices_by_policy, published_by_policy, usage
 from gpuslice.planning.selection import Problem
 
@@ -67,7 +67,7 @@ async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings,
         if not error.transient:
             # The policy must say why it has no verdict: the condition alone, which the API server
             # takes whatever else it refused (the failure still counts in the backoff).
-            await _write_verdict_only(ctx, policy.name, old, policy.metadata.generation, STATUS_REFUSED, (
+            await _write_verdict_only(ctx, policy.name, policy.metadata.generation, STATUS_REFUSED, seen=old, message=(
                 f"The API server refused the status gpuslice worked out for GpuSlicePolicy {policy.name}:"
                 f" {error.message}. Without it the policy's devices stay as they are and nothing new is"
                 " published; gpuslice tries again with a growing delay. Change the spec field the message"
@@ -95,8 +95,8 @@ def parse_problem(name: str, problem: ParseProblem) -> str:
 
 async def write_invalid_shape(ctx: Context, body: Mapping[str, Any], message: str) -> None:
     """Valid=False for a spec that does not parse; written once, not on every status refresh."""
-    await _write_verdict_only(ctx, body["metadata"]["name"], body.get("status") or {},
-                              body["metadata"].get("generation"), "InvalidSpec", message)
+    await _write_verdict_only(ctx, body["metadata"]["name"], body["metadata"].get("generation"), "InvalidSpec",
+                              message, seen=body.get("status") or {})
 
 
 async def write_failing(ctx: Context, body: Mapping[str, Any], message: str) -> None:
@@ -104,38 +104,66 @@ async def write_failing(ctx: Context, body: Mapping[str, Any], message: str) -> 
     failing outside its converge, with nothing else of the status changed: the verdict a status holds
     stands (a restarted API server must not make every agent withdraw the policy's devices).
     Written once, not on every try."""
-    status = body.get("status") or {}
-    conditions = list(status.get("conditions") or [])
-    old: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Degraded"), {})
-    if (old.get("status"), old.get("reason"), old.get("message")) == ("True", "ApplyFailed", message[:2000]):
-        return
-    since = old.get("lastTransitionTime") if old.get("status") == "True" else None
-    condition = {"type": "Degraded", "status": "True", "reason": "ApplyFailed", "message": message[:2000],
-                 "lastTransitionTime": since or now_stamp(),
-                 "observedGeneration": (body.get("metadata") or {}).get("generation")}
-    await ctx.kube.merge_patch(f"{POLICIES}/{body['metadata']['name']}/status", {"status": {
-        "conditions": [c for c in conditions if c.get("type") != "Degraded"] + [condition]}})
+    generation = (body.get("metadata") or {}).get("generation")
+
+    def degraded(status: Mapping[str, Any]) -> dict[str, Any] | None:
+        conditions = list(status.get("conditions") or [])
+        old: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Degraded"), {})
+        if (old.get("status"), old.get("reason"), old.get("message")) == ("True", "ApplyFailed", message[:2000]):
+            return None
+        since = old.get("lastTransitionTime") if old.get("status") == "True" else None
+        condition = {"type": "Degraded", "status": "True", "reason": "ApplyFailed", "message": message[:2000],
+                     "lastTransitionTime": since or now_stamp(), "observedGeneration": generation}
+        return {"conditions": [c for c in conditions if c.get("type") != "Degraded"] + [condition]}
+
+    await _patch_conditions(ctx, body["metadata"]["name"], degraded, seen=body.get("status") or {})
 
 
-async def _write_verdict_only(ctx: Context, name: str, status: Mapping[str, Any], generation: int | None,
-                              reason: str, message: str) -> None:
+async def _write_verdict_only(ctx: Context, name: str, generation: int | None, reason: str, message: str, *,
+                              seen: Mapping[str, Any]) -> None:
     """Valid=False with ``reason`` at ``generation``, and nothing else of the status changed: for when
     the full status cannot be worked out (a spec that does not parse) or written (the API server
     refused it). Written once, not on every try."""
-    old: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Valid"), {})
-    recorded = (old.get("reason"), old.get("message"), status.get("observedGeneration"))
-    if recorded == (reason, message[:2000], generation):
-        return
-    log.warning("policy has no verdict", policy=name, reason=reason, error=message)
-    since = old.get("lastTransitionTime") if old.get("status") == "False" else None
-    condition = {"type": "Valid", "status": "False", "reason": reason, "message": message[:2000],
-                 "lastTransitionTime": since or now_stamp()}
-    others = [c for c in status.get("conditions") or [] if c.get("type") != "Valid"]
+
+    def verdict(status: Mapping[str, Any]) -> dict[str, Any] | None:
+        old: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Valid"), {})
+        recorded = (old.get("reason"), old.get("message"), status.get("observedGeneration"))
+        if recorded == (reason, message[:2000], generation):
+            return None
+        since = old.get("lastTransitionTime") if old.get("status") == "False" else None
+        condition = {"type": "Valid", "status": "False", "reason": reason, "message": message[:2000],
+                     "lastTransitionTime": since or now_stamp()}
+        others = [c for c in status.get("conditions") or [] if c.get("type") != "Valid"]
+        return {"observedGeneration": generation, "conditions": [condition, *others]}
+
     try:
-        await ctx.kube.merge_patch(f"{POLICIES}/{name}/status", {"status": {
-            "observedGeneration": generation, "conditions": [condition, *others]}})
+        if await _patch_conditions(ctx, name, verdict, seen=seen):
+            log.warning("policy has no verdict", policy=name, reason=reason, error=message)
     except KubeError as error:
         log.error("the policy's verdict could not be written either", policy=name, error=str(error))
+
+
+async def _patch_conditions(ctx: Context, name: str, change: Callable[[Mapping[str, Any]], dict[str, Any] | None],
+                            *, seen: Mapping[str, Any]) -> bool:
+    """Patch the status ``change`` makes of the policy's status as the API server has it now, under
+    its resourceVersion; whether it wrote. A merge patch replaces the conditions list whole: one made
+    from a body read before another condition was written (the verdict, then ApplyFailed) would drop
+    that condition. Nothing is read when the status ``seen`` (the caller's body) needs no change."""
+    if change(seen) is None:
+        return False
+    for attempt in range(3):
+        body = await ctx.kube.get(f"{POLICIES}/{name}")
+        patch = change(body.get("status") or {})
+        if patch is None:
+            return False
+        try:
+            await ctx.kube.merge_patch(f"{POLICIES}/{name}/status", {
+                "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]}, "status": patch})
+            return True
+        except Conflict:
+            if attempt == 2:
+                raise
+    return False
 
 
 async def report_deleting(ctx: Context, body: Mapping[str, Any], world: World) -> str | None:

@@ -43,6 +43,7 @@ from gpuslice.dra.names import (
 from gpuslice.dra.quantity import parse_quantity
 from gpuslice.kube.client import KubeClient, KubeError, NotFound, NotReady
 from gpuslice.planning.cluster.cluster_objects import quota_name
+from gpuslice.planning.cluster.memory_rule import memory_webhook_drift
 from gpuslice.planning.cluster.tenancy_rule import NON_TENANTS, TENANCY, TENANCY_DENIAL
 from gpuslice.planning.kinds import DeviceKind, quota
 
@@ -256,7 +257,8 @@ def memory_probe_claim() -> dict[str, Any]:
 
 async def memory_webhook_unenforced(kube: KubeClient, namespace: str) -> str | None:
     """None when the API server calls the maxMemory webhook for claims in the controller's
-    namespace (labelled like a maxMemory tenant's) and the webhook answers; else what is wrong."""
+    namespace (labelled like a maxMemory tenant's), the webhook answers, and its configuration sends
+    it the allocation writes too (``memory_webhook_drift``); else what is wrong."""
     fix = (f" Install the webhook: its ValidatingWebhookConfiguration {MEMORY_WEBHOOK_CONFIG} (manifests/"
            "memory-webhook.yaml), its Deployment and Service (manifests/base/webhook.yaml) and RBAC"
            " (manifests/webhook-rbac.yaml); until it answers, no tenant's maxMemory is put in force and"
@@ -265,9 +267,21 @@ async def memory_webhook_unenforced(kube: KubeClient, namespace: str) -> str | N
         await kube.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
                            memory_probe_claim(), query={"dryRun": "All"})
     except KubeError as error:
-        if MEMORY_WEBHOOK in error.message and MEMORY_PROBE_ANSWER in error.message:
-            return None
-        return (f"gpuslice could not prove that the maxMemory webhook judges allocations: a dry-run claim from"
-                f" namespace {namespace} got {error.status} {error.reason}: {error.message}.{fix}")
-    return (f"the maxMemory webhook is not called: the API server admitted a dry-run claim in namespace {namespace}"
-            f" without asking it.{fix}")
+        if not (MEMORY_WEBHOOK in error.message and MEMORY_PROBE_ANSWER in error.message):
+            return (f"gpuslice could not prove that the maxMemory webhook judges allocations: a dry-run claim from"
+                    f" namespace {namespace} got {error.status} {error.reason}: {error.message}.{fix}")
+    else:
+        return (f"the maxMemory webhook is not called: the API server admitted a dry-run claim in namespace"
+                f" {namespace} without asking it.{fix}")
+    # The probe is a claim made; an allocation is a write of resourceclaims/status, which no dry run of
+    # the controller's can make: the configuration must say the webhook judges it.
+    try:
+        config = await kube.get(f"{ADMISSION_API}/validatingwebhookconfigurations/{MEMORY_WEBHOOK_CONFIG}")
+    except NotFound:
+        return f"the ValidatingWebhookConfiguration {MEMORY_WEBHOOK_CONFIG} is gone.{fix}"
+    if (drift := memory_webhook_drift(config)) is not None:
+        return (f"the maxMemory webhook may not judge every allocation: ValidatingWebhookConfiguration"
+                f" {MEMORY_WEBHOOK_CONFIG}: {drift}. Apply it again as gpuslice ships it"
+                " (manifests/memory-webhook.yaml, or the chart); until then no tenant's maxMemory is put in force"
+                " and their claims of this policy wait.")
+    return None

@@ -2,13 +2,14 @@
 the moves themselves, one GPU at a time.
 
 The plan is the controller's planner on what the API server holds (``reading.cluster``).
-``--apply`` records each move in its policy's ``status.defragmentation.inFlight`` (the one write
-this command makes) and follows it: the gpuslice controller carries every recorded move out
-(``controller.defrag_move``: the GPU tainted first, then the pods evicted through the Eviction API,
-then the waiting claim allocated), so a move outlives this command, is carried out by the leader
-only, and resumes after a controller restart. Then it plans again for the next pod: the world has
-changed. Needs, besides what ``gpuslice-viewer`` reads, ``patch`` on ``gpuslicepolicies/status``
-(the ClusterRole ``gpuslice-defrag`` of manifests/viewer-rbac.yaml).
+``--apply`` requests each move in its policy's ``status.defragmentation.inFlight`` (the one write
+this command makes) and follows it: the gpuslice controller takes a request up only if its own plan
+is that move, and carries it out (``controller.defrag_move``: the GPU tainted first, then the pods
+evicted through the Eviction API, then the waiting claim allocated), so a move outlives this
+command, is carried out by the leader only, and resumes after a controller restart. Then it plans
+again for the next pod: the world has changed. Needs, besides what ``gpuslice-viewer`` reads,
+``patch`` on ``gpuslicepolicies/status`` (the ClusterRole ``gpuslice-defrag`` of
+manifests/viewer-rbac.yaml).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import click
 
-from gpuslice.api.status import DefragmentationStatus, DefragMove
+from gpuslice.api.status import MAX_REQUESTED_MOVE, DefragmentationStatus, DefragMove
 from gpuslice.controller.defrag_move import new_move, now_utc, start, update_defrag
 from gpuslice.controller.startup import whoami
 from gpuslice.inspect.commands import _connect, _console, _run, cluster_options
@@ -36,6 +37,9 @@ from gpuslice.planning.reads.occupancy import as_json
 from gpuslice.reading.cluster import POLICIES, Reading, read_cluster
 from gpuslice.settings import ClusterAccess
 
+PHASES = {"Tainting": "the controller took the move up, the node agent taints the GPU",
+          "Evicting": "the GPU is tainted, evicting",
+          "Placing": "the pods are gone, waiting for the claim to be allocated"}
 PICKED_UP = 45.0  # seconds within which a controller takes a recorded move up (it tries the taint for 30)
 GRACE = 60.0  # seconds past a move's expiry after which nobody carries it out: this command removes it
 
@@ -89,8 +93,7 @@ async def _follow(kube: KubeClient, policy: str, move: DefragMove, say: Callable
             return Applied(pod, move.id, "Failed", "the move's record went without an outcome (removed by hand?)")
         if current.phase != seen_phase:
             seen_phase = current.phase
-            say(f"  {current.phase.lower()}" + (": the GPU is tainted, evicting" if current.phase == "Evicting" else
-                                                ": the pods are gone, waiting for the claim to be allocated"))
+            say(f"  {current.phase.lower()}: {PHASES.get(current.phase, '')} (until {current.expires})")
         for victim in current.evictions:
             if victim.uid in current.evicted[seen_evicted:]:
                 say(f"  evicted {victim.namespace}/{victim.name}")
@@ -127,10 +130,13 @@ async def apply(access: ClusterAccess, policy: str | None, targets: tuple[str, .
             move = new_move(ready, f"gpuslice defrag ({user})", now_utc(), move_timeout)
             try:
                 refused = await start(kube, ready.policy, move, list(reading.cluster.in_flight))
-            except KubeError as error:
+            except Forbidden as error:
                 raise InspectError(f"recording the move in GpuSlicePolicy {ready.policy} failed ({error.message});"
                                    " gpuslice defrag --apply needs patch on gpuslicepolicies/status (the ClusterRole"
                                    " gpuslice-defrag of manifests/viewer-rbac.yaml)") from None
+            except KubeError as error:  # the admission rule refused the move's form (docs/controller.md)
+                raise InspectError(f"recording the move in GpuSlicePolicy {ready.policy} failed"
+                                   f" ({error.message})") from None
             if refused is not None:
                 applied.append(Applied(ready.pod, move.id, "NotStarted", refused))
                 say(f"{ready.pod}: not started: {refused}")
@@ -150,8 +156,9 @@ async def apply(access: ClusterAccess, policy: str | None, targets: tuple[str, .
     "Carry the plans out, one GPU at a time: record each move for the gpuslice controller, which taints the GPU,"
     " evicts the pods through the Eviction API (PodDisruptionBudgets hold) and lifts the taint once the waiting"
     " pod has its GPU; print what it does."))
-@click.option("--timeout", type=click.FloatRange(min=10), default=300.0, show_default=True,
-              help="With --apply: seconds each move may take before it is given up (its taint lifts).")
+@click.option("--timeout", type=click.FloatRange(min=10, max=MAX_REQUESTED_MOVE), default=300.0, show_default=True,
+              help=("With --apply: seconds each move may take before it is given up (its taint lifts); the"
+                    " controller takes a move up for its own --defrag-timeout at most."))
 @cluster_options
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def defrag(targets: tuple[str, ...], policy: str | None, apply_: bool, timeout: float, kubeconfig: Path | None,

@@ -7,6 +7,7 @@ always means the live cluster (``gpuslice plan --cluster``).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -44,9 +45,10 @@ def plan(files: tuple[str, ...], kubeconfig: Path | None, context: str | None, o
 def run() -> None:
     """The ``kubectl-gpuslice`` entry point: help and errors name the command as kubectl users type it."""
     set_component("gpuslice-cli")
-    try:
-        need_cli_extra("kubectl gpuslice")
-    except click.ClickException as error:
-        error.show()
-        raise SystemExit(error.exit_code) from None
+    if sys.argv[1:] != ["--version"]:  # which version is installed needs no extra (`pipx install` of the wheel)
+        try:
+            need_cli_extra("kubectl gpuslice")
+        except click.ClickException as error:
+            error.show()
+            raise SystemExit(error.exit_code) from None
     main(prog_name="kubectl gpuslice")

@@ -5,8 +5,9 @@ presents a client certificate to an admission webhook when its ``--admission-con
 gives the webhook admission plugins a kubeconfig (``WebhookAdmissionConfiguration.kubeConfigFile``)
 with credentials for the webhook's host (docs/install.md). With ``--client-ca-file`` the webhook
 asks every caller for a certificate during the TLS handshake and refuses the handshake without
-one that chains to those CAs; each request is then checked again here, against the bundle as it is
-now (a CA taken out of the file is refused at once, though OpenSSL cannot forget it) and against
+one that chains to those CAs (through any intermediates the caller presents); each request is then
+checked again here, on the chain the handshake verified, against the bundle as it is now (a chain
+that ends at a CA taken out of the file is refused at once, though OpenSSL cannot forget it) and against
 ``--client-allowed-names`` (the common names allowed, as kube-apiserver's
 ``--requestheader-allowed-names``: a cluster's own CA also signs every kubelet's and admin's).
 
@@ -18,8 +19,11 @@ the control plane already keeps certificates there.
 
 from __future__ import annotations
 
+import _ssl
+import itertools
 import ssl
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,22 +107,31 @@ class Callers:
                  allowed_names=sorted(self.allowed_names) or "any")
         return True
 
-    def refusal(self, der: bytes | None) -> str | None:
-        """Why the caller whose certificate (DER, as the handshake verified it) is ``der`` may not
-        call; None when it may."""
+    def refusal(self, chain: Sequence[bytes]) -> str | None:
+        """Why the caller may not call, ``chain`` being the certificates (DER, the caller's first, the
+        trust anchor last) the TLS handshake verified; None when it may."""
         if self.ca_file is None:
             return None
-        if not der:
+        if not chain:
             return "no client certificate"
         try:
-            cert = x509.load_der_x509_certificate(der)
+            certs = [x509.load_der_x509_certificate(der) for der in chain]
         except ValueError:
             return "a client certificate that does not parse"
-        if not any(_issued_by(cert, ca) for ca in self._cas):
+        cert = certs[0]
+        if not self._anchored(certs):
             return f"a client certificate ({common_name(cert)!r}) of no CA in --client-ca-file now"
         if self.allowed_names and common_name(cert) not in self.allowed_names:
             return f"a client certificate for {common_name(cert)!r}, not one of --client-allowed-names"
         return None
+
+    def _anchored(self, certs: list[x509.Certificate]) -> bool:
+        """Whether each certificate of the chain is issued by the next and the last is a CA of the
+        bundle now, or issued by one (a chain of the leaf alone, where no verified chain is known)."""
+        if not all(_issued_by(cert, issuer) for cert, issuer in itertools.pairwise(certs)):
+            return False
+        anchor = certs[-1]
+        return anchor in self._cas or any(_issued_by(anchor, ca) for ca in self._cas)
 
     def tell(self, peer: str, why: str) -> None:
         """Log a refused caller, at most once every ``QUIET`` seconds (the metric counts each)."""
@@ -134,3 +147,20 @@ def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
     except (ValueError, TypeError, InvalidSignature):
         return False
     return True
+
+
+def verified_chain(ssl_object: ssl.SSLObject | None) -> list[bytes]:
+    """The caller's certificate chain as the handshake verified it (DER, the caller's first, the
+    trust anchor last); empty when it gave none. Python 3.13 names this ``get_verified_chain``; 3.11
+    and 3.12 have it on the private ``_sslobj`` only. Where neither is, the caller's certificate
+    alone (then one of an intermediate is refused: fails closed)."""
+    if ssl_object is None:
+        return []
+    public = getattr(ssl_object, "get_verified_chain", None)
+    if public is not None:
+        return [bytes(der) for der in public() or []]
+    private = getattr(getattr(ssl_object, "_sslobj", None), "get_verified_chain", None)
+    if private is not None:
+        return [cert.public_bytes(_ssl.ENCODING_DER) for cert in private() or []]
+    der = ssl_object.getpeercert(binary_form=True)
+    return [der] if der else []

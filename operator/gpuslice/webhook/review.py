@@ -6,7 +6,9 @@
   charged to the tenant's ledger of that policy before it is admitted; the allocation is refused
   when it does not fit, saying what the namespace holds, its limit and what the claim asks. Only
   the claim as the API server holds it is charged (``planning.claim_review``: it exists, with that
-  UID and spec, not allocated otherwise), and a charge is only ever raised by a review.
+  UID and spec, not allocated otherwise), only as its requests can be allocated (as many results
+  as each asks, of devices its classes select, on one node), and a charge is only ever raised by a
+  review.
 - The controller's probe (a dry-run claim of a name only it uses, in its own namespace): refused
   with a fixed answer, which proves to the controller that the API server calls the webhook.
 
@@ -21,11 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuslice.api.ledger import GpuSliceLedger
-from gpuslice.dra.names import CONTROLLER_NAMESPACE, MEMORY_PROBE, MEMORY_PROBE_ANSWER
+from gpuslice.dra.names import CONTROLLER_NAMESPACE, MEMORY_PROBE, MEMORY_PROBE_ANSWER, class_policy
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.dra.wire import MemoryPolicy
 from gpuslice.kube.client import NotFound
-from gpuslice.planning.claim_review import not_the_claim, over_consumed, policy_results
+from gpuslice.planning.claim_review import Published, not_as_asked, not_the_claim, over_consumed, policy_results
 from gpuslice.planning.memory import (
     claim_policies,
     held_by_policy,
@@ -109,6 +111,8 @@ class Reviewer:
             return Answer(False, f"{who}: device {unknown['pool']}/{unknown['device']} is not published by any"
                                  " ResourceSlice of driver gpu.gpuslice.dev, so its memory cannot be charged; the"
                                  " scheduler tries again")
+        if (why := not_as_asked(obj, self._published, self._class_kind)) is not None:
+            return Answer(False, f"{who}: {why}")
         try:
             held = held_by_policy(obj, self.state.device_memory)
         except ValueError as error:  # a consumedCapacity that is no quantity: never the API server's
@@ -137,6 +141,16 @@ class Reviewer:
             return await self.state.kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}")
         except NotFound:
             return None
+
+    def _published(self, pool: str, device: str) -> Published | None:
+        found = self.state.device(pool, device)
+        return found.published() if found is not None else None
+
+    def _class_kind(self, device_class: str) -> str | None:
+        """The kind of ``device_class`` as its policy has it in force; None when that is not known."""
+        view = self.state.policies.items.get(class_policy(device_class) or "")
+        found = view.classes.get(device_class) if view is not None else None
+        return found.kind if found is not None else None
 
     def _size(self, pool: str, device: str) -> tuple[int, MemoryPolicy | None] | None:
         found = self.state.device(pool, device)

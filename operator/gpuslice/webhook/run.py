@@ -28,7 +28,7 @@ from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.observability.logging import configure_logging
 from gpuslice.observability.metrics import announce, serve_metrics
-from gpuslice.webhook.callers import Callers, ClientCaError
+from gpuslice.webhook.callers import Callers, ClientCaError, verified_chain
 from gpuslice.webhook.ledger import Ledgers
 from gpuslice.webhook.metrics import CALLERS_REFUSED, LEDGER_METRICS, RECKON_FAILURES, REVIEW_SECONDS, REVIEWS
 from gpuslice.webhook.review import Answer, Reviewer
@@ -87,16 +87,15 @@ def _response(uid: str, answer: Answer) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
-def _peer_certificate(request: web.Request) -> bytes | None:
-    """The caller's certificate, DER, as the TLS handshake verified it; None when it gave none."""
-    ssl_object = request.transport.get_extra_info("ssl_object") if request.transport is not None else None
-    return ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+def _peer_chain(request: web.Request) -> list[bytes]:
+    """The caller's certificate chain, DER, as the TLS handshake verified it; empty when it gave none."""
+    return verified_chain(request.transport.get_extra_info("ssl_object") if request.transport is not None else None)
 
 
 def application(reviewer: Reviewer, callers: Callers) -> web.Application:
     async def validate(request: web.Request) -> web.Response:
         started = time.monotonic()
-        if (why := callers.refusal(_peer_certificate(request))) is not None:
+        if (why := callers.refusal(_peer_chain(request))) is not None:
             CALLERS_REFUSED.inc()
             callers.tell(str(request.remote), why)
             return web.json_response({"message": f"refused: {why}; only the API server may call this webhook"},

@@ -21,9 +21,11 @@ from gpuslice.api.ledger import LEDGERS, GpuSliceLedger
 from gpuslice.api.status import ClassInForce
 from gpuslice.dra.names import DRIVER
 from gpuslice.dra.quantity import quantity_bytes
-from gpuslice.dra.wire import MemoryPolicy, device_memory, memory_policy, pool_mark
+from gpuslice.dra.wire import MemoryPolicy, device_memory, device_policy, memory_policy, pool_mark
 from gpuslice.kube.client import KubeClient
 from gpuslice.kube.watch import watch
+from gpuslice.planning.claim_review import Published
+from gpuslice.planning.devices import published_kind
 from gpuslice.planning.memory import claim_policies
 
 log = structlog.get_logger(__name__)
@@ -108,11 +110,16 @@ def _name(obj: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class DeviceSize:
-    """What the webhook knows of a published device: its memory, and for a shared one how the
-    scheduler rounds what a request consumes of it."""
+    """What the webhook knows of a published device: its memory, for a shared one how the
+    scheduler rounds what a request consumes of it, and the policy and kind it is of."""
 
     memory: int
     policy: MemoryPolicy | None = None
+    owner: str | None = None  # the policy that publishes it
+    kind: str = ""  # planning.devices.published_kind
+
+    def published(self) -> Published:
+        return Published(self.owner, self.kind, self.policy is not None)
 
 
 def _slice_devices(obj: dict[str, Any]) -> dict[tuple[str, str], DeviceSize]:
@@ -125,7 +132,8 @@ def _slice_devices(obj: dict[str, Any]) -> dict[tuple[str, str], DeviceSize]:
     pool = pool_mark(spec)[0]
     if spec.get("nodeName") != pool:
         return {}
-    return {(pool, str(device.get("name", ""))): DeviceSize(memory, memory_policy(device))
+    return {(pool, str(device.get("name", ""))): DeviceSize(memory, memory_policy(device), device_policy(device),
+                                                          published_kind(device))
             for device in spec.get("devices") or [] if (memory := device_memory(device)) is not None}
 
 

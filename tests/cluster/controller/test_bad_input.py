@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpuslice.devcluster.nodes import fake_gpu_node
-from gpuslice.kube.client import Invalid, KubeClient
+from gpuslice.kube.client import Invalid, KubeClient, KubeError
 from tests.cluster.kubeutil import (
     NO_NODES,
     POLICIES,
@@ -206,22 +206,40 @@ async def test_a_status_the_api_server_refuses_is_reported_and_retried_with_a_gr
     """What the API server refuses in the status the controller worked out (a rule of the cluster's,
     here; before the bounds, a limitBytes past int64): the policy says so in Valid, with the
     server's words, and the controller tries again after 2, 4, 8 ... s, not every 2 s."""
-    name = f"p-{unique}"
+    name, probe = f"p-{unique}", f"probe-{unique}"
+    # The rule refuses status.tenants of this policy, and the creation of a probe policy: a dry run of
+    # the probe tells when the API server enforces it (it loads a new rule a moment after it is made).
     rule = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
             "metadata": {"name": f"test-refuse-status-{unique}"},
             "spec": {"failurePolicy": "Fail",
-                     "matchConstraints": {"resourceRules": [{"apiGroups": ["gpuslice.dev"], "apiVersions": ["*"],
-                                                             "operations": ["UPDATE"],
-                                                             "resources": ["gpuslicepolicies/status"]}]},
-                     "matchConditions": [{"name": "this-policy", "expression": f"object.metadata.name == '{name}'"}],
-                     "validations": [{"expression": "!has(object.status.tenants)",
+                     "matchConstraints": {"resourceRules": [
+                         {"apiGroups": ["gpuslice.dev"], "apiVersions": ["*"], "operations": ["UPDATE"],
+                          "resources": ["gpuslicepolicies/status"]},
+                         {"apiGroups": ["gpuslice.dev"], "apiVersions": ["*"], "operations": ["CREATE"],
+                          "resources": ["gpuslicepolicies"]}]},
+                     "matchConditions": [{"name": "this-policy", "expression": (
+                         f"(request.operation == 'UPDATE' && object.metadata.name == '{name}')"
+                         f" || (request.operation == 'CREATE' && object.metadata.name == '{probe}')")}],
+                     "validations": [{"expression": f"object.metadata.name != '{probe}'",
+                                      "message": "test: the probe is refused here"},
+                                     {"expression": f"object.metadata.name == '{probe}' || !has(object.status.tenants)",
                                       "message": "test: status.tenants is refused here"}]}}
     binding = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
                "metadata": {"name": f"test-refuse-status-{unique}"},
                "spec": {"policyName": f"test-refuse-status-{unique}", "validationActions": ["Deny"]}}
     await cluster_objects.create("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies", rule)
     await cluster_objects.create("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings", binding)
-    await asyncio.sleep(2)  # length: the API server loads a new admission policy a moment after it is made
+
+    async def in_force() -> bool:
+        try:
+            await kube.create(POLICIES, {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy",
+                                         "metadata": {"name": probe}, "spec": _spec(MEMORY, {"maxSlices": 2})},
+                              dryRun="All")
+        except KubeError as error:
+            return "test: the probe is refused here" in error.message
+        return False
+
+    await wait_for(in_force, within=30, what="the test's rule refusing the probe policy")
     await make_policy(_spec(MEMORY, {"maxSlices": 2}))
 
     valid = await valid_condition(kube, name, "False")  # the only status it can write: the condition alone

@@ -114,20 +114,33 @@ async def test_the_defrag_role_records_and_removes_a_move_and_writes_nothing_els
 ) -> None:
     """`gpuslice defrag --apply`'s writes (start: add a move; remove one) pass as the defrag role. What
     else that role (or a cluster admin: the rule spares only the controller) might write is refused:
-    a move already recorded changed (its phase, whom it evicts), a move added half-way through,
-    the Auto eviction budget, the last outcome, and the records of tenants and nodes."""
+    a move already recorded changed (its phase, whom it evicts), a move added half-way through, one
+    on a node the policy does not select, for a claim or evicting pods outside its tenants, or for
+    longer than an hour, the Auto eviction budget, the last outcome, and the records of tenants and
+    nodes."""
     name = await shared_tenant(kube, make_policy, gpu_node, namespace)
     waiting = await kube.create(f"{RESOURCE}/namespaces/{namespace}/resourceclaims",
                                 claim("waiting", request(f"{name}.gpuslice.dev")))
     now = now_utc()
     victim = ObjectRef(namespace=namespace, name="someone", uid="0b3c1f0e-0000-4000-8000-000000000001")
-    move = DefragMove(id=f"d-{unique}", node="no-such-node", gpu="GPU-unused", gpu_tag="gpu-00000000", device="x",
+    [node] = (await kube.get(f"{POLICIES}/{name}"))["status"]["selectedNodes"]
+    move = DefragMove(id=f"d-{unique}", node=node, gpu="GPU-unused", gpu_tag="gpu-00000000", device="x",
                       claim=ObjectRef(namespace=namespace, name="waiting", uid=waiting["metadata"]["uid"]),
                       pod=ObjectRef(namespace=namespace, name="big", uid="0b3c1f0e-0000-4000-8000-000000000002"),
                       evictions=[victim], by=f"gpuslice defrag (defrag-{unique})",
-                      # Started ahead: the controller waits for the GPU's taint (which never comes) rather than
-                      # give the move up while the test writes.
-                      started=stamp(now + datetime.timedelta(hours=1)), expires=stamp(now + datetime.timedelta(days=1)))
+                      started=stamp(now), expires=stamp(now + datetime.timedelta(minutes=5)))
+    # Frozen while the role writes: it would judge the move (no pod waits for its claim) and remove it.
+    controller.pause()
+    try:
+        await _writes_of_the_role(cluster, kube, tmp_path, unique, name, move, victim)
+    finally:
+        controller.resume()
+    assert not ((await kube.get(f"{POLICIES}/{name}"))["status"]["defragmentation"].get("inFlight"))
+
+
+async def _writes_of_the_role(cluster: DevCluster, kube: KubeClient, tmp_path: Path, unique: str, name: str,
+                              move: DefragMove, victim: ObjectRef) -> None:
+    now = now_utc()
     async with await defrag_operator(cluster, kube, tmp_path, f"defrag-{unique}") as as_operator:
         assert await start(as_operator, name, move, []) is None, "gpuslice defrag --apply records its move"
         recorded = (await kube.get(f"{POLICIES}/{name}"))["status"]
@@ -147,6 +160,17 @@ async def test_the_defrag_role_records_and_removes_a_move_and_writes_nothing_els
             "a recorded move given another victim": lambda c: change(c, {"in_flight": [move.model_copy(
                 update={"evictions": [victim.model_copy(update={"name": "other"})]})]}),
             "a move added as evicting already": lambda c: change(c, {"in_flight": [move, another]}),
+            "a move requested on a node the policy does not select": lambda c: change(c, {"in_flight": [
+                move, move.model_copy(update={"id": f"n-{unique}", "node": "no-such-node"})]}),
+            "a move requested for another namespace's claim": lambda c: change(c, {"in_flight": [
+                move, move.model_copy(update={"id": f"c-{unique}", "claim": ObjectRef(
+                    namespace="kube-system", name="x", uid="u"), "pod": ObjectRef(namespace="kube-system", name="x")})]}),
+            "a move requested to evict outside the tenants": lambda c: change(c, {"in_flight": [
+                move, move.model_copy(update={"id": f"v-{unique}", "evictions": [ObjectRef(
+                    namespace="kube-system", name="coredns", uid="u")]})]}),
+            "a move requested for 70 years": lambda c: change(c, {"in_flight": [
+                move, move.model_copy(update={"id": f"t-{unique}", "expires": stamp(
+                    now + datetime.timedelta(days=365 * 70))})]}),
             "the eviction budget emptied": lambda c: write(c, name, {"defragmentation": {
                 "evictions": [stamp(now)] * 3}}),
             "an outcome written": lambda c: change(c, {"last": DefragOutcome(
@@ -166,4 +190,3 @@ async def test_the_defrag_role_records_and_removes_a_move_and_writes_nothing_els
         assert kept["evictions"] == [victim.model_dump(by_alias=True)], kept
         assert not kept.get("evicted"), kept
         assert await change(as_operator, {"in_flight": []}) == "", "gpuslice defrag removes a move nobody carried out"
-    assert not ((await kube.get(f"{POLICIES}/{name}"))["status"]["defragmentation"].get("inFlight"))

@@ -1,13 +1,16 @@
 """The Helm chart installs what kustomize installs: ``helm template`` with the default values is the
 nvidia overlay, with ci/kind-values.yaml the kind overlay, and with the monitoring, NetworkPolicy
-and webhook client authentication values on, the nvidia overlay with those components, object for object (less the Namespace, which
-is the release's, and the pre-delete hook, which only the chart has). Everything the chart can
+and webhook client authentication values on, the nvidia overlay with those components, with
+webhook.certManager.enabled the cert-manager overlay, object for object (less the Namespace, which
+is the release's, the pre-delete hook, which only the chart has, and Helm's standard labels and the
+CRDs' keep policy, which only the chart adds). Everything the chart can
 render, the Prometheus Operator's kinds included (their CRDs installed from its Go module), passes a
 server-side dry-run against the real apiserver; a value the chart does not know is refused."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import subprocess
 import tempfile
@@ -43,6 +46,35 @@ def template(helm: str, *args: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(done.stdout) if d]
 
 
+# What only the chart puts on its objects: Helm's standard labels, and the CRDs' keep policy.
+CHART_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance",
+                "app.kubernetes.io/version")
+
+
+def without_chart_metadata(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` less what only the chart adds, after checking that the chart did add it."""
+    doc = copy.deepcopy(doc)
+    metas = [doc["metadata"]]
+    if doc["kind"] in ("Deployment", "DaemonSet"):
+        metas.append(doc["spec"]["template"]["metadata"])
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    added = dict(zip(CHART_LABELS, (f"gpuslice-{chart['version']}", "Helm", "gpuslice", chart["appVersion"]),
+                     strict=True))
+    for meta in metas:
+        labels = meta["labels"]
+        assert all(label in labels for label in CHART_LABELS), f"{doc['kind']} {doc['metadata']['name']}: {labels}"
+        # An object's own label wins (the admission policies are app.kubernetes.io/managed-by: gpuslice).
+        meta["labels"] = {k: v for k, v in labels.items() if added.get(k) != v}
+        if not meta["labels"]:
+            del meta["labels"]  # an object of the overlay's own with no labels (cert-manager's)
+    if doc["kind"] == "CustomResourceDefinition":
+        annotations = doc["metadata"]["annotations"]
+        assert annotations.pop("helm.sh/resource-policy") == "keep", "helm uninstall must never delete the CRDs"
+        if not annotations:
+            del doc["metadata"]["annotations"]
+    return doc
+
+
 def by_object(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[str, Any]]:
     return {(d["apiVersion"], d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]): d
             for d in objects}
@@ -56,17 +88,21 @@ def with_components(kustomize: str, *components: str) -> list[dict[str, Any]]:
         return render(kustomize, str(Path(work).relative_to(REPO)))
 
 
-@pytest.mark.parametrize("case", ["nvidia", "kind", "components"])
+@pytest.mark.parametrize("case", ["nvidia", "kind", "components", "cert-manager"])
 def test_the_chart_renders_what_kustomize_installs(helm: str, kustomize: str, case: str) -> None:
     if case == "nvidia":
         wanted, chart = render(kustomize, "manifests/overlays/nvidia"), template(helm)
+    elif case == "cert-manager":
+        wanted = render(kustomize, "manifests/overlays/cert-manager")
+        chart = template(helm, "--set", "webhook.certManager.enabled=true")
     elif case == "kind":
         wanted = render(kustomize, "manifests/overlays/kind")
         chart = template(helm, "-f", str(CHART / "ci/kind-values.yaml"))
     else:
         wanted, chart = with_components(kustomize, *COMPONENTS), template(helm, *EVERYTHING_ON)
     kustomized = by_object([d for d in wanted if d["kind"] != "Namespace"])
-    helmed = by_object([d for d in chart if "helm.sh/hook" not in d["metadata"].get("annotations", {})])
+    helmed = by_object([without_chart_metadata(d) for d in chart
+                        if "helm.sh/hook" not in d["metadata"].get("annotations", {})])
     assert sorted(helmed) == sorted(kustomized), "the chart and kustomize install different objects"
     differ = [key for key in kustomized if helmed[key] != kustomized[key]]
     assert differ == [], f"{case}: the chart renders these differently from kustomize: {differ}"
@@ -124,6 +160,9 @@ async def test_everything_the_chart_renders_passes_a_server_side_dry_run(
     assert {"ServiceMonitor", "PrometheusRule", "Service", "NetworkPolicy", "PodDisruptionBudget", "Job"} <= kinds
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpuslice-system"}}
     await kube.apply(path_of(namespace), namespace, field_manager="gpuslice-install-check")
+    # A pod (helm test's) is admitted only with its ServiceAccount there, which a dry run creates not.
+    for account in (d for d in objects if d["kind"] == "ServiceAccount"):
+        await kube.apply(path_of(account), account, field_manager="gpuslice-install-check")
     failures = await refused_by_dry_run(kube, objects)
     assert not failures, "the apiserver refused:\n" + "\n".join(failures)
     # The operator's schema judges our objects: a ServiceMonitor without its endpoints' port is refused.

@@ -155,8 +155,10 @@ async def test_an_eviction_a_budget_refuses_ends_the_move_and_lifts_the_taint(
     plugin_node: PluginNodeFactory, namespace: str, budgets: dict[str, int],
 ) -> None:
     """A budget that allows no disruption of the second pod of a move, or two budgets that select
-    it (which the Eviction API refuses with a 500 however much they allow), made after the plan:
-    the first eviction passes, the Eviction API refuses the second, and the move stops there."""
+    it (which the Eviction API refuses with a 500 however much they allow), made after the plan
+    and after the controller judged the move (it is recorded as the controller records a move it
+    took up: a request made after the budget is refused before anything is evicted): the first
+    eviction passes, the Eviction API refuses the second, and the move stops there."""
     from gpuslice.controller.defrag_move import new_move, now_utc, start
     from gpuslice.planning.reads.defrag_model import Plan
 
@@ -177,8 +179,9 @@ async def test_an_eviction_a_budget_refuses_ends_the_move_and_lifts_the_taint(
 
     await wait_for(counted, within=60, what="the disruption controller to count the budgets")
     before = await fleet.uids([namespace])
-    move = new_move(_plan(Plan, plan_body), "a test", now_utc(), 120)
-    assert await start(kube, fleet.policy, move, []) is None
+    move = new_move(_plan(Plan, plan_body), "a test", now_utc(), 120, phase="Tainting")
+    async with await KubeClient.from_kubeconfig(controller.kubeconfig) as as_controller:
+        assert await start(as_controller, fleet.policy, move, []) is None
 
     async def ended() -> dict[str, Any] | None:
         last = ((await fleet.policy_status()).get("defragmentation") or {}).get("last") or {}
@@ -321,11 +324,14 @@ async def test_a_gpu_being_freed_goes_to_the_claim_it_is_freed_for_and_no_other(
             body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "big", "uid": owner}]
         made[name] = await wait_for(lambda b=body: _created(kube, claims, b), within=30, what=f"claim {name}")
     gpu_tag = tag(node.name)
+    # A move as the controller records one it judged (phase Tainting, which only the controller may write:
+    # the rule honours no move before): written here with its identity.
     move = DefragMove(id="d-test", node=node.name, gpu="GPU-unused", gpu_tag=gpu_tag, device="x",
                       claim=ObjectRef(namespace=namespace, name="waiting", uid=made["waiting"]["metadata"]["uid"]),
                       pod=ObjectRef(namespace=namespace, name="big", uid=big["metadata"]["uid"]), by="a test",
-                      started=stamp(now_utc()), expires="2099-01-01T00:00:00Z")
-    assert await start(kube, fleet.policy, move, []) is None
+                      phase="Tainting", started=stamp(now_utc()), expires="2099-01-01T00:00:00Z")
+    async with await KubeClient.from_kubeconfig(controller.kubeconfig) as as_controller:
+        assert await start(as_controller, fleet.policy, move, []) is None
 
     async def allocate(name: str) -> str:
         body = await kube.get(f"{claims}/{name}")

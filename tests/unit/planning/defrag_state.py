@@ -17,6 +17,8 @@ from tests.unit.planning.cluster_state import Body, gpus, policy_body, published
 INFERENCE = policy_body("inference", {"mode": "memory", "sliceSize": "10G", "allowFullGpu": True},
                         tenants=[{"namespace": "team-a"}, {"namespace": "team-b"}])
 FULL = "full.inference.gpuslice.dev"
+TURNED_AWAY = ("0/1 nodes are available: 1 cannot allocate all claims. preemption: 0/1 nodes are available: 1"
+               " Preemption is not helpful for scheduling.")
 OWNERS = {"rs": ("ReplicaSet", "web-1"), "sts": ("StatefulSet", "db"), "job": ("Job", "train"),
           "ds": ("DaemonSet", "agent"), "bare": None, "custom": ("LeaderWorkerSet", "lws")}
 
@@ -83,12 +85,19 @@ class Fleet:
         return name
 
     def wait(self, name: str = "big", device_class: str = FULL, namespace: str = "team-a",
-             created: str = "2026-12-01T01:00:00Z") -> str:
+             created: str = "2026-12-01T01:00:00Z", said: str | None = TURNED_AWAY, gates: Sequence[str] = ()) -> str:
+        """A pod waiting for a claim of ``device_class``; ``said``: the scheduler's message in its
+        PodScheduled condition (None: not tried yet)."""
         claim_name = f"{name}-gpu"
+        conditions = [] if said is None else [{"type": "PodScheduled", "status": "False",
+                                               "reason": "Unschedulable", "message": said}]
+        spec: dict[str, Any] = {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]}
+        if gates:
+            spec["schedulingGates"] = [{"name": g} for g in gates]
         self.pods.append({"metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}",
                                        "creationTimestamp": created},
-                          "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
-                          "status": {"phase": "Pending", "resourceClaimStatuses": [
+                          "spec": spec,
+                          "status": {"phase": "Pending", "conditions": conditions, "resourceClaimStatuses": [
                               {"name": "gpu", "resourceClaimName": claim_name}]}})
         self.claims.append({"metadata": {"namespace": namespace, "name": claim_name, "uid": f"uid-{claim_name}",
                                          "creationTimestamp": created,

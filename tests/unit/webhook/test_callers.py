@@ -127,4 +127,4 @@ def test_without_a_ca_file_anyone_may_call() -> None:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     callers.configure(context)
     assert context.verify_mode == ssl.CERT_NONE
-    assert callers.refusal(None) is None
+    assert callers.refusal([]) is None

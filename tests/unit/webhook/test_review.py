@@ -74,8 +74,9 @@ async def setup(api: FakeApi, kube: KubeClient, held_claims: int = 2) -> Reviewe
     state = State(kube)
     state.policies.handle(None, policy)
     state.ledgers.handle(None, api.get(ledger_path(POLICY, TENANT)) or {})
-    devices = [{"name": f"s-{i}", "capacity": {"memory": {"value": "10Gi"}}} for i in range(4)]
-    devices.append({"name": "shared", "capacity": {"memory": {"value": "80Gi", "requestPolicy": {
+    ours = {"gpuslice.dev/policy": {"string": POLICY}}
+    devices = [{"name": f"s-{i}", "attributes": ours, "capacity": {"memory": {"value": "10Gi"}}} for i in range(4)]
+    devices.append({"name": "shared", "attributes": ours, "capacity": {"memory": {"value": "80Gi", "requestPolicy": {
         "default": "5Gi", "validRange": {"min": "5Gi", "step": "5Gi"}}}}})
     state.slices.handle(None, {"metadata": {"name": "node-1-slice"}, "spec": {
         "driver": "gpu.gpuslice.dev", "pool": {"name": NODE}, "nodeName": NODE, "devices": devices}})
@@ -187,3 +188,23 @@ async def test_the_watchs_copy_of_the_very_version_written_spares_the_read_and_n
     answer = await reviewer.review(stale)
     assert "allocated already, and not as the review says" in answer.message
     assert [r for r in api.requests[before:] if r.method == "GET" and r.path == path]
+
+
+async def test_a_copy_of_a_waiting_claim_is_charged_no_more_than_it_asks(api: FakeApi, kube: KubeClient) -> None:
+    """The third review's W: team-a holds only c0 (10Gi of 20Gi); its waiting claim c2, copied as it
+    is (name, UID, spec), reviewed with two results for its one request, or on the shared device
+    without saying what it consumed (the whole 80Gi): refused, nothing charged. The allocation the
+    scheduler would write is admitted."""
+    reviewer = await setup(api, kube, held_claims=1)
+    api.remove(f"{CLAIMS.format(ns=TENANT)}/c1")
+    twice = claim("c2", device="s-2")
+    twice["status"]["allocation"]["devices"]["results"] *= 2
+    whole = claim("c2", device="shared")
+    for forged, said in ((twice, "asks for 1 device(s), and the review gives it 2"),
+                         (whole, "does not say what it consumed")):
+        answer = await reviewer.review(review(forged))
+        assert not answer.allowed
+        assert said in answer.message
+    assert charges(api) == {"c0": 10 * GI}
+    assert (await reviewer.review(allocated("c2", "s-2"))).allowed
+    assert charges(api) == {"c0": 10 * GI, "c2": 10 * GI}

@@ -87,7 +87,9 @@ def legend() -> Text:
 
 
 def _cells(*cells: str) -> tuple[Text, ...]:
-    """Table cells as plain text (a ``str`` cell would be read as rich markup)."""
+    """Table cells as plain text: a ``str`` cell would be read as rich markup, and a value a node or a
+    tenant wrote (a device attribute, a name) would become a hyperlink or hidden text. Every table
+    here takes its cells from this (tests/unit/inspect/test_render_text.py fails on a ``str`` cell)."""
     return tuple(Text(c) for c in cells)
 
 
@@ -164,8 +166,8 @@ def _topology(report: StatusReport) -> Table:
         numa = [f"{value}: {_indexes(gpus)}" for value, gpus in node.numa]
         if node.unknown_numa:
             numa.append(f"unknown: {_indexes(node.unknown_numa)}")
-        table.add_row(node.node, "\n".join(f"{v}: {_indexes(g)}" for v, g in node.nvlink) or "none",
-                      "\n".join(numa), "\n".join(f"{v}: {_indexes(g)}" for v, g in node.pcie))
+        table.add_row(*_cells(node.node, "\n".join(f"{v}: {_indexes(g)}" for v, g in node.nvlink) or "none",
+                              "\n".join(numa), "\n".join(f"{v}: {_indexes(g)}" for v, g in node.pcie)))
     return table
 
 
@@ -176,8 +178,8 @@ def _aligned(report: StatusReport) -> Table:
     for column in ("claim", "node", "GPUs", "they share", "granted"):
         table.add_column(column)
     for claim in report.aligned:
-        table.add_row(f"{claim.namespace}/{claim.claim}", claim.node, ",".join(map(str, claim.gpus)),
-                      claim.achieved, claim.granted or "-", style="yellow" if claim.achieved == "any" else "")
+        table.add_row(*_cells(f"{claim.namespace}/{claim.claim}", claim.node, ",".join(map(str, claim.gpus)),
+                              claim.achieved, claim.granted or "-"), style="yellow" if claim.achieved == "any" else "")
     return table
 
 

@@ -1,8 +1,10 @@
 """The tenancy rule's clause for GPUs being freed (defragmentation): the freed GPU goes to the pod
 it is freed for, and to no other claim.
 
-A GPU being freed is recorded in its policy's ``status.defragmentation.inFlight`` (written by
-``gpuslice defrag --apply`` or the controller before anything is evicted), and the rule takes every
+A GPU being freed is recorded in its policy's ``status.defragmentation.inFlight`` (requested by
+``gpuslice defrag --apply``, or recorded by the controller, before anything is evicted). A move
+counts once the controller has judged it (any phase but ``Requested``: gpuslice-policy-status lets
+no one else write past it), so whoever may request moves reserves no GPU by it. The rule takes every
 GpuSlicePolicy as its parameter already. So, judged against each policy, the scheduler's write of an
 allocation is refused when it gives a claim any device of a GPU that policy records as being freed,
 unless the claim is the waiting one: by UID, or a claim its pod owns (the claim the scheduler makes
@@ -23,8 +25,9 @@ from __future__ import annotations
 
 from gpuslice.dra.names import DRIVER
 
-_MOVES = ("has(params.status) && has(params.status.defragmentation)"
-          " && has(params.status.defragmentation.inFlight) ? params.status.defragmentation.inFlight : []")
+_MOVES = ("(has(params.status) && has(params.status.defragmentation)"
+          " && has(params.status.defragmentation.inFlight) ? params.status.defragmentation.inFlight : [])"
+          ".filter(m, m.?phase.orValue('Requested') != 'Requested')")
 _RESULTS = ("has(object.status.allocation.devices) && has(object.status.allocation.devices.results)"
             " ? object.status.allocation.devices.results : []")
 _WAITING = ("(request.namespace == m.claim.namespace && (object.metadata.uid == m.claim.uid"

@@ -12,6 +12,7 @@ maxMemory tenant's allocations wait and the pod's Events quote the API server's 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -78,6 +79,43 @@ def memory_webhook(url: str | None = None, ca_bundle: str | None = None) -> Mani
             "timeoutSeconds": TIMEOUT_SECONDS,
         }],
     }
+
+
+_JUDGED = ("namespaceSelector", "matchConditions", "failurePolicy", "matchPolicy")
+
+
+def _covers(rule: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """Whether ``rule`` matches every request ``wanted`` (a rule of ours) matches."""
+    def has(key: str, value: str, wildcard: str = "*") -> bool:
+        return any(v in (value, wildcard) for v in rule.get(key) or [])
+
+    return (all(has("apiGroups", g) for g in wanted["apiGroups"]) and all(has("apiVersions", v)
+                                                                          for v in wanted["apiVersions"])
+            and all(has("operations", o) for o in wanted["operations"])
+            and all(has("resources", r) or has("resources", r, "*/*") for r in wanted["resources"])
+            and rule.get("scope", "*") in (wanted["scope"], "*"))
+
+
+def memory_webhook_drift(config: Mapping[str, Any]) -> str | None:
+    """What of the ValidatingWebhookConfiguration ``config``, as the API server holds it, would let a
+    claim's creation or allocation write past the webhook (a rule dropped, a condition or selector
+    changed, failurePolicy Ignore); None when it judges what gpuslice's judges. The controller's probe
+    proves only that a claim's creation reaches the webhook; this proves the allocation writes do too.
+    Where the webhook is reached (clientConfig) and how long it is waited for are the install's."""
+    ours = memory_webhook()["webhooks"][0]
+    hook = next((h for h in config.get("webhooks") or [] if h.get("name") == MEMORY_WEBHOOK), None)
+    if hook is None:
+        return f"it has no webhook {MEMORY_WEBHOOK}"
+    missing = [r for r in ours["rules"] if not any(_covers(have, r) for have in hook.get("rules") or [])]
+    if missing:
+        return ("its rules do not match " + " and ".join(f"{', '.join(r['operations'])} of {', '.join(r['resources'])}"
+                                                         for r in missing))
+    changed = [key for key in _JUDGED if hook.get(key) != ours[key]]
+    if hook.get("objectSelector"):
+        changed.append("objectSelector")
+    if changed:
+        return f"its {', '.join(changed)} are not gpuslice's (manifests/memory-webhook.yaml)"
+    return None
 
 
 def memory_webhook_yaml() -> str:

@@ -13,7 +13,13 @@ rule confines every writer but the controller to what the command writes:
   ``inFlight`` (the eviction budget, the last outcome);
 - in ``inFlight``, a move already there kept as it is or removed (the command removes one nobody
   carried out), and a new move only as a request (phase ``Requested``, nothing evicted yet): what
-  happens next is the controller's to write.
+  happens next is the controller's to write. A request counts for nothing (no taint, no
+  reservation, no eviction) until the controller has judged it and moved it on
+  (``planning.reads.defrag_request``: the rule cannot read claims, pods or the time);
+- what a request's form can say, bounded here all the same: its GPU's node one of the policy's
+  ``selectedNodes``, its claim, pod and evictions in the policy's tenant namespaces (the claim's
+  and pod's the same one), and at most ``MAX_REQUESTED_MOVE`` from its start to its expiry (the
+  controller bounds it again by its own ``--defrag-timeout`` and clock, as CEL here has none).
 
 Why an admission rule rather than a request object of its own: the tenancy rule reads the moves
 from the policy (its parameter), so a request elsewhere would still be copied into this status by
@@ -28,7 +34,7 @@ import typing
 from pydantic import BaseModel
 
 from gpuslice.api.policy import GROUP
-from gpuslice.api.status import DefragmentationStatus, GpuSlicePolicyStatus
+from gpuslice.api.status import MAX_REQUESTED_MOVE, DefragmentationStatus, GpuSlicePolicyStatus
 from gpuslice.dra.names import MANAGED_BY
 from gpuslice.planning.cluster.cluster_objects import Manifest
 from gpuslice.planning.cluster.tenancy_rule import ADMISSION_V1
@@ -68,6 +74,12 @@ def _changed() -> str:
 def policy_status_guard(controller_user: str) -> Manifest:
     old_moves, new_moves = (_value(o, "defragmentation.inFlight", True) for o in ("oldObject", "object"))
     requested = "n.?phase.orValue('Requested') == 'Requested' && size(n.?evicted.orValue([])) == 0"
+    tenant = "object.spec.?tenants.orValue([]).exists(t, t.namespace == {})"
+    bounded = (f"n.node in object.?status.?selectedNodes.orValue([])"
+               f" && n.pod.namespace == n.claim.namespace && {tenant.format('n.claim.namespace')}"
+               f" && n.?evictions.orValue([]).all(v, {tenant.format('v.namespace')})"
+               f" && timestamp(n.started) < timestamp(n.expires)"
+               f" && timestamp(n.expires) - timestamp(n.started) <= duration('{MAX_REQUESTED_MOVE}s')")
     return {
         "apiVersion": ADMISSION_V1, "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": POLICY_STATUS, "labels": dict(MANAGED_BY)},
@@ -96,6 +108,13 @@ def policy_status_guard(controller_user: str) -> Manifest:
                      f" move to {_MOVES} only as a request (phase Requested, nothing evicted), and may not change"
                      " a move already recorded (only remove it): the gpuslice controller carries moves out'"),
                  "reason": "Forbidden"},
+                {"expression": (f"variables.newMoves.all(n, variables.oldMoves.exists(o, o == n) || ({bounded}))"),
+                 "messageExpression": (
+                     "'GpuSlicePolicy ' + object.metadata.name + ': a move requested by ' + request.userInfo.username"
+                     " + ' must name a GPU on a node of status.selectedNodes, a claim and pod of one tenant namespace"
+                     " of spec.tenants, evictions in tenant namespaces only, and expire after it starts, within"
+                     f" {MAX_REQUESTED_MOVE // 60} minutes (gpuslice defrag --timeout)'"),
+                 "reason": "Invalid"},
             ],
         },
     }

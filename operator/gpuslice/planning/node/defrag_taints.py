@@ -1,7 +1,8 @@
 """The taint of a GPU being freed for a waiting pod (defragmentation), as its node agent lays it (pure).
 
-While a policy's ``status.defragmentation.inFlight`` records a move on this node that has not
-expired, every device of that GPU but the one the waiting claim asks for carries
+While a policy's ``status.defragmentation.inFlight`` records a move on this node that the
+controller took up (any phase but ``Requested``, which only the controller may write past) and
+that has not expired, every device of that GPU but the one the waiting claim asks for carries
 ``gpuslice.dev/defrag=<move id>:NoSchedule``: the scheduler then puts no replacement of a moved
 pod (nor anything else) there, and the device left untainted goes to the waiting claim (the
 tenancy rule refuses it to any other: ``planning.cluster.defrag_rule``). Like the health taints it is a
@@ -15,11 +16,13 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 from gpuslice.dra.names import DEFRAG_TAINT_KEY
 from gpuslice.dra.wire import device_gpu
 from gpuslice.planning.node.node_pool import PlannedSlice
+
+REQUESTED: Final = "Requested"  # a move's phase until the controller has judged it
 
 
 def parse_time(text: str) -> datetime.datetime | None:
@@ -32,11 +35,14 @@ def parse_time(text: str) -> datetime.datetime | None:
 
 def freeing_on_node(policies: Iterable[Mapping[str, Any]], node: str,
                     now: datetime.datetime) -> dict[str, tuple[str, str]]:
-    """GPU UUID -> (the device left untainted, the move's id), for this node's unexpired moves."""
+    """GPU UUID -> (the device left untainted, the move's id), for this node's unexpired moves that
+    the controller took up."""
     found: dict[str, tuple[str, str]] = {}
     for body in policies:
         for move in ((body.get("status") or {}).get("defragmentation") or {}).get("inFlight") or []:
             expires = parse_time(str(move.get("expires", "")))
+            if move.get("phase", REQUESTED) == REQUESTED:
+                continue  # anyone with the defrag role may request a move: it counts once the controller judged it
             if move.get("node") == node and move.get("gpu") and expires is not None and expires > now:
                 found[str(move["gpu"])] = (str(move.get("device", "")), str(move.get("id", "")))
     return found

@@ -29,6 +29,7 @@ from gpuslice.dra.names import DEFRAG_OPT_OUT
 from gpuslice.dra.wire import admin_access, is_allocated, reserved_for, status_results
 from gpuslice.planning.reads.node_fit import Placement
 from gpuslice.planning.reads.pending import Request, claim_requests, pod_claim_names
+from gpuslice.planning.reads.scheduler_said import SchedulerSaid
 
 Body = Mapping[str, Any]
 MOVABLE_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
@@ -63,6 +64,7 @@ class PodFacts:
     created: str = ""
     placement: Placement = field(default_factory=Placement)  # what it says about nodes
     claims: Mapping[str, str] = field(default_factory=dict)  # the pod's claim entry -> the claim it got
+    scheduler: SchedulerSaid = field(default_factory=SchedulerSaid)  # its gates, and why it is not placed
 
     @property
     def ref(self) -> str:
@@ -77,7 +79,7 @@ class PodFacts:
             dict(meta.get("labels") or {}), (owner[0], owner[1]) if owner else None,
             MIRROR_ANNOTATION in (meta.get("annotations") or {}), _opted_out(meta), str(spec.get("nodeName") or ""),
             str(status.get("phase", "")), bool(meta.get("deletionTimestamp")), str(meta.get("creationTimestamp", "")),
-            Placement.from_spec(spec), pod_claim_names(body),
+            Placement.from_spec(spec), pod_claim_names(body), SchedulerSaid.from_body(body),
         )
 
 

@@ -113,7 +113,8 @@ def waiting_pods(pods: Sequence[PodFacts], claims: Sequence[ClaimFacts], policie
     defragmenter cannot plan for (several devices, all of a kind, admin access, several gpuslice
     requests), or that would not be allocated once a GPU is free (``planning.reads.allocatable``:
     judged with ``namespace_uids`` by name and the maxMemory ledgers by (policy, namespace); None:
-    they could not be read), or whose selectors it cannot judge, is listed with the reason."""
+    they could not be read), or whose selectors it cannot judge, or whose pod kube-scheduler did not
+    turn away for devices (``planning.reads.scheduler_said``), is listed with the reason."""
     by_ref = {c.ref: c for c in claims}
     bodies = {str(b["metadata"]["name"]): b for b in policies}
     found = []
@@ -158,6 +159,9 @@ def _judged(waiting: Waiting, request: Request, body: Body, namespace_uids: Mapp
                                         " (spec.devices.requests[].selectors), which gpuslice does not evaluate: it"
                                         " cannot tell that the device of a GPU it frees would match them",
                        code="Selectors")
+    if (said := waiting.pod.scheduler.not_for_devices()) is not None:
+        code, why = said
+        return replace(waiting, problem=f"a free GPU would not get {waiting.pod.ref} placed: {why}", code=code)
     return replace(waiting, memory_left=verdict.room.left if verdict.room is not None else None)
 
 

@@ -24,10 +24,10 @@ from gpuslice.planning.reads.availability import room_for
 from gpuslice.planning.reads.node_fit import NodeFacts, Placement, refusal
 from gpuslice.planning.reads.occupancy import GpuMap
 from gpuslice.planning.reads.pending import Request, class_owner, pod_claim_names, request_options
+from gpuslice.planning.reads.scheduler_said import TURNED_AWAY
 from gpuslice.planning.reads.topology import aligned_room
 
 Body = Mapping[str, Any]
-TURNED_AWAY = "cannot allocate all claims"
 
 
 def turned_away(pod: Body) -> bool:

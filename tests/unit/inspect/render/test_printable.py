@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from rich.console import Console, RenderableType
+from rich.table import Table
 
 from gpuslice.inspect.render.defrag import defrag_view
 from gpuslice.inspect.render.image import html, svg
@@ -25,6 +26,7 @@ from gpuslice.planning.reads.pending import Diagnosis, Finding, Request
 from gpuslice.planning.reads.policy_change import ChangePlan, HeldDevice, NodeChange, PolicyCount
 from gpuslice.planning.reads.published import Holder
 from gpuslice.planning.reads.status_report import Snapshot, StatusReport, status_report
+from gpuslice.planning.reads.topology import ClaimAlignment, NodeTopology
 from gpuslice.planning.validation import Problem
 from tests.unit.planning.cluster_state import claim, devices_of, node_body, policy_body, published, taint
 
@@ -81,7 +83,11 @@ def report() -> StatusReport:
     segments = tuple(dataclasses.replace(s, holder=Holder("team-a", "c", ("web-0",), overuse="pod team-a/web-0 uses"),
                                          reasons=("tainted",)) if s.holder is not None else s for s in gpu.segments)
     gpu = dataclasses.replace(gpu, segments=segments, freeing="being freed")
-    return dataclasses.replace(result, map=dataclasses.replace(result.map, nodes=(
+    # What a node publishes of where its GPUs sit, and a claim on two of them (the topology tables).
+    topology = (NodeTopology("n1", nvlink=(("nvl-0", (0, 1)),), numa=((0, (0,)),), pcie=(("pci0000:15", (0, 1)),),
+                             unknown_numa=(1,)),)
+    aligned = (ClaimAlignment("team-a", "c2", "n1", (0, 1), "nvlink", "nvlink-numa"),)
+    return dataclasses.replace(result, topology=topology, aligned=aligned, map=dataclasses.replace(result.map, nodes=(
         dataclasses.replace(node, gpus=(gpu, *node.gpus[1:])),)))
 
 
@@ -127,6 +133,37 @@ def test_no_view_prints_a_control_character_of_its_model(view: str) -> None:
     assert not FORBIDDEN.search(text), [line for line in text.splitlines() if FORBIDDEN.search(line)]
     assert "\\x1b]52;c;" in text
     assert "[link=https://evil.example]" in text, "markup in a cluster's string is shown, not obeyed"
+
+
+def test_every_table_cell_is_text_so_no_cluster_string_is_read_as_markup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rich reads a ``str`` cell as markup: ``[link=...]`` a node publishes as a device attribute would
+    become a hyperlink (OSC 8) on the terminal, ``[conceal]`` hidden text (the third December review's
+    T: the topology table). Every cell of every view's tables must be ``Text``."""
+    cells: list[object] = []
+    add_row = Table.add_row
+
+    def recording(self: Table, *renderables: object, **options: Any) -> None:
+        cells.extend(renderables)
+        add_row(self, *renderables, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Table, "add_row", recording)
+    for renderable in (status_view(report(), 200), why_view(diagnosis()), plan_view(change()),
+                       defrag_view(plans(), NOW)):
+        terminal(renderable)
+    assert len(cells) > 20, "the views' tables were rendered"
+    assert [c for c in cells if isinstance(c, str)] == []
+
+
+def test_markup_a_node_publishes_is_shown_as_written_on_a_terminal() -> None:
+    markup = "[link=https://evil.example/x]pci0000:15[/link][conceal]"
+    dirty = dataclasses.replace(report(), topology=(NodeTopology("n1", nvlink=((markup, (0, 1)),),
+                                                                 pcie=((markup, (0, 1)),)),))
+    out = io.StringIO()
+    Console(file=out, width=200, force_terminal=True, color_system="truecolor").print(status_view(dirty, 200))
+    text = out.getvalue()
+    assert f"{ESC}]8;" not in text, "no hyperlink"
+    assert f"{ESC}[8m" not in text, "no hidden text"
+    assert text.count("[link=https://evil.example/x]pci0000:15[/link][conceal]") == 2
 
 
 def test_a_quoted_events_lines_stay_indented_under_its_finding() -> None:

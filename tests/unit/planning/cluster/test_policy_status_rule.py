@@ -33,7 +33,13 @@ def test_it_spares_only_the_controller_and_refuses_what_it_judges() -> None:
     [resources] = rule["spec"]["matchConstraints"]["resourceRules"]
     assert (resources["resources"], resources["operations"]) == (["gpuslicepolicies/status"], ["UPDATE"])
     assert [b["spec"]["validationActions"] for b in binding] == [["Deny"]]
-    moves = rule["spec"]["validations"][-1]["expression"]
+    moves = rule["spec"]["validations"][-2]["expression"]
     assert "o == n" in moves
     assert "'Requested'" in moves
     assert "evicted" in moves
+    bounded = rule["spec"]["validations"][-1]["expression"]
+    assert "o == n" in bounded, "a move already recorded is judged no more"
+    for part in ("n.node in object.?status.?selectedNodes", "n.pod.namespace == n.claim.namespace",
+                 "t.namespace == n.claim.namespace", "t.namespace == v.namespace",
+                 "timestamp(n.started) < timestamp(n.expires)", "<= duration('3600s')"):
+        assert part in bounded, part

@@ -15,8 +15,9 @@ from tests.unit.planning.defrag_state import INFERENCE
 NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
 
 
-def move(node: str, gpu: str, device: str, expires: str = "2026-12-01T12:05:00Z") -> dict[str, object]:
-    return {"id": "m-1", "node": node, "gpu": gpu, "gpuTag": "x", "device": device, "expires": expires,
+def move(node: str, gpu: str, device: str, expires: str = "2026-12-01T12:05:00Z",
+         phase: str = "Tainting") -> dict[str, object]:
+    return {"id": "m-1", "node": node, "gpu": gpu, "gpuTag": "x", "device": device, "expires": expires, "phase": phase,
             "claim": {"namespace": "team-a", "name": "big-gpu", "uid": "u"}, "pod": {"namespace": "team-a",
                                                                                   "name": "big", "uid": "p"}}
 
@@ -41,3 +42,15 @@ def test_every_device_of_the_gpu_but_the_kept_one_is_tainted_until_the_move_expi
     assert all(t is None for n, t in tainted.items() if n not in on_gpu)
     again = with_defrag_taints(with_statuses(with_defrag_taints(plan.slices, freeing), {}), {})
     assert all("taints" not in d for s in again for d in s.devices), "the status step takes the taint off again"
+
+
+def test_a_move_the_controller_has_not_taken_up_taints_nothing() -> None:
+    """Whoever may request a move (the gpuslice-defrag role) adds it as Requested: it counts once the
+    controller has judged it and moved it on."""
+    requested = {k: v for k, v in move("n1", "GPU-1", "keep", phase="Requested").items() if k != "phase"}
+    for recorded in (move("n1", "GPU-1", "keep", phase="Requested"), requested):
+        policy = {**INFERENCE, "status": {"defragmentation": {"inFlight": [recorded]}}}
+        assert freeing_on_node([policy], "n1", NOW) == {}
+    for phase in ("Tainting", "Evicting", "Placing"):
+        policy = {**INFERENCE, "status": {"defragmentation": {"inFlight": [move("n1", "GPU-1", "keep", phase=phase)]}}}
+        assert freeing_on_node([policy], "n1", NOW) == {"GPU-1": ("keep", "m-1")}
