@@ -51,7 +51,7 @@ help:
 	@echo "make manifests     regenerate manifests/base/static.yaml, the monitoring component, install.yaml and charts/gpuslice"
 	@echo "make constraints   re-pin constraints.txt: what the image installs (runtime dependencies, no extras)"
 	@echo "make docs          build the documentation site (mkdocs.yml) into build/site, strictly: a broken link fails"
-	@echo "make reference     regenerate docs/reference/ (metrics, API, CLI, layout, tests) and docs/configuration.md's tables"
+	@echo "make reference     regenerate docs/reference/ (metrics, API, CLI, layout, tests) and docs/configuration.md's settings lists"
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo ">> setting up $(VENV): gpuslice and its dev tools (runtime dependencies pinned by constraints.txt, as in the image)"
@@ -141,7 +141,7 @@ docs: $(STAMP)
 
 # A stale page also fails the unit tier (tests/unit/test_docs.py).
 reference: $(STAMP)
-	@echo ">> regenerating docs/reference/ and docs/configuration.md's settings tables"
+	@echo ">> regenerating docs/reference/ and docs/configuration.md's settings lists"
 	@$(BIN)/python hack/docs/reference.py
 
 demo: kube-bin
