@@ -7,7 +7,7 @@ PYTEST ?= $(BIN)/pytest
 comma  := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help venv kube-bin lint test test-unit test-cluster test-faults test-136 demo crds protos bench clean manifests constraints \
+.PHONY: help venv kube-bin nvidia-bin lint test test-unit test-cluster test-faults test-136 demo crds protos bench clean manifests constraints \
         docs reference \
         kustomize image \
         kind-up kind-deploy kind-demo kind-undeploy kind-down undeploy kind-images test-kind release pin-base release-tools
@@ -34,7 +34,8 @@ help:
 	@echo "make demo          bring up a real local control plane with fake GPU nodes and show it"
 	@echo "make test          lint + unit tests + cluster tests against the real control plane"
 	@echo "make kube-bin      build kube-apiserver/scheduler/controller-manager/etcd and pod-runner from Go modules (cached)"
-	@echo "make lint          ruff, mypy --strict, import-linter layer contracts, gofmt and go vet of hack/kube"
+	@echo "make nvidia-bin    build the mock libnvidia-ml and nvidia-ctk from Go modules, fetch NVIDIA's MPS daemon (cached)"
+	@echo "make lint          ruff, mypy --strict, import-linter layer contracts, gofmt and go vet of hack/kube and hack/nvidia"
 	@echo "make test-unit     fast tests, no cluster"
 	@echo "make test-cluster  tests against the real control plane (the faults tier included)"
 	@echo "make test-faults   only the faults tier: stalls, restarts and kills, with an invariant checker"
@@ -50,7 +51,7 @@ help:
 	@echo "make manifests     regenerate manifests/base/static.yaml, the monitoring component, install.yaml and charts/gpuslice"
 	@echo "make constraints   re-pin constraints.txt: what the image installs (runtime dependencies, no extras)"
 	@echo "make docs          build the documentation site (mkdocs.yml) into build/site, strictly: a broken link fails"
-	@echo "make reference     regenerate docs/reference/ (metrics, API, CLI, layout, tests) and docs/configuration.md's tables"
+	@echo "make reference     regenerate docs/reference/ (metrics, API, CLI, layout, tests) and docs/configuration.md's settings lists"
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo ">> setting up $(VENV): gpuslice and its dev tools (runtime dependencies pinned by constraints.txt, as in the image)"
@@ -77,6 +78,12 @@ kube-bin: $(STAMP)
 	@echo ">> control-plane binaries (Kubernetes $(or $(KUBE_VERSION),from hack/kube/go.mod) from Go modules, cached by content hash)"
 	@$(BIN)/gpuslice dev-cluster build $(if $(KUBE_VERSION),--kube-version $(KUBE_VERSION))
 
+# What the NVML nodes need (devcluster/nvidia_build.py): gpuslice's mock libnvidia-ml over go-nvml's DGX mocks and
+# NVIDIA's nvidia-ctk, from Go modules, and NVIDIA's MPS binaries from Debian; each cached by content or version.
+nvidia-bin: $(STAMP)
+	@echo ">> NVIDIA's pieces for the mock NVML nodes (Go modules and Debian, cached)"
+	@$(BIN)/python -m gpuslice.devcluster.nvidia_build
+
 lint: $(STAMP)
 	@echo ">> ruff"
 	@$(BIN)/ruff check operator tests hack
@@ -86,25 +93,28 @@ lint: $(STAMP)
 	@$(BIN)/mypy --strict hack/docs/*.py
 	@echo ">> import-linter (layer contracts)"
 	@cd operator && ../$(BIN)/lint-imports ../pyproject.toml
-	@echo ">> gofmt, go vet (hack/kind, hack/kube: the pod runner and nodebins, hack/oci)"
+	@echo ">> gofmt, go vet (hack/kind, hack/kube: the pod runner and nodebins, hack/oci; hack/nvidia: the mock NVML library)"
 	@command -v go >/dev/null || { echo "go not found: install Go 1.26+ (gofmt and go vet are part of lint)"; exit 1; }
-	@test -z "$$(gofmt -l hack/kind hack/kube hack/oci)" || { echo "gofmt: not formatted:"; gofmt -l hack/kind hack/kube hack/oci; exit 1; }
+	@test -z "$$(gofmt -l hack/kind hack/kube hack/oci hack/nvidia)" || { echo "gofmt: not formatted:"; gofmt -l hack/kind hack/kube hack/oci hack/nvidia; exit 1; }
 	@# The same CGO_ENABLED and -trimpath as the builds (devcluster/binaries.py, hack/kind/build.py):
 	@# vet then finds every dependency compiled in the Go build cache (make test runs kube-bin first)
 	@# instead of compiling all of Kubernetes again with other flags (about 15 minutes on 2 cores).
 	@cd hack/kind && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-modcacherw -trimpath" nice -n 10 go vet ./...
 	@cd hack/kube && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-modcacherw -trimpath" nice -n 10 go vet ./...
 	@cd hack/oci && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-modcacherw -trimpath" nice -n 10 go vet ./...
+	@# cgo, as devcluster/nvidia_build.py builds it (go-nvml's deprecation warnings are NVIDIA's header's).
+	@cd hack/nvidia/mocknvml && GOTOOLCHAIN=local CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" \
+		GOFLAGS="-modcacherw -trimpath" nice -n 10 go vet ./...
 
 # kustomize: the chart and install.yaml are checked against what it renders now.
-test-unit: $(STAMP) kustomize
+test-unit: $(STAMP) nvidia-bin kustomize
 	@echo ">> unit tests"
 	@$(PYTEST) tests/unit
 
 # Each worker runs its own control plane and takes whole test files (the tier waits more than it
 # computes: about 70% of 2 cores idle with one worker); CLUSTER_WORKERS=0 runs it in this process.
 CLUSTER_WORKERS ?= 2
-test-cluster: kube-bin kustomize
+test-cluster: kube-bin nvidia-bin kustomize
 	@echo ">> cluster tests (real etcd, kube-apiserver, kube-scheduler, kube-controller-manager; $(CLUSTER_WORKERS) workers)"
 	@$(PYTEST) -n $(CLUSTER_WORKERS) --dist loadfile tests/cluster
 
@@ -131,7 +141,7 @@ docs: $(STAMP)
 
 # A stale page also fails the unit tier (tests/unit/test_docs.py).
 reference: $(STAMP)
-	@echo ">> regenerating docs/reference/ and docs/configuration.md's settings tables"
+	@echo ">> regenerating docs/reference/ and docs/configuration.md's settings lists"
 	@$(BIN)/python hack/docs/reference.py
 
 demo: kube-bin

@@ -123,7 +123,7 @@ def webhook(**values: Any) -> None:
 
 @main.command(name="settings-docs", hidden=True)
 def settings_docs() -> None:
-    """Print the settings tables of docs/configuration.md (generated from the models; `make reference` writes
+    """Print the settings lists of docs/configuration.md (generated from the models; `make reference` writes
     them into the page, between their markers)."""
     for name, model in DOCUMENTED.items():
         click.echo(f"<!-- settings: {name} -->\n{markdown(model)}<!-- end -->\n")
@@ -154,7 +154,8 @@ def agent(check: bool, **values: Any) -> None:
 
         from gpuslice.agent.check import run_check
 
-        sys.exit(run_check(pynvml, settings.nvidia_cdi_dir or None, click.echo, settings.nvidia_driver_root))
+        sys.exit(run_check(pynvml, settings.nvidia_cdi_dir or None, click.echo, settings.nvidia_driver_root,
+                           proc=settings.host_proc))
     try:
         asyncio.run(run_agent(settings))
     except (GpuBackendError, PluginPathError, AgentStopped, KubeconfigError) as error:

@@ -4,6 +4,11 @@ It edits the fake GPUs' state file in the agent's state directory (``fake_state`
 which the agent reads on every call: a fault raised here is seen at the agent's next
 health check, a failure injected here hits the next matching operation. For tests,
 the demo, and anyone trying gpuslice on kind who wants to see a GPU fail.
+
+On a node of the mock NVML library (the agent's state directory links to its state,
+``mocknvml.STATE_LINK``) it edits the library's state instead, which every process that
+loads the library reads: a fault is an XID or ECC event NVML delivers once (or a GPU lost,
+until ``clear``), a failure is an NVML call answering NVML_ERROR_UNKNOWN.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from gpuslice.agent.gpus.fake_state import (
     reset,
     set_mig_mode,
 )
+from gpuslice.devcluster import mocknvml
+from gpuslice.devcluster.mocknvml import MockState, MockStateFile
 from gpuslice.devcluster.state import default_state_dir
 from gpuslice.dra.quantity import quantity_bytes
 
@@ -37,13 +44,16 @@ def _state_dir(state_dir: Path | None, node: str | None, dev_cluster: Path | Non
     return (dev_cluster or default_state_dir()) / "nodes" / node / "agent"
 
 
-def _state(context: click.Context) -> FakeStateFile:
+def _state(context: click.Context) -> FakeStateFile | MockStateFile:
     """The state file the group's options name, checked only when a subcommand runs: a group callback
-    that exits would run before, and so break, ``fake-gpu SUBCOMMAND --help``."""
+    that exits would run before, and so break, ``fake-gpu SUBCOMMAND --help``. The mock NVML library's
+    where the agent's state directory links to it."""
     directory = _state_dir(*context.obj)
     if not directory.is_dir():
         click.echo(f"fake-gpu: {directory} does not exist: no fake-backend agent keeps its state there.", err=True)
         sys.exit(1)
+    if (directory / mocknvml.STATE_LINK).is_dir():
+        return MockStateFile((directory / mocknvml.STATE_LINK).resolve())
     return FakeStateFile(directory)
 
 
@@ -59,19 +69,25 @@ def fake_gpu(context: click.Context, state_dir: Path | None, node: str | None, d
     context.obj = (state_dir, node, dev_cluster_state)
 
 
-def _update(context: click.Context, change: object) -> None:
+def _update(context: click.Context, change: object, mock: Callable[[MockState, dict[str, object]], None]) -> None:
+    """``change`` on the fake backend's state, or ``mock`` (with the node's config) on the mock library's."""
     state = _state(context)
     try:
-        state.update(change)  # type: ignore[arg-type]
+        if isinstance(state, MockStateFile):
+            config = state.config
+            state.update(lambda s: mock(s, config))
+        else:
+            state.update(change)  # type: ignore[arg-type]
     except ValueError as error:
         click.echo(f"fake-gpu: {error}", err=True)
         sys.exit(1)
 
 
-def _said(context: click.Context, change: Callable[[FakeState], str]) -> None:
-    """``_update``, printing what ``change`` says (as nvidia-smi does)."""
+def _said(context: click.Context, change: Callable[[FakeState], str],
+          mock: Callable[[MockState, dict[str, object]], str]) -> None:
+    """``_update``, printing what ``change`` (or ``mock``) says, as nvidia-smi does."""
     said: list[str] = []
-    _update(context, lambda s: said.append(change(s)))
+    _update(context, lambda s: said.append(change(s)), lambda s, config: said.append(mock(s, config)))
     click.echo(said[0])
 
 
@@ -89,7 +105,8 @@ def fault(context: click.Context, gpu: int, xid: int | None, ecc: bool, lost: bo
         sys.exit(2)
     kind = "lost" if lost or xid == 79 else ("ecc" if ecc else "xid")
     raised = FakeFault(kind=kind, code=xid, message=message)  # type: ignore[arg-type]
-    _update(context, lambda s: s.faults.__setitem__(gpu, raised))
+    _update(context, lambda s: s.faults.__setitem__(gpu, raised),
+            lambda s, config: mocknvml.raise_fault(s, config, gpu, kind, xid))
 
 
 @fake_gpu.command()
@@ -97,7 +114,7 @@ def fault(context: click.Context, gpu: int, xid: int | None, ecc: bool, lost: bo
 @click.pass_context
 def clear(context: click.Context, gpu: int) -> None:
     """Clear GPU's fault (the agent lifts its taint after the recovery time)."""
-    _update(context, lambda s: s.faults.pop(gpu, None))
+    _update(context, lambda s: s.faults.pop(gpu, None), lambda s, config: mocknvml.clear_fault(s, config, gpu))
 
 
 @fake_gpu.command()
@@ -108,7 +125,8 @@ def clear(context: click.Context, gpu: int) -> None:
 def fail(context: click.Context, operation: str, gpu: int | None, times: int) -> None:
     """Make the next calls of OPERATION fail."""
     failure = InjectedFailure(operation=operation, gpu=gpu, remaining=times)  # type: ignore[arg-type]
-    _update(context, lambda s: s.failures.append(failure))
+    _update(context, lambda s: s.failures.append(failure),
+            lambda s, _: mocknvml.inject_failure(s, operation, gpu, times))
 
 
 @fake_gpu.command()
@@ -132,7 +150,7 @@ def use(context: click.Context, gpu: int, pid: int, memory: str, sm: float) -> N
         if used > 0:
             state.processes.append(FakeProcess(gpu=gpu, pid=pid, memory=used, sm=sm / 100))
 
-    _update(context, change)
+    _update(context, change, lambda s, config: mocknvml.use(s, config, gpu, pid, used, sm / 100))
 
 
 @fake_gpu.command("mig-mode")
@@ -143,7 +161,8 @@ def mig_mode(context: click.Context, gpu: int, mode: str) -> None:
     """Switch GPU's MIG mode as nvidia-smi -i GPU -mig 1|0 does (off is refused while it has MIG instances):
     at once from Hopper on; before Hopper pending until the GPU is reset (fake-gpu reset GPU). The agent
     reads it at its next cycle."""
-    _said(context, lambda s: set_mig_mode(s, gpu, mode == "on"))
+    _said(context, lambda s: set_mig_mode(s, gpu, mode == "on"),
+          lambda s, config: mocknvml.set_mig_mode(s, config, gpu, mode == "on"))
 
 
 @fake_gpu.command("reset")
@@ -152,7 +171,8 @@ def mig_mode(context: click.Context, gpu: int, mode: str) -> None:
 def reset_gpus(context: click.Context, gpus: tuple[int, ...]) -> None:
     """Reset GPUS as nvidia-smi -r -i GPU,... does: refused while a process uses one; a pending MIG mode
     becomes current, and MIG instances do not survive it."""
-    _said(context, lambda s: "\n".join(reset(s, gpu) for gpu in gpus))
+    _said(context, lambda s: "\n".join(reset(s, gpu) for gpu in gpus),
+          lambda s, config: "\n".join(mocknvml.reset(s, config, gpu) for gpu in gpus))
 
 
 @fake_gpu.command("heal")
@@ -164,7 +184,7 @@ def heal(context: click.Context) -> None:
         state.failures.clear()
         state.processes.clear()
 
-    _update(context, change)
+    _update(context, change, lambda s, _: mocknvml.heal(s))
 
 
 @fake_gpu.command()
@@ -172,4 +192,5 @@ def heal(context: click.Context) -> None:
 def show(context: click.Context) -> None:
     """Print the fake GPUs' state: MIG mode and instances, faults, injected failures, processes."""
     state = _state(context)
-    click.echo(state.read().model_dump_json(indent=2))
+    found = state.read()
+    click.echo(found.model_dump_json(indent=2, by_alias=isinstance(state, MockStateFile)))

@@ -54,7 +54,9 @@ _ports_of_this_worker()
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.cluster)
-        if item.nodeid.split("[", 1)[0] in K136:
+        # The fake backend's variant only: the GPU backend is no part of what 1.36 changes (tiers.py).
+        backend = getattr(item, "callspec", None) and item.callspec.params.get("gpu_backend")  # type: ignore[attr-defined]
+        if item.nodeid.split("[", 1)[0] in K136 and backend in (None, "fake"):
             item.add_marker(pytest.mark.k136)
 
 

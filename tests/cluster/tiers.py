@@ -2,7 +2,9 @@
 plane, GPUSLICE_KUBE_VERSION=1.36). Not every test: the tier's promise is that each mode and each
 guarantee gpuslice makes holds on stock 1.36, and the full tier runs on 1.37. Chosen to be short:
 one test for each of what issue 45 names, the ones whose 1.36 behaviour differs most (counter sets
-the 1.36 allocator handles, taints on devices where no DeviceTaintRule is served)."""
+the 1.36 allocator handles, taints on devices where no DeviceTaintRule is served). A test that runs on
+both GPU backends (``GPU_BACKENDS``) is in it on the fake one only: the mock NVML library's variant tests
+the agent's NVML backend, which 1.36 does not change."""
 
 from __future__ import annotations
 

@@ -264,9 +264,12 @@ def _cdi(report: Report, backend: NvmlBackend, gpus: list[Gpu]) -> None:
         report.problem(str(error))
     for gpu in gpus:
         ref = GpuRef(gpu.uuid, gpu.index, gpu.minor, gpu.pci_bus_id)
-        found = whole_gpu_edits(toolkit, ref, host)
-        report.line(f"GPU {gpu.index}, a whole GPU, memory slice or shared device ({found.source}):")
-        report.line("  " + json.dumps(found.edits.manifest(), sort_keys=True))
+        try:
+            found = whole_gpu_edits(toolkit, ref, host)
+            report.line(f"GPU {gpu.index}, a whole GPU, memory slice or shared device ({found.source}):")
+            report.line("  " + json.dumps(found.edits.manifest(), sort_keys=True))
+        except NvidiaCdiError as error:  # no spec names it (a GPU in MIG mode has no entry) and no major to type it
+            report.problem(f"GPU {gpu.index} as a whole GPU: {error}")
         if not gpu.mig_capable:
             continue
         try:

@@ -1,6 +1,7 @@
-"""Saying so when another DRA driver publishes this node's GPUs (the refusal itself is the
-publisher's: ``planning.node.coexistence.taken_gpus``): a Warning Event on the Node when a GPU is
-taken, a Normal one when it is free again, a metric per GPU, and the log."""
+"""Saying so when another DRA driver publishes this node's GPUs, or a device plugin advertises them (the
+refusal itself is the publisher's: ``planning.node.coexistence.taken_gpus``,
+``planning.node.device_plugins``): a Warning Event on the Node when a GPU is taken, a Normal one when it
+is free again, a metric per GPU, and the log."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient
 
 log = structlog.get_logger(__name__)
+DEVICE_PLUGIN_DRIVER = "device-plugin"  # the metric's driver label for a device plugin's GPUs
 TAKEN = Gauge("gpuslice_agent_gpus_of_another_driver",
               "1 for each GPU another DRA driver publishes on this node (gpuslice publishes none of its devices).",
               ["node", "gpu", "driver"])
@@ -34,14 +36,23 @@ class OtherDrivers:
                 continue
             gpu = by_uuid.get(uuid)
             where = f"GPU {gpu.index} ({uuid}, {gpu.pci_bus_id})" if gpu else f"GPU {uuid}"
-            message = (f"{where} is published by DRA driver {driver} too (same {how}), so gpuslice publishes none of"
-                       " its devices: a GPU two drivers publish could be allocated twice. Its devices already"
-                       " allocated stay until their claims are released. Turn one driver off on this node"
-                       " (docs/nvidia.md#sharing-a-cluster).")
-            log.warning("GPU published by another DRA driver; gpuslice leaves it out", node=node, gpu=uuid,
+            if driver == DEVICE_PLUGIN_DRIVER:
+                message = (f"{where} is on a node whose allocatable advertises a device plugin's NVIDIA resources"
+                           f" ({how}), which name no GPU: so gpuslice publishes none of its devices, as the plugin"
+                           " could give it to a pod too. Its devices already allocated stay until their claims are"
+                           " released. Turn the device plugin off on this node (the GPU Operator's: label it"
+                           " nvidia.com/gpu.deploy.device-plugin=false; docs/nvidia.md#sharing-a-cluster).")
+                reason = "GpuAdvertisedByDevicePlugin"
+            else:
+                message = (f"{where} is published by DRA driver {driver} too (same {how}), so gpuslice publishes none"
+                           " of its devices: a GPU two drivers publish could be allocated twice. Its devices already"
+                           " allocated stay until their claims are released. Turn one driver off on this node"
+                           " (docs/nvidia.md#sharing-a-cluster).")
+                reason = "GpuPublishedByAnotherDriver"
+            log.warning("GPU of another driver or a device plugin; gpuslice leaves it out", node=node, gpu=uuid,
                         driver=driver, same=how)
             TAKEN.labels(node=node, gpu=uuid, driver=driver).set(1)
-            await record_event(kube, node, node_ref(node), "GpuPublishedByAnotherDriver", message)
+            await record_event(kube, node, node_ref(node), reason, message)
         for uuid, (driver, _) in sorted(self.taken.items()):
             if uuid in taken:
                 if taken[uuid][0] != driver:
@@ -52,7 +63,8 @@ class OtherDrivers:
                 TAKEN.remove(node, uuid, driver)
             log.info("GPU no longer published by another DRA driver; gpuslice publishes it again", node=node,
                      gpu=uuid, driver=driver)
+            what = "advertised by a device plugin" if driver == DEVICE_PLUGIN_DRIVER else \
+                f"published by DRA driver {driver}"
             await record_event(kube, node, node_ref(node), "GpuFreeOfAnotherDriver",
-                               f"GPU {uuid} is no longer published by DRA driver {driver}; gpuslice publishes it"
-                               " again.", "Normal")
+                               f"GPU {uuid} is no longer {what}; gpuslice publishes it again.", "Normal")
         self.taken = dict(taken)

@@ -16,13 +16,13 @@ import asyncio
 import contextlib
 import datetime
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from gpuslice.agent.coexistence import OtherDrivers
+from gpuslice.agent.coexistence import DEVICE_PLUGIN_DRIVER, OtherDrivers
 from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import GenerationRefused, Refusals, dry_run, refused_policies
 from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints
@@ -52,7 +52,8 @@ from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.observability.failpoints import failpoint
 from gpuslice.planning.left_out import ANNOTATION as LEFT_OUT
-from gpuslice.planning.left_out import left_out_annotations
+from gpuslice.planning.left_out import LeftOut, left_out_annotations
+from gpuslice.planning.node import device_plugins
 from gpuslice.planning.node.coexistence import other_driver_gpus, taken_gpus
 from gpuslice.planning.node.defrag_taints import freeing_on_node, with_defrag_taints
 from gpuslice.planning.node.node_pool import NodePlan, PlannedSlice, plan_node_pool
@@ -105,6 +106,8 @@ class Observed:
     drained: set[str]  # tainted devices no claim can get any more
     allocated: set[str]  # devices claims (or this node's prepares) hold; read only when a change needs them
     statuses: Mapping[str, Sequence[TaintJSON]]  # the GPUs' health taints, by UUID
+    # GPUs a device plugin on the node holds, for the controller's condition (planning.node.device_plugins)
+    device_plugin: tuple[LeftOut, ...] = ()
 
     @property
     def labels(self) -> dict[str, str]:
@@ -233,6 +236,9 @@ class NodePool:
         existing = [s for s in on_node if s["spec"].get("driver") == DRIVER and s["spec"]["pool"]["name"] == node]
         taken = taken_gpus(self.gpus, [other_driver_gpus(s["spec"]) for s in on_node
                                        if s["spec"].get("driver") != DRIVER])
+        plugin = device_plugins.advertised(node_body)  # its resources name no GPU: every GPU is its
+        if plugin:
+            taken = {g.uuid: (DEVICE_PLUGIN_DRIVER, device_plugins.describe(plugin)) for g in self.gpus}
         await self.others.report(kube, node, self.gpus, taken)
         gpus = [g for g in self.gpus if g.uuid not in taken]
         if mig is not None:
@@ -261,7 +267,8 @@ class NodePool:
         allocated = (await allocated_devices(kube, node) if needed else set()) | held
         CLAIM_READS.labels(outcome="read" if needed else "skipped").inc()
         return Observed(node_body, bodies, policies, gpus, existing, published, counter_sets, last, drained,
-                        allocated, statuses)
+                        allocated, statuses,
+                        device_plugins.left_out(labels, self.gpus, policies.plannable, plugin))
 
     async def _planned(self, labels: Mapping[str, str], gpus: list[Gpu], policies: list[GpuSlicePolicy]) -> NodePlan:
         plan = plan_node_pool(labels, gpus, policies)
@@ -280,6 +287,7 @@ class NodePool:
         while True:
             refused = self.refusals.current(_generations(o.policies))
             plan = await self._planned(o.labels, o.gpus, [p for p in o.policies.plannable if p.name not in refused])
+            plan = replace(plan, left_out=(*plan.left_out, *o.device_plugin))
             kept = {**o.policies.frozen, **refused}
             frozen = {d["name"] for d in o.published if device_policy(d) in kept}
             safe = make_safe(plan, o.published, o.counter_sets, o.allocated, drained=o.drained, frozen=frozen)

@@ -97,7 +97,8 @@ class AgentSettings(ProcessSettings):
         "The node's /proc: each GPU process's cgroup names its pod. NVML numbers a GPU's processes in the"
         " agent's own PID namespace and lists only those it sees there, so the DaemonSet runs the agent with"
         " hostPID: true and mounts the host's /proc at /host/proc; at start the agent compares the two and"
-        " says so (log, Node Event GpuProcessesNotVisible) when they differ."))
+        " says so (log, Node Event GpuProcessesNotVisible) when they differ. The NVML backend also reads the"
+        " kernel's devices and nvidia-caps/mig-minors there (the same in every PID namespace)."))
     usage_interval: float = Field(default=10.0, ge=0, description=(
         "Seconds between measurements of each pod's GPU use (NVML's processes against the pods' allocations:"
         " metrics and overuse); 0 turns them off."))

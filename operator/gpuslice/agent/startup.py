@@ -106,7 +106,7 @@ def choose_backend(settings: AgentSettings, fake_gpus: str | None = None) -> Gpu
         from gpuslice.agent.gpus.nvidia_cdi import DEFAULT_SPEC_DIRS
         from gpuslice.agent.gpus.nvml import NvmlBackend
 
-        return NvmlBackend(cdi_dirs=settings.nvidia_cdi_dir or DEFAULT_SPEC_DIRS,
+        return NvmlBackend(cdi_dirs=settings.nvidia_cdi_dir or DEFAULT_SPEC_DIRS, proc=settings.host_proc,
                            driver_root=settings.nvidia_driver_root, mps_args=settings.mps_daemon_args)
     from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 

@@ -16,7 +16,14 @@ from gpuslice.api.status import (
     TenantStatus,
 )
 from gpuslice.planning.kinds import DeviceKind, limit_bytes, quota
-from gpuslice.planning.left_out import MIG_MODE_OFF, MIG_MODE_ON, MIG_MODE_ON_OPERATOR, MIG_MODE_ON_RESET, LeftOut
+from gpuslice.planning.left_out import (
+    DEVICE_PLUGIN,
+    MIG_MODE_OFF,
+    MIG_MODE_ON,
+    MIG_MODE_ON_OPERATOR,
+    MIG_MODE_ON_RESET,
+    LeftOut,
+)
 from gpuslice.planning.node.mig_mode import mig_mode_step
 from gpuslice.planning.reads.usage import Usage
 from gpuslice.planning.selection import Problem, Selection
@@ -60,6 +67,12 @@ def _condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
 _WHOLE = ("a GPU in MIG mode cannot be used whole (CUDA sees only its MIG devices; NVIDIA's toolkit gives it no"
           " whole-GPU entry), so no device of this policy is published on them")
 LEFT_OUT = {
+    DEVICE_PLUGIN: "{gpus} are on nodes whose allocatable advertises a device plugin's NVIDIA resources (nvidia.com/*:"
+                   " NVIDIA's, HAMi or another; they name no GPU, so each GPU there counts as the plugin's), so no"
+                   " device of this policy is published on them: a GPU both managed could be given to two pods."
+                   " Turn the device plugin off on those nodes (the GPU Operator's: label them"
+                   " nvidia.com/gpu.deploy.device-plugin=false) or keep this policy off them; the nodes' Events"
+                   " (GpuAdvertisedByDevicePlugin) name the resources.",
     MIG_MODE_ON_RESET: "MIG mode is on on {gpus}: " + _WHOLE + ". These GPUs (before Hopper, such as A100 and A30)"
                        " switch MIG mode only at a GPU reset, which gpuslice does not do (a reset needs every client"
                        " of the GPU stopped: nvidia-persistenced, DCGM, device plugins); the agent destroys their"
@@ -87,6 +100,8 @@ def _steps(left_out: Sequence[tuple[str, LeftOut]], reason: str, most: int = 10)
         if item.reason == reason:
             by_node.setdefault(node, []).append(item.index)
     nodes = sorted(by_node)
+    if reason == DEVICE_PLUGIN:
+        return ""  # its message says the step: no MIG mode to switch
     if reason == MIG_MODE_ON_OPERATOR:
         return (f"kubectl label node {' '.join(nodes[:most])} nvidia.com/mig.config=all-disabled --overwrite"
                 + (f" (and {len(nodes) - most} more nodes)" if len(nodes) > most else ""))

@@ -13,16 +13,17 @@ import contextlib
 import os
 import ssl
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice.devcluster import audit as audit_module
 from gpuslice.devcluster import binaries as binaries_module
 from gpuslice.devcluster import features as features_module
-from gpuslice.devcluster import operator
+from gpuslice.devcluster import mocknvml, operator
 from gpuslice.devcluster.errors import DevClusterError
 from gpuslice.devcluster.faults import FaultControls
+from gpuslice.devcluster.mocknvml import MOCK_MODELS
 from gpuslice.devcluster.nodes import (
     FAKE_GPU_MODELS,
     fake_gpu_node,
@@ -93,6 +94,9 @@ class ClusterSpec:
     shapes: tuple[tuple[str, int], ...] = ()
     # The Kubernetes minor ("1.36"); None: GPUSLICE_KUBE_VERSION's, else hack/kube/go.mod's (binaries.py).
     kube_version: str | None = None
+    # fake: the agent's fake backend; nvml: its NVML backend on the mock NVML library (go-nvml's DGX mocks)
+    # under a fake driver root, with a spec nvidia-ctk generated (devcluster/mocknvml.py; needs root)
+    backend: str = "fake"
 
     def node_shapes(self) -> list[tuple[str, int]]:
         return list(self.shapes) or [(self.gpu_model, self.gpus_per_node)] * self.nodes
@@ -104,8 +108,13 @@ class ClusterSpec:
             raise DevClusterError(
                 f"--gpus-per-node must be between 1 and 16, not {self.gpus_per_node}."
             )
+        if self.backend not in ("fake", "nvml"):
+            raise DevClusterError(f"--gpu-backend must be fake or nvml, not {self.backend!r}.")
         for model, count in self.node_shapes():
-            if model not in FAKE_GPU_MODELS:
+            if self.backend == "nvml" and model not in MOCK_MODELS:
+                raise DevClusterError(f"--gpu-model {model!r} has no go-nvml mock; with --gpu-backend nvml use one"
+                                      f" of: {', '.join(MOCK_MODELS)}.")
+            if self.backend == "fake" and model not in FAKE_GPU_MODELS:
                 raise DevClusterError(
                     f"--gpu-model {model!r} is not a fake GPU model gpuslice knows; use one"
                     f" of: {', '.join(FAKE_GPU_MODELS)}."
@@ -356,7 +365,8 @@ class DevCluster(FaultControls):
     async def _create_nodes(self, admin_kubeconfig: Path) -> None:
         async with await KubeClient.from_kubeconfig(admin_kubeconfig) as kube:
             for name, (model, count) in zip(self.node_names, self.spec.node_shapes(), strict=True):
-                body = fake_gpu_node(name, model, count, system=model if model in SYSTEMS else None)
+                body = fake_gpu_node(name, model, count, self.spec.backend,
+                                     system=model if model in SYSTEMS else None)
                 try:
                     await kube.create("/api/v1/nodes", body)
                 except KubeError as error:
@@ -376,10 +386,17 @@ class DevCluster(FaultControls):
         await self._launch(operator.webhook_component(webhook, self.state.logs / "gpuslice-webhook.log",
                                                       webhook_port, free_port(),
                                                       extra_args=self.webhook_client_flags()))
+        shapes = dict(zip(self.node_names, self.spec.node_shapes(), strict=True))
         for node, agent_kubeconfig in agents.items():
+            backend: Sequence[str] = ("--backend=fake",)
+            if self.spec.backend == "nvml":
+                model, count = shapes[node]
+                self._report(f"dev-cluster: {node}'s driver root on the mock NVML library, its spec by nvidia-ctk")
+                nvml = await asyncio.to_thread(mocknvml.prepare_node, self.node_dir(node), node, model, count)
+                backend = nvml.agent_args()
             await self._launch(operator.agent_component(node, agent_kubeconfig,
                                                         self.state.logs / f"gpuslice-agent-{node}.log", free_port(),
-                                                        self.node_dir(node)))
+                                                        self.node_dir(node), backend=backend))
 
     def dead_component(self) -> Component | None:
         """The first component that has exited, if any (for supervisors)."""

@@ -11,6 +11,7 @@ import click
 from gpuslice.devcluster import binaries
 from gpuslice.devcluster.cluster import ClusterSpec
 from gpuslice.devcluster.errors import DevClusterError
+from gpuslice.devcluster.mocknvml import MOCK_MODELS
 from gpuslice.devcluster.nodes import FAKE_GPU_MODELS
 from gpuslice.devcluster.state import StateDir, default_state_dir
 from gpuslice.devcluster.supervisor import run_foreground, start_detached, stop_detached
@@ -46,10 +47,16 @@ def dev_cluster() -> None:
 @click.option("--nodes", default=1, show_default=True, help="Fake GPU nodes to create.")
 @click.option("--gpus-per-node", default=8, show_default=True, help="Fake GPUs on each node.")
 @click.option(
-    "--gpu-model", type=click.Choice(FAKE_GPU_MODELS), default="h100-80gb", show_default=True,
+    "--gpu-model", type=click.Choice(sorted({*FAKE_GPU_MODELS, *MOCK_MODELS})), default="h100-80gb",
+    show_default=True,
     help="Model of the fake GPUs, or a whole system with its NUMA nodes, PCIe roots and NVLink (dgx-h100,"
-         " pcie-l40s, h100-nvl: its own GPUs, whatever --gpus-per-node says).",
+         " pcie-l40s, h100-nvl: its own GPUs, whatever --gpus-per-node says; the fake backend only);"
+         " b200-180gb: --gpu-backend nvml only.",
 )
+@click.option("--gpu-backend", type=click.Choice(["fake", "nvml"]), default="fake", show_default=True,
+              help="fake: the agent's fake backend; nvml: its NVML backend on gpuslice's mock libnvidia-ml (go-nvml's"
+                   " DGX mocks) under a fake driver root, the toolkit's spec written by nvidia-ctk (needs root; the"
+                   " first run builds both from Go modules, about 2 minutes).")
 @click.option("--apiserver-port", type=int, default=None, help="Fixed API server port (default: a free one).")
 @click.option("--operator/--no-operator", default=True, show_default=True,
               help="Install gpuslice (CRD, RBAC) and run its controller and one node agent per fake node.")
@@ -59,7 +66,7 @@ def dev_cluster() -> None:
 @kube_version_option
 @state_dir_option
 def up(
-    nodes: int, gpus_per_node: int, gpu_model: str, apiserver_port: int | None,
+    nodes: int, gpus_per_node: int, gpu_model: str, gpu_backend: str, apiserver_port: int | None,
     operator: bool, pod_runner: bool, detach: bool, kube_version: str | None, state_dir: Path,
 ) -> None:
     """Start the cluster; print the admin kubeconfig's path when it is up.
@@ -68,14 +75,14 @@ def up(
     `gpuslice dev-cluster down` stops it.
     """
     spec = ClusterSpec(state_dir, nodes, gpus_per_node, gpu_model, apiserver_port, operator, pod_runner,
-                       kube_version=kube_version)
+                       backend=gpu_backend, kube_version=kube_version)
     try:
         spec.validate()
     except DevClusterError as error:
         fail(error)
     if detach:
         argv = ["dev-cluster", "up", f"--nodes={nodes}", f"--gpus-per-node={gpus_per_node}",
-                f"--gpu-model={gpu_model}", f"--state-dir={state_dir}",
+                f"--gpu-model={gpu_model}", f"--gpu-backend={gpu_backend}", f"--state-dir={state_dir}",
                 "--operator" if operator else "--no-operator",
                 "--pod-runner" if pod_runner else "--no-pod-runner"]
         if apiserver_port is not None:

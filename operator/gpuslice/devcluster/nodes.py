@@ -23,6 +23,7 @@ from gpuslice.inventory.nodes import FAKE_BACKEND as LABEL_BACKEND
 from gpuslice.inventory.nodes import FAKE_COUNT as LABEL_COUNT
 from gpuslice.inventory.nodes import FAKE_MODEL as LABEL_MODEL
 from gpuslice.inventory.nodes import FAKE_SYSTEM as LABEL_SYSTEM
+from gpuslice.inventory.nodes import GFD_COUNT, GFD_MEMORY_MIB, GFD_PRODUCT, product_key
 from gpuslice.inventory.systems import SYSTEMS
 
 # Models the fake GPU backend knows, and whole systems (inventory.systems); the node agent and the
@@ -34,9 +35,27 @@ def node_name(index: int) -> str:
     return f"gpu-node-{index}"
 
 
-def fake_gpu_node(name: str, gpu_model: str, gpu_count: int, system: str | None = None) -> dict[str, Any]:
-    """A fake GPU node; ``system`` (``inventory.systems``, e.g. dgx-h100): a whole server, whose model and
-    count it says, and whose layout (NUMA nodes, PCIe roots, NVLink) its agent publishes."""
+def gpu_labels(gpu_model: str, gpu_count: int, backend: str) -> dict[str, str]:
+    """The fake backend's labels (the agent and the controller read them), or for a node of the mock
+    NVML library (``mocknvml``) GPU Feature Discovery's, as a real NVIDIA node has them."""
+    if backend == "fake":
+        return {LABEL_BACKEND: "fake", LABEL_MODEL: gpu_model, LABEL_COUNT: str(gpu_count)}
+    model = MODELS.get(gpu_model)
+    product, mib = (model.product_name, model.memory // 2**20) if model else MOCK_ONLY[gpu_model]
+    return {LABEL_BACKEND: backend, GFD_PRODUCT: product_key(product), GFD_COUNT: str(gpu_count),
+            GFD_MEMORY_MIB: str(mib), GPU_PRESENT: "true"}
+
+
+# Models only the mock NVML library has (go-nvml's figures: NVML's name and memory).
+MOCK_ONLY = {"b200-180gb": ("NVIDIA B200 180GB HBM3e", 184320)}
+GPU_PRESENT = "nvidia.com/gpu.present"
+
+
+def fake_gpu_node(name: str, gpu_model: str, gpu_count: int, backend: str = "fake",
+                  system: str | None = None) -> dict[str, Any]:
+    """A fake GPU node; ``system`` (``inventory.systems``, e.g. dgx-h100, the fake backend's only): a whole
+    server, whose model and count it says, and whose layout (NUMA nodes, PCIe roots, NVLink) its agent
+    publishes. A node of the mock NVML library gets its layout from the library (go-nvml's DGX mocks)."""
     capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}
     layout = SYSTEMS[system] if system else None
     if layout is not None:
@@ -51,9 +70,7 @@ def fake_gpu_node(name: str, gpu_model: str, gpu_count: int, system: str | None 
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
-                LABEL_BACKEND: "fake",
-                LABEL_MODEL: gpu_model,
-                LABEL_COUNT: str(gpu_count),
+                **gpu_labels(gpu_model, gpu_count, backend),
                 **labels,
             },
         },
@@ -99,14 +116,15 @@ def pod_runner_component(binary: Path, node: str, root: Path, node_kubeconfig: P
 
 
 def stop_mps_daemons(node_dir: Path) -> list[int]:
-    """SIGKILL the MPS control daemons (stand-ins) a fake node's agent started: they outlive their
-    agent on purpose (its pods keep running), so a stopped dev cluster stops them itself. The pids
-    killed."""
+    """SIGKILL the MPS control daemons (stand-ins, or NVIDIA's on a node of the mock NVML library) a
+    fake node's agent started: they outlive their agent on purpose (its pods keep running), so a
+    stopped dev cluster stops them itself. The pids killed."""
     killed = []
     for record in (node_dir / "agent" / "mps").glob("*/*/daemon.json"):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             pid = int(json.loads(record.read_text())["pid"])
-            if "gpuslice.agent.mps.standin" in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "):
+            command = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+            if "gpuslice.agent.mps.standin" in command or "nvidia-cuda-mps-control" in command:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
     return killed

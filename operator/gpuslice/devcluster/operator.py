@@ -153,12 +153,14 @@ def agent_dirs(node_dir: Path) -> list[str]:
 
 
 def agent_component(node: str, kubeconfig: Path, log: Path, metrics_port: int, node_dir: Path,
-                    extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> Component:
-    """The node agent with the fake backend; it reads the GPUs from its Node's labels and serves its
-    kubelet plugin in the node's directories."""
+                    extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                    backend: Sequence[str] = ("--backend=fake",)) -> Component:
+    """The node agent, by default with the fake backend (it reads the GPUs from its Node's labels);
+    ``backend``: its flags for another (``mocknvml.NvmlNode.agent_args``). It serves its kubelet plugin
+    in the node's directories."""
     return Component(
         f"gpuslice-agent-{node}",
-        [sys.executable, "-m", "gpuslice", "agent", f"--node={node}", "--backend=fake",
+        [sys.executable, "-m", "gpuslice", "agent", f"--node={node}", *backend,
          f"--kubeconfig={kubeconfig}", f"--metrics-port={metrics_port}", *agent_dirs(node_dir), *extra_args],
         log, http_health(f"http://127.0.0.1:{metrics_port}/metrics"), env=env, startup_timeout=30,
     )

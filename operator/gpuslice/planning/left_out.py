@@ -1,7 +1,8 @@
 """GPUs a policy's devices leave out for a state of the GPU only the node agent sees, told to the
 controller (pure).
 
-The controller judges a policy by node labels and slices; a GPU's MIG mode is in neither. So the
+The controller judges a policy by node labels and slices; a GPU's MIG mode is in neither, nor is a
+device plugin's claim on the node's GPUs (its Node's allocatable, which the agent reads). So the
 agent writes what its plan left out, and why, on its pool's ResourceSlices (the annotation
 ``gpuslice.dev/left-out``, on every slice of a generation, an empty slice when the pool has no
 device), and the controller turns it into the policy's ``Degraded`` condition. The reasons form a
@@ -27,7 +28,9 @@ MIG_MODE_ON = "MigModeOn"
 MIG_MODE_ON_RESET = "MigModeOnNeedsReset"
 # The same where the GPU Operator's MIG manager runs: its nvidia.com/mig.config has the final say.
 MIG_MODE_ON_OPERATOR = "MigModeOnByMigManager"
-REASONS = frozenset({MIG_MODE_OFF, MIG_MODE_ON, MIG_MODE_ON_RESET, MIG_MODE_ON_OPERATOR})
+# A device plugin advertises NVIDIA resources on the node: it could give the GPU to a pod too.
+DEVICE_PLUGIN = "DevicePlugin"
+REASONS = frozenset({MIG_MODE_OFF, MIG_MODE_ON, MIG_MODE_ON_RESET, MIG_MODE_ON_OPERATOR, DEVICE_PLUGIN})
 MAX_PRODUCT = 64
 
 

@@ -99,3 +99,39 @@ async def _with(kube: KubeClient, node: str, reason: str) -> str | None:
 
 async def _only(kube: KubeClient, node: str, names: set[str]) -> bool:
     return set(await pool_devices(kube, node)) == names
+
+
+async def test_a_device_plugin_seen_in_the_nodes_allocatable_takes_every_gpu_until_it_goes(
+    cluster: DevCluster, kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory,
+    gpu_node: GpuNodeFactory, namespace: str,
+) -> None:
+    """NVIDIA's device plugin (or HAMi) advertises nvidia.com/gpu in the Node's allocatable, with no label of the
+    GPU Operator's: the agent publishes nothing more on the node, says so on the Node and in the policy's
+    condition, and publishes again once the plugin's resources are gone (here set as a kubelet would, by a
+    patch of the Node's status)."""
+    node = await gpu_node("h100-80gb", 2)
+    name = await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10G"})
+    before = await published(kube, node.name, 16)
+    status = f"/api/v1/nodes/{node.name}/status"
+    await kube.merge_patch(status, {"status": {"capacity": {"nvidia.com/gpu": "2"},
+                                               "allocatable": {"nvidia.com/gpu": "2"}}})
+    await wait_for(lambda: _only(kube, node.name, set()), within=60, what="every device of the node to go")
+    said = await wait_for(lambda: _with(kube, node.name, "GpuAdvertisedByDevicePlugin"), within=30,
+                          what="a Node Event naming the device plugin's resources")
+    assert "nvidia.com/gpu: 2" in said
+    assert "nvidia.com/gpu.deploy.device-plugin=false" in said
+    metrics = await node.metrics()
+    assert sum(v for k, v in metrics.items()
+               if k.startswith("gpuslice_agent_gpus_of_another_driver{") and 'driver="device-plugin"' in k) == 2
+
+    async def degraded() -> dict[str, Any] | None:
+        found = condition(await kube.get(f"/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/{name}"), "Degraded")
+        return found if found.get("reason") == "DevicePlugin" else None
+
+    reported = await wait_for(degraded, within=60, what="the policy to say a device plugin holds the node's GPUs")
+    assert f"node {node.name} GPU 0 (NVIDIA H100 80GB HBM3)" in reported["message"]
+
+    await kube.merge_patch(status, {"status": {"capacity": {"nvidia.com/gpu": None},
+                                               "allocatable": {"nvidia.com/gpu": None}}})
+    await wait_for(lambda: _only(kube, node.name, set(before)), within=60, what="the GPUs published again")
+    assert await wait_for(lambda: _with(kube, node.name, "GpuFreeOfAnotherDriver"), within=30, what="a Normal Event")

@@ -1,5 +1,6 @@
 """A fake GPU node with everything a real one runs (a pod runner and the node agent), and what a
-test reads of it: its pods' phases and Events, what their containers were given."""
+test reads of it: its pods' phases and Events, what their containers were given. Its agent runs the
+fake backend, or the NVML backend on the mock NVML library (``devcluster/mocknvml.py``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuslice.devcluster import operator
+from gpuslice.devcluster import mocknvml, operator
 from gpuslice.devcluster.cluster import DevCluster, free_port
 from gpuslice.devcluster.nodes import stop_mps_daemons
 from gpuslice.devcluster.process import Component
@@ -29,9 +30,11 @@ from tests.cluster.pools import create_pods, published, tenant_policy
 class PluginNode:
     """A fake node: its directories, pod runner and agent, and what tests do to them."""
 
-    def __init__(self, name: str, root: Path, runner: Component, agent_args: list[str], logs: Path) -> None:
+    def __init__(self, name: str, root: Path, runner: Component, agent_args: list[str], logs: Path,
+                 nvml: mocknvml.NvmlNode | None = None, model: str = "") -> None:
         self.name, self.root, self.runner, self.logs = name, root, runner, logs
         self.agent_args = agent_args
+        self.nvml, self.model = nvml, model
         self.metrics_port = free_port()
         self.agent: Component = self._agent_component()
 
@@ -41,8 +44,9 @@ class PluginNode:
         return self.logs / f"agent-{self.name}.kubeconfig"
 
     def _agent_component(self, env: dict[str, str] | None = None) -> Component:
+        backend = self.nvml.agent_args() if self.nvml else ("--backend=fake",)
         component = operator.agent_component(self.name, self.agent_kubeconfig, self.logs / f"agent-{self.name}.log",
-                                             self.metrics_port, self.root, self.agent_args, env)
+                                             self.metrics_port, self.root, self.agent_args, env, backend)
         return component
 
     async def metrics(self) -> dict[str, float]:
@@ -97,9 +101,29 @@ class PluginNode:
         return json.loads(path.read_text()) if path.exists() else {}
 
     def mig_instances(self, gpu: int = 0) -> list[tuple[str, int]]:
-        """(profile, start) of the fake GPU's MIG instances, as its state file holds them."""
+        """(profile, start) of the fake GPU's MIG instances, as its state file holds them (the fake
+        backend's, or the mock NVML library's)."""
+        if self.nvml is not None:
+            state = self.nvml.state.read().gpus.get(str(gpu))
+            names = mocknvml.profile_names(self.model)
+            return sorted((names[i.profile_id], i.start) for i in (state.instances if state else []))
         instances = (self.fake_state().get("gpus") or {}).get(str(gpu), {}).get("instances") or []
         return sorted((i["profile"], i["start"]) for i in instances)
+
+    def mig_modes(self) -> list[bool]:
+        """Each GPU's MIG mode (current), as the fake backend's or the mock library's state has it."""
+        if self.nvml is not None:
+            config = self.nvml.state.config
+            state = self.nvml.state.read()
+            return [state.gpu(config, i).mig_mode == 1 for i in range(len(config["gpus"]))]  # type: ignore[arg-type]
+        return [g["mig_enabled"] for g in self.fake_state()["gpus"].values()]
+
+    def mig_uuids(self) -> dict[tuple[int, int], str]:
+        """(GPU, placement start) -> the MIG device's UUID, of every instance."""
+        if self.nvml is not None:
+            return {(int(i), gi.start): ci.uuid for i, g in self.nvml.state.read().gpus.items()
+                    for gi in g.instances for ci in gi.compute_instances}
+        return {(int(i), m["start"]): m["uuid"] for i, g in self.fake_state()["gpus"].items() for m in g["instances"]}
 
     def fake_gpu(self, *args: str) -> str:
         """Run `gpuslice fake-gpu --state-dir <agent state> ARGS...`; its output."""
@@ -138,6 +162,20 @@ async def scraped(port: int, name: str, labels: dict[str, str]) -> float | None:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     return None
+
+
+def fake_gpus_mig_mode(args: Sequence[str]) -> bool | None:
+    """The MIG mode the fake backend's ``--fake-gpus MODEL:N:mig-on|off`` starts with, if it says one."""
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--fake-gpus":
+            suffix = args[i + 1].rsplit(":", 1)[-1]
+            return {"mig-on": True, "mig-off": False}.get(suffix)
+    return None
+
+
+def without_fake_gpus(args: Sequence[str]) -> list[str]:
+    """``args`` less the fake backend's ``--fake-gpus VALUE`` (an NVML node's GPUs are the library's)."""
+    return [a for i, a in enumerate(args) if a != "--fake-gpus" and (i == 0 or args[i - 1] != "--fake-gpus")]
 
 
 def process_alive(pid: int) -> bool:

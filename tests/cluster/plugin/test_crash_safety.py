@@ -15,6 +15,8 @@ from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.plugin.plugin_nodes import PluginNodeFactory, exec_env, gone, killed_at, running, until
 from tests.cluster.pools import create_pods, pool_devices, published, tenant_policy
 
+GPU_BACKENDS = ("fake", "nvml")  # each test on the fake backend and on the mock NVML library
+
 
 async def device_of(kube: KubeClient, namespace: str, pod: str) -> str:
     claim = await pod_claim(kube, namespace, pod)
@@ -23,6 +25,8 @@ async def device_of(kube: KubeClient, namespace: str, pod: str) -> str:
 
 
 @pytest.mark.parametrize("point", ["prepare-started", "prepare-cdi-written"])
+# No MIG instance, so nothing of the GPU backend's: on the fake backend only (the CI's time).
+@pytest.mark.gpu_backends("fake")
 async def test_killed_between_the_checkpoint_phases_the_agent_restarts_clean(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str, point: str, cluster: Any,
@@ -81,6 +85,8 @@ async def test_killed_between_mig_creation_and_the_checkpoint_the_instance_is_no
     await until(lambda: node.mig_instances() == [], what="the instance to be destroyed on unprepare")
 
 
+# No MIG instance, so nothing of the GPU backend's: on the fake backend only (the CI's time).
+@pytest.mark.gpu_backends("fake")
 async def test_kubelet_and_agent_away_past_the_wipe_pods_keep_their_devices(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str, cluster: Any,

@@ -15,6 +15,8 @@ from tests.cluster.plugin.mig import by_gpu, degraded_as
 from tests.cluster.plugin.plugin_nodes import PluginNodeFactory, exec_env, running
 from tests.cluster.pools import create_pods, pool_devices, tenant_policy
 
+GPU_BACKENDS = ("fake", "nvml")  # each test on the fake backend and on the mock NVML library
+
 
 async def test_a_memory_policy_on_an_h100_in_mig_mode_switches_it_off_and_publishes(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
@@ -23,7 +25,7 @@ async def test_a_memory_policy_on_an_h100_in_mig_mode_switches_it_off_and_publis
     """As NVIDIA's DRA driver (maybeDisableMigMode): Hopper switches MIG mode without a reset, so the
     agent turns it off (nothing of the GPU is published, no instance) and the memory slices follow."""
     node = await plugin_node("h100-80gb", 1, ["--fake-gpus", "h100-80gb:1:mig-on"])
-    assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [True]
+    assert node.mig_modes() == [True]
     await tenant_policy(make_policy, namespace, node.name, {"mode": "memory", "sliceSize": "10Gi"})
 
     async def published() -> bool:
@@ -32,7 +34,7 @@ async def test_a_memory_policy_on_an_h100_in_mig_mode_switches_it_off_and_publis
                                      for d in devices.values())
 
     await wait_for(published, within=60, what="memory slices on the H100")
-    assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [False]
+    assert node.mig_modes() == [False]
     await create_pods(kube, namespace, "gpu-slice", ["whole"])
     await running(kube, namespace, ["whole"])
     assert exec_env(cluster, namespace, "whole")["GPUSLICE_MODE"] == "memory"
@@ -53,7 +55,7 @@ async def test_a_shared_policy_on_an_a100_in_mig_mode_waits_for_its_admin(
     assert (f"Then switch MIG mode off on node {node.name}: nvidia-smi -i 0 -mig 0 && nvidia-smi -i 1 -mig 0, then"
             " nvidia-smi -r -i 0,1 with every client of these GPUs stopped, or reboot the node") in condition["message"]
     assert await pool_devices(kube, node.name) == {}
-    assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [True, True], "nothing switched"
+    assert node.mig_modes() == [True, True], "nothing switched"
 
     node.fake_gpu("mig-mode", "0", "off")  # nvidia-smi -i 0 -mig 0: pending until the reset
     await agent_cycles(kube, node.name, node.metrics)

@@ -19,6 +19,7 @@ from tests.cluster.pools import create_pods, published, tenant_policy
 from tests.cluster.tenancy import claim, dry_run_admitted
 
 VAP = "/apis/admissionregistration.k8s.io/v1"
+GPU_BACKENDS = ("fake", "nvml")  # each test on the fake backend and on the mock NVML library
 
 
 async def allocated_device(kube: KubeClient, namespace: str, pod: str) -> dict[str, Any]:

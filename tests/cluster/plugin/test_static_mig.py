@@ -14,6 +14,8 @@ from tests.cluster.plugin.mig import RECONFIGURING, by_gpu, degraded_as, layout_
 from tests.cluster.plugin.plugin_nodes import PluginNodeFactory, exec_env, gone, running
 from tests.cluster.pools import create_pods, pool_devices, tenant_policy
 
+GPU_BACKENDS = ("fake", "nvml")  # each test on the fake backend and on the mock NVML library
+
 ONE_G = [("1g.5gb", s) for s in range(7)]
 THREE_G = [("3g.20gb", 0), ("3g.20gb", 4)]
 
@@ -102,7 +104,8 @@ async def test_failed_reconfiguration_rolls_back_and_says_so(
 
     [found] = await wait_for(event, within=30, what="an Event on the policy saying the reconfiguration failed")
     assert "GPU 0 (" in found["message"]
-    assert "create-mig failed" in found["message"]
+    # The fake backend's injected failure, or NVML's answer (Unknown Error) through the mock library.
+    assert ("NVML failed while creating" if node.nvml else "create-mig failed") in found["message"]
     assert "rolled back to its last good layout" in found["message"]
 
     async def degraded() -> dict[str, Any] | None:
@@ -129,12 +132,12 @@ async def test_a_layout_on_gpus_whose_mig_mode_is_off_turns_it_on_and_publishes(
     off: the layout still fits them, and Hopper switches MIG mode without a reset, so the agent
     switches them to MIG mode, makes the instances, publishes them, and a pod runs on one."""
     node = await plugin_node("h100-80gb", 2, ["--fake-gpus", "h100-80gb:2:mig-off"])
-    assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [False, False]
+    assert node.mig_modes() == [False, False]
     await tenant_policy(make_policy, namespace, node.name, {"mode": "mig", "mig": {"layout": {"3g.40gb": 2}}})
     three_g = [("3g.40gb", 0), ("3g.40gb", 4)]
     await settled(kube, node, {0: three_g, 1: three_g})
-    assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [True, True]
-    made = {(int(i), m["start"]): m["uuid"] for i, g in node.fake_state()["gpus"].items() for m in g["instances"]}
+    assert node.mig_modes() == [True, True]
+    made = node.mig_uuids()
     published = {(d["attributes"]["gpuslice.dev/index"]["int"], d["attributes"]["gpuslice.dev/placementStart"]["int"]):
                  d["attributes"]["uuid"]["string"] for d in (await pool_devices(kube, node.name)).values()}
     assert published == made, "each static device carries its instance's UUID, as NVIDIA's do"
@@ -161,7 +164,7 @@ async def test_an_ampere_gpu_whose_mig_mode_is_off_waits_for_its_admin(
     assert await pool_devices(kube, node.name) == {}
     slices = await kube.list("/apis/resource.k8s.io/v1/resourceslices", fieldSelector=f"spec.nodeName={node.name}")
     assert [s["metadata"]["name"] for s in slices] == [f"gpuslice-{node.name}-devices-00"], "an empty slice says it"
-    assert [g["mig_enabled"] for g in node.fake_state()["gpus"].values()] == [False, False], "nothing tried"
+    assert node.mig_modes() == [False, False], "nothing tried"
 
     node.fake_gpu("mig-mode", "0", "on")  # an admin's nvidia-smi -i 0 -mig 1, and a GPU reset
     node.fake_gpu("reset", "0")

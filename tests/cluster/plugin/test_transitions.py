@@ -10,6 +10,8 @@ import contextlib
 import itertools
 from typing import Any
 
+import pytest
+
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.kube.client import Conflict, KubeClient
@@ -192,6 +194,7 @@ async def test_a_claim_held_across_a_change_keeps_its_instance_until_it_is_relea
     assert exec_env(cluster, namespace, "on-memory")["GPUSLICE_MODE"] == "memory"
 
 
+@pytest.mark.gpu_backends("fake", "nvml")  # and on the mock NVML library, whose A100s' MIG mode waits for a reset
 async def test_before_hopper_the_instances_go_and_the_policy_names_the_step_on_each_gpu(
     kube: KubeClient, controller: ControllerProcess, make_policy: PolicyFactory, plugin_node: PluginNodeFactory,
     namespace: str,
@@ -215,7 +218,7 @@ async def test_before_hopper_the_instances_go_and_the_policy_names_the_step_on_e
     assert (f"Then switch MIG mode off on node {node.name}: nvidia-smi -i 0 -mig 0 && nvidia-smi -i 1 -mig 0, then"
             " nvidia-smi -r -i 0,1 with every client of these GPUs stopped, or reboot the node") in condition["message"]
     assert await pool_devices(kube, node.name) == {}
-    assert all(g["mig_enabled"] for g in node.fake_state()["gpus"].values()), "no MIG mode switched below Hopper"
+    assert node.mig_modes() == [True] * GPUS, "no MIG mode switched below Hopper"
 
     for gpu in range(GPUS):
         node.fake_gpu("mig-mode", str(gpu), "off")

@@ -40,6 +40,8 @@ from tests.cluster.plugin.plugin_nodes import (
 from tests.cluster.pools import create_pods, published, tenant_policy
 from tests.monitoring_queries import expressions, selectors
 
+GPU_BACKENDS = ("fake", "nvml")  # each test on the fake backend and on the mock NVML library
+
 GI = 1024**3
 
 

@@ -1,4 +1,4 @@
-"""The NVIDIA Container Toolkit's CDI specs as its generator writes them, one per node setup, for
+"""The NVIDIA Container Toolkit's CDI specs built by hand from its generator's rules, one per node setup, for
 a node with GPU 0 (not in MIG mode) and GPU 1 (MIG mode on, one 1g.5gb instance: GPU instance 7,
 compute instance 0) as ``libnvml.FakeLibNvml`` describes them.
 
@@ -19,6 +19,10 @@ container names them there: ``hostPath: /run/nvidia/driver/dev/nvidia0``, mounts
 major, minor and mode nvcdi read from them, never a ``type`` (``internal/edits/device.go``).
 ``operator_host`` is such a node: the host's ``/dev`` has no NVIDIA node, the agent's container has
 them all (the ``nvidia`` runtime class put them there).
+
+Hand-built so that each test can vary one thing (the driver, the toolkit's version, DRM nodes, a hook's
+path); what NVIDIA's own generator (v1.20.2) writes for a node is in ``tests/unit/dra/nvidia_ctk/``, and
+these follow it (1.20.x's apply-cuda-memory-limits, update-application-profile and void mount included).
 """
 
 from __future__ import annotations
@@ -53,12 +57,15 @@ def driver_edits(device_node_hook: bool = True, driver: str = "580.95.05", compa
     if compat_hook:
         hooks.append(_hook("enable-cuda-compat", f"--host-driver-version={driver}"))
     hooks.append(_hook("update-ldcache", "--folder", LIBS))
-    if device_node_hook:  # management mode turns this one off (options.go)
-        hooks.append(_hook("disable-device-node-modification"))
-    return {"mounts": [_mount(p) for p in (
+    if device_node_hook:  # management mode turns this one off (options.go), and has no graphics hook
+        hooks += [_hook("disable-device-node-modification"), _hook("update-application-profile")]
+    # 1.20.2's "void volume-mount device", in every mode (tests/unit/dra/nvidia_ctk/*.yaml).
+    void = {"hostPath": "/dev/null", "containerPath": "/var/run/nvidia-container-devices/void",
+            "options": ["ro", "nosuid", "nodev", "bind"]}
+    return {"mounts": [*(_mount(p) for p in (
         f"{LIBS}/libcuda.so.{driver}", f"{LIBS}/libnvidia-ml.so.{driver}",
         f"{LIBS}/libnvidia-ptxjitcompiler.so.{driver}", "/usr/bin/nvidia-smi",
-        f"/lib/firmware/nvidia/{driver}/gsp_ga10x.bin", "/run/nvidia-persistenced/socket")], "hooks": hooks}
+        f"/lib/firmware/nvidia/{driver}/gsp_ga10x.bin", "/run/nvidia-persistenced/socket")), void], "hooks": hooks}
 
 
 def nvml_mode(gpu0: str, mig_uuid: str, driver: str = "580.95.05") -> str:
@@ -66,15 +73,22 @@ def nvml_mode(gpu0: str, mig_uuid: str, driver: str = "580.95.05") -> str:
     # A DRM node of group video (44), not open to all: nvcdi writes its gid and the group as
     # additionalGids (internal/edits/device.go).
     card = {"path": "/dev/dri/card1", "major": 226, "minor": 1, "fileMode": 0o660, "permissions": "rwm", "gid": 44}
+    # Each whole GPU's entry has the per-GPU apply-cuda-memory-limits hook since 1.20.1
+    # (tests/unit/dra/nvidia_ctk/nvml.yaml).
+    limits = {"hookName": "createRuntime", "path": HOOK, "env": ["NVIDIA_CTK_DEBUG=false"],
+              "args": ["nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", "/", "--gpu-id", gpu0]}
     gpu0_edits = {"deviceNodes": [*_nodes("/dev/nvidia0"), card, *_nodes("/dev/dri/renderD128")],
-                  "hooks": [_hook("create-symlinks", "--link", "../card1::/dev/dri/by-path/pci-0000:18:00.0-card")],
+                  "hooks": [_hook("create-symlinks", "--link", "../card1::/dev/dri/by-path/pci-0000:18:00.0-card"),
+                            limits],
                   "additionalGids": [44]}
-    mig_edits = {"deviceNodes": _nodes("/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap66", "/dev/nvidia-caps/nvidia-cap67")}
+    # gpu1/gi7/access and gpu1/gi7/ci0/access in host()'s mig-minors (nvcdi keys them on the parent's minor).
+    mig_edits = {"deviceNodes": _nodes("/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap201",
+                                       "/dev/nvidia-caps/nvidia-cap202")}
     devices = [{"name": "0", "containerEdits": gpu0_edits}, {"name": gpu0, "containerEdits": gpu0_edits},
                # GPU 1 is in MIG mode: no '1' and no GPU-... entry for it, only its MIG device.
                {"name": "1:0", "containerEdits": mig_edits}, {"name": mig_uuid, "containerEdits": mig_edits},
                {"name": "all", "containerEdits": {"deviceNodes": _nodes(
-                   "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap66", "/dev/nvidia-caps/nvidia-cap67")}}]
+                   "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap201", "/dev/nvidia-caps/nvidia-cap202")}}]
     common = {"env": ["NVIDIA_VISIBLE_DEVICES=void", f"NVIDIA_CTK_LIBCUDA_DIR={LIBS}"],
               "deviceNodes": _nodes("/dev/nvidia-modeset", "/dev/nvidia-uvm-tools", "/dev/nvidia-uvm", "/dev/nvidiactl"),
               **driver_edits(driver=driver)}

@@ -213,3 +213,22 @@ def test_an_nvml_error_in_the_mig_listing_is_a_problem_line(tmp_path: Path, monk
     assert "PROBLEM: GPU 0 MIG: NVML failed while listing (GPU is lost)" in text
     assert "== CDI" in text, "the check went on"
     assert code == 1
+
+
+def test_a_gpu_no_spec_names_on_a_node_without_the_drivers_devices_is_a_problem_not_a_crash(tmp_path: Path) -> None:
+    """GPU 1 is in MIG mode (the device plugin's spec names only GPU 0) and /proc/devices lists no NVIDIA
+    device (the check run where the kernel's files are not the node's): a problem line, and the check goes
+    on (it ended in a traceback, found by running device-check.sh on a mock node)."""
+    lib = FakeLibNvml([("h100-80gb", False), ("h100-80gb", True)])
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    (cdi / "nvidia.yaml").write_text(cdi_fixtures.device_plugin(lib.gpus[0].uuid))
+    (tmp_path / "proc").mkdir()
+    lines: list[str] = []
+    with installed(lib):
+        code = run_check(pynvml, [cdi], lines.append, host_root=tmp_path, dev=tmp_path / "dev",
+                         proc=tmp_path / "proc", sysfs=tmp_path / "sys")
+    text = "\n".join(lines)
+    assert code == 1
+    assert "PROBLEM: GPU 1 as a whole GPU: /proc/devices lists no nvidia character device" in text
+    assert "== NVML calls made:" in text, "the check went on to its end"

@@ -304,7 +304,7 @@ class NvmlBackend:
         nvml = self.nvml
         known = {value: shape for name, shape in GI_PROFILES.items()
                  if (value := getattr(nvml, f"NVML_GPU_INSTANCE_PROFILE_{name}", None)) is not None}
-        profiles = []
+        profiles: list[MigProfile] = []
         for profile in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
             try:
                 info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile, version=1)
@@ -332,6 +332,15 @@ class NvmlBackend:
             found = [(placements[i].start, placements[i].size) for i in range(count.value)]
             slices, suffix = known[profile]
             name = f"{slices}g.{mig_memory_gb(memory, int(info.memorySizeMB))}gb{suffix}"
+            if any(p.name == name for p in profiles):
+                # go-nvlib's rule can name two profiles alike when a 1g profile holds more than an eighth
+                # of the memory (go-nvml's B200: 23552 of 184320 MiB is 1g.45gb, as its double-memory 1g):
+                # a device name must say one thing, so the first by NVML's enum keeps it.
+                log.warning("two MIG profiles have one name by go-nvlib's rule; the later is left out", gpu=uuid,
+                            profile=name, nvml_profile=profile)
+                self.refused.append(f"GPU {uuid}: MIG profiles {self._profile_ids[(uuid, name)]} and {profile} are both"
+                                    f" named {name} by go-nvlib's rule; {profile} is left out")
+                continue
             self._profile_ids[(uuid, name)] = profile
             profiles.append(MigProfile(
                 name=name,

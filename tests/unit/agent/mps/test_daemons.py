@@ -1,6 +1,9 @@
-"""The MPS control daemons' lifecycle with the fake backend's stand-in (real processes): one per GPU and
-namespace, started once, stopped by `quit`, started again when killed, adopted by the next agent, and
-none left over."""
+"""The MPS control daemons' lifecycle (real processes): one per GPU and namespace, started once, stopped
+by `quit`, started again when killed, adopted by the next agent, and none left over. Each lifecycle test
+runs twice: on the fake backend's stand-in, and on NVIDIA's own ``nvidia-cuda-mps-control`` (Debian's
+non-free ``nvidia-cuda-mps``, driver 535), which without a GPU starts, makes its pipe directory, answers
+its control commands and quits as with one. The two differ where NVIDIA's does: it writes no pid file,
+logs to stdout in the foreground (``daemon.out``), and leaves its sockets after ``quit``."""
 
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ import pytest
 
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.agent.mps.daemons import MpsDaemons, MpsError
-from gpuslice.planning.node.mps import DaemonKey
+from gpuslice.devcluster.nvidia_build import MPS_CONTROL, mps_binaries
+from gpuslice.planning.node.mps import DaemonDirs, DaemonKey
 from tests.unit.polling import eventually as until
 
 GPU = "GPU-2d3e5f1a-0000-0000-0000-000000000001"
@@ -35,6 +39,35 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+class NvidiasDaemon(FakeBackend):
+    """Fake GPUs, NVIDIA's control daemon: as the NVML backend runs it (``-f``), without the launcher's
+    mount namespace (its own test below)."""
+
+    def mps_commands(self, shm: Path) -> tuple[list[str], list[str]]:
+        control = str(mps_binaries() / MPS_CONTROL)
+        return [control, "-f"], [control]
+
+
+@pytest.fixture(params=["standin", "nvidia"])
+def backend(request: pytest.FixtureRequest) -> FakeBackend:
+    kind = NvidiasDaemon if request.param == "nvidia" else FakeBackend
+    return kind("n1", [("h100-80gb", 2)])
+
+
+def said(dirs: DaemonDirs) -> str:
+    """What the daemon logged: the stand-in in control.log, NVIDIA's (in the foreground) on stdout."""
+    return "".join(path.read_text() for path in (dirs.log / "control.log", dirs.log / "daemon.out") if path.exists())
+
+
+def quit_logged(dirs: DaemonDirs) -> bool:
+    return "Accepting command 'quit'" in said(dirs) or "Cmd:quit" in said(dirs)
+
+
+def environment(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
     """A short directory: pytest's own are too deep for the sockets of a pipe directory in them."""
@@ -44,8 +77,8 @@ def short_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-async def daemons(short_dir: Path) -> AsyncIterator[MpsDaemons]:
-    made = MpsDaemons("n1", FakeBackend("n1", [("h100-80gb", 1)]), short_dir / "mps", short_dir / "shm")
+async def daemons(short_dir: Path, backend: FakeBackend) -> AsyncIterator[MpsDaemons]:
+    made = MpsDaemons("n1", backend, short_dir / "mps", short_dir / "shm")
     yield made
     for gpu in list(made.running):
         await made.release(gpu, lambda: False)
@@ -57,10 +90,15 @@ async def test_started_once_then_stopped_by_quit(daemons: MpsDaemons) -> None:
     assert pid is not None
     assert alive(pid)
     assert (dirs.pipe / "control").exists()
-    await until(lambda: (dirs.pipe / "nvidia-cuda-mps-control.pid").exists())
+    if isinstance(daemons.backend, NvidiasDaemon):
+        assert not (dirs.pipe / "nvidia-cuda-mps-control.pid").exists(), "NVIDIA's 535 daemon writes none"
+    else:
+        await until(lambda: (dirs.pipe / "nvidia-cuda-mps-control.pid").exists())
     assert dirs.pipe.parent.parent.name == "gpu-2d3e5f1a", "short directories: the pipe's sockets fit a unix path"
     assert len(dirs.pipe.parent.name) == len("ns-") + 12, "the namespace's tag is short whatever its name"
-    assert f"CUDA_VISIBLE_DEVICES={GPU}" in (dirs.log / "control.log").read_text()
+    assert environment(pid)["CUDA_VISIBLE_DEVICES"] == GPU
+    assert environment(pid)["CUDA_MPS_PIPE_DIRECTORY"] == str(dirs.pipe)
+    assert environment(pid)["CUDA_MPS_LOG_DIRECTORY"] == str(dirs.log)
     await daemons.ensure(KEY)
     assert daemons.pid(KEY) == pid, "one daemon per GPU and namespace"
 
@@ -68,7 +106,7 @@ async def test_started_once_then_stopped_by_quit(daemons: MpsDaemons) -> None:
     assert daemons.pid(KEY) == pid, "kept while a claim still needs it"
     await daemons.release(KEY, lambda: False)
     await until(lambda: not alive(pid))
-    assert "Accepting command 'quit'" in (dirs.log / "control.log").read_text(), "stopped the documented way"
+    assert quit_logged(dirs), "stopped the documented way"
     assert not dirs.pipe.exists()
     assert not dirs.shm.exists()
     assert not (daemons.home(KEY) / "daemon.json").exists()
@@ -99,8 +137,8 @@ async def test_a_killed_daemon_is_started_again(daemons: MpsDaemons) -> None:
     assert daemons.running == {}, "no claim needs it: stopped"
 
 
-async def test_the_next_agent_adopts_a_needed_daemon_and_stops_an_unneeded_one(short_dir: Path) -> None:
-    backend = FakeBackend("n1", [("h100-80gb", 2)])
+async def test_the_next_agent_adopts_a_needed_daemon_and_stops_an_unneeded_one(short_dir: Path,
+                                                                               backend: FakeBackend) -> None:
     other = DaemonKey("GPU-77777777-0000-0000-0000-000000000002", "team-a")
     first = MpsDaemons("n1", backend, short_dir / "mps", short_dir / "shm")
     await first.ensure(KEY)
@@ -185,10 +223,11 @@ def test_the_nvml_backend_runs_the_drivers_daemon_in_the_foreground_with_its_shm
     assert loaded == [driver, short_dir / "none"], "one root for NVML and the MPS binaries"
 
 
-async def test_a_daemon_that_died_with_its_agent_is_started_again_in_the_same_directories(short_dir: Path) -> None:
+async def test_a_daemon_that_died_with_its_agent_is_started_again_in_the_same_directories(
+        short_dir: Path, backend: FakeBackend) -> None:
     """In a container the daemon ends with the agent's; the next agent starts a new one where the running
-    clients' bind mounts point: the same directories, not new ones of the same name."""
-    backend = FakeBackend("n1", [("h100-80gb", 1)])
+    clients' bind mounts point: the same directories, not new ones of the same name (NVIDIA's starts
+    where its killed predecessor left its sockets and lock)."""
     first = MpsDaemons("n1", backend, short_dir / "mps", short_dir / "shm")
     dirs = await first.ensure(KEY)
     # What a client's container holds: the directory itself (a bind mount), not its name.
@@ -222,7 +261,7 @@ async def test_each_namespace_on_a_gpu_has_its_own_daemon_pipe_and_shared_memory
     assert {mine.pipe, mine.log, mine.shm}.isdisjoint({theirs.pipe, theirs.log, theirs.shm})
     assert not mine.shm.is_relative_to(theirs.shm)
     assert not theirs.shm.is_relative_to(mine.shm)
-    assert f"CUDA_VISIBLE_DEVICES={GPU}" in (theirs.log / "control.log").read_text(), "the same GPU"
+    assert environment(b)["CUDA_VISIBLE_DEVICES"] == GPU, "the same GPU"
 
     await daemons.release(KEY, lambda: False)
     await until(lambda: not alive(a))
