@@ -4,9 +4,12 @@ go, reaches no agent. Only for a policy the controller has taken in (its finaliz
 
 The view is worked out from the policy's body on every event of the policy (its spec, its
 verdict, its moves in flight, its deletion) and written only when it differs from what the
-controller last wrote (or, after a restart, from what its watch of the views holds): a status
-refresh that changes only counts changes no view. A write that fails is tried again by the
-policy's status timer (every ``--status-interval``). The view goes with its policy.
+controller's watch of the views holds: a status refresh that changes only counts changes no view.
+The watch, not a record of what this process wrote, is the judge: a view someone deleted, or one
+another leader wrote since, is written again at the policy's next event or status refresh (every
+``--status-interval``), as is a write that failed. What this process wrote stands for ECHO seconds
+only, while its own write's event may not have reached the watch. The view goes with its policy,
+and only its policy's own (by UID): a policy deleted and made again under its name keeps its view.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ import structlog
 from gpuslice.api.agent_view import view_of, view_path
 from gpuslice.api.policy import GROUP
 from gpuslice.controller.apply import APPLIED, FIELD_MANAGER, stamped
-from gpuslice.kube.client import KubeClient, KubeError, NotFound
+from gpuslice.kube.client import Conflict, KubeClient, KubeError, NotFound
 
 log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]
 # The controller's finalizer (Kopf's, set on every policy it takes in): a view is written only for a
 # policy that has it, so a policy created and deleted while the controller was away gets none.
 FINALIZER = f"{GROUP}/policy-cleanup"
+ECHO = 5.0  # seconds a view this process wrote stands for its watch's event of it
 
 
 def written_digest(view: Body) -> str | None:
@@ -34,36 +38,51 @@ def written_digest(view: Body) -> str | None:
     return ((view.get("metadata") or {}).get("annotations") or {}).get(APPLIED)
 
 
-async def sync_view(kube: KubeClient, policy: Body, deleted: bool, written: MutableMapping[str, str],
-                    watched: Mapping[str, str | None]) -> bool:
-    """Write ``policy``'s view when it differs from what was written (``written``: the controller's
-    record of each view's digest; ``watched``: what its watch of the views holds); delete it when the
-    policy is gone. True when something was written."""
+async def sync_view(kube: KubeClient, policy: Body, deleted: bool, written: MutableMapping[str, tuple[str, float]],
+                    watched: Mapping[str, str | None], now: float) -> bool:
+    """Write ``policy``'s view when the watch of the views (``watched``: each view's digest) does not
+    hold it, unless this process wrote it less than ECHO seconds ago (``written``: digest and when);
+    delete it when the policy is gone. True when something was written."""
     name = str(policy["metadata"]["name"])
     if deleted:
         if written.pop(name, None) is None and name not in watched:
             return False  # none was written (a policy deleted before the controller took it in)
-        with contextlib.suppress(NotFound):
-            await kube.delete(view_path(name))
+        await _delete_own(kube, name, str(policy["metadata"].get("uid") or ""))
         return True
     if FINALIZER not in (policy["metadata"].get("finalizers") or []):
         return False  # not taken in yet (the finalizer comes first), or gone before it was
     manifest = stamped(view_of(policy))
     digest = manifest["metadata"]["annotations"][APPLIED]
-    if written.get(name, watched.get(name)) == digest:
+    mine = written.get(name)
+    if watched.get(name) == digest or (mine is not None and mine[0] == digest and now - mine[1] < ECHO):
         return False
     await kube.apply(view_path(name), manifest, field_manager=FIELD_MANAGER)
-    written[name] = digest
+    written[name] = (digest, now)
     log.info("agent view written", policy=name, generation=(manifest["spec"]["policy"] or {}).get("generation"),
              valid=(manifest["spec"].get("valid") or {}).get("status"))
     return True
 
 
-async def sync_view_quietly(kube: KubeClient, policy: Body, deleted: bool, written: MutableMapping[str, str],
-                            watched: Mapping[str, str | None]) -> None:
+async def _delete_own(kube: KubeClient, name: str, uid: str) -> None:
+    """Delete the view of the policy ``uid``, not one a policy made again under its name has since
+    (the deleted policy's event may come after the new policy's view was written)."""
+    try:
+        view = await kube.get(view_path(name))
+    except NotFound:
+        return
+    if uid and ((view.get("spec") or {}).get("policy") or {}).get("uid") not in (uid, None, ""):
+        return
+    with contextlib.suppress(NotFound, Conflict):  # Conflict: replaced since it was read
+        await kube.request("DELETE", view_path(name), {
+            "apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": view["metadata"]["uid"]}})
+
+
+async def sync_view_quietly(kube: KubeClient, policy: Body, deleted: bool,
+                            written: MutableMapping[str, tuple[str, float]], watched: Mapping[str, str | None],
+                            now: float) -> None:
     """``sync_view``, logging a failure (the policy's status timer tries again)."""
     try:
-        await sync_view(kube, policy, deleted, written, watched)
+        await sync_view(kube, policy, deleted, written, watched, now)
     except KubeError as error:
         log.warning("could not write the policy's agent view; will retry", policy=policy["metadata"]["name"],
                     error=str(error))

@@ -24,7 +24,7 @@ from gpuslice.controller.apply import APPLIED
 from gpuslice.controller.overuse import Policies
 from gpuslice.controller.tenancy import LedgerView, QuotaView
 from gpuslice.controller.world import FleetMemo, World
-from gpuslice.dra.names import DRIVER, LABEL_POLICY
+from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRIVER, LABEL_POLICY
 from gpuslice.dra.wire import pool_mark
 from gpuslice.planning.node.coexistence import other_driver_gpus
 from gpuslice.planning.reads.node_fit import NodeFacts
@@ -224,9 +224,10 @@ class OwnedObjects(Mapping[str, list[dict[str, Any]]]):
         return len(set(self))
 
 
-def view_index(name: str, annotations: kopf.Annotations, **_: Any) -> dict[str, str | None]:
-    """Each policy's agent view, by the digest of what was last applied to it (controller.agent_views)."""
-    return {name: annotations.get(APPLIED)}
+def view_index(namespace: str | None, name: str, annotations: kopf.Annotations, **_: Any) -> dict[str, str | None]:
+    """Each policy's agent view, by the digest of what was last applied to it (controller.agent_views).
+    Only views in gpuslice's namespace, the ones agents read: one of the same name elsewhere is not it."""
+    return {name: annotations.get(APPLIED)} if namespace == CONTROLLER_NAMESPACE else {}
 
 
 def views(kwargs: dict[str, Any]) -> dict[str, str | None]:

@@ -116,7 +116,8 @@ async def refresh_status(body: kopf.Body, memo: Runtime, **kwargs: Any) -> None:
         return
     name = body["metadata"]["name"]
     # A view write that failed at the policy's event is tried again here (in memory when it stands).
-    await sync_view_quietly(memo.context().kube, body, False, memo.context().views, views(kwargs))
+    await sync_view_quietly(memo.context().kube, body, False, memo.context().views, views(kwargs),
+                            memo.context().clock())
     judged = (body.get("status") or {}).get("observedGeneration") == body["metadata"].get("generation")
     ctx, changes = memo.context(), memo.changes
     # Probed for this generation, and the apiserver refused the probe as it should; a failed probe
@@ -183,7 +184,8 @@ async def policy_event(type: str | None, body: kopf.Body, memo: Runtime, **kwarg
     """The policy's agent view follows it (controller.agent_views). The last policy gone: if its CRD
     is being deleted, Kopf must stop before the CRD goes."""
     if memo.ctx is not None:
-        await sync_view_quietly(memo.ctx.kube, body, type == "DELETED", memo.ctx.views, views(kwargs))
+        await sync_view_quietly(memo.ctx.kube, body, type == "DELETED", memo.ctx.views, views(kwargs),
+                                memo.ctx.clock())
     if type == "DELETED" and memo.crd_leaving is not None and not kwargs["policy_index"] and memo.ctx is not None:
         with contextlib.suppress(KubeError):  # the periodic check asks again
             if await crd_is_leaving(memo.ctx.kube):

@@ -89,8 +89,9 @@ class Context:
     # force, is the same for every policy: its objects were deleted or changed, or the API server
     # lost them). When that canary finds tenancy not enforced, ``tenancy_epoch`` moves and every
     # policy is probed again at its next status refresh.
-    # The digest of each policy's agent view as this controller last wrote it (controller.agent_views).
-    views: dict[str, str] = field(default_factory=dict)
+    # The digest of each policy's agent view as this controller last wrote it, and when on ``clock``
+    # (controller.agent_views).
+    views: dict[str, tuple[str, float]] = field(default_factory=dict)
     canary_every: float = 120.0
     canary_at: float | None = None
     tenancy_epoch: int = 0
