@@ -22,6 +22,7 @@ from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.backoff import Backoff
 from gpuslice.dra.support import Verdict
+from gpuslice.errors import GpusliceError
 from gpuslice.inventory.nodes import FAKE_COUNT, FAKE_MODEL, FAKE_SYSTEM
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.kube.compatibility import check_fields, check_server
@@ -30,7 +31,7 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 
-class AgentStopped(Exception):
+class AgentStopped(GpusliceError):
     """The agent cannot run on this cluster or node; the message says why and what to change."""
 
 

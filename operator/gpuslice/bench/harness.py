@@ -25,7 +25,7 @@ from gpuslice.devcluster.ports import free_port
 from gpuslice.devcluster.process import Component
 from gpuslice.dra.names import DRIVER
 from gpuslice.errors import GpusliceError
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import Conflict, KubeClient, KubeError
 from gpuslice.kube.watch import list_all
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -38,7 +38,7 @@ class BenchError(GpusliceError):
     """The bench could not measure something; the message says what and where to look."""
 
 
-class BenchPartial(Exception):
+class BenchPartial(GpusliceError):
     """A figure failed part-way: ``measured`` is what it had (kept in results.json beside the error)."""
 
     def __init__(self, measured: dict[str, Any], error: BaseException, post_mortem: str = "") -> None:
@@ -335,8 +335,8 @@ async def create(api: KubeClient, collection: str, body: dict[str, Any]) -> dict
         nonlocal tried
         try:
             return await api.create(collection, body)
-        except KubeError as error:
-            if error.status == 409 and tried:
+        except Conflict:
+            if tried:
                 return await api.get(f"{collection}/{body['metadata']['name']}")
             raise
         finally:

@@ -8,7 +8,7 @@ import structlog
 
 from gpuslice.api.policy import GROUP, KIND, VERSION
 from gpuslice.dra.names import short_hash
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import Conflict, KubeClient, KubeError
 
 # Events about cluster-scoped objects live in the default namespace, as kubectl expects.
 EVENT_NAMESPACE = "default"
@@ -46,9 +46,7 @@ async def post_object_event(kube: KubeClient, namespace: str, involved: dict[str
     try:
         try:
             await kube.create(events, body)
-        except KubeError as error:
-            if error.status != 409:
-                raise
+        except Conflict:
             earlier = await kube.get(f"{events}/{name}")
             last = datetime.datetime.strptime(earlier.get("lastTimestamp") or stamp, _TIME).replace(tzinfo=datetime.UTC)
             if now - last < REPEAT_WINDOW:

@@ -34,7 +34,7 @@ import aiohttp
 import structlog
 
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import Conflict, KubeClient, KubeError, NotFound
 from gpuslice.kube.transport import Transport
 
 log = structlog.get_logger(__name__)
@@ -95,17 +95,13 @@ class LeaderElector:
         now_wall = time.time()
         try:
             lease = await self.kube.get(self.path)
-        except KubeError as error:
-            if error.status != 404:
-                raise
+        except NotFound:
             spec: dict[str, Any] = {"holderIdentity": self.holder, "leaseDurationSeconds": int(self.lease_duration),
                     "acquireTime": _micro(now_wall), "renewTime": _micro(now_wall), "leaseTransitions": 0}
             try:
                 await self.kube.create(self.path.rsplit("/", 1)[0], self._body(spec, None))
-            except KubeError as conflict:
-                if conflict.status == 409:
-                    return False  # another copy created it first
-                raise
+            except Conflict:
+                return False  # another copy created it first
             self._renewed_at = self.clock()
             return True
         spec = dict(lease.get("spec") or {})
@@ -124,10 +120,8 @@ class LeaderElector:
                      "renewTime": _micro(now_wall)})
         try:
             await self.kube.replace(self.path, self._body(spec, record[2]))
-        except KubeError as conflict:
-            if conflict.status == 409:
-                return False  # the record moved under us: look again
-            raise
+        except Conflict:
+            return False  # the record moved under us: look again
         self._renewed_at = self.clock()
         return True
 

@@ -22,6 +22,7 @@ from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import check_label_guard, own_namespace, whoami
 from gpuslice.controller.tenancy_labels import MEMORY_ROUTE, sync_tenancy_labels
 from gpuslice.controller.webhook_tls import TlsSettings, keep_webhook_tls, service_hosts
+from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.compatibility import check_server
 from gpuslice.kube.transport import connect
@@ -31,7 +32,7 @@ from gpuslice.observability.metrics import announce, serve_metrics
 log = structlog.get_logger(__name__)
 
 
-class ControllerStopped(Exception):
+class ControllerStopped(GpusliceError):
     """The controller cannot (or may no longer) act; the message says why. Exit status 1."""
 
 

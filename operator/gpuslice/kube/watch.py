@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from gpuslice.backoff import Backoff
-from gpuslice.kube.client import KubeClient, KubeError
+from gpuslice.kube.client import Gone, KubeClient, KubeError
 from gpuslice.kube.transport import ApiError
 
 # type is None for objects of the (re)list, as Kopf reports its initial listing; else ADDED,
@@ -51,10 +51,6 @@ async def list_all(kube: KubeClient, path: str, query: Mapping[str, str | int | 
             return items, str((body.get("metadata") or {}).get("resourceVersion") or "")
 
 
-class Gone(Exception):
-    """The server no longer has the resourceVersion we watch from: list again."""
-
-
 async def _stream(kube: KubeClient, path: str, query: Mapping[str, str | int | bool], version: str,
                   server_timeout: int, handler: Handler) -> str:
     params = {**query, "watch": True, "resourceVersion": version, "allowWatchBookmarks": True,
@@ -67,10 +63,9 @@ async def _stream(kube: KubeClient, path: str, query: Mapping[str, str | int | b
                 event = json.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise Gone()
-                    raise KubeError(int(obj.get("code") or 500), str(obj.get("reason") or "WatchError"),
-                                    str(obj.get("message") or obj), obj)
+                    # 410 (Gone): the server no longer has the version watched from; the loop lists again.
+                    raise KubeError.of(int(obj.get("code") or 500), str(obj.get("reason") or "WatchError"),
+                                       str(obj.get("message") or obj), obj)
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 if kind != "BOOKMARK":
                     result = handler(kind, obj)

@@ -33,7 +33,7 @@ class Refuses:
             return {"spec": {"policyName": "gpuslice-non-tenants", "validationActions": ["Deny"]}}
         if path.endswith("/validatingadmissionpolicies/gpuslice-non-tenants"):
             return {"spec": {}}
-        raise KubeError(404, "NotFound", "not found", None)
+        raise KubeError.of(404, "NotFound", "not found")
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
         return patch
@@ -42,7 +42,7 @@ class Refuses:
         return body
 
     async def request(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
-        raise KubeError(403, "Forbidden", "resourceclaims.resource.k8s.io is forbidden: ValidatingAdmissionPolicy"
+        raise KubeError.of(403, "Forbidden", "resourceclaims.resource.k8s.io is forbidden: ValidatingAdmissionPolicy"
                         " 'gpuslice-tenancy' with binding 'gpuslice-tenancy' denied request: ResourceClaim probe:"
                         " namespace gpuslice-system is not a tenant of GpuSlicePolicy team-a, so ...", None)
 
