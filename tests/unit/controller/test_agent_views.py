@@ -79,7 +79,8 @@ async def test_a_deleted_policys_event_leaves_the_view_of_the_policy_made_again_
     assert await sync_view(kube, new, False, written, {}, 1.0)
     await sync_view(kube, old, True, {"p": ("old", 0.0)}, {"p": "old"}, 2.0)  # the old policy's late event
     view = api.get(view_path("p"))
-    assert view is not None and view["spec"]["policy"]["uid"] == "u-new"
+    assert view is not None
+    assert view["spec"]["policy"]["uid"] == "u-new"
     assert await sync_view(kube, new, True, written, {}, 3.0)
     assert api.get(view_path("p")) is None
 
