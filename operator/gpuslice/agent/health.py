@@ -20,8 +20,8 @@ from prometheus_client import Counter, Gauge
 from gpuslice.agent.events import node_ref, record_event
 from gpuslice.agent.gpus import GpuBackend, GpuBackendError
 from gpuslice.agent.settings import HealthSettings
-from gpuslice.dra.wire import TaintJSON
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.jsontypes import Object
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.node.health import UNHEALTHY_TAINT_KEY, GpuHealth, step, taint
 
@@ -45,7 +45,7 @@ class HealthMonitor:
         self._changed = asyncio.Condition()
         self._on_change = on_change
 
-    def taints(self) -> dict[str, list[TaintJSON]]:
+    def taints(self) -> dict[str, list[Object]]:
         """The ``gpuslice.dev/unhealthy`` taint of each GPU that is not healthy, by UUID."""
         return {uuid: [t] for uuid, health in self.state.items() if (t := taint(health)) is not None}
 

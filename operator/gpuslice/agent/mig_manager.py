@@ -43,8 +43,9 @@ from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.backoff import spread
 from gpuslice.dra.names import MIG_FAILED_TAINT_KEY, RECONFIGURING_TAINT_KEY
-from gpuslice.dra.wire import TaintJSON, device_gpu
+from gpuslice.dra.wire import device_gpu
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.jsontypes import Object
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.devices import Device
 from gpuslice.planning.node.coexistence import mig_manager_active
@@ -246,7 +247,7 @@ class MigManager:
 
     # 2. Taints
 
-    def statuses(self, allocated: set[str], published: Iterable[dict[str, Any]]) -> dict[str, list[TaintJSON]]:
+    def statuses(self, allocated: set[str], published: Iterable[dict[str, Any]]) -> dict[str, list[Object]]:
         by_gpu: dict[str, set[str]] = {}
         for device in published:
             if (gpu := device_gpu(device)) is not None:
@@ -258,7 +259,7 @@ class MigManager:
                           if uuid not in self.busy and not self._waiting_retry(uuid, now))
             if free:
                 self.draining = free[0][1]
-        taints: dict[str, list[TaintJSON]] = {}
+        taints: dict[str, list[Object]] = {}
         for uuid in self.busy | ({self.draining} if self.draining else set()):
             taints[uuid] = [{"key": RECONFIGURING_TAINT_KEY, "effect": "NoSchedule"}]
         for uuid in self.failed:

@@ -47,8 +47,9 @@ from gpuslice.api.agent_view import VIEWS, policy_of
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import DRIVER, PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY
 from gpuslice.dra.resourceslice import resource_slice, slice_name
-from gpuslice.dra.wire import TaintJSON, device_gpu, device_policy, pool_mark
+from gpuslice.dra.wire import device_gpu, device_policy, pool_mark
 from gpuslice.inventory.gpus import Gpu
+from gpuslice.jsontypes import Object
 from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.observability.failpoints import failpoint
 from gpuslice.planning.left_out import ANNOTATION as LEFT_OUT
@@ -105,7 +106,7 @@ class Observed:
     last: Published | None  # the record of the last write
     drained: set[str]  # tainted devices no claim can get any more
     allocated: set[str]  # devices claims (or this node's prepares) hold; read only when a change needs them
-    statuses: Mapping[str, Sequence[TaintJSON]]  # the GPUs' health taints, by UUID
+    statuses: Mapping[str, Sequence[Object]]  # the GPUs' health taints, by UUID
     # GPUs a device plugin on the node holds, for the controller's condition (planning.node.device_plugins)
     device_plugin: tuple[LeftOut, ...] = ()
 
@@ -159,7 +160,7 @@ class NodePool:
 
     def __init__(self, node: str, kube: KubeClient, ops: GpuOps, *, record: PublishedRecord | None = None,
                  checkpoints: Checkpoints | None = None, mig: MigManager | None = None,
-                 statuses: Callable[[], Mapping[str, Sequence[TaintJSON]]] = dict,
+                 statuses: Callable[[], Mapping[str, Sequence[Object]]] = dict,
                  unsupported: Mapping[str, str] | None = None, drains: Drains | None = None) -> None:
         self.node, self.kube, self.ops = node, kube, ops
         self.gpus: list[Gpu] = list(ops.gpus.values())
@@ -172,7 +173,7 @@ class NodePool:
 
     @classmethod
     def kept_in(cls, state: Path, node: str, kube: KubeClient, ops: GpuOps, *, boot_id: str | None = None,
-                statuses: Callable[[], Mapping[str, Sequence[TaintJSON]]] = dict,
+                statuses: Callable[[], Mapping[str, Sequence[Object]]] = dict,
                 drains: Drains | None = None) -> NodePool:
         """The pool with what the node keeps in ``state`` (created if missing): the record, the
         checkpoints (stamped with ``boot_id``) and the MIG manager's applied layouts."""

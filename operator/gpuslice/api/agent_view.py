@@ -23,18 +23,17 @@ controller only; a field the planner comes to read must be added here (``view_of
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from gpuslice.api.policy import GROUP, KIND, VERSION
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, LABEL_POLICY
+from gpuslice.jsontypes import Body
 
 VIEW_KIND = "GpuSliceAgentView"
 VIEW_PLURAL = "gpusliceagentviews"
 VIEWS = f"/apis/{GROUP}/{VERSION}/namespaces/{CONTROLLER_NAMESPACE}/{VIEW_PLURAL}"
 # What of a policy's spec the node agents' planner reads (publisher.sort_policies, planning.node).
 PLANNED_SPEC = ("nodeSelector", "gpuSelector", "slicing", "taints")
-Body = Mapping[str, Any]
 
 
 def view_path(policy: str) -> str:

@@ -1,6 +1,6 @@
 """Generate the GpuSlicePolicy CRD from the pydantic models.
 
-pydantic's JSON Schema is close to a structural OpenAPI v3 schema; what
+pydantic's JSON Object is close to a structural OpenAPI v3 schema; what
 differs is fixed here: references are inlined, ``Optional`` unions become
 plain optional properties, titles go, and each model's rules become
 ``x-kubernetes-validations``.
@@ -19,8 +19,7 @@ from gpuslice.api.ledger import LEDGER_KIND, LEDGER_PLURAL, LedgerSpec, LedgerSt
 from gpuslice.api.policy import GROUP, KIND, MAX_NAME, PLURAL, VERSION, GpuSlicePolicySpec
 from gpuslice.api.rules import DNS_LABEL, ApiModel
 from gpuslice.api.status import GpuSlicePolicyStatus
-
-Schema = dict[str, Any]
+from gpuslice.jsontypes import Object
 
 
 def _models(root: type[ApiModel]) -> dict[str, type[ApiModel]]:
@@ -47,12 +46,12 @@ def _types_in(annotation: Any) -> list[Any]:
     return [t for arg in args for t in _types_in(arg)]
 
 
-def structural(root: type[ApiModel]) -> Schema:
+def structural(root: type[ApiModel]) -> Object:
     schema = root.model_json_schema(by_alias=True)
-    definitions: dict[str, Schema] = schema.pop("$defs", {})
+    definitions: dict[str, Object] = schema.pop("$defs", {})
     models = _models(root)
 
-    def convert(node: Schema, model_name: str | None = None) -> Schema:
+    def convert(node: Object, model_name: str | None = None) -> Object:
         node = copy.deepcopy(node)
         if "$ref" in node:
             name = node.pop("$ref").rsplit("/", 1)[1]
@@ -90,7 +89,7 @@ def structural(root: type[ApiModel]) -> Schema:
     return convert(schema, root.__name__)
 
 
-def _definition(kind: str, plural: str, scope: str, short: str, root: Schema,
+def _definition(kind: str, plural: str, scope: str, short: str, root: Object,
                 columns: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -115,7 +114,7 @@ def _definition(kind: str, plural: str, scope: str, short: str, root: Schema,
     }
 
 
-def _root(description: str, spec: Schema, status: Schema) -> Schema:
+def _root(description: str, spec: Object, status: Object) -> Object:
     return {
         "type": "object",
         "description": description,
@@ -176,13 +175,13 @@ def agent_view_crd() -> dict[str, Any]:
     """GpuSliceAgentView (api.agent_view): namespaced (gpuslice-system only), written by the controller
     only. The policy's spec and the moves in flight are kept as the policy has them (the policy's own
     schema judged them when they were written there); the agent parses them as it parses a policy."""
-    def free() -> Schema:
+    def free() -> Object:
         return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
-    def string() -> Schema:
+    def string() -> Object:
         return {"type": "string"}
 
-    def integer() -> Schema:
+    def integer() -> Object:
         return {"type": "integer"}
 
     spec = {

@@ -25,6 +25,7 @@ from typing import Any
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, device_class_name
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.inventory.catalog import MODELS
+from gpuslice.jsontypes import Object
 from gpuslice.planning.kinds import profile_tag
 
 GIB = 1024**3
@@ -33,7 +34,6 @@ GIB = 1024**3
 WHOLE_DRIVER = "whole-gpu.bench.example.com"
 WHOLE_CLASS = "whole-gpu.bench.example.com"
 H100 = MODELS["h100-80gb"]
-Manifest = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -50,13 +50,13 @@ class Choice:
 class Layout:
     name: str
     title: str
-    policies: tuple[Manifest, ...] = ()
+    policies: tuple[Object, ...] = ()
     whole_gpu: bool = False
     # The choices for a pod needing ``need`` GiB, first preferred; empty: it cannot be served.
     choices: Callable[[int], tuple[Choice, ...]] = field(default=lambda _: ())
     capacity_per_gpu: int = 1  # pods of the scheduler-cost claim one GPU holds
 
-    def claim(self, namespace: str, name: str, need_gib: int) -> Manifest | None:
+    def claim(self, namespace: str, name: str, need_gib: int) -> Object | None:
         return claim_body(namespace, name, self.choices(need_gib))
 
 
@@ -69,7 +69,7 @@ def _attr(name: str) -> str:
     return f'device.attributes["{ATTRIBUTE_DOMAIN}"].{name}'
 
 
-def claim_body(namespace: str, name: str, choices: Sequence[Choice]) -> Manifest | None:
+def claim_body(namespace: str, name: str, choices: Sequence[Choice]) -> Object | None:
     if not choices:
         return None
 
@@ -91,19 +91,19 @@ def claim_body(namespace: str, name: str, choices: Sequence[Choice]) -> Manifest
             "metadata": {"name": name, "namespace": namespace}, "spec": {"devices": {"requests": [request]}}}
 
 
-def policy(name: str, slicing: Mapping[str, Any], tenants: Sequence[str], max_memory: str | None = None) -> Manifest:
+def policy(name: str, slicing: Mapping[str, Any], tenants: Sequence[str], max_memory: str | None = None) -> Object:
     limit = {"maxMemory": max_memory} if max_memory else {}
     return {"apiVersion": "gpuslice.dev/v1alpha1", "kind": "GpuSlicePolicy", "metadata": {"name": name},
             "spec": {"slicing": dict(slicing), "tenants": [{"namespace": t, **limit} for t in tenants],
                      "claimTemplateName": f"{name}-slice"}}
 
 
-def whole_gpu_class() -> Manifest:
+def whole_gpu_class() -> Object:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": WHOLE_CLASS},
             "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{WHOLE_DRIVER}"'}}]}}
 
 
-def whole_gpu_slice(node: str, node_uid: str, gpus: int) -> Manifest:
+def whole_gpu_slice(node: str, node_uid: str, gpus: int) -> Object:
     """One device per GPU (no counters, no sharing): what a device plugin's ``nvidia.com/gpu``
     is, with the attributes NVIDIA's DRA driver publishes for a whole GPU, so the scheduler
     reads as much per device as it would for the real thing."""

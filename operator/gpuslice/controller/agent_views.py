@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, MutableMapping
-from typing import Any
 
 import structlog
 
 from gpuslice.api.agent_view import view_of, view_path
 from gpuslice.api.policy import GROUP
 from gpuslice.controller.apply import APPLIED, FIELD_MANAGER, stamped
+from gpuslice.jsontypes import Body
 from gpuslice.kube.client import Conflict, KubeClient, KubeError, NotFound
 
 log = structlog.get_logger(__name__)
-Body = Mapping[str, Any]
 # The controller's finalizer (Kopf's, set on every policy it takes in): a view is written only for a
 # policy that has it, so a policy created and deleted while the controller was away gets none.
 FINALIZER = f"{GROUP}/policy-cleanup"

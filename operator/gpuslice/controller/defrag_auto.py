@@ -25,8 +25,7 @@ import contextlib
 import datetime
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable
 
 import pydantic
 import structlog
@@ -37,6 +36,7 @@ from gpuslice.controller.defrag_metrics import BLOCKED, IN_FLIGHT
 from gpuslice.controller.defrag_move import AUTO, Mover, new_move, now_utc, start
 from gpuslice.controller.events import post_object_event
 from gpuslice.controller.settings import ControllerSettings
+from gpuslice.jsontypes import Body
 from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.planning.node.defrag_taints import parse_time
 from gpuslice.planning.reads.defrag import plan_defrag
@@ -45,7 +45,6 @@ from gpuslice.planning.reads.scheduler_said import SchedulerSaid
 from gpuslice.reading.cluster import POLICIES, read_cluster, tenants_of
 
 log = structlog.get_logger(__name__)
-Body = Mapping[str, Any]
 FAILED_PAUSE = 3600.0  # seconds Auto plans no move for a claim after a move for it failed
 BUSY_TICK = 1.0  # seconds between steps of a move in flight
 IDLE_TICK = 2.0  # seconds between looks for a recorded move

@@ -45,6 +45,7 @@ from gpuslice.controller.defrag_metrics import EVICTIONS, FAILED, FREED, WASTED,
 from gpuslice.controller.events import post_event, post_object_event
 from gpuslice.dra.names import DEFRAG_TAINT_KEY, DRIVER, short_hash
 from gpuslice.dra.wire import allocation_results, device_gpu, devices_of, is_allocated, newest_generation
+from gpuslice.jsontypes import Body
 from gpuslice.kube.client import (
     NO_RETRY,
     Conflict,
@@ -64,7 +65,6 @@ from gpuslice.planning.reads.defrag_request import refusal as request_refusal
 from gpuslice.reading.cluster import POLICIES, RESOURCE, Reading, read_cluster, tenants_of
 
 log = structlog.get_logger(__name__)
-Body = Mapping[str, Any]
 WRITE_TRIES = 8
 AUTO = "controller (Auto)"  # who records the moves of Auto mode
 READING_FOR = 1.0  # seconds one reading of the cluster judges requested moves for

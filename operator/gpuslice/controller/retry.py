@@ -25,12 +25,12 @@ import asyncio
 import datetime
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 import structlog
 from prometheus_client import Counter
 
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, DRIVER
+from gpuslice.jsontypes import Body
 from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.planning.reads.node_fit import NodeFacts
 from gpuslice.planning.reads.occupancy import occupancy
@@ -39,7 +39,6 @@ from gpuslice.planning.reads.retry import Retry, to_retry, turned_away
 from gpuslice.reading.cluster import RESOURCE, tenants_of
 
 log = structlog.get_logger(__name__)
-Body = Mapping[str, Any]
 RETRY_AT = f"{ATTRIBUTE_DOMAIN}/retry-at"
 LONGEST = 300.0  # kube-scheduler's own flush of pods unschedulable this long
 RETRIES = Counter("gpuslice_scheduler_retries", "Times the controller asked kube-scheduler to try again pods it"

@@ -9,17 +9,15 @@ mended in one place, and every reader agrees on what a missing field means.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
 
 from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.jsontypes import Body
 
-Json = Mapping[str, Any]
 # A device or device taint as published (JSON); planning.devices.Device is a device's typed form.
-DeviceJSON = dict[str, Any]
-TaintJSON = dict[str, Any]
 
 
 class AllocationResult(TypedDict):
@@ -34,7 +32,7 @@ class AllocationResult(TypedDict):
     consumedCapacity: NotRequired[dict[str, str]]  # capacity name -> quantity (shared devices)
 
 
-def result_of(raw: Json) -> AllocationResult:
+def result_of(raw: Body) -> AllocationResult:
     """One raw allocation result, typed."""
     result = AllocationResult(request=str(raw.get("request", "")), driver=str(raw.get("driver", "")),
                               pool=str(raw.get("pool", "")), device=str(raw.get("device", "")))
@@ -67,7 +65,7 @@ class DeviceRequest(TypedDict):
     firstAvailable: list[ExactRequest]
 
 
-def exact_request(raw: Json, name: str) -> ExactRequest:
+def exact_request(raw: Body, name: str) -> ExactRequest:
     """One way a request may be met, typed; ``name`` as allocation results will name it."""
     request = ExactRequest(name=name, deviceClassName=str(raw.get("deviceClassName", "")),
                            count=int(raw.get("count") or 1),
@@ -82,7 +80,7 @@ def exact_request(raw: Json, name: str) -> ExactRequest:
     return request
 
 
-def device_requests(spec: Json) -> list[DeviceRequest]:
+def device_requests(spec: Body) -> list[DeviceRequest]:
     """The requests of a ResourceClaim's (or template's) ``spec``."""
     found = []
     for raw in ((spec.get("devices") or {}).get("requests")) or []:
@@ -95,7 +93,7 @@ def device_requests(spec: Json) -> list[DeviceRequest]:
     return found
 
 
-def match_attributes(spec: Json, name: str) -> tuple[str, ...]:
+def match_attributes(spec: Body, name: str) -> tuple[str, ...]:
     """The ``matchAttribute`` constraints of a claim's (or template's) ``spec`` that bind request ``name``
     (``<request>`` or ``<request>/<subrequest>``) on its own: those naming it or its request, and those
     naming none in a spec of one request. One that also binds another request (a GPU with a NIC of
@@ -121,23 +119,23 @@ def request_ways(request: DeviceRequest) -> list[ExactRequest]:
     return [request["exactly"]] if "exactly" in request else request["firstAvailable"]
 
 
-def status_results(status: Json, driver: str | None = DRIVER) -> list[AllocationResult]:
+def status_results(status: Body, driver: str | None = DRIVER) -> list[AllocationResult]:
     """The allocation results in a claim's ``status``: those of ``driver`` (None: every driver's)."""
     raw = (((status.get("allocation") or {}).get("devices") or {}).get("results")) or []
     return [result_of(r) for r in raw if driver is None or r.get("driver") == driver]
 
 
-def allocation_results(claim: Json, driver: str | None = DRIVER) -> list[AllocationResult]:
+def allocation_results(claim: Body, driver: str | None = DRIVER) -> list[AllocationResult]:
     """The allocation results of a ResourceClaim: those of ``driver`` (None: every driver's)."""
     return status_results(claim.get("status") or {}, driver)
 
 
-def is_allocated(claim: Json) -> bool:
+def is_allocated(claim: Body) -> bool:
     """Whether the scheduler has allocated the claim (``status.allocation`` is set)."""
     return bool((claim.get("status") or {}).get("allocation"))
 
 
-def allocation_node_selector(status: Json) -> Json:
+def allocation_node_selector(status: Body) -> Body:
     """The node selector of a claim's allocation (where its devices are); {} when none."""
     return ((status.get("allocation") or {}).get("nodeSelector")) or {}
 
@@ -151,7 +149,7 @@ class ConsumerRef(TypedDict):
     uid: str
 
 
-def reserved_for(status: Json) -> list[ConsumerRef]:
+def reserved_for(status: Body) -> list[ConsumerRef]:
     """The consumers a claim is reserved for, typed (absent fields read as '')."""
     return [ConsumerRef(apiGroup=str(r.get("apiGroup") or ""), resource=str(r.get("resource") or ""),
                         name=str(r.get("name") or ""), uid=str(r.get("uid") or ""))
@@ -165,11 +163,11 @@ class DeviceStatus(TypedDict):
     pool: str
     device: str
     shareID: NotRequired[str]
-    conditions: list[Json]  # metav1.Condition, as written
+    conditions: list[Body]  # metav1.Condition, as written
     data: NotRequired[Any]  # the driver's own, any JSON
 
 
-def device_statuses(status: Json, driver: str | None = DRIVER) -> list[DeviceStatus]:
+def device_statuses(status: Body, driver: str | None = DRIVER) -> list[DeviceStatus]:
     """The entries of a claim's ``status.devices``: those of ``driver`` (None: every driver's)."""
     found = []
     for raw in status.get("devices") or []:
@@ -185,7 +183,7 @@ def device_statuses(status: Json, driver: str | None = DRIVER) -> list[DeviceSta
     return found
 
 
-def device_condition(entry: DeviceStatus, kind: str) -> Json | None:
+def device_condition(entry: DeviceStatus, kind: str) -> Body | None:
     """The condition of type ``kind`` a driver wrote on the device; None when none."""
     return next((c for c in entry["conditions"] if c.get("type") == kind), None)
 
@@ -214,7 +212,7 @@ def consumed_memory(result: AllocationResult) -> int | None:
         return None
 
 
-def attribute(device: Json, name: str, domain: str = ATTRIBUTE_DOMAIN) -> str | int | bool | None:
+def attribute(device: Body, name: str, domain: str = ATTRIBUTE_DOMAIN) -> str | int | bool | None:
     """The value of a device's attribute ``domain/name`` (``name`` alone for an empty domain)."""
     key = f"{domain}/{name}" if domain else name
     value = (device.get("attributes") or {}).get(key) or {}
@@ -225,30 +223,30 @@ def attribute(device: Json, name: str, domain: str = ATTRIBUTE_DOMAIN) -> str | 
     return None
 
 
-def text_attribute(device: Json, name: str, domain: str = ATTRIBUTE_DOMAIN) -> str:
+def text_attribute(device: Body, name: str, domain: str = ATTRIBUTE_DOMAIN) -> str:
     """A string attribute's value; '' when absent or not a string."""
     value = attribute(device, name, domain)
     return value if isinstance(value, str) else ""
 
 
-def device_policy(device: Json) -> str | None:
+def device_policy(device: Body) -> str | None:
     """The GpuSlicePolicy that made a published device (``gpuslice.dev/policy``, fully qualified:
     a bare name would be the driver's domain); None for a device without it."""
     return text_attribute(device, ATTR_POLICY) or None
 
 
-def device_gpu(device: Json) -> str | None:
+def device_gpu(device: Body) -> str | None:
     """The physical GPU a published device stands on, by UUID (``uuid``, or ``parentUUID`` for a part)."""
     return text_attribute(device, "uuid") or text_attribute(device, "parentUUID") or None
 
 
-def device_capacity(device: Json, name: str = "memory") -> str | None:
+def device_capacity(device: Body, name: str = "memory") -> str | None:
     """A published device's capacity ``name``, as written; None when it has none."""
     value = ((device.get("capacity") or {}).get(name) or {}).get("value")
     return str(value) if value is not None else None
 
 
-def device_memory(device: Json) -> int | None:
+def device_memory(device: Body) -> int | None:
     """The ``memory`` capacity of a published device, in bytes; None when it has none readable."""
     value = device_capacity(device)
     try:
@@ -274,7 +272,7 @@ class MemoryPolicy:
         return self.least + max(0, -(-(asked - self.least) // self.step)) * self.step
 
 
-def memory_policy(device: Json) -> MemoryPolicy | None:
+def memory_policy(device: Body) -> MemoryPolicy | None:
     """The request policy of a device's consumable ``memory`` (a range's: gpuslice publishes no other
     kind); None when it has none readable."""
     policy = ((device.get("capacity") or {}).get("memory") or {}).get("requestPolicy") or {}
@@ -289,7 +287,7 @@ def memory_policy(device: Json) -> MemoryPolicy | None:
     return MemoryPolicy(default, least, step)
 
 
-def taint_keys(device: Json) -> set[str]:
+def taint_keys(device: Body) -> set[str]:
     return {str(t.get("key")) for t in device.get("taints") or []}
 
 
@@ -300,7 +298,7 @@ class PoolGeneration:
     pool: str
     generation: int
     complete: bool  # as many slices of this generation as its resourceSliceCount says
-    slices: tuple[Json, ...] = ()  # the specs of its slices of this generation
+    slices: tuple[Body, ...] = ()  # the specs of its slices of this generation
 
 
 def newest_of(marks: Iterable[tuple[str, int, int]]) -> dict[str, tuple[int, bool]]:
@@ -319,13 +317,13 @@ def newest_of(marks: Iterable[tuple[str, int, int]]) -> dict[str, tuple[int, boo
     return {pool: (generation, present[pool] >= expected[pool]) for pool, generation in newest.items()}
 
 
-def pool_mark(spec: Json) -> tuple[str, int, int]:
+def pool_mark(spec: Body) -> tuple[str, int, int]:
     """(pool, generation, resourceSliceCount) of a ResourceSlice's spec."""
     pool = spec.get("pool") or {}
     return str(pool.get("name", "")), int(pool.get("generation", 0)), int(pool.get("resourceSliceCount", 1))
 
 
-def newest_generations(specs: Iterable[Json]) -> dict[str, PoolGeneration]:
+def newest_generations(specs: Iterable[Body]) -> dict[str, PoolGeneration]:
     """Each pool's newest generation, from ResourceSlice specs (of one driver: the caller picks)."""
     specs = list(specs)
     found = newest_of(pool_mark(s) for s in specs)
@@ -334,11 +332,11 @@ def newest_generations(specs: Iterable[Json]) -> dict[str, PoolGeneration]:
             for pool, (generation, complete) in found.items()}
 
 
-def newest_generation(specs: Iterable[Json], pool: str) -> PoolGeneration | None:
+def newest_generation(specs: Iterable[Body], pool: str) -> PoolGeneration | None:
     """One pool's newest generation; None when no slice of it is given."""
     return newest_generations(s for s in specs if pool_mark(s)[0] == pool).get(pool)
 
 
-def devices_of(generation: PoolGeneration) -> list[Json]:
+def devices_of(generation: PoolGeneration) -> list[Body]:
     """The devices of a pool generation's slices, in slice order."""
     return [d for s in generation.slices for d in s.get("devices") or []]

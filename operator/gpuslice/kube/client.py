@@ -30,10 +30,9 @@ import aiohttp
 import structlog
 
 from gpuslice.backoff import Backoff
+from gpuslice.jsontypes import Object
 from gpuslice.kube import metrics
 from gpuslice.kube.transport import ApiError, Transport, connect
-
-Object = dict[str, Any]
 
 # Seconds for one request, connection included: a half-open connection must not hang a
 # reconcile (holding its policy's lock) or the agent's publish cycle for good.

@@ -34,8 +34,8 @@ from gpuslice.dra.wire import (
     device_requests,
     request_ways,
 )
+from gpuslice.jsontypes import Body
 
-Body = Mapping[str, Any]
 # (pool, device) -> its memory, and its memory's request policy when shared; None when not known
 SizeOf = Callable[[str, str], tuple[int, MemoryPolicy | None] | None]
 

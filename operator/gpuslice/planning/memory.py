@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpuslice.api.ledger import Charge
 from gpuslice.api.status import ClassInForce
@@ -31,8 +30,8 @@ from gpuslice.dra.wire import (
     request_ways,
 )
 from gpuslice.errors import GpusliceError
+from gpuslice.jsontypes import Body
 
-Body = Mapping[str, Any]
 MemoryOf = Callable[[str, str], int | None]  # (pool, device) -> bytes, None when not known
 
 

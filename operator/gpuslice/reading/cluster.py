@@ -10,12 +10,13 @@ concerned: only their pods can wait for a policy's devices, or be moved to free 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpuslice.api.ledger import LEDGERS
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRIVER
+from gpuslice.jsontypes import Body
 from gpuslice.kube.client import Forbidden, KubeClient, NotFound
 from gpuslice.planning.reads.defrag import plan_defrag
 from gpuslice.planning.reads.defrag_facts import ClaimFacts, DisruptionBudget, PodFacts, opted_out_namespaces
@@ -26,7 +27,6 @@ from gpuslice.planning.reads.published import drain_lists, read_pools
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 RESOURCE = "/apis/resource.k8s.io/v1"
 CONFIGMAPS = f"/api/v1/namespaces/{CONTROLLER_NAMESPACE}/configmaps"
-Body = Mapping[str, Any]
 READS_AT_ONCE = 8  # namespaces read at a time
 
 

@@ -44,7 +44,7 @@ from gpuslice.dra.names import (
     TENANCY_JUDGED,
     TENANCY_LABEL,
 )
-from gpuslice.planning.cluster.cluster_objects import Manifest
+from gpuslice.jsontypes import Object
 from gpuslice.planning.cluster.policy_status_rule import POLICY_STATUS, policy_status_guard
 from gpuslice.planning.cluster.tenancy_rule import (
     ADMISSION_V1,
@@ -62,7 +62,7 @@ DEVICE_CLASSES = "gpuslice-device-classes"
 STATIC_POLICIES = (TENANCY, NON_TENANTS, ADMIN_LABEL_GUARD, CONTROLLER_WRITES, DEVICE_CLASSES, POLICY_STATUS)
 
 
-def admin_access_guard(controller_user: str = CONTROLLER_USER) -> Manifest:
+def admin_access_guard(controller_user: str = CONTROLLER_USER) -> Object:
     """Only the controller may turn on the admin-access label of a namespace, so tenants cannot
     grant themselves admin access; the policies' spec.adminAccess is the one way. The label can be
     set through the namespace, its status and its finalize subresources: all are guarded."""
@@ -107,7 +107,7 @@ def _owned(o: str) -> str:
             f" && '{managed_by}' in {o}.metadata.labels && {o}.metadata.labels['{managed_by}'] == '{value}')")
 
 
-def controller_writes(controller_user: str = CONTROLLER_USER) -> Manifest:
+def controller_writes(controller_user: str = CONTROLLER_USER) -> Object:
     """What the controller may write, beyond what RBAC can say: objects of kinds whose names vary
     per policy only when they are gpuslice's (labels and names, before and after), namespaces only
     in their admin-access label, ResourceClaims only as a dry run (its tenancy probe), evictions
@@ -195,7 +195,7 @@ def controller_writes(controller_user: str = CONTROLLER_USER) -> Manifest:
     }
 
 
-def device_classes_policy() -> Manifest:
+def device_classes_policy() -> Object:
     """Every allocation of one of gpuslice's devices answers a request (or subrequest) for one
     of gpuslice's DeviceClasses (``*.gpuslice.dev``), whose tenancy rule then judges it."""
     ours = f"endsWith('.{GROUP}')"
@@ -240,7 +240,7 @@ def device_classes_policy() -> Manifest:
     }
 
 
-def binding(policy: str) -> Manifest:
+def binding(policy: str) -> Object:
     return {
         "apiVersion": ADMISSION_V1, "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": {"name": policy, "labels": dict(MANAGED_BY)},
@@ -248,7 +248,7 @@ def binding(policy: str) -> Manifest:
     }
 
 
-def static_manifests(controller_user: str = CONTROLLER_USER) -> list[Manifest]:
+def static_manifests(controller_user: str = CONTROLLER_USER) -> list[Object]:
     return [tenancy_policy(), tenancy_binding(), non_tenants_policy(), binding(NON_TENANTS),
             admin_access_guard(controller_user), binding(ADMIN_LABEL_GUARD),
             controller_writes(controller_user), binding(CONTROLLER_WRITES),

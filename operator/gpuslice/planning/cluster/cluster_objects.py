@@ -17,12 +17,12 @@ from gpuslice.api.ledger import LEDGER_KIND, ledger_name
 from gpuslice.api.policy import GROUP, KIND, VERSION, Tenant
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, LABEL_POLICY, MANAGED_BY, quota_resource
+from gpuslice.jsontypes import Object
 from gpuslice.planning.aligned import ALIGNED_LABEL, AlignedTemplate, aligned_claim_spec, aligned_templates
 from gpuslice.planning.kinds import SHARED, DeviceKind, quota, template_names
 from gpuslice.planning.modes import device_kinds
 from gpuslice.planning.selection import Selection
 
-Manifest = dict[str, Any]
 RESOURCE_V1 = "resource.k8s.io/v1"
 
 
@@ -40,17 +40,17 @@ class DesiredObjects:
     (a tenant is admitted only once its quota exists), then the templates. No DeviceTaintRules:
     a policy's taints travel on the devices the node agents publish (``planning.node.node_pool``)."""
 
-    classes: list[Manifest] = field(default_factory=list)
-    quotas: list[Manifest] = field(default_factory=list)
-    templates: list[Manifest] = field(default_factory=list)
+    classes: list[Object] = field(default_factory=list)
+    quotas: list[Object] = field(default_factory=list)
+    templates: list[Object] = field(default_factory=list)
 
-    def limits(self) -> list[Manifest]:
+    def limits(self) -> list[Object]:
         return [*self.classes, *self.quotas]
 
-    def rest(self) -> list[Manifest]:
+    def rest(self) -> list[Object]:
         return list(self.templates)
 
-    def all(self) -> list[Manifest]:
+    def all(self) -> list[Object]:
         return [*self.limits(), *self.rest()]
 
 
@@ -74,7 +74,7 @@ def _meta(policy: GpuSlicePolicy, name: str, namespace: str | None = None) -> di
     return meta
 
 
-def device_class(policy: GpuSlicePolicy, kind: DeviceKind, extended: bool = False) -> Manifest:
+def device_class(policy: GpuSlicePolicy, kind: DeviceKind, extended: bool = False) -> Object:
     spec: dict[str, Any] = {"selectors": [{"cel": {"expression": kind.selector}}]}
     if extended and policy.spec.extended_resource_name:
         spec["extendedResourceName"] = policy.spec.extended_resource_name
@@ -82,7 +82,7 @@ def device_class(policy: GpuSlicePolicy, kind: DeviceKind, extended: bool = Fals
             "metadata": _meta(policy, kind.class_name), "spec": spec}
 
 
-def claim_template(policy: GpuSlicePolicy, namespace: str, name: str, kind: DeviceKind) -> Manifest:
+def claim_template(policy: GpuSlicePolicy, namespace: str, name: str, kind: DeviceKind) -> Object:
     """Exactly one device of ``kind``; in shared mode, exactly one sliceSize of it."""
     request: dict[str, Any] = {"deviceClassName": kind.class_name}
     if kind.kind == SHARED and policy.spec.slicing.slice_size:
@@ -97,7 +97,7 @@ def claim_template(policy: GpuSlicePolicy, namespace: str, name: str, kind: Devi
     }
 
 
-def aligned_claim_template(policy: GpuSlicePolicy, namespace: str, template: AlignedTemplate) -> Manifest:
+def aligned_claim_template(policy: GpuSlicePolicy, namespace: str, template: AlignedTemplate) -> Object:
     """``count`` whole GPUs that sit together (spec.topology; planning.aligned)."""
     return {
         "apiVersion": RESOURCE_V1, "kind": "ResourceClaimTemplate",
@@ -113,7 +113,7 @@ def quota_name(policy: str) -> str:
     return f"gpuslice-{policy}"
 
 
-def resource_quota(policy: GpuSlicePolicy, tenant: Tenant, kinds: list[DeviceKind]) -> Manifest:
+def resource_quota(policy: GpuSlicePolicy, tenant: Tenant, kinds: list[DeviceKind]) -> Object:
     """One quota per limited tenant with a key per kind: a kind the tenant is not granted is 0."""
     hard = {quota_resource(k.class_name): str(quota(tenant, k)) for k in kinds}
     return {
@@ -150,7 +150,7 @@ def desired_objects(policy: GpuSlicePolicy, namespaces: Set[str]) -> DesiredObje
 LABEL_TENANT = "gpuslice.dev/tenant"
 
 
-def ledger(policy: GpuSlicePolicy, tenant: Tenant, namespace_uid: str) -> Manifest:
+def ledger(policy: GpuSlicePolicy, tenant: Tenant, namespace_uid: str) -> Object:
     """The maxMemory ledger of one tenant, in the controller's namespace: its spec is the limit in
     force (the webhook writes its status, the charges)."""
     assert tenant.max_memory is not None
@@ -164,7 +164,7 @@ def ledger(policy: GpuSlicePolicy, tenant: Tenant, namespace_uid: str) -> Manife
     }
 
 
-def desired_ledgers(policy: GpuSlicePolicy, namespaces: Mapping[str, str]) -> list[Manifest]:
+def desired_ledgers(policy: GpuSlicePolicy, namespaces: Mapping[str, str]) -> list[Object]:
     """A ledger per maxMemory tenant whose namespace exists (``namespaces``: name -> UID)."""
     return [ledger(policy, t, namespaces[t.namespace]) for t in policy.spec.tenants
             if t.memory_limited and namespaces.get(t.namespace)]

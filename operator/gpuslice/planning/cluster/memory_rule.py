@@ -28,7 +28,7 @@ from gpuslice.dra.names import (
     MEMORY_WEBHOOK_PATH,
     MEMORY_WEBHOOK_SERVICE,
 )
-from gpuslice.planning.cluster.cluster_objects import Manifest
+from gpuslice.jsontypes import Object
 from gpuslice.planning.cluster.tenancy_rule import ADMISSION_V1, ALLOCATING, NAMES_GPUSLICE_CLASS
 
 TIMEOUT_SECONDS = 5  # the API server gives up on the webhook after this long (and refuses)
@@ -40,7 +40,7 @@ def memory_namespaces() -> dict[str, Any]:
     return {"matchLabels": {MEMORY_LABEL: MEMORY_JUDGED}}
 
 
-def memory_webhook(url: str | None = None, ca_bundle: str | None = None) -> Manifest:
+def memory_webhook(url: str | None = None, ca_bundle: str | None = None) -> Object:
     """The ValidatingWebhookConfiguration: by the Service ``gpuslice-webhook`` in
     ``gpuslice-system``, or by ``url`` (the dev cluster, whose API server reaches it on loopback).
     The controller writes ``caBundle`` (or cert-manager, in that overlay)."""

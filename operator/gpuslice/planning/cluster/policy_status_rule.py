@@ -36,7 +36,7 @@ from pydantic import BaseModel
 from gpuslice.api.policy import GROUP
 from gpuslice.api.status import MAX_REQUESTED_MOVE, DefragmentationStatus, GpuSlicePolicyStatus
 from gpuslice.dra.names import MANAGED_BY
-from gpuslice.planning.cluster.cluster_objects import Manifest
+from gpuslice.jsontypes import Object
 from gpuslice.planning.cluster.tenancy_rule import ADMISSION_V1
 
 POLICY_STATUS = "gpuslice-policy-status"
@@ -71,7 +71,7 @@ def _changed() -> str:
                       for p, listed in guarded_fields())
 
 
-def policy_status_guard(controller_user: str) -> Manifest:
+def policy_status_guard(controller_user: str) -> Object:
     old_moves, new_moves = (_value(o, "defragmentation.inFlight", True) for o in ("oldObject", "object"))
     requested = "n.?phase.orValue('Requested') == 'Requested' && size(n.?evicted.orValue([])) == 0"
     tenant = "object.spec.?tenants.orValue([]).exists(t, t.namespace == {})"

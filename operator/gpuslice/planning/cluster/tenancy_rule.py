@@ -38,8 +38,8 @@ from gpuslice.dra.names import (
     TENANCY_JUDGED,
     TENANCY_LABEL,
 )
+from gpuslice.jsontypes import Object
 from gpuslice.planning.cluster import defrag_rule
-from gpuslice.planning.cluster.cluster_objects import Manifest
 
 ADMISSION_V1 = "admissionregistration.k8s.io/v1"
 TENANCY = "gpuslice-tenancy"
@@ -192,7 +192,7 @@ _COUNTED = ("has(t.maxSlices) || has(t.maxFullGpus) || has(t.maxMigDevices)",
             " || has(variables.record[0].limits.maxMigDevices)")
 
 
-def tenancy_policy() -> Manifest:
+def tenancy_policy() -> Object:
     tenants = "(has(params.spec.tenants) ? params.spec.tenants : [])"
     variables = [
         *_claim_variables(),
@@ -359,7 +359,7 @@ def tenancy_policy() -> Manifest:
     }
 
 
-def tenancy_binding() -> Manifest:
+def tenancy_binding() -> Object:
     """One binding for every policy: the selector matches them all, and with none there is
     nothing to enforce."""
     return {
@@ -370,7 +370,7 @@ def tenancy_binding() -> Manifest:
     }
 
 
-def non_tenants_policy() -> Manifest:
+def non_tenants_policy() -> Object:
     """``gpuslice-non-tenants``: a claim or template of gpuslice's DeviceClasses in a namespace no
     policy names is refused when it is made, allocated or reserved for a pod. It has no parameter,
     so it holds (and judges nothing of anyone else's) with the GpuSlicePolicy CRD gone. The

@@ -17,9 +17,10 @@ from functools import cached_property
 from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.dra.wire import DeviceJSON, device_memory
+from gpuslice.dra.wire import device_memory
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import same_product
+from gpuslice.jsontypes import Object
 from gpuslice.planning.devices import CounterSet, Device, gpu_tag
 from gpuslice.planning.left_out import LeftOut
 from gpuslice.planning.modes import mode_of
@@ -38,7 +39,7 @@ class PlannedSlice:
 
     suffix: str  # the slice is named gpuslice-<node>-<suffix>
     shared_counters: tuple[dict[str, Any], ...] = ()
-    devices: tuple[DeviceJSON, ...] = ()
+    devices: tuple[Object, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class NodePlan:
         return layout([c.manifest() for c in self.guards], [d.manifest() for d in self.typed])
 
     @property
-    def devices(self) -> list[DeviceJSON]:
+    def devices(self) -> list[Object]:
         return [d for s in self.slices for d in s.devices]
 
     @property
@@ -173,7 +174,7 @@ def plan_node_pool(labels: Mapping[str, str], gpus: Sequence[Gpu], policies: Ite
     return NodePlan(tuple(ordered), tuple(counter_sets), tuple(notes), tuple(left_out))
 
 
-def layout(counter_sets: Sequence[dict[str, Any]], devices: Sequence[DeviceJSON]) -> tuple[PlannedSlice, ...]:
+def layout(counter_sets: Sequence[dict[str, Any]], devices: Sequence[Object]) -> tuple[PlannedSlice, ...]:
     """Counter sets and devices into slices within the API's limits, small devices first."""
     ordered = sorted(devices, key=lambda d: (device_memory(d) or 0, d["name"]))
     counters = sorted(counter_sets, key=lambda c: str(c["name"]))

@@ -27,7 +27,8 @@ from typing import Any
 
 from gpuslice.dra.names import PENDING_TAINT_KEY
 from gpuslice.dra.quantity import parse_quantity
-from gpuslice.dra.wire import DeviceJSON, TaintJSON, device_gpu
+from gpuslice.dra.wire import device_gpu
+from gpuslice.jsontypes import Object
 from gpuslice.planning.node.node_pool import NodePlan, PlannedSlice, layout
 from gpuslice.planning.node.taints import with_status_taints, without_agent_taints
 
@@ -50,30 +51,30 @@ def normalized(obj: Any, key: str = "") -> Any:
     return obj
 
 
-def _as_planned(device: DeviceJSON) -> DeviceJSON:
+def _as_planned(device: Object) -> Object:
     """The device as planned: without the taints the agent adds (pending change, GPU statuses)."""
     return without_agent_taints(device)
 
 
-def _with_pending(device: DeviceJSON) -> DeviceJSON:
+def _with_pending(device: Object) -> Object:
     taints = [t for t in device.get("taints", []) if t.get("key") != PENDING_TAINT_KEY]
     # No empty value: the apiserver omits it, and the published device must read back equal.
     taints.append({"key": PENDING_TAINT_KEY, "effect": "NoSchedule"})
     return {**device, "taints": taints}
 
 
-def _untainted(device: DeviceJSON) -> DeviceJSON:
+def _untainted(device: Object) -> Object:
     return {k: v for k, v in device.items() if k != "taints"}
 
 
-def same_device(new: DeviceJSON, old: DeviceJSON) -> bool:
+def same_device(new: Object, old: Object) -> bool:
     """The same device for any claim that holds it: equal but for taints. A policy's taints
     may change on an allocated device at once; they change what may land on it (or, with
     NoExecute, who may stay), not what a claim holds."""
     return bool(normalized(_untainted(new)) == normalized(_untainted(old)))
 
 
-def changing(plan: NodePlan, published: Iterable[DeviceJSON], frozen: Set[str] = frozenset()) -> set[str]:
+def changing(plan: NodePlan, published: Iterable[Object], frozen: Set[str] = frozenset()) -> set[str]:
     """Published devices the plan would remove or alter (beyond taints): only these need
     the claims read, and only while some exist does the agent need to watch claims."""
     wanted = {d["name"]: d for d in plan.devices}
@@ -89,7 +90,7 @@ def changing(plan: NodePlan, published: Iterable[DeviceJSON], frozen: Set[str] =
 
 
 def with_statuses(slices: Iterable[PlannedSlice],
-                  taints: Mapping[str, Sequence[TaintJSON]]) -> tuple[PlannedSlice, ...]:
+                  taints: Mapping[str, Sequence[Object]]) -> tuple[PlannedSlice, ...]:
     """``slices`` with each device carrying its GPU's status taints (and no stale ones)."""
     return tuple(replace(s, devices=tuple(with_status_taints(d, taints.get(device_gpu(d) or "", ()))
                                           for d in s.devices))
@@ -101,7 +102,7 @@ def with_statuses(slices: Iterable[PlannedSlice],
 _CAPACITY_GUARDED = frozenset({"capacity"})
 
 
-def _signature(device: DeviceJSON) -> frozenset[str]:
+def _signature(device: Object) -> frozenset[str]:
     """What guards the device's share of the GPU: its counter sets, or the scheduler's capacity
     accounting. Read from the device as published, whatever its mode."""
     sets = frozenset(str(c["counterSet"]) for c in device.get("consumesCounters") or [])
@@ -117,7 +118,7 @@ class SafePlan:
 
 
 def make_safe(
-    plan: NodePlan, published: Iterable[DeviceJSON], counter_sets: Iterable[Mapping[str, Any]], allocated: Set[str],
+    plan: NodePlan, published: Iterable[Object], counter_sets: Iterable[Mapping[str, Any]], allocated: Set[str],
     drained: Set[str] | None = None, frozen: Set[str] = frozenset(),
 ) -> SafePlan:
     """``plan``, except that allocated devices stay as published and free ones drain first
@@ -130,7 +131,7 @@ def make_safe(
     live = {d["name"]: d for d in published}
     live_sets = {str(c["name"]): dict(c) for c in counter_sets}
     wanted = {d["name"]: d for d in plan.devices if d["name"] not in frozen}
-    held: dict[str, DeviceJSON] = {name: _as_planned(live[name]) for name in sorted(frozen & set(live))}
+    held: dict[str, Object] = {name: _as_planned(live[name]) for name in sorted(frozen & set(live))}
     draining: list[str] = []
     for name in sorted(set(live) - frozen):
         old = _as_planned(live[name])

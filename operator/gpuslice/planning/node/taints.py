@@ -17,7 +17,7 @@ from gpuslice.dra.names import (
     RECONFIGURING_TAINT_KEY,
     UNHEALTHY_TAINT_KEY,
 )
-from gpuslice.dra.wire import TaintJSON
+from gpuslice.jsontypes import Object
 
 STATUS_TAINT_KEYS = frozenset({UNHEALTHY_TAINT_KEY, RECONFIGURING_TAINT_KEY, MIG_FAILED_TAINT_KEY, DEFRAG_TAINT_KEY})
 AGENT_TAINT_KEYS = STATUS_TAINT_KEYS | {PENDING_TAINT_KEY}
@@ -29,7 +29,7 @@ def without_agent_taints(device: Mapping[str, Any]) -> dict[str, Any]:
     return {**clean, "taints": taints} if taints else clean
 
 
-def with_status_taints(device: Mapping[str, Any], taints: Sequence[TaintJSON]) -> dict[str, Any]:
+def with_status_taints(device: Mapping[str, Any], taints: Sequence[Object]) -> dict[str, Any]:
     """``device`` with ``taints`` (statuses of its GPU) in place of any it had."""
     kept = [t for t in device.get("taints") or [] if t.get("key") not in STATUS_TAINT_KEYS]
     merged = kept + sorted((dict(t) for t in taints), key=lambda t: str(t["key"]))
@@ -37,8 +37,8 @@ def with_status_taints(device: Mapping[str, Any], taints: Sequence[TaintJSON]) -
     return {**clean, "taints": merged} if merged else clean
 
 
-def status_taints_by_gpu(*sources: Mapping[str, Sequence[TaintJSON]]) -> dict[str, list[TaintJSON]]:
-    merged: dict[str, list[TaintJSON]] = {}
+def status_taints_by_gpu(*sources: Mapping[str, Sequence[Object]]) -> dict[str, list[Object]]:
+    merged: dict[str, list[Object]] = {}
     for source in sources:
         for gpu, taints in source.items():
             merged.setdefault(gpu, []).extend(taints)

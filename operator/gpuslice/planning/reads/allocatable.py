@@ -10,18 +10,16 @@ that would be refused: evicting others' pods for it would be for nothing).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gpuslice.api.resource import GpuSlicePolicy, ParseProblem, parse_policy
 from gpuslice.api.status import ClassInForce, LimitsInForce
 from gpuslice.dra.wire import ExactRequest
+from gpuslice.jsontypes import Body
 from gpuslice.planning.memory import request_least, shown
 from gpuslice.planning.node.defrag_taints import parse_time
 from gpuslice.planning.reads.findings import Finding, Request
-
-Body = Mapping[str, Any]
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,11 @@ from typing import Any
 
 from gpuslice.dra.names import DEFRAG_OPT_OUT
 from gpuslice.dra.wire import admin_access, is_allocated, reserved_for, status_results
+from gpuslice.jsontypes import Body
 from gpuslice.planning.reads.node_fit import Placement
 from gpuslice.planning.reads.pending import Request, claim_requests, pod_claim_names
 from gpuslice.planning.reads.scheduler_said import SchedulerSaid
 
-Body = Mapping[str, Any]
 MOVABLE_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 

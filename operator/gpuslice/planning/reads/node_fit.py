@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-Body = Mapping[str, Any]
+from gpuslice.jsontypes import Body
+
 UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
 
 

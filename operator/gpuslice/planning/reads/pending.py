@@ -27,6 +27,7 @@ from gpuslice.dra.wire import (
     match_attributes,
     request_ways,
 )
+from gpuslice.jsontypes import Body
 from gpuslice.planning.kinds import FULL, SHARED, SLICE
 from gpuslice.planning.mode_traits import traits_of
 from gpuslice.planning.reads.allocatable import memory_findings, record_findings
@@ -37,7 +38,6 @@ from gpuslice.planning.reads.topology import aligned_room
 from gpuslice.planning.reads.totals import PolicyTotals
 
 __all__ = ["Finding", "Request"]  # the vocabulary of a diagnosis, where its readers look for it
-Body = Mapping[str, Any]
 IMPLICIT_EXTENDED = "deviceclass.resource.kubernetes.io/"
 KIND_WORDS = {"slice": "slice", "full": "whole GPU", "shared": "share of a shared GPU"}
 

@@ -19,6 +19,7 @@ from gpuslice.dra.names import PENDING_TAINT_KEY
 from gpuslice.dra.wire import device_policy
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import catalog_model
+from gpuslice.jsontypes import Body
 from gpuslice.planning.devices import without_instance_uuid
 from gpuslice.planning.node.node_pool import plan_node_pool
 from gpuslice.planning.node.pool_safety import make_safe, normalized
@@ -26,8 +27,6 @@ from gpuslice.planning.reads.published import Holder, Pool, PublishedDevice, gpu
 from gpuslice.planning.reads.totals import inventory
 from gpuslice.planning.selection import Problem, select
 from gpuslice.planning.validation import validate
-
-Body = Mapping[str, Any]
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,10 @@ from gpuslice.dra.wire import (
     status_results,
 )
 from gpuslice.inventory.nodes import catalog_model
+from gpuslice.jsontypes import Body
 from gpuslice.planning.devices import Device
 from gpuslice.planning.overuse import CONDITION
 
-Body = Mapping[str, Any]
 DeviceState = Literal["allocated", "held", "draining", "tainted", "free"]
 # The agent's taints that say what state a GPU is in, by the word a human reads.
 STATUS_TAINTS = {key: key.split("/", 1)[1] for key in SAFETY_TAINT_KEYS if key != PENDING_TAINT_KEY}

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from gpuslice.dra.wire import device_requests, is_allocated
+from gpuslice.jsontypes import Body
 from gpuslice.planning.kinds import FULL
 from gpuslice.planning.reads.availability import room_for
 from gpuslice.planning.reads.node_fit import NodeFacts, Placement, refusal
@@ -26,8 +27,6 @@ from gpuslice.planning.reads.occupancy import GpuMap
 from gpuslice.planning.reads.pending import Request, class_owner, pod_claim_names, request_options
 from gpuslice.planning.reads.scheduler_said import TURNED_AWAY
 from gpuslice.planning.reads.topology import aligned_room
-
-Body = Mapping[str, Any]
 
 
 def turned_away(pod: Body) -> bool:

@@ -15,11 +15,10 @@ not re-implemented here).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-Body = Mapping[str, Any]
+from gpuslice.jsontypes import Body
+
 TURNED_AWAY = "cannot allocate all claims"  # DynamicResources' Filter verdict on a node
 _FOR_DEVICES = re.compile(r"(?:^|[:,]) ?(\d+) " + re.escape(TURNED_AWAY))
 

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from gpuslice.inventory.nodes import node_gpus
+from gpuslice.jsontypes import Body
 from gpuslice.planning.reads.defrag_model import moves_in_flight
 from gpuslice.planning.reads.occupancy import OccupancyMap, occupancy
 from gpuslice.planning.reads.published import Pool, read_pools
 from gpuslice.planning.reads.topology import ClaimAlignment, NodeTopology, claim_alignments, node_topologies
 from gpuslice.planning.reads.totals import PolicyTotals, TenantTotals, policy_totals, tenant_totals
-
-Body = Mapping[str, Any]
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,11 @@ from gpuslice.inventory.topology import (
     alignment_name,
     alignment_phrase,
 )
+from gpuslice.jsontypes import Body
 from gpuslice.planning.reads.availability import on_gpu
 from gpuslice.planning.reads.occupancy import GpuMap, OccupancyMap
 from gpuslice.planning.reads.published import Holder, PublishedDevice
 
-Body = Mapping[str, object]
 Value = int | str
 
 

@@ -8,20 +8,18 @@ what is live now, so the numbers hold while the controller is down or behind.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gpuslice.api.resource import ParseProblem, parse_policy
 from gpuslice.inventory.nodes import NodeGpus, node_gpus
+from gpuslice.jsontypes import Body
 from gpuslice.planning.cluster.cluster_objects import DeviceRef
 from gpuslice.planning.kinds import limit_bytes, quota
 from gpuslice.planning.modes import device_kinds
 from gpuslice.planning.reads.published import Pool
 from gpuslice.planning.reads.usage import ClaimView, DeviceInfo, foreign_claims, usage
 from gpuslice.planning.selection import select
-
-Body = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
