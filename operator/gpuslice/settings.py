@@ -19,6 +19,8 @@ from typing import Any, Literal, TypeVar
 import click
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuslice.dra.names import CONTROLLER_NAMESPACE
+
 ENV_PREFIX = "GPUSLICE_"
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["auto", "json", "console"]
@@ -56,9 +58,21 @@ class ProcessSettings(Settings):
     request_timeout: float = Field(default=60.0, gt=0, description=(
         "Seconds one API request may take, connection included: a half-open connection must not hang the"
         " work that waits for it."))
+    namespace: str | None = Field(default=None, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                                  description=(
+        "gpuslice's own namespace: where its Lease, drain lists, maxMemory ledgers, webhook Service and Secrets"
+        " are, and the one namespace that can never be a tenant. The chart and the manifests set it from the"
+        " pod's own (the Downward API). Unset: gpuslice-system (the controller: its ServiceAccount's namespace"
+        " when it runs as one)."))
     shutdown_grace: float = Field(default=10.0, gt=0, description=(
         "Seconds from SIGTERM to a forced exit: a request to an API server going down with us must not keep"
         " the process alive for minutes."))
+
+
+    @property
+    def home(self) -> str:
+        """gpuslice's own namespace as this process was told it, else the default."""
+        return self.namespace or CONTROLLER_NAMESPACE
 
 
 class ClusterAccess(Settings):

@@ -15,7 +15,6 @@ from pydantic import Field
 
 from gpuslice.api.policy import GROUP, VERSION
 from gpuslice.api.rules import ApiModel
-from gpuslice.dra.names import CONTROLLER_NAMESPACE
 
 LEDGER_KIND = "GpuSliceLedger"
 LEDGER_PLURAL = "gpusliceledgers"
@@ -29,11 +28,13 @@ def ledger_name(policy: str, namespace: str) -> str:
     return f"{policy}.{namespace}"
 
 
-def ledger_path(policy: str, namespace: str) -> str:
-    return f"/apis/{GROUP}/{VERSION}/namespaces/{CONTROLLER_NAMESPACE}/{LEDGER_PLURAL}/{ledger_name(policy, namespace)}"
+def ledgers(home: str) -> str:
+    """The ledgers' collection in ``home``, gpuslice's own namespace (the processes' `namespace` setting)."""
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{home}/{LEDGER_PLURAL}"
 
 
-LEDGERS = f"/apis/{GROUP}/{VERSION}/namespaces/{CONTROLLER_NAMESPACE}/{LEDGER_PLURAL}"
+def ledger_path(policy: str, namespace: str, home: str) -> str:
+    return f"{ledgers(home)}/{ledger_name(policy, namespace)}"
 
 
 class LedgerSpec(ApiModel):

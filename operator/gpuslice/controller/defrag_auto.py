@@ -32,6 +32,7 @@ from gpuslice.controller.defrag_metrics import BLOCKED, IN_FLIGHT
 from gpuslice.controller.defrag_move import AUTO, Mover, new_move, now_utc, start
 from gpuslice.controller.events import post_object_event
 from gpuslice.controller.settings import ControllerSettings
+from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.planning.node.defrag_taints import parse_time
 from gpuslice.planning.reads.defrag import plan_defrag
@@ -47,9 +48,9 @@ IDLE_TICK = 2.0  # seconds between looks for a recorded move
 
 class Defragmenter:
     def __init__(self, kube: KubeClient, settings: ControllerSettings,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.kube, self.settings, self.clock = kube, settings, clock
-        self.mover = Mover(kube, settings.defrag_taint_wait, self._failed, settings.defrag_timeout)
+                 clock: Callable[[], float] = time.monotonic, home: str = CONTROLLER_NAMESPACE) -> None:
+        self.kube, self.settings, self.clock, self.home = kube, settings, clock, home
+        self.mover = Mover(kube, settings.defrag_taint_wait, self._failed, settings.defrag_timeout, home)
         self.looked: dict[str, float] = {}  # policy -> when Auto last looked (clock)
         self.told: dict[str, str] = {}  # waiting pod UID -> what it was last told
         self.failures: dict[str, float] = {}  # claim UID -> when a move for it failed (clock)
@@ -100,7 +101,7 @@ class Defragmenter:
             return
         self.looked[name] = now
         self.failures = {uid: at for uid, at in self.failures.items() if now - at < FAILED_PAUSE}
-        reading = await read_cluster(self.kube, policy=name)
+        reading = await read_cluster(self.kube, policy=name, home=self.home)
         moment = now_utc()
         aged = [w for w in reading.waiting if _waited(w.since, moment) >= spec.min_pending_seconds]
         if not aged:

@@ -54,7 +54,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> N
     settings.process.ultimate_exiting_timeout = ours.shutdown_grace
     # Set on the memo Kopf copies for each object it then watches: every handler sees them.
     memo.ctx = await start_context(await memo.client(), ours)
-    memo.defrag = Defragmenter(memo.ctx.kube, ours)
+    memo.defrag = Defragmenter(memo.ctx.kube, ours, home=memo.ctx.namespace)
     memo.retry = SchedulerRetry(memo.ctx.kube, ours.scheduler_retry_interval, lambda: memo.changes.devices_version)
 
 

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from gpuslice.api.ledger import LEDGERS
+from gpuslice.api.ledger import ledgers as ledgers_in
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRIVER
 from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotFound, Unauthorized
@@ -103,7 +103,8 @@ async def namespace_facts(kube: KubeClient, namespace: str,
         _list(kube, f"Events in {namespace}", f"{ns}/events"),
         _optional(kube.get(ns), f"namespace {namespace}", []),
         device_classes(kube) if classes is None else _ready(classes),
-        _optional(kube.list(LEDGERS, labelSelector=f"gpuslice.dev/tenant={namespace}"), "the maxMemory ledgers", []))
+        _optional(kube.list(ledgers_in(CONTROLLER_NAMESPACE), labelSelector=f"gpuslice.dev/tenant={namespace}"),
+                  "the maxMemory ledgers", []))
     return Facts(namespace, None, None, {c["metadata"]["name"]: c for c in claims},
                  {t["metadata"]["name"]: t for t in templates}, quotas,
                  str(((namespace_body or {}).get("metadata") or {}).get("uid", "")), events, classes,
