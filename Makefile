@@ -51,7 +51,7 @@ help:
 	@echo "make manifests     regenerate manifests/base/static.yaml, the monitoring component, install.yaml and charts/gpuslice"
 	@echo "make constraints   re-pin constraints.txt: what the image installs (runtime dependencies, no extras)"
 	@echo "make docs          build the documentation site (mkdocs.yml) into build/site, strictly: a broken link fails"
-	@echo "make reference     regenerate docs/reference/ (metrics, API, CLI, layout, tests) and docs/configuration.md's tables"
+	@echo "make reference     regenerate docs/reference/ (metrics, API, CLI, layout, tests) and docs/configuration.md's settings lists"
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo ">> setting up $(VENV): gpuslice and its dev tools (runtime dependencies pinned by constraints.txt, as in the image)"
@@ -141,7 +141,7 @@ docs: $(STAMP)
 
 # A stale page also fails the unit tier (tests/unit/test_docs.py).
 reference: $(STAMP)
-	@echo ">> regenerating docs/reference/ and docs/configuration.md's settings tables"
+	@echo ">> regenerating docs/reference/ and docs/configuration.md's settings lists"
 	@$(BIN)/python hack/docs/reference.py
 
 demo: kube-bin
@@ -162,6 +162,7 @@ crds: $(STAMP)
 	@echo ">> generating crds/ from operator/gpuslice/api, manifests/admission.yaml and memory-webhook.yaml from planning/"
 	@$(BIN)/python -m gpuslice.api.crd > crds/gpuslicepolicies.gpuslice.dev.yaml
 	@$(BIN)/python -m gpuslice.api.crd gpusliceledgers.gpuslice.dev.yaml > crds/gpusliceledgers.gpuslice.dev.yaml
+	@$(BIN)/python -m gpuslice.api.crd gpusliceagentviews.gpuslice.dev.yaml > crds/gpusliceagentviews.gpuslice.dev.yaml
 	@$(BIN)/python -m gpuslice.planning.cluster.admission > manifests/admission.yaml
 	@$(BIN)/python -m gpuslice.planning.cluster.memory_rule > manifests/memory-webhook.yaml
 	@$(MAKE) --no-print-directory manifests

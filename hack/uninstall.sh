@@ -10,7 +10,7 @@
 #     no claim waits on a webhook that is gone.
 #  3. The admission policies (manifests/admission.yaml and the agents' own rules), and any tenancy
 #     or memory-limit label left on a namespace (set by hand: the controller takes off those it set). Any order
-#     would leave other drivers' claims working (README, "Its CRD missing"); this one leaves nothing.
+#     would leave other drivers' claims working (docs/policies.md, "Its CRD missing"); this one leaves nothing.
 #  4. The agents' drain lists (ConfigMaps gpuslice-draining-<node>, one per node that was draining,
 #     made by the agents, not by the overlay), then everything else the overlay installed: RBAC,
 #     the CRD, the namespace.

@@ -8,7 +8,7 @@ Each page is made from what it describes, so that it cannot say something the co
 - ``docs/reference/cli.md``: ``--help`` of every command (cli_page.py);
 - ``docs/reference/layout.md``: the packages' and modules' docstrings (layout_page.py);
 - ``docs/reference/tests.md``: the tests' names and docstrings (tests_page.py);
-- the settings tables of ``docs/configuration.md``, between their markers (the rest of it is prose).
+- the settings lists of ``docs/configuration.md``, between their markers (the rest of it is prose).
 
 With ``--check`` it writes nothing and fails, naming each stale page; the unit tier runs it.
 """
@@ -35,7 +35,7 @@ BLOCK = re.compile(r"(<!-- settings: (\S+) -->\n)(.*?)(<!-- end -->)", re.S)
 
 
 def settings_tables(text: str) -> str:
-    """``docs/configuration.md`` with each settings table between its markers made from its model."""
+    """``docs/configuration.md`` with each settings list between its markers made from its model."""
     from gpuslice.cli import DOCUMENTED
     from gpuslice.settings import markdown
 

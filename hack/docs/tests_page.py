@@ -100,6 +100,8 @@ def render(root: Path) -> str:
             "`operator/gpuslice/` under `tests/unit/`; the cluster tier runs against a real control plane",
             "(etcd, kube-apiserver, kube-scheduler, kube-controller-manager) with fake GPU nodes; the kind",
             "tier installs gpuslice on a kind cluster built here. A test named as a sentence is found by",
-            "grepping its words. Where the code is: [layout.md](layout.md).", "", *counts, "", *named, "",
+            "grepping its words. Where the code is: [layout.md](layout.md). The tiers, what each proves and",
+            "how to run each (`make test`, `test-cluster`, `test-faults`, `test-136`, `test-kind`, `bench`):",
+            "[testing.md](../testing.md).", "", *counts, "", *named, "",
             "Shared by the tiers:", "", *shared, ""]
     return "\n".join(head + sections)

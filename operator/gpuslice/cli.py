@@ -123,7 +123,7 @@ def webhook(**values: Any) -> None:
 
 @main.command(name="settings-docs", hidden=True)
 def settings_docs() -> None:
-    """Print the settings tables of docs/configuration.md (generated from the models; `make reference` writes
+    """Print the settings lists of docs/configuration.md (generated from the models; `make reference` writes
     them into the page, between their markers)."""
     for name, model in DOCUMENTED.items():
         click.echo(f"<!-- settings: {name} -->\n{markdown(model)}<!-- end -->\n")

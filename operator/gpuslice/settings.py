@@ -4,12 +4,13 @@ A process's settings (``controller.settings.ControllerSettings``, ``agent.settin
 are a frozen pydantic model: each field has a type, a default and a description that says the
 unit and why the default is what it is. The same model gives the command its flags
 (``--status-interval``), each flag its environment variable (``GPUSLICE_STATUS_INTERVAL``), and
-``docs/configuration.md`` its tables (``gpuslice settings-docs``), so none of them can say something the others do not.
+``docs/configuration.md`` its lists (``gpuslice settings-docs``), so none of them can say something the others do not.
 Tests shorten timers through it rather than sleeping.
 """
 
 from __future__ import annotations
 
+import textwrap
 import types
 import typing
 from collections.abc import Callable
@@ -134,11 +135,15 @@ def options(model: type[Settings]) -> Callable[[F], F]:
 
 
 def markdown(model: type[Settings]) -> str:
-    """The settings as a table for docs/configuration.md."""
-    rows = ["| flag | environment | default | what, in which unit, and why |", "|---|---|---|---|"]
+    """The settings as a list for docs/configuration.md: one item a setting, wrapped, because a table's row
+    cannot be, and some descriptions are a paragraph long."""
+    items = []
     for name, field in model.model_fields.items():
-        default = "(required)" if field.is_required() else ("" if field.default in (None, ()) else f"`{field.default}`")
-        words = (field.description or "").replace("|", "\\|")
-        envvars = ", ".join(f"`{e}`" for e in _envvars(model, name))
-        rows.append(f"| `{model.flag(name)}` | {envvars} | {default} | {words} |")
-    return "\n".join(rows) + "\n"
+        default = ("required" if field.is_required() else
+                   "" if field.default in (None, ()) else f"default `{field.default!s}`" if field.default != ""
+                   else 'default `""`')
+        said = ", ".join([*(f"`{e}`" for e in _envvars(model, name)), *([default] if default else [])])
+        item = f"- `{model.flag(name)}` ({said}): {' '.join((field.description or '').split())}"
+        items.extend(textwrap.wrap(item, 110, subsequent_indent="  ", break_long_words=False,
+                                   break_on_hyphens=False))
+    return "\n".join(items) + "\n"

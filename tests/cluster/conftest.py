@@ -137,12 +137,13 @@ async def cluster_objects(kube: KubeClient) -> AsyncIterator[ClusterObjects]:
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "gpuslicepolicies.gpuslice.dev.yaml"
 LEDGER_CRD_FILE = CRD_FILE.parent / "gpusliceledgers.gpuslice.dev.yaml"
+VIEW_CRD_FILE = CRD_FILE.parent / "gpusliceagentviews.gpuslice.dev.yaml"
 
 
 @pytest.fixture(scope="session")
 async def policy_crd(kube: KubeClient) -> str:
     """The committed CRDs, installed as a user would install them; returns the policies' path."""
-    for path in (CRD_FILE, LEDGER_CRD_FILE):
+    for path in (CRD_FILE, LEDGER_CRD_FILE, VIEW_CRD_FILE):
         body = yaml.safe_load(path.read_text())
         name = body["metadata"]["name"]
         await kube.apply(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", body,

@@ -8,8 +8,9 @@ did nothing:
 
 - the node agent: publish cycles (``gpuslice_agent_publish_cycles_total``), each woken on purpose;
 - the kube-scheduler: its queues empty, nothing binding, nothing queued or tried across three reads;
-- the controller: reconciles of one policy (``gpuslice_policy_reconciles_total``), and the retries of a
-  Kopf handler that keeps waiting (its "failed temporarily" log lines).
+- the controller: reconciles of one policy (``gpuslice_policy_reconciles_total``), the retries of a
+  Kopf handler that keeps waiting (its "failed temporarily" log lines), and Auto defragmentation's
+  looks (its log), each woken on purpose.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ import aiohttp
 
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
-from tests.cluster.kubeutil import wait_for
+from tests.cluster.kubeutil import RESOURCE, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess
 
 Samples = dict[str, float]
 Metrics = Callable[[], Awaitable[Samples]]
-NUDGE = "gpuslice.dev/test-nudge"  # a Node label no gpuslice code reads
+NUDGE = "gpuslice.dev/test-nudge"  # a Node label or claim annotation no gpuslice code reads
 _nudges = itertools.count(1)
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?$')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -213,12 +214,20 @@ def defrag_looks(controller: ControllerProcess, policy: str) -> int:
                if e.get("event") == "defragmentation looked" and e.get("policy") == policy)
 
 
-async def defrag_looked(controller: ControllerProcess, policy: str, more: int = 2, within: float = 60) -> None:
-    """Wait until Auto defragmentation has looked at ``policy`` ``more`` times again, each with pods
-    waiting: what it did not do by then, it chose not to do."""
-    before = defrag_looks(controller, policy)
+async def defrag_looked(kube: KubeClient, controller: ControllerProcess, policy: str, namespace: str,
+                        more: int = 2, within: float = 60) -> None:
+    """Make Auto defragmentation look at ``policy`` ``more`` times again, each with pods waiting, and
+    wait for each: what it did not do by then, it chose not to do. Auto looks again only when
+    something changed since its last look (controller.defrag_auto), so each look is woken by a change
+    of a claim in ``namespace`` (a tenant's) that changes nothing it plans from: an annotation."""
+    claims = await kube.list(f"{RESOURCE}/namespaces/{namespace}/resourceclaims")
+    assert claims, f"no claim in {namespace} to wake Auto defragmentation with"
+    path = f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{claims[0]['metadata']['name']}"
+    for _ in range(more):
+        before = defrag_looks(controller, policy)
+        await kube.merge_patch(path, {"metadata": {"annotations": {NUDGE: str(next(_nudges))}}})
 
-    async def looked() -> bool:
-        return defrag_looks(controller, policy) >= before + more
+        async def looked(before: int = before) -> bool:
+            return defrag_looks(controller, policy) > before
 
-    await wait_for(looked, within=within, what=f"Auto defragmentation to look at {policy} {more} more times")
+        await wait_for(looked, within=within, what=f"Auto defragmentation to look at {policy} again")

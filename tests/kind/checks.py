@@ -90,7 +90,7 @@ def nothing_left_on_the_nodes(kind: Kind) -> None:
     for node in kind.workers:
         # The kubelet's directories: no registration socket, no service socket, no CDI spec, no
         # claim checkpoint (every claim was unprepared). The agent's state directory itself stays
-        # (README, "Uninstall"): its record of what it published and, here, the fake GPUs' state.
+        # (docs/install.md, "Uninstalling"): its record of what it published and, here, the fake GPUs' state.
         assert DRIVER not in kind.node_exec(node, "ls", "/var/lib/kubelet/plugins_registry")
         assert kind.node_exec(node, "sh", "-c", "ls /var/run/cdi | grep -c gpuslice || true").strip() == "0"
         state = f"/var/lib/kubelet/plugins/{DRIVER}"

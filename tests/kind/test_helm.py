@@ -42,7 +42,7 @@ from tests.kind.releases import Registry, Release, make_release, previous_releas
 RELEASE = ["gpuslice", "--namespace", "gpuslice-system"]
 ON = ("metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true,metrics.dashboard.enabled=true,"
       "networkPolicy.enabled=true")
-CRDS = ("gpuslicepolicies.gpuslice.dev", "gpusliceledgers.gpuslice.dev")
+CRDS = ("gpuslicepolicies.gpuslice.dev", "gpusliceledgers.gpuslice.dev", "gpusliceagentviews.gpuslice.dev")
 APISERVER: dict[str, str] = {}  # the kube-apiserver's container when the kustomize install was gone
 
 

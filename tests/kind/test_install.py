@@ -525,7 +525,7 @@ def test_probes_hold_on_every_copy_and_the_requests_cover_what_each_uses(deploye
         assert ready(pod), f"{pod['metadata']['name']} is not Ready: {pod['status'].get('conditions')}"
         assert restarts(pod) == 0, f"{pod['metadata']['name']} restarted {restarts(pod)} times"
     assert lease_holder(deployed) in {p["metadata"]["name"] for p in controllers}
-    # What each process has used at most so far, against the requests the manifests give (README,
+    # What each process has used at most so far, against the requests the manifests give (docs/install.md,
     # "Installing on a cluster": figures from bench/README.md at 1,000 nodes).
     template = {d["kind"]: d for d in yaml.safe_load_all((REPO / "install.yaml").read_text()) if d}
     figures = {}
@@ -672,7 +672,7 @@ def test_an_upgrade_keeps_running_pods_on_their_devices(deployed: Kind, demo: st
 
 
 def test_uninstall_leaves_nothing_behind(deployed: Kind, demo: str) -> None:
-    # The README's order: tenants' workloads first, then make kind-undeploy.
+    # docs/install.md's order ("Uninstalling"): tenants' workloads first, then make kind-undeploy.
     deployed.kubectl("delete", "pods", "-A", "-l", "app.kubernetes.io/name=gpuslice-tenant", "--wait=true")
     deployed.kubectl("-n", "team-b", "delete", "pod", "after-upgrade", "--ignore-not-found", "--wait=true")
     deployed.make("kind-undeploy")

@@ -70,7 +70,7 @@ def test_what_ct_lint_checks_passes_for_every_values_file(helm: str) -> None:
     annotations = chart["annotations"]
     assert annotations["artifacthub.io/license"] == "Apache-2.0"
     crds = yaml.safe_load(annotations["artifacthub.io/crds"])
-    assert {c["kind"] for c in crds} == {"GpuSlicePolicy", "GpuSliceLedger"}
+    assert {c["kind"] for c in crds} == {"GpuSlicePolicy", "GpuSliceLedger", "GpuSliceAgentView"}
     ct = yaml.safe_load((REPO / "ct.yaml").read_text())
     assert ct["chart-dirs"] == ["charts"]
 
@@ -149,7 +149,8 @@ def test_security_contexts_update_strategy_and_the_kubelets_root_directory(helm:
 
 def test_the_crds_are_templates_that_helm_upgrades_and_uninstall_keeps(helm: str) -> None:
     crds = [d for d in render(helm) if d["kind"] == "CustomResourceDefinition"]
-    assert {d["metadata"]["name"] for d in crds} == {"gpuslicepolicies.gpuslice.dev", "gpusliceledgers.gpuslice.dev"}
+    assert {d["metadata"]["name"] for d in crds} == {"gpuslicepolicies.gpuslice.dev", "gpusliceledgers.gpuslice.dev",
+                                                     "gpusliceagentviews.gpuslice.dev"}
     for crd in crds:
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert not (CHART / "crds").exists(), "crds/ is never upgraded by Helm: the CRDs are templates"

@@ -34,6 +34,31 @@ def test_a_page_left_out_of_the_index_is_found(tmp_path: Path) -> None:
     assert unlinked(tmp_path) == ["d.md", "reference/c.md"]
 
 
+LONGEST = 400
+
+
+def long_lines(root: Path) -> list[str]:
+    """``path:line (length)`` of each line over LONGEST characters in ``root``'s README.md and docs/**/*.md."""
+    pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    return [f"{page.relative_to(root)}:{number} ({len(line)})" for page in pages if page.exists()
+            for number, line in enumerate(page.read_text().splitlines(), 1) if len(line) > LONGEST]
+
+
+def test_no_line_of_the_docs_is_over_400_characters() -> None:
+    """A reader of a diff, a terminal or a table's source cannot follow a line that long (issue 42): a table
+    row that long becomes a list, a generated page wraps what it takes from the code."""
+    found = long_lines(REPO)
+    assert not found, f"lines over {LONGEST} characters (make a long table row a list, wrap the rest): {found}"
+
+
+def test_a_long_line_is_found_in_the_readme_and_a_nested_page(tmp_path: Path) -> None:
+    (tmp_path / "docs" / "reference").mkdir(parents=True)
+    (tmp_path / "README.md").write_text("short\n" + "x" * 401 + "\n")
+    (tmp_path / "docs" / "a.md").write_text("y" * 400 + "\n")
+    (tmp_path / "docs" / "reference" / "b.md").write_text("| " + "z" * 399 + " |\n")
+    assert long_lines(tmp_path) == ["README.md:2 (401)", "docs/reference/b.md:1 (403)"]
+
+
 def test_the_generated_pages_are_fresh() -> None:
     checked = subprocess.run([sys.executable, str(REPO / "hack/docs/reference.py"), "--check"],
                              capture_output=True, text=True, check=False)

@@ -19,7 +19,7 @@ def test_the_docs_tables_are_the_models() -> None:
     text = DOC.read_text()
     for name, model in DOCUMENTED.items():
         found = re.search(rf"<!-- settings: {name} -->\n(.*?)<!-- end -->", text, re.S)
-        assert found, f"docs/configuration.md has no table for {name}"
+        assert found, f"docs/configuration.md has no settings list for {name}"
         assert found.group(1) == markdown(model), f"docs/configuration.md is stale for {name}: make reference"
 
 

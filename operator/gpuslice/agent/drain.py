@@ -110,9 +110,15 @@ class Drains:
     progressed: bool = False  # since the last due_in: devices newly listed, or newly refused
     refused_before: set[str] = field(default_factory=set)  # what the last probe showed refused
     home: str = CONTROLLER_NAMESPACE  # gpuslice's own namespace (the `namespace` setting)
+    loaded: bool = False  # read once: this agent is its only writer
 
     async def load(self, kube: KubeClient, node: str, now: float | None = None) -> None:
-        """Read this node's entry (an operator may have edited it; a restarted agent finds its own)."""
+        """Read this node's entry: at the first cycle (a restarted agent finds its own), and again
+        while listed devices wait to be refused (someone may have edited or deleted it). Between,
+        this agent is its only writer and keeps it in memory: a cycle with nothing draining reads
+        nothing."""
+        if self.loaded and not self.waiting:
+            return
         now = time.monotonic() if now is None else now
         try:
             body = await kube.get(f"{configmaps(self.home)}/{drain_object(node)}")
@@ -122,6 +128,7 @@ class Drains:
         for name in found - self.listed:
             self.removed.setdefault(name, now)  # until shown otherwise, a device that may have gone
         self.listed = found
+        self.loaded = True
 
     async def refused(self, kube: KubeClient, node: str, candidates: set[str]) -> set[str]:
         """The candidates no claim can be allocated any more: the probe's dry run is refused for them."""

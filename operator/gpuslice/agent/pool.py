@@ -35,7 +35,6 @@ from gpuslice.agent.publisher import (
     DEVICES,
     FIELD_MANAGER,
     HELD,
-    POLICIES,
     REFUSED,
     SLICES,
     Policies,
@@ -44,6 +43,7 @@ from gpuslice.agent.publisher import (
     sort_policies,
 )
 from gpuslice.agent.watches import AgentView
+from gpuslice.api.agent_view import policy_of, views_in
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import DRIVER, PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY
 from gpuslice.dra.resourceslice import resource_slice, slice_name
@@ -168,6 +168,7 @@ class NodePool:
         self.lock = asyncio.Lock()
         self.drains = drains if drains is not None else Drains()
         self.refusals, self.others = Refusals(), OtherDrivers()
+        self.view: AgentView | None = None  # the watches' view of the last cycle: this agent's writes go in it
 
     @classmethod
     def kept_in(cls, state: Path, node: str, kube: KubeClient, ops: GpuOps, *, boot_id: str | None = None,
@@ -216,6 +217,7 @@ class NodePool:
         tainted device before the API server refused it is seen (and keeps it)."""
         kube, node, mig = self.kube, self.node, self.mig
         held, statuses = self.held(), self.statuses()
+        self.view = view
         if view is not None and view.synced:
             if view.node is None:
                 raise NotFound(404, "NotFound", f'nodes "{node}" not found',
@@ -224,10 +226,13 @@ class NodePool:
             policies = sort_policies(bodies, self.unsupported, view.parsed)
         else:
             node_body = await kube.get(f"/api/v1/nodes/{node}")
-            bodies = await kube.list(POLICIES)
+            bodies = [policy_of(v) for v in await kube.list(views_in(self.drains.home))]
             policies = sort_policies(bodies, self.unsupported)
         labels = node_body["metadata"].get("labels") or {}
-        on_node = await kube.list(SLICES, fieldSelector=f"spec.nodeName={node}")
+        if view is not None and view.synced and view.slices_listed.is_set():
+            on_node = list(view.slices.values())  # as the watch holds them, with this agent's own writes
+        else:
+            on_node = await kube.list(SLICES, fieldSelector=f"spec.nodeName={node}")
         existing = [s for s in on_node if s["spec"].get("driver") == DRIVER and s["spec"]["pool"]["name"] == node]
         taken = taken_gpus(self.gpus, [other_driver_gpus(s["spec"]) for s in on_node
                                        if s["spec"].get("driver") != DRIVER])
@@ -353,10 +358,14 @@ class NodePool:
         for name in sorted(set(o.current) - set(plan.manifests)):
             with contextlib.suppress(NotFound):
                 await kube.delete(f"{SLICES}/{name}")
+            if self.view is not None:
+                self.view.deleted(name)
             deleted.append(name)
         written = []
         for name, manifest in plan.manifests.items():
-            await kube.apply(f"{SLICES}/{name}", manifest, field_manager=FIELD_MANAGER)
+            answer = await kube.apply(f"{SLICES}/{name}", manifest, field_manager=FIELD_MANAGER)
+            if self.view is not None and answer:
+                self.view.wrote(answer)
             written.append(name)
             failpoint("agent.slice-written")
         failpoint("agent.pool-written")  # the whole generation is written (its record saved before)

@@ -1,12 +1,12 @@
 """What the publish cycle (``agent.pool``) reads and reports: the policies it plans from, the
 claims allocated from the pool, its result and its metrics.
 
-Each cycle reads this pool's slices from the API server, and the claims allocated from
-the pool whenever the plan would remove or alter a published device, rather than from
-watch caches: a freshly started agent can never mistake "not listed yet" for "not
-allocated". The policies and the Node come from the agent's watches once they have
-listed (``AgentView``): a stale one can only make the agent plan a change, and every
-change is judged on claims read then.
+Each cycle reads the claims allocated from the pool from the API server whenever the plan
+would remove or alter a published device, rather than from a watch cache: a freshly
+started agent can never mistake "not listed yet" for "not allocated". The policies (their
+agent views), the Node and the slices on the node come from the agent's watches once they
+have listed (``AgentView``), so a cycle with nothing to change makes no request: a stale one
+can only make the agent plan a change, and every change is judged on claims read then.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ CLAIM_READS = Counter("gpuslice_agent_claim_reads", "Publish cycles that read ev
 REFUSED = Gauge("gpuslice_agent_refused_policies",
                 "Policies left out on this node: the API server refused their devices.")
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 
 
 @dataclass(frozen=True)

@@ -124,13 +124,20 @@ def publish_ready(last_success: float, now: float, within: float, plugin_startin
     return True, "ok"
 
 
-async def stale_claims_loop(plugin: NodePlugin, stop: asyncio.Event, every: float) -> None:
+async def stale_claims_loop(plugin: NodePlugin, stop: asyncio.Event, every: float,
+                            held: PodResources | None = None) -> None:
     """Unprepare claims the kubelet never unprepared and that no longer exist (see kubeletplugin.recovery):
-    every ``every`` seconds, jittered; a sweep that failed is tried again after a backoff from 1 s."""
+    every ``every`` seconds, jittered; a sweep that failed is tried again after a backoff from 1 s.
+    ``held``: the kubelet's PodResources API; a claim a container holds is not asked about (when the
+    kubelet cannot be asked, every prepared claim is)."""
     backoff = Backoff(1.0, every)
     while not stop.is_set():
         try:
-            await collect_stale(plugin.preparer)
+            in_use: set[str] | None = None
+            if held is not None:
+                with contextlib.suppress(Exception):
+                    in_use = {d.claim for d in await held.list(plugin.pool.node)}
+            await collect_stale(plugin.preparer, in_use)
             backoff.reset()
             wait = spread(every)
         except Exception:
@@ -262,7 +269,7 @@ class _Agent:
         # Prepared MPS clients keep their daemon whatever the API server does.
         self.helpers.append(asyncio.create_task(plugin.preparer.mps.run(
             self.stop, plugin.preparer.mps_daemons, settings.mps_check_interval)))
-        watches = AgentWatches(kube, node, self.wake, self.stop)
+        watches = AgentWatches(kube, node, self.wake, self.stop, home=settings.home)
         try:
             verdict = await self.server_verdict(kube) if await self.containers_servable(kube, backend) else None
             if verdict is not None:
@@ -270,7 +277,8 @@ class _Agent:
                 pool.unsupported = verdict.unsupported_modes()  # their policies publish nothing new here
                 self.publisher = asyncio.create_task(publish_loop(settings, pool, self.wake, self.stop, watches))
                 self.helpers.append(asyncio.create_task(health.run(kube, self.stop)))
-                self.helpers.append(asyncio.create_task(stale_claims_loop(plugin, self.stop, settings.resync)))
+                self.helpers.append(asyncio.create_task(stale_claims_loop(
+                    plugin, self.stop, settings.resync, PodResources(settings.pod_resources_socket))))
                 if settings.usage_interval > 0:
                     self.helpers.append(asyncio.create_task(
                         usage_collector(kube, settings, backend, gpus, plugin).run(self.stop)))

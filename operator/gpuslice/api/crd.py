@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from gpuslice.api.agent_view import VIEW_KIND, VIEW_PLURAL
 from gpuslice.api.ledger import LEDGER_KIND, LEDGER_PLURAL, LedgerSpec, LedgerStatus
 from gpuslice.api.policy import GROUP, KIND, MAX_NAME, PLURAL, VERSION, GpuSlicePolicySpec
 from gpuslice.api.rules import DNS_LABEL, ApiModel
@@ -157,7 +158,7 @@ def crd() -> dict[str, Any]:
 
 
 def ledger_crd() -> dict[str, Any]:
-    """GpuSliceLedger: namespaced (it lives in gpuslice-system only), with a status subresource so
+    """GpuSliceLedger: namespaced (it lives in gpuslice's namespace only), with a status subresource so
     that the controller's writes (spec: the limit) and the webhook's (status: the charges) are
     separate rights."""
     root = _root("What a tenant with maxMemory holds of one GpuSlicePolicy's devices, charge by charge (written by"
@@ -171,7 +172,44 @@ def ledger_crd() -> dict[str, Any]:
                        [{"name": n, "type": t, "jsonPath": p} for n, t, p in columns])
 
 
-CRDS = {"gpuslicepolicies.gpuslice.dev.yaml": crd, f"{LEDGER_PLURAL}.{GROUP}.yaml": ledger_crd}
+def agent_view_crd() -> dict[str, Any]:
+    """GpuSliceAgentView (api.agent_view): namespaced (gpuslice's namespace only), written by the controller
+    only. The policy's spec and the moves in flight are kept as the policy has them (the policy's own
+    schema judged them when they were written there); the agent parses them as it parses a policy."""
+    def free() -> Schema:
+        return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+    def string() -> Schema:
+        return {"type": "string"}
+
+    def integer() -> Schema:
+        return {"type": "integer"}
+
+    spec = {
+        "type": "object",
+        "description": "What a node agent plans from, of the GpuSlicePolicy of the same name.",
+        "properties": {
+            "policy": {"type": "object", "description": "The policy's identity and age.", "properties": {
+                "uid": string(), "generation": integer(), "creationTimestamp": string(),
+                "deletionTimestamp": string()}},
+            "spec": {**free(), "description": "The policy's nodeSelector, gpuSelector, slicing and taints."},
+            "observedGeneration": {**integer(), "description": "The generation the controller's verdict is on."},
+            "valid": {"type": "object", "description": "The policy's Valid condition.",
+                      "properties": {"status": string(), "reason": string()}},
+            "inFlight": {"type": "array", "description": "status.defragmentation.inFlight of the policy.",
+                         "items": free()},
+        },
+    }
+    root = _root("What node agents plan from, of one GpuSlicePolicy: written by the gpuslice controller, so that"
+                 " a write of a policy's status reaches no agent.", spec, {"type": "object"})
+    columns = [("Generation", "integer", ".spec.policy.generation"), ("Judged", "integer", ".spec.observedGeneration"),
+               ("Valid", "string", ".spec.valid.status"), ("Reason", "string", ".spec.valid.reason")]
+    return _definition(VIEW_KIND, VIEW_PLURAL, "Namespaced", "gsav", root,
+                       [{"name": n, "type": t, "jsonPath": p} for n, t, p in columns])
+
+
+CRDS = {"gpuslicepolicies.gpuslice.dev.yaml": crd, f"{LEDGER_PLURAL}.{GROUP}.yaml": ledger_crd,
+        f"{VIEW_PLURAL}.{GROUP}.yaml": agent_view_crd}
 
 
 def crd_yaml(make: Callable[[], dict[str, Any]] = crd) -> str:

@@ -44,6 +44,14 @@ TARGETS: tuple[Target, ...] = (
     Target("scheduler.worst_ratio_same_pods", "scheduler CPU per pod vs whole GPU, same pods (worst layout)", "<=",
            1.0, "lower", "x"),
     Target("scale.steady_writes", "scale: API writes in steady state", "==", 0, "lower"),
+    # What gpuslice asks of the API server (its audit log), not what it counts itself.
+    Target("scale.converge_requests_per_node", "scale: gpuslice's requests per node to converge", "<=", 10, "lower"),
+    Target("scale.steady_tenants_ratio", "scale: steady requests a minute, twice the tenants vs once", "<=", 1.2,
+           "lower", "x"),
+    Target("scale.steady_tenant_namespace_requests", "scale: steady requests naming a tenant namespace", "==", 0,
+           "lower"),
+    Target("scale.policy_watch_bytes_per_agent_per_pod", "scale: policy watch bytes per agent per bound pod", "<=", 10,
+           "lower", " B"),
     Target("scale.controller_peak_rss_mib", "scale: controller peak RSS", "<=", 300, "lower", " MiB"),
     Target("scale.agent_peak_rss_mib", "scale: one agent process peak RSS", "<=", 100, "lower", " MiB"),
     Target("fragmentation.waiting_cut", "fragmentation: whole-GPU pods' waiting with room, cut by Auto", ">=", 0.8,
@@ -93,6 +101,7 @@ def headline(figures: Mapping[str, Any]) -> dict[str, float]:
     keys = [t.key for t in TARGETS] + [
         "packing.modes.whole.pods_placed", "packing.modes.shared.pods_placed", "packing.modes.memory.pods_placed",
         "packing.modes.mig-static.pods_placed", "scale.converge_seconds", "scale.converge_requests",
+        "scale.steady.requests_per_minute", "scale.steady_pending.requests_per_minute",
         "planner.validate_10k_gpus_ms", "fragmentation.off.gpu_hours_waiting_with_room",
         "fragmentation.auto.gpu_hours_waiting_with_room", "fragmentation.auto.evictions",
         "topology.unaligned.share_aligned", "topology.aligned.share_aligned", "topology.unaligned.mean_wait_min",

@@ -1,16 +1,23 @@
 """Figure 3: gpuslice's own processes at fleet scale: a controller, an agent per node (the
-fleet harness), many policies and tenants. Counts come from the apiserver's own
-``apiserver_request_total``; peak memory from /proc (VmHWM)."""
+fleet harness), many policies and tenants. gpuslice's requests come from the API server's audit
+log (bench.api_cost: reads included, by who asked), every client's from its own
+``apiserver_request_total``, the watch traffic from its watch metrics; peak memory from /proc
+(VmHWM). Once converged, the steady state is measured without pending pods, with pods the
+scheduler turned away, and with twice the tenants; and pods are bound to count what each costs
+the agents' watches."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gpuslice.api.agent_view import VIEWS
+from gpuslice.bench.api_cost import AGENT, CONTROLLER, Cost, Window, summary, watched_by
 from gpuslice.bench.fleet import start_fleet
 from gpuslice.bench.harness import (
     POLICIES,
@@ -25,6 +32,7 @@ from gpuslice.bench.harness import (
     wait_until,
 )
 from gpuslice.bench.layouts import policy
+from gpuslice.bench.scale_load import add_tenants, bind_pods, bound_pods, pending_pods, remove
 from gpuslice.bench.workload import expected_devices
 from gpuslice.dra.wire import device_policy
 
@@ -37,6 +45,10 @@ OURS = frozenset({
     "namespaces",
 })
 REAL_AGENT_NODE = "bench-scale-real"
+# What of a policy reaches the agents' watches: the policies themselves (before), their agent views.
+POLICY_KINDS = ("gpuslicepolicies", "gpusliceagentviews")
+POLICY_PATHS = {"gpuslicepolicies": POLICIES, "gpusliceagentviews": VIEWS}
+STATUS_INTERVAL = 10.0  # the controller's --status-interval: a bound pod's status refresh comes within it
 
 
 def scale_policy(index: int, namespaces: list[str]) -> dict[str, Any]:
@@ -104,6 +116,7 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
         if controller is None:
             raise BenchError("the controller is not running")
         before = await retry(cluster.request_totals)
+        window = await Window(cluster).open()
         controller_cpu0, harness_cpu1 = cpu_seconds(controller), _own_cpu()
         say(f"scale: applying {policies} policies")
         started = time.monotonic()
@@ -141,8 +154,15 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
         after = await retry(cluster.request_totals)
         controller_cpu1, harness_cpu2 = cpu_seconds(controller), _own_cpu()
         converge = _delta(after, before)
-        say(f"scale: converged in {converge_seconds:.1f} s with {sum(converge.values())} API requests")
+        ours = await window.close()
+        each_node = round(len(ours.requests) / (nodes + 1), 1)
+        say(f"scale: converged in {converge_seconds:.1f} s with {sum(converge.values())} API requests, gpuslice's"
+            f" {len(ours.requests)} ({each_node} per node)")
         result.update({
+            "converge_requests_gpuslice": len(ours.requests),
+            "converge_requests_per_node": each_node,
+            "converge_gpuslice_by_who": {who: len(ours.of(who)) for who in (CONTROLLER, AGENT)},
+            "converge_gpuslice_by_verb_and_resource": dict(list(ours.by_key().items())[:16]),
             "converge_seconds": round(converge_seconds, 1),
             "converge_requests": sum(converge.values()),
             "converge_writes": _writes(converge, True),
@@ -153,11 +173,13 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
         await asyncio.sleep(15)  # past debounce, drains and the controller's first status refresh
         events0 = await retry(cluster.our_events)
         steady0 = await retry(cluster.request_totals)
+        window = await Window(cluster).open()
         controller_cpu2, harness_cpu3 = cpu_seconds(controller), _own_cpu()
         await asyncio.sleep(steady_seconds)
         steady = _delta(await retry(cluster.request_totals), steady0)
         controller_cpu3, harness_cpu4 = cpu_seconds(controller), _own_cpu()
         events = await retry(cluster.our_events) - events0
+        quiet = await window.close()
         writes = {k: n for k, n in _by_resource(steady).items() if k.split()[0] in WRITE_VERBS}
         say(f"scale: {steady_seconds:.0f} s of steady state, {_writes(steady, True) + events} writes by gpuslice"
             f" ({events} Events); every write the apiserver counted, anyone's: {writes or 'none'}")
@@ -174,7 +196,15 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
             "agent_peak_rss_mib": round(peak_rss_mib(real.pid), 1),
             "controller_cpu_steady_s": round(controller_cpu3 - controller_cpu2, 2),
             "agents_cpu_steady_s": round(harness_cpu4 - harness_cpu3, 2),
+            "steady": summary(quiet),
         })
+        say(f"scale: steady state, nothing pending: {quiet.total_per_minute()} gpuslice requests a minute"
+            f" ({quiet.total_per_minute(CONTROLLER)} the controller's): {quiet.per_minute()}")
+        places = [(ns, f"{b['metadata']['name']}.gpuslice.dev") for b in bodies
+                  if b["spec"]["slicing"]["mode"] == "memory" for ns in (t["namespace"] for t in b["spec"]["tenants"])]
+        result.update(await _pending(cluster, places, max(10, policies), steady_seconds, tenants, say))
+        result.update(await _bound(cluster, places, max(20, nodes // 10), nodes + 1, say))
+        result.update(await _more_tenants(cluster, bodies, quiet, per_policy, steady_seconds, tenants, say))
         result.update(await _edit_every_policy(cluster, bodies, say))
         result.update(await _taint_one_policy(cluster, bodies, want, say))
         result["harness_cpu_s"] = round(_own_cpu() - harness_cpu0, 1)
@@ -194,7 +224,8 @@ async def _edit_every_policy(cluster: BenchCluster, bodies: list[dict[str, Any]]
     before = await cluster.request_totals()
     started = time.monotonic()
     for body in bodies:
-        tenants = [*body["spec"]["tenants"], {"namespace": extra}]
+        live = await retry(_getter(cluster, f"{POLICIES}/{body['metadata']['name']}"))
+        tenants = [*live["spec"]["tenants"], {"namespace": extra}]
         path, patch = f"{POLICIES}/{body['metadata']['name']}", {"spec": {"tenants": tenants}}
 
         async def edit(path: str = path, patch: dict[str, Any] = patch) -> dict[str, Any]:
@@ -243,6 +274,101 @@ async def _taint_one_policy(cluster: BenchCluster, bodies: list[dict[str, Any]],
         f" {_writes(counts, True)} writes")
     return {"taint_devices": want[name], "taint_seconds": round(seconds, 1), "taint_rules": rules,
             "taint_writes": _writes(counts, True), "taint_requests": sum(counts.values())}
+
+
+async def _pending(cluster: BenchCluster, places: list[tuple[str, str]], count: int, seconds: float,
+                   tenants: list[str], say: Callable[[str], None]) -> dict[str, Any]:
+    """The steady state with ``count`` pods the scheduler turned away (a claim no device matches):
+    the controller sees them in its watch of pods not yet on a node, and reads nothing per namespace."""
+    pods = await pending_pods(cluster, places, count)
+    await asyncio.sleep(2 * STATUS_INTERVAL)  # the scheduler retry's first look at them, and its judgement
+    cost = await _window(cluster, seconds)
+    await remove(cluster, pods)
+    say(f"scale: steady state with {count} pods turned away: {cost.total_per_minute()} gpuslice requests a minute:"
+        f" {cost.per_minute()}")
+    return {"steady_pending": {**summary(cost), "pods_pending": count},
+            "steady_pending_tenant_namespace_requests": sum(cost.namespaces()[n] for n in tenants)}
+
+
+async def _window(cluster: BenchCluster, seconds: float) -> Cost:
+    window = await Window(cluster).open()
+    await asyncio.sleep(seconds)
+    return await window.close()
+
+
+async def _bound(cluster: BenchCluster, places: list[tuple[str, str]], count: int, agents: int,
+                 say: Callable[[str], None]) -> dict[str, Any]:
+    """``count`` pods bound (created 8 at a time, each with a claim of one 10G slice), and the status
+    refreshes that follow: what of the policies' kinds the agents watch was written meanwhile (the
+    audit log), each write one watch event to every agent, of the object's size (as the API server
+    serves it now). The API server's own watch counters are reported beside: they count every
+    watcher's events, bookmarks included, which a bound pod does not cause."""
+    window = await Window(cluster).open()
+    churn = await bind_pods(cluster, places, count)
+    await asyncio.sleep(STATUS_INTERVAL + 5)  # the controller's status refresh of every policy concerned
+    cost = await window.close()
+    sizes = {kind: await _mean_size(cluster, path) for kind, path in POLICY_PATHS.items()}
+    await remove(cluster, await bound_pods(cluster, [ns for ns, _ in places]))
+    watched = watched_by(cluster.dev.audit.since(0), AGENT)
+    kinds = [k for k in POLICY_KINDS if k in watched]
+    writes = {k: sum(1 for r in cost.requests if r.resource.split("/")[0] == k and not r.dry_run
+                     and r.verb in ("create", "update", "patch", "delete")) for k in POLICY_KINDS}
+    bound = max(1, int(churn["bound"]))
+    events = sum(writes[k] for k in kinds)
+    per_agent = round(sum(writes[k] * sizes[k] for k in kinds) / bound, 2)
+    say(f"scale: {churn['bound']} pods bound in {churn['bind_seconds']} s: writes of the policies' kinds {writes};"
+        f" the agents watch {', '.join(kinds) or 'none of them'}: {events / bound:.2f} watch events and {per_agent}"
+        f" bytes per agent per bound pod (the API server's counters, every watcher and bookmark: events"
+        f" {dict(cost.watch_events & _kinds())}, bytes {dict(cost.watch_bytes & _kinds())})")
+    return {"churn": {**churn, "created": "8 at a time, each with its own claim of one 10G slice"},
+            "agent_watched_policy_kinds": kinds,
+            "churn_policy_kind_writes": writes,
+            "policy_watch_events_per_agent_per_pod": round(events / bound, 3),
+            "policy_watch_bytes_per_agent_per_pod": per_agent,
+            "churn_watch_events_all_watchers": {k: cost.watch_events[k] for k in POLICY_KINDS},
+            "churn_watch_bytes_all_watchers": {k: cost.watch_bytes[k] for k in POLICY_KINDS}}
+
+
+def _kinds() -> Counter[str]:
+    """A mask of the policies' kinds (``counter & _kinds()`` keeps their counts)."""
+    return Counter({k: 10**18 for k in POLICY_KINDS})
+
+
+async def _mean_size(cluster: BenchCluster, path: str) -> float:
+    """The mean size in bytes of the objects at ``path``, as the API server serves them (JSON)."""
+    items = await retry(_lister(cluster, path))
+    return sum(len(json.dumps(i, separators=(",", ":"))) for i in items) / len(items) if items else 0.0
+
+
+def _lister(cluster: BenchCluster, path: str) -> Callable[[], Awaitable[list[dict[str, Any]]]]:
+    async def listed() -> list[dict[str, Any]]:
+        return await cluster.api.list(path)
+
+    return listed
+
+
+async def _more_tenants(cluster: BenchCluster, bodies: list[dict[str, Any]], before: Cost, per_policy: int,
+                        seconds: float, tenants: list[str], say: Callable[[str], None]) -> dict[str, Any]:
+    """Every policy gets as many tenants again: the steady state, measured again, is the same."""
+    extra = {b["metadata"]["name"]: [f"bench-t2-{i:03d}-{j:02d}" for j in range(per_policy)]
+             for i, b in enumerate(bodies)}
+    took = await add_tenants(cluster, bodies, extra)
+    await asyncio.sleep(15)  # the converges' last writes, and the status refreshes
+    after = await _window(cluster, seconds)
+    named = [*tenants, *(n for names in extra.values() for n in names)]
+    ratio = round(after.total_per_minute() / before.total_per_minute(), 2) if before.total_per_minute() else None
+    say(f"scale: twice the tenants ({len(named)}): {after.total_per_minute()} gpuslice requests a minute in steady"
+        f" state, {ratio}x; {after.per_minute()}")
+    return {"steady_more_tenants": {**summary(after), "tenants": len(named), "converge_seconds": round(took, 1)},
+            "steady_tenants_ratio": ratio,
+            "steady_tenant_namespace_requests": sum(after.namespaces()[n] for n in named)}
+
+
+def _getter(cluster: BenchCluster, path: str) -> Callable[[], Awaitable[dict[str, Any]]]:
+    async def get() -> dict[str, Any]:
+        return await cluster.api.get(path)
+
+    return get
 
 
 def _own_cpu() -> float:

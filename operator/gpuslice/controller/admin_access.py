@@ -13,7 +13,7 @@ A label someone else set before gpuslice (no policy recorded it) is left alone.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -29,14 +29,25 @@ class NamespaceView:
     labels: Mapping[str, str]
     active: bool  # False while terminating
     uid: str = ""
+    # Its resourceVersion as a number, when it is one: whether it is older than a write of the
+    # controller's own (controller.tenancy_labels). Not what a namespace is: never compared.
+    version: int | None = field(default=None, compare=False)
 
     @classmethod
-    def from_namespace(cls, labels: Mapping[str, str], uid: str | None, status: Mapping[str, Any]) -> NamespaceView:
-        return cls(dict(labels), status.get("phase") != "Terminating", uid or "")
+    def from_namespace(cls, labels: Mapping[str, str], uid: str | None, status: Mapping[str, Any],
+                       resource_version: str | None = None) -> NamespaceView:
+        return cls(dict(labels), status.get("phase") != "Terminating", uid or "", _number(resource_version))
 
     @property
     def labelled(self) -> bool:
         return self.labels.get(ADMIN_ACCESS_LABEL) == "true"
+
+
+def _number(text: str | None) -> int | None:
+    try:
+        return int(str(text))
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ runs, and a controller that exits on it crash-loops. So:
   controller waits for it, says why, and asks again with backoff; meanwhile it takes the tenancy
   label off every namespace but its own (controller.tenancy_labels): no policy names any, and a
   labelled namespace routes its claims to the tenancy rule, whose parameter kind is going;
+- while it runs, a watch of the CRD alone tells it (no request while the CRD stays served);
 - a CRD being deleted first deletes every policy, which the controller finalizes as usual; once
   none is left it stops Kopf before the API server removes the CRD (it does so within seconds of
   the last policy going), and goes back to waiting. A CRD deleted with no policy left goes at once:
@@ -20,18 +21,22 @@ runs, and a controller that exits on it crash-loops. So:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.backoff import Backoff, spread
 from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotFound
+from gpuslice.kube.watch import watch
 
 log = structlog.get_logger(__name__)
 CRD_NAME = f"{PLURAL}.{GROUP}"
-CRD_PATH = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+CRD_PATH = f"{CRDS}/{CRD_NAME}"
 FIX = "apply crds/ (kubectl apply --server-side -f crds/, or the install that carries it)"
 
 
@@ -55,11 +60,7 @@ async def crd_state(kube: KubeClient) -> CrdState:
             return CrdState.MISSING
         return CrdState.SERVED if any(r.get("name") == PLURAL for r in listing.get("resources") or []) else (
             CrdState.MISSING)
-    if crd["metadata"].get("deletionTimestamp"):
-        return CrdState.LEAVING
-    established = any(c.get("type") == "Established" and c.get("status") == "True"
-                      for c in (crd.get("status") or {}).get("conditions") or [])
-    return CrdState.SERVED if established else CrdState.MISSING
+    return state_of(crd)
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
@@ -102,16 +103,78 @@ async def no_policy_left(kube: KubeClient) -> bool:
 
 
 async def until_crd_leaves(kube: KubeClient, leaving: asyncio.Event, interval: float) -> None:
-    """Set ``leaving`` once the CRD is gone, or being deleted with no policy left (asked every
-    ``interval`` seconds; the policies' deletion handler asks as soon as the last one goes). A
-    failed question is no answer."""
-    while not leaving.is_set():
-        await asyncio.sleep(spread(interval))
-        try:
-            if await crd_leaving(kube):
-                leaving.set()
-        except KubeError:
-            continue
+    """Set ``leaving`` once the CRD is gone, or being deleted with no policy left. Told by a watch of
+    the CRD alone (``metadata.name``, selected by the API server): a CRD that stays served costs no
+    request. Asked every ``interval`` seconds (jittered) only while the CRD is being deleted with
+    policies left (the policies' deletion handler asks as soon as the last one goes; this is in case
+    that answer failed), or where the RBAC grants no watch of it (an install before this version).
+    A failed question is no answer."""
+    stop, wake = asyncio.Event(), asyncio.Event()
+    seen = _Seen()
+
+    def on_error(error: BaseException) -> None:
+        if isinstance(error, Forbidden):
+            seen.forbidden = True
+            stop.set()
+        wake.set()
+
+    def on_listed() -> None:
+        seen.listed()
+        wake.set()
+
+    def handler(kind: str | None, body: dict[str, Any]) -> None:
+        seen.event(kind, body)
+        if kind is not None:
+            wake.set()
+
+    watcher = asyncio.create_task(watch(kube, CRDS, handler, stop, query={"fieldSelector": f"metadata.name={CRD_NAME}"},
+                                        on_error=on_error, on_listed=on_listed))
+    try:
+        while not leaving.is_set():
+            polling = seen.forbidden or seen.state is CrdState.LEAVING
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), spread(interval) if polling else None)
+            wake.clear()
+            if not seen.forbidden and seen.state is CrdState.SERVED:
+                continue
+            try:
+                if await crd_leaving(kube):
+                    leaving.set()
+            except KubeError:
+                continue
+    finally:
+        stop.set()
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+class _Seen:
+    """What the CRD's watch said last: its state (None before the first list), and whether the
+    watch is forbidden (the controller's RBAC predates it)."""
+
+    def __init__(self) -> None:
+        self.state: CrdState | None = None
+        self.forbidden = False
+        self._in_list = False
+
+    def event(self, kind: str | None, body: dict[str, Any]) -> None:
+        self._in_list |= kind is None
+        self.state = CrdState.MISSING if kind == "DELETED" else state_of(body)
+
+    def listed(self) -> None:
+        if not self._in_list:
+            self.state = CrdState.MISSING  # listed by its name, and not there
+        self._in_list = False
+
+
+def state_of(crd: dict[str, Any]) -> CrdState:
+    """The CRD's state from its body: established and not being deleted is SERVED."""
+    if (crd.get("metadata") or {}).get("deletionTimestamp"):
+        return CrdState.LEAVING
+    established = any(c.get("type") == "Established" and c.get("status") == "True"
+                      for c in (crd.get("status") or {}).get("conditions") or [])
+    return CrdState.SERVED if established else CrdState.MISSING
 
 
 async def crd_leaving(kube: KubeClient) -> bool:

@@ -5,8 +5,13 @@ move in flight (``controller.defrag_move``), else every two seconds, which is ho
 ``gpuslice defrag --apply`` recorded is taken up. Kopf runs only while this copy holds the leader
 Lease, and every write goes through the leader's guarded client, so only the leader moves pods.
 
-Auto mode (``spec.defragmentation.mode: Auto``) looks every ``--defrag-interval`` seconds, per
-policy, for pods whose claim of the policy has waited ``minPendingSeconds``, plans for them with
+Auto mode (``spec.defragmentation.mode: Auto``) looks at most every ``--defrag-interval`` seconds,
+per policy, for pods whose claim of the policy has waited ``minPendingSeconds``: only when the
+controller's watch of pods not yet on a node holds one in a tenant namespace of the policy that
+waited that long, and something changed since the last look (another such pod, what kube-scheduler
+said of one, a claim or slice event, the policy's defragmentation settings, e.g. a larger budget;
+or an hour went by, when a paused claim may be planned for again), so a fleet where nothing waits
+is never read. It plans for them with
 the same planner as ``gpuslice defrag``, and starts the first plan that fits the hourly budget:
 one GPU at a time per policy (no new move while one is in flight). A pod it cannot help is told
 why once (an Event), and counted in ``gpuslice_defrag_plans_blocked_total`` by reason. A claim a
@@ -20,7 +25,7 @@ import contextlib
 import datetime
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pydantic
@@ -37,7 +42,8 @@ from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.planning.node.defrag_taints import parse_time
 from gpuslice.planning.reads.defrag import plan_defrag
 from gpuslice.planning.reads.defrag_model import Plan, Waiting, moves_in_flight
-from gpuslice.reading.cluster import POLICIES, read_cluster
+from gpuslice.planning.reads.scheduler_said import SchedulerSaid
+from gpuslice.reading.cluster import POLICIES, read_cluster, tenants_of
 
 log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]
@@ -48,10 +54,14 @@ IDLE_TICK = 2.0  # seconds between looks for a recorded move
 
 class Defragmenter:
     def __init__(self, kube: KubeClient, settings: ControllerSettings,
-                 clock: Callable[[], float] = time.monotonic, home: str = CONTROLLER_NAMESPACE) -> None:
-        self.kube, self.settings, self.clock, self.home = kube, settings, clock, home
+                 clock: Callable[[], float] = time.monotonic, version: Callable[[], int] = lambda: 0,
+                 home: str = CONTROLLER_NAMESPACE) -> None:
+        """``version``: a number that changes with every event of our slices or of a claim."""
+        self.kube, self.settings, self.clock, self.version, self.home = kube, settings, clock, version, home
         self.mover = Mover(kube, settings.defrag_taint_wait, self._failed, settings.defrag_timeout, home)
         self.looked: dict[str, float] = {}  # policy -> when Auto last looked (clock)
+        # policy -> (version, the policy's defragmentation spec, pods aged) at that look
+        self.seen: dict[str, tuple[int, Defragmentation, frozenset[tuple[str, SchedulerSaid]]]] = {}
         self.told: dict[str, str] = {}  # waiting pod UID -> what it was last told
         self.failures: dict[str, float] = {}  # claim UID -> when a move for it failed (clock)
 
@@ -67,8 +77,9 @@ class Defragmenter:
             return None
         return FAILED_PAUSE - (now - failed)
 
-    async def tick(self, body: Body) -> float:
-        """One round for the policy ``body`` (Kopf's live view of it); seconds until the next."""
+    async def tick(self, body: Body, pending: Iterable[Body] = ()) -> float:
+        """One round for the policy ``body`` (Kopf's live view of it); seconds until the next.
+        ``pending``: the pods not yet on a node, as the controller's watch holds them."""
         name = str(body["metadata"]["name"])
         if moves_in_flight([body]):
             try:
@@ -81,15 +92,16 @@ class Defragmenter:
                 await self.mover.step(fresh, move)
             return BUSY_TICK
         IN_FLIGHT.labels(name).set(0)
-        await self.auto(body)
+        await self.auto(body, pending)
         return IDLE_TICK
 
     def forget(self, policy: str) -> None:
         self.looked.pop(policy, None)
+        self.seen.pop(policy, None)
         with contextlib.suppress(KeyError):
             IN_FLIGHT.remove(policy)
 
-    async def auto(self, body: Body) -> None:
+    async def auto(self, body: Body, pending: Iterable[Body] = ()) -> None:
         name = str(body["metadata"]["name"])
         try:
             spec = Defragmentation.model_validate((body.get("spec") or {}).get("defragmentation") or {})
@@ -99,7 +111,11 @@ class Defragmenter:
         last = self.looked.get(name)
         if spec.mode != "Auto" or (last is not None and now - last < self.settings.defrag_interval):
             return
-        self.looked[name] = now
+        long_waits = _aged(pending, tenants_of(body), spec.min_pending_seconds, now_utc())
+        seen = (self.version(), spec, long_waits)
+        if not long_waits or (seen == self.seen.get(name) and last is not None and now - last < FAILED_PAUSE):
+            return  # nothing waits long enough, or nothing changed since a look that helped none
+        self.looked[name], self.seen[name] = now, seen
         self.failures = {uid: at for uid, at in self.failures.items() if now - at < FAILED_PAUSE}
         reading = await read_cluster(self.kube, policy=name, home=self.home)
         moment = now_utc()
@@ -152,6 +168,18 @@ class Defragmenter:
         await post_object_event(self.kube, namespace, {"apiVersion": "v1", "kind": "Pod", "name": name,
                                                        "namespace": namespace, "uid": pod_uid},
                                 "Normal", "DefragmentationBlocked", message)
+
+
+def _aged(pods: Iterable[Body], namespaces: frozenset[str], seconds: float,
+          now: datetime.datetime) -> frozenset[tuple[str, SchedulerSaid]]:
+    """The pods in ``namespaces`` not yet on a node for at least ``seconds`` (their claims cannot have
+    waited longer than they did), by UID, each with what the scheduler last said of it: a pod it
+    turns away for devices after a look that found it not yet tried or gated is a change."""
+    return frozenset((str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"),
+                      SchedulerSaid.from_body(pod))
+                     for pod in pods if (meta := pod.get("metadata") or {}).get("namespace") in namespaces
+                     and not meta.get("deletionTimestamp")
+                     and _waited(str(meta.get("creationTimestamp") or ""), now) >= seconds)
 
 
 def _waited(since: str, now: datetime.datetime) -> float:

@@ -15,9 +15,18 @@ import structlog
 
 from gpuslice.api.policy import GROUP
 from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
+from gpuslice.controller.agent_views import FINALIZER, sync_view_quietly
 from gpuslice.controller.crd import crd_leaving as crd_is_leaving
 from gpuslice.controller.defrag_auto import Defragmenter
-from gpuslice.controller.indexes import POLICY, overuse_policies
+from gpuslice.controller.indexes import (
+    PENDING_PODS,
+    PODS,
+    POLICY,
+    node_facts,
+    overuse_policies,
+    pending_pods,
+    views,
+)
 from gpuslice.controller.overuse import EVICTION_RETRY
 from gpuslice.controller.reconcile import reconcile
 from gpuslice.controller.retry import SchedulerRetry
@@ -26,6 +35,7 @@ from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import start_context
 from gpuslice.controller.status_write import report_deleting
 from gpuslice.controller.tenancy_labels import sync_routes
+from gpuslice.dra.names import LABEL_POLICY
 from gpuslice.kube.client import EndlessBackoff, KubeError
 
 log = structlog.get_logger(__name__)
@@ -36,16 +46,24 @@ CHANGED_ID, DELETED_ID = "build_registry.<locals>.policy_changed", "build_regist
 
 async def startup(settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> None:
     ours = memo.settings
-    settings.persistence.finalizer = f"{GROUP}/policy-cleanup"
+    settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration")
     settings.scanning.disabled = True  # no CRD/namespace scanning: no RBAC for it needed
     settings.posting.level = 30  # warnings and errors only; our own Events say the rest
     settings.watching.server_timeout = 600
+    # A stream is given up after this long without an event or a bookmark (Kopf's default, 70 s,
+    # reopened most of the controller's watches every minute or so: the API server's bookmarks come
+    # about every minute, not always within 70 s); the API server ends each stream by 600 s.
+    settings.watching.inactivity_timeout = settings.watching.server_timeout + 60
     # Lists (at start, and after a watch's 410 Gone) in pages of 500, as client-go's reflector:
     # a thousand nodes' slices are one ~60 MB answer otherwise, parsed at once.
     settings.watching.chunk_size = 500
+    settings.watching.field_selectors[PODS] = PENDING_PODS  # pods not yet on a node only (indexes.py)
+    # Only gpuslice's quotas and templates, selected by the API server (the cluster's others never sent).
+    for resource in (("v1", "resourcequotas"), ("resource.k8s.io", "resourceclaimtemplates")):
+        settings.watching.label_selectors[resource] = LABEL_POLICY
     settings.networking.request_timeout = ours.request_timeout
     settings.networking.error_backoffs = EndlessBackoff()  # back within 5 s of the API server
     settings.execution.default_backoff = 5
@@ -54,7 +72,9 @@ async def startup(settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> N
     settings.process.ultimate_exiting_timeout = ours.shutdown_grace
     # Set on the memo Kopf copies for each object it then watches: every handler sees them.
     memo.ctx = await start_context(await memo.client(), ours)
-    memo.defrag = Defragmenter(memo.ctx.kube, ours, home=memo.ctx.namespace)
+    memo.ctx.canary_every = ours.drift_interval  # one tenancy probe per drift interval in all (state.py)
+    memo.defrag = Defragmenter(memo.ctx.kube, ours, version=lambda: memo.changes.devices_version,
+                               home=memo.ctx.namespace)
     memo.retry = SchedulerRetry(memo.ctx.kube, ours.scheduler_retry_interval, lambda: memo.changes.devices_version)
 
 
@@ -96,13 +116,17 @@ async def refresh_status(body: kopf.Body, memo: Runtime, **kwargs: Any) -> None:
     if _orphaned(body, kwargs):
         return
     name = body["metadata"]["name"]
+    # A view write that failed at the policy's event is tried again here (in memory when it stands).
+    home = memo.context().namespace
+    await sync_view_quietly(memo.context().kube, body, False, memo.context().views, views(kwargs, home),
+                            memo.context().clock(), home)
     judged = (body.get("status") or {}).get("observedGeneration") == body["metadata"].get("generation")
     ctx, changes = memo.context(), memo.changes
     # Probed for this generation, and the apiserver refused the probe as it should; a failed probe
     # is tried again on every refresh (a dry run), not only when the converge's backoff is up.
     state = ctx.policy(name)
     probed, unenforced = state.tenancy or (None, None)
-    probed = probed == body["metadata"].get("generation") and not unenforced
+    probed = probed == body["metadata"].get("generation") and not unenforced and not ctx.stale_probe(name)
     if not changes.take(name) and judged and probed and not state.unconverged and not state.clock_wait:
         return  # nothing this policy's status reads has changed since its last refresh
     try:
@@ -131,33 +155,39 @@ async def defragment(body: kopf.Body, memo: Runtime, stopped: kopf.DaemonStopped
             return
         delay = 10.0
         try:
-            delay = await memo.defrag.tick(body)
+            delay = await memo.defrag.tick(body, pending_pods(kwargs))
         except KubeError as error:  # the API server away or busy: the record says where to go on
             log.warning("defragmentation step failed; will retry", policy=body["metadata"]["name"],
                         error=str(error))
         except Exception:  # a move must never end the daemon: the next tick reads the record again
             log.exception("defragmentation step failed unexpectedly; will retry", policy=body["metadata"]["name"])
-        await _retry(memo)
+        await _retry(memo, kwargs)
         await stopped.wait(delay)
     if memo.defrag is not None:
         memo.defrag.forget(body["metadata"]["name"])
 
 
-async def _retry(memo: Runtime) -> None:
+async def _retry(memo: Runtime, kwargs: dict[str, Any]) -> None:
     """Pods the scheduler turned away whose devices are free (controller.retry): looked for from
-    every policy's daemon, at most once per interval in all, only while this copy leads."""
+    every policy's daemon, at most once per interval in all, only while this copy leads, in what
+    the watches hold."""
     if memo.retry is None:
         return
     try:
-        await memo.retry.tick()
+        policies = [b for store in kwargs["policy_index"].values() for b in store]
+        await memo.retry.tick(policies, pending_pods(kwargs), node_facts(kwargs))
     except KubeError as error:
         log.warning("could not look for pods the scheduler turned away; will look again", error=str(error))
     except Exception:  # never ends the daemon
         log.exception("looking for pods the scheduler turned away failed unexpectedly; will look again")
 
 
-async def policy_event(type: str | None, memo: Runtime, **kwargs: Any) -> None:
-    """The last policy gone: if its CRD is being deleted, Kopf must stop before the CRD goes."""
+async def policy_event(type: str | None, body: kopf.Body, memo: Runtime, **kwargs: Any) -> None:
+    """The policy's agent view follows it (controller.agent_views). The last policy gone: if its CRD
+    is being deleted, Kopf must stop before the CRD goes."""
+    if memo.ctx is not None:
+        await sync_view_quietly(memo.ctx.kube, body, type == "DELETED", memo.ctx.views,
+                                views(kwargs, memo.ctx.namespace), memo.ctx.clock(), memo.ctx.namespace)
     if type == "DELETED" and memo.crd_leaving is not None and not kwargs["policy_index"] and memo.ctx is not None:
         with contextlib.suppress(KubeError):  # the periodic check asks again
             if await crd_is_leaving(memo.ctx.kube):
@@ -185,7 +215,7 @@ async def policy_deleted(name: str, body: kopf.Body, memo: Runtime, **kwargs: An
         # The namespaces only this policy named lose their tenancy label before it goes: with
         # the CRD deleted next, none is left routed to a rule whose parameter is gone.
         others = (b for n, b in now.policies.items() if n != name)
-        await sync_routes(ctx.kube, ctx.tenancy_labels, now.namespaces, others, ctx.namespace)
+        await sync_routes(ctx.kube, ctx.tenancy_labels, now.namespaces, others, ctx.namespace, ctx.routes_written)
     ctx.forget(name, str(body["metadata"].get("uid") or ""))
     memo.changes.forget(name)
     memo.changes.everything()  # a conflict it caused may be gone

@@ -112,9 +112,10 @@ class ConvergeFailed(GpusliceError):
 
 async def _write_records(ctx: Context, policy: GpuSlicePolicy, labels: frozenset[str] | None = None,
                          admitted: list[AdmittedTenant] | None = None,
-                         classes: list[ClassInForce] | None = None) -> None:
+                         classes: list[ClassInForce] | None = None, defer: bool = False) -> None:
     """What the controller records for admission (the classes in force, admitted tenants) and for
-    itself (labels it set), written on its own before the step that depends on it."""
+    itself (labels it set), written on its own before the step that depends on it; with ``defer``
+    (a status refresh: no step depends on it) kept for the status write that follows, in one patch."""
     patch: dict[str, Any] = {}
     if labels is not None and labels != records(ctx, policy)[0]:
         patch["adminAccessLabels"] = sorted(labels)
@@ -122,7 +123,7 @@ async def _write_records(ctx: Context, policy: GpuSlicePolicy, labels: frozenset
         patch["admittedTenants"] = [a.model_dump(by_alias=True, exclude_none=True) for a in admitted]
     if classes is not None and classes != in_force(ctx, policy):
         patch["classesInForce"] = [c.model_dump(by_alias=True, exclude_none=True) for c in classes]
-    if patch:
+    if patch and not defer:
         await ctx.kube.merge_patch(f"{POLICIES}/{policy.name}/status", {"status": patch})
     state = ctx.policy(policy.name)
     if labels is not None:
@@ -153,7 +154,7 @@ async def _memory_probe(ctx: Context, policy: GpuSlicePolicy, world: World) -> s
 
 
 async def _admit(ctx: Context, policy: GpuSlicePolicy, world: World, kinds: Sequence[DeviceKind], *,
-                 converged: bool = False) -> str | None:
+                 converged: bool = False, defer: bool = False) -> str | None:
     """Record the admitted tenants; what keeps a maxMemory tenant out, if anything. A tenant whose
     quota was made less than a second ago is admitted once that second is over (tenancy.SECOND):
     waited for here, under the policy's lock."""
@@ -163,7 +164,7 @@ async def _admit(ctx: Context, policy: GpuSlicePolicy, world: World, kinds: Sequ
         admission = admitted_tenants(policy, world.namespaces, records(ctx, policy)[1], kinds=kinds,
                                      quotas=world.quotas, ledgers=world.ledgers, webhook_proven=unproven is None,
                                      converged=converged)
-        await _write_records(ctx, policy, admitted=admission.tenants)
+        await _write_records(ctx, policy, admitted=admission.tenants, defer=defer)
         if admission.again_in is None or admission.again_in > CLOCK_WAIT:
             # A clock far behind the apiserver's: the status refresh looks again (nothing else will).
             ctx.policy(policy.name).clock_wait = admission.again_in is not None or bool(memory_wait)
@@ -202,7 +203,9 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
     if not problems and converge_objects:
         active = {n for n, view in world.namespaces.items() if view.active}
         desired = desired_objects(policy, active)
-        limits = await converge(ctx.kube, policy.name, desired.limits(), LIMIT_KINDS)
+        # What the watches hold of the policy's objects (None: a World made by hand; they are listed).
+        watched = world.owned.get(policy.name, []) if world.owned is not None else None
+        limits = await converge(ctx.kube, policy.name, desired.limits(), LIMIT_KINDS, watched, ctx.applied)
         # What the classes now enforce, before anyone is admitted under it: the admission policy
         # judges claims against this record, never against a spec not converged (tenancy_rule).
         failed = {path.rsplit("/", 1)[1] for path in limits.failed if "/deviceclasses/" in path}
@@ -212,12 +215,16 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         wanted = desired_ledgers(policy, uids, ctx.namespace)
         ledgers = ApplyResult()
         if wanted or any(found.policy == policy.name for found in world.ledgers.values()):
-            ledgers = await converge(ctx.kube, policy.name, wanted, LEDGER_KINDS)
+            ledgers = await converge(ctx.kube, policy.name, wanted, LEDGER_KINDS, watched, ctx.applied)
         memory_unproven = await _admit(ctx, policy, world, kinds, converged=True)
         # DeviceTaintRules are no longer made (taints travel on the devices); listing the kind, where
-        # it is served, prunes those an earlier version made.
-        rules = [(ctx.taint_rule_api, "DeviceTaintRule")] if ctx.taint_rule_api else []
-        rest = await converge(ctx.kube, policy.name, desired.rest(), [*REST_KINDS, *rules])
+        # it is served, prunes those an earlier version made, once per generation of the policy.
+        generation = policy.metadata.generation or 0
+        pruned = ctx.taint_rules_pruned.get(policy.name) == generation
+        prune = [(ctx.taint_rule_api, "DeviceTaintRule")] if ctx.taint_rule_api and not pruned else []
+        rest = await converge(ctx.kube, policy.name, desired.rest(), [*REST_KINDS, *prune], watched, ctx.applied)
+        if prune and not any("devicetaintrule" in e.lower() for e in rest.errors):
+            ctx.taint_rules_pruned[policy.name] = generation
         errors, taken = labelling + limits.errors + ledgers.errors + rest.errors, limits.taken + rest.taken
         ctx.policy(policy.name).failed_because = list(errors)  # what status refreshes report until a converge succeeds
         try:
@@ -227,14 +234,18 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
                                     lambda record: _write_records(ctx, policy, labels=frozenset(record)))
         except KubeError as error:
             errors.append(f"labelling admin-access namespaces: {error.message}")
-        unanswered = await _probe(ctx, policy, kinds[0].class_name)
+        if ctx.probe_due(policy.name, policy.metadata.generation):
+            unanswered = await _probe(ctx, policy, kinds[0].class_name)
     else:
-        memory_unproven = await _admit(ctx, policy, world, kinds)
+        # Written with the status below, in one patch (a quota's events refreshed it in two).
+        memory_unproven = await _admit(ctx, policy, world, kinds, defer=True)
         if not converge_objects:
             errors = list(ctx.policy(policy.name).failed_because)  # the last converge's, until one succeeds
         probed = ctx.policy(policy.name).tenancy
-        if not problems and probed is not None and probed[1] and probed[0] == policy.metadata.generation:
-            # This generation's probe failed: probe again (a dry run), not only at the next converge.
+        refused = probed is not None and bool(probed[1]) and probed[0] == policy.metadata.generation
+        if not problems and (refused or ctx.stale_probe(policy.name)):
+            # This generation's probe failed, or another policy's canary did: probe again (a dry run),
+            # not only at the next converge.
             unanswered = await _probe(ctx, policy, kinds[0].class_name)
     if unanswered is not None and policy.status.observed_generation == policy.metadata.generation:
         raise unanswered  # the status already judged this generation: it stands until an answer comes
@@ -281,7 +292,8 @@ async def _sync_tenancy_labels(ctx: Context, world: World) -> list[str]:
     """The tenancy labels of every namespace, as every policy names them; what failed, if anything
     (the converge is then tried again)."""
     try:
-        await sync_routes(ctx.kube, ctx.tenancy_labels, world.namespaces, world.policies.values(), ctx.namespace)
+        await sync_routes(ctx.kube, ctx.tenancy_labels, world.namespaces, world.policies.values(), ctx.namespace,
+                          ctx.routes_written)
     except KubeError as error:
         return [f"labelling tenant namespaces: {error.message}"]
     return []
@@ -307,5 +319,5 @@ async def _probe(ctx: Context, policy: GpuSlicePolicy, class_name: str) -> KubeE
         if not error.transient:
             raise
         return error
-    ctx.policy(policy.name).tenancy = (policy.metadata.generation, unenforced)
+    ctx.probed(policy.name, policy.metadata.generation, unenforced)
     return None

@@ -2,19 +2,21 @@
 
 Why (planning.reads.retry): the scheduler counts allocations it is writing when it filters; when an
 admission rule refuses them (a tenant over its maxMemory), nothing tries again the pods it turned
-away meanwhile, for up to 5 minutes. Every ``--scheduler-retry-interval`` seconds the leader
-lists the pods not yet on a node in the policies' tenant namespaces; only when one was turned
-away, and something changed since it last looked (a pod turned away that it has not judged, or a
-claim or slice event), does it read the slices and the tenants' claims; when that pod's devices
-are free (on a node the pod may go to) it annotates the
-DeviceClass the pod asks for (``gpuslice.dev/retry-at``): a DeviceClass change makes the scheduler
-try again every pod its DRA plugin turned away, of every driver. So it is asked sparingly: at most
-one change per interval, whatever the number of pods, and each pod (by UID) asked for less and
-less often (the interval doubled each time it is asked, up to 5 minutes, where the scheduler's own
-flush takes over). The backoff is the pod's own: a pod that is never helped (kept out by something
-gpuslice does not judge: another driver's claim, the node's CPU) backs off only itself, never
-another pod, let alone another tenant's. Its state is a record per pod UID, dropped when the pod is
-no longer turned away.
+away meanwhile, for up to 5 minutes. At most every ``--scheduler-retry-interval`` seconds the
+leader looks at the pods turned away in the policies' tenant namespaces, from what it already
+watches: the pods not yet on a node (one cluster-wide watch, ``spec.nodeName=`` selected by the API
+server: controller.indexes) and the policies. A look makes no request at all unless one such pod is
+due and something changed since it last judged (a pod turned away that it has not judged, or a
+claim or slice event); only then does it read the slices and the claims, once each, cluster-wide
+(never per namespace). When that pod's devices are free (on a node the pod may go to) it annotates
+the DeviceClass the pod asks for (``gpuslice.dev/retry-at``): a DeviceClass change makes the
+scheduler try again every pod its DRA plugin turned away, of every driver. So it is asked
+sparingly: at most one change per interval, whatever the number of pods, and each pod (by UID)
+asked for less and less often (the interval doubled each time it is asked, up to 5 minutes, where
+the scheduler's own flush takes over). The backoff is the pod's own: a pod that is never helped
+(kept out by something gpuslice does not judge: another driver's claim, the node's CPU) backs off
+only itself, never another pod, let alone another tenant's. Its state is a record per pod UID,
+dropped when the pod is no longer turned away.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import structlog
@@ -30,11 +32,11 @@ from prometheus_client import Counter
 
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.kube.client import KubeClient, NotFound
-from gpuslice.planning.reads.node_fit import nodes_by_name
+from gpuslice.planning.reads.node_fit import NodeFacts
 from gpuslice.planning.reads.occupancy import occupancy
 from gpuslice.planning.reads.published import read_pools
 from gpuslice.planning.reads.retry import Retry, to_retry, turned_away
-from gpuslice.reading.cluster import POLICIES, RESOURCE, in_namespaces, tenants_of
+from gpuslice.reading.cluster import RESOURCE, tenants_of
 
 log = structlog.get_logger(__name__)
 Body = Mapping[str, Any]
@@ -45,7 +47,8 @@ RETRIES = Counter("gpuslice_scheduler_retries", "Times the controller asked kube
 
 
 class SchedulerRetry:
-    """One per controller; every policy's daemon calls ``tick``, which looks at most once per interval."""
+    """One per controller; every policy's daemon calls ``tick`` with what the controller's watches
+    hold, and it looks at most once per interval."""
 
     def __init__(self, kube: KubeClient, interval: float, version: Callable[[], int] = lambda: 0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -57,8 +60,11 @@ class SchedulerRetry:
         self.asked: dict[str, tuple[int, float]] = {}  # pod UID -> (times asked, when last); absent: never
         self.lock = asyncio.Lock()
 
-    async def tick(self) -> list[Retry]:
-        """Look, once per interval whichever policy's daemon calls; the pods it asked to be tried again."""
+    async def tick(self, policies: Iterable[Body], pods: Iterable[Body],
+                   nodes: Mapping[str, NodeFacts] | None = None) -> list[Retry]:
+        """Look, once per interval whichever policy's daemon calls; the pods it asked to be tried
+        again. ``policies``, ``pods`` (those not yet on a node) and ``nodes`` (by name; None: not
+        judged) are what the controller's watches hold now."""
         if self.interval <= 0 or self.lock.locked():
             return []
         async with self.lock:
@@ -66,7 +72,7 @@ class SchedulerRetry:
             if self.last is not None and now - self.last < self.interval:
                 return []
             self.last = now
-            return await self._look(now)
+            return await self._look(now, list(policies), list(pods), nodes)
 
     def _due(self, pod: str, now: float) -> bool:
         if pod not in self.asked:
@@ -74,25 +80,22 @@ class SchedulerRetry:
         times, when = self.asked[pod]
         return now - when >= min(self.interval * 2.0 ** times, LONGEST)
 
-    async def _look(self, now: float) -> list[Retry]:
-        policies = await self.kube.list(POLICIES)
-        namespaces = sorted({n for p in policies for n in tenants_of(p)})
-        pods = [p for p in await in_namespaces(self.kube, namespaces, "/api/v1/namespaces/{namespace}/pods",
-                                               fieldSelector="spec.nodeName=") if turned_away(p)]
+    async def _look(self, now: float, policies: list[Body], pending: list[Body],
+                    nodes: Mapping[str, NodeFacts] | None = None) -> list[Retry]:
+        namespaces = {n for p in policies for n in tenants_of(p)}
+        pods = [p for p in pending if turned_away(p) and (p.get("metadata") or {}).get("namespace") in namespaces]
         waiting = {_uid(p) for p in pods}
         self.asked = {k: v for k, v in self.asked.items() if k in waiting}  # helped, or gone
         pods = [p for p in pods if self._due(_uid(p), now)]
         judged = (frozenset(_uid(p) for p in pods), self.version())
         if not pods or judged == self.judged:
             return []  # no room for them at the last read, and nothing changed since that could make it
-        # Tenants' claims take the devices (admin access takes none; a former tenant's claims are
-        # missed: at worst one retry too many, which costs the scheduler one try of each pod).
-        slices, claims, nodes = await asyncio.gather(
+        # Every claim takes its devices (admin access takes none): one list of each, cluster-wide.
+        slices, claims = await asyncio.gather(
             self.kube.list(f"{RESOURCE}/resourceslices", fieldSelector=f"spec.driver={DRIVER}"),
-            in_namespaces(self.kube, namespaces, f"{RESOURCE}/namespaces/{{namespace}}/resourceclaims"),
-            self.kube.list("/api/v1/nodes"))
+            self.kube.list(f"{RESOURCE}/resourceclaims"))
         by_ref = {f"{c['metadata']['namespace']}/{c['metadata']['name']}": c for c in claims}
-        retries = to_retry(pods, by_ref, policies, occupancy(read_pools(slices, claims)).gpus, nodes_by_name(nodes))
+        retries = to_retry(pods, by_ref, policies, occupancy(read_pools(slices, claims)).gpus, nodes)
         self.judged = None if retries else judged
         if not retries:
             return []

@@ -43,6 +43,8 @@ class Runtime:
     ctx: Context | None = None
     defrag: Defragmenter | None = None
     retry: SchedulerRetry | None = None
+    # A policy's status refresh coming after its quotas' or ledgers' events (controller.watch_handlers).
+    refreshes: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     def context(self) -> Context:
         """The reconciles' Context; only a handler that cannot run before startup asks for it."""

@@ -16,11 +16,14 @@ class ControllerSettings(ProcessSettings):
         "Seconds between checks of each policy's status; a check computes from memory and writes only when"
         " something it reads changed, so a short interval costs little."))
     drift_interval: float = Field(default=120.0, gt=0, description=(
-        "Seconds between full re-applies of a policy's objects, which repair edits made by others (each is"
-        " one LIST per owned kind)."))
+        "Seconds between full re-applies of a policy's objects, which repair edits made by others. Each compares"
+        " what the policy wants with what the controller's watches hold and writes only what differs; one"
+        " policy's tenancy probe each interval stands for all."))
     crd_interval: float = Field(default=10.0, gt=0, description=(
-        "Seconds between checks that the GpuSlicePolicy CRD is still served (discovery); once it is gone"
-        " the controller stops Kopf and waits for it, asking again after 1 s doubling to 30 s."))
+        "A watch of the GpuSlicePolicy CRD says when it goes (no request while it stays served); this is how"
+        " often it is asked instead while it is being deleted with policies left, or where the RBAC grants no"
+        " watch of it. Once it is gone the controller stops Kopf and waits for it, asking again after 1 s"
+        " doubling to 30 s."))
     first_retry: float = Field(default=2.0, gt=0, description=(
         "Seconds before a failed converge is tried again; doubles with each failure of the same generation."))
     last_retry: float = Field(default=300.0, gt=0, description=(
@@ -49,13 +52,16 @@ class ControllerSettings(ProcessSettings):
     webhook_cert_interval: float = Field(default=600.0, gt=0, description=(
         "Seconds between checks of the webhook's certificates (and of the caBundle someone may have removed)."))
     defrag_interval: float = Field(default=30.0, gt=0, description=(
-        "Seconds between looks, per policy in defragmentation mode Auto, for pods waiting long enough that"
-        " moving pods would make room for (a look lists the claims, and the pods of the policy's tenants)."))
+        "Seconds between looks at most, per policy in defragmentation mode Auto, for pods waiting long enough"
+        " that moving pods would make room for. A look reads the cluster (the claims, and the pods of the"
+        " policy's tenants) only when the controller's watch holds a pod of its tenants waiting that long and"
+        " something changed since the last look."))
     scheduler_retry_interval: float = Field(default=30.0, ge=0, description=(
         "Seconds between looks for pods kube-scheduler turned away while allocations it then failed to write"
         " were in flight (a tenant over its maxMemory), whose devices are free: the controller annotates their"
-        " DeviceClass, which makes the scheduler try them again instead of after its 5-minute flush. A look lists"
-        " the pods not yet on a node in the tenant namespaces; 0 turns it off."))
+        " DeviceClass, which makes the scheduler try them again instead of after its 5-minute flush. A look reads"
+        " the pods from the controller's watch of pods not yet on a node, and lists the slices and claims (once"
+        " each, cluster-wide) only when such a pod is due and something changed; 0 turns it off."))
     defrag_timeout: float = Field(default=300.0, gt=0, description=(
         "Seconds a move may take, from its start until the waiting claim is allocated, before it is given up:"
         " its record goes and its GPU's taint lifts. A move requested by hand (gpuslice defrag --timeout) is"

@@ -46,6 +46,7 @@ class PolicyState:
     admitted: list[AdmittedTenant] | None = None  # status.admittedTenants
     in_force: list[ClassInForce] | None = None  # status.classesInForce
     tenancy: tuple[int, str | None] | None = None  # last probe: (generation, what is wrong, or None)
+    tenancy_epoch: int = 0  # Context.tenancy_epoch when it was last probed
     # A tenant waits only for its quota's second to pass, longer than a reconcile waits (a clock
     # behind the apiserver's), or for the maxMemory webhook to answer its probe: the status timer
     # refreshes the policy though nothing changed.
@@ -75,6 +76,25 @@ class Context:
     # event handler's body read before the deletion, must not bring its status and series back.
     gone: dict[str, None] = field(default_factory=dict)
     tenancy_labels: asyncio.Lock = field(default_factory=asyncio.Lock)  # controller.tenancy_labels
+    # The routing labels this controller last wrote, and the namespace's resourceVersion then.
+    routes_written: dict[tuple[str, str], tuple[str | None, int]] = field(default_factory=dict)
+    # The objects a converge last applied (their APPLIED digest, None once deleted) and their
+    # resourceVersion then: the watches may not have caught up with them yet (controller.apply).
+    applied: dict[str, tuple[str | None, int]] = field(default_factory=dict)
+    # The generation of each policy whose DeviceTaintRules of an earlier version this controller has
+    # pruned (the kind is listed once per generation, not at every drift repair).
+    taint_rules_pruned: dict[str, int] = field(default_factory=dict)
+    # The tenancy probe: each generation of each policy is probed once it converges; after that one
+    # policy's probe every ``canary_every`` seconds stands for all (what it proves, that the rule is in
+    # force, is the same for every policy: its objects were deleted or changed, or the API server
+    # lost them). When that canary finds tenancy not enforced, ``tenancy_epoch`` moves and every
+    # policy is probed again at its next status refresh.
+    # The digest of each policy's agent view as this controller last wrote it, and when on ``clock``
+    # (controller.agent_views).
+    views: dict[str, tuple[str, float]] = field(default_factory=dict)
+    canary_every: float = 120.0
+    canary_at: float | None = None
+    tenancy_epoch: int = 0
     clock: Callable[[], float] = time.monotonic
     first_retry: float = FIRST_RETRY  # ControllerSettings.first_retry
     last_retry: float = LAST_RETRY
@@ -105,7 +125,32 @@ class Context:
             while len(self.gone) > GONE_KEPT:
                 del self.gone[next(iter(self.gone))]
         self.policies.pop(name, None)
+        self.taint_rules_pruned.pop(name, None)
         POLICY_METRICS.forget(name)
+
+    def probe_due(self, name: str, generation: int) -> bool:
+        """Whether ``name`` is to be probed now: a generation not probed (or not proved), a canary that
+        failed since it was, or the canary's turn (taken by this call)."""
+        state = self.policy(name)
+        if (state.tenancy is None or state.tenancy != (generation, None)
+                or state.tenancy_epoch < self.tenancy_epoch):
+            return True
+        if self.canary_at is None or self.clock() - self.canary_at >= self.canary_every:
+            self.canary_at = self.clock()
+            return True
+        return False
+
+    def probed(self, name: str, generation: int, unenforced: str | None) -> None:
+        """Record a probe's verdict; a policy proved before and not now fails the canary for all."""
+        state = self.policy(name)
+        if unenforced and state.tenancy == (generation, None):
+            self.tenancy_epoch += 1
+        state.tenancy, state.tenancy_epoch = (generation, unenforced), self.tenancy_epoch
+        self.canary_at = self.clock()  # any probe's answer is as good as the canary's
+
+    def stale_probe(self, name: str) -> bool:
+        """A policy proved before a canary failed: probed again at its next refresh."""
+        return self.policy(name).tenancy_epoch < self.tenancy_epoch
 
     def due(self, name: str) -> bool:
         return self.clock() >= self.policy(name).retry_at

@@ -8,11 +8,13 @@ What they share is Kopf's ``memo`` (controller.runtime).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import kopf
+import structlog
 
 from gpuslice.api.ledger import LEDGER_PLURAL
 from gpuslice.api.policy import GROUP, VERSION
@@ -29,6 +31,8 @@ from gpuslice.kube.client import KubeError
 from gpuslice.planning.node.coexistence import other_driver_gpus
 from gpuslice.planning.reads.usage import ClaimView, SliceView
 
+log = structlog.get_logger(__name__)
+
 
 async def reconcile_each(ctx: Context, bodies: Sequence[Any], current: World, *,
                          converge_objects: bool = True) -> None:
@@ -41,15 +45,31 @@ async def reconcile_each(ctx: Context, bodies: Sequence[Any], current: World, *,
             continue
 
 
+SETTLE = 1.0  # seconds a policy's quotas and ledgers have to settle before its status follows them
+
+
 async def _refresh(memo: Runtime, ctx: Context, policy: str, kwargs: dict[str, Any]) -> None:
-    """``policy``'s status, now; when that fails the status timer looks again (this event will not)."""
-    now = memo.world(kwargs)
-    body = now.policies.get(policy)
-    if body is not None:
-        try:
-            await reconcile(ctx, body, now, converge_objects=False)
-        except (KubeError, kopf.TemporaryError):
-            memo.changes.mark([policy])
+    """``policy``'s status, within SETTLE seconds: the events of its tenants' quotas come one by one
+    (kube-controller-manager syncs each), and each wrote the status before; now those of a second are
+    one write. When that fails the status timer looks again (this event will not)."""
+    pending = memo.refreshes.get(policy)
+    if pending is not None and not pending.done():
+        return  # one is coming, and reads the indexes (live) when it runs
+
+    async def later() -> None:
+        await asyncio.sleep(SETTLE)
+        now = memo.world(kwargs)
+        body = now.policies.get(policy)
+        if body is not None:
+            try:
+                await reconcile(ctx, body, now, converge_objects=False)
+            except (KubeError, kopf.TemporaryError):
+                memo.changes.mark([policy])
+            except Exception:  # logged; the status timer looks again
+                log.exception("refreshing the policy's status failed unexpectedly", policy=policy)
+                memo.changes.mark([policy])
+
+    memo.refreshes[policy] = asyncio.create_task(later())
 
 
 async def class_event(name: str, labels: kopf.Labels, spec: kopf.Spec, type: str | None, memo: Runtime,
@@ -112,7 +132,8 @@ async def namespace_event(name: str, labels: kopf.Labels, uid: str | None, statu
         # A routing label someone else took off (or put on): put it as the policies say. An added
         # namespace a policy names is labelled by the converge below.
         with contextlib.suppress(KubeError):  # the drift converge tries again
-            await sync_routes(ctx.kube, ctx.tenancy_labels, {name: view}, now.policies.values(), ctx.namespace)
+            await sync_routes(ctx.kube, ctx.tenancy_labels, {name: view}, now.policies.values(), ctx.namespace,
+                              ctx.routes_written)
     if type != "ADDED":
         return
     affected = []
@@ -125,19 +146,14 @@ async def namespace_event(name: str, labels: kopf.Labels, uid: str | None, statu
     await reconcile_each(ctx, affected, now)
 
 
-async def slice_event(spec: kopf.Spec, annotations: kopf.Annotations, type: str | None, memo: Runtime,
-                      **kwargs: Any) -> None:
-    """Devices came or went: their policies' status follows at once. Nothing a policy makes
-    depends on its devices (taints travel on them), so its objects are not converged again: at
-    1,000 nodes that was a third of the requests until the fleet was published."""
-    view = SliceView.from_slice(spec, annotations)
-    told = memo.changes.slice_seen(view)  # a deleted slice's devices count too
-    if type is None or memo.ctx is None:
-        return  # the initial listing: resume handlers cover it
-    now = memo.world(kwargs)
-    names = sorted(told)
-    await reconcile_each(memo.ctx, [now.policies[n] for n in names if n in now.policies], now,
-                         converge_objects=False)
+async def slice_event(spec: kopf.Spec, annotations: kopf.Annotations, memo: Runtime, **_: Any) -> None:
+    """Devices came or went: their policies' status follows at its next refresh (at most every
+    ``--status-interval``), not at once. Nothing a policy makes depends on its devices (taints
+    travel on them), so its objects are not converged again; and a status written at each node's
+    publish was one write per node per policy while a fleet published, each sent to every watcher
+    of the policies: now a policy's status is written at most once per interval, however many
+    nodes publish meanwhile."""
+    memo.changes.slice_seen(SliceView.from_slice(spec, annotations))  # a deleted slice's devices count too
 
 
 async def quota_event(namespace: str | None, name: str, labels: kopf.Labels, meta: kopf.Meta,

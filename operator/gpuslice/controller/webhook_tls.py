@@ -164,14 +164,21 @@ async def ensure_webhook_tls(kube: KubeClient, settings: TlsSettings, now: datet
 
 async def keep_webhook_tls(kube: KubeClient, settings: TlsSettings, stop: asyncio.Event, interval: float) -> None:
     """``ensure_webhook_tls`` every ``interval`` seconds (sooner right after a new CA), until ``stop``;
-    a pass that fails is tried again after 2 s doubling to ``interval``, with jitter."""
-    backoff = Backoff(2.0, interval)
+    a pass that fails is tried again after 2 s doubling to ``interval``, with jitter. While there is
+    no webhook configuration to trust the CA (installed later, or not at all: a cluster without the
+    maxMemory webhook), it looks again after 10 s doubling to ``interval``: three reads every 10 s,
+    for good, were most of the requests of a controller with nothing to do."""
+    backoff, soon = Backoff(2.0, interval), Backoff(min(interval, 10.0), interval)
     while not stop.is_set():
         try:
             done = await ensure_webhook_tls(kube, settings)
             # Soon again after a new CA (the serving certificate follows), or while there is no
             # webhook configuration to give the CA to (installed after the controller started).
-            wait = spread(min(interval, 10.0) if done.again_soon else interval)
+            if done.again_soon:
+                wait = soon.next()
+            else:
+                wait = spread(interval)
+                soon.reset()
             backoff.reset()
         except KubeError as error:
             wait = backoff.next()

@@ -66,6 +66,9 @@ class World:
     memo: FleetMemo | None = None
     # Other DRA drivers' slices that name GPUs, by node: (driver, devices naming a GPU or MIG UUID).
     other_drivers: Mapping[str, Collection[tuple[str, int]]] = field(default_factory=dict)
+    # Each policy's objects of the kinds it owns (controller.apply), as the watches hold them; None:
+    # not watched (a World made by hand), and a converge lists them.
+    owned: Mapping[str, Sequence[Mapping[str, Any]]] | None = None
 
     def other_drivers_on(self, nodes: Collection[str]) -> list[str]:
         """``node: driver (N GPU devices)`` for each of ``nodes`` where another driver publishes GPUs."""

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuslice.devcluster import audit as audit_module
 from gpuslice.devcluster import binaries as binaries_module
 from gpuslice.devcluster import features as features_module
 from gpuslice.devcluster import mocknvml, operator
@@ -148,6 +149,11 @@ class DevCluster(FaultControls):
     def kubeconfig(self) -> Path:
         return self.state.kubeconfig
 
+    @property
+    def audit(self) -> audit_module.AuditLog:
+        """What gpuslice's own identities asked the API server (devcluster.audit)."""
+        return audit_module.AuditLog(self.state.logs / "audit.log")
+
     async def __aenter__(self) -> DevCluster:
         await self.start()
         return self
@@ -254,6 +260,7 @@ class DevCluster(FaultControls):
              "--endpoint-reconciler-type=none",
              "--allow-privileged=true",
              "--enable-priority-and-fairness=false",
+             *audit_module.apiserver_flags(self.state.pki / "audit-policy.yaml", self.audit.path),
              *self.features.flags(apiserver=True)],
             logs / "kube-apiserver.log", http_health(f"{self.server}/readyz", ca_context),
             startup_timeout=90,

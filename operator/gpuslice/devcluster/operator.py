@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from gpuslice.api.crd import crd, ledger_crd
+from gpuslice.api.crd import agent_view_crd, crd, ledger_crd
 from gpuslice.devcluster.errors import DevClusterError
 from gpuslice.devcluster.process import Component, http_health
 from gpuslice.dra.names import MEMORY_WEBHOOK_PATH
@@ -96,7 +96,7 @@ async def install(kube: KubeClient, state_dir: Path, server: str, ca_pem: bytes,
     kubeconfigs."""
     webhook = [memory_webhook(url=webhook_url(webhook_port))] if webhook_port else []
     try:
-        await apply_all(kube, [crd(), ledger_crd(), *manifest_documents("controller-rbac.yaml"),
+        await apply_all(kube, [crd(), ledger_crd(), agent_view_crd(), *manifest_documents("controller-rbac.yaml"),
                                *manifest_documents("agent-rbac.yaml"), *manifest_documents("webhook-rbac.yaml"),
                                *manifest_documents("admission.yaml"), *webhook])
         return (await token_kubeconfig(kube, CONTROLLER_SA, server, ca_pem, state_dir / "controller.kubeconfig"),

@@ -28,6 +28,7 @@ KINDS: dict[tuple[str, str], tuple[str, bool]] = {
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): ("customresourcedefinitions", False),
     ("gpuslice.dev/v1alpha1", "GpuSlicePolicy"): ("gpuslicepolicies", False),
     ("gpuslice.dev/v1alpha1", "GpuSliceLedger"): ("gpusliceledgers", True),
+    ("gpuslice.dev/v1alpha1", "GpuSliceAgentView"): ("gpusliceagentviews", True),
     ("v1", "Secret"): ("secrets", True),
     ("v1", "Service"): ("services", True),
     ("policy/v1", "PodDisruptionBudget"): ("poddisruptionbudgets", True),

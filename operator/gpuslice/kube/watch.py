@@ -29,6 +29,10 @@ PAGE = 500
 CONNECT_TIMEOUT = 30.0
 # Seconds between tries at most: a watch is back within this long of an API server that returns.
 MAX_BACKOFF = 5.0
+# Seconds a stream may go without a line (an event or a bookmark, which the API server sends about
+# every minute) before it is taken for dead and opened again: a long watch must not hide a dead
+# connection for as long as it runs.
+STALL = 300.0
 
 
 async def list_all(kube: KubeClient, path: str, query: Mapping[str, str | int | bool] | None = None,
@@ -56,7 +60,7 @@ async def _stream(kube: KubeClient, path: str, query: Mapping[str, str | int | b
     params = {**query, "watch": True, "resourceVersion": version, "allowWatchBookmarks": True,
               "timeoutSeconds": server_timeout}
     try:
-        async with kube.transport.stream(path, params, CONNECT_TIMEOUT, server_timeout + 30) as lines:
+        async with kube.transport.stream(path, params, CONNECT_TIMEOUT, min(server_timeout + 30, STALL)) as lines:
             async for line in lines:
                 if not line.strip():
                     continue

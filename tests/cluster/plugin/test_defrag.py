@@ -262,7 +262,7 @@ async def test_auto_mode_moves_pods_only_within_its_hourly_budget(
     await waiting_big(fleet, namespace)
     event = await event_with(kube, namespace, "big", "maxEvictionsPerHour is 1", within=60)
     assert event["reason"] == "DefragmentationBlocked"
-    await defrag_looked(controller, fleet.policy)  # two more looks: still nothing
+    await defrag_looked(kube, controller, fleet.policy, namespace)  # two more looks: still nothing
     still = await fleet.uids([namespace])
     assert all(still.get(pod) == uid for pod, uid in before.items()), "nothing was evicted"
     metrics = await scrape(controller.metrics_port)

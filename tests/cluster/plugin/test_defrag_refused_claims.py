@@ -98,7 +98,7 @@ async def test_auto_defrag_evicts_no_one_for_a_claim_that_would_be_refused_or_ke
 
     with contextlib.suppress(AssertionError):
         await wait_for(moved_or_told, within=60, what="a victim evicted, or the three waiting pods told why not")
-    await defrag_looked(controller, fleet.policy)  # two more of Auto's looks
+    await defrag_looked(kube, controller, fleet.policy, victim)  # two more of Auto's looks
     evicted = await victim_moved()
     moved = [e.get("message") for p in before for e in await pod_events(kube, victim, p.split("/")[1])
              if "moved by gpuslice" in (e.get("message") or "")]

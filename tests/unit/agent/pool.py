@@ -18,9 +18,10 @@ from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.kubeletplugin.prepare import Preparer
 from gpuslice.agent.mig_manager import APPLIED_FILE
 from gpuslice.agent.mps.daemons import MpsDaemons
-from gpuslice.agent.pool import NodePool
+from gpuslice.agent.pool import NodePool, Observed
 from gpuslice.agent.published import PublishedRecord
 from gpuslice.agent.publisher import PublishResult
+from gpuslice.api.agent_view import VIEWS, view_of
 from gpuslice.dra.names import CONTROLLER_NAMESPACE as NAMESPACE
 from gpuslice.dra.names import DRIVER
 from gpuslice.inventory.gpus import Gpu
@@ -115,7 +116,21 @@ class Pool:
         self.agent.checkpoints.write(ClaimCheckpoint(uid=uid, namespace="tenant", name=uid, phase="started", devices=[
             PreparedDevice(request="gpu", pool=builders.NODE, device=device, mode="memory", gpu_uuid="unknown")]))
 
+    def controller_views(self) -> None:
+        """The controller's part: each policy's agent view (what the agent plans from), as it writes them."""
+        policies = {p["metadata"]["name"]: p for p in self.api.items(builders.POLICIES)}
+        for view in self.api.items(VIEWS):
+            if view["metadata"]["name"] not in policies:
+                self.api.remove(f"{VIEWS}/{view['metadata']['name']}")
+        for policy in policies.values():
+            self.api.put(view_of(policy))
+
+    async def read(self) -> Observed:
+        self.controller_views()
+        return await self.agent.read()
+
     async def publish(self) -> PublishResult:
+        self.controller_views()
         async with self.agent.lock:
             return await self.agent.publish()
 

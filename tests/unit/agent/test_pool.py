@@ -35,7 +35,7 @@ async def test_read_writes_nothing_and_reads_no_claim_while_nothing_published_is
     await pool.settle()
     since = len(pool.api.requests)
 
-    observed = await pool.agent.read()
+    observed = await pool.read()
 
     assert pool.api.writes(since) == []
     assert claim_reads(pool.api, since) == 0, "no published device is to change: the claims are not read"
@@ -52,7 +52,7 @@ async def test_read_reads_the_claims_when_a_published_device_is_to_change(pool: 
     pool.set_policy("p", TWENTY)
     since = len(pool.api.requests)
 
-    observed = await pool.agent.read()
+    observed = await pool.read()
 
     assert pool.api.writes(since) == []
     assert claim_reads(pool.api, since) == 1
@@ -65,7 +65,7 @@ async def test_read_counts_what_the_kubelet_plugin_prepared_as_allocated(pool: P
     prepared = sorted(pool.devices())[1]
     pool.hold(prepared)
 
-    assert (await pool.agent.read()).allocated == {prepared}, "before any claim's status says so"
+    assert (await pool.read()).allocated == {prepared}, "before any claim's status says so"
 
 
 async def test_read_takes_the_record_for_what_is_published_once_the_kubelet_wiped_the_pool(pool: Pool) -> None:
@@ -75,7 +75,7 @@ async def test_read_takes_the_record_for_what_is_published_once_the_kubelet_wipe
     for piece in pool.slices():
         pool.api.remove(f"{builders.SLICES}/{piece['metadata']['name']}")
 
-    observed = await pool.agent.read()
+    observed = await pool.read()
 
     assert observed.existing == []
     assert {d["name"]: d for d in observed.published} == before
@@ -87,7 +87,7 @@ async def test_read_takes_the_record_for_what_is_published_once_the_kubelet_wipe
 async def test_plan_of_a_steady_pool_is_unchanged_and_asks_the_server_nothing(pool: Pool) -> None:
     pool.set_policy("p", TEN)
     await pool.settle()
-    observed = await pool.agent.read()
+    observed = await pool.read()
     since = len(pool.api.requests)
 
     plan = await pool.agent.plan(observed)
@@ -99,7 +99,7 @@ async def test_plan_of_a_steady_pool_is_unchanged_and_asks_the_server_nothing(po
 
 async def test_plan_is_the_next_generation_the_server_accepts_in_a_dry_run(pool: Pool) -> None:
     pool.set_policy("p", TEN)
-    observed = await pool.agent.read()
+    observed = await pool.read()
     since = len(pool.api.requests)
 
     plan = await pool.agent.plan(observed)
@@ -117,7 +117,7 @@ async def test_plan_leaves_out_a_policy_the_server_refuses(pool: Pool) -> None:
     pool.set_policy("good", TEN)
     pool.set_policy("bad", TWENTY)
     pool.api.admit(refusing("bad", 422))
-    observed = await pool.agent.read()
+    observed = await pool.read()
     since = len(pool.api.requests)
 
     plan = await pool.agent.plan(observed)
@@ -136,7 +136,7 @@ async def test_write_puts_the_plan_and_only_it_on_the_server(pool: Pool) -> None
     await pool.settle()
     old = {s["metadata"]["name"] for s in pool.slices()}
     pool.set_policy("p", TWENTY)
-    observed = await pool.agent.read()
+    observed = await pool.read()
     plan = await pool.agent.plan(observed)
 
     result = await pool.agent.write(observed, plan)
@@ -157,6 +157,7 @@ async def test_write_of_an_unchanged_plan_writes_no_slice_and_records_an_earlier
     await pool.settle()
     (tmp_path / "published.json").unlink()  # slices of an earlier agent, whose record this node lacks
     agent = NodePool(builders.NODE, kube, pool.agent.ops, record=pool.record)
+    pool.controller_views()
     observed = await agent.read()
     plan = await agent.plan(observed)
     since = len(api.requests)
@@ -171,7 +172,7 @@ async def test_write_of_an_unchanged_plan_writes_no_slice_and_records_an_earlier
 
 async def test_write_records_the_generation_before_any_slice_of_it_is_written(pool: Pool) -> None:
     pool.set_policy("p", TEN)
-    observed = await pool.agent.read()
+    observed = await pool.read()
     plan = await pool.agent.plan(observed)
     pool.api.fail("PATCH", f"{builders.SLICES}/.*", 403, "a rule refuses the write itself", dry_run=False)
 

@@ -15,6 +15,8 @@ from tests.fakeapi import FakeApi, Refusal, Request
 
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 OWNED = ("deviceclasses", "resourcequotas", "resourceclaimtemplates", "devicetaintrules")
+WATCHED = ("/apis/resource.k8s.io/v1/deviceclasses", "/api/v1/resourcequotas",
+           "/apis/resource.k8s.io/v1/resourceclaimtemplates", "/apis/gpuslice.dev/v1alpha1/gpusliceledgers")
 
 
 def enforce_tenancy(api: FakeApi) -> None:
@@ -69,4 +71,16 @@ def world(api: FakeApi) -> World:
         for n in api.items("/api/v1/namespaces")}
     nodes = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in api.items("/api/v1/nodes")}
     policies = {p["metadata"]["name"]: p for p in api.items(builders.POLICIES)}
-    return World(policies=policies, namespaces=namespaces, nodes=nodes, slices=[], claims=[])
+    return World(policies=policies, namespaces=namespaces, nodes=nodes, slices=[], claims=[], owned=owned(api))
+
+
+def owned(api: FakeApi) -> dict[str, list[dict[str, Any]]]:
+    """Each policy's objects of the kinds the controller watches (controller.indexes.OWNED), as its
+    watches would hold them."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for collection in WATCHED:
+        for obj in api.items(collection):
+            policy = (obj["metadata"].get("labels") or {}).get(LABEL_POLICY)
+            if policy:
+                found.setdefault(policy, []).append(obj)
+    return found

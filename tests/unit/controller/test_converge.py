@@ -149,3 +149,71 @@ async def test_a_failed_converge_backs_off_and_converges_once_the_fault_is_gone(
     assert api.get(TEMPLATE) is not None
     status = (api.get(f"{builders.POLICIES}/p") or {})["status"]
     assert [c["status"] for c in status["conditions"] if c["type"] == "Valid"] == ["True"]
+
+
+async def test_a_drift_converge_reads_from_the_watches_and_one_probe_a_drift_interval_stands_for_all(
+        api: FakeApi, kube: KubeClient, policy: dict[str, Any]) -> None:
+    """Repairing drift every 120 s per policy cost a LIST per owned kind and a tenancy probe each:
+    at 50 policies, 350 requests every two minutes whatever changed. Now what the policy owns comes
+    from the watches, DeviceTaintRules (pruned only) are listed once, and one policy's probe a drift
+    interval stands for all; a canary that finds tenancy gone has every policy probed again."""
+    api.put(builders.policy("q", {"mode": "memory", "sliceSize": "20G"}, generation=1, uid="u-q", tenants=["team-b"],
+                            node="n2"),
+            builders.namespace("team-b"), builders.node("n2"))
+    clock = Clock()
+    ctx = Context(kube=kube, username="system:serviceaccount:gpuslice-system:gpuslice-controller", clock=clock,
+                  canary_every=120.0)
+    for name in ("p", "q"):
+        await reconcile(ctx, api.get(f"{builders.POLICIES}/{name}") or {}, world(api))
+    probes = [r for r in api.requests if r.method == "POST" and "/resourceclaims" in r.path]
+    assert len(probes) == 2  # each generation is proved once it converges
+
+    since = len(api.requests)
+    clock.now += 60.0
+    for name in ("p", "q"):
+        await reconcile(ctx, api.get(f"{builders.POLICIES}/{name}") or {}, world(api))
+    assert [str(r) for r in api.requests[since:]] == [], "a drift converge with nothing to repair makes no request"
+    clock.now += 61.0
+    for name in ("p", "q"):
+        await reconcile(ctx, api.get(f"{builders.POLICIES}/{name}") or {}, world(api))
+    canary = api.requests[since:]
+    assert [(r.method, r.dry_run) for r in canary if r.method != "GET"] == [("POST", True)], "one canary for both"
+    assert all("/validatingadmissionpolic" in r.path for r in canary if r.method == "GET")  # the probe's own
+
+    # Someone takes the tenancy rule away: the next canary finds it, and every policy is probed again.
+    api.admission.clear()
+    since = len(api.requests)
+    clock.now += 121.0
+    with pytest.raises(kopf.TemporaryError):
+        await reconcile(ctx, api.get(f"{builders.POLICIES}/p") or {}, world(api))
+    assert ctx.stale_probe("q")
+    with contextlib.suppress(kopf.TemporaryError):
+        await reconcile(ctx, api.get(f"{builders.POLICIES}/q") or {}, world(api), converge_objects=False)
+    valid = {n: [c["reason"] for c in (api.get(f"{builders.POLICIES}/{n}") or {})["status"]["conditions"]
+                 if c["type"] == "Valid"] for n in ("p", "q")}
+    assert valid == {"p": ["TenancyNotEnforced"], "q": ["TenancyNotEnforced"]}
+
+
+async def test_a_converge_right_after_another_does_not_write_again_what_the_watch_has_not_shown_yet(
+        api: FakeApi, kube: KubeClient, policy: dict[str, Any]) -> None:
+    """Converges of one policy in a row (its creation, a quota's events) each compared what it wants
+    with what the watches held when its handler started, before the last one's writes came back:
+    every template written four times over as a fleet converged. The controller's own writes stand
+    until the watch shows their version; an object the watch no longer shows is written again."""
+    ctx = Context(kube=kube, username="system:serviceaccount:gpuslice-system:gpuslice-controller")
+    await reconcile(ctx, api.get(f"{builders.POLICIES}/p") or {}, world(api))
+    before = world(api)  # the watches as they were: the template as first written
+    live = api.get(f"{builders.POLICIES}/p") or {}
+    edited = {**live, "metadata": {**live["metadata"], "generation": 2},
+              "spec": {**live["spec"], "slicing": {"mode": "memory", "sliceSize": "20G"}}}
+    api.put(edited)
+    since = len(api.requests)
+    await reconcile(ctx, edited, world(api))
+    changed = {r.path for r in api.requests[since:] if r.apply}
+    assert CLASS in changed, "the class changes with the slice size"
+    since = len(api.requests)
+    await reconcile(ctx, edited, before, converge_objects=True)  # a handler that saw the first one
+    assert not [str(r) for r in api.requests[since:] if r.apply], "written again from a stale view"
+    api.remove(TEMPLATE)  # deleted by someone else since: the watch shows it gone
+    await reconcile(ctx, edited, world(api), converge_objects=True)
+    assert api.get(TEMPLATE) is not None, "put back"

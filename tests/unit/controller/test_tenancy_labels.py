@@ -5,12 +5,14 @@ tests/cluster/install/test_scoped_admission.py)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
 
+from gpuslice.controller import crd as crd_module
 from gpuslice.controller.admin_access import NamespaceView
-from gpuslice.controller.crd import CRD_PATH, CrdState, crd_leaving, crd_state, wait_for_crd
+from gpuslice.controller.crd import CRD_NAME, CRD_PATH, CrdState, crd_leaving, crd_state, until_crd_leaves, wait_for_crd
 from gpuslice.controller.tenancy_labels import named_namespaces, plan_tenancy_labels
 from gpuslice.kube.client import Forbidden, KubeClient, NotFound, ServerError
 from tests.builders import policy
@@ -120,3 +122,92 @@ async def test_kopf_stops_once_a_crd_being_deleted_has_no_policy_left() -> None:
     assert not await crd_leaving(cast(KubeClient, _Server(DELETING, policies=1)))  # still finalizing them
     assert await crd_leaving(cast(KubeClient, _Server(DELETING, policies=0)))
     assert await crd_leaving(cast(KubeClient, _Server(MISSING)))
+
+
+# While its CRD stays served the controller asks nothing about it: a watch of that one CRD tells it
+# when the CRD is deleted (it checked 5.5 times a minute before). It asks only while the CRD is
+# being deleted with policies left, or where its RBAC grants no watch (an older install): then
+# every interval, as before. The watch is scripted; what is under test is when the controller asks.
+
+
+class ScriptedWatch:
+    """Stands for gpuslice.kube.watch.watch: hands the listing, then the events a test sends."""
+
+    def __init__(self, listing: list[dict[str, Any]], error: BaseException | None = None) -> None:
+        self.listing, self.error = listing, error
+        self.events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self.query: dict[str, Any] = {}
+
+    async def __call__(self, kube: Any, path: str, handler: Callable[..., Any], stop: asyncio.Event, *,
+                       query: dict[str, Any], on_error: Callable[[BaseException], None],
+                       on_listed: Callable[[], None]) -> None:
+        self.query = query
+        if self.error is not None:
+            on_error(self.error)
+            await stop.wait()
+            return
+        for item in self.listing:
+            handler(None, item)
+        on_listed()
+        while not stop.is_set():
+            kind, body = await self.events.get()
+            handler(kind, body)
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_a_served_crd_costs_no_request_and_its_deletion_is_told_by_the_watch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    scripted = ScriptedWatch([ESTABLISHED])
+    monkeypatch.setattr(crd_module, "watch", scripted)
+    server, leaving = _Server(ESTABLISHED, policies=1), asyncio.Event()
+    task = asyncio.create_task(until_crd_leaves(cast(KubeClient, server), leaving, interval=0.05))
+    await asyncio.sleep(0.3)  # six intervals: the old check asked six times
+    assert server.asked == 0
+    assert scripted.query == {"fieldSelector": f"metadata.name={CRD_NAME}"}
+    server.answers = [DELETING]
+    scripted.events.put_nowait(("MODIFIED", DELETING))  # deleted, its policies still finalizing
+    await settle()
+    assert server.asked == 1
+    assert not leaving.is_set()
+    server.policies = []  # the last one went (its handler's answer was lost): asked again in an interval
+    await asyncio.wait_for(leaving.wait(), 2)
+    await task
+
+
+async def test_a_crd_gone_while_the_watch_was_down_is_seen_in_the_next_listing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(crd_module, "watch", ScriptedWatch([]))
+    leaving = asyncio.Event()
+    await asyncio.wait_for(until_crd_leaves(cast(KubeClient, _Server(MISSING)), leaving, interval=60), 2)
+    assert leaving.is_set()
+
+
+async def test_without_the_right_to_watch_it_the_controller_asks_every_interval(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(crd_module, "watch", ScriptedWatch([], Forbidden(403, "Forbidden", "forbidden", None)))
+    server, leaving = _Server(ESTABLISHED), asyncio.Event()
+    task = asyncio.create_task(until_crd_leaves(cast(KubeClient, server), leaving, interval=0.05))
+    await asyncio.sleep(0.4)
+    assert server.asked >= 3
+    assert not leaving.is_set()
+    server.answers = [MISSING]
+    await asyncio.wait_for(leaving.wait(), 2)
+    await task
+
+
+def test_a_namespace_the_watch_shows_older_than_the_controllers_own_label_is_taken_as_labelled() -> None:
+    """A fleet's policies converging at once each saw the namespaces as its handler first did, and
+    labelled every tenant namespace again (200 writes for 20 namespaces): what the controller wrote
+    stands until the watch shows the namespace at that version or later."""
+    stale = NamespaceView({}, True, "uid", version=10)
+    written = {("a", "gpuslice.dev/tenancy"): ("judged", 12), ("b", "gpuslice.dev/tenancy"): (None, 12)}
+    namespaces = {"a": stale, "b": NamespaceView({"gpuslice.dev/tenancy": "judged"}, True, "uid", version=11)}
+    assert plan_tenancy_labels(namespaces, {"a"}, written=written) == ([], [])
+    # Someone took the label off after the controller's write: the watch shows it, and it goes back.
+    later = {"a": NamespaceView({}, True, "uid", version=13), "b": namespaces["b"]}
+    assert plan_tenancy_labels(later, {"a"}, written=written) == (["a"], [])
+    assert plan_tenancy_labels(namespaces, {"a"}) == (["a"], ["b"])  # without the record, as before

@@ -100,3 +100,18 @@ async def test_instances_recovery_does_not_own_are_never_touched(pool: Pool, lay
 
     assert found.instances_destroyed == []
     assert pool.instances() == before
+
+
+async def test_the_stale_claims_sweep_asks_only_about_claims_no_container_holds(pool: Pool, api: FakeApi) -> None:
+    """Every sweep (every resync) read every prepared claim from the API server: a node's claims a
+    minute, for ever. A claim the kubelet says a running container holds is reserved, so it exists:
+    it is not asked about; one no container holds is, and unprepared when it is gone."""
+    from gpuslice.agent.kubeletplugin.recovery import collect_stale
+
+    preparer = pool.preparer()
+    key = f"{KEPT.namespace}/{KEPT.name}"
+    since = len(api.requests)
+    assert await collect_stale(preparer, {key}) == []
+    assert [str(r) for r in api.requests[since:]] == []
+    api.remove(f"/apis/resource.k8s.io/v1/namespaces/{KEPT.namespace}/resourceclaims/{KEPT.name}")
+    assert await collect_stale(preparer, set()) == [key]  # no container holds it, and it is gone
