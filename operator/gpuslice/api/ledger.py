@@ -1,6 +1,6 @@
 """The GpuSliceLedger API: what a tenant with ``maxMemory`` holds, charge by charge.
 
-One ledger per policy and tenant namespace, in ``gpuslice-system`` (out of tenants' reach; the
+One ledger per policy and tenant namespace, in gpuslice's namespace (out of tenants' reach; the
 node agents may not read it). The controller writes its ``spec`` (the limit in force, as it
 writes a ResourceQuota's ``spec.hard``); the maxMemory webhook writes its ``status`` (the charges,
 as kube-controller-manager and the quota admission write a quota's ``status.used``), each

@@ -76,7 +76,7 @@ def class_policy(device_class: str) -> str | None:
     parts = device_class.removesuffix(suffix).split(".")
     return parts[-1] or None
 
-# Each node agent's drain object: ConfigMap gpuslice-system/gpuslice-draining-<node>, labelled so
+# Each node agent's drain object: ConfigMap gpuslice-draining-<node> in gpuslice's namespace, labelled so
 # (the gpuslice-drain binding selects its parameters by the label), data {node: device names}.
 DRAIN_OBJECT_PREFIX = "gpuslice-draining-"
 DRAIN_LIST_LABEL = "gpuslice.dev/drain-list"
