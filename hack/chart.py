@@ -37,6 +37,10 @@ from gpuslice.dra.support import chart_kube_version  # the support matrix: the c
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "gpuslice"
 NAMESPACE = "gpuslice-system"
+# The namespace wherever the overlay names it (objects' metadata, RBAC subjects, the service-account
+# identities and namespaces in the CEL rules, the CRD's rules that refuse it as a tenant, the
+# webhook's Service): the release's, or namespaceOverride.
+NAMESPACE_EXPR = '{{ include "gpuslice.namespace" $ }}'
 OVERLAY = "manifests/overlays/nvidia"
 KIND_OVERLAY = "manifests/overlays/kind"
 CERT_MANAGER_OVERLAY = "manifests/overlays/cert-manager"
@@ -136,7 +140,7 @@ COMMON_DOCS = {
 PROCESSES = {"controller": "controller", "agent": "agent", "webhook": "webhook"}
 # Never in `settings`: a kubeconfig (a pod uses its ServiceAccount), the values of their own, what the
 # Downward API sets, and whatever the chart passes as a flag (a flag wins over its variable).
-NOT_SETTINGS = {"kubeconfig", "log_level", "log_format", "node", "nvidia_driver_root"}
+NOT_SETTINGS = {"kubeconfig", "log_level", "log_format", "node", "namespace", "nvidia_driver_root"}
 
 
 def camel(field: str) -> str:
@@ -189,6 +193,10 @@ ARGS_FLAGS = args_flags()
 
 
 VALUES = [
+    Value("namespaceOverride", {"type": "string", "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$", "maxLength": 63},
+          "The namespace of every namespaced object and of gpuslice's identities in its RBAC and admission rules;"
+          " empty: the release's (helm install -n NAMESPACE). It must exist, labelled as docs/install.md says.",
+          default=""),
     Value("image.repository", STRING, "The gpuslice image (make image; push it to your registry).",
           at=(*DEP, (*CONTAINER, "image"))),
     Value("image.tag", STRING, "Its tag; empty: the chart's appVersion (the one version of gpuslice).", default=""),
@@ -213,8 +221,8 @@ VALUES = [
         "affinity": "Default: the copies on different nodes where they can be.",
         "podDisruptionBudget.enabled": "minAvailable 1: a drain keeps one copy answering."}),
     Value("webhook.clientAuth.caConfigMap", STRING,
-          "A ConfigMap in gpuslice-system whose ca.crt holds the CAs of the client certificate the API server presents"
-          " to the webhook (kube-root-ca.crt: the cluster's own CA). Set, the webhook admits no other caller"
+          "A ConfigMap in gpuslice's namespace whose ca.crt holds the CAs of the client certificate the API server"
+          " presents to the webhook (kube-root-ca.crt: the cluster's own CA). Set, the webhook admits no other caller"
           " (--client-ca-file; the API server's --admission-control-config-file must present it: docs/install.md)."
           " Empty: anyone who reaches its port may send it reviews.", default=""),
     Value("webhook.clientAuth.allowedNames", ARRAY,
@@ -571,6 +579,7 @@ def template(nvidia: Obj, kind: Obj | None) -> str:
     body = "\n".join(lines).rstrip("\n")
     for literal, expression in SUBSTITUTIONS.get(ident(nvidia), {}).items():
         body = body.replace(literal, expression)
+    body = body.replace(NAMESPACE, NAMESPACE_EXPR)
     condition = CONDITIONS.get(ident(nvidia))
     return f"{{{{- if {condition} }}}}\n{body}\n{{{{- end }}}}" if condition else body
 

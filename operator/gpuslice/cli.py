@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import click
-import pydantic
 from click.core import ParameterSource
 
 from gpuslice import __version__
@@ -17,7 +16,7 @@ from gpuslice.agent.settings import AgentSettings
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.inspect.extra import need_cli_extra
 from gpuslice.kube.useragent import set_component
-from gpuslice.settings import ClusterAccess, Settings, markdown, options
+from gpuslice.settings import ClusterAccess, Settings, from_flags, markdown, options
 from gpuslice.webhook.settings import WebhookSettings
 
 # Every process's settings, by the name docs/configuration.md gives it.
@@ -69,13 +68,7 @@ S = TypeVar("S", bound=Settings)
 
 
 def _settings(model: type[S], values: dict[str, Any]) -> S:
-    """The settings from the flags and variables, or a usage error that names the flag and the fix."""
-    try:
-        return model(**values)
-    except pydantic.ValidationError as error:
-        raise click.UsageError("; ".join(
-            (f"{model.flag(str(e['loc'][0]))}: " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
-            for e in error.errors())) from None
+    return from_flags(model, values)
 
 
 @click.group(cls=LazyGroup)
@@ -179,7 +172,7 @@ def agent(check: bool, **values: Any) -> None:
 @click.option("-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text", show_default=True,
               help="With --cluster: how to print the plan.")
 def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, ...], previous: tuple[str, ...],
-         cluster: bool, kubeconfig: Path | None, context: str | None, output: str) -> None:
+         cluster: bool, kubeconfig: Path | None, context: str | None, gpuslice_namespace: str, output: str) -> None:
     """Print the ResourceSlices a node agent would publish for these policies, no cluster needed
     (with --cluster: what an edit would do to the live cluster; --kubeconfig and --context are for it)."""
     if cluster:
@@ -189,7 +182,9 @@ def plan(files: tuple[str, ...], gpus: str, node: str, node_labels: tuple[str, .
                                    " now come from the cluster.")
         from gpuslice.inspect.commands import cluster_plan
 
-        cluster_plan(ClusterAccess(kubeconfig=kubeconfig, context=context), [Path(f) for f in files], output)
+        cluster_plan(from_flags(ClusterAccess, {"kubeconfig": kubeconfig, "context": context,
+                                       "gpuslice_namespace": gpuslice_namespace}),
+                     [Path(f) for f in files], output)
         return
     # Given on the command line it would do nothing; exported (GPUSLICE_CONTEXT) it is for the other commands.
     if click.get_current_context().get_parameter_source("context") is ParameterSource.COMMANDLINE:

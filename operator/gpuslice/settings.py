@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import click
+import pydantic
 from pydantic import BaseModel, ConfigDict, Field
+
+from gpuslice.dra.names import CONTROLLER_NAMESPACE
 
 ENV_PREFIX = "GPUSLICE_"
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -57,9 +60,21 @@ class ProcessSettings(Settings):
     request_timeout: float = Field(default=60.0, gt=0, description=(
         "Seconds one API request may take, connection included: a half-open connection must not hang the"
         " work that waits for it."))
+    namespace: str | None = Field(default=None, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                                  description=(
+        "gpuslice's own namespace: where its Lease, drain lists, maxMemory ledgers, webhook Service and Secrets"
+        " are, and the one namespace that can never be a tenant. The chart and the manifests set it from the"
+        " pod's own (the Downward API). Unset: gpuslice-system (the controller: its ServiceAccount's namespace"
+        " when it runs as one)."))
     shutdown_grace: float = Field(default=10.0, gt=0, description=(
         "Seconds from SIGTERM to a forced exit: a request to an API server going down with us must not keep"
         " the process alive for minutes."))
+
+
+    @property
+    def home(self) -> str:
+        """gpuslice's own namespace as this process was told it, else the default."""
+        return self.namespace or CONTROLLER_NAMESPACE
 
 
 class ClusterAccess(Settings):
@@ -68,6 +83,16 @@ class ClusterAccess(Settings):
 
     kubeconfig: Path | None = Field(default=None, description=KUBECONFIG_HELP)
     context: str | None = Field(default=None, description=CONTEXT_HELP)
+    gpuslice_namespace: str = Field(default=CONTROLLER_NAMESPACE, max_length=63,
+                                    pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description=(
+        "The namespace gpuslice is installed in (helm install -n), where the agents' drain lists and the"
+        " maxMemory ledgers are read from. Not -n/--namespace: that is the namespace of the pods and claims"
+        " looked at, as in kubectl."))
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        """GPUSLICE_NAMESPACE, the name the processes read it by, not GPUSLICE_GPUSLICE_NAMESPACE."""
+        return "GPUSLICE_NAMESPACE" if field == "gpuslice_namespace" else super().env_name(field)
 
 
 def _base(annotation: Any) -> tuple[Any, bool]:
@@ -92,6 +117,19 @@ def _envvars(model: type[Settings], name: str) -> list[str]:
     extra = model.model_fields[name].json_schema_extra
     aliases = extra.get("env_aliases", []) if isinstance(extra, dict) else []
     return [model.env_name(name), *(str(a) for a in aliases)] if isinstance(aliases, list) else [model.env_name(name)]
+
+
+S = TypeVar("S", bound=Settings)
+
+
+def from_flags(model: type[S], values: dict[str, Any]) -> S:
+    """The settings from the flags and variables, or a usage error that names the flag and the fix."""
+    try:
+        return model(**values)
+    except pydantic.ValidationError as error:
+        raise click.UsageError("; ".join(
+            (f"{model.flag(str(e['loc'][0]))}: " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
+            for e in error.errors())) from None
 
 
 def options(model: type[Settings]) -> Callable[[F], F]:

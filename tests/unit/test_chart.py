@@ -79,9 +79,10 @@ def test_log_level_and_format_and_every_documented_setting_become_variables(helm
     objects = render(helm, "--set", "controller.logLevel=debug,agent.logFormat=json,webhook.logLevel=warning",
                      "--set", "controller.settings.statusInterval=20,controller.settings.leaderElection=false",
                      "--set", "agent.settings.mpsDaemonArgs={-a,-b}", "--set", "webhook.settings.chargeGrace=5")
-    assert env(objects, "gpuslice-controller") == {"GPUSLICE_LOG_LEVEL": "debug", "GPUSLICE_STATUS_INTERVAL": "20",
-                                                   "GPUSLICE_LEADER_ELECTION": "false"}
-    assert env(objects, "gpuslice-webhook") == {"GPUSLICE_LOG_LEVEL": "warning", "GPUSLICE_CHARGE_GRACE": "5"}
+    downward = {"GPUSLICE_NAMESPACE": ""}  # the pod's namespace (valueFrom)
+    assert env(objects, "gpuslice-controller") == {**downward, "GPUSLICE_LOG_LEVEL": "debug",
+                                                   "GPUSLICE_STATUS_INTERVAL": "20", "GPUSLICE_LEADER_ELECTION": "false"}
+    assert env(objects, "gpuslice-webhook") == {**downward, "GPUSLICE_LOG_LEVEL": "warning", "GPUSLICE_CHARGE_GRACE": "5"}
     agent = env(objects, "gpuslice-agent")
     assert agent["GPUSLICE_LOG_FORMAT"] == "json"
     assert agent["GPUSLICE_MPS_DAEMON_ARGS"] == "-a -b"
@@ -96,7 +97,7 @@ def test_log_level_and_format_and_every_documented_setting_become_variables(helm
             camel = re.sub(r"_(\w)", lambda m: m.group(1).upper(), name)
             flagged = model.flag(name) in args
             assert (camel in offered) == (not flagged and name not in (
-                "kubeconfig", "log_level", "log_format", "node", "nvidia_driver_root")), f"{process}: {name}"
+                "kubeconfig", "log_level", "log_format", "node", "namespace", "nvidia_driver_root")), f"{process}: {name}"
 
 
 def test_a_setting_the_process_does_not_have_or_the_chart_sets_is_refused(helm: str) -> None:
@@ -164,3 +165,60 @@ def test_helm_test_runs_a_pod_of_the_release_image_with_a_read_only_account(helm
     assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                               "resourceNames": ["gpuslice-controller"], "verbs": ["get"]}]
     compile(pod["spec"]["containers"][0]["args"][0], "helm test", "exec")
+
+
+ALL_ON = ["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true",
+          "--set", "metrics.dashboard.enabled=true", "--set", "networkPolicy.enabled=true",
+          "--set", "webhook.certManager.enabled=true", "--set", "webhook.clientAuth.caConfigMap=kube-root-ca.crt"]
+
+
+def rendered_in(helm: str, namespace: str, *args: str) -> str:
+    done = subprocess.run([helm, "template", "gpuslice", str(CHART), "--namespace", namespace, *ALL_ON, *args],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def where_named(objects: list[dict[str, Any]], namespace: str) -> dict[str, list[str]]:
+    """Where gpuslice's own namespace is written: each namespaced object's metadata, the RBAC subjects,
+    the identities in the admission rules, the CRD's rules that refuse it as a tenant, the webhook's Service."""
+    found: dict[str, list[str]] = {"objects": [], "subjects": [], "identities": [], "tenant rules": [],
+                                   "webhook service": []}
+    for doc in objects:
+        meta = doc["metadata"]
+        if meta.get("namespace") == namespace:
+            found["objects"].append(f"{doc['kind']}/{meta['name']}")
+        found["subjects"] += [s["name"] for s in doc.get("subjects") or [] if s.get("namespace") == namespace]
+        text = yaml.safe_dump(doc.get("spec") or {})
+        found["identities"] += re.findall(rf"system:serviceaccount:{namespace}:[a-z-]+", text)
+        if doc["kind"] == "CustomResourceDefinition":
+            found["tenant rules"] += re.findall(rf"self != '{namespace}'|!\('{namespace}' in self.namespaces\)", text)
+        for hook in doc.get("webhooks") or []:
+            if (hook["clientConfig"].get("service") or {}).get("namespace") == namespace:
+                found["webhook service"].append(hook["name"])
+    return {where: [item.replace(namespace, "<namespace>") for item in items] for where, items in found.items()}
+
+
+def test_the_chart_installs_into_any_namespace_and_names_no_other(helm: str) -> None:
+    """helm install -n team-gpu: every namespaced object there, and the namespace the RBAC subjects, the
+    service-account identities in the CEL rules, the CRD's rules that refuse gpuslice's own namespace as a
+    tenant and the webhook's Service name is that one; gpuslice-system is nowhere, the hook and the test
+    pod included. Each workload learns it from its pod (GPUSLICE_NAMESPACE, the Downward API)."""
+    text = rendered_in(helm, "team-gpu")
+    assert "gpuslice-system" not in text, [line for line in text.splitlines() if "gpuslice-system" in line]
+    objects = [d for d in yaml.safe_load_all(text) if d]
+    default = where_named([d for d in yaml.safe_load_all(rendered_in(helm, "gpuslice-system")) if d],
+                          "gpuslice-system")
+    assert where_named(objects, "team-gpu") == default, "the other namespace is named where the default is"
+    assert all(default.values()), default  # each kind of place is there to be templated
+    assert "system:serviceaccount:<namespace>:gpuslice-controller" in default["identities"]
+    for name in ("gpuslice-controller", "gpuslice-agent", "gpuslice-webhook"):
+        [variable] = [e for e in container(objects, name)["env"] if e["name"] == "GPUSLICE_NAMESPACE"]
+        assert variable["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+
+
+def test_namespace_override_wins_over_the_release_namespace_and_must_be_a_namespace_name(helm: str) -> None:
+    objects = [d for d in yaml.safe_load_all(rendered_in(helm, "team-x", "--set", "namespaceOverride=gpu-ops")) if d]
+    namespaced = {d["metadata"].get("namespace") for d in objects if "namespace" in d["metadata"]}
+    assert namespaced == {"gpu-ops", "default"}  # default: the Roles to post Events about nodes there
+    assert "namespaceOverride" in refused(helm, "--set", "namespaceOverride=Not_A_Namespace")

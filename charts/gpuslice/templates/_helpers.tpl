@@ -1,3 +1,8 @@
+{{/* gpuslice's own namespace: every namespaced object's, and the one its RBAC subjects, CEL rules and
+the CRD's tenant rules name (docs/install.md, "Another namespace"). */}}
+{{- define "gpuslice.namespace" -}}
+{{ .Values.namespaceOverride | default .Release.Namespace }}
+{{- end }}
 {{/* The image of every workload and the pre-delete hook: repository:tag, the tag defaulting to the
 chart's appVersion, which is gpuslice's one version; @digest after it when set (a release's chart). */}}
 {{- define "gpuslice.image" -}}
@@ -24,6 +29,6 @@ change with each release. Called with (dict "top" $ "own" (list KEY...)). */}}
 (manifests/overlays/cert-manager). */}}
 {{- define "gpuslice.certManagerAnnotations" -}}
 {{- if .Values.webhook.certManager.enabled -}}
-cert-manager.io/inject-ca-from: {{ printf "%s/gpuslice-webhook" .Release.Namespace }}
+cert-manager.io/inject-ca-from: {{ printf "%s/gpuslice-webhook" (include "gpuslice.namespace" .) }}
 {{- end }}
 {{- end }}

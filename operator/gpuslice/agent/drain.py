@@ -7,13 +7,13 @@ limiting, a stalled apiserver or etcd. No wait on the agent's clock is long enou
 agent does not wait; it makes such a write impossible first:
 
 1. The device is published tainted (``gpuslice.dev/pending-change:NoSchedule``, so nothing new
-   chooses it) and listed in the node's own drain object, ConfigMap
-   ``gpuslice-system/gpuslice-draining-<node>`` (labelled ``gpuslice.dev/drain-list``).
+   chooses it) and listed in the node's own drain object, ConfigMap ``<namespace>/gpuslice-draining-<node>``
+   (gpuslice's own namespace: the ``namespace`` setting), labelled ``gpuslice.dev/drain-list``.
 2. The ValidatingAdmissionPolicy ``gpuslice-drain`` (manifests/agent-rbac.yaml), whose binding
    selects every drain object as a parameter, refuses any write to a claim's status that
    allocates a listed device. The scheduler's late write is refused; it schedules the pod again.
 3. The agent proves the rule is in force for the device: it dry-runs the create of a probe
-   ConfigMap ``gpuslice-system/gpuslice-drain-probe`` naming the device, which the same rule
+   ConfigMap ``<namespace>/gpuslice-drain-probe`` naming the device, which the same rule
    judges with the same parameters and check, and the API server refuses it (an apiserver loads
    a changed parameter a moment after it is written).
 4. Only then are the claims read: a claim that got the device before step 3 is seen (it is held,
@@ -46,10 +46,9 @@ from typing import Any
 import structlog
 
 from gpuslice.backoff import Backoff
-from gpuslice.dra.names import DRAIN_LIST_LABEL, DRAIN_OBJECT_PREFIX
+from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRAIN_OBJECT_PREFIX
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 
-NAMESPACE = "gpuslice-system"
 DRAINING = DRAIN_OBJECT_PREFIX  # + node: ConfigMap, data {node: space-separated device names}
 LABEL = DRAIN_LIST_LABEL  # the gpuslice-drain binding selects its parameters by this label
 PROBE = "gpuslice-drain-probe"  # ConfigMap whose create the agents dry-run
@@ -61,8 +60,12 @@ MAX_RECHECK = 60.0  # the most between such cycles (the agent passes its resync)
 # names no device (k8s.io/apiserver, celconfig.MaxEvaluatedMessageExpressionSizeBytes): a probe
 # asks about as many devices as the refusal can name, with room for the words around them.
 PROBE_BYTES = 4 * 1024
-CONFIGMAPS = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
 log = structlog.get_logger(__name__)
+
+
+def configmaps(home: str) -> str:
+    """The ConfigMaps of ``home``, gpuslice's own namespace, where the drain objects and the probe are."""
+    return f"/api/v1/namespaces/{home}/configmaps"
 
 
 def drain_object(node: str) -> str:
@@ -88,9 +91,9 @@ def field_manager(node: str) -> str:
     return f"gpuslice-agent-{node}"[:128]
 
 
-def drain_body(node: str, names: set[str]) -> dict[str, Any]:
+def drain_body(node: str, names: set[str], home: str = CONTROLLER_NAMESPACE) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": drain_object(node), "namespace": NAMESPACE, "labels": {LABEL: "true"}},
+            "metadata": {"name": drain_object(node), "namespace": home, "labels": {LABEL: "true"}},
             "data": {node: " ".join(sorted(names))}}
 
 
@@ -106,6 +109,7 @@ class Drains:
     recheck: Backoff = field(default_factory=lambda: Backoff(RECHECK, MAX_RECHECK))
     progressed: bool = False  # since the last due_in: devices newly listed, or newly refused
     refused_before: set[str] = field(default_factory=set)  # what the last probe showed refused
+    home: str = CONTROLLER_NAMESPACE  # gpuslice's own namespace (the `namespace` setting)
     loaded: bool = False  # read once: this agent is its only writer
 
     async def load(self, kube: KubeClient, node: str, now: float | None = None) -> None:
@@ -117,7 +121,7 @@ class Drains:
             return
         now = time.monotonic() if now is None else now
         try:
-            body = await kube.get(f"{CONFIGMAPS}/{drain_object(node)}")
+            body = await kube.get(f"{configmaps(self.home)}/{drain_object(node)}")
         except NotFound:
             body = {}  # nothing listed: the object is made when a device first drains
         found = set(((body.get("data") or {}).get(node) or "").split())
@@ -130,10 +134,10 @@ class Drains:
         """The candidates no claim can be allocated any more: the probe's dry run is refused for them."""
         confirmed: set[str] = set()
         for asked in probe_batches(node, sorted(candidates & self.listed)):
-            probe = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": PROBE, "namespace": NAMESPACE},
+            probe = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": PROBE, "namespace": self.home},
                      "data": {"pool": node, "devices": " ".join(asked)}}
             try:
-                await kube.create(CONFIGMAPS, probe, idempotent=True, dryRun="All")
+                await kube.create(configmaps(self.home), probe, idempotent=True, dryRun="All")
             except KubeError as error:
                 if MARKER in error.message:
                     said = error.message.split(MARKER, 1)[1].split(" are ", 1)[0].split()
@@ -167,10 +171,10 @@ class Drains:
         this node's to read)."""
         if names == self.listed:
             return
-        path = f"{CONFIGMAPS}/{drain_object(node)}"
+        path = f"{configmaps(self.home)}/{drain_object(node)}"
         try:
             if names:
-                await kube.apply(path, drain_body(node, names), field_manager=field_manager(node))
+                await kube.apply(path, drain_body(node, names, self.home), field_manager=field_manager(node))
             else:
                 with contextlib.suppress(NotFound):
                     await kube.delete(path)

@@ -43,7 +43,7 @@ from gpuslice.agent.publisher import (
     sort_policies,
 )
 from gpuslice.agent.watches import AgentView
-from gpuslice.api.agent_view import VIEWS, policy_of
+from gpuslice.api.agent_view import policy_of, views_in
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import DRIVER, PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY
 from gpuslice.dra.resourceslice import resource_slice, slice_name
@@ -227,7 +227,7 @@ class NodePool:
             policies = sort_policies(bodies, self.unsupported, view.parsed)
         else:
             node_body = await kube.get(f"/api/v1/nodes/{node}")
-            bodies = [policy_of(v) for v in await kube.list(VIEWS)]
+            bodies = [policy_of(v) for v in await kube.list(views_in(self.drains.home))]
             policies = sort_policies(bodies, self.unsupported)
         labels = node_body["metadata"].get("labels") or {}
         if view is not None and view.synced and view.slices_listed.is_set():

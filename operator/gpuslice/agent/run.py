@@ -264,12 +264,12 @@ class _Agent:
         settings.plugin.paths.check()  # before anything is written on the node
         pool = NodePool.kept_in(settings.plugin.resolved_state_dir, node, kube, GpuOps(backend, gpus),
                                 boot_id=read_boot_id(settings.plugin.boot_id_file), statuses=health.taints,
-                                drains=Drains(recheck=Backoff(RECHECK, settings.resync)))
+                                drains=Drains(recheck=Backoff(RECHECK, settings.resync), home=settings.home))
         plugin = self.plugin = await NodePlugin.start(pool, backend, settings.plugin, health)
         # Prepared MPS clients keep their daemon whatever the API server does.
         self.helpers.append(asyncio.create_task(plugin.preparer.mps.run(
             self.stop, plugin.preparer.mps_daemons, settings.mps_check_interval)))
-        watches = AgentWatches(kube, node, self.wake, self.stop)
+        watches = AgentWatches(kube, node, self.wake, self.stop, home=settings.home)
         try:
             verdict = await self.server_verdict(kube) if await self.containers_servable(kube, backend) else None
             if verdict is not None:

@@ -1,6 +1,6 @@
 """What the node agent watches, and only that.
 
-- Each policy's GpuSliceAgentView (``api.agent_view``), in gpuslice-system: what the planner
+- Each policy's GpuSliceAgentView (``api.agent_view``), in gpuslice's namespace: what the planner
   reads of the policy, written by the controller, which changes only with the spec, the verdict
   or a move; never the policies themselves, whose status changes as pods are bound (a node may
   be selected by any policy, so every agent would have received every status write). A change
@@ -31,9 +31,9 @@ from typing import Any
 import pydantic
 import structlog
 
-from gpuslice.api.agent_view import VIEWS, policy_of
+from gpuslice.api.agent_view import policy_of, views_in
 from gpuslice.api.policy import LabelSelector
-from gpuslice.dra.names import DRIVER
+from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRIVER
 from gpuslice.dra.wire import allocation_results
 from gpuslice.kube.client import KubeClient
 from gpuslice.kube.watch import watch
@@ -125,8 +125,9 @@ class AgentView:
 
 class AgentWatches:
     def __init__(self, kube: KubeClient, node: str, wake: asyncio.Event, stop: asyncio.Event,
-                 policy_jitter: float = POLICY_JITTER) -> None:
+                 policy_jitter: float = POLICY_JITTER, home: str = CONTROLLER_NAMESPACE) -> None:
         self.kube, self.node, self.wake, self.stop = kube, node, wake, stop
+        self.views = views_in(home)  # the agent views, in gpuslice's namespace (the `namespace` setting)
         self.policy_jitter = policy_jitter
         self.view = AgentView()
         self._tasks: list[asyncio.Task[None]] = []
@@ -139,7 +140,7 @@ class AgentWatches:
 
     def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(self._watch(VIEWS, self._view_event, self.view.policies_listed)),
+            asyncio.create_task(self._watch(self.views, self._view_event, self.view.policies_listed)),
             asyncio.create_task(self._watch("/api/v1/nodes", self._node_event, self.view.node_listed,
                                             fieldSelector=f"metadata.name={self.node}")),
             asyncio.create_task(self._watch(SLICES, self._slice_event, self.view.slices_listed,
@@ -176,7 +177,7 @@ class AgentWatches:
             log.warning("watch failed; will retry", node=self.node, path=path, error=str(error))
 
         def on_listed() -> None:
-            if path == VIEWS:  # a policy deleted while the watch was down is not in the new list
+            if path == self.views:  # a policy deleted while the watch was down is not in the new list
                 for name in set(self.view.policies) - self._listed_policies:
                     del self.view.policies[name]
                 self._listed_policies = set()

@@ -16,7 +16,8 @@ watch these views and never the policies:
 - the defragmentation moves in flight (the agent taints a GPU being freed).
 
 A view changes only when one of these does: a spec edit, a verdict, a move; never for a bound
-pod. It lives in ``gpuslice-system`` (agents read nothing else there but their own drain object),
+pod. It lives in gpuslice's own namespace (the ``namespace`` setting; agents read nothing else there
+but their own drain object),
 is named after its policy, and is owned by it (garbage-collected with it). Written by the
 controller only; a field the planner comes to read must be added here (``view_of``).
 """
@@ -31,17 +32,25 @@ from gpuslice.jsontypes import Body
 
 VIEW_KIND = "GpuSliceAgentView"
 VIEW_PLURAL = "gpusliceagentviews"
-VIEWS = f"/apis/{GROUP}/{VERSION}/namespaces/{CONTROLLER_NAMESPACE}/{VIEW_PLURAL}"
+
+
+def views_in(home: str = CONTROLLER_NAMESPACE) -> str:
+    """The views' collection in gpuslice's namespace ``home``."""
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{home}/{VIEW_PLURAL}"
+
+
+VIEWS = views_in()
 # What of a policy's spec the node agents' planner reads (publisher.sort_policies, planning.node).
 PLANNED_SPEC = ("nodeSelector", "gpuSelector", "slicing", "taints")
 
 
-def view_path(policy: str) -> str:
-    return f"{VIEWS}/{policy}"
+def view_path(policy: str, home: str = CONTROLLER_NAMESPACE) -> str:
+    return f"{views_in(home)}/{policy}"
 
 
-def view_of(policy: Body) -> dict[str, Any]:
-    """The view of ``policy`` (a GpuSlicePolicy as the API server has it) that the controller writes."""
+def view_of(policy: Body, home: str = CONTROLLER_NAMESPACE) -> dict[str, Any]:
+    """The view of ``policy`` (a GpuSlicePolicy as the API server has it) that the controller writes
+    in its namespace ``home``."""
     meta, spec, status = policy.get("metadata") or {}, policy.get("spec") or {}, policy.get("status") or {}
     name = str(meta["name"])
     valid = next((c for c in status.get("conditions") or [] if c.get("type") == "Valid"), None)
@@ -58,7 +67,7 @@ def view_of(policy: Body) -> dict[str, Any]:
         view["inFlight"] = list(moves)
     return {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": VIEW_KIND,
-        "metadata": {"name": name, "namespace": CONTROLLER_NAMESPACE,
+        "metadata": {"name": name, "namespace": home,
                      "labels": {LABEL_POLICY: name, "app.kubernetes.io/managed-by": "gpuslice"},
                      "ownerReferences": [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": name,
                                           "uid": meta.get("uid", ""), "blockOwnerDeletion": False}]},

@@ -157,7 +157,7 @@ def crd() -> dict[str, Any]:
 
 
 def ledger_crd() -> dict[str, Any]:
-    """GpuSliceLedger: namespaced (it lives in gpuslice-system only), with a status subresource so
+    """GpuSliceLedger: namespaced (it lives in gpuslice's namespace only), with a status subresource so
     that the controller's writes (spec: the limit) and the webhook's (status: the charges) are
     separate rights."""
     root = _root("What a tenant with maxMemory holds of one GpuSlicePolicy's devices, charge by charge (written by"
@@ -172,7 +172,7 @@ def ledger_crd() -> dict[str, Any]:
 
 
 def agent_view_crd() -> dict[str, Any]:
-    """GpuSliceAgentView (api.agent_view): namespaced (gpuslice-system only), written by the controller
+    """GpuSliceAgentView (api.agent_view): namespaced (gpuslice's namespace only), written by the controller
     only. The policy's spec and the moves in flight are kept as the policy has them (the policy's own
     schema judged them when they were written there); the agent parses them as it parses a policy."""
     def free() -> Object:

@@ -1,6 +1,6 @@
 """The GpuSliceLedger API: what a tenant with ``maxMemory`` holds, charge by charge.
 
-One ledger per policy and tenant namespace, in ``gpuslice-system`` (out of tenants' reach; the
+One ledger per policy and tenant namespace, in gpuslice's namespace (out of tenants' reach; the
 node agents may not read it). The controller writes its ``spec`` (the limit in force, as it
 writes a ResourceQuota's ``spec.hard``); the maxMemory webhook writes its ``status`` (the charges,
 as kube-controller-manager and the quota admission write a quota's ``status.used``), each
@@ -15,7 +15,6 @@ from pydantic import Field
 
 from gpuslice.api.policy import GROUP, VERSION
 from gpuslice.api.rules import ApiModel
-from gpuslice.dra.names import CONTROLLER_NAMESPACE
 
 LEDGER_KIND = "GpuSliceLedger"
 LEDGER_PLURAL = "gpusliceledgers"
@@ -29,11 +28,13 @@ def ledger_name(policy: str, namespace: str) -> str:
     return f"{policy}.{namespace}"
 
 
-def ledger_path(policy: str, namespace: str) -> str:
-    return f"/apis/{GROUP}/{VERSION}/namespaces/{CONTROLLER_NAMESPACE}/{LEDGER_PLURAL}/{ledger_name(policy, namespace)}"
+def ledgers(home: str) -> str:
+    """The ledgers' collection in ``home``, gpuslice's own namespace (the processes' `namespace` setting)."""
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{home}/{LEDGER_PLURAL}"
 
 
-LEDGERS = f"/apis/{GROUP}/{VERSION}/namespaces/{CONTROLLER_NAMESPACE}/{LEDGER_PLURAL}"
+def ledger_path(policy: str, namespace: str, home: str) -> str:
+    return f"{ledgers(home)}/{ledger_name(policy, namespace)}"
 
 
 class LedgerSpec(ApiModel):

@@ -25,6 +25,9 @@ PLURAL = "gpuslicepolicies"
 MAX_NAME = 50
 MIG_PROFILE = r"^[1-7]g\.[0-9]+gb(\+me)?$"
 TENANT_NAMESPACE_MESSAGE = "tenants[].namespace must be a namespace name: lowercase letters, digits and '-'"
+# The API server's rule, in the namespace the manifests install into (the chart templates it with the
+# release's). No Python mirror: the model does not know where it runs; the controller judges its own
+# namespace as a tenant or admin namespace (planning.validation, reason ControllerNamespace).
 CONTROLLER_NAMESPACE_MESSAGE = (
     f"{CONTROLLER_NAMESPACE} is gpuslice's own namespace and cannot be a tenant or an admin namespace:"
     " the controller proves tenancy is enforced by being refused a claim there")
@@ -291,7 +294,6 @@ class Tenant(ApiModel):
     rules = (
         Rule(None,  # a rule on the string itself (above): on the object, the estimated cost is too high
              TENANT_NAMESPACE_MESSAGE, lambda s: re.match(DNS_LABEL, s.namespace) is not None),
-        Rule(None, CONTROLLER_NAMESPACE_MESSAGE, lambda s: s.namespace != CONTROLLER_NAMESPACE),
         Rule(None, MAX_TENANT_MEMORY_MESSAGE, lambda s: s.max_memory is None or (
             _positive_quantity(s.max_memory) and parse_quantity(s.max_memory) <= parse_quantity(MAX_TENANT_MEMORY))),
     )
@@ -322,7 +324,8 @@ class AdminAccess(ApiModel):
     namespaces: list[Name] = Field(default_factory=list, max_length=16, description=(
         "gpuslice labels these namespaces resource.kubernetes.io/admin-access=true and allows"
         " adminAccess requests for this policy's devices only from them."),
-        json_schema_extra={"x-kubernetes-list-type": "set"})
+        json_schema_extra={"x-kubernetes-list-type": "set", "x-kubernetes-validations": [
+            {"rule": f"!('{CONTROLLER_NAMESPACE}' in self)", "message": CONTROLLER_NAMESPACE_MESSAGE}]})
 
     rules = (
         Rule(f"!has(self.namespaces) || self.namespaces.all(n, n.matches({cel_regex(DNS_LABEL)}))",
@@ -331,8 +334,6 @@ class AdminAccess(ApiModel):
         Rule(None,  # the schema's list-type "set" rejects duplicates ("Duplicate value")
              "adminAccess.namespaces lists a namespace twice; list each once",
              lambda s: len(set(s.namespaces)) == len(s.namespaces)),
-        Rule(f"!has(self.namespaces) || !('{CONTROLLER_NAMESPACE}' in self.namespaces)",
-             CONTROLLER_NAMESPACE_MESSAGE, lambda s: CONTROLLER_NAMESPACE not in s.namespaces),
     )
 
 

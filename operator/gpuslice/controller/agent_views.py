@@ -22,6 +22,7 @@ import structlog
 from gpuslice.api.agent_view import view_of, view_path
 from gpuslice.api.policy import GROUP
 from gpuslice.controller.apply import APPLIED, FIELD_MANAGER, stamped
+from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.jsontypes import Body
 from gpuslice.kube.client import Conflict, KubeClient, KubeError, NotFound
 
@@ -38,50 +39,51 @@ def written_digest(view: Body) -> str | None:
 
 
 async def sync_view(kube: KubeClient, policy: Body, deleted: bool, written: MutableMapping[str, tuple[str, float]],
-                    watched: Mapping[str, str | None], now: float) -> bool:
+                    watched: Mapping[str, str | None], now: float, home: str = CONTROLLER_NAMESPACE) -> bool:
     """Write ``policy``'s view when the watch of the views (``watched``: each view's digest) does not
     hold it, unless this process wrote it less than ECHO seconds ago (``written``: digest and when);
-    delete it when the policy is gone. True when something was written."""
+    delete it when the policy is gone. ``home``: gpuslice's namespace, where the views are. True
+    when something was written."""
     name = str(policy["metadata"]["name"])
     if deleted:
         if written.pop(name, None) is None and name not in watched:
             return False  # none was written (a policy deleted before the controller took it in)
-        await _delete_own(kube, name, str(policy["metadata"].get("uid") or ""))
+        await _delete_own(kube, name, str(policy["metadata"].get("uid") or ""), home)
         return True
     if FINALIZER not in (policy["metadata"].get("finalizers") or []):
         return False  # not taken in yet (the finalizer comes first), or gone before it was
-    manifest = stamped(view_of(policy))
+    manifest = stamped(view_of(policy, home))
     digest = manifest["metadata"]["annotations"][APPLIED]
     mine = written.get(name)
     if watched.get(name) == digest or (mine is not None and mine[0] == digest and now - mine[1] < ECHO):
         return False
-    await kube.apply(view_path(name), manifest, field_manager=FIELD_MANAGER)
+    await kube.apply(view_path(name, home), manifest, field_manager=FIELD_MANAGER)
     written[name] = (digest, now)
     log.info("agent view written", policy=name, generation=(manifest["spec"]["policy"] or {}).get("generation"),
              valid=(manifest["spec"].get("valid") or {}).get("status"))
     return True
 
 
-async def _delete_own(kube: KubeClient, name: str, uid: str) -> None:
+async def _delete_own(kube: KubeClient, name: str, uid: str, home: str) -> None:
     """Delete the view of the policy ``uid``, not one a policy made again under its name has since
     (the deleted policy's event may come after the new policy's view was written)."""
     try:
-        view = await kube.get(view_path(name))
+        view = await kube.get(view_path(name, home))
     except NotFound:
         return
     if uid and ((view.get("spec") or {}).get("policy") or {}).get("uid") not in (uid, None, ""):
         return
     with contextlib.suppress(NotFound, Conflict):  # Conflict: replaced since it was read
-        await kube.request("DELETE", view_path(name), {
+        await kube.request("DELETE", view_path(name, home), {
             "apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": view["metadata"]["uid"]}})
 
 
 async def sync_view_quietly(kube: KubeClient, policy: Body, deleted: bool,
                             written: MutableMapping[str, tuple[str, float]], watched: Mapping[str, str | None],
-                            now: float) -> None:
+                            now: float, home: str = CONTROLLER_NAMESPACE) -> None:
     """``sync_view``, logging a failure (the policy's status timer tries again)."""
     try:
-        await sync_view(kube, policy, deleted, written, watched, now)
+        await sync_view(kube, policy, deleted, written, watched, now, home)
     except KubeError as error:
         log.warning("could not write the policy's agent view; will retry", policy=policy["metadata"]["name"],
                     error=str(error))

@@ -32,7 +32,7 @@ log = structlog.get_logger(__name__)
 # (a tenant is admitted once its quota is in place), then the templates (and taint rules).
 LIMIT_KINDS = (("resource.k8s.io/v1", "DeviceClass"), ("v1", "ResourceQuota"))
 REST_KINDS = (("resource.k8s.io/v1", "ResourceClaimTemplate"),)
-# maxMemory ledgers (their spec), in gpuslice-system: after the quotas, before anyone is admitted.
+# maxMemory ledgers (their spec), in gpuslice's namespace: after the quotas, before anyone is admitted.
 LEDGER_KINDS = (("gpuslice.dev/v1alpha1", "GpuSliceLedger"),)
 OWNED_KINDS = (*LIMIT_KINDS, *REST_KINDS)
 # What the controller watches of them (controller.indexes.OWNED); DeviceTaintRules, which it only

@@ -36,6 +36,7 @@ from gpuslice.controller.defrag_metrics import BLOCKED, IN_FLIGHT
 from gpuslice.controller.defrag_move import AUTO, Mover, new_move, now_utc, start
 from gpuslice.controller.events import post_object_event
 from gpuslice.controller.settings import ControllerSettings
+from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.jsontypes import Body
 from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.planning.node.defrag_taints import parse_time
@@ -52,10 +53,11 @@ IDLE_TICK = 2.0  # seconds between looks for a recorded move
 
 class Defragmenter:
     def __init__(self, kube: KubeClient, settings: ControllerSettings,
-                 clock: Callable[[], float] = time.monotonic, version: Callable[[], int] = lambda: 0) -> None:
+                 clock: Callable[[], float] = time.monotonic, version: Callable[[], int] = lambda: 0,
+                 home: str = CONTROLLER_NAMESPACE) -> None:
         """``version``: a number that changes with every event of our slices or of a claim."""
-        self.kube, self.settings, self.clock, self.version = kube, settings, clock, version
-        self.mover = Mover(kube, settings.defrag_taint_wait, self._failed, settings.defrag_timeout)
+        self.kube, self.settings, self.clock, self.version, self.home = kube, settings, clock, version, home
+        self.mover = Mover(kube, settings.defrag_taint_wait, self._failed, settings.defrag_timeout, home)
         self.looked: dict[str, float] = {}  # policy -> when Auto last looked (clock)
         # policy -> (version, the policy's defragmentation spec, pods aged) at that look
         self.seen: dict[str, tuple[int, Defragmentation, frozenset[tuple[str, SchedulerSaid]]]] = {}
@@ -114,7 +116,7 @@ class Defragmenter:
             return  # nothing waits long enough, or nothing changed since a look that helped none
         self.looked[name], self.seen[name] = now, seen
         self.failures = {uid: at for uid, at in self.failures.items() if now - at < FAILED_PAUSE}
-        reading = await read_cluster(self.kube, policy=name)
+        reading = await read_cluster(self.kube, policy=name, home=self.home)
         moment = now_utc()
         aged = [w for w in reading.waiting if _waited(w.since, moment) >= spec.min_pending_seconds]
         if not aged:

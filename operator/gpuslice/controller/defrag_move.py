@@ -43,7 +43,7 @@ from gpuslice.api.status import DefragmentationStatus, DefragMove, DefragOutcome
 from gpuslice.backoff import Backoff
 from gpuslice.controller.defrag_metrics import EVICTIONS, FAILED, FREED, WASTED, who
 from gpuslice.controller.events import post_event, post_object_event
-from gpuslice.dra.names import DEFRAG_TAINT_KEY, DRIVER, short_hash
+from gpuslice.dra.names import CONTROLLER_NAMESPACE, DEFRAG_TAINT_KEY, DRIVER, short_hash
 from gpuslice.dra.wire import allocation_results, device_gpu, devices_of, is_allocated, newest_generation
 from gpuslice.jsontypes import Body
 from gpuslice.kube.client import (
@@ -161,10 +161,12 @@ class Mover:
     """Carries recorded moves out (the controller's, whoever recorded them)."""
 
     def __init__(self, kube: KubeClient, taint_wait: float,
-                 failed: Callable[[DefragMove], None] = lambda move: None, timeout: float = 300.0) -> None:
+                 failed: Callable[[DefragMove], None] = lambda move: None, timeout: float = 300.0,
+                 home: str = CONTROLLER_NAMESPACE) -> None:
         """``failed``: told of each move this copy ends Failed (Auto then plans no move for its claim
         for a while); ``timeout``: the longest a requested move is taken up for (--defrag-timeout)."""
         self.kube, self.taint_wait, self.failed, self.timeout = kube, taint_wait, failed, timeout
+        self.home = home  # gpuslice's own namespace: the agents' drain lists
         self.announced: set[str] = set()
         self.readings: dict[str, tuple[float, Reading]] = {}  # policy -> (when, what the last judgement read)
 
@@ -236,7 +238,7 @@ class Mover:
         cached = self.readings.get(policy)
         if cached is None or now - cached[0] >= READING_FOR:
             self.readings = {p: r for p, r in self.readings.items() if now - r[0] < READING_FOR}
-            self.readings[policy] = (now, await read_cluster(self.kube, policy=policy))
+            self.readings[policy] = (now, await read_cluster(self.kube, policy=policy, home=self.home))
         return self.readings[policy][1]
 
     async def _refuse(self, policy: Body, move: DefragMove, why: str) -> bool:

@@ -224,14 +224,18 @@ class OwnedObjects(Mapping[str, list[dict[str, Any]]]):
         return len(set(self))
 
 
-def view_index(namespace: str | None, name: str, annotations: kopf.Annotations, **_: Any) -> dict[str, str | None]:
-    """Each policy's agent view, by the digest of what was last applied to it (controller.agent_views).
-    Only views in gpuslice's namespace, the ones agents read: one of the same name elsewhere is not it."""
-    return {name: annotations.get(APPLIED)} if namespace == CONTROLLER_NAMESPACE else {}
+def view_index(namespace: str | None, name: str, annotations: kopf.Annotations,
+               **_: Any) -> dict[tuple[str, str], str | None]:
+    """Every agent view, by namespace and name, with the digest of what was last applied to it
+    (controller.agent_views); :func:`views` keeps those in gpuslice's namespace."""
+    return {(namespace or "", name): annotations.get(APPLIED)}
 
 
-def views(kwargs: dict[str, Any]) -> dict[str, str | None]:
-    return _one_per_key(kwargs["view_index"])
+def views(kwargs: dict[str, Any], home: str = CONTROLLER_NAMESPACE) -> dict[str, str | None]:
+    """Each policy's agent view in gpuslice's namespace ``home``, the ones agents read: one of the
+    same name elsewhere is not it."""
+    return {name: digest for (namespace, name), digest in _one_per_key(kwargs["view_index"]).items()
+            if namespace == home}
 
 
 def claim_index(namespace: str | None, name: str, status: kopf.Status, **_: Any) -> dict[tuple[str, str], Any]:

@@ -1,8 +1,9 @@
-"""One controller acts at a time: a Lease in gpuslice-system, as client-go's leader election keeps it.
+"""One controller acts at a time: a Lease in gpuslice's namespace, kept as client-go keeps it.
 
 Two copies of the controller (two replicas, or one on a laptop against the same cluster)
 would both converge every policy, probe tenancy and write status, each undoing the other's
-records. So a copy acts only while it holds the Lease ``gpuslice-system/gpuslice-controller``:
+records. So a copy acts only while it holds the Lease ``gpuslice-controller`` in its namespace
+(the ``namespace`` setting):
 
 - it takes the Lease when it is free, or when its holder has not renewed it for
   ``lease_duration`` as measured on *this* copy's clock from when it last saw the record change

@@ -73,7 +73,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Runtime, **_: Any) -> N
     # Set on the memo Kopf copies for each object it then watches: every handler sees them.
     memo.ctx = await start_context(await memo.client(), ours)
     memo.ctx.canary_every = ours.drift_interval  # one tenancy probe per drift interval in all (state.py)
-    memo.defrag = Defragmenter(memo.ctx.kube, ours, version=lambda: memo.changes.devices_version)
+    memo.defrag = Defragmenter(memo.ctx.kube, ours, version=lambda: memo.changes.devices_version,
+                               home=memo.ctx.namespace)
     memo.retry = SchedulerRetry(memo.ctx.kube, ours.scheduler_retry_interval, lambda: memo.changes.devices_version)
 
 
@@ -116,8 +117,9 @@ async def refresh_status(body: kopf.Body, memo: Runtime, **kwargs: Any) -> None:
         return
     name = body["metadata"]["name"]
     # A view write that failed at the policy's event is tried again here (in memory when it stands).
-    await sync_view_quietly(memo.context().kube, body, False, memo.context().views, views(kwargs),
-                            memo.context().clock())
+    home = memo.context().namespace
+    await sync_view_quietly(memo.context().kube, body, False, memo.context().views, views(kwargs, home),
+                            memo.context().clock(), home)
     judged = (body.get("status") or {}).get("observedGeneration") == body["metadata"].get("generation")
     ctx, changes = memo.context(), memo.changes
     # Probed for this generation, and the apiserver refused the probe as it should; a failed probe
@@ -184,8 +186,8 @@ async def policy_event(type: str | None, body: kopf.Body, memo: Runtime, **kwarg
     """The policy's agent view follows it (controller.agent_views). The last policy gone: if its CRD
     is being deleted, Kopf must stop before the CRD goes."""
     if memo.ctx is not None:
-        await sync_view_quietly(memo.ctx.kube, body, type == "DELETED", memo.ctx.views, views(kwargs),
-                                memo.ctx.clock())
+        await sync_view_quietly(memo.ctx.kube, body, type == "DELETED", memo.ctx.views,
+                                views(kwargs, memo.ctx.namespace), memo.ctx.clock(), memo.ctx.namespace)
     if type == "DELETED" and memo.crd_leaving is not None and not kwargs["policy_index"] and memo.ctx is not None:
         with contextlib.suppress(KubeError):  # the periodic check asks again
             if await crd_is_leaving(memo.ctx.kube):

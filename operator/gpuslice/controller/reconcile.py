@@ -212,7 +212,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         await _write_records(ctx, policy, classes=classes_in_force(kinds, failed, in_force(ctx, policy)))
         # The maxMemory ledgers (their spec: the limit in force) before anyone is admitted under them.
         uids = {n: view.uid for n, view in world.namespaces.items() if view.active and view.uid}
-        wanted = desired_ledgers(policy, uids)
+        wanted = desired_ledgers(policy, uids, ctx.namespace)
         ledgers = ApplyResult()
         if wanted or any(found.policy == policy.name for found in world.ledgers.values()):
             ledgers = await converge(ctx.kube, policy.name, wanted, LEDGER_KINDS, watched, ctx.applied)

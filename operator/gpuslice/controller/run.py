@@ -71,7 +71,7 @@ async def run_controller(settings: ControllerSettings) -> None:
         try:
             verdict = await check_server(kube)
             username = await whoami(kube)
-            namespace = own_namespace(username)
+            namespace = own_namespace(username, settings.namespace)
             # Before the Lease: a copy that could never act says so at once rather than wait to lead.
             await check_label_guard(kube, username)
         except KubeError as error:
@@ -127,8 +127,8 @@ async def _operate(settings: ControllerSettings, elector: LeaderElector | None, 
     tls = None
     if settings.webhook_certs == "managed":
         tls = asyncio.create_task(keep_webhook_tls(kube, TlsSettings(
-            service_hosts(settings.webhook_hosts), datetime.timedelta(hours=settings.webhook_cert_hours),
-            datetime.timedelta(hours=settings.webhook_ca_hours)), halt, settings.webhook_cert_interval))
+            service_hosts(settings.webhook_hosts, namespace), datetime.timedelta(hours=settings.webhook_cert_hours),
+            datetime.timedelta(hours=settings.webhook_ca_hours), namespace), halt, settings.webhook_cert_interval))
     try:
         while await wait_for_crd(kube, halt, lambda: _unlabel_all(kube, lock, namespace)):
             if not await _run_kopf(settings, client, KopfLogin(settings.kubeconfig, middlewares=guards), kube, halt):

@@ -29,8 +29,8 @@ class ControllerSettings(ProcessSettings):
     last_retry: float = Field(default=300.0, gt=0, description=(
         "Seconds between tries at most: bad input is retried now and then, never in a loop."))
     leader_election: bool = Field(default=True, description=(
-        "Act only while holding the Lease gpuslice-system/gpuslice-controller, so that a second copy (two"
-        " replicas, or one on a laptop) waits instead of acting at the same time."))
+        "Act only while holding the Lease gpuslice-controller in gpuslice's namespace (--namespace), so that a"
+        " second copy (two replicas, or one on a laptop) waits instead of acting at the same time."))
     lease_duration: float = Field(default=15.0, gt=0, description=(
         "Seconds a Lease not renewed keeps others waiting (as each waiting copy measures on its own clock"
         " from when it last saw the Lease change): how long a crashed leader's successor waits."))
@@ -44,7 +44,7 @@ class ControllerSettings(ProcessSettings):
         " external: someone else does (cert-manager: manifests/overlays/cert-manager)."))
     webhook_hosts: str = Field(default="", description=(
         "More names for the webhook's serving certificate, comma-separated, besides its Service's"
-        " (gpuslice-webhook.gpuslice-system.svc): e.g. 127.0.0.1 when the API server calls it by URL."))
+        " (gpuslice-webhook.<namespace>.svc): e.g. 127.0.0.1 when the API server calls it by URL."))
     webhook_cert_hours: float = Field(default=8760.0, gt=0, description=(
         "Hours the webhook's serving certificate is valid (a year); it is replaced with a third left."))
     webhook_ca_hours: float = Field(default=87600.0, gt=0, description=(

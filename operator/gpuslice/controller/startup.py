@@ -27,8 +27,11 @@ async def whoami(kube: KubeClient) -> str:
     return str(review["status"]["userInfo"]["username"])
 
 
-def own_namespace(username: str) -> str:
-    """A ServiceAccount's namespace, or gpuslice-system for any other identity."""
+def own_namespace(username: str, told: str | None = None) -> str:
+    """gpuslice's own namespace: as the `namespace` setting says (the chart and manifests set it
+    from the pod), else the ServiceAccount's namespace, else gpuslice-system for any other identity."""
+    if told:
+        return told
     if username.startswith(SERVICE_ACCOUNT) and username.count(":") == 3:
         return username.split(":")[2]
     return CONTROLLER_NAMESPACE
@@ -62,7 +65,7 @@ async def start_context(kube: KubeClient, settings: ControllerSettings) -> Conte
     except (KubeError, kopf.PermanentError):
         await kube.close()
         raise
-    namespace = own_namespace(username)
+    namespace = own_namespace(username, settings.namespace)
     try:
         # Its tenancy probe is judged by gpuslice-tenancy only in a labelled namespace (tenancy_labels);
         # labelled before any policy is probed, so the first probe is not answered by another rule.

@@ -279,7 +279,7 @@ async def memory_webhook_unenforced(kube: KubeClient, namespace: str) -> str | N
         config = await kube.get(f"{ADMISSION_API}/validatingwebhookconfigurations/{MEMORY_WEBHOOK_CONFIG}")
     except NotFound:
         return f"the ValidatingWebhookConfiguration {MEMORY_WEBHOOK_CONFIG} is gone.{fix}"
-    if (drift := memory_webhook_drift(config)) is not None:
+    if (drift := memory_webhook_drift(config, namespace)) is not None:
         return (f"the maxMemory webhook may not judge every allocation: ValidatingWebhookConfiguration"
                 f" {MEMORY_WEBHOOK_CONFIG}: {drift}. Apply it again as gpuslice ships it"
                 " (manifests/memory-webhook.yaml, or the chart); until then no tenant's maxMemory is put in force"

@@ -38,7 +38,6 @@ from gpuslice.dra.names import (
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 
 log = structlog.get_logger(__name__)
-SECRETS = f"/api/v1/namespaces/{CONTROLLER_NAMESPACE}/secrets"
 WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 RENEW_AT = 1 / 3  # the part of its validity left when a certificate is replaced
 
@@ -48,12 +47,13 @@ class TlsSettings:
     hosts: tuple[str, ...]  # the serving certificate's names: the Service's, and any extra
     cert_lifetime: datetime.timedelta
     ca_lifetime: datetime.timedelta
+    home: str = CONTROLLER_NAMESPACE  # gpuslice's own namespace: the Secrets' and the Service's
 
 
-def service_hosts(extra: str = "") -> tuple[str, ...]:
-    """What the API server calls the webhook by: its Service's DNS names, then ``extra`` (comma
-    separated: the dev cluster's 127.0.0.1)."""
-    service = f"{MEMORY_WEBHOOK_SERVICE}.{CONTROLLER_NAMESPACE}.svc"
+def service_hosts(extra: str = "", home: str = CONTROLLER_NAMESPACE) -> tuple[str, ...]:
+    """What the API server calls the webhook by: its Service's DNS names (in ``home``, gpuslice's own
+    namespace), then ``extra`` (comma separated: the dev cluster's 127.0.0.1)."""
+    service = f"{MEMORY_WEBHOOK_SERVICE}.{home}.svc"
     return (service, f"{service}.cluster.local", *[h.strip() for h in extra.split(",") if h.strip()])
 
 
@@ -66,28 +66,32 @@ def _field(secret: dict[str, Any] | None, key: str) -> bytes:
     return base64.b64decode(value) if value else b""
 
 
-async def _secret(kube: KubeClient, name: str) -> dict[str, Any] | None:
+def _secrets(home: str) -> str:
+    return f"/api/v1/namespaces/{home}/secrets"
+
+
+async def _secret(kube: KubeClient, name: str, home: str) -> dict[str, Any] | None:
     try:
-        return await kube.get(f"{SECRETS}/{name}")
+        return await kube.get(f"{_secrets(home)}/{name}")
     except NotFound:
         return None
 
 
-async def _write_secret(kube: KubeClient, name: str, live: dict[str, Any] | None, data: dict[str, bytes],
-                        kind: str = "Opaque") -> None:
+async def _write_secret(kube: KubeClient, name: str, home: str, live: dict[str, Any] | None,
+                        data: dict[str, bytes], kind: str = "Opaque") -> None:
     body: dict[str, Any] = {"apiVersion": "v1", "kind": "Secret", "type": kind,
-                            "metadata": {"name": name, "namespace": CONTROLLER_NAMESPACE, "labels": dict(MANAGED_BY)},
+                            "metadata": {"name": name, "namespace": home, "labels": dict(MANAGED_BY)},
                             "data": {k: _b64(v) for k, v in data.items()}}
     if live is None:
-        await kube.create(SECRETS, body)
+        await kube.create(_secrets(home), body)
     else:  # optimistic concurrency: a conflict is tried again on the next pass
         body["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-        await kube.replace(f"{SECRETS}/{name}", body)
+        await kube.replace(f"{_secrets(home)}/{name}", body)
 
 
 async def _current_ca(kube: KubeClient, settings: TlsSettings, now: datetime.datetime) -> tuple[certs.Pem, bytes]:
     """The CA to sign with, and the bundle the API server must trust (rotating the CA if due)."""
-    live = await _secret(kube, MEMORY_WEBHOOK_CA)
+    live = await _secret(kube, MEMORY_WEBHOOK_CA, settings.home)
     ca = certs.Pem(_field(live, "ca.crt"), _field(live, "ca.key"))
     previous = _field(live, "previous.crt")
     if previous and (certs.expires(previous) or now) <= now:
@@ -99,7 +103,8 @@ async def _current_ca(kube: KubeClient, settings: TlsSettings, now: datetime.dat
         log.info("webhook CA made", rotated=bool(previous))
     elif previous == _field(live, "previous.crt"):
         return ca, ca.cert + previous
-    await _write_secret(kube, MEMORY_WEBHOOK_CA, live, {"ca.crt": ca.cert, "ca.key": ca.key, "previous.crt": previous})
+    await _write_secret(kube, MEMORY_WEBHOOK_CA, settings.home, live,
+                        {"ca.crt": ca.cert, "ca.key": ca.key, "previous.crt": previous})
     return ca, ca.cert + previous
 
 
@@ -135,7 +140,7 @@ async def ensure_webhook_tls(kube: KubeClient, settings: TlsSettings, now: datet
     now = now or datetime.datetime.now(datetime.UTC)
     ca, bundle = await _current_ca(kube, settings, now)
     trusted = await _trust(kube, bundle)
-    live = await _secret(kube, MEMORY_WEBHOOK_TLS)
+    live = await _secret(kube, MEMORY_WEBHOOK_TLS, settings.home)
     leaf = _field(live, "tls.crt")
     due = (not leaf or not certs.signed_by(leaf, ca.cert) or certs.lifetime_left(leaf, now) < RENEW_AT
            or certs.hosts_of(leaf) != set(settings.hosts))
@@ -144,13 +149,14 @@ async def ensure_webhook_tls(kube: KubeClient, settings: TlsSettings, now: datet
         return TlsPass("new CA trusted; serving certificate follows", again_soon=True)
     if due:
         new = certs.issue_server(ca, settings.hosts, settings.cert_lifetime, now)
-        await _write_secret(kube, MEMORY_WEBHOOK_TLS, live, {"tls.crt": new.cert, "tls.key": new.key, "ca.crt": bundle},
-                            "kubernetes.io/tls")
+        await _write_secret(kube, MEMORY_WEBHOOK_TLS, settings.home, live,
+                            {"tls.crt": new.cert, "tls.key": new.key, "ca.crt": bundle}, "kubernetes.io/tls")
         log.info("webhook serving certificate issued", hosts=list(settings.hosts), expires=str(certs.expires(new.cert)))
         return TlsPass("serving certificate issued", again_soon=trusted is None)
     if _field(live, "ca.crt") != bundle:
-        await _write_secret(kube, MEMORY_WEBHOOK_TLS, live, {"tls.crt": leaf, "tls.key": _field(live, "tls.key"),
-                                                             "ca.crt": bundle}, "kubernetes.io/tls")
+        await _write_secret(kube, MEMORY_WEBHOOK_TLS, settings.home, live,
+                            {"tls.crt": leaf, "tls.key": _field(live, "tls.key"), "ca.crt": bundle},
+                            "kubernetes.io/tls")
     if trusted is None:
         return TlsPass("current; no webhook configuration to trust it yet", again_soon=True)
     return TlsPass("current")

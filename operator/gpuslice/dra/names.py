@@ -12,7 +12,9 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuslice"}
 LABEL_POLICY = "gpuslice.dev/policy"
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 # Where the controller runs, and the one namespace that can never be a tenant: the controller
-# proves that tenancy is enforced by being refused a (dry-run) claim there.
+# proves that tenancy is enforced by being refused a (dry-run) claim there. The default of the
+# processes' `namespace` setting (gpuslice.settings), which the chart and manifests set from the pod;
+# the generated manifests (kustomize) use it, the chart templates it with the release's namespace.
 CONTROLLER_NAMESPACE = "gpuslice-system"
 # The namespaces whose claims of gpuslice's DeviceClasses the tenancy rule judges against every
 # GpuSlicePolicy (its parameters) carry this label: those some policy names, and the controller's
@@ -74,7 +76,7 @@ def class_policy(device_class: str) -> str | None:
     parts = device_class.removesuffix(suffix).split(".")
     return parts[-1] or None
 
-# Each node agent's drain object: ConfigMap gpuslice-system/gpuslice-draining-<node>, labelled so
+# Each node agent's drain object: ConfigMap gpuslice-draining-<node> in gpuslice's namespace, labelled so
 # (the gpuslice-drain binding selects its parameters by the label), data {node: device names}.
 DRAIN_OBJECT_PREFIX = "gpuslice-draining-"
 DRAIN_LIST_LABEL = "gpuslice.dev/drain-list"

@@ -17,6 +17,7 @@ import yaml
 
 from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 from gpuslice.api.resource import GpuSlicePolicy, ParseProblem, parse_policy
+from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.inspect.snapshot import InspectError, read_snapshot
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.nodes import FAKE_BACKEND, FAKE_COUNT, FAKE_MODEL, FAKE_SYSTEM
@@ -75,9 +76,9 @@ def fake_gpus(nodes: Iterable[Mapping[str, Any]]) -> dict[str, list[Gpu]]:
     return found
 
 
-async def plan_from_cluster(kube: KubeClient, paths: list[Path]) -> list[ChangePlan]:
+async def plan_from_cluster(kube: KubeClient, paths: list[Path], home: str = CONTROLLER_NAMESPACE) -> list[ChangePlan]:
     documents = load_edits(paths)
-    snapshot = await read_snapshot(kube)
+    snapshot = await read_snapshot(kube, home)
     live = {str(b["metadata"]["name"]): dict(b) for b in snapshot.policies}
     pools = snapshot.pools()
     gpus = fake_gpus(snapshot.nodes)

@@ -30,7 +30,7 @@ from gpuslice.kube.client import KubeClient
 from gpuslice.kube.credentials import KubeconfigError
 from gpuslice.planning.reads.occupancy import as_json
 from gpuslice.planning.reads.status_report import StatusReport, status_report
-from gpuslice.settings import ClusterAccess, options
+from gpuslice.settings import ClusterAccess, from_flags, options
 
 cluster_options = options(ClusterAccess)
 
@@ -80,7 +80,7 @@ def _run(coroutine: Any) -> Any:
 
 async def report(access: ClusterAccess) -> StatusReport:
     async with await _connect(access) as kube:
-        return status_report(await read_snapshot(kube))
+        return status_report(await read_snapshot(kube, access.gpuslice_namespace))
 
 
 def render_report(result: StatusReport, output: str) -> str | None:
@@ -114,10 +114,11 @@ async def print_map(kube: KubeClient, console: Any, svg_path: Path | None = None
 @cluster_options
 @click.option("-o", "--output", type=click.Choice(["text", "json", "svg", "html"]), default="text",
               show_default=True, help="text: the terminal view; svg/html: the same map as an image; json: for scripts.")
-def status(kubeconfig: Path | None, context: str | None, output: str) -> None:
+def status(kubeconfig: Path | None, context: str | None, gpuslice_namespace: str, output: str) -> None:
     """The GPU occupancy map (who holds which part of which GPU) and use against limit per policy and tenant,
     for the whole cluster (GPUs are the cluster's, as nodes are: no -n or -A)."""
-    result = _run(report(ClusterAccess(kubeconfig=kubeconfig, context=context)))
+    result = _run(report(from_flags(ClusterAccess, {"kubeconfig": kubeconfig, "context": context,
+                                       "gpuslice_namespace": gpuslice_namespace})))
     text = render_report(result, output)
     if text is not None:
         click.echo(text, nl=False)
@@ -135,26 +136,28 @@ async def _diagnose(access: ClusterAccess, target: str | None, namespace: str | 
     from gpuslice.planning.reads.pending import asks_for_devices, diagnose
 
     async with await _connect(access) as kube:
-        snapshot = await read_snapshot(kube)
+        home = access.gpuslice_namespace
+        snapshot = await read_snapshot(kube, home)
         result = status_report(snapshot)
         if target is not None:
             ns, _, name = target.rpartition("/")
-            facts = [await read_facts(kube, ns or namespace or kube.namespace, name)]
+            facts = [await read_facts(kube, ns or namespace or kube.namespace, name, home)]
         else:
             pods = await pending_pods(kube, None if all_namespaces else namespace or kube.namespace)
             classes = await device_classes(kube)
             pods = [p for p in pods if asks_for_devices(p, classes, snapshot.policies)]  # else NoClaims: unlisted
-            per_namespace = await namespaces_facts(kube, (p["metadata"]["namespace"] for p in pods), classes)
+            per_namespace = await namespaces_facts(kube, (p["metadata"]["namespace"] for p in pods), classes,
+                                                   home=home)
             facts = [replace(per_namespace[p["metadata"]["namespace"]], pod=p) for p in pods]
         found = [diagnose(f, snapshot.policies, result.policies, result.map) for f in facts]
         if target is None:  # a listing: only the pods that wait for a gpuslice device
             found = [d for d in found if not {f.code for f in d.findings} & {"NotGpuslice", "NoClaims"}]
         if any(f.code == "NoFreeDevice" for d in found for f in d.findings):
-            found = await _with_defrag(kube, found)
+            found = await _with_defrag(kube, found, home)
     return found
 
 
-async def _with_defrag(kube: KubeClient, diagnoses: list[Any]) -> list[Any]:
+async def _with_defrag(kube: KubeClient, diagnoses: list[Any], home: str) -> list[Any]:
     """The diagnoses, each pod that finds no free device with what moving pods would do for it
     (gpuslice defrag's plan for it; the cluster read once for all)."""
     from gpuslice.kube.client import KubeError
@@ -163,7 +166,7 @@ async def _with_defrag(kube: KubeClient, diagnoses: list[Any]) -> list[Any]:
     from gpuslice.reading.cluster import read_cluster
 
     try:
-        plans = (await read_cluster(kube)).plans()
+        plans = (await read_cluster(kube, home=home)).plans()
     except KubeError as error:
         note = Finding("Defragmentation", f"whether moving pods would help was not worked out: {error.message}"
                                           " (it reads pods and PodDisruptionBudgets: gpuslice-viewer)", blocking=False)
@@ -185,7 +188,7 @@ async def _with_defrag(kube: KubeClient, diagnoses: list[Any]) -> list[Any]:
 @cluster_options
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def why(target: str | None, namespace: str | None, all_namespaces: bool, kubeconfig: Path | None,
-        context: str | None, output: str) -> None:
+        context: str | None, gpuslice_namespace: str, output: str) -> None:
     """Why a pod (or a ResourceClaim) waits for its GPU, in the platform's terms. Without TARGET: every
     Pending pod of the namespace (-n, or every namespace with -A) that asks for a gpuslice device."""
     if target is not None and all_namespaces:
@@ -193,8 +196,8 @@ def why(target: str | None, namespace: str | None, all_namespaces: bool, kubecon
                                " NAMESPACE/POD, or -n NAMESPACE")
     if namespace is not None and all_namespaces:
         raise click.UsageError("-n and -A: give one")
-    found = _run(_diagnose(ClusterAccess(kubeconfig=kubeconfig, context=context), target, namespace,
-                           all_namespaces))
+    found = _run(_diagnose(from_flags(ClusterAccess, {"kubeconfig": kubeconfig, "context": context,
+                                       "gpuslice_namespace": gpuslice_namespace}), target, namespace, all_namespaces))
     if output == "json":
         click.echo(json.dumps(as_json(found[0] if target is not None else found), indent=2))
     else:
@@ -216,7 +219,7 @@ async def plan_on_cluster(access: ClusterAccess, paths: list[Path]) -> Any:
     from gpuslice.inspect.cluster_plan import plan_from_cluster
 
     async with await _connect(access) as kube:
-        return await plan_from_cluster(kube, paths)
+        return await plan_from_cluster(kube, paths, access.gpuslice_namespace)
 
 
 def cluster_plan(access: ClusterAccess, paths: list[Path], output: str) -> None:

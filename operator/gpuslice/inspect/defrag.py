@@ -35,7 +35,7 @@ from gpuslice.planning.node.defrag_taints import parse_time
 from gpuslice.planning.reads.defrag_model import Plan, moves_in_flight
 from gpuslice.planning.reads.occupancy import as_json
 from gpuslice.reading.cluster import POLICIES, Reading, read_cluster
-from gpuslice.settings import ClusterAccess
+from gpuslice.settings import ClusterAccess, from_flags
 
 PHASES = {"Tainting": "the controller took the move up, the node agent taints the GPU",
           "Evicting": "the GPU is tainted, evicting",
@@ -56,9 +56,9 @@ def _selected(plan: Plan, targets: tuple[str, ...]) -> bool:
     return not targets or plan.pod in targets
 
 
-async def _read(kube: KubeClient, policy: str | None) -> Reading:
+async def _read(kube: KubeClient, policy: str | None, home: str) -> Reading:
     try:
-        return await read_cluster(kube, policy)
+        return await read_cluster(kube, policy, home)
     except NotReady as error:  # an API server just started: not a matter of RBAC
         raise InspectError(f"reading the cluster failed: {error}") from None
     except Forbidden as error:
@@ -71,7 +71,7 @@ async def _read(kube: KubeClient, policy: str | None) -> Reading:
 
 async def plan(access: ClusterAccess, policy: str | None, targets: tuple[str, ...]) -> list[Plan]:
     async with await _connect(access) as kube:
-        reading = await _read(kube, policy)
+        reading = await _read(kube, policy, access.gpuslice_namespace)
     return [p for p in reading.plans() if _selected(p, targets)]
 
 
@@ -120,7 +120,7 @@ async def apply(access: ClusterAccess, policy: str | None, targets: tuple[str, .
         except KubeError:
             user = "unknown user"
         while True:
-            reading = await _read(kube, policy)
+            reading = await _read(kube, policy, access.gpuslice_namespace)
             plans = [p for p in reading.plans() if _selected(p, targets)]
             first = plans if first is None else first
             ready = next((p for p in plans if p.ready and p.pod not in tried), None)
@@ -162,10 +162,11 @@ async def apply(access: ClusterAccess, policy: str | None, targets: tuple[str, .
 @cluster_options
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def defrag(targets: tuple[str, ...], policy: str | None, apply_: bool, timeout: float, kubeconfig: Path | None,
-           context: str | None, output: str) -> None:
+           context: str | None, gpuslice_namespace: str, output: str) -> None:
     """For each pod that waits for a GPU (or a large slice) while its policy's GPUs hold enough free memory
     in pieces: the fewest moves of movable pods that free one GPU for it, and what blocks the others."""
-    access = ClusterAccess(kubeconfig=kubeconfig, context=context)
+    access = from_flags(ClusterAccess, {"kubeconfig": kubeconfig, "context": context,
+                                       "gpuslice_namespace": gpuslice_namespace})
     if not apply_:
         plans = _run(plan(access, policy, targets))
         if output == "json":

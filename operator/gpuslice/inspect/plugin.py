@@ -17,7 +17,7 @@ from gpuslice.inspect.commands import cluster_options, cluster_plan, status, why
 from gpuslice.inspect.defrag import defrag
 from gpuslice.inspect.extra import need_cli_extra
 from gpuslice.kube.useragent import set_component
-from gpuslice.settings import ClusterAccess
+from gpuslice.settings import ClusterAccess, from_flags
 
 
 @click.group(name="kubectl gpuslice")
@@ -37,9 +37,12 @@ main.add_command(defrag)
               help="The edited (or new) GpuSlicePolicy YAML (repeat for several).")
 @cluster_options
 @click.option("-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text", show_default=True)
-def plan(files: tuple[str, ...], kubeconfig: Path | None, context: str | None, output: str) -> None:
+def plan(files: tuple[str, ...], kubeconfig: Path | None, context: str | None, gpuslice_namespace: str,
+         output: str) -> None:
     """What applying these policies would add, drain and hold on the live cluster; nothing is written."""
-    cluster_plan(ClusterAccess(kubeconfig=kubeconfig, context=context), [Path(f) for f in files], output)
+    cluster_plan(from_flags(ClusterAccess, {"kubeconfig": kubeconfig, "context": context,
+                                       "gpuslice_namespace": gpuslice_namespace}),
+                 [Path(f) for f in files], output)
 
 
 def run() -> None:

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from gpuslice.api.ledger import LEDGERS
+from gpuslice.api.ledger import ledgers as ledgers_in
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRIVER
 from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotFound, Unauthorized
@@ -24,7 +24,6 @@ from gpuslice.planning.reads.status_report import Snapshot
 
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 RESOURCE = "/apis/resource.k8s.io/v1"
-CONFIGMAPS = f"/api/v1/namespaces/{CONTROLLER_NAMESPACE}/configmaps"
 DRAIN_LABEL = f"{DRAIN_LIST_LABEL}=true"  # one drain object per draining node (agent.drain)
 VIEWER = "gpuslice-viewer (manifests/viewer-rbac.yaml)"
 NAMESPACES_AT_ONCE = 4  # why -A: namespaces read at a time, five lists each, so 20 requests at most
@@ -73,7 +72,8 @@ async def _taint_rules(kube: KubeClient, notes: list[str]) -> list[dict[str, Any
     return []
 
 
-async def read_snapshot(kube: KubeClient) -> Snapshot:
+async def read_snapshot(kube: KubeClient, home: str = CONTROLLER_NAMESPACE) -> Snapshot:
+    """What the map is drawn from; ``home``: gpuslice's namespace, where the drain lists are."""
     notes: list[str] = []
     policies, slices, claims, nodes = await asyncio.gather(
         _list(kube, "GpuSlicePolicies", POLICIES),
@@ -82,8 +82,8 @@ async def read_snapshot(kube: KubeClient) -> Snapshot:
         _list(kube, "Nodes", "/api/v1/nodes"),
     )
     rules = await _taint_rules(kube, notes)
-    drains = await _optional(kube.list(CONFIGMAPS, labelSelector=DRAIN_LABEL),
-                             "the agents' drain lists (ConfigMaps gpuslice-draining-<node> in gpuslice-system)", notes)
+    drains = await _optional(kube.list(f"/api/v1/namespaces/{home}/configmaps", labelSelector=DRAIN_LABEL),
+                             f"the agents' drain lists (ConfigMaps gpuslice-draining-<node> in {home})", notes)
     return Snapshot(policies, slices, claims, nodes, rules, drain_lists(drains or []), tuple(notes))
 
 
@@ -91,10 +91,11 @@ async def device_classes(kube: KubeClient) -> dict[str, dict[str, Any]]:
     return {c["metadata"]["name"]: c for c in await _list(kube, "DeviceClasses", f"{RESOURCE}/deviceclasses")}
 
 
-async def namespace_facts(kube: KubeClient, namespace: str,
-                          classes: dict[str, dict[str, Any]] | None = None) -> Facts:
+async def namespace_facts(kube: KubeClient, namespace: str, classes: dict[str, dict[str, Any]] | None = None,
+                          home: str = CONTROLLER_NAMESPACE) -> Facts:
     """What ``namespace`` holds that bears on a pod of it waiting for a device (no pod yet); its
-    reads at once. ``classes``: the DeviceClasses, when the caller has them already."""
+    reads at once. ``classes``: the DeviceClasses, when the caller has them already; ``home``:
+    gpuslice's namespace, where the ledgers are."""
     ns, resource_ns = f"/api/v1/namespaces/{namespace}", f"{RESOURCE}/namespaces/{namespace}"
     claims, templates, quotas, events, namespace_body, classes, ledgers = await asyncio.gather(
         _list(kube, f"ResourceClaims in {namespace}", f"{resource_ns}/resourceclaims"),
@@ -103,7 +104,8 @@ async def namespace_facts(kube: KubeClient, namespace: str,
         _list(kube, f"Events in {namespace}", f"{ns}/events"),
         _optional(kube.get(ns), f"namespace {namespace}", []),
         device_classes(kube) if classes is None else _ready(classes),
-        _optional(kube.list(LEDGERS, labelSelector=f"gpuslice.dev/tenant={namespace}"), "the maxMemory ledgers", []))
+        _optional(kube.list(ledgers_in(home), labelSelector=f"gpuslice.dev/tenant={namespace}"),
+                  f"the maxMemory ledgers (in {home})", []))
     return Facts(namespace, None, None, {c["metadata"]["name"]: c for c in claims},
                  {t["metadata"]["name"]: t for t in templates}, quotas,
                  str(((namespace_body or {}).get("metadata") or {}).get("uid", "")), events, classes,
@@ -115,23 +117,23 @@ async def _ready(value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 async def namespaces_facts(kube: KubeClient, namespaces: Iterable[str], classes: dict[str, dict[str, Any]],
-                           at_once: int = NAMESPACES_AT_ONCE) -> dict[str, Facts]:
+                           at_once: int = NAMESPACES_AT_ONCE, home: str = CONTROLLER_NAMESPACE) -> dict[str, Facts]:
     """``namespace_facts`` of each, ``at_once`` namespaces at a time (five reads each)."""
     gate = asyncio.Semaphore(at_once)
 
     async def one(namespace: str) -> Facts:
         async with gate:
-            return await namespace_facts(kube, namespace, classes)
+            return await namespace_facts(kube, namespace, classes, home)
 
     names = sorted(set(namespaces))
     return dict(zip(names, await asyncio.gather(*(one(n) for n in names)), strict=True))
 
 
-async def read_facts(kube: KubeClient, namespace: str, name: str) -> Facts:
+async def read_facts(kube: KubeClient, namespace: str, name: str, home: str = CONTROLLER_NAMESPACE) -> Facts:
     """The pod ``namespace/name`` (or, when there is none, the ResourceClaim of that name) and what
     the namespace holds that bears on it."""
     pod = await _optional(kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}"), f"pod {namespace}/{name}", [])
-    facts = await namespace_facts(kube, namespace)
+    facts = await namespace_facts(kube, namespace, home=home)
     return replace(facts, pod=pod, claim_name=None if pod is not None else name)
 
 

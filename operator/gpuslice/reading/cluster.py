@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuslice.api.ledger import LEDGERS
+from gpuslice.api.ledger import ledgers
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRIVER
 from gpuslice.jsontypes import Body
 from gpuslice.kube.client import Forbidden, KubeClient, NotFound
@@ -26,7 +26,6 @@ from gpuslice.planning.reads.published import drain_lists, read_pools
 
 POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 RESOURCE = "/apis/resource.k8s.io/v1"
-CONFIGMAPS = f"/api/v1/namespaces/{CONTROLLER_NAMESPACE}/configmaps"
 READS_AT_ONCE = 8  # namespaces read at a time
 
 
@@ -66,13 +65,14 @@ async def _namespaces(kube: KubeClient, names: Sequence[str]) -> list[dict[str, 
     return found
 
 
-async def read_cluster(kube: KubeClient, policy: str | None = None) -> Reading:
+async def read_cluster(kube: KubeClient, policy: str | None = None, home: str = CONTROLLER_NAMESPACE) -> Reading:
     """Everything the planner reads; with ``policy``, the pods that wait for that policy only."""
     policies, slices, claims, nodes = await asyncio.gather(
         kube.list(POLICIES), kube.list(f"{RESOURCE}/resourceslices", fieldSelector=f"spec.driver={DRIVER}"),
         kube.list(f"{RESOURCE}/resourceclaims"), kube.list("/api/v1/nodes"))
     try:  # devices the agents drain are no place for a moved pod
-        draining = drain_lists(await kube.list(CONFIGMAPS, labelSelector=f"{DRAIN_LIST_LABEL}=true"))
+        draining = drain_lists(await kube.list(f"/api/v1/namespaces/{home}/configmaps",
+                                               labelSelector=f"{DRAIN_LIST_LABEL}=true"))
     except (NotFound, Forbidden):
         draining = {}
     concerned = [p for p in policies if policy is None or p["metadata"]["name"] == policy]
@@ -88,16 +88,16 @@ async def read_cluster(kube: KubeClient, policy: str | None = None) -> Reading:
                       [DisruptionBudget.from_body(b) for b in budgets], tenants, opted_out_namespaces(namespaces),
                       nodes_by_name(nodes), tuple(moves_in_flight(policies)))
     uids = {str(n["metadata"]["name"]): str(n["metadata"].get("uid", "")) for n in namespaces}
-    waiting = [w for w in waiting_pods(pod_facts, claim_facts, policies, uids, await _ledgers(kube))
+    waiting = [w for w in waiting_pods(pod_facts, claim_facts, policies, uids, await _ledgers(kube, home))
                if policy is None or w.policy == policy]
     return Reading(policies, cluster, waiting)
 
 
-async def _ledgers(kube: KubeClient) -> dict[tuple[str, str], dict[str, Any]] | None:
+async def _ledgers(kube: KubeClient, home: str) -> dict[tuple[str, str], dict[str, Any]] | None:
     """The maxMemory ledgers by (policy, namespace); None when they may not be read (a waiting pod of
     a maxMemory tenant is then not planned for: whether it would be refused cannot be told)."""
     try:
-        found = await kube.list(LEDGERS)
+        found = await kube.list(ledgers(home))
     except (NotFound, Forbidden):
         return None
     return {(str((b.get("spec") or {}).get("policy")), str((b.get("spec") or {}).get("namespace"))): b for b in found}

@@ -74,7 +74,7 @@ class Ledgers:
         if found is not None:
             return found
         try:
-            body = await self.state.kube.get(ledger_path(policy, namespace))
+            body = await self.state.kube.get(ledger_path(policy, namespace, self.state.home))
         except NotFound:
             return None
         ledger = GpuSliceLedger.from_body(body)
@@ -90,7 +90,8 @@ class Ledgers:
                 "metadata": {**ledger.metadata}, "spec": ledger.spec.model_dump(by_alias=True, mode="json"),
                 "status": status}
         written = GpuSliceLedger.from_body(
-            await self.state.kube.replace(f"{ledger_path(ledger.spec.policy, ledger.spec.namespace)}/status", body))
+            await self.state.kube.replace(
+                f"{ledger_path(ledger.spec.policy, ledger.spec.namespace, self.state.home)}/status", body))
         self.state.keep_ledger(written)
         return written
 

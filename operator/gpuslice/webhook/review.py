@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuslice.api.ledger import GpuSliceLedger
-from gpuslice.dra.names import CONTROLLER_NAMESPACE, MEMORY_PROBE, MEMORY_PROBE_ANSWER, class_policy
+from gpuslice.dra.names import MEMORY_PROBE, MEMORY_PROBE_ANSWER, class_policy
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.dra.wire import MemoryPolicy
 from gpuslice.kube.client import NotFound
@@ -71,7 +71,7 @@ class Reviewer:
         obj: Mapping[str, Any] = request.get("object") or {}
         namespace = str(request.get("namespace") or "")
         meta = obj.get("metadata") or {}
-        if namespace == CONTROLLER_NAMESPACE and meta.get("generateName") == MEMORY_PROBE:
+        if namespace == self.state.home and meta.get("generateName") == MEMORY_PROBE:
             return Answer(False, MEMORY_PROBE_ANSWER)
         if request.get("operation") == "CREATE":
             return await self._made(request, obj, namespace)
@@ -170,7 +170,7 @@ class Reviewer:
             if spec_limit is None and (view is None or view.recorded.get(namespace) is None):
                 return ALLOW  # not a maxMemory tenant of this policy: nothing to charge
             return Answer(False, f"{who}: namespace {namespace} has a maxMemory in GpuSlicePolicy {policy}, but its"
-                                 " ledger is not there yet (gpuslice-system/gpusliceledgers); try again in a moment")
+                                 f" ledger is not there yet ({self.state.home}/gpusliceledgers); try again in a moment")
         if not charged.ledger.in_force:
             return Answer(False, f"{who}: the maxMemory of namespace {namespace} in GpuSlicePolicy {policy} is not in"
                                  " force yet (its ledger has not counted what the namespace holds); try again in a"

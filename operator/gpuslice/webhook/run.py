@@ -42,8 +42,8 @@ class Tls:
     """The serving certificate, read from its Secret and reloaded when it changes (new connections
     get the new one; the listener stays), and the client CAs callers are asked for (``callers``)."""
 
-    def __init__(self, kube: KubeClient, secret: str, callers: Callers) -> None:
-        self.kube, self.secret, self.callers = kube, secret, callers
+    def __init__(self, kube: KubeClient, secret: str, callers: Callers, home: str = CONTROLLER_NAMESPACE) -> None:
+        self.kube, self.secret, self.callers, self.home = kube, secret, callers, home
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         callers.configure(self.context)
@@ -54,7 +54,7 @@ class Tls:
         """Load the Secret if it changed (and the client CAs); whether a certificate is loaded."""
         self.callers.reload(self.context)
         try:
-            body = await self.kube.get(f"/api/v1/namespaces/{CONTROLLER_NAMESPACE}/secrets/{self.secret}")
+            body = await self.kube.get(f"/api/v1/namespaces/{self.home}/secrets/{self.secret}")
         except KubeError as error:
             if not self._seen:
                 log.warning("no serving certificate yet; waiting for it", secret=self.secret, error=error.message)
@@ -186,18 +186,19 @@ async def run_webhook(settings: WebhookSettings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     kube = await KubeClient.from_kubeconfig(settings.kubeconfig, request_timeout=settings.request_timeout)
-    state = State(kube)
+    state = State(kube, home=settings.home)
     LEDGER_METRICS.ledgers = lambda: list(state.ledgers.items.values())
     ledgers = Ledgers(state)
     try:
-        tls = Tls(kube, settings.tls_secret, Callers(settings.client_ca_file, frozenset(settings.client_allowed_names)))
+        tls = Tls(kube, settings.tls_secret, Callers(settings.client_ca_file, frozenset(settings.client_allowed_names)),
+                  settings.home)
     except ClientCaError:
         await kube.close()
         raise
 
     def ready() -> tuple[bool, str]:
         if not tls._seen:
-            return False, f"no serving certificate yet (Secret {CONTROLLER_NAMESPACE}/{settings.tls_secret})"
+            return False, f"no serving certificate yet (Secret {settings.home}/{settings.tls_secret})"
         return (True, "ok") if state.synced else (False, "caches not synced yet")
 
     metrics = await serve_metrics(settings.metrics_port, ready=ready) if settings.metrics_port else None

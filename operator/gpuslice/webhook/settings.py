@@ -16,8 +16,8 @@ class WebhookSettings(ProcessSettings):
     address: str = Field(default="0.0.0.0", description=(
         "Listen on this address (the dev cluster's 127.0.0.1, where its API server calls it by URL)."))
     tls_secret: str = Field(default=MEMORY_WEBHOOK_TLS, description=(
-        "The Secret in gpuslice-system with tls.crt and tls.key to serve with, re-read every tls_interval"
-        " seconds (the controller, or cert-manager, rotates it)."))
+        "The Secret in gpuslice's own namespace (the namespace setting) with tls.crt and tls.key to serve with,"
+        " re-read every tls_interval seconds (the controller, or cert-manager, rotates it)."))
     tls_interval: float = Field(default=30.0, gt=0, description=(
         "Seconds between reads of the TLS Secret: a rotated certificate is served within this long."))
     client_ca_file: Path | None = Field(default=None, description=(

@@ -17,9 +17,9 @@ from typing import Any, Generic, TypeVar
 import pydantic
 import structlog
 
-from gpuslice.api.ledger import LEDGERS, GpuSliceLedger
+from gpuslice.api.ledger import GpuSliceLedger, ledgers
 from gpuslice.api.status import ClassInForce
-from gpuslice.dra.names import DRIVER
+from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRIVER
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.dra.wire import MemoryPolicy, device_memory, device_policy, memory_policy, pool_mark
 from gpuslice.kube.client import KubeClient
@@ -157,6 +157,7 @@ class State:
     """The webhook's caches, and an event set whenever something a ledger depends on changed."""
 
     kube: KubeClient
+    home: str = CONTROLLER_NAMESPACE  # gpuslice's own namespace (the `namespace` setting): the ledgers'
     clock: Callable[[], float] = time.monotonic
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     dirty: set[str] = field(default_factory=set)  # namespaces whose ledgers to look at again
@@ -235,7 +236,7 @@ class State:
         await asyncio.gather(
             watch(self.kube, POLICIES, self.policies.handle, stop, on_listed=self.policies.listed,
                   on_error=failed("policies")),
-            watch(self.kube, LEDGERS, self.ledgers.handle, stop, on_listed=self.ledgers.listed,
+            watch(self.kube, ledgers(self.home), self.ledgers.handle, stop, on_listed=self.ledgers.listed,
                   on_error=failed("ledgers")),
             watch(self.kube, SLICES, self.slices.handle, stop, query={"fieldSelector": f"spec.driver={DRIVER}"},
                   on_listed=self.slices.listed, on_error=failed("slices")),

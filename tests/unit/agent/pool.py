@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuslice.agent.drain import DRAINING, MARKER, NAMESPACE, PROBE, Drains
+from gpuslice.agent.drain import DRAINING, MARKER, PROBE, Drains
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
 from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints, ClaimCheckpoint, PreparedDevice
@@ -22,6 +22,7 @@ from gpuslice.agent.pool import NodePool, Observed
 from gpuslice.agent.published import PublishedRecord
 from gpuslice.agent.publisher import PublishResult
 from gpuslice.api.agent_view import VIEWS, view_of
+from gpuslice.dra.names import CONTROLLER_NAMESPACE as NAMESPACE
 from gpuslice.dra.names import DRIVER
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.kube.client import KubeClient

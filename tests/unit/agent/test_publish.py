@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.agent.drain import NAMESPACE, PROBE
+from gpuslice.agent.drain import PROBE
+from gpuslice.dra.names import CONTROLLER_NAMESPACE as NAMESPACE
 from gpuslice.kube.client import KubeClient, ServerError
 from tests import builders
 from tests.fakeapi import FakeApi

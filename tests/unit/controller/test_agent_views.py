@@ -10,7 +10,7 @@ import copy
 from gpuslice.api.agent_view import VIEWS, view_path
 from gpuslice.controller.agent_views import FINALIZER, sync_view, written_digest
 from gpuslice.controller.apply import APPLIED
-from gpuslice.controller.indexes import view_index
+from gpuslice.controller.indexes import view_index, views
 from gpuslice.kube.client import KubeClient
 from tests import builders
 from tests.fakeapi import FakeApi
@@ -86,5 +86,23 @@ async def test_a_deleted_policys_event_leaves_the_view_of_the_policy_made_again_
 
 
 def test_only_views_in_gpuslices_namespace_stand_for_a_policys_view() -> None:
-    assert view_index("gpuslice-system", "p", {APPLIED: "d"}) == {"p": "d"}
-    assert view_index("tenant-a", "p", {APPLIED: "forged"}) == {}
+    index = {key: [digest] for key, digest in {**view_index("gpuslice-system", "p", {APPLIED: "d"}),
+                                               **view_index("tenant-a", "p", {APPLIED: "forged"}),
+                                               **view_index("gpu-ops", "p", {APPLIED: "other"})}.items()}
+    assert views({"view_index": index}) == {"p": "d"}
+    assert views({"view_index": index}, "gpu-ops") == {"p": "other"}  # installed in another namespace
+    assert views({"view_index": index}, "nowhere") == {}
+
+
+async def test_views_are_written_and_deleted_in_the_controllers_namespace(api: FakeApi, kube: KubeClient) -> None:
+    policy = builders.policy("p", TEN, generation=1, uid="u-p", node=builders.NODE, tenants=[builders.TENANT],
+                             judged=True)
+    policy["metadata"]["finalizers"] = [FINALIZER]
+    written: dict[str, tuple[str, float]] = {}
+    assert await sync_view(kube, policy, False, written, {}, 1.0, "gpu-ops")
+    view = api.get(view_path("p", "gpu-ops"))
+    assert view is not None
+    assert view["metadata"]["namespace"] == "gpu-ops"
+    assert api.get(view_path("p")) is None  # nothing in gpuslice-system
+    assert await sync_view(kube, policy, True, written, {"p": "d"}, 2.0, "gpu-ops")
+    assert api.get(view_path("p", "gpu-ops")) is None

@@ -28,7 +28,7 @@ async def test_an_auto_look_reads_only_for_a_long_wait_and_only_when_something_c
         monkeypatch: pytest.MonkeyPatch) -> None:
     reads: list[str] = []
 
-    async def read_cluster(kube: Any, policy: str | None = None) -> Reading:
+    async def read_cluster(kube: Any, policy: str | None = None, home: str = "gpuslice-system") -> Reading:
         reads.append(str(policy))
         return Reading([], Cluster([], [], [], [], {}, frozenset(), {}, ()), [])
 
@@ -66,7 +66,7 @@ async def test_an_auto_look_is_woken_by_the_schedulers_verdict_on_a_pod_it_had_n
     it away for devices afterwards changes no claim, slice or pod UID, yet must be looked at."""
     reads: list[str] = []
 
-    async def read_cluster(kube: Any, policy: str | None = None) -> Reading:
+    async def read_cluster(kube: Any, policy: str | None = None, home: str = "gpuslice-system") -> Reading:
         reads.append(str(policy))
         return Reading([], Cluster([], [], [], [], {}, frozenset(), {}, ()), [])
 
@@ -98,7 +98,7 @@ async def test_an_auto_look_is_woken_by_a_change_of_the_policys_defragmentation_
     though no claim, slice or pod changed."""
     reads: list[str] = []
 
-    async def read_cluster(kube: Any, policy: str | None = None) -> Reading:
+    async def read_cluster(kube: Any, policy: str | None = None, home: str = "gpuslice-system") -> Reading:
         reads.append(str(policy))
         return Reading([], Cluster([], [], [], [], {}, frozenset(), {}, ()), [])
 

@@ -15,6 +15,7 @@ import pytest
 from gpuslice.api.status import DefragMove, ObjectRef
 from gpuslice.controller import defrag_move
 from gpuslice.controller.defrag_move import Mover, new_move, stamp
+from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.reads.defrag_model import waiting_pods
 from gpuslice.reading.cluster import Reading
@@ -70,8 +71,9 @@ def world(api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> World:
         cluster = made.fleet.cluster(in_flight=[DefragMove.model_validate(m) for m in moves])
         return Reading(made.fleet.policies, cluster, waiting_pods(cluster.pods, cluster.claims, made.fleet.policies))
 
-    async def counted(kube: KubeClient, policy: str | None = None) -> Reading:
+    async def counted(kube: KubeClient, policy: str | None = None, home: str = CONTROLLER_NAMESPACE) -> Reading:
         made.reads += 1
+        assert home == CONTROLLER_NAMESPACE, "the controller reads the drain lists in its own namespace"
         return await read(kube, policy)
 
     monkeypatch.setattr(defrag_move, "read_cluster", counted)

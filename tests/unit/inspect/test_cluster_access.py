@@ -196,3 +196,29 @@ async def test_why_everywhere_reads_only_the_namespaces_of_pods_that_ask_for_dev
     read |= {p.split("/")[5] for p in api.paths if p.startswith("/apis/resource.k8s.io/v1/namespaces/")}
     assert read == {"a", "c"}
     assert sum(p.startswith("/apis/resource.k8s.io/v1/deviceclasses") for p in api.paths) == 1
+
+
+async def test_the_install_namespace_is_where_drain_lists_and_ledgers_are_read(
+        api: ApiServer, ca: CertificateAuthority, tmp_path: Path) -> None:
+    """gpuslice installed in gpu-ops: status, why and defrag read its drain lists and ledgers there
+    (--gpuslice-namespace, or GPUSLICE_NAMESPACE as the processes read it), never in gpuslice-system;
+    -n stays the namespace of the pods looked at, as in kubectl."""
+    path = two_contexts(tmp_path / "config", ca, api.port)
+    access = ["--context", "prod", "--kubeconfig", str(path)]
+    drains = "/api/v1/namespaces/gpu-ops/configmaps?labelSelector="
+    ledgers = "/apis/gpuslice.dev/v1alpha1/namespaces/gpu-ops/gpusliceledgers?labelSelector="
+    rc, _, err = await run("status", "-o", "json", *access, "--gpuslice-namespace", "gpu-ops", home=tmp_path)
+    assert rc == 0, err
+    assert any(p.startswith(drains) for p in api.paths), api.paths
+    rc, _, err = await run("why", "trainer", "-n", "team-b", "-o", "json", *access, home=tmp_path,
+                           environ={"GPUSLICE_NAMESPACE": "gpu-ops"})
+    assert rc == 1, err  # no such pod
+    assert "/api/v1/namespaces/team-b/pods/trainer" in api.paths
+    assert any(p.startswith(ledgers) for p in api.paths), api.paths
+    rc, _, err = await run("defrag", "-o", "json", *access, "--gpuslice-namespace", "gpu-ops", home=tmp_path,
+                           program="kubectl-gpuslice")
+    assert rc == 0, err
+    assert not [p for p in api.paths if "/namespaces/gpuslice-system/" in p]
+    rc, _, err = await run("status", *access, "--gpuslice-namespace", "Not_A_Namespace", home=tmp_path)
+    assert rc == 2
+    assert "gpuslice-namespace" in err

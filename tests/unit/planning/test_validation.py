@@ -149,6 +149,21 @@ def test_extended_resource_of_a_foreign_class_and_the_controller_namespace() -> 
     assert problem.reason == "ControllerNamespace"
 
 
+def test_the_controllers_own_namespace_is_refused_wherever_gpuslice_is_installed() -> None:
+    """The model does not know where gpuslice runs (another install names gpuslice-system a tenant
+    rightly); the controller refuses its own namespace, as a tenant or as an admin namespace, by name."""
+    for home in ("gpuslice-system", "gpu-ops"):
+        for spec in ({"tenants": [{"namespace": home}]}, {"adminAccess": {"namespaces": [home]}}):
+            p = policy_model("p", spec={"slicing": {"mode": "memory", "sliceSize": "10Gi"}, **spec})
+            [problem] = validate(p, select(p, INVENTORY), [], controller_namespace=home)
+            assert problem.reason == "ControllerNamespace"
+            assert f"namespace {home} is where the gpuslice controller runs" in problem.message
+            assert "remove it from spec.tenants and spec.adminAccess.namespaces" in problem.message
+    elsewhere = policy_model("p", spec={"slicing": {"mode": "memory", "sliceSize": "10Gi"},
+                                        "tenants": [{"namespace": "gpuslice-system"}]})
+    assert validate(elsewhere, select(elsewhere, INVENTORY), [], controller_namespace="gpu-ops") == []
+
+
 def test_a_policy_may_select_at_most_a_thousand_nodes() -> None:
     """Each is named in status.selectedNodes, which every allocation of its devices is checked against."""
     p = policy_model("p", spec={"slicing": {"mode": "memory", "sliceSize": "10Gi"}})

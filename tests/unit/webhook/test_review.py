@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuslice.api.ledger import ledger_path
+from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import KubeClient
 from gpuslice.webhook.ledger import Ledgers
 from gpuslice.webhook.review import Reviewer
@@ -70,10 +71,10 @@ async def setup(api: FakeApi, kube: KubeClient, held_claims: int = 2) -> Reviewe
               "status": {"since": "2026-12-06T10:00:00Z", "namespaceUid": "ns-uid", "heldBytes": 20 * GI,
                          "charges": [{"claim": c["metadata"]["name"], "uid": c["metadata"]["uid"], "bytes": 10 * GI,
                                       "at": "2026-12-06T10:00:00Z"} for c in held[:held_claims]]}}
-    api.put(ledger, path=ledger_path(POLICY, TENANT))
+    api.put(ledger, path=ledger_path(POLICY, TENANT, CONTROLLER_NAMESPACE))
     state = State(kube)
     state.policies.handle(None, policy)
-    state.ledgers.handle(None, api.get(ledger_path(POLICY, TENANT)) or {})
+    state.ledgers.handle(None, api.get(ledger_path(POLICY, TENANT, CONTROLLER_NAMESPACE)) or {})
     ours = {"gpuslice.dev/policy": {"string": POLICY}}
     devices = [{"name": f"s-{i}", "attributes": ours, "capacity": {"memory": {"value": "10Gi"}}} for i in range(4)]
     devices.append({"name": "shared", "attributes": ours, "capacity": {"memory": {"value": "80Gi", "requestPolicy": {
@@ -84,7 +85,7 @@ async def setup(api: FakeApi, kube: KubeClient, held_claims: int = 2) -> Reviewe
 
 
 def charges(api: FakeApi) -> dict[str, int]:
-    status = (api.get(ledger_path(POLICY, TENANT)) or {}).get("status") or {}
+    status = (api.get(ledger_path(POLICY, TENANT, CONTROLLER_NAMESPACE)) or {}).get("status") or {}
     return {c["claim"]: c["bytes"] for c in status.get("charges") or []}
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from gpuslice.api.ledger import LEDGER_KIND, ledger_name
 from gpuslice.api.policy import GROUP, KIND, VERSION, Tenant
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.dra.names import CONTROLLER_NAMESPACE, LABEL_POLICY, MANAGED_BY, quota_resource
+from gpuslice.dra.names import LABEL_POLICY, MANAGED_BY, quota_resource
 from gpuslice.jsontypes import Object
 from gpuslice.planning.aligned import ALIGNED_LABEL, AlignedTemplate, aligned_claim_spec, aligned_templates
 from gpuslice.planning.kinds import SHARED, DeviceKind, quota, template_names
@@ -150,12 +150,12 @@ def desired_objects(policy: GpuSlicePolicy, namespaces: Set[str]) -> DesiredObje
 LABEL_TENANT = "gpuslice.dev/tenant"
 
 
-def ledger(policy: GpuSlicePolicy, tenant: Tenant, namespace_uid: str) -> Object:
+def ledger(policy: GpuSlicePolicy, tenant: Tenant, namespace_uid: str, home: str) -> Object:
     """The maxMemory ledger of one tenant, in the controller's namespace: its spec is the limit in
     force (the webhook writes its status, the charges)."""
     assert tenant.max_memory is not None
     assert tenant.max_memory_bytes is not None
-    meta = _meta(policy, ledger_name(policy.name, tenant.namespace), CONTROLLER_NAMESPACE)
+    meta = _meta(policy, ledger_name(policy.name, tenant.namespace), home)
     meta["labels"][LABEL_TENANT] = tenant.namespace
     return {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": LEDGER_KIND, "metadata": meta,
@@ -164,7 +164,8 @@ def ledger(policy: GpuSlicePolicy, tenant: Tenant, namespace_uid: str) -> Object
     }
 
 
-def desired_ledgers(policy: GpuSlicePolicy, namespaces: Mapping[str, str]) -> list[Object]:
-    """A ledger per maxMemory tenant whose namespace exists (``namespaces``: name -> UID)."""
-    return [ledger(policy, t, namespaces[t.namespace]) for t in policy.spec.tenants
+def desired_ledgers(policy: GpuSlicePolicy, namespaces: Mapping[str, str], home: str) -> list[Object]:
+    """A ledger per maxMemory tenant whose namespace exists (``namespaces``: name -> UID), in ``home``
+    (gpuslice's own namespace)."""
+    return [ledger(policy, t, namespaces[t.namespace], home) for t in policy.spec.tenants
             if t.memory_limited and namespaces.get(t.namespace)]

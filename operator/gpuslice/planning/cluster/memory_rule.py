@@ -32,20 +32,24 @@ from gpuslice.jsontypes import Object
 from gpuslice.planning.cluster.tenancy_rule import ADMISSION_V1, ALLOCATING, NAMES_GPUSLICE_CLASS
 
 TIMEOUT_SECONDS = 5  # the API server gives up on the webhook after this long (and refuses)
-_PROBE = (f"request.namespace == '{CONTROLLER_NAMESPACE}' && has(object.metadata.generateName)"
-          f" && object.metadata.generateName == '{MEMORY_PROBE}'")
+
+
+def _probe(home: str) -> str:
+    return (f"request.namespace == '{home}' && has(object.metadata.generateName)"
+            f" && object.metadata.generateName == '{MEMORY_PROBE}'")
 
 
 def memory_namespaces() -> dict[str, Any]:
     return {"matchLabels": {MEMORY_LABEL: MEMORY_JUDGED}}
 
 
-def memory_webhook(url: str | None = None, ca_bundle: str | None = None) -> Object:
-    """The ValidatingWebhookConfiguration: by the Service ``gpuslice-webhook`` in
-    ``gpuslice-system``, or by ``url`` (the dev cluster, whose API server reaches it on loopback).
+def memory_webhook(url: str | None = None, ca_bundle: str | None = None,
+                   home: str = CONTROLLER_NAMESPACE) -> Object:
+    """The ValidatingWebhookConfiguration: by the Service ``gpuslice-webhook`` in ``home``
+    (gpuslice's own namespace), or by ``url`` (the dev cluster, whose API server reaches it on loopback).
     The controller writes ``caBundle`` (or cert-manager, in that overlay)."""
     client: dict[str, Any] = ({"url": url} if url else {"service": {
-        "namespace": CONTROLLER_NAMESPACE, "name": MEMORY_WEBHOOK_SERVICE, "path": MEMORY_WEBHOOK_PATH, "port": 443}})
+        "namespace": home, "name": MEMORY_WEBHOOK_SERVICE, "path": MEMORY_WEBHOOK_PATH, "port": 443}})
     if ca_bundle:
         client["caBundle"] = ca_bundle
     return {
@@ -69,8 +73,8 @@ def memory_webhook(url: str | None = None, ca_bundle: str | None = None) -> Obje
                 # In gpuslice's own namespace only its probe: the tenancy and drain probes made there
                 # never wait on this webhook.
                 {"name": "names-a-gpuslice-class-or-is-the-probe",
-                 "expression": f"(request.namespace != '{CONTROLLER_NAMESPACE}' && ({NAMES_GPUSLICE_CLASS}))"
-                               f" || ({_PROBE})"},
+                 "expression": f"(request.namespace != '{home}' && ({NAMES_GPUSLICE_CLASS}))"
+                               f" || ({_probe(home)})"},
             ],
             "failurePolicy": "Fail",
             # It writes its ledger when it admits an allocation; a dry run is judged, never charged.
@@ -96,13 +100,13 @@ def _covers(rule: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
             and rule.get("scope", "*") in (wanted["scope"], "*"))
 
 
-def memory_webhook_drift(config: Mapping[str, Any]) -> str | None:
+def memory_webhook_drift(config: Mapping[str, Any], home: str) -> str | None:
     """What of the ValidatingWebhookConfiguration ``config``, as the API server holds it, would let a
     claim's creation or allocation write past the webhook (a rule dropped, a condition or selector
     changed, failurePolicy Ignore); None when it judges what gpuslice's judges. The controller's probe
     proves only that a claim's creation reaches the webhook; this proves the allocation writes do too.
     Where the webhook is reached (clientConfig) and how long it is waited for are the install's."""
-    ours = memory_webhook()["webhooks"][0]
+    ours = memory_webhook(home=home)["webhooks"][0]
     hook = next((h for h in config.get("webhooks") or [] if h.get("name") == MEMORY_WEBHOOK), None)
     if hook is None:
         return f"it has no webhook {MEMORY_WEBHOOK}"

@@ -59,8 +59,8 @@ def memory_findings(request: Request, ledger: Body | None, classes: Sequence[Cla
     room = ledger_room(ledger, limit)
     if room is None:
         return [Finding("NotAdmitted", f"Namespace {ns} has a maxMemory in {policy}, but it is not in force yet (its"
-                                       f" ledger gpuslice-system/{policy}.{ns} has not counted what the namespace"
-                                       " holds); its claims wait until it is.")]
+                                       f" ledger {policy}.{ns}, in gpuslice's namespace, has not counted what the"
+                                       " namespace holds); its claims wait until it is.")]
     asked = asked_memory(request, classes)
     if room.held + asked <= room.limit:
         return [Finding("MemoryLeft", f"Namespace {ns} holds {shown(room.held)} of its {shown(room.limit)} maxMemory"
@@ -136,7 +136,7 @@ def admission(request: Request, body: Body, ns: str, namespace_uid: str, created
         return Admission()
     if not ledgers_read:
         return Admission(Finding("MemoryUnknown", f"namespace {ns} has a maxMemory in {name}, and its ledger could not"
-                                                  " be read (gpusliceledgers in gpuslice-system)"))
+                                                  " be read (gpusliceledgers in gpuslice's namespace)"))
     blocking = [f for f in memory_findings(request, ledger, parsed.status.classes_in_force, name, ns, limit)
                 if f.blocking]
     if blocking:

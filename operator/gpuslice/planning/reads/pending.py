@@ -178,7 +178,8 @@ def _admission(events: Sequence[Body]) -> list[Finding]:
             found.append(Finding("WebhookDown", (
                 f"{reason}: {message}. The maxMemory webhook ({MEMORY_WEBHOOK}) did not answer, and it fails closed:"
                 " allocations of tenants with maxMemory wait until it does, running pods are untouched. Check its"
-                f" pods: kubectl -n {CONTROLLER_NAMESPACE} get pods -l app.kubernetes.io/component=webhook.")))
+                f" pods: kubectl -n <gpuslice's namespace, {CONTROLLER_NAMESPACE} by default> get pods"
+                " -l app.kubernetes.io/component=webhook.")))
         elif any(w in message for w in ("denied request", "denied the request", "exceeded quota", "forbidden")):
             found.append(Finding("AdmissionDenied", f"{reason}: {message}"))
         else:

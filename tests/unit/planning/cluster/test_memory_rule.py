@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.planning.cluster.memory_rule import memory_webhook, memory_webhook_drift
 
 
@@ -23,12 +24,12 @@ def shipped(url: str | None = None) -> dict[str, Any]:
 
 
 def test_the_configuration_gpuslice_ships_judges_every_allocation() -> None:
-    assert memory_webhook_drift(shipped()) is None
-    assert memory_webhook_drift(shipped("https://127.0.0.1:9443/validate/maxmemory")) is None
+    assert memory_webhook_drift(shipped(), CONTROLLER_NAMESPACE) is None
+    assert memory_webhook_drift(shipped("https://127.0.0.1:9443/validate/maxmemory"), CONTROLLER_NAMESPACE) is None
     wider = shipped()
     wider["webhooks"][0]["rules"] = [{"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["*"],
                                       "resources": ["*/*"], "scope": "*"}]
-    assert memory_webhook_drift(wider) is None, "a rule that matches more drops nothing"
+    assert memory_webhook_drift(wider, CONTROLLER_NAMESPACE) is None, "a rule that matches more drops nothing"
 
 
 def _hook(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -51,6 +52,6 @@ def _hook(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     ("the webhook renamed", _hook(lambda h: h.update(name="other.example.com")), "no webhook"),
 ])
 def test_a_configuration_that_lets_an_allocation_past_is_found(what: str, config: dict[str, Any], said: str) -> None:
-    found = memory_webhook_drift(config)
+    found = memory_webhook_drift(config, CONTROLLER_NAMESPACE)
     assert found is not None, what
     assert said in found, found
