@@ -46,12 +46,14 @@ async def apply_manifests(kube: KubeClient, text: str) -> None:
 
 
 async def write_controller_kubeconfig(cluster: DevCluster, kube: KubeClient, directory: Path,
-                                     account: str = "gpuslice-controller", rbac: str | None = None) -> Path:
+                                     account: str = "gpuslice-controller", rbac: str | None = None,
+                                     namespace: str = "gpuslice-system") -> Path:
     """A kubeconfig with a token of the controller's ServiceAccount (manifests/controller-rbac.yaml),
-    or of another of gpuslice's (``account``, with its RBAC manifests ``rbac``)."""
+    or of another of gpuslice's (``account``, with its RBAC manifests ``rbac``), in ``namespace``
+    (gpuslice's own: another where the chart installs it elsewhere)."""
     await apply_manifests(kube, rbac if rbac is not None else RBAC.read_text())
     token = await kube.create(
-        f"/api/v1/namespaces/gpuslice-system/serviceaccounts/{account}/token",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
         {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 86400}},
     )
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
