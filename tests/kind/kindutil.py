@@ -7,6 +7,7 @@ import os
 import shlex
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,8 +100,9 @@ class Kind:
             time.sleep(every)
 
 
-def cluster_config(build: dict[str, str]) -> dict[str, Any]:
-    """kind/cluster.yaml with hack/kind/local-patch.yaml merged in, every node on the local image."""
+def cluster_config(build: dict[str, str], extra_nodes: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """kind/cluster.yaml with hack/kind/local-patch.yaml merged in and ``extra_nodes`` added (the tier's
+    NVML workers), every node on the local image."""
     config: dict[str, Any] = yaml.safe_load((REPO / "kind/cluster.yaml").read_text())
     patch = yaml.safe_load((REPO / "hack/kind/local-patch.yaml").read_text())
     for key, value in patch.items():
@@ -110,6 +112,7 @@ def cluster_config(build: dict[str, str]) -> dict[str, Any]:
             config[key] = {**config.get(key, {}), **value}
         else:
             config[key] = value
+    config["nodes"] = [*config["nodes"], *extra_nodes]
     for node in config["nodes"]:
         node["image"] = build["nodeImage"]
     return config
