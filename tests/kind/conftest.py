@@ -1,6 +1,8 @@
 """The kind tier: the README's kind commands (make kind-up, kind-deploy, kind-demo, kind-undeploy),
 run here against a kind cluster whose node image hack/kind/build.py made from Go modules and
-Debian packages, with fake GPUs and the real kubelet, containerd and CDI.
+Debian packages, with fake GPUs and the real kubelet, containerd and CDI; two more workers run the
+agent's NVML backend on the mock NVML library beside NVIDIA's nvidia-ctk and device plugin (test_nvidia.py;
+`make test-kind` builds those with `make nvidia-bin`).
 
 `make test-kind` builds first; a missing build, Docker or kind is an error that fails the tier,
 never a skip. GPUSLICE_KEEP_KIND=1 leaves the cluster up afterwards (kubeconfig path printed).

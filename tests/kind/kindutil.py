@@ -90,6 +90,13 @@ class Kind:
         return [n["metadata"]["name"] for n in self.items("nodes")
                 if n["metadata"].get("labels", {}).get("gpuslice.dev/gpu-backend") == "fake"]
 
+    @property
+    def image_nodes(self) -> list[str]:
+        """Every node but the control plane: where make kind-deploy loads the images, and where the
+        controller's and webhook's replicas may land (the NVML workers included)."""
+        return [n["metadata"]["name"] for n in self.items("nodes")
+                if "node-role.kubernetes.io/control-plane" not in n["metadata"].get("labels", {})]
+
     def wait_until(self, what: str, check: Any, within: float = 300, every: float = 2) -> Any:
         deadline = time.monotonic() + within
         while True:

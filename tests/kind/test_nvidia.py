@@ -66,8 +66,9 @@ def nvml(deployed: Kind) -> Iterator[dict[str, str]]:
         kind.kubectl("-n", NAMESPACE, "delete", "pod", "--all", "--wait=true", "--timeout=120s", check=False)
         kind.kubectl("delete", "gsp", "nvml-memory", "nvml-mig", "--wait=true", "--timeout=120s", check=False)
         kind.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=120s", check=False)
-        kind.kubectl("-n", "gpuslice-system", "delete", "daemonset", nvidia.AGENT, "--wait=true", "--timeout=120s",
-                     check=False)
+        # Its pods gone too before the next module lists gpuslice-system's pods.
+        kind.kubectl("-n", "gpuslice-system", "delete", "daemonset", nvidia.AGENT, "--cascade=foreground",
+                     "--wait=true", "--timeout=120s", check=False)
         for pool, node in nodes.items():
             model, count = nvidia.NODES[pool]
             nvidia.label(kind, node, model, count, on=False)
@@ -167,7 +168,7 @@ def test_a_mig_pod_on_the_nvml_node_gets_nvidia_ctks_edits_for_its_instance(
                     within=120)
 
 
-def test_nvidias_device_plugin_on_the_node_takes_its_gpus_out_of_gpusliced_slices(
+def test_nvidias_device_plugin_on_the_node_takes_its_gpus_out_of_gpuslices_slices(
         deployed: Kind, nvml: dict[str, str]) -> None:
     kind, node = deployed, nvml["nvml-memory"]
 
