@@ -249,6 +249,6 @@ kind-images: $(STAMP)
 	@echo ">> kind tier: building kind, the node image and its pieces here (cached by content hash)"
 	@$(BIN)/python hack/kind/build.py
 
-test-kind: kind-images
-	@echo ">> kind tier: kind-up, kind-deploy, kind-demo, checks, upgrade, kind-undeploy, kind-down"
+test-kind: kind-images nvidia-bin
+	@echo ">> kind tier: kind-up, kind-deploy, NVML nodes, kind-demo, checks, upgrade, kind-undeploy, kind-down"
 	@$(PYTEST) tests/kind -s -p no:cacheprovider

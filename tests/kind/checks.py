@@ -44,10 +44,11 @@ IMAGE = f"gpuslice:{__version__}"
 
 
 def load_upgrade_image(kind: Kind) -> str:
-    """This image under a new tag, loaded into the workers: what an upgrade rolls out."""
+    """This image under a new tag, loaded into every worker (a controller's replica may land on an NVML
+    one): what an upgrade rolls out."""
     upgraded = f"{IMAGE}-upgrade"
     kind.run("docker", "tag", IMAGE, upgraded)
-    kind.run(kind.build["kind"], "load", "docker-image", "--name", kind.cluster, "--nodes", ",".join(kind.workers),
+    kind.run(kind.build["kind"], "load", "docker-image", "--name", kind.cluster, "--nodes", ",".join(kind.image_nodes),
              upgraded)
     return upgraded
 

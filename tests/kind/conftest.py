@@ -1,6 +1,8 @@
 """The kind tier: the README's kind commands (make kind-up, kind-deploy, kind-demo, kind-undeploy),
 run here against a kind cluster whose node image hack/kind/build.py made from Go modules and
-Debian packages, with fake GPUs and the real kubelet, containerd and CDI.
+Debian packages, with fake GPUs and the real kubelet, containerd and CDI; two more workers run the
+agent's NVML backend on the mock NVML library beside NVIDIA's nvidia-ctk and device plugin (test_nvidia.py;
+`make test-kind` builds those with `make nvidia-bin`).
 
 `make test-kind` builds first; a missing build, Docker or kind is an error that fails the tier,
 never a skip. GPUSLICE_KEEP_KIND=1 leaves the cluster up afterwards (kubeconfig path printed).
@@ -16,12 +18,13 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.kind import nvidia
 from tests.kind.kindutil import CLUSTER, REPO, TIMINGS, Kind, cache_dir, cluster_config
 
-# One cluster for the tier, in this order: the image, the kustomize install (used, upgraded and
-# uninstalled), the Helm chart on what that uninstall left, then another driver's claims through
+# One cluster for the tier, in this order: the image, the NVML nodes on the first kustomize install
+# (NVIDIA's code: tests/kind/test_nvidia.py), the kustomize install (used, upgraded and uninstalled), the Helm chart on what that uninstall left, then another driver's claims through
 # a kustomize install and an uninstall in the worst order.
-FILES = ("test_image.py", "test_install.py", "test_helm.py", "test_others.py")
+FILES = ("test_image.py", "test_nvidia.py", "test_install.py", "test_helm.py", "test_others.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -57,7 +60,9 @@ def kind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kind]:
     cluster = Kind(build, tmp_path_factory.mktemp("kind"))
     cluster.run(build["kind"], "delete", "cluster", "--name", CLUSTER)  # a crashed run's cluster
     config = cluster.workdir / "cluster.yaml"
-    config.write_text(yaml.safe_dump(cluster_config(build), sort_keys=False))
+    # The NVML workers' driver roots, laid out before kind mounts them (tests/kind/nvidia.py).
+    nvml_nodes = nvidia.node_entries(nvidia.prepare(cluster.workdir))
+    config.write_text(yaml.safe_dump(cluster_config(build, nvml_nodes), sort_keys=False))
     podnet = cluster.workdir / "podnet.yaml"
     podnet.write_text((REPO / "hack/kind/podnet.yaml").read_text().replace("PODNET_IMAGE", build["podnetImage"]))
     try:

@@ -7,6 +7,7 @@ import os
 import shlex
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,13 @@ class Kind:
         return [n["metadata"]["name"] for n in self.items("nodes")
                 if n["metadata"].get("labels", {}).get("gpuslice.dev/gpu-backend") == "fake"]
 
+    @property
+    def image_nodes(self) -> list[str]:
+        """Every node but the control plane: where make kind-deploy loads the images, and where the
+        controller's and webhook's replicas may land (the NVML workers included)."""
+        return [n["metadata"]["name"] for n in self.items("nodes")
+                if "node-role.kubernetes.io/control-plane" not in n["metadata"].get("labels", {})]
+
     def wait_until(self, what: str, check: Any, within: float = 300, every: float = 2) -> Any:
         deadline = time.monotonic() + within
         while True:
@@ -99,8 +107,9 @@ class Kind:
             time.sleep(every)
 
 
-def cluster_config(build: dict[str, str]) -> dict[str, Any]:
-    """kind/cluster.yaml with hack/kind/local-patch.yaml merged in, every node on the local image."""
+def cluster_config(build: dict[str, str], extra_nodes: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """kind/cluster.yaml with hack/kind/local-patch.yaml merged in and ``extra_nodes`` added (the tier's
+    NVML workers), every node on the local image."""
     config: dict[str, Any] = yaml.safe_load((REPO / "kind/cluster.yaml").read_text())
     patch = yaml.safe_load((REPO / "hack/kind/local-patch.yaml").read_text())
     for key, value in patch.items():
@@ -110,6 +119,7 @@ def cluster_config(build: dict[str, str]) -> dict[str, Any]:
             config[key] = {**config.get(key, {}), **value}
         else:
             config[key] = value
+    config["nodes"] = [*config["nodes"], *extra_nodes]
     for node in config["nodes"]:
         node["image"] = build["nodeImage"]
     return config
