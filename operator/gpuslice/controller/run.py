@@ -21,7 +21,7 @@ from gpuslice.controller.runtime import Runtime
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import check_label_guard, own_namespace, whoami
 from gpuslice.controller.tenancy_labels import MEMORY_ROUTE, sync_tenancy_labels
-from gpuslice.controller.webhook_tls import TlsSettings, keep_webhook_tls, service_hosts
+from gpuslice.controller.webhook_tls import TlsSettings, keep_webhook_tls, service_hosts, watch_webhook_config
 from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.compatibility import check_server
@@ -125,20 +125,25 @@ async def _operate(settings: ControllerSettings, elector: LeaderElector | None, 
     kube = await client()
     lock = asyncio.Lock()
     tls = None
+    config_watch = None
     if settings.webhook_certs == "managed":
+        changed = asyncio.Event()
+        config_watch = asyncio.create_task(watch_webhook_config(kube, halt, changed))
         tls = asyncio.create_task(keep_webhook_tls(kube, TlsSettings(
             service_hosts(settings.webhook_hosts, namespace), datetime.timedelta(hours=settings.webhook_cert_hours),
-            datetime.timedelta(hours=settings.webhook_ca_hours), namespace), halt, settings.webhook_cert_interval))
+            datetime.timedelta(hours=settings.webhook_ca_hours), namespace), halt, settings.webhook_cert_interval,
+            changed))
     try:
         while await wait_for_crd(kube, halt, lambda: _unlabel_all(kube, lock, namespace)):
             if not await _run_kopf(settings, client, KopfLogin(settings.kubeconfig, middlewares=guards), kube, halt):
                 break
     finally:
         watcher.cancel()
-        if tls is not None:
-            tls.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await tls
+        for task in (tls, config_watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await kube.close()
         if keeper is not None:
             stop_keeping = not keeper.done()

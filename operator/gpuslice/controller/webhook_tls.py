@@ -36,6 +36,7 @@ from gpuslice.dra.names import (
     MEMORY_WEBHOOK_TLS,
 )
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
+from gpuslice.kube.watch import watch
 
 log = structlog.get_logger(__name__)
 WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
@@ -162,14 +163,19 @@ async def ensure_webhook_tls(kube: KubeClient, settings: TlsSettings, now: datet
     return TlsPass("current")
 
 
-async def keep_webhook_tls(kube: KubeClient, settings: TlsSettings, stop: asyncio.Event, interval: float) -> None:
-    """``ensure_webhook_tls`` every ``interval`` seconds (sooner right after a new CA), until ``stop``;
-    a pass that fails is tried again after 2 s doubling to ``interval``, with jitter. While there is
-    no webhook configuration to trust the CA (installed later, or not at all: a cluster without the
-    maxMemory webhook), it looks again after 10 s doubling to ``interval``: three reads every 10 s,
-    for good, were most of the requests of a controller with nothing to do."""
+async def keep_webhook_tls(kube: KubeClient, settings: TlsSettings, stop: asyncio.Event, interval: float,
+                           changed: asyncio.Event | None = None) -> None:
+    """``ensure_webhook_tls`` every ``interval`` seconds (sooner right after a new CA), until ``stop``,
+    and at once when ``changed`` is set (``watch_webhook_config``: the configuration was created, or
+    edited, e.g. re-applied without its caBundle); a pass that fails is tried again after 2 s
+    doubling to ``interval``, with jitter. While there is no webhook configuration to trust the CA
+    (installed later, or not at all: a cluster without the maxMemory webhook), it looks again after
+    10 s doubling to ``interval``: three reads every 10 s, for good, were most of the requests of a
+    controller with nothing to do; the watch, not the looks, finds a configuration created later."""
     backoff, soon = Backoff(2.0, interval), Backoff(min(interval, 10.0), interval)
     while not stop.is_set():
+        if changed is not None:
+            changed.clear()
         try:
             done = await ensure_webhook_tls(kube, settings)
             # Soon again after a new CA (the serving certificate follows), or while there is no
@@ -185,6 +191,34 @@ async def keep_webhook_tls(kube: KubeClient, settings: TlsSettings, stop: asynci
             log.warning("webhook certificates could not be kept; trying again", error=str(error),
                         retry_in=round(wait, 1))
         try:
-            await asyncio.wait_for(stop.wait(), timeout=wait)
+            await asyncio.wait_for(_either(stop, changed), timeout=wait)
         except TimeoutError:
             continue
+
+
+async def _either(stop: asyncio.Event, changed: asyncio.Event | None) -> None:
+    waits = [asyncio.ensure_future(e.wait()) for e in (stop, changed) if e is not None]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+
+
+async def watch_webhook_config(kube: KubeClient, stop: asyncio.Event, changed: asyncio.Event) -> None:
+    """Set ``changed`` when the maxMemory webhook's configuration (a watch of it alone, by name) is
+    created, or changed to a webhook without a caBundle (re-applied from its manifest), so that the
+    keeper's pass follows at once, not after its interval (up to ``--webhook-cert-interval``: the API
+    server cannot call the webhook meanwhile). A caBundle that changed is the keeper's own doing (or
+    cert-manager's, or an admin's on purpose): it does not wake the keeper."""
+
+    def handler(kind: str | None, body: dict[str, Any]) -> None:
+        bare = any(not (hook.get("clientConfig") or {}).get("caBundle") for hook in body.get("webhooks") or [])
+        if kind == "ADDED" or (kind == "MODIFIED" and bare):
+            changed.set()
+
+    def on_error(error: BaseException) -> None:
+        log.debug("the maxMemory webhook configuration's watch failed; it is opened again", error=str(error))
+
+    await watch(kube, WEBHOOKS, handler, stop, query={"fieldSelector": f"metadata.name={MEMORY_WEBHOOK_CONFIG}"},
+                on_error=on_error)

@@ -37,3 +37,28 @@ async def test_no_webhook_configuration_is_looked_for_less_and_less_often(monkey
     for i, wait in enumerate(soon):  # 10 s doubling to the interval, each give or take half
         assert 0.5 * min(10.0 * 2**i, 600.0) <= wait <= min(1.5 * 10.0 * 2**i, 600.0), soon
     assert all(300.0 <= w <= 900.0 for w in later), later
+
+
+async def test_a_configuration_created_or_edited_is_given_the_ca_at_once() -> None:
+    """The configuration's watch wakes the keeper whatever its wait (a configuration created an hour
+    after the controller started waited up to --webhook-cert-interval for its caBundle)."""
+    stop, changed = asyncio.Event(), asyncio.Event()
+    passes: list[str] = []
+
+    async def ensure(kube: Any, settings: Any) -> TlsPass:
+        passes.append("pass")
+        return TlsPass("current")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(webhook_tls, "ensure_webhook_tls", ensure)
+        keeper = asyncio.create_task(keep_webhook_tls(cast(KubeClient, object()), cast(Any, None), stop, 600.0,
+                                                      changed))
+        while not passes:
+            await asyncio.sleep(0)
+        changed.set()
+        async with asyncio.timeout(5):  # a wait of its interval (600 s) would time out here
+            while len(passes) < 2:
+                await asyncio.sleep(0)
+        stop.set()
+        await keeper
+    assert passes == ["pass", "pass"]
