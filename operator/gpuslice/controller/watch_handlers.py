@@ -120,9 +120,12 @@ async def claim_event(namespace: str | None, name: str, status: kopf.Status, typ
                                       overuse_policies(kwargs))
 
 
-async def namespace_event(name: str, labels: kopf.Labels, uid: str | None, status: kopf.Status,
+async def namespace_event(name: str, labels: kopf.Labels, uid: str | None, status: kopf.Status, meta: kopf.Meta,
                           type: str | None, memo: Runtime, **kwargs: Any) -> None:
-    view = None if type == "DELETED" else NamespaceView.from_namespace(labels, uid, status)
+    # With its resourceVersion: a view without one is taken as the controller's own last write left
+    # the namespace (tenancy_labels.plan_tenancy_labels), so a label someone took off was never put back.
+    view = None if type == "DELETED" else NamespaceView.from_namespace(labels, uid, status,
+                                                                       meta.get("resourceVersion"))
     memo.changes.shared_seen(f"namespace/{name}", view)
     ctx = memo.ctx
     if type is None or view is None or ctx is None:
