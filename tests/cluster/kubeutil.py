@@ -233,3 +233,15 @@ def template_path(ns: str, name: str = "gpu-slice") -> str:
 def on(node: str) -> dict[str, Any]:
     """A nodeSelector of the one node ``node`` (a policy's, or a pod's)."""
     return {"matchLabels": {"kubernetes.io/hostname": node}}
+
+
+async def policy_ready(kube: KubeClient, name: str, within: float = 60) -> dict[str, Any]:
+    """The policy once its status says Ready=True: the controller refreshes a status on its timer
+    (--status-interval), not at each node's publish, so a policy whose devices are out can still say
+    AwaitingNodeAgents for a few seconds."""
+    async def check() -> dict[str, Any] | None:
+        body = await kube.get(f"{POLICIES}/{name}")
+        return body if condition(body, "Ready").get("status") == "True" else None
+
+    found: dict[str, Any] = await wait_for(check, within=within, what=f"{name} to be Ready")
+    return found

@@ -10,7 +10,7 @@ from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient
 from tests.cluster.cli import VIEWER, Cli, findings, impersonating, run_cli, warning
 from tests.cluster.gpu_nodes import GpuNodeFactory
-from tests.cluster.kubeutil import PAUSE_IMAGE, on, pod_with_claim, wait_for
+from tests.cluster.kubeutil import PAUSE_IMAGE, on, pod_with_claim, policy_ready, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.pools import create_pods, published, settle
 
@@ -137,9 +137,10 @@ async def test_no_whole_gpu_free_shows_the_largest_free_one(
     await settle(cluster, kube, namespace, ["small"], 1)
     await create_pods(kube, namespace, "gpu-slice-full", ["whole"])
     await warning(kube, namespace, "whole", "FailedScheduling")
+    name = policy["metadata"]["name"]
+    await policy_ready(kube, name)
 
     result = (await gpuslice("why", f"{namespace}/whole", "-o", "json")).json()
-    name = policy["metadata"]["name"]
     assert result["findings"][0]["code"] == "NoFreeDevice"
     assert result["findings"][0]["message"] == (
         f"No free whole GPU of {name} on any of its 1 nodes (1 asked, 0 free). The largest free one: slice (10G)"
