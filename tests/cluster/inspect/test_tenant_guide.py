@@ -19,7 +19,7 @@ from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.paths import collection
 from tests.cluster.cli import Cli
 from tests.cluster.gpu_nodes import GpuNodeFactory
-from tests.cluster.kubeutil import RESOURCE, get_or_none, wait_for
+from tests.cluster.kubeutil import RESOURCE, get_or_none, policy_ready, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory
 from tests.cluster.pools import published
 
@@ -188,6 +188,7 @@ async def test_each_denial_reads_as_the_guide_says(
     name = policy["metadata"]["name"]
     names.mapping["inference"] = name
     await published(kube, node.name, 9)
+    await policy_ready(kube, name)  # the guide's why is of a Ready policy (its status follows on a timer)
     klass = f"{name}.gpuslice.dev"
 
     def claim(claim_name: str, **request: Any) -> dict[str, Any]:
