@@ -3,6 +3,7 @@ service, and a node whose GPUs settled on the layouts wanted."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gpuslice.kube.client import KubeClient
@@ -29,11 +30,14 @@ def taint_keys(devices: list[dict[str, Any]]) -> set[str]:
     return {t["key"] for d in devices for t in d.get("taints") or []}
 
 
-async def degraded_as(kube: KubeClient, policy: str, reason: str, within: float = 60) -> dict[str, Any]:
+async def degraded_as(kube: KubeClient, policy: str, reason: str, within: float = 60,
+                      saying: Callable[[str], bool] = lambda message: True) -> dict[str, Any]:
+    """The policy's Degraded condition once it has ``reason`` and a message ``saying`` holds of (a
+    status is refreshed on the controller's timer: an older message may stand a few seconds)."""
     async def degraded() -> dict[str, Any] | None:
         conditions = (await kube.get(f"{POLICIES}/{policy}")).get("status", {}).get("conditions") or []
         found = next((c for c in conditions if c["type"] == "Degraded"), None)
-        return found if found and found["reason"] == reason else None
+        return found if found and found["reason"] == reason and saying(found["message"]) else None
 
     found: dict[str, Any] = await wait_for(degraded, within=within, what=f"the policy's Degraded reason {reason}")
     return found
