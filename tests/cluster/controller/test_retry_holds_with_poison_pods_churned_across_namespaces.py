@@ -21,39 +21,20 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gpuslice.controller.retry import RETRY_AT
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
-from gpuslice.planning.reads.retry import turned_away
 from tests.cluster.claims import allocation, claim, pod_using, request
 from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import RESOURCE, wait_for
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
 from tests.cluster.pools import published
+from tests.cluster.retries import is_turned_away, retry_stamp, two_claims
 from tests.cluster.webhook.budgets import memory_claim, shared_tenant
 
 POISON_SECONDS = 60
 ELSEWHERE = "absent.churn.example.com"  # a class of another driver with no device anywhere
 
 
-async def _stamp(kube: KubeClient, klass: str) -> str | None:
-    body = await kube.get(f"{RESOURCE}/deviceclasses/{klass}")
-    found: str | None = (body["metadata"].get("annotations") or {}).get(RETRY_AT)
-    return found
 
-
-async def _turned_away(kube: KubeClient, namespace: str, pod: str) -> bool:
-    try:
-        body: dict[str, Any] = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
-    except NotFound:
-        return False
-    return turned_away(body)
-
-
-def _two_claims(name: str, first: str, second: str) -> dict[str, Any]:
-    body = pod_using(name, first)
-    body["spec"]["resourceClaims"].append({"name": "other", "resourceClaimName": second})
-    body["spec"]["containers"][0]["resources"]["claims"].append({"name": "other"})
-    return body
 
 
 async def test_poison_pods_churned_across_namespaces_do_not_delay_my_retry(
@@ -101,7 +82,7 @@ async def test_poison_pods_churned_across_namespaces_do_not_delay_my_retry(
                 live[ns].remove(old)
                 base = old.split("-g")[0]
                 new = f"{base}-g{generation}"
-                await kube.create(f"/api/v1/namespaces/{ns}/pods", _two_claims(new, base, f"{base}-x"))
+                await kube.create(f"/api/v1/namespaces/{ns}/pods", two_claims(new, base, f"{base}-x"))
                 live[ns].append(new)
                 made_pods += 1
             with contextlib.suppress(TimeoutError):
@@ -118,17 +99,17 @@ async def test_poison_pods_churned_across_namespaces_do_not_delay_my_retry(
             for i in range(2):
                 await made(ns, claim(f"kept{i}", request(klass_poison)))
                 await made(ns, claim(f"kept{i}-x", request(ELSEWHERE)))
-                await kube.create(f"/api/v1/namespaces/{ns}/pods", _two_claims(f"kept{i}", f"kept{i}", f"kept{i}-x"))
+                await kube.create(f"/api/v1/namespaces/{ns}/pods", two_claims(f"kept{i}", f"kept{i}", f"kept{i}-x"))
                 live[ns].append(f"kept{i}")
         for ns in others:
             for pod in list(live[ns]):
-                await wait_for(lambda ns=ns, pod=pod: _turned_away(kube, ns, pod), within=60,
+                await wait_for(lambda ns=ns, pod=pod: is_turned_away(kube, ns, pod), within=60,
                                what=f"the poison pod {ns}/{pod} turned away")
         task = asyncio.create_task(churn())
         stamps: list[str] = []
         began = asyncio.get_running_loop().time()
         while asyncio.get_running_loop().time() - began < POISON_SECONDS:
-            stamp = await _stamp(kube, klass_poison)
+            stamp = await retry_stamp(kube, klass_poison)
             if stamp and (not stamps or stamps[-1] != stamp):
                 stamps.append(stamp)
             await asyncio.sleep(1)  # length: one read of the class's stamp a second, for the whole churn window
@@ -147,7 +128,7 @@ async def test_poison_pods_churned_across_namespaces_do_not_delay_my_retry(
                 await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_using(big, big))
             await asyncio.sleep(3)  # length: the 10 big pods' allocations reach the frozen webhook first
             await kube.create(f"/api/v1/namespaces/{namespace}/pods", pod_using("small", "small"))
-            await wait_for(lambda: _turned_away(kube, namespace, "small"), within=20, what="the 4Gi pod turned away")
+            await wait_for(lambda: is_turned_away(kube, namespace, "small"), within=20, what="the 4Gi pod turned away")
         finally:
             process.send_signal(signal.SIGCONT)
         thawed = asyncio.get_running_loop().time()

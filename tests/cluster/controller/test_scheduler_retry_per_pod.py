@@ -11,38 +11,22 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gpuslice.controller.retry import RETRY_AT
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
-from gpuslice.planning.reads.retry import turned_away
 from tests.cluster.claims import allocation, claim, pod_using, request
 from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import RESOURCE, wait_for
 from tests.cluster.observe import scheduler_allocating
 from tests.cluster.operator_fixtures import ControllerProcess, PolicyFactory, WebhookProcess
 from tests.cluster.pools import published
+from tests.cluster.retries import is_turned_away, retry_stamp, two_claims
 from tests.cluster.webhook.budgets import memory_claim, shared_tenant
 
 POISON_SECONDS = 100  # with the tests' 3 s interval, a backoff shared by all would reach 96 s by then
 ELSEWHERE = "absent.retry.example.com"  # a class of another driver with no device anywhere
 
 
-async def retry_stamp(kube: KubeClient, klass: str) -> str | None:
-    body = await kube.get(f"{RESOURCE}/deviceclasses/{klass}")
-    found: str | None = (body["metadata"].get("annotations") or {}).get(RETRY_AT)
-    return found
 
-
-async def is_turned_away(kube: KubeClient, namespace: str, pod: str) -> bool:
-    body: dict[str, Any] = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
-    return turned_away(body)
-
-
-def two_claims(name: str, first: str, second: str) -> dict[str, Any]:
-    body = pod_using(name, first)
-    body["spec"]["resourceClaims"].append({"name": "other", "resourceClaimName": second})
-    body["spec"]["containers"][0]["resources"]["claims"].append({"name": "other"})
-    return body
 
 
 async def test_another_tenants_never_fitting_pods_do_not_delay_my_retry(
