@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpuslice.jsontypes import Body, objects_in
+from gpuslice.jsontypes import Body, Object, objects_in
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ def policy_spec(body: Body) -> Body:
     return spec if isinstance(spec, Mapping) else {}
 
 
-def raw_tenants(body: Body) -> list[Body]:
+def raw_tenants(body: Body) -> list[Object]:
     """The entries of ``spec.tenants`` that are objects, as written (to copy one into a patch)."""
     return objects_in(policy_spec(body).get("tenants"))
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpuslice.jsontypes import Body, objects_in
+from gpuslice.jsontypes import Body, Object, objects_in
 
 
-def slice_devices(spec: Body) -> list[Body]:
+def slice_devices(spec: Body) -> list[Object]:
     """The devices a slice publishes (``spec.devices``), as written, in order."""
     return objects_in(spec.get("devices"))
 
 
-def slice_counter_sets(spec: Body) -> list[Body]:
+def slice_counter_sets(spec: Body) -> list[Object]:
     """The counter sets a slice declares (``spec.sharedCounters``), as written, in order."""
     return objects_in(spec.get("sharedCounters"))
 

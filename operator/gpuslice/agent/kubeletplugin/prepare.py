@@ -41,6 +41,7 @@ from gpuslice.agent.pool import NodePool
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.dra import cdi
 from gpuslice.dra.names import DRIVER
+from gpuslice.dra.slice_wire import slice_counter_sets
 from gpuslice.dra.wire import (
     AllocationResult,
     allocation_results,
@@ -99,7 +100,7 @@ async def published_pool(kube: KubeClient, node: str) -> PublishedPool:
     for manifest in devices_of(newest):
         if (device := Device.from_manifest(manifest)) is not None:
             found[device.name] = device
-    sets = (CounterSet.from_manifest(c) for s in newest.slices for c in s.get("sharedCounters") or [])
+    sets = (CounterSet.from_manifest(c) for s in newest.slices for c in slice_counter_sets(s))
     return PublishedPool(found, tuple(c for c in sets if c is not None))
 
 
