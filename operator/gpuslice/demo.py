@@ -23,9 +23,11 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuslice.agent.gpus.fake_state import FakeState, FakeStateFile, admin_sets_mig_mode
+from gpuslice.api.status import GpuSlicePolicyStatus
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.devcluster.recorded import find_recorded
 from gpuslice.devcluster.state import StateDir, default_state_dir
+from gpuslice.dra.policy_wire import admin_namespaces, tenant_namespaces
 from gpuslice.errors import GpusliceError
 from gpuslice.inspect.commands import print_map
 from gpuslice.inventory.nodes import FAKE_COUNT, FAKE_MODEL
@@ -101,9 +103,8 @@ async def show_cluster(kube: KubeClient, cluster: DevCluster, console: Console) 
 
 async def show_policy(kube: KubeClient, console: Console) -> str:
     policy = example_policy()
-    spec = policy["spec"]
-    namespaces = [t["namespace"] for t in spec["tenants"]] + spec["adminAccess"]["namespaces"]
-    for ns in namespaces:
+    spec, tenants, admins = policy["spec"], tenant_namespaces(policy), admin_namespaces(policy)
+    for ns in tenants + admins:
         await kube.create("/api/v1/namespaces", {"metadata": {"name": ns}})
     await kube.create(POLICIES, policy)
     name = policy["metadata"]["name"]
@@ -132,8 +133,7 @@ async def show_policy(kube: KubeClient, console: Console) -> str:
                      f"the policy's {entry['kind']} devices ({entry['memoryBytes'] // 2**20} MiB each)"
                      + (f"; serves {device_class['spec']['extendedResourceName']}"
                         if device_class["spec"].get("extendedResourceName") else ""))
-    for tenant in spec["tenants"]:
-        ns = tenant["namespace"]
+    for ns in tenants:
         template_path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates/{spec['claimTemplateName']}"
         template = await _until(_getter(kube, template_path), f"the template in {ns}")
         made.add_row("ResourceClaimTemplate", template["metadata"]["name"], ns, "one slice of the class")
@@ -142,8 +142,8 @@ async def show_policy(kube: KubeClient, console: Console) -> str:
         limits = ", ".join(f"{v} {k.split('.deviceclass.')[0]}" for k, v in quota["spec"]["hard"].items())
         made.add_row("ResourceQuota", quota["metadata"]["name"], ns, f"at most {limits}")
     made.add_row("ValidatingAdmissionPolicy", "gpuslice-tenancy (static, manifests/admission.yaml)", "cluster",
-                 f"only {', '.join(t['namespace'] for t in spec['tenants'])} may claim or be allocated the classes")
-    for ns in spec["adminAccess"]["namespaces"]:
+                 f"only {', '.join(tenants)} may claim or be allocated the classes")
+    for ns in admins:
         labels = (await kube.get(f"/api/v1/namespaces/{ns}"))["metadata"].get("labels", {})
         value = labels.get("resource.kubernetes.io/admin-access", "(missing)")
         made.add_row("Namespace label", "resource.kubernetes.io/admin-access", ns, value)
@@ -157,10 +157,11 @@ async def show_policy(kube: KubeClient, console: Console) -> str:
     def mib(value: int | None) -> str:
         return "-" if value is None else str(value // 2**20)
 
+    use = GpuSlicePolicyStatus.model_validate(s).tenants
     console.print(f"nodes {s['nodes']}, GPUs {s['gpus']}, slices published {s['slices']['published']},"
                   f" allocated {s['slices']['allocated']}; tenants: "
-                  + ", ".join(f"{t['namespace']} {t['allocated']}/{t.get('limit', '-')} devices,"
-                              f" {mib(t['allocatedBytes'])}/{mib(t.get('limitBytes'))} MiB" for t in s["tenants"]))
+                  + ", ".join(f"{t.namespace} {t.allocated}/{'-' if t.limit is None else t.limit} devices,"
+                              f" {mib(t.allocated_bytes)}/{mib(t.limit_bytes)} MiB" for t in use))
     valid = next(c for c in s["conditions"] if c["type"] == "Valid")
     if valid["status"] != "True":
         raise DemoFailed(f"the example policy is not valid: {valid['message']}")
@@ -179,8 +180,8 @@ async def apply_shared(kube: KubeClient, cluster: DevCluster, console: Console) 
     node_state.update(mig_off)
     await kube.merge_patch(f"/api/v1/nodes/{NOTEBOOK_NODE}", {"metadata": {"labels": NOTEBOOK_LABEL}})
     policy = example_policy(SHARED_EXAMPLE)
-    for tenant in policy["spec"]["tenants"]:
-        await kube.create("/api/v1/namespaces", {"metadata": {"name": tenant["namespace"]}})
+    for ns in tenant_namespaces(policy):
+        await kube.create("/api/v1/namespaces", {"metadata": {"name": ns}})
     await kube.create(POLICIES, policy)
     name = policy["metadata"]["name"]
 
@@ -205,9 +206,9 @@ def _pod(name: str, template: str) -> dict[str, Any]:
 async def show_tenant_pods(kube: KubeClient, cluster: DevCluster, console: Console) -> None:
     """Tenant pods of both policies: the scheduler allocates, the kubelet's DRA code calls gpuslice's
     plugin, and each container receives the GPUSLICE_* variables of its device."""
-    memory, shared = example_policy()["spec"], example_policy(SHARED_EXAMPLE)["spec"]
-    pods = [(memory["tenants"][0]["namespace"], f"inference-{i}", memory["claimTemplateName"]) for i in range(3)]
-    pods += [(shared["tenants"][0]["namespace"], f"notebook-{i}", shared["claimTemplateName"]) for i in range(2)]
+    memory, shared = example_policy(), example_policy(SHARED_EXAMPLE)
+    pods = [(tenant_namespaces(memory)[0], f"inference-{i}", memory["spec"]["claimTemplateName"]) for i in range(3)]
+    pods += [(tenant_namespaces(shared)[0], f"notebook-{i}", shared["spec"]["claimTemplateName"]) for i in range(2)]
     for ns, pod, template in pods:
         await kube.create(f"/api/v1/namespaces/{ns}/pods", _pod(pod, template))
 

@@ -13,3 +13,11 @@ from typing import Any
 
 Body = Mapping[str, Any]
 Object = dict[str, Any]
+
+
+def objects_in(value: object) -> list[Object]:
+    """The entries of a JSON list that are objects, in order, as parsed (the same dicts, not copies);
+    [] for anything but a list. A reader of a field that should hold a list of objects takes it
+    through here, so null, a missing field or a malformed body reads as nothing rather than
+    crashing the reader."""
+    return [entry for entry in value if isinstance(entry, dict)] if isinstance(value, list | tuple) else []

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice.backoff import spread
+from gpuslice.dra.slice_wire import slice_devices
 from gpuslice.dra.support import lost_fields, lost_gates
 from gpuslice.dra.wire import device_policy
 from gpuslice.kube.client import BadRequest, Forbidden, Invalid, KubeClient, KubeError
@@ -115,7 +116,7 @@ async def refused_policies(kube: KubeClient, manifests: Iterable[dict[str, Any]]
         if name not in refused:
             continue
         error = refused[name]
-        devices = manifest["spec"].get("devices") or []
+        devices = slice_devices(manifest["spec"])
         by_policy: dict[str, list[dict[str, Any]]] = {}
         for device in devices:
             by_policy.setdefault(device_policy(device) or "", []).append(device)

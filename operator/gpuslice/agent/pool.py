@@ -47,6 +47,7 @@ from gpuslice.api.agent_view import policy_of, views_in
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.dra.names import DRIVER, PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY
 from gpuslice.dra.resourceslice import resource_slice, slice_name
+from gpuslice.dra.slice_wire import slice_counter_sets, slice_devices, slice_pool
 from gpuslice.dra.wire import device_gpu, device_policy, pool_mark
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.jsontypes import Object
@@ -73,7 +74,7 @@ def _reconfiguring(device: dict[str, Any]) -> bool:
 
 
 def _content(spec: dict[str, Any]) -> Any:
-    return normalized({"sharedCounters": spec.get("sharedCounters") or [], "devices": spec.get("devices") or []})
+    return normalized({"sharedCounters": slice_counter_sets(spec), "devices": slice_devices(spec)})
 
 
 def _left_out(slice_: Mapping[str, Any]) -> str | None:
@@ -234,7 +235,7 @@ class NodePool:
             on_node = list(view.slices.values())  # as the watch holds them, with this agent's own writes
         else:
             on_node = await kube.list(SLICES, fieldSelector=f"spec.nodeName={node}")
-        existing = [s for s in on_node if s["spec"].get("driver") == DRIVER and s["spec"]["pool"]["name"] == node]
+        existing = [s for s in on_node if s["spec"].get("driver") == DRIVER and slice_pool(s["spec"]) == node]
         taken = taken_gpus(self.gpus, [other_driver_gpus(s["spec"]) for s in on_node
                                        if s["spec"].get("driver") != DRIVER])
         plugin = device_plugins.advertised(node_body)  # its resources name no GPU: every GPU is its
@@ -244,8 +245,8 @@ class NodePool:
         gpus = [g for g in self.gpus if g.uuid not in taken]
         if mig is not None:
             gpus = await mig.refresh(gpus)
-        published = [d for s in existing for d in s["spec"].get("devices") or []]
-        counter_sets = [c for s in existing for c in s["spec"].get("sharedCounters") or []]
+        published = [d for s in existing for d in slice_devices(s["spec"])]
+        counter_sets = [c for s in existing for c in slice_counter_sets(s["spec"])]
         last = self.record.load() if self.record is not None else None
         if not existing and last is not None and last.devices:
             published, counter_sets = last.devices, last.counter_sets

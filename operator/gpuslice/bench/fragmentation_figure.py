@@ -40,6 +40,7 @@ from gpuslice.bench.harness import POLICIES, SLICES, BenchCluster, wait_until
 from gpuslice.bench.workload import PAUSE, ensure_namespace
 from gpuslice.dra.names import DRIVER
 from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.dra.slice_wire import slice_devices, slice_node
 from gpuslice.dra.wire import device_policy, is_allocated
 from gpuslice.kube.client import KubeError, NotFound
 from gpuslice.planning.reads.defrag_model import moves_in_flight
@@ -173,7 +174,7 @@ async def replay(cluster: BenchCluster, spec: ChurnSpec, mode: str, say: Callabl
         with contextlib.suppress(KubeError):
             await api.get(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates/{template('full', mode)}")
             devices = sum(1 for s in await api.list(f"{SLICES}", fieldSelector=f"spec.driver={DRIVER}")
-                          if s["spec"].get("nodeName") in NODES for d in s["spec"].get("devices") or []
+                          if slice_node(s["spec"]) in NODES for d in slice_devices(s["spec"])
                           if device_policy(d) in names)
             return devices == len(NODES) * 8 * (8 + 1 + 4)
         return False

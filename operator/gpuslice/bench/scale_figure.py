@@ -34,6 +34,8 @@ from gpuslice.bench.harness import (
 from gpuslice.bench.layouts import policy
 from gpuslice.bench.scale_load import add_tenants, bind_pods, bound_pods, pending_pods, remove
 from gpuslice.bench.workload import expected_devices
+from gpuslice.dra.policy_wire import raw_tenants, tenant_namespaces
+from gpuslice.dra.slice_wire import slice_devices
 from gpuslice.dra.wire import device_policy
 
 POOL_LABEL = "gpuslice.dev/pool"
@@ -60,11 +62,9 @@ def scale_policy(index: int, namespaces: list[str]) -> dict[str, Any]:
         slicing = {"mode": "mig", "mig": {"profiles": ["1g.10gb", "3g.40gb"]}}
     body = policy(f"scale-{index:03d}", slicing, namespaces)
     body["spec"]["nodeSelector"] = {"matchLabels": {POOL_LABEL: f"pool-{index:03d}"}}
-    for tenant in body["spec"]["tenants"]:  # each tenant limited, so each gets its quotas
-        if slicing["mode"] == "mig":
-            tenant["maxMigDevices"] = {"1g.10gb": 16, "3g.40gb": 4}
-        else:
-            tenant["maxSlices"] = 16
+    mig = slicing["mode"] == "mig"  # each tenant limited, so each gets its quotas
+    body["spec"]["tenants"] = [{**t, **({"maxMigDevices": {"1g.10gb": 16, "3g.40gb": 4}} if mig else {"maxSlices": 16})}
+                               for t in raw_tenants(body)]
     return body
 
 
@@ -141,7 +141,7 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
             counts: Counter[str] = Counter()
             if ready == len(bodies) or time.monotonic() - last_said > 60:
                 for s in await cluster.our_slices():
-                    for d in s["spec"].get("devices") or []:
+                    for d in slice_devices(s["spec"]):
                         counts[str(device_policy(d))] += 1
             if time.monotonic() - last_said > 60:
                 last_said = time.monotonic()
@@ -201,7 +201,7 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
         say(f"scale: steady state, nothing pending: {quiet.total_per_minute()} gpuslice requests a minute"
             f" ({quiet.total_per_minute(CONTROLLER)} the controller's): {quiet.per_minute()}")
         places = [(ns, f"{b['metadata']['name']}.gpuslice.dev") for b in bodies
-                  if b["spec"]["slicing"]["mode"] == "memory" for ns in (t["namespace"] for t in b["spec"]["tenants"])]
+                  if b["spec"]["slicing"]["mode"] == "memory" for ns in tenant_namespaces(b)]
         result.update(await _pending(cluster, places, max(10, policies), steady_seconds, tenants, say))
         result.update(await _bound(cluster, places, max(20, nodes // 10), nodes + 1, say))
         result.update(await _more_tenants(cluster, bodies, quiet, per_policy, steady_seconds, tenants, say))
@@ -225,7 +225,7 @@ async def _edit_every_policy(cluster: BenchCluster, bodies: list[dict[str, Any]]
     started = time.monotonic()
     for body in bodies:
         live = await retry(_getter(cluster, f"{POLICIES}/{body['metadata']['name']}"))
-        tenants = [*live["spec"]["tenants"], {"namespace": extra}]
+        tenants = [*raw_tenants(live), {"namespace": extra}]
         path, patch = f"{POLICIES}/{body['metadata']['name']}", {"spec": {"tenants": tenants}}
 
         async def edit(path: str = path, patch: dict[str, Any] = patch) -> dict[str, Any]:
@@ -262,7 +262,7 @@ async def _taint_one_policy(cluster: BenchCluster, bodies: list[dict[str, Any]],
     async def tainted() -> int | None:
         rules = await cluster.api.list("/apis/resource.k8s.io/v1/devicetaintrules",
                                        labelSelector=f"gpuslice.dev/policy={name}")
-        on_devices = sum(1 for s in await cluster.our_slices() for d in s["spec"].get("devices") or []
+        on_devices = sum(1 for s in await cluster.our_slices() for d in slice_devices(s["spec"])
                          if device_policy(d) == name
                          and any(t.get("key") == taint["key"] for t in d.get("taints") or []))
         return len(rules) + 1 if max(len(rules), on_devices) >= want[name] else None

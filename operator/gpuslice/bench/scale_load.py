@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuslice.bench.harness import POLICIES, BenchCluster, create, gather_limited, retry, wait_until
 from gpuslice.bench.workload import create_claims, place_pods_across
+from gpuslice.dra.policy_wire import raw_tenants
 from gpuslice.kube.client import KubeError
 from gpuslice.planning.reads.retry import turned_away
 
@@ -118,7 +119,7 @@ async def add_tenants(cluster: BenchCluster, bodies: Sequence[dict[str, Any]],
             return await cluster.api.get(path)
 
         live = await retry(get)
-        tenants = [*live["spec"]["tenants"], *({**body["spec"]["tenants"][0], **t} for t in added)]
+        tenants = [*raw_tenants(live), *({**raw_tenants(body)[0], **t} for t in added)]
 
         async def edit(path: str = path, tenants: list[dict[str, Any]] = tenants) -> dict[str, Any]:
             return await cluster.api.merge_patch(path, {"spec": {"tenants": tenants}})

@@ -22,6 +22,7 @@ from gpuslice.bench.harness import SLICES, BenchCluster, pprof_top, scheduler_pr
 from gpuslice.bench.layouts import Layout, cost_layouts
 from gpuslice.bench.workload import apply_layout, clear_layout, create_claims, ensure_namespace, place_pods
 from gpuslice.dra.names import DRIVER
+from gpuslice.dra.slice_wire import slice_devices, slice_node
 from gpuslice.kube.client import KubeError
 
 NAMESPACE = "bench-cost"
@@ -95,8 +96,8 @@ async def scheduler_figure(cluster: BenchCluster, fleet_sizes: Sequence[int], sa
             finally:
                 if fleet is not None:
                     await fleet.close()
-            slices = [s for s in await cluster.api.list(SLICES) if s["spec"]["nodeName"] in nodes]
-            devices = sum(len(s["spec"].get("devices") or []) for s in slices) // max(1, len(nodes))
+            slices = [s for s in await cluster.api.list(SLICES) if slice_node(s["spec"]) in nodes]
+            devices = sum(len(slice_devices(s["spec"])) for s in slices) // max(1, len(nodes))
             claims = [layout.claim(NAMESPACE, f"c-{i:05d}", 10) for i in range(scenario.pods)]
             await create_claims(cluster, [c for c in claims if c is not None], concurrency=8)
             profiling = None

@@ -26,6 +26,7 @@ from gpuslice.bench.training import Job, Outcome, TrainingSpec, summarize, train
 from gpuslice.bench.workload import PAUSE, clear_namespace, ensure_namespace
 from gpuslice.devcluster.nodes import fake_gpu_node
 from gpuslice.dra.names import DRIVER
+from gpuslice.dra.slice_wire import slice_devices, slice_pool
 from gpuslice.dra.wire import allocation_results
 from gpuslice.kube.client import KubeError, NotFound
 from gpuslice.planning.devices import Device
@@ -85,8 +86,8 @@ async def places(cluster: BenchCluster) -> dict[tuple[str, str], Place]:
     """(pool, device) -> where its GPU sits, as the devices' attributes say."""
     found = {}
     for body in await cluster.api.list(SLICES, fieldSelector=f"spec.driver={DRIVER}"):
-        pool = body["spec"]["pool"]["name"]
-        for raw in body["spec"].get("devices") or []:
+        pool = slice_pool(body["spec"]) or ""
+        for raw in slice_devices(body["spec"]):
             device = Device.from_manifest(raw)
             if device is not None:
                 facts = device.facts

@@ -23,6 +23,7 @@ from gpuslice.bench.harness import (
 from gpuslice.bench.layouts import WHOLE_CLASS, Layout, whole_gpu_class, whole_gpu_slice
 from gpuslice.dra.names import MEMORY_WEBHOOK
 from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.dra.slice_wire import slice_devices, slice_node
 from gpuslice.dra.wire import allocation_results, consumed_quantity
 from gpuslice.kube.client import KubeError
 from gpuslice.kube.paths import object_path
@@ -87,7 +88,7 @@ async def apply_layout(cluster: BenchCluster, layout: Layout, nodes: Mapping[str
 
     async def published() -> bool:
         slices = await cluster.our_slices()
-        return sum(len(s["spec"].get("devices") or []) for s in slices if s["spec"]["nodeName"] in nodes) == want
+        return sum(len(slice_devices(s["spec"])) for s in slices if slice_node(s["spec"]) in nodes) == want
 
     await wait_until(published, within, f"{want} devices of {layout.name} on {len(nodes)} nodes", every=1.0)
     return time.monotonic() - started
@@ -147,7 +148,7 @@ async def _clear_policies(cluster: BenchCluster, layout: Layout, nodes: Sequence
             await devices_gone(cluster)
         if await api.list(POLICIES, limit=1):
             return False
-        return not [s for s in await cluster.our_slices() if s["spec"].get("devices")]
+        return not [s for s in await cluster.our_slices() if slice_devices(s["spec"])]
 
     await wait_until(gone, 600, f"the policies and devices of {layout.name} to go", every=1.0)
 

@@ -31,6 +31,7 @@ import structlog
 
 from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.dra.names import MEMORY_JUDGED, MEMORY_LABEL, TENANCY_JUDGED, TENANCY_LABEL
+from gpuslice.dra.policy_wire import admin_namespaces, tenant_namespaces, tenants
 from gpuslice.kube.client import KubeClient, NotFound
 
 log = structlog.get_logger(__name__)
@@ -46,9 +47,7 @@ def named_namespaces(policies: Iterable[Mapping[str, Any]], own: str) -> set[str
     for body in policies:
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             continue
-        spec = body.get("spec") or {}
-        wanted |= {str(t.get("namespace")) for t in spec.get("tenants") or [] if t.get("namespace")}
-        wanted |= {str(n) for n in (spec.get("adminAccess") or {}).get("namespaces") or []}
+        wanted |= {*tenant_namespaces(body), *admin_namespaces(body)}
     return wanted
 
 
@@ -60,8 +59,7 @@ def memory_namespaces(policies: Iterable[Mapping[str, Any]], own: str) -> set[st
     for body in policies:
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             continue
-        wanted |= {str(t.get("namespace")) for t in (body.get("spec") or {}).get("tenants") or []
-                   if t.get("namespace") and t.get("maxMemory") is not None}
+        wanted |= {t.namespace for t in tenants(body) if t.max_memory is not None}
     return wanted
 
 

@@ -27,6 +27,7 @@ from gpuslice.controller.tenancy import LedgerView, QuotaView
 from gpuslice.controller.tenancy_labels import routed_as_wanted, sync_routes
 from gpuslice.controller.world import World
 from gpuslice.dra.names import LABEL_POLICY
+from gpuslice.dra.policy_wire import admin_namespaces, tenant_namespaces
 from gpuslice.kube.client import KubeError
 from gpuslice.planning.node.coexistence import other_driver_gpus
 from gpuslice.planning.reads.usage import ClaimView, SliceView
@@ -141,10 +142,7 @@ async def namespace_event(name: str, labels: kopf.Labels, uid: str | None, statu
         return
     affected = []
     for body in now.policies.values():
-        spec = body.get("spec") or {}
-        named = {t.get("namespace") for t in spec.get("tenants") or []}
-        named |= set((spec.get("adminAccess") or {}).get("namespaces") or [])
-        if name in named:
+        if name in {*tenant_namespaces(body), *admin_namespaces(body)}:
             affected.append(body)
     await reconcile_each(ctx, affected, now)
 

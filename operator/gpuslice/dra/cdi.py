@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuslice.jsontypes import objects_in
+
 CDI_VERSION = "0.6.0"
 VENDOR = "gpuslice.dev"
 CLASS = "gpu"
@@ -123,21 +125,28 @@ def newer_version(*versions: str) -> str:
     return max(versions, key=key)
 
 
+def cdi_devices(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The devices of a CDI spec (``devices``: a name and its edits each), in order; a spec read from
+    a node's files may be anything, and a field that is not a list of objects reads as none."""
+    return objects_in(spec.get("devices"))
+
+
 def required_version(spec: Mapping[str, Any]) -> str:
     """The oldest CDI version whose schema has every field ``spec`` uses, by the rules of CDI's
     ``MinimumRequiredVersion`` (``specs-go/version.go``): a runtime refuses a spec that says less
     (``ValidateVersion``), and edits copied from another spec may need more than that spec's own
     version says of the spec gpuslice writes (``additionalGids`` needs 0.7.0)."""
-    edits = [spec.get("containerEdits") or {}, *((d.get("containerEdits") or {}) for d in spec.get("devices") or ())]
+    devices = cdi_devices(spec)
+    edits = [spec.get("containerEdits") or {}, *((d.get("containerEdits") or {}) for d in devices)]
     if any(e.get("netDevices") or (e.get("intelRdt") or {}).get("schemata") is not None
            or (e.get("intelRdt") or {}).get("enableMonitoring") for e in edits):
         return "1.1.0"
     if any(e.get("additionalGids") or e.get("intelRdt") is not None for e in edits):
         return "0.7.0"
-    if spec.get("annotations") or any(d.get("annotations") for d in spec.get("devices") or ()) \
+    if spec.get("annotations") or any(d.get("annotations") for d in devices) \
             or "." in str(spec.get("kind", "")).partition("/")[2]:
         return "0.6.0"
-    if any(str(d.get("name", ""))[:1].isdigit() for d in spec.get("devices") or ()) \
+    if any(str(d.get("name", ""))[:1].isdigit() for d in devices) \
             or any(n.get("hostPath") for e in edits for n in e.get("deviceNodes") or ()):
         return "0.5.0"
     if any(m.get("type") for e in edits for m in e.get("mounts") or ()):

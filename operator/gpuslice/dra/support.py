@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuslice.dra.slice_wire import slice_counter_sets, slice_devices
+
 NEEDED_RESOURCES = ("deviceclasses", "resourceclaims", "resourceclaimtemplates", "resourceslices")
 API = "resource.k8s.io/v1"
 
@@ -219,9 +221,9 @@ def probe_devices() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 def dropped(counter_slice: Mapping[str, Any] | None, device_slice: Mapping[str, Any]) -> list[str]:
     """The features (keys of FEATURES) whose fields the server dropped from the probe slices it returned."""
     gone = []
-    devices = {d.get("name"): d for d in (device_slice.get("spec") or {}).get("devices") or []}
+    devices = {d.get("name"): d for d in slice_devices(device_slice.get("spec") or {})}
     partition, shared = devices.get("probe-partition") or {}, devices.get("probe-shared") or {}
-    counters = ((counter_slice or {}).get("spec") or {}).get("sharedCounters")
+    counters = slice_counter_sets((counter_slice or {}).get("spec") or {})
     if not partition.get("consumesCounters") or (counter_slice is not None and not counters):
         gone.append("partitionable")
     if not shared.get("allowMultipleAllocations"):
@@ -256,10 +258,10 @@ def lost_fields(sent: Mapping[str, Any], returned: Mapping[str, Any]) -> list[tu
     apiserver drops its fields without an error, and a device without its counters or taints is
     unsafe: the check runs on every dry run, not only the probe at start."""
     lost: list[tuple[int | None, str]] = []
-    if sent.get("sharedCounters") and not returned.get("sharedCounters"):
+    if slice_counter_sets(sent) and not slice_counter_sets(returned):
         lost.append((None, "sharedCounters"))
-    back = returned.get("devices") or []
-    for index, device in enumerate(sent.get("devices") or []):
+    back = slice_devices(returned)
+    for index, device in enumerate(slice_devices(sent)):
         answer = back[index] if index < len(back) and back[index].get("name") == device.get("name") else {}
         lost += [(index, key) for key in ("consumesCounters", "taints", "allowMultipleAllocations")
                  if device.get(key) and not answer.get(key)]

@@ -15,6 +15,7 @@ from typing import Any, NotRequired, TypedDict
 
 from gpuslice.dra.names import ATTR_POLICY, ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.dra.slice_wire import slice_devices
 from gpuslice.jsontypes import Body
 
 # A device or device taint as published (JSON); planning.devices.Device is a device's typed form.
@@ -339,4 +340,4 @@ def newest_generation(specs: Iterable[Body], pool: str) -> PoolGeneration | None
 
 def devices_of(generation: PoolGeneration) -> list[Body]:
     """The devices of a pool generation's slices, in slice order."""
-    return [d for s in generation.slices for d in s.get("devices") or []]
+    return [d for s in generation.slices for d in slice_devices(s)]

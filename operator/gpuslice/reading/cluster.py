@@ -16,6 +16,7 @@ from typing import Any
 
 from gpuslice.api.ledger import ledgers
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRIVER
+from gpuslice.dra.policy_wire import tenant_namespaces
 from gpuslice.jsontypes import Body
 from gpuslice.kube.client import Forbidden, KubeClient, NotFound
 from gpuslice.planning.reads.defrag import plan_defrag
@@ -30,7 +31,7 @@ READS_AT_ONCE = 8  # namespaces read at a time
 
 
 def tenants_of(policy: Body) -> frozenset[str]:
-    return frozenset(str(t.get("namespace")) for t in (policy.get("spec") or {}).get("tenants") or [])
+    return frozenset(tenant_namespaces(policy))
 
 
 @dataclass(frozen=True)

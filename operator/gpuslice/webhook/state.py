@@ -20,7 +20,9 @@ import structlog
 from gpuslice.api.ledger import GpuSliceLedger, ledgers
 from gpuslice.api.status import ClassInForce
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRIVER
+from gpuslice.dra.policy_wire import tenants
 from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.dra.slice_wire import slice_devices, slice_node
 from gpuslice.dra.wire import MemoryPolicy, device_memory, device_policy, memory_policy, pool_mark
 from gpuslice.kube.client import KubeClient
 from gpuslice.kube.watch import watch
@@ -50,14 +52,14 @@ class PolicyView:
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PolicyView:
-        spec, status = body.get("spec") or {}, body.get("status") or {}
+        status = body.get("status") or {}
         limits: dict[str, int] = {}
-        for tenant in spec.get("tenants") or []:
-            if tenant.get("maxMemory") is not None:
+        for tenant in tenants(body):
+            if tenant.max_memory is not None:
                 try:
-                    limits[str(tenant.get("namespace"))] = quantity_bytes(str(tenant["maxMemory"]))
+                    limits[tenant.namespace] = quantity_bytes(tenant.max_memory)
                 except ValueError:
-                    limits[str(tenant.get("namespace"))] = 0  # the CRD refuses this; if not, nothing fits
+                    limits[tenant.namespace] = 0  # the CRD refuses this; if not, nothing fits
         recorded = {str(a.get("namespace")): (a.get("limits") or {}).get("maxMemory")
                     for a in status.get("admittedTenants") or []}
         classes: dict[str, ClassInForce] = {}
@@ -130,11 +132,11 @@ def _slice_devices(obj: dict[str, Any]) -> dict[tuple[str, str], DeviceSize]:
     pool of the node the allocation is for)."""
     spec = obj.get("spec") or {}
     pool = pool_mark(spec)[0]
-    if spec.get("nodeName") != pool:
+    if slice_node(spec) != pool:
         return {}
     return {(pool, str(device.get("name", ""))): DeviceSize(memory, memory_policy(device), device_policy(device),
                                                           published_kind(device))
-            for device in spec.get("devices") or [] if (memory := device_memory(device)) is not None}
+            for device in slice_devices(spec) if (memory := device_memory(device)) is not None}
 
 
 def _ledger(obj: dict[str, Any]) -> GpuSliceLedger | None:

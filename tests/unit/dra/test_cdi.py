@@ -45,3 +45,11 @@ def test_claim_spec_is_deterministic_and_names_are_valid() -> None:
     assert cdi.qualified("uid-1-gpu-1-x") == "gpuslice.dev/gpu=uid-1-gpu-1-x"
     assert cdi.claim_uid_of(cdi.spec_file_name("uid-1")) == "uid-1"
     assert cdi.claim_uid_of("nvidia.yaml") is None
+
+
+def test_a_specs_devices_are_its_objects_and_a_malformed_field_reads_as_none() -> None:
+    first, second = {"name": "a", "containerEdits": {}}, {"name": "b"}
+    assert cdi.cdi_devices({"devices": [first, "b", None, second]}) == [first, second]
+    for spec in ({}, {"devices": None}, {"devices": {"name": "a"}}, {"devices": "a"}):
+        assert cdi.cdi_devices(spec) == []
+        assert cdi.required_version({**spec, "kind": cdi.KIND}) == "0.3.0"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from gpuslice.dra.cdi import CDI_VERSION, ContainerEdits, DeviceNode
+from gpuslice.dra.cdi import CDI_VERSION, ContainerEdits, DeviceNode, cdi_devices
 from gpuslice.dra.nvidia_cdi import (
     CONTROL_NODES,
     HostFacts,
@@ -53,7 +53,7 @@ def load_toolkit(directories: Iterable[Path], driver: str | None = None) -> Tool
             if not isinstance(spec, dict) or spec.get("kind") not in ACCEPTED:
                 continue
             devices = {str(d.get("name")): ContainerEdits.from_spec(d.get("containerEdits") or {})
-                       for d in spec.get("devices") or [] if isinstance(d, dict) and d.get("name")}
+                       for d in cdi_devices(spec) if d.get("name")}
             specs.append(ToolkitSpec(str(path), str(spec["kind"]), str(spec.get("cdiVersion") or CDI_VERSION),
                                      ContainerEdits.from_spec(spec.get("containerEdits") or {}), devices, priority))
     return Toolkit(specs, " and ".join(str(d) for d in directories) or "(no directory)", driver)

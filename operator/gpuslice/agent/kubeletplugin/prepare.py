@@ -41,6 +41,8 @@ from gpuslice.agent.pool import NodePool
 from gpuslice.api.policy import GROUP, PLURAL, VERSION
 from gpuslice.dra import cdi
 from gpuslice.dra.names import DRIVER
+from gpuslice.dra.policy_wire import admin_namespaces, tenant_namespaces
+from gpuslice.dra.slice_wire import slice_counter_sets
 from gpuslice.dra.wire import (
     AllocationResult,
     allocation_results,
@@ -99,7 +101,7 @@ async def published_pool(kube: KubeClient, node: str) -> PublishedPool:
     for manifest in devices_of(newest):
         if (device := Device.from_manifest(manifest)) is not None:
             found[device.name] = device
-    sets = (CounterSet.from_manifest(c) for s in newest.slices for c in s.get("sharedCounters") or [])
+    sets = (CounterSet.from_manifest(c) for s in newest.slices for c in slice_counter_sets(s))
     return PublishedPool(found, tuple(c for c in sets if c is not None))
 
 
@@ -236,12 +238,11 @@ class Preparer:
             except KubeError as error:
                 raise PluginError(f"claim {claim}: reading GpuSlicePolicy {policy}, whose devices it was"
                                   f" allocated, failed ({error}); the kubelet retries.") from error
-            spec = body.get("spec") or {}
             if admin:
-                allowed = set((spec.get("adminAccess") or {}).get("namespaces") or [])
+                allowed = set(admin_namespaces(body))
                 field = "spec.adminAccess.namespaces"
             else:
-                allowed = {str(t.get("namespace")) for t in spec.get("tenants") or []}
+                allowed = set(tenant_namespaces(body))
                 field = "spec.tenants"
             if claim.namespace not in allowed:
                 raise NotATenant(

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuslice.dra.slice_wire import slice_devices
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.inventory.pci import PCI_BUS_ID_ATTRIBUTE, PciAddressError, normalized_bus_id
 
@@ -42,7 +43,7 @@ def other_driver_gpus(spec: Mapping[str, Any]) -> OtherDriverGpus:
     uuids: set[str] = set()
     bus_ids: set[str] = set()
     gpu_devices = 0
-    for device in spec.get("devices") or []:
+    for device in slice_devices(spec):
         named = False
         for name, value in (device.get("attributes") or {}).items():
             text = (value or {}).get("string")

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from gpuslice.dra.names import DRAIN_OBJECT_PREFIX, DRIVER, PENDING_TAINT_KEY, SAFETY_TAINT_KEYS
 from gpuslice.dra.quantity import quantity_bytes
+from gpuslice.dra.slice_wire import slice_counter_sets, slice_devices, slice_node, slice_pool
 from gpuslice.dra.wire import (
     admin_access,
     consumed_quantity,
@@ -216,7 +217,7 @@ def own_pool(spec: Mapping[str, Any]) -> bool:
     publish a slice of its node under any pool name (NodeRestriction checks only spec.nodeName): one
     named after another node is no device of that node (the tenancy rule allocates none of it), so
     it holds no policy's deletion, changes no device's policy, and counts in no reading of a pool."""
-    return spec.get("driver") == DRIVER and spec.get("nodeName") == (spec.get("pool") or {}).get("name")
+    return spec.get("driver") == DRIVER and slice_node(spec) == slice_pool(spec)
 
 
 def read_pools(slices: Iterable[Body], claims: Iterable[Body] = (), rules: Iterable[Body] = (),
@@ -231,13 +232,13 @@ def read_pools(slices: Iterable[Body], claims: Iterable[Body] = (), rules: Itera
     for name in sorted(generations):
         newest = generations[name]
         current = newest.slices
-        raw_sets = tuple(c for s in current for c in s.get("sharedCounters") or [])
+        raw_sets = tuple(c for s in current for c in slice_counter_sets(s))
         counter_sets = {str(c.get("name")): {k: _quantity((v or {}).get("value", "0"))
                                              for k, v in (c.get("counters") or {}).items()} for c in raw_sets}
         devices = []
         for spec in current:
-            node = str(spec.get("nodeName") or name)
-            for raw in spec.get("devices") or []:
+            node = slice_node(spec) or name
+            for raw in slice_devices(spec):
                 device = Device.from_manifest(raw)
                 if device is None:
                     continue

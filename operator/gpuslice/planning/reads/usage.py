@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice.dra.names import MIG_FAILED_TAINT_KEY, PENDING_TAINT_KEY, UNHEALTHY_TAINT_KEY
+from gpuslice.dra.slice_wire import slice_devices
 from gpuslice.dra.wire import (
     admin_access,
     attribute,
@@ -70,7 +71,7 @@ class SliceView:
         failed: set[str] = set()
         unhealthy: set[str] = set()
         places: dict[str, Place] = {}  # one per GPU, shared by its devices
-        for device in spec.get("devices") or []:
+        for device in slice_devices(spec):
             keys = taint_keys(device)
             for key, found in ((PENDING_TAINT_KEY, pending), (MIG_FAILED_TAINT_KEY, failed),
                                (UNHEALTHY_TAINT_KEY, unhealthy)):
@@ -108,7 +109,7 @@ def slice_policies(spec: Mapping[str, Any], annotations: Mapping[str, str] | Non
     """The policies whose devices one of our ResourceSlices publishes, or says are left out (read
     without building a SliceView: the controller indexes every slice by them)."""
     found = {item.policy for item in decode_left_out(annotations)}
-    found |= {policy for device in spec.get("devices") or [] if (policy := device_policy(device))}
+    found |= {policy for device in slice_devices(spec) if (policy := device_policy(device))}
     return frozenset(found)
 
 
