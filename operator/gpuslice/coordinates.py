@@ -179,6 +179,10 @@ def eviction_path(namespace: str, pod: str) -> str:
     return f"{pod_path(namespace, pod)}/eviction"
 
 
+def event_path(namespace: str, name: str) -> str:
+    return named(CORE, "Event", name, namespace)
+
+
 def secret_path(namespace: str, name: str) -> str:
     return named(CORE, "Secret", name, namespace)
 
