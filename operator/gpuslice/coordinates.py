@@ -183,6 +183,10 @@ def event_path(namespace: str, name: str) -> str:
     return named(CORE, "Event", name, namespace)
 
 
+def configmap_path(namespace: str, name: str) -> str:
+    return named(CORE, "ConfigMap", name, namespace)
+
+
 def secret_path(namespace: str, name: str) -> str:
     return named(CORE, "Secret", name, namespace)
 

@@ -45,6 +45,7 @@ from gpuslice.kube import paths
     (c.pod_path("ns", "p"), "/api/v1/namespaces/ns/pods/p"),
     (c.eviction_path("ns", "p"), "/api/v1/namespaces/ns/pods/p/eviction"),
     (c.event_path("ns", "e"), "/api/v1/namespaces/ns/events/e"),
+    (c.configmap_path("ns", "m"), "/api/v1/namespaces/ns/configmaps/m"),
     (c.secret_path("ns", "s"), "/api/v1/namespaces/ns/secrets/s"),
     (c.quota_path("ns", "q"), "/api/v1/namespaces/ns/resourcequotas/q"),
     (c.token_path("ns", "sa"), "/api/v1/namespaces/ns/serviceaccounts/sa/token"),
