@@ -1,13 +1,28 @@
 """Every REST path gpuslice uses comes from gpuslice.coordinates: each helper gives, byte for byte, the
-literal it replaced."""
+literal it replaced, and no module of the package writes a path of its own."""
 
 from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
 
 import pytest
 
 from gpuslice import coordinates as c
 from gpuslice.api import agent_view, ledger, policy
 from gpuslice.kube import paths
+
+PACKAGE = Path(c.__file__).resolve().parent
+# A path's markers in a string: an API root, a namespace segment, a plural of a kind we know, or a
+# subresource suffix (``f"{path}/status"``).
+PLURALS = "|".join(sorted({plural for plural, _ in c.KINDS.values()}))
+PATH = re.compile(rf"(?<![\w.])/apis?(/|$)|/namespaces/|/({PLURALS})(/|$)|^(\{{\}})?/(status|eviction|token)$")
+# (module, the string as the guard reads it) -> why it is not a REST path.
+ALLOWED: dict[tuple[str, str], str] = {
+    ("kube/kubeconfig.py", "/var/run/secrets/kubernetes.io/serviceaccount"):
+        "the in-cluster service account's mount: a file path on the pod, not a REST path",
+}
 
 
 @pytest.mark.parametrize(("built", "literal"), [
@@ -94,3 +109,44 @@ def test_the_api_group_is_declared_once() -> None:
     assert (policy.GROUP, policy.VERSION, policy.PLURAL) == ("gpuslice.dev", "v1alpha1", "gpuslicepolicies")
     assert (ledger.LEDGER_PLURAL, agent_view.VIEW_PLURAL) == ("gpusliceledgers", "gpusliceagentviews")
     assert (paths.KINDS, paths.collection, paths.object_path) == (c.KINDS, c.collection, c.object_path)
+
+
+def _strings(tree: ast.Module) -> list[tuple[int, str]]:
+    """The module's string literals, an f-string's fields read as ``{}``; docstrings left out."""
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    inner = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings | inner:
+            found.append((node.lineno, node.value))
+        elif isinstance(node, ast.JoinedStr):
+            found.append((node.lineno, "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)))
+    return found
+
+
+def test_no_module_writes_a_rest_path_of_its_own() -> None:
+    written = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE).as_posix()
+        if module == "coordinates.py" or "/proto/" in module:
+            continue
+        written += [f"operator/gpuslice/{module}:{line}: {text!r}" for line, text in _strings(ast.parse(path.read_text()))
+                    if PATH.search(text) and (module, text) not in ALLOWED]
+    assert not written, "build these paths with gpuslice.coordinates:\n" + "\n".join(written)
+
+
+@pytest.mark.parametrize("text", [
+    "/api/v1/nodes", "/apis", "/apis/resource.k8s.io/v1", "{}/namespaces/{}/resourceclaims", "{}/resourceslices",
+    "{}/status", "/status", "{}/eviction", "{}/apis/x",
+])
+def test_the_guard_sees_a_path(text: str) -> None:
+    assert PATH.search(text)
+
+
+@pytest.mark.parametrize("text", [
+    "/proc/{}/status", "resourceclaims/status", "pods/eviction", "https://example.com/apis-docs", "/var/run/cdi",
+])
+def test_the_guard_passes_what_is_no_rest_path(text: str) -> None:
+    assert not PATH.search(text)
