@@ -24,6 +24,21 @@ from rich.table import Table
 
 from gpuslice.agent.gpus.fake_state import FakeState, FakeStateFile, admin_sets_mig_mode
 from gpuslice.api.status import GpuSlicePolicyStatus
+from gpuslice.coordinates import (
+    NAMESPACES,
+    NODES,
+    POLICIES,
+    claim_path,
+    claim_template_path,
+    claims_in,
+    device_class_path,
+    namespace_path,
+    node_path,
+    pod_path,
+    pods_in,
+    policy_path,
+    quota_path,
+)
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
 from gpuslice.devcluster.recorded import find_recorded
 from gpuslice.devcluster.state import StateDir, default_state_dir
@@ -38,7 +53,6 @@ DRA_GROUP = "resource.k8s.io"
 NEEDED = ("deviceclasses", "resourceclaims", "resourceclaimtemplates", "resourceslices")
 EXAMPLE = "inference-memory.yaml"
 SHARED_EXAMPLE = "shared-notebooks.yaml"
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 SHAPES = (("h100-80gb", 8), ("a100-40gb", 4))  # as kind/cluster.yaml
 NOTEBOOK_NODE, NOTEBOOK_LABEL = "gpu-node-2", {"gpuslice.dev/pool": "notebooks"}
 
@@ -77,7 +91,7 @@ def _table(title: str, *columns: str) -> Table:
 
 
 async def show_cluster(kube: KubeClient, cluster: DevCluster, console: Console) -> None:
-    nodes = await kube.list("/api/v1/nodes")
+    nodes = await kube.list(NODES)
     table = _table(f"Fake GPU nodes (Kubernetes {cluster.kubernetes_version})", "node", "ready", "fake GPUs", "cpu",
                    "memory", "pods")
     for node in nodes:
@@ -105,13 +119,13 @@ async def show_policy(kube: KubeClient, console: Console) -> str:
     policy = example_policy()
     spec, tenants, admins = policy["spec"], tenant_namespaces(policy), admin_namespaces(policy)
     for ns in tenants + admins:
-        await kube.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+        await kube.create(NAMESPACES, {"metadata": {"name": ns}})
     await kube.create(POLICIES, policy)
     name = policy["metadata"]["name"]
     console.print(f"\nApplied examples/policies/{EXAMPLE} (GpuSlicePolicy [bold]{name}[/bold]); the controller made:")
 
     async def ready() -> dict[str, Any] | None:
-        body = await kube.get(f"{POLICIES}/{name}")
+        body = await kube.get(policy_path(name))
         ready = [c for c in (body.get("status") or {}).get("conditions", []) if c["type"] == "Ready"]
         return body if ready and ready[0]["status"] == "True" else None
 
@@ -119,32 +133,31 @@ async def show_policy(kube: KubeClient, console: Console) -> str:
 
     async def settled() -> dict[str, Any] | None:
         # every agent has published once the count stops moving
-        first = await kube.get(f"{POLICIES}/{name}")
+        first = await kube.get(policy_path(name))
         await asyncio.sleep(3)
-        second = await kube.get(f"{POLICIES}/{name}")
+        second = await kube.get(policy_path(name))
         return second if first["status"]["slices"] == second["status"]["slices"] else None
 
     body = await _until(settled, "the published slices to settle", within=90)
     klass = body["status"]["deviceClassName"]
     made = _table("", "kind", "name", "where", "what")
     for entry in body["status"]["deviceClasses"]:
-        device_class = await kube.get(f"/apis/resource.k8s.io/v1/deviceclasses/{entry['name']}")
+        device_class = await kube.get(device_class_path(entry["name"]))
         made.add_row("DeviceClass", entry["name"], "cluster",
                      f"the policy's {entry['kind']} devices ({entry['memoryBytes'] // 2**20} MiB each)"
                      + (f"; serves {device_class['spec']['extendedResourceName']}"
                         if device_class["spec"].get("extendedResourceName") else ""))
     for ns in tenants:
-        template_path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates/{spec['claimTemplateName']}"
+        template_path = claim_template_path(ns, spec["claimTemplateName"])
         template = await _until(_getter(kube, template_path), f"the template in {ns}")
         made.add_row("ResourceClaimTemplate", template["metadata"]["name"], ns, "one slice of the class")
-        quota_path = f"/api/v1/namespaces/{ns}/resourcequotas/gpuslice-{name}"
-        quota = await _until(_getter(kube, quota_path), f"the quota in {ns}")
+        quota = await _until(_getter(kube, quota_path(ns, f"gpuslice-{name}")), f"the quota in {ns}")
         limits = ", ".join(f"{v} {k.split('.deviceclass.')[0]}" for k, v in quota["spec"]["hard"].items())
         made.add_row("ResourceQuota", quota["metadata"]["name"], ns, f"at most {limits}")
     made.add_row("ValidatingAdmissionPolicy", "gpuslice-tenancy (static, manifests/admission.yaml)", "cluster",
                  f"only {', '.join(tenants)} may claim or be allocated the classes")
     for ns in admins:
-        labels = (await kube.get(f"/api/v1/namespaces/{ns}"))["metadata"].get("labels", {})
+        labels = (await kube.get(namespace_path(ns)))["metadata"].get("labels", {})
         value = labels.get("resource.kubernetes.io/admin-access", "(missing)")
         made.add_row("Namespace label", "resource.kubernetes.io/admin-access", ns, value)
     console.print(made)
@@ -178,15 +191,15 @@ async def apply_shared(kube: KubeClient, cluster: DevCluster, console: Console) 
             admin_sets_mig_mode(state, gpu, False)
 
     node_state.update(mig_off)
-    await kube.merge_patch(f"/api/v1/nodes/{NOTEBOOK_NODE}", {"metadata": {"labels": NOTEBOOK_LABEL}})
+    await kube.merge_patch(node_path(NOTEBOOK_NODE), {"metadata": {"labels": NOTEBOOK_LABEL}})
     policy = example_policy(SHARED_EXAMPLE)
     for ns in tenant_namespaces(policy):
-        await kube.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+        await kube.create(NAMESPACES, {"metadata": {"name": ns}})
     await kube.create(POLICIES, policy)
     name = policy["metadata"]["name"]
 
     async def ready() -> dict[str, Any] | None:
-        body = await kube.get(f"{POLICIES}/{name}")
+        body = await kube.get(policy_path(name))
         ready = [c for c in (body.get("status") or {}).get("conditions", []) if c["type"] == "Ready"]
         return body if ready and ready[0]["status"] == "True" else None
 
@@ -210,11 +223,11 @@ async def show_tenant_pods(kube: KubeClient, cluster: DevCluster, console: Conso
     pods = [(tenant_namespaces(memory)[0], f"inference-{i}", memory["spec"]["claimTemplateName"]) for i in range(3)]
     pods += [(tenant_namespaces(shared)[0], f"notebook-{i}", shared["spec"]["claimTemplateName"]) for i in range(2)]
     for ns, pod, template in pods:
-        await kube.create(f"/api/v1/namespaces/{ns}/pods", _pod(pod, template))
+        await kube.create(pods_in(ns), _pod(pod, template))
 
     async def running() -> bool:
         for ns, pod, _ in pods:
-            body = await kube.get(f"/api/v1/namespaces/{ns}/pods/{pod}")
+            body = await kube.get(pod_path(ns, pod))
             if (body.get("status") or {}).get("phase") != "Running":
                 return False
         return True
@@ -225,7 +238,7 @@ async def show_tenant_pods(kube: KubeClient, cluster: DevCluster, console: Conso
     state = StateDir(cluster.state.root)
     shown: list[str] = []
     for ns, pod, _ in pods:
-        body = await kube.get(f"/api/v1/namespaces/{ns}/pods/{pod}")
+        body = await kube.get(pod_path(ns, pod))
         env = dict(line.split("=", 1) for line in find_recorded(state, f"{ns}/{pod}").env if "=" in line)
         if "GPUSLICE_DEVICE" not in env:
             raise DemoFailed(f"pod {ns}/{pod} is Running but its container received no GPUSLICE_* variables")
@@ -244,16 +257,16 @@ async def show_tenant_pods(kube: KubeClient, cluster: DevCluster, console: Conso
 
 
 async def show_denial(kube: KubeClient, klass: str, console: Console) -> None:
-    await kube.create("/api/v1/namespaces", {"metadata": {"name": "intruder"}})
+    await kube.create(NAMESPACES, {"metadata": {"name": "intruder"}})
     claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "borrowed-gpu"},
              "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": klass}}]}}}
 
     async def denied() -> str | None:
         try:
-            await kube.create("/apis/resource.k8s.io/v1/namespaces/intruder/resourceclaims", claim)
+            await kube.create(claims_in("intruder"), claim)
         except KubeError as error:
             return error.message
-        await kube.delete("/apis/resource.k8s.io/v1/namespaces/intruder/resourceclaims/borrowed-gpu")
+        await kube.delete(claim_path("intruder", "borrowed-gpu"))
         return None
 
     message = await _until(denied, "the apiserver to deny a claim from a non-tenant namespace", within=20)

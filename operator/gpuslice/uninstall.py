@@ -17,12 +17,11 @@ from pathlib import Path
 
 import click
 
+from gpuslice.coordinates import POLICIES, policy_path
 from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.kube.credentials import KubeconfigError
 from gpuslice.settings import KUBECONFIG_HELP
-
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 
 
 class PoliciesRemain(GpusliceError):
@@ -47,7 +46,7 @@ async def delete_all(kube: KubeClient, within: float, *, say: Callable[[str], No
     for policy in policies:
         name = policy["metadata"]["name"]
         try:
-            await kube.delete(f"{POLICIES}/{name}")
+            await kube.delete(policy_path(name))
         except NotFound:
             continue
         say(f"deleting GpuSlicePolicy {name}")

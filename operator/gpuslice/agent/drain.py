@@ -46,6 +46,7 @@ from typing import Any
 import structlog
 
 from gpuslice.backoff import Backoff
+from gpuslice.coordinates import configmap_path, configmaps_in
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRAIN_OBJECT_PREFIX
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 
@@ -61,11 +62,6 @@ MAX_RECHECK = 60.0  # the most between such cycles (the agent passes its resync)
 # asks about as many devices as the refusal can name, with room for the words around them.
 PROBE_BYTES = 4 * 1024
 log = structlog.get_logger(__name__)
-
-
-def configmaps(home: str) -> str:
-    """The ConfigMaps of ``home``, gpuslice's own namespace, where the drain objects and the probe are."""
-    return f"/api/v1/namespaces/{home}/configmaps"
 
 
 def drain_object(node: str) -> str:
@@ -121,7 +117,7 @@ class Drains:
             return
         now = time.monotonic() if now is None else now
         try:
-            body = await kube.get(f"{configmaps(self.home)}/{drain_object(node)}")
+            body = await kube.get(configmap_path(self.home, drain_object(node)))
         except NotFound:
             body = {}  # nothing listed: the object is made when a device first drains
         found = set(((body.get("data") or {}).get(node) or "").split())
@@ -137,7 +133,7 @@ class Drains:
             probe = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": PROBE, "namespace": self.home},
                      "data": {"pool": node, "devices": " ".join(asked)}}
             try:
-                await kube.create(configmaps(self.home), probe, idempotent=True, dryRun="All")
+                await kube.create(configmaps_in(self.home), probe, idempotent=True, dryRun="All")
             except KubeError as error:
                 if MARKER in error.message:
                     said = error.message.split(MARKER, 1)[1].split(" are ", 1)[0].split()
@@ -171,7 +167,7 @@ class Drains:
         this node's to read)."""
         if names == self.listed:
             return
-        path = f"{configmaps(self.home)}/{drain_object(node)}"
+        path = configmap_path(self.home, drain_object(node))
         try:
             if names:
                 await kube.apply(path, drain_body(node, names, self.home), field_manager=field_manager(node))

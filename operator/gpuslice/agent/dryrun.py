@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice.backoff import spread
+from gpuslice.coordinates import object_path
 from gpuslice.dra.slice_wire import slice_devices
 from gpuslice.dra.support import lost_fields, lost_gates
 from gpuslice.dra.wire import device_policy
 from gpuslice.kube.client import BadRequest, Forbidden, Invalid, KubeClient, KubeError
-from gpuslice.kube.paths import object_path
 
 # A policy the server refused is tried again after a while even if it did not change, since the
 # cluster's rules may have (an admission policy removed, an apiserver upgraded): after 10 s, then

@@ -36,7 +36,6 @@ from gpuslice.agent.publisher import (
     FIELD_MANAGER,
     HELD,
     REFUSED,
-    SLICES,
     Policies,
     PublishResult,
     allocated_devices,
@@ -45,6 +44,7 @@ from gpuslice.agent.publisher import (
 from gpuslice.agent.watches import AgentView
 from gpuslice.api.agent_view import policy_of, views_in
 from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.coordinates import SLICES, node_path, slice_path
 from gpuslice.dra.names import DRIVER, PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY
 from gpuslice.dra.resourceslice import resource_slice, slice_name
 from gpuslice.dra.slice_wire import slice_counter_sets, slice_devices, slice_pool
@@ -227,7 +227,7 @@ class NodePool:
             node_body, bodies = view.node, list(view.policies.values())
             policies = sort_policies(bodies, self.unsupported, view.parsed)
         else:
-            node_body = await kube.get(f"/api/v1/nodes/{node}")
+            node_body = await kube.get(node_path(node))
             bodies = [policy_of(v) for v in await kube.list(views_in(self.drains.home))]
             policies = sort_policies(bodies, self.unsupported)
         labels = node_body["metadata"].get("labels") or {}
@@ -359,13 +359,13 @@ class NodePool:
         deleted = []
         for name in sorted(set(o.current) - set(plan.manifests)):
             with contextlib.suppress(NotFound):
-                await kube.delete(f"{SLICES}/{name}")
+                await kube.delete(slice_path(name))
             if self.view is not None:
                 self.view.deleted(name)
             deleted.append(name)
         written = []
         for name, manifest in plan.manifests.items():
-            answer = await kube.apply(f"{SLICES}/{name}", manifest, field_manager=FIELD_MANAGER)
+            answer = await kube.apply(slice_path(name), manifest, field_manager=FIELD_MANAGER)
             if self.view is not None and answer:
                 self.view.wrote(answer)
             written.append(name)

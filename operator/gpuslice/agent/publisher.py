@@ -19,6 +19,7 @@ import pydantic
 from prometheus_client import Counter, Gauge
 
 from gpuslice.api.resource import GpuSlicePolicy
+from gpuslice.coordinates import CLAIMS
 from gpuslice.dra.wire import allocation_results
 from gpuslice.kube.client import KubeClient
 from gpuslice.kube.watch import list_all
@@ -32,7 +33,6 @@ CLAIM_READS = Counter("gpuslice_agent_claim_reads", "Publish cycles that read ev
                       " device was to change) or did not need to (skipped).", ["outcome"])
 REFUSED = Gauge("gpuslice_agent_refused_policies",
                 "Policies left out on this node: the API server refused their devices.")
-SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ async def allocated_devices(kube: KubeClient, node: str) -> set[str]:
     the API server cannot select claims by pool). Not with admin access: that takes no device
     from anyone (the scheduler counts nothing taken), so it holds back no change of one."""
     found: set[str] = set()
-    claims, _ = await list_all(kube, "/apis/resource.k8s.io/v1/resourceclaims")
+    claims, _ = await list_all(kube, CLAIMS)
     for claim in claims:
         found.update(r["device"] for r in allocation_results(claim) if r["pool"] == node and not r.get("adminAccess"))
     return found

@@ -21,6 +21,7 @@ import structlog
 from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.backoff import Backoff
+from gpuslice.coordinates import node_path
 from gpuslice.dra.support import Verdict
 from gpuslice.errors import GpusliceError
 from gpuslice.inventory.nodes import FAKE_COUNT, FAKE_MODEL, FAKE_SYSTEM
@@ -93,7 +94,7 @@ async def check_cluster(kube: KubeClient, node: str, stop: asyncio.Event, max_ba
 
 async def fake_gpus_of(kube: KubeClient, node: str) -> str:
     """The fake backend's GPUs from the node's own labels (kind, the dev cluster)."""
-    labels = (await kube.get(f"/api/v1/nodes/{node}"))["metadata"].get("labels") or {}
+    labels = (await kube.get(node_path(node)))["metadata"].get("labels") or {}
     if labels.get(FAKE_SYSTEM):
         return str(labels[FAKE_SYSTEM])
     if FAKE_MODEL not in labels:

@@ -33,6 +33,7 @@ import structlog
 
 from gpuslice.api.agent_view import policy_of, views_in
 from gpuslice.api.policy import LabelSelector
+from gpuslice.coordinates import CLAIMS, NODES, SLICES
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRIVER
 from gpuslice.dra.wire import allocation_results
 from gpuslice.kube.client import KubeClient
@@ -40,8 +41,6 @@ from gpuslice.kube.watch import watch
 from gpuslice.planning.node.coexistence import OtherDriverGpus, other_driver_gpus
 
 log = structlog.get_logger(__name__)
-CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
-SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 POLICY_JITTER = 2.0  # seconds: the spread of a fleet's wake-ups after a policy edit
 # Seconds each watch stream runs before it is opened again (the API server ends it then): a fleet's
 # only steady cost is these reconnections, three per agent each time (every 10 minutes by default, a
@@ -141,7 +140,7 @@ class AgentWatches:
     def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self._watch(self.views, self._view_event, self.view.policies_listed)),
-            asyncio.create_task(self._watch("/api/v1/nodes", self._node_event, self.view.node_listed,
+            asyncio.create_task(self._watch(NODES, self._node_event, self.view.node_listed,
                                             fieldSelector=f"metadata.name={self.node}")),
             asyncio.create_task(self._watch(SLICES, self._slice_event, self.view.slices_listed,
                                             fieldSelector=f"spec.nodeName={self.node}")),

@@ -26,17 +26,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuslice import coordinates
 from gpuslice.api.policy import GROUP, KIND, VERSION
+from gpuslice.coordinates import VIEW_PLURAL as VIEW_PLURAL
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, LABEL_POLICY
 from gpuslice.jsontypes import Body
 
 VIEW_KIND = "GpuSliceAgentView"
-VIEW_PLURAL = "gpusliceagentviews"
 
 
 def views_in(home: str = CONTROLLER_NAMESPACE) -> str:
     """The views' collection in gpuslice's namespace ``home``."""
-    return f"/apis/{GROUP}/{VERSION}/namespaces/{home}/{VIEW_PLURAL}"
+    return coordinates.views_in(home)
 
 
 VIEWS = views_in()
@@ -45,7 +46,7 @@ PLANNED_SPEC = ("nodeSelector", "gpuSelector", "slicing", "taints")
 
 
 def view_path(policy: str, home: str = CONTROLLER_NAMESPACE) -> str:
-    return f"{views_in(home)}/{policy}"
+    return coordinates.view_path(home, policy)
 
 
 def view_of(policy: Body, home: str = CONTROLLER_NAMESPACE) -> dict[str, Any]:

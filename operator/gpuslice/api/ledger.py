@@ -13,11 +13,11 @@ from typing import Any
 
 from pydantic import Field
 
-from gpuslice.api.policy import GROUP, VERSION
+from gpuslice import coordinates
 from gpuslice.api.rules import ApiModel
+from gpuslice.coordinates import LEDGER_PLURAL as LEDGER_PLURAL
 
 LEDGER_KIND = "GpuSliceLedger"
-LEDGER_PLURAL = "gpusliceledgers"
 # The most allocations one tenant may hold at once under a ledger: every charge is rewritten with
 # each admission, and an object holds at most ~1.5 MB in etcd.
 MAX_CHARGES = 4096
@@ -30,11 +30,15 @@ def ledger_name(policy: str, namespace: str) -> str:
 
 def ledgers(home: str) -> str:
     """The ledgers' collection in ``home``, gpuslice's own namespace (the processes' `namespace` setting)."""
-    return f"/apis/{GROUP}/{VERSION}/namespaces/{home}/{LEDGER_PLURAL}"
+    return coordinates.ledgers_in(home)
 
 
 def ledger_path(policy: str, namespace: str, home: str) -> str:
-    return f"{ledgers(home)}/{ledger_name(policy, namespace)}"
+    return coordinates.ledger_path(home, ledger_name(policy, namespace))
+
+
+def ledger_status_path(policy: str, namespace: str, home: str) -> str:
+    return coordinates.ledger_status_path(home, ledger_name(policy, namespace))
 
 
 class LedgerSpec(ApiModel):

@@ -15,13 +15,14 @@ from pydantic import Field, StringConstraints
 
 from gpuslice.api.rules import DNS_LABEL, DNS_SUBDOMAIN, ApiModel, Rule, cel_regex
 from gpuslice.api.topology import Topology
+from gpuslice.coordinates import GROUP as GROUP
+from gpuslice.coordinates import POLICY_PLURAL
+from gpuslice.coordinates import VERSION as VERSION
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, SAFETY_TAINT_KEYS
 from gpuslice.dra.quantity import parse_quantity, quantity_bytes
 
-GROUP = "gpuslice.dev"
-VERSION = "v1alpha1"
 KIND = "GpuSlicePolicy"
-PLURAL = "gpuslicepolicies"
+PLURAL = POLICY_PLURAL
 MAX_NAME = 50
 MIG_PROFILE = r"^[1-7]g\.[0-9]+gb(\+me)?$"
 TENANT_NAMESPACE_MESSAGE = "tenants[].namespace must be a namespace name: lowercase letters, digits and '-'"

@@ -36,8 +36,18 @@ from gpuslice.bench.churn import (
     waiting_at_all,
     waiting_with_room,
 )
-from gpuslice.bench.harness import POLICIES, SLICES, BenchCluster, wait_until
+from gpuslice.bench.harness import BenchCluster, wait_until
 from gpuslice.bench.workload import PAUSE, ensure_namespace
+from gpuslice.coordinates import (
+    POLICIES,
+    SLICES,
+    claim_template_path,
+    claims_in,
+    events_in,
+    pods_in,
+    policy_path,
+    replicasets_in,
+)
 from gpuslice.dra.names import DRIVER
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.dra.slice_wire import slice_devices, slice_node
@@ -50,7 +60,6 @@ NODES = ("bench-frag-1", "bench-frag-2")
 NAMESPACE = "bench-frag"
 LABEL = {"gpuslice.dev/bench": "fragmentation"}
 SIZES = ("10", "20")
-RESOURCE = "/apis/resource.k8s.io/v1"
 MIN_PENDING_MINUTES = 3.0  # Auto waits this long (simulated) before moving pods for a whole-GPU pod
 
 
@@ -82,9 +91,9 @@ def workload(name: str, kind: str, mode: str) -> tuple[str, dict[str, Any]]:
                 "containers": [{"name": "main", "image": PAUSE, "resources": {"claims": [{"name": "gpu"}]}}],
                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template(kind, mode)}]}
     if kind == "full":
-        return f"/api/v1/namespaces/{NAMESPACE}/pods", {"apiVersion": "v1", "kind": "Pod",
+        return pods_in(NAMESPACE), {"apiVersion": "v1", "kind": "Pod",
                                                          "metadata": {"name": name}, "spec": pod_spec}
-    return f"/apis/apps/v1/namespaces/{NAMESPACE}/replicasets", {
+    return replicasets_in(NAMESPACE), {
         "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name},
         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
                  "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec}}}
@@ -120,8 +129,8 @@ class Observer:
 
     async def sample(self, live_large: set[str]) -> None:
         now = self.minute()
-        slices = await self.api.list(f"{RESOURCE}/resourceslices", fieldSelector=f"spec.driver={DRIVER}")
-        claims = await self.api.list(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims")
+        slices = await self.api.list(SLICES, fieldSelector=f"spec.driver={DRIVER}")
+        claims = await self.api.list(claims_in(NAMESPACE))
         pools = read_pools(slices, claims)
         loads, empty, free = [], 0, 0
         for pool in pools:
@@ -139,7 +148,7 @@ class Observer:
         allocated = {str((c["metadata"].get("ownerReferences") or [{}])[0].get("name")) for c in claims
                      if is_allocated(c)}
         self.fleet.append(FleetSample(now, len(live_large - allocated), empty, free))
-        policy_body = await self.api.get(f"{POLICIES}/{self.policy}")
+        policy_body = await self.api.get(policy_path(self.policy))
         last = (((policy_body.get("status") or {}).get("defragmentation") or {}).get("last")) or {}
         if last.get("id") in self.moves:
             self.moves[last["id"]].update(outcome=last.get("outcome"), message=last.get("message"))
@@ -172,8 +181,8 @@ async def replay(cluster: BenchCluster, spec: ChurnSpec, mode: str, say: Callabl
 
     async def ready() -> bool:
         with contextlib.suppress(KubeError):
-            await api.get(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates/{template('full', mode)}")
-            devices = sum(1 for s in await api.list(f"{SLICES}", fieldSelector=f"spec.driver={DRIVER}")
+            await api.get(claim_template_path(NAMESPACE, template("full", mode)))
+            devices = sum(1 for s in await api.list(SLICES, fieldSelector=f"spec.driver={DRIVER}")
                           if slice_node(s["spec"]) in NODES for d in slice_devices(s["spec"])
                           if device_policy(d) in names)
             return devices == len(NODES) * 8 * (8 + 1 + 4)
@@ -218,7 +227,7 @@ async def replay(cluster: BenchCluster, spec: ChurnSpec, mode: str, say: Callabl
         stop.set()
         await sampler
     fleet = [*observer.fleet, FleetSample(minute(), 0, 0, 0)]
-    events = await api.list(f"/api/v1/namespaces/{NAMESPACE}/events")
+    events = await api.list(events_in(NAMESPACE))
     evictions = sum(int(e.get("count") or 1) for e in events if e.get("reason") == "MovedByGpuslice")
     freed = sum(1 for e in events if e.get("reason") == "DefragmentationFreed")
     failed = sum(1 for e in events if e.get("reason") == "DefragmentationFailed")
@@ -245,17 +254,17 @@ async def replay(cluster: BenchCluster, spec: ChurnSpec, mode: str, say: Callabl
 
 async def clear(cluster: BenchCluster, mode: str) -> None:
     api = cluster.api
-    for collection in (f"/apis/apps/v1/namespaces/{NAMESPACE}/replicasets", f"/api/v1/namespaces/{NAMESPACE}/pods"):
+    for collection in (replicasets_in(NAMESPACE), pods_in(NAMESPACE)):
         for item in await api.list(collection):
             with contextlib.suppress(NotFound):
                 await api.delete(f"{collection}/{item['metadata']['name']}", gracePeriodSeconds=0)
     names = [policy_name(size, mode) for size in SIZES]
     for name in names:
         with contextlib.suppress(NotFound):
-            await api.delete(f"{POLICIES}/{name}")
+            await api.delete(policy_path(name))
 
     async def empty() -> bool:
-        if await api.list(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims"):
+        if await api.list(claims_in(NAMESPACE)):
             return False
         return not [p for p in await api.list(POLICIES) if p["metadata"]["name"] in names]
 

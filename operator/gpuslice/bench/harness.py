@@ -17,6 +17,19 @@ from typing import Any, TypeVar
 import aiohttp
 
 from gpuslice.backoff import Backoff
+from gpuslice.coordinates import (
+    EVENTS,
+    NAMESPACES,
+    NODES,
+    POLICIES,
+    SLICES,
+    claim_path,
+    claims_in,
+    device_class_path,
+    namespace_path,
+    node_path,
+    pods_in,
+)
 from gpuslice.devcluster import binaries as binaries_module
 from gpuslice.devcluster import operator as gpuslice_install
 from gpuslice.devcluster.cluster import ClusterSpec, DevCluster
@@ -28,9 +41,6 @@ from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import Conflict, KubeClient, KubeError
 from gpuslice.kube.watch import list_all
 
-SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -233,32 +243,33 @@ class BenchCluster:
         rather than failing on what this one left."""
         await self.stop_agents()
         api = self.api
-        namespaces = [n["metadata"]["name"] for n in await api.list("/api/v1/namespaces")
+        namespaces = [n["metadata"]["name"] for n in await api.list(NAMESPACES)
                       if n["metadata"]["name"].startswith("bench-")]
         for namespace in namespaces:
-            claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+            claims = claims_in(namespace)
             with contextlib.suppress(KubeError):
-                await api.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)
+                await api.delete(pods_in(namespace), gracePeriodSeconds=0)
             with contextlib.suppress(KubeError):
                 await api.delete(claims)
             for claim in await api.list(claims):
                 with contextlib.suppress(KubeError):
-                    await api.merge_patch(f"{claims}/{claim['metadata']['name']}", {"metadata": {"finalizers": None}})
+                    await api.merge_patch(claim_path(namespace, claim["metadata"]["name"]),
+                                          {"metadata": {"finalizers": None}})
             with contextlib.suppress(KubeError):
-                await api.delete(f"/api/v1/namespaces/{namespace}")
+                await api.delete(namespace_path(namespace))
         with contextlib.suppress(KubeError):
             await api.delete(POLICIES)
-        await self.delete_nodes([n["metadata"]["name"] for n in await api.list("/api/v1/nodes")])
+        await self.delete_nodes([n["metadata"]["name"] for n in await api.list(NODES)])
         from gpuslice.bench.layouts import WHOLE_CLASS
 
         with contextlib.suppress(KubeError):
-            await api.delete(f"/apis/resource.k8s.io/v1/deviceclasses/{WHOLE_CLASS}")
+            await api.delete(device_class_path(WHOLE_CLASS))
 
         async def empty() -> bool:
             # A deleting policy waits until no slice publishes its devices; no agent removes them now.
             with contextlib.suppress(KubeError):
                 await api.delete(SLICES)
-            left = [n for n in await api.list("/api/v1/namespaces") if n["metadata"]["name"] in namespaces]
+            left = [n for n in await api.list(NAMESPACES) if n["metadata"]["name"] in namespaces]
             return not left and not await api.list(POLICIES)
 
         await wait_until(empty, 600, "what the failed figure made to be deleted", every=2.0)
@@ -277,7 +288,7 @@ class BenchCluster:
         async def one(name: str) -> None:
             body = fake_gpu_node(name, "h100-80gb", gpus)
             body["metadata"]["labels"].update((labels or {}).get(name, {}))
-            uids[name] = (await create(self.api, "/api/v1/nodes", body))["metadata"]["uid"]
+            uids[name] = (await create(self.api, NODES, body))["metadata"]["uid"]
 
         await gather_limited((one(n) for n in names), concurrency)
         return uids
@@ -285,7 +296,7 @@ class BenchCluster:
     async def delete_nodes(self, names: Iterable[str], concurrency: int = 16) -> None:
         async def one(name: str) -> None:
             with contextlib.suppress(KubeError):
-                await self.api.delete(f"/api/v1/nodes/{name}")
+                await self.api.delete(node_path(name))
         await gather_limited((one(n) for n in names), concurrency)
 
     async def request_totals(self) -> Counter[tuple[str, str]]:
@@ -296,7 +307,7 @@ class BenchCluster:
         """How many times gpuslice has posted an Event (each repeat counted): Events are written by
         everyone (kube-scheduler refreshes its event series every 6 minutes), so the apiserver's
         count of writes to them says nothing of ours."""
-        events = (await list_all(self.api, "/api/v1/events", None, 500))[0]
+        events = (await list_all(self.api, EVENTS, None, 500))[0]
         return sum(int(e.get("count") or 1) for e in events
                    if str((e.get("source") or {}).get("component") or e.get("reportingComponent") or "")
                    .startswith("gpuslice"))

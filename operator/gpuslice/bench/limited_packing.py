@@ -14,9 +14,10 @@ from typing import Any
 
 import aiohttp
 
-from gpuslice.bench.harness import POLICIES, BenchCluster, wait_until
+from gpuslice.bench.harness import BenchCluster, wait_until
 from gpuslice.bench.layouts import Layout
 from gpuslice.bench.workload import Placement, create_claims, place_pods_across
+from gpuslice.coordinates import claims_in, policy_path
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.dra.wire import allocation_results, consumed_quantity
 from gpuslice.kube.watch import watch
@@ -51,7 +52,7 @@ class Budgets:
 
 async def budgets_in_force(cluster: BenchCluster, policy: str, tenants: Sequence[str], budget: str) -> None:
     async def recorded() -> bool:
-        status = (await cluster.api.get(f"{POLICIES}/{policy}")).get("status") or {}
+        status = (await cluster.api.get(policy_path(policy))).get("status") or {}
         found = {a["namespace"] for a in status.get("admittedTenants") or []
                  if (a.get("limits") or {}).get("maxMemory") == budget}
         return set(tenants) <= found
@@ -98,7 +99,7 @@ async def place_limited(cluster: BenchCluster, layout: Layout, tenants: Sequence
     for namespace in tenants:
         await create_claims(cluster, [b for b in bodies.values() if b["metadata"]["namespace"] == namespace])
     seen, stop = Budgets(budget), asyncio.Event()
-    watchers = [asyncio.create_task(watch(cluster.api, f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
+    watchers = [asyncio.create_task(watch(cluster.api, claims_in(ns),
                                           seen.seen, stop)) for ns in tenants]
     try:
         placement = await place_pods_across(cluster, order, concurrency=1)

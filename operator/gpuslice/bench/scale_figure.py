@@ -20,7 +20,6 @@ from gpuslice.api.agent_view import VIEWS
 from gpuslice.bench.api_cost import AGENT, CONTROLLER, Cost, Window, summary, watched_by
 from gpuslice.bench.fleet import start_fleet
 from gpuslice.bench.harness import (
-    POLICIES,
     WRITE_VERBS,
     BenchCluster,
     BenchError,
@@ -34,6 +33,7 @@ from gpuslice.bench.harness import (
 from gpuslice.bench.layouts import policy
 from gpuslice.bench.scale_load import add_tenants, bind_pods, bound_pods, pending_pods, remove
 from gpuslice.bench.workload import expected_devices
+from gpuslice.coordinates import NAMESPACES, POLICIES, device_taint_rules, policy_path
 from gpuslice.dra.policy_wire import raw_tenants, tenant_namespaces
 from gpuslice.dra.slice_wire import slice_devices
 from gpuslice.dra.wire import device_policy
@@ -91,7 +91,7 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
     tenants = [f"bench-t-{i:03d}" for i in range(namespaces)]
 
     async def make_ns(name: str) -> None:
-        await create(cluster.api, "/api/v1/namespaces", {"metadata": {"name": name}})
+        await create(cluster.api, NAMESPACES, {"metadata": {"name": name}})
 
     await gather_limited((make_ns(n) for n in tenants), 16)
     say(f"scale: {nodes} nodes and {namespaces} namespaces made; making each agent's node-bound identity")
@@ -220,13 +220,13 @@ async def _edit_every_policy(cluster: BenchCluster, bodies: list[dict[str, Any]]
                              say: Callable[[str], None]) -> dict[str, Any]:
     """Every policy gains a tenant (no device changes): what a policy edit costs the fleet's reads."""
     extra = "bench-t-extra"
-    await cluster.api.create("/api/v1/namespaces", {"metadata": {"name": extra}})
+    await cluster.api.create(NAMESPACES, {"metadata": {"name": extra}})
     before = await cluster.request_totals()
     started = time.monotonic()
     for body in bodies:
-        live = await retry(_getter(cluster, f"{POLICIES}/{body['metadata']['name']}"))
+        live = await retry(_getter(cluster, policy_path(body["metadata"]["name"])))
         tenants = [*raw_tenants(live), {"namespace": extra}]
-        path, patch = f"{POLICIES}/{body['metadata']['name']}", {"spec": {"tenants": tenants}}
+        path, patch = policy_path(body["metadata"]["name"]), {"spec": {"tenants": tenants}}
 
         async def edit(path: str = path, patch: dict[str, Any] = patch) -> dict[str, Any]:
             return await cluster.api.merge_patch(path, patch)
@@ -257,10 +257,10 @@ async def _taint_one_policy(cluster: BenchCluster, bodies: list[dict[str, Any]],
     before = await cluster.request_totals()
     started = time.monotonic()
     taint = {"key": "gpuslice.dev/maintenance", "value": "planned", "effect": "NoSchedule"}
-    await cluster.api.merge_patch(f"{POLICIES}/{name}", {"spec": {"taints": [taint]}})
+    await cluster.api.merge_patch(policy_path(name), {"spec": {"taints": [taint]}})
 
     async def tainted() -> int | None:
-        rules = await cluster.api.list("/apis/resource.k8s.io/v1/devicetaintrules",
+        rules = await cluster.api.list(device_taint_rules(),
                                        labelSelector=f"gpuslice.dev/policy={name}")
         on_devices = sum(1 for s in await cluster.our_slices() for d in slice_devices(s["spec"])
                          if device_policy(d) == name

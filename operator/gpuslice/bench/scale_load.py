@@ -10,13 +10,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuslice.bench.harness import POLICIES, BenchCluster, create, gather_limited, retry, wait_until
+from gpuslice.bench.harness import BenchCluster, create, gather_limited, retry, wait_until
 from gpuslice.bench.workload import create_claims, place_pods_across
+from gpuslice.coordinates import NAMESPACES, POLICIES, claim_path, pod_path, pods_in, policy_path
 from gpuslice.dra.policy_wire import raw_tenants
 from gpuslice.kube.client import KubeError
 from gpuslice.planning.reads.retry import turned_away
 
-RESOURCE = "/apis/resource.k8s.io/v1"
 # A selector no device of a policy matches: the scheduler turns the pod away for good ("cannot
 # allocate all claims"), and gpuslice's retry, which does not judge selectors, leaves it be.
 NEVER = "device.attributes['gpuslice.dev'].index == 999"
@@ -53,7 +53,7 @@ async def pending_pods(cluster: BenchCluster, places: Sequence[tuple[str, str]],
     pods = [(ns, f"pending-{i:04d}") for i, (ns, _) in enumerate(picks)]
 
     async def one(namespace: str, name: str) -> None:
-        await create(cluster.api, f"/api/v1/namespaces/{namespace}/pods", {
+        await create(cluster.api, pods_in(namespace), {
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
             "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
                      "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
@@ -63,7 +63,7 @@ async def pending_pods(cluster: BenchCluster, places: Sequence[tuple[str, str]],
     await gather_limited((one(ns, name) for ns, name in pods), 8)
 
     async def away() -> bool:
-        found = [await cluster.api.get(f"/api/v1/namespaces/{ns}/pods/{name}") for ns, name in pods]
+        found = [await cluster.api.get(pod_path(ns, name)) for ns, name in pods]
         return all(turned_away(p) for p in found)
 
     await wait_until(away, 300, f"{count} pods to be turned away by the scheduler", every=2.0)
@@ -74,9 +74,9 @@ async def remove(cluster: BenchCluster, pods: Sequence[tuple[str, str]]) -> None
     """The pods and their claims of the same name (a bound pod's claim is released with it)."""
     async def one(namespace: str, name: str, claim_name: str) -> None:
         with contextlib.suppress(KubeError):
-            await cluster.api.delete(f"/api/v1/namespaces/{namespace}/pods/{name}", gracePeriodSeconds=0)
+            await cluster.api.delete(pod_path(namespace, name), gracePeriodSeconds=0)
         with contextlib.suppress(KubeError):
-            await cluster.api.delete(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{claim_name}")
+            await cluster.api.delete(claim_path(namespace, claim_name))
 
     await gather_limited((one(ns, name, name.replace("pod-", "bound-", 1)) for ns, name in pods), 8)
 
@@ -95,7 +95,7 @@ async def bound_pods(cluster: BenchCluster, namespaces: Sequence[str]) -> list[t
     """The pods ``bind_pods`` made (place_pods_across names them pod-NNNNN)."""
     found = []
     for namespace in sorted(set(namespaces)):
-        for pod in await cluster.api.list(f"/api/v1/namespaces/{namespace}/pods"):
+        for pod in await cluster.api.list(pods_in(namespace)):
             if pod["metadata"]["name"].startswith("pod-"):
                 found.append((namespace, pod["metadata"]["name"]))
     return found
@@ -106,14 +106,14 @@ async def add_tenants(cluster: BenchCluster, bodies: Sequence[dict[str, Any]],
     """Each policy named in ``extra`` gains those tenant namespaces (made first); seconds until
     every policy judged its new generation."""
     started = time.monotonic()
-    await gather_limited((create(cluster.api, "/api/v1/namespaces", {"metadata": {"name": n}})
+    await gather_limited((create(cluster.api, NAMESPACES, {"metadata": {"name": n}})
                           for names in extra.values() for n in names), 16)
     for body in bodies:
         name = body["metadata"]["name"]
         added = [{"namespace": n} for n in extra.get(name, ())]
         if not added:
             continue
-        path = f"{POLICIES}/{name}"
+        path = policy_path(name)
 
         async def get(path: str = path) -> dict[str, Any]:
             return await cluster.api.get(path)

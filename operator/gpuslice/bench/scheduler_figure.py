@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.bench.fleet import start_fleet
-from gpuslice.bench.harness import SLICES, BenchCluster, pprof_top, scheduler_profile
+from gpuslice.bench.harness import BenchCluster, pprof_top, scheduler_profile
 from gpuslice.bench.layouts import Layout, cost_layouts
 from gpuslice.bench.workload import apply_layout, clear_layout, create_claims, ensure_namespace, place_pods
+from gpuslice.coordinates import SLICES
 from gpuslice.dra.names import DRIVER
 from gpuslice.dra.slice_wire import slice_devices, slice_node
 from gpuslice.kube.client import KubeError

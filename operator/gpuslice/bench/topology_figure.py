@@ -21,9 +21,20 @@ from typing import Any
 
 from gpuslice.agent.gpus.fake import FakeBackend, parse_fake_gpus
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.bench.harness import POLICIES, SLICES, BenchCluster, create, wait_until
+from gpuslice.bench.harness import BenchCluster, create, wait_until
 from gpuslice.bench.training import Job, Outcome, TrainingSpec, summarize, training_trace
 from gpuslice.bench.workload import PAUSE, clear_namespace, ensure_namespace
+from gpuslice.coordinates import (
+    NODES,
+    POLICIES,
+    SLICES,
+    claim_template_path,
+    claim_templates_in,
+    claims_in,
+    pod_path,
+    pods_in,
+    policy_path,
+)
 from gpuslice.devcluster.nodes import fake_gpu_node
 from gpuslice.dra.names import DRIVER
 from gpuslice.dra.slice_wire import slice_devices, slice_pool
@@ -38,7 +49,6 @@ POLICY = "bench-topo"
 TEMPLATE = "train"
 LABEL = {"gpuslice.dev/bench": "topology"}
 SYSTEMS = ("dgx-h100", "pcie-l40s", "h100-nvl")
-RESOURCE = "/apis/resource.k8s.io/v1"
 FULL_CLASS = f"full.{POLICY}.gpuslice.dev"
 COUNTS = (2, 4, 8)
 
@@ -112,9 +122,9 @@ async def replay(cluster: BenchCluster, spec: TrainingSpec, trace: list[Job], mo
         now = minute()
         while pending and pending[0][1].at <= now:
             name, job = pending.pop(0)
-            await create(api, f"/api/v1/namespaces/{NAMESPACE}/pods", pod(name, template_of(job, mode)))
+            await create(api, pods_in(NAMESPACE), pod(name, template_of(job, mode)))
         with contextlib.suppress(KubeError, OSError):
-            for claim in await api.list(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims"):
+            for claim in await api.list(claims_in(NAMESPACE)):
                 owner = str((claim["metadata"].get("ownerReferences") or [{}])[0].get("name"))
                 if owner not in outcomes or outcomes[owner].placed is not None:
                     continue
@@ -129,7 +139,7 @@ async def replay(cluster: BenchCluster, spec: TrainingSpec, trace: list[Job], mo
             if ends <= now:
                 del running[name]
                 with contextlib.suppress(NotFound):
-                    await api.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}", gracePeriodSeconds=0)
+                    await api.delete(pod_path(NAMESPACE, name), gracePeriodSeconds=0)
         await asyncio.sleep(spec.seconds_per_minute / 2)
     result = summarize(list(outcomes.values()), spec.minutes)
     say(f"topology: {mode}: {result['placed']} of {result['jobs']} jobs placed, mean wait {result['mean_wait_min']}"
@@ -152,7 +162,7 @@ async def topology_figure(cluster: BenchCluster, spec: TrainingSpec, say: Callab
     for name, system in nodes.items():
         body = fake_gpu_node(name, "h100-80gb", 8, system=system)
         body["metadata"]["labels"].update(LABEL)
-        await create(api, "/api/v1/nodes", body)
+        await create(api, NODES, body)
     await ensure_namespace(cluster, NAMESPACE)
     runs: dict[str, Any] = {}
     try:
@@ -163,12 +173,12 @@ async def topology_figure(cluster: BenchCluster, spec: TrainingSpec, say: Callab
 
         async def ready() -> bool:
             for count in COUNTS:
-                await api.get(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates/{TEMPLATE}-full-x{count}")
+                await api.get(claim_template_path(NAMESPACE, f"{TEMPLATE}-full-x{count}"))
             return len(await places(cluster)) == want
 
         await wait_until(ready, 300, f"the topology policy's {want} devices and its aligned templates")
         for count in COUNTS:
-            await create(api, f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates", unaligned_template(count))
+            await create(api, claim_templates_in(NAMESPACE), unaligned_template(count))
         where = await places(cluster)
         for mode in ("unaligned", "aligned"):
             runs[mode] = await replay(cluster, spec, trace, mode, where, say)
@@ -176,7 +186,7 @@ async def topology_figure(cluster: BenchCluster, spec: TrainingSpec, say: Callab
         raise cluster.failed({"runs": runs}, error) from error
     finally:
         with contextlib.suppress(KubeError):
-            await api.delete(f"{POLICIES}/{POLICY}")
+            await api.delete(policy_path(POLICY))
 
         async def gone() -> bool:
             return not [p for p in await api.list(POLICIES) if p["metadata"]["name"] == POLICY]

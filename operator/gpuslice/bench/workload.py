@@ -11,8 +11,6 @@ from typing import Any
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.bench.harness import (
-    POLICIES,
-    SLICES,
     BenchCluster,
     BenchError,
     cpu_seconds,
@@ -21,12 +19,23 @@ from gpuslice.bench.harness import (
     wait_until,
 )
 from gpuslice.bench.layouts import WHOLE_CLASS, Layout, whole_gpu_class, whole_gpu_slice
+from gpuslice.coordinates import (
+    NAMESPACES,
+    POLICIES,
+    claim_path,
+    claims_in,
+    device_class_path,
+    object_path,
+    pods_in,
+    policy_path,
+    service_accounts_in,
+    slice_path,
+)
 from gpuslice.dra.names import MEMORY_WEBHOOK
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.dra.slice_wire import slice_devices, slice_node
 from gpuslice.dra.wire import allocation_results, consumed_quantity
 from gpuslice.kube.client import KubeError
-from gpuslice.kube.paths import object_path
 from gpuslice.planning.node.node_pool import plan_node_pool
 
 FIELD_MANAGER = "gpuslice-bench"
@@ -42,11 +51,11 @@ def pod_body(namespace: str, name: str, claim: str) -> dict[str, Any]:
 
 async def ensure_namespace(cluster: BenchCluster, name: str) -> None:
     with contextlib.suppress(KubeError):
-        await cluster.api.create("/api/v1/namespaces", {"metadata": {"name": name}})
+        await cluster.api.create(NAMESPACES, {"metadata": {"name": name}})
 
     async def has_sa() -> bool:
         return any(sa["metadata"]["name"] == "default"
-                   for sa in await cluster.api.list(f"/api/v1/namespaces/{name}/serviceaccounts"))
+                   for sa in await cluster.api.list(service_accounts_in(name)))
 
     await wait_until(has_sa, 60, f"the default ServiceAccount of {name}")
 
@@ -76,12 +85,12 @@ async def apply_layout(cluster: BenchCluster, layout: Layout, nodes: Mapping[str
     names = [p["metadata"]["name"] for p in layout.policies]
 
     async def ready() -> bool:
-        live = [await cluster.api.get(f"{POLICIES}/{n}") for n in names]
+        live = [await cluster.api.get(policy_path(n)) for n in names]
         return all(any(c.get("type") == "Ready" and c.get("status") == "True"
                        for c in (p.get("status") or {}).get("conditions") or []) for p in live)
 
     await wait_until(ready, within, f"policies {', '.join(names)} to be Ready")
-    live = [await cluster.api.get(f"{POLICIES}/{n}") for n in names]
+    live = [await cluster.api.get(policy_path(n)) for n in names]
     sample = next(iter(nodes))
     per_node = expected_devices(live, sample, {**(labels or {})})
     want = per_node * len(nodes)
@@ -106,15 +115,15 @@ async def clear_layout(cluster: BenchCluster, layout: Layout, namespace: str | S
 async def clear_namespace(cluster: BenchCluster, namespace: str) -> None:
     api = cluster.api
     with contextlib.suppress(KubeError):
-        await api.delete(f"/api/v1/namespaces/{namespace}/pods", gracePeriodSeconds=0)
+        await api.delete(pods_in(namespace), gracePeriodSeconds=0)
     with contextlib.suppress(KubeError):
-        await api.delete(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims")
+        await api.delete(claims_in(namespace))
 
-    claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    claims = claims_in(namespace)
 
     async def release(name: str) -> None:
         with contextlib.suppress(KubeError):
-            await api.merge_patch(f"{claims}/{name}", {"metadata": {"finalizers": None}})
+            await api.merge_patch(claim_path(namespace, name), {"metadata": {"finalizers": None}})
 
     # The claims' delete-protection finalizer is the resourceclaim controller's to remove once
     # no pod uses a claim; at its client's default 20 requests/s that takes minutes for thousands
@@ -133,13 +142,13 @@ async def _clear_policies(cluster: BenchCluster, layout: Layout, nodes: Sequence
     if layout.whole_gpu:
         for node in nodes:
             with contextlib.suppress(KubeError):
-                await api.delete(f"{SLICES}/bench-whole-{node}")
+                await api.delete(slice_path(f"bench-whole-{node}"))
         with contextlib.suppress(KubeError):
-            await api.delete(f"/apis/resource.k8s.io/v1/deviceclasses/{WHOLE_CLASS}")
+            await api.delete(device_class_path(WHOLE_CLASS))
         return
     for body in layout.policies:
         with contextlib.suppress(KubeError):
-            await api.delete(f"{POLICIES}/{body['metadata']['name']}")
+            await api.delete(policy_path(body["metadata"]["name"]))
 
     async def gone() -> bool:
         # A deleted policy goes only once no slice publishes its devices: without agents, the bench
@@ -171,7 +180,7 @@ async def create_claims(cluster: BenchCluster, claims: Sequence[dict[str, Any]],
     if not claims:
         return
     first = claims[0]
-    collection = f"/apis/resource.k8s.io/v1/namespaces/{first['metadata']['namespace']}/resourceclaims"
+    collection = claims_in(first["metadata"]["namespace"])
 
     said: list[str] = []
 
@@ -188,8 +197,7 @@ async def create_claims(cluster: BenchCluster, claims: Sequence[dict[str, Any]],
     except BenchError as error:
         raise BenchError(f"{error}; the API server said: {said[0] if said else 'nothing'}") from None
     async def one(body: dict[str, Any]) -> None:
-        await create(cluster.api, f"/apis/resource.k8s.io/v1/namespaces/{body['metadata']['namespace']}/resourceclaims",
-                     body)
+        await create(cluster.api, claims_in(body["metadata"]["namespace"]), body)
     await gather_limited((one(c) for c in claims), concurrency)
 
 
@@ -219,7 +227,7 @@ async def place_pods_across(cluster: BenchCluster, claims: Sequence[tuple[str, s
     started = time.monotonic()
 
     async def one(index: int, namespace: str, claim: str) -> None:
-        await create(api, f"/api/v1/namespaces/{namespace}/pods", pod_body(namespace, f"pod-{index:05d}", claim))
+        await create(api, pods_in(namespace), pod_body(namespace, f"pod-{index:05d}", claim))
 
     await gather_limited((one(i, ns, c) for i, (ns, c) in enumerate(claims)), concurrency)
     created = time.monotonic() - started
@@ -228,7 +236,7 @@ async def place_pods_across(cluster: BenchCluster, claims: Sequence[tuple[str, s
     async def settled() -> bool:
         bound = unschedulable = refused = 0
         for namespace in namespaces:
-            for pod in await api.list(f"/api/v1/namespaces/{namespace}/pods"):
+            for pod in await api.list(pods_in(namespace)):
                 if pod["spec"].get("nodeName"):
                     bound += 1
                 elif any(c.get("type") == "PodScheduled" and c.get("status") == "False"
@@ -246,7 +254,7 @@ async def place_pods_across(cluster: BenchCluster, claims: Sequence[tuple[str, s
     cpu = _cpu(scheduler) - cpu0
     allocations: dict[str, tuple[str, int]] = {}
     for namespace in namespaces:
-        for claim in await api.list(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"):
+        for claim in await api.list(claims_in(namespace)):
             results = allocation_results(claim, driver=None)
             if results:
                 consumed = consumed_quantity(results[0]) or "0"

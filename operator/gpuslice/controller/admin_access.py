@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from gpuslice.coordinates import namespace_path
 from gpuslice.dra.names import ADMIN_ACCESS_LABEL
 from gpuslice.kube.client import KubeClient
 
@@ -95,9 +96,9 @@ async def sync_admin_labels(
     if plan.record != mine:
         await write_record(sorted(plan.record))
     for name in sorted(plan.label):
-        await kube.merge_patch(f"/api/v1/namespaces/{name}", {"metadata": {"labels": {ADMIN_ACCESS_LABEL: "true"}}})
+        await kube.merge_patch(namespace_path(name), {"metadata": {"labels": {ADMIN_ACCESS_LABEL: "true"}}})
     for name in sorted(plan.unlabel):
-        await kube.merge_patch(f"/api/v1/namespaces/{name}", {"metadata": {"labels": {ADMIN_ACCESS_LABEL: None}}})
+        await kube.merge_patch(namespace_path(name), {"metadata": {"labels": {ADMIN_ACCESS_LABEL: None}}})
     if plan.final != plan.record:
         await write_record(sorted(plan.final))
     if plan.changes:

@@ -28,15 +28,15 @@ from typing import Any
 
 import structlog
 
-from gpuslice.api.policy import GROUP, PLURAL, VERSION
+from gpuslice.api.policy import GROUP, PLURAL
 from gpuslice.backoff import Backoff, spread
+from gpuslice.coordinates import CRDS, GPUSLICE, POLICIES, crd_path, group_version_path
 from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotFound
 from gpuslice.kube.watch import watch
 
 log = structlog.get_logger(__name__)
 CRD_NAME = f"{PLURAL}.{GROUP}"
-CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-CRD_PATH = f"{CRDS}/{CRD_NAME}"
+CRD_PATH = crd_path(CRD_NAME)
 FIX = "apply crds/ (kubectl apply --server-side -f crds/, or the install that carries it)"
 
 
@@ -55,7 +55,7 @@ async def crd_state(kube: KubeClient) -> CrdState:
         return CrdState.MISSING
     except Forbidden:
         try:
-            listing = await kube.get(f"/apis/{GROUP}/{VERSION}")
+            listing = await kube.get(group_version_path(GPUSLICE))
         except NotFound:
             return CrdState.MISSING
         return CrdState.SERVED if any(r.get("name") == PLURAL for r in listing.get("resources") or []) else (
@@ -99,7 +99,7 @@ async def wait_for_crd(kube: KubeClient, stop: asyncio.Event, while_missing: Cal
 
 
 async def no_policy_left(kube: KubeClient) -> bool:
-    return not (await kube.get(f"/apis/{GROUP}/{VERSION}/{PLURAL}", limit=1)).get("items")
+    return not (await kube.get(POLICIES, limit=1)).get("items")
 
 
 async def until_crd_leaves(kube: KubeClient, leaving: asyncio.Event, interval: float) -> None:

@@ -36,6 +36,7 @@ from gpuslice.controller.defrag_metrics import BLOCKED, IN_FLIGHT
 from gpuslice.controller.defrag_move import AUTO, Mover, new_move, now_utc, start
 from gpuslice.controller.events import post_object_event
 from gpuslice.controller.settings import ControllerSettings
+from gpuslice.coordinates import policy_path
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.jsontypes import Body
 from gpuslice.kube.client import KubeClient, NotFound
@@ -43,7 +44,7 @@ from gpuslice.planning.node.defrag_taints import parse_time
 from gpuslice.planning.reads.defrag import plan_defrag
 from gpuslice.planning.reads.defrag_model import Plan, Waiting, moves_in_flight
 from gpuslice.planning.reads.scheduler_said import SchedulerSaid
-from gpuslice.reading.cluster import POLICIES, read_cluster, tenants_of
+from gpuslice.reading.cluster import read_cluster, tenants_of
 
 log = structlog.get_logger(__name__)
 FAILED_PAUSE = 3600.0  # seconds Auto plans no move for a claim after a move for it failed
@@ -82,7 +83,7 @@ class Defragmenter:
         name = str(body["metadata"]["name"])
         if moves_in_flight([body]):
             try:
-                fresh = await self.kube.get(f"{POLICIES}/{name}")  # the body may lag our own writes
+                fresh = await self.kube.get(policy_path(name))  # the body may lag our own writes
             except NotFound:
                 return IDLE_TICK
             moves = moves_in_flight([fresh])

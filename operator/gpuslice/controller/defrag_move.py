@@ -43,6 +43,15 @@ from gpuslice.api.status import DefragmentationStatus, DefragMove, DefragOutcome
 from gpuslice.backoff import Backoff
 from gpuslice.controller.defrag_metrics import EVICTIONS, FAILED, FREED, WASTED, who
 from gpuslice.controller.events import post_event, post_object_event
+from gpuslice.coordinates import (
+    SLICES,
+    claim_path,
+    eviction_path,
+    namespace_path,
+    pod_path,
+    policy_path,
+    policy_status_path,
+)
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DEFRAG_TAINT_KEY, DRIVER, short_hash
 from gpuslice.dra.wire import allocation_results, device_gpu, devices_of, is_allocated, newest_generation
 from gpuslice.jsontypes import Body
@@ -62,7 +71,7 @@ from gpuslice.planning.node.defrag_taints import REQUESTED, parse_time
 from gpuslice.planning.reads.defrag_facts import PodFacts, opted_out_namespaces, pod_blocker
 from gpuslice.planning.reads.defrag_model import Plan
 from gpuslice.planning.reads.defrag_request import refusal as request_refusal
-from gpuslice.reading.cluster import POLICIES, RESOURCE, Reading, read_cluster, tenants_of
+from gpuslice.reading.cluster import Reading, read_cluster, tenants_of
 
 log = structlog.get_logger(__name__)
 WRITE_TRIES = 8
@@ -108,7 +117,7 @@ async def update_defrag(kube: KubeClient, policy: str,
     precondition, again on a conflict (the status refresh, another move). ``change`` may refuse with a
     reason (returned; nothing written). None once written."""
     for attempt in range(WRITE_TRIES):
-        body = await kube.get(f"{POLICIES}/{policy}")
+        body = await kube.get(policy_path(policy))
         current = DefragmentationStatus.model_validate((body.get("status") or {}).get("defragmentation") or {})
         changed = change(current)
         if isinstance(changed, str):
@@ -118,7 +127,7 @@ async def update_defrag(kube: KubeClient, policy: str,
         patch = {"metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
                  "status": {"defragmentation": changed.model_dump(by_alias=True, exclude_none=True, mode="json")}}
         try:
-            await kube.merge_patch(f"{POLICIES}/{policy}/status", patch)
+            await kube.merge_patch(policy_status_path(policy), patch)
             return None
         except Conflict:
             await asyncio.sleep(CONFLICT_BACKOFF.after(attempt + 1))
@@ -176,7 +185,7 @@ class Mover:
         name = str(policy["metadata"]["name"])
         if move.phase == REQUESTED:
             return await self._take_up(policy, move, now)
-        claim = await self._get(f"{RESOURCE}/namespaces/{move.claim.namespace}/resourceclaims/{move.claim.name}")
+        claim = await self._get(claim_path(move.claim.namespace, move.claim.name))
         if claim is None or claim["metadata"].get("uid") != move.claim.uid:
             return await self.finish(name, move, "Failed", "Gone", f"the waiting claim {move.claim.namespace}/"
                                                                    f"{move.claim.name} is gone")
@@ -294,11 +303,11 @@ class Mover:
 
     async def _evict(self, policy: Body, move: DefragMove, victim: ObjectRef) -> tuple[str, str] | None:
         """Evict ``victim`` if it is still there and may still be moved; (reason, why) to give up."""
-        body = await self._get(f"/api/v1/namespaces/{victim.namespace}/pods/{victim.name}")
+        body = await self._get(pod_path(victim.namespace, victim.name))
         if body is None or body["metadata"].get("uid") != victim.uid or body["metadata"].get("deletionTimestamp"):
             return None  # gone or going: moved already, never evicted again
         pod = PodFacts.from_body(body)
-        namespace = await self._get(f"/api/v1/namespaces/{victim.namespace}")
+        namespace = await self._get(namespace_path(victim.namespace))
         # Budgets are the Eviction API's to judge, at the moment of the eviction (the plan read them).
         blocker = pod_blocker(pod, tenants_of(policy), opted_out_namespaces([namespace] if namespace else []), ())
         if blocker is not None:
@@ -309,7 +318,7 @@ class Mover:
                     "metadata": {"name": victim.name, "namespace": victim.namespace},
                     "deleteOptions": {"preconditions": {"uid": victim.uid}}}
         try:
-            await self.kube.create(f"/api/v1/namespaces/{victim.namespace}/pods/{victim.name}/eviction", eviction,
+            await self.kube.create(eviction_path(victim.namespace, victim.name), eviction,
                                    retry=NO_RETRY)
         except (NotFound, Conflict):
             return None  # gone, or another pod of that name now: ours is gone
@@ -332,7 +341,7 @@ class Mover:
 
     async def _holds_gpu(self, pod: PodFacts, move: DefragMove) -> bool:
         for claim_name in pod.claims.values():
-            claim = await self._get(f"{RESOURCE}/namespaces/{pod.namespace}/resourceclaims/{claim_name}")
+            claim = await self._get(claim_path(pod.namespace, claim_name))
             if any(r["pool"] == move.node and r["device"].startswith(f"{move.gpu_tag}-")
                    for r in allocation_results(claim or {})):
                 return True
@@ -340,7 +349,7 @@ class Mover:
 
     async def _tainted(self, move: DefragMove) -> bool:
         """Whether the agent published the move's taint on every device of the GPU but the kept one."""
-        slices = await self.kube.list(f"{RESOURCE}/resourceslices", fieldSelector=f"spec.nodeName={move.node}")
+        slices = await self.kube.list(SLICES, fieldSelector=f"spec.nodeName={move.node}")
         newest = newest_generation((s["spec"] for s in slices if s["spec"].get("driver") == DRIVER), move.node)
         devices = [d for d in (devices_of(newest) if newest else [])
                    if device_gpu(d) == move.gpu and d.get("name") != move.device]

@@ -7,6 +7,7 @@ import datetime
 import structlog
 
 from gpuslice.api.policy import GROUP, KIND, VERSION
+from gpuslice.coordinates import event_path, events_in
 from gpuslice.dra.names import short_hash
 from gpuslice.kube.client import Conflict, KubeClient, KubeError
 
@@ -33,7 +34,6 @@ async def post_object_event(kube: KubeClient, namespace: str, involved: dict[str
     finds its earlier self."""
     now = datetime.datetime.now(datetime.UTC)
     stamp = now.strftime(_TIME)
-    events = f"/api/v1/namespaces/{namespace}/events"
     name = f"{involved['name'][:200]}.{short_hash(involved.get('uid', ''), kind, reason, message)}"
     body = {
         "apiVersion": "v1", "kind": "Event",
@@ -45,13 +45,13 @@ async def post_object_event(kube: KubeClient, namespace: str, involved: dict[str
     }
     try:
         try:
-            await kube.create(events, body)
+            await kube.create(events_in(namespace), body)
         except Conflict:
-            earlier = await kube.get(f"{events}/{name}")
+            earlier = await kube.get(event_path(namespace, name))
             last = datetime.datetime.strptime(earlier.get("lastTimestamp") or stamp, _TIME).replace(tzinfo=datetime.UTC)
             if now - last < REPEAT_WINDOW:
                 return
-            await kube.merge_patch(f"{events}/{name}", {"count": int(earlier.get("count") or 1) + 1,
-                                                        "lastTimestamp": stamp})
+            await kube.merge_patch(event_path(namespace, name), {"count": int(earlier.get("count") or 1) + 1,
+                                                                 "lastTimestamp": stamp})
     except KubeError as error:  # an event is worth a log line, never a failed reconcile
         log.warning("could not post event", involved=involved.get("name"), reason=reason, error=error.message)

@@ -34,6 +34,7 @@ from typing import Any
 import aiohttp
 import structlog
 
+from gpuslice.coordinates import lease_path
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import Conflict, KubeClient, KubeError, NotFound
 from gpuslice.kube.transport import Transport
@@ -79,7 +80,7 @@ class LeaderElector:
 
     @property
     def path(self) -> str:
-        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{LEASE_NAME}"
+        return lease_path(self.namespace, LEASE_NAME)
 
     def leading(self) -> bool:
         """True while this copy's own clock says its lease holds (renewed less than ``renew_deadline`` ago)."""
@@ -242,7 +243,7 @@ class WriteGuard:
 
     def allows(self, method: str, url: str) -> bool:
         return (method.upper() in SAFE_METHODS or self.elector.leading()
-                or f"/leases/{LEASE_NAME}" in url)
+                or self.elector.path in url)
 
     async def __call__(self, request: aiohttp.ClientRequest,
                        handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:

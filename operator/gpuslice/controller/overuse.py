@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from gpuslice.backoff import Backoff
+from gpuslice.coordinates import eviction_path, pod_path
 from gpuslice.dra.wire import device_condition, device_statuses
 from gpuslice.kube.client import (
     Forbidden,
@@ -126,7 +127,7 @@ class OveruseEnforcer:
                     await self._evict(kube, pod, policy, state)
 
     async def _evict(self, kube: KubeClient, pod: OverusingPod, policy: str, state: _Eviction) -> None:
-        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+        path = pod_path(pod.namespace, pod.name)
         try:
             body = await kube.get(path)
             why_not = self._refused(pod, body)
@@ -134,7 +135,7 @@ class OveruseEnforcer:
                 state.done = True
                 log.warning("not evicting a pod a node agent marked", pod=pod.ref, claim=pod.claim, reason=why_not)
                 return
-            await kube.create(f"{path}/eviction", {
+            await kube.create(eviction_path(pod.namespace, pod.name), {
                 "apiVersion": "policy/v1", "kind": "Eviction",
                 "metadata": {"name": pod.name, "namespace": pod.namespace},
                 "deleteOptions": {"preconditions": {"uid": pod.uid}}})

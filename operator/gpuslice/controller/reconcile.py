@@ -39,6 +39,7 @@ from gpuslice.controller.tenancy import (
 )
 from gpuslice.controller.tenancy_labels import sync_routes
 from gpuslice.controller.world import World
+from gpuslice.coordinates import DEVICE_CLASSES, policy_status_path
 from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import KubeError
 from gpuslice.planning.cluster.cluster_objects import DeviceRef, desired_ledgers, desired_objects
@@ -58,7 +59,6 @@ from gpuslice.planning.selection import Problem
 from gpuslice.planning.validation import validate
 
 log = structlog.get_logger(__name__)
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 CLOCK_WAIT = 2.0  # the most a reconcile waits for a new quota's second to pass (tenancy.SECOND)
 MEMORY_PROBE_FOR = 30.0  # seconds a probe of the maxMemory webhook stands for
 
@@ -124,7 +124,7 @@ async def _write_records(ctx: Context, policy: GpuSlicePolicy, labels: frozenset
     if classes is not None and classes != in_force(ctx, policy):
         patch["classesInForce"] = [c.model_dump(by_alias=True, exclude_none=True) for c in classes]
     if patch and not defer:
-        await ctx.kube.merge_patch(f"{POLICIES}/{policy.name}/status", {"status": patch})
+        await ctx.kube.merge_patch(policy_status_path(policy.name), {"status": patch})
     state = ctx.policy(policy.name)
     if labels is not None:
         state.label_record = labels
@@ -208,7 +208,7 @@ async def _reconcile(ctx: Context, body: Mapping[str, Any], world: World, conver
         limits = await converge(ctx.kube, policy.name, desired.limits(), LIMIT_KINDS, watched, ctx.applied)
         # What the classes now enforce, before anyone is admitted under it: the admission policy
         # judges claims against this record, never against a spec not converged (tenancy_rule).
-        failed = {path.rsplit("/", 1)[1] for path in limits.failed if "/deviceclasses/" in path}
+        failed = {path.rsplit("/", 1)[1] for path in limits.failed if path.startswith(f"{DEVICE_CLASSES}/")}
         await _write_records(ctx, policy, classes=classes_in_force(kinds, failed, in_force(ctx, policy)))
         # The maxMemory ledgers (their spec: the limit in force) before anyone is admitted under them.
         uids = {n: view.uid for n, view in world.namespaces.items() if view.active and view.uid}

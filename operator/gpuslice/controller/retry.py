@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 import structlog
 from prometheus_client import Counter
 
+from gpuslice.coordinates import CLAIMS, SLICES, device_class_path
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.jsontypes import Body
 from gpuslice.kube.client import KubeClient, NotFound
@@ -36,7 +37,7 @@ from gpuslice.planning.reads.node_fit import NodeFacts
 from gpuslice.planning.reads.occupancy import occupancy
 from gpuslice.planning.reads.published import read_pools
 from gpuslice.planning.reads.retry import Retry, to_retry, turned_away
-from gpuslice.reading.cluster import RESOURCE, tenants_of
+from gpuslice.reading.cluster import tenants_of
 
 log = structlog.get_logger(__name__)
 RETRY_AT = f"{ATTRIBUTE_DOMAIN}/retry-at"
@@ -91,8 +92,8 @@ class SchedulerRetry:
             return []  # no room for them at the last read, and nothing changed since that could make it
         # Every claim takes its devices (admin access takes none): one list of each, cluster-wide.
         slices, claims = await asyncio.gather(
-            self.kube.list(f"{RESOURCE}/resourceslices", fieldSelector=f"spec.driver={DRIVER}"),
-            self.kube.list(f"{RESOURCE}/resourceclaims"))
+            self.kube.list(SLICES, fieldSelector=f"spec.driver={DRIVER}"),
+            self.kube.list(CLAIMS))
         by_ref = {f"{c['metadata']['namespace']}/{c['metadata']['name']}": c for c in claims}
         retries = to_retry(pods, by_ref, policies, occupancy(read_pools(slices, claims)).gpus, nodes)
         self.judged = None if retries else judged
@@ -118,7 +119,7 @@ class SchedulerRetry:
         every pod DRA turned away); the next when one is gone. The class changed, or None."""
         for device_class in sorted(classes):
             try:
-                await self.kube.merge_patch(f"{RESOURCE}/deviceclasses/{device_class}",
+                await self.kube.merge_patch(device_class_path(device_class),
                                             {"metadata": {"annotations": {RETRY_AT: _stamp()}}})
                 return device_class
             except NotFound:

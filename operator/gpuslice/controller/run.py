@@ -22,6 +22,7 @@ from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.startup import check_label_guard, own_namespace, whoami
 from gpuslice.controller.tenancy_labels import MEMORY_ROUTE, sync_tenancy_labels
 from gpuslice.controller.webhook_tls import TlsSettings, keep_webhook_tls, service_hosts, watch_webhook_config
+from gpuslice.coordinates import NAMESPACES
 from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import KubeClient, KubeError
 from gpuslice.kube.compatibility import check_server
@@ -157,7 +158,7 @@ async def _unlabel_all(kube: KubeClient, lock: asyncio.Lock, own: str) -> None:
     """With no CRD no policy names a namespace: every tenancy label but the controller's own goes."""
     namespaces = {ns["metadata"]["name"]: NamespaceView.from_namespace(
         (ns["metadata"].get("labels") or {}), ns["metadata"].get("uid"), ns.get("status") or {})
-        for ns in await kube.list("/api/v1/namespaces")}
+        for ns in await kube.list(NAMESPACES)}
     await sync_tenancy_labels(kube, lock, namespaces, {own})
     await sync_tenancy_labels(kube, lock, namespaces, {own}, MEMORY_ROUTE)
 

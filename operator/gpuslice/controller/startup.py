@@ -10,6 +10,7 @@ import structlog
 from gpuslice.controller.apply import FIELD_MANAGER
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.controller.state import Context
+from gpuslice.coordinates import SELF_SUBJECT_REVIEWS, admission_policy_path, namespace_path
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, TENANCY_JUDGED, TENANCY_LABEL
 from gpuslice.dra.support import taint_rule_api
 from gpuslice.kube.client import KubeClient, KubeError
@@ -22,7 +23,7 @@ SERVICE_ACCOUNT = "system:serviceaccount:"
 
 async def whoami(kube: KubeClient) -> str:
     """The controller's own username, as the apiserver sees it."""
-    review = await kube.create("/apis/authentication.k8s.io/v1/selfsubjectreviews",
+    review = await kube.create(SELF_SUBJECT_REVIEWS,
                                {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
     return str(review["status"]["userInfo"]["username"])
 
@@ -41,7 +42,7 @@ async def check_label_guard(kube: KubeClient, username: str) -> None:
     """The admin-access label guard (manifests/admission.yaml) must exist and let this identity
     set the label: without it tenants could grant themselves admin access, and with another
     username in it every label this controller sets would be refused."""
-    path = f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{ADMIN_LABEL_GUARD}"
+    path = admission_policy_path(ADMIN_LABEL_GUARD)
     try:
         guard = await kube.get(path)
     except KubeError as error:
@@ -69,7 +70,7 @@ async def start_context(kube: KubeClient, settings: ControllerSettings) -> Conte
     try:
         # Its tenancy probe is judged by gpuslice-tenancy only in a labelled namespace (tenancy_labels);
         # labelled before any policy is probed, so the first probe is not answered by another rule.
-        await kube.merge_patch(f"/api/v1/namespaces/{namespace}",
+        await kube.merge_patch(namespace_path(namespace),
                                {"metadata": {"labels": {TENANCY_LABEL: TENANCY_JUDGED}}})
     except KubeError as error:
         log.warning("could not label the controller's namespace; the converges try again", namespace=namespace,

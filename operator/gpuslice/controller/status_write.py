@@ -21,12 +21,12 @@ from gpuslice.controller.metrics import POLICY_METRICS, PolicyFigures
 from gpuslice.controller.state import Context
 from gpuslice.controller.status import STATUS_REFUSED, Findings, build_status, status_body
 from gpuslice.controller.world import World
+from gpuslice.coordinates import policy_path, policy_status_path
 from gpuslice.kube.client import Conflict, KubeError
 from gpuslice.planning.reads.usage import devices_by_policy, published_by_policy, usage
 from gpuslice.planning.selection import Problem
 
 log = structlog.get_logger(__name__)
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
 
 
 def now_stamp() -> str:
@@ -62,7 +62,7 @@ async def write_status(ctx: Context, policy: GpuSlicePolicy, findings: Findings,
     if new == old:
         return
     try:
-        await ctx.kube.merge_patch(f"{POLICIES}/{policy.name}/status", {"status": new})
+        await ctx.kube.merge_patch(policy_status_path(policy.name), {"status": new})
     except KubeError as error:
         if not error.transient:
             # The policy must say why it has no verdict: the condition alone, which the API server
@@ -152,12 +152,12 @@ async def _patch_conditions(ctx: Context, name: str, change: Callable[[Mapping[s
     if change(seen) is None:
         return False
     for attempt in range(3):
-        body = await ctx.kube.get(f"{POLICIES}/{name}")
+        body = await ctx.kube.get(policy_path(name))
         patch = change(body.get("status") or {})
         if patch is None:
             return False
         try:
-            await ctx.kube.merge_patch(f"{POLICIES}/{name}/status", {
+            await ctx.kube.merge_patch(policy_status_path(name), {
                 "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]}, "status": patch})
             return True
         except Conflict:

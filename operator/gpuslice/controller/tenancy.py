@@ -33,6 +33,7 @@ from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.api.status import AdmittedTenant, LimitsInForce
 from gpuslice.controller.admin_access import NamespaceView
 from gpuslice.controller.tenancy_labels import MEMORY_ROUTE, judged
+from gpuslice.coordinates import admission_binding_path, admission_policy_path, claims_in, webhook_configuration_path
 from gpuslice.dra.names import (
     MEMORY_PROBE,
     MEMORY_PROBE_ANSWER,
@@ -46,8 +47,6 @@ from gpuslice.planning.cluster.cluster_objects import quota_name
 from gpuslice.planning.cluster.memory_rule import memory_webhook_drift
 from gpuslice.planning.cluster.tenancy_rule import NON_TENANTS, TENANCY, TENANCY_DENIAL
 from gpuslice.planning.kinds import DeviceKind, quota
-
-ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
 
 # A claim's creationTimestamp has whole seconds: one made in the second its tenant's quota was made
 # cannot be told from one made just before, so a tenant is admitted only once that second is over.
@@ -204,7 +203,7 @@ async def tenancy_unenforced(kube: KubeClient, namespace: str, policy: str, clas
            " policy's devices.")
     rule = f"ValidatingAdmissionPolicy '{TENANCY}'"
     try:
-        await kube.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
+        await kube.request("POST", claims_in(namespace),
                            probe_claim(class_name), query={"dryRun": "All"})
     except KubeError as error:
         if error.transient:
@@ -233,8 +232,8 @@ def not_configured_yet(error: KubeError, rule: str) -> bool:
 async def _non_tenants_missing(kube: KubeClient, fix: str) -> str | None:
     """What is wrong with ``gpuslice-non-tenants`` (the rule and its Deny binding), or None."""
     try:
-        await kube.get(f"{ADMISSION_API}/validatingadmissionpolicies/{NON_TENANTS}")
-        binding = await kube.get(f"{ADMISSION_API}/validatingadmissionpolicybindings/{NON_TENANTS}")
+        await kube.get(admission_policy_path(NON_TENANTS))
+        binding = await kube.get(admission_binding_path(NON_TENANTS))
     except NotFound as error:
         return (f"tenancy is not enforced in namespaces no policy names: {error.message}, so any of them could"
                 f" claim this policy's devices.{fix}")
@@ -264,7 +263,7 @@ async def memory_webhook_unenforced(kube: KubeClient, namespace: str) -> str | N
            " (manifests/webhook-rbac.yaml); until it answers, no tenant's maxMemory is put in force and"
            " their claims of this policy wait.")
     try:
-        await kube.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
+        await kube.request("POST", claims_in(namespace),
                            memory_probe_claim(), query={"dryRun": "All"})
     except KubeError as error:
         if not (MEMORY_WEBHOOK in error.message and MEMORY_PROBE_ANSWER in error.message):
@@ -276,7 +275,7 @@ async def memory_webhook_unenforced(kube: KubeClient, namespace: str) -> str | N
     # The probe is a claim made; an allocation is a write of resourceclaims/status, which no dry run of
     # the controller's can make: the configuration must say the webhook judges it.
     try:
-        config = await kube.get(f"{ADMISSION_API}/validatingwebhookconfigurations/{MEMORY_WEBHOOK_CONFIG}")
+        config = await kube.get(webhook_configuration_path(MEMORY_WEBHOOK_CONFIG))
     except NotFound:
         return f"the ValidatingWebhookConfiguration {MEMORY_WEBHOOK_CONFIG} is gone.{fix}"
     if (drift := memory_webhook_drift(config, namespace)) is not None:

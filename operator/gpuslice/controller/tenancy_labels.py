@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from gpuslice.controller.admin_access import NamespaceView
+from gpuslice.coordinates import namespace_path
 from gpuslice.dra.names import MEMORY_JUDGED, MEMORY_LABEL, TENANCY_JUDGED, TENANCY_LABEL
 from gpuslice.dra.policy_wire import admin_namespaces, tenant_namespaces, tenants
 from gpuslice.kube.client import KubeClient, NotFound
@@ -99,7 +100,7 @@ async def sync_tenancy_labels(kube: KubeClient, lock: asyncio.Lock, namespaces: 
         label, unlabel = plan_tenancy_labels(namespaces, wanted, route, written)
         for name, set_to in [*((n, value) for n in label), *((n, None) for n in unlabel)]:
             try:
-                answer = await kube.merge_patch(f"/api/v1/namespaces/{name}",
+                answer = await kube.merge_patch(namespace_path(name),
                                                 {"metadata": {"labels": {key: set_to}}})
             except NotFound:
                 continue

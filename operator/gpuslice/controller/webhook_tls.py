@@ -27,6 +27,7 @@ import structlog
 
 from gpuslice import certs
 from gpuslice.backoff import Backoff, spread
+from gpuslice.coordinates import WEBHOOK_CONFIGURATIONS, secret_path, secrets_in, webhook_configuration_path
 from gpuslice.dra.names import (
     CONTROLLER_NAMESPACE,
     MANAGED_BY,
@@ -39,7 +40,6 @@ from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.kube.watch import watch
 
 log = structlog.get_logger(__name__)
-WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 RENEW_AT = 1 / 3  # the part of its validity left when a certificate is replaced
 
 
@@ -67,13 +67,9 @@ def _field(secret: dict[str, Any] | None, key: str) -> bytes:
     return base64.b64decode(value) if value else b""
 
 
-def _secrets(home: str) -> str:
-    return f"/api/v1/namespaces/{home}/secrets"
-
-
 async def _secret(kube: KubeClient, name: str, home: str) -> dict[str, Any] | None:
     try:
-        return await kube.get(f"{_secrets(home)}/{name}")
+        return await kube.get(secret_path(home, name))
     except NotFound:
         return None
 
@@ -84,10 +80,10 @@ async def _write_secret(kube: KubeClient, name: str, home: str, live: dict[str, 
                             "metadata": {"name": name, "namespace": home, "labels": dict(MANAGED_BY)},
                             "data": {k: _b64(v) for k, v in data.items()}}
     if live is None:
-        await kube.create(_secrets(home), body)
+        await kube.create(secrets_in(home), body)
     else:  # optimistic concurrency: a conflict is tried again on the next pass
         body["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-        await kube.replace(f"{_secrets(home)}/{name}", body)
+        await kube.replace(secret_path(home, name), body)
 
 
 async def _current_ca(kube: KubeClient, settings: TlsSettings, now: datetime.datetime) -> tuple[certs.Pem, bytes]:
@@ -113,7 +109,7 @@ async def _trust(kube: KubeClient, bundle: bytes) -> bool | None:
     """Put ``bundle`` in every webhook of the configuration: True if it was there already, False if
     written now, None when the configuration is not installed."""
     try:
-        config = await kube.get(f"{WEBHOOKS}/{MEMORY_WEBHOOK_CONFIG}")
+        config = await kube.get(webhook_configuration_path(MEMORY_WEBHOOK_CONFIG))
     except NotFound:
         return None
     wanted = _b64(bundle)
@@ -124,7 +120,7 @@ async def _trust(kube: KubeClient, bundle: bytes) -> bool | None:
                       {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": wanted}]
     if not patch:
         return True
-    await kube.request("PATCH", f"{WEBHOOKS}/{MEMORY_WEBHOOK_CONFIG}", patch,
+    await kube.request("PATCH", webhook_configuration_path(MEMORY_WEBHOOK_CONFIG), patch,
                        content_type="application/json-patch+json")
     log.info("webhook caBundle written", config=MEMORY_WEBHOOK_CONFIG)
     return False
@@ -220,5 +216,5 @@ async def watch_webhook_config(kube: KubeClient, stop: asyncio.Event, changed: a
     def on_error(error: BaseException) -> None:
         log.debug("the maxMemory webhook configuration's watch failed; it is opened again", error=str(error))
 
-    await watch(kube, WEBHOOKS, handler, stop, query={"fieldSelector": f"metadata.name={MEMORY_WEBHOOK_CONFIG}"},
-                on_error=on_error)
+    await watch(kube, WEBHOOK_CONFIGURATIONS, handler, stop,
+                query={"fieldSelector": f"metadata.name={MEMORY_WEBHOOK_CONFIG}"}, on_error=on_error)

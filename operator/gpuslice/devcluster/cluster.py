@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuslice.coordinates import NODES, lease_path
 from gpuslice.devcluster import audit as audit_module
 from gpuslice.devcluster import binaries as binaries_module
 from gpuslice.devcluster import features as features_module
@@ -349,7 +350,7 @@ class DevCluster(FaultControls):
         async def check() -> bool:
             async with await KubeClient.from_kubeconfig(self.state.kubeconfig) as kube:
                 try:
-                    await kube.get(f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}")
+                    await kube.get(lease_path("kube-node-lease", node))
                 except KubeError:
                     return False
             return True
@@ -368,7 +369,7 @@ class DevCluster(FaultControls):
                 body = fake_gpu_node(name, model, count, self.spec.backend,
                                      system=model if model in SYSTEMS else None)
                 try:
-                    await kube.create("/api/v1/nodes", body)
+                    await kube.create(NODES, body)
                 except KubeError as error:
                     raise DevClusterError(f"Creating fake GPU node {name} failed: {error}") from error
         for name, (model, count) in zip(self.node_names, self.spec.node_shapes(), strict=True):

@@ -17,11 +17,11 @@ from typing import Any
 import yaml
 
 from gpuslice.api.crd import agent_view_crd, crd, ledger_crd
+from gpuslice.coordinates import node_path, object_path, token_path
 from gpuslice.devcluster.errors import DevClusterError
 from gpuslice.devcluster.process import Component, http_health
 from gpuslice.dra.names import MEMORY_WEBHOOK_PATH
 from gpuslice.kube.client import KubeClient, KubeError
-from gpuslice.kube.paths import object_path
 from gpuslice.planning.cluster.memory_rule import memory_webhook
 
 FIELD_MANAGER = "gpuslice-dev-cluster"
@@ -58,7 +58,7 @@ async def token_kubeconfig(
         spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Node", "name": bound_node["metadata"]["name"],
                                   "uid": bound_node["metadata"]["uid"]}
     token = await kube.create(
-        f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+        token_path(namespace, name),
         {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
     )
     cluster = {"name": "gpuslice-dev", "cluster": {"server": server,
@@ -107,7 +107,7 @@ async def install(kube: KubeClient, state_dir: Path, server: str, ca_pem: bytes,
 
 async def agent_kubeconfig(kube: KubeClient, node: str, state_dir: Path, server: str, ca_pem: bytes) -> Path:
     try:
-        body = await kube.get(f"/api/v1/nodes/{node}")
+        body = await kube.get(node_path(node))
         return await token_kubeconfig(kube, AGENT_SA, server, ca_pem, state_dir / f"agent-{node}.kubeconfig", body)
     except KubeError as error:
         raise DevClusterError(f"Creating the node agent's identity for {node} failed: {error}") from error

@@ -27,6 +27,7 @@ import click
 from gpuslice.api.status import MAX_REQUESTED_MOVE, DefragmentationStatus, DefragMove
 from gpuslice.controller.defrag_move import new_move, now_utc, start, update_defrag
 from gpuslice.controller.startup import whoami
+from gpuslice.coordinates import policy_path
 from gpuslice.inspect.commands import _connect, _console, _run, cluster_options
 from gpuslice.inspect.render.printable import printable
 from gpuslice.inspect.snapshot import InspectError
@@ -34,7 +35,7 @@ from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotReady
 from gpuslice.planning.node.defrag_taints import parse_time
 from gpuslice.planning.reads.defrag_model import Plan, moves_in_flight
 from gpuslice.planning.reads.occupancy import as_json
-from gpuslice.reading.cluster import POLICIES, Reading, read_cluster
+from gpuslice.reading.cluster import Reading, read_cluster
 from gpuslice.settings import ClusterAccess, from_flags
 
 PHASES = {"Tainting": "the controller took the move up, the node agent taints the GPU",
@@ -83,7 +84,7 @@ async def _follow(kube: KubeClient, policy: str, move: DefragMove, say: Callable
     expires = parse_time(move.expires)
     while True:
         await asyncio.sleep(1.0)
-        body = await kube.get(f"{POLICIES}/{policy}")
+        body = await kube.get(policy_path(policy))
         current = next((m for m in moves_in_flight([body]) if m.id == move.id), None)
         if current is None:
             last = DefragmentationStatus.model_validate(

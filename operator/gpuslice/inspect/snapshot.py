@@ -15,6 +15,23 @@ from dataclasses import replace
 from typing import Any
 
 from gpuslice.api.ledger import ledgers as ledgers_in
+from gpuslice.coordinates import (
+    CLAIMS,
+    DEVICE_CLASSES,
+    NODES,
+    PODS,
+    POLICIES,
+    SLICES,
+    claim_templates_in,
+    claims_in,
+    configmaps_in,
+    device_taint_rules,
+    events_in,
+    namespace_path,
+    pod_path,
+    pods_in,
+    quotas_in,
+)
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRIVER
 from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotFound, Unauthorized
@@ -22,8 +39,6 @@ from gpuslice.planning.reads.pending import Facts
 from gpuslice.planning.reads.published import drain_lists
 from gpuslice.planning.reads.status_report import Snapshot
 
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
-RESOURCE = "/apis/resource.k8s.io/v1"
 DRAIN_LABEL = f"{DRAIN_LIST_LABEL}=true"  # one drain object per draining node (agent.drain)
 VIEWER = "gpuslice-viewer (manifests/viewer-rbac.yaml)"
 NAMESPACES_AT_ONCE = 4  # why -A: namespaces read at a time, five lists each, so 20 requests at most
@@ -65,7 +80,7 @@ async def _optional(call: Awaitable[Any], what: str, notes: list[str]) -> Any:
 async def _taint_rules(kube: KubeClient, notes: list[str]) -> list[dict[str, Any]]:
     """DeviceTaintRules: served in resource.k8s.io/v1 from 1.37, v1beta2 before."""
     for version in ("v1", "v1beta2"):
-        found = await _optional(kube.list(f"/apis/resource.k8s.io/{version}/devicetaintrules"),
+        found = await _optional(kube.list(device_taint_rules(version)),
                                 f"DeviceTaintRules ({version})", notes)
         if found is not None:
             return list(found)
@@ -77,18 +92,18 @@ async def read_snapshot(kube: KubeClient, home: str = CONTROLLER_NAMESPACE) -> S
     notes: list[str] = []
     policies, slices, claims, nodes = await asyncio.gather(
         _list(kube, "GpuSlicePolicies", POLICIES),
-        _list(kube, "ResourceSlices", f"{RESOURCE}/resourceslices", fieldSelector=f"spec.driver={DRIVER}"),
-        _list(kube, "ResourceClaims", f"{RESOURCE}/resourceclaims"),
-        _list(kube, "Nodes", "/api/v1/nodes"),
+        _list(kube, "ResourceSlices", SLICES, fieldSelector=f"spec.driver={DRIVER}"),
+        _list(kube, "ResourceClaims", CLAIMS),
+        _list(kube, "Nodes", NODES),
     )
     rules = await _taint_rules(kube, notes)
-    drains = await _optional(kube.list(f"/api/v1/namespaces/{home}/configmaps", labelSelector=DRAIN_LABEL),
+    drains = await _optional(kube.list(configmaps_in(home), labelSelector=DRAIN_LABEL),
                              f"the agents' drain lists (ConfigMaps gpuslice-draining-<node> in {home})", notes)
     return Snapshot(policies, slices, claims, nodes, rules, drain_lists(drains or []), tuple(notes))
 
 
 async def device_classes(kube: KubeClient) -> dict[str, dict[str, Any]]:
-    return {c["metadata"]["name"]: c for c in await _list(kube, "DeviceClasses", f"{RESOURCE}/deviceclasses")}
+    return {c["metadata"]["name"]: c for c in await _list(kube, "DeviceClasses", DEVICE_CLASSES)}
 
 
 async def namespace_facts(kube: KubeClient, namespace: str, classes: dict[str, dict[str, Any]] | None = None,
@@ -96,13 +111,12 @@ async def namespace_facts(kube: KubeClient, namespace: str, classes: dict[str, d
     """What ``namespace`` holds that bears on a pod of it waiting for a device (no pod yet); its
     reads at once. ``classes``: the DeviceClasses, when the caller has them already; ``home``:
     gpuslice's namespace, where the ledgers are."""
-    ns, resource_ns = f"/api/v1/namespaces/{namespace}", f"{RESOURCE}/namespaces/{namespace}"
     claims, templates, quotas, events, namespace_body, classes, ledgers = await asyncio.gather(
-        _list(kube, f"ResourceClaims in {namespace}", f"{resource_ns}/resourceclaims"),
-        _list(kube, f"ResourceClaimTemplates in {namespace}", f"{resource_ns}/resourceclaimtemplates"),
-        _list(kube, f"ResourceQuotas in {namespace}", f"{ns}/resourcequotas"),
-        _list(kube, f"Events in {namespace}", f"{ns}/events"),
-        _optional(kube.get(ns), f"namespace {namespace}", []),
+        _list(kube, f"ResourceClaims in {namespace}", claims_in(namespace)),
+        _list(kube, f"ResourceClaimTemplates in {namespace}", claim_templates_in(namespace)),
+        _list(kube, f"ResourceQuotas in {namespace}", quotas_in(namespace)),
+        _list(kube, f"Events in {namespace}", events_in(namespace)),
+        _optional(kube.get(namespace_path(namespace)), f"namespace {namespace}", []),
         device_classes(kube) if classes is None else _ready(classes),
         _optional(kube.list(ledgers_in(home), labelSelector=f"gpuslice.dev/tenant={namespace}"),
                   f"the maxMemory ledgers (in {home})", []))
@@ -132,14 +146,14 @@ async def namespaces_facts(kube: KubeClient, namespaces: Iterable[str], classes:
 async def read_facts(kube: KubeClient, namespace: str, name: str, home: str = CONTROLLER_NAMESPACE) -> Facts:
     """The pod ``namespace/name`` (or, when there is none, the ResourceClaim of that name) and what
     the namespace holds that bears on it."""
-    pod = await _optional(kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}"), f"pod {namespace}/{name}", [])
+    pod = await _optional(kube.get(pod_path(namespace, name)), f"pod {namespace}/{name}", [])
     facts = await namespace_facts(kube, namespace, home=home)
     return replace(facts, pod=pod, claim_name=None if pod is not None else name)
 
 
 async def pending_pods(kube: KubeClient, namespace: str | None) -> list[dict[str, Any]]:
     """The Pending pods of ``namespace`` (None: of every namespace), oldest first."""
-    path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
+    path = pods_in(namespace) if namespace else PODS
     pods = await _list(kube, f"pods in {namespace}" if namespace else "pods", path,
                        fieldSelector="status.phase=Pending")
     return sorted(pods, key=lambda p: (str(p["metadata"].get("creationTimestamp", "")),

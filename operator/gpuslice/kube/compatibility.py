@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuslice.coordinates import SLICES, node_path
 from gpuslice.dra.names import DRIVER
 from gpuslice.dra.support import Verdict, dropped, judge_features, judge_server, probe_devices
 from gpuslice.kube.client import AlreadyExists, KubeClient, KubeError
 from gpuslice.kube.discovery import served_resources
-
-SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 async def check_server(kube: KubeClient) -> Verdict:
@@ -30,7 +29,7 @@ async def check_fields(kube: KubeClient, node: str, verdict: Verdict) -> Verdict
     """Dry-run the node's own slices with every field gpuslice writes and see which the server drops
     (a feature gate that is off drops its fields without an error). Slice names the pool does not use
     (``-99``), which the agents' own-node rule allows; nothing is stored."""
-    uid = str((await kube.get(f"/api/v1/nodes/{node}"))["metadata"].get("uid", ""))
+    uid = str((await kube.get(node_path(node)))["metadata"].get("uid", ""))
     counters, devices = probe_devices()
     returned: list[dict[str, Any] | None] = []
     for suffix, content in (("counters-99", {"sharedCounters": counters}), ("devices-99", {"devices": devices})):

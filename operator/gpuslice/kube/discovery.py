@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from gpuslice.coordinates import APIS, group_version_path
 from gpuslice.kube.client import KubeClient
 
 
 async def served_resources(kube: KubeClient, group: str) -> dict[str, list[str]]:
     """``{version: [resource, ...]}`` for ``group``; subresources left out."""
-    groups = await kube.get("/apis")
+    groups = await kube.get(APIS)
     versions = next(
         ([v["version"] for v in g.get("versions", [])] for g in groups.get("groups", [])
          if g["name"] == group),
@@ -15,7 +16,7 @@ async def served_resources(kube: KubeClient, group: str) -> dict[str, list[str]]
     )
     served: dict[str, list[str]] = {}
     for version in versions:
-        listing = await kube.get(f"/apis/{group}/{version}")
+        listing = await kube.get(group_version_path(f"{group}/{version}"))
         served[version] = sorted(
             r["name"] for r in listing.get("resources", []) if "/" not in r["name"]
         )

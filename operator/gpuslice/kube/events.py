@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from gpuslice.coordinates import events_in
 from gpuslice.dra.names import short_hash
 from gpuslice.kube.client import AlreadyExists, KubeClient
 
@@ -30,7 +31,7 @@ async def create_event(kube: KubeClient, involved: dict[str, Any], reason: str, 
         "firstTimestamp": now, "lastTimestamp": now, "count": 1,
     }
     try:
-        await kube.create(f"/api/v1/namespaces/{namespace}/events", body)
+        await kube.create(events_in(namespace), body)
     except AlreadyExists:
         return False
     return True

@@ -10,11 +10,12 @@ concerned: only their pods can wait for a policy's devices, or be moved to free 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpuslice.api.ledger import ledgers
+from gpuslice.coordinates import CLAIMS, NODES, POLICIES, SLICES, budgets_in, configmaps_in, namespace_path, pods_in
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRIVER
 from gpuslice.dra.policy_wire import tenant_namespaces
 from gpuslice.jsontypes import Body
@@ -25,8 +26,6 @@ from gpuslice.planning.reads.defrag_model import Cluster, Plan, Waiting, moves_i
 from gpuslice.planning.reads.node_fit import nodes_by_name
 from gpuslice.planning.reads.published import drain_lists, read_pools
 
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
-RESOURCE = "/apis/resource.k8s.io/v1"
 READS_AT_ONCE = 8  # namespaces read at a time
 
 
@@ -44,14 +43,14 @@ class Reading:
         return plan_defrag(self.cluster, self.waiting)
 
 
-async def in_namespaces(kube: KubeClient, namespaces: Sequence[str], path: str,
+async def in_namespaces(kube: KubeClient, namespaces: Sequence[str], path: Callable[[str], str],
                         **query: str) -> list[dict[str, Any]]:
-    """``path`` (with ``{namespace}``) listed in each of ``namespaces``, a few at a time."""
+    """The collection ``path(namespace)`` listed in each of ``namespaces``, a few at a time."""
     gate = asyncio.Semaphore(READS_AT_ONCE)
 
     async def one(namespace: str) -> list[dict[str, Any]]:
         async with gate:
-            return await kube.list(path.format(namespace=namespace), **query)
+            return await kube.list(path(namespace), **query)
 
     return [item for found in await asyncio.gather(*(one(n) for n in namespaces)) for item in found]
 
@@ -60,7 +59,7 @@ async def _namespaces(kube: KubeClient, names: Sequence[str]) -> list[dict[str, 
     found = []
     for name in names:
         try:
-            found.append(await kube.get(f"/api/v1/namespaces/{name}"))
+            found.append(await kube.get(namespace_path(name)))
         except NotFound:
             continue
     return found
@@ -69,10 +68,10 @@ async def _namespaces(kube: KubeClient, names: Sequence[str]) -> list[dict[str, 
 async def read_cluster(kube: KubeClient, policy: str | None = None, home: str = CONTROLLER_NAMESPACE) -> Reading:
     """Everything the planner reads; with ``policy``, the pods that wait for that policy only."""
     policies, slices, claims, nodes = await asyncio.gather(
-        kube.list(POLICIES), kube.list(f"{RESOURCE}/resourceslices", fieldSelector=f"spec.driver={DRIVER}"),
-        kube.list(f"{RESOURCE}/resourceclaims"), kube.list("/api/v1/nodes"))
+        kube.list(POLICIES), kube.list(SLICES, fieldSelector=f"spec.driver={DRIVER}"),
+        kube.list(CLAIMS), kube.list(NODES))
     try:  # devices the agents drain are no place for a moved pod
-        draining = drain_lists(await kube.list(f"/api/v1/namespaces/{home}/configmaps",
+        draining = drain_lists(await kube.list(configmaps_in(home),
                                                labelSelector=f"{DRAIN_LIST_LABEL}=true"))
     except (NotFound, Forbidden):
         draining = {}
@@ -80,8 +79,8 @@ async def read_cluster(kube: KubeClient, policy: str | None = None, home: str = 
     tenants = {str(p["metadata"]["name"]): tenants_of(p) for p in policies}
     names = sorted({n for p in concerned for n in tenants[str(p["metadata"]["name"])]})
     pods, budgets, namespaces = await asyncio.gather(
-        in_namespaces(kube, names, "/api/v1/namespaces/{namespace}/pods"),
-        in_namespaces(kube, names, "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"),
+        in_namespaces(kube, names, pods_in),
+        in_namespaces(kube, names, budgets_in),
         _namespaces(kube, names))
     pod_facts = [PodFacts.from_body(p) for p in pods]
     claim_facts = [ClaimFacts.from_body(c) for c in claims]

@@ -18,8 +18,9 @@ from typing import Any
 
 import structlog
 
-from gpuslice.api.ledger import MAX_CHARGES, Charge, GpuSliceLedger, ledger_path
+from gpuslice.api.ledger import MAX_CHARGES, Charge, GpuSliceLedger, ledger_path, ledger_status_path
 from gpuslice.backoff import Backoff
+from gpuslice.coordinates import claims_in
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.dra.wire import allocation_results, consumed_quantity
 from gpuslice.kube.client import Conflict, NotFound
@@ -91,7 +92,7 @@ class Ledgers:
                 "status": status}
         written = GpuSliceLedger.from_body(
             await self.state.kube.replace(
-                f"{ledger_path(ledger.spec.policy, ledger.spec.namespace, self.state.home)}/status", body))
+                ledger_status_path(ledger.spec.policy, ledger.spec.namespace, self.state.home), body))
         self.state.keep_ledger(written)
         return written
 
@@ -173,7 +174,7 @@ class Ledgers:
 
     async def _reckon(self, ledger: GpuSliceLedger, grace: datetime.timedelta) -> None:
         kube, spec = self.state.kube, ledger.spec
-        claims_path = f"/apis/resource.k8s.io/v1/namespaces/{spec.namespace}/resourceclaims"
+        claims_path = claims_in(spec.namespace)
         if not ledger.in_force:
             # Count the namespace from the API server itself (a quorum list, not the watch): from
             # here on every allocation is charged, and the tenancy rule admits none until then.

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuslice.api.ledger import GpuSliceLedger
+from gpuslice.coordinates import claim_path
 from gpuslice.dra.names import MEMORY_PROBE, MEMORY_PROBE_ANSWER, class_policy
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.dra.wire import MemoryPolicy
@@ -36,8 +37,6 @@ from gpuslice.planning.memory import (
     too_large_message,
 )
 from gpuslice.webhook.ledger import Ledgers
-
-RESOURCE = "/apis/resource.k8s.io/v1"
 
 
 @dataclass(frozen=True)
@@ -138,7 +137,7 @@ class Reviewer:
         if seen is not None and version and meta.get("resourceVersion") == version and meta.get("name") == name:
             return seen
         try:
-            return await self.state.kube.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}")
+            return await self.state.kube.get(claim_path(namespace, name))
         except NotFound:
             return None
 

@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from gpuslice.coordinates import secret_path
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, MEMORY_WEBHOOK_PATH
 from gpuslice.errors import GpusliceError
 from gpuslice.kube.client import KubeClient, KubeError
@@ -54,7 +55,7 @@ class Tls:
         """Load the Secret if it changed (and the client CAs); whether a certificate is loaded."""
         self.callers.reload(self.context)
         try:
-            body = await self.kube.get(f"/api/v1/namespaces/{self.home}/secrets/{self.secret}")
+            body = await self.kube.get(secret_path(self.home, self.secret))
         except KubeError as error:
             if not self._seen:
                 log.warning("no serving certificate yet; waiting for it", secret=self.secret, error=error.message)

@@ -19,6 +19,7 @@ import structlog
 
 from gpuslice.api.ledger import GpuSliceLedger, ledgers
 from gpuslice.api.status import ClassInForce
+from gpuslice.coordinates import CLAIMS, POLICIES, SLICES
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRIVER
 from gpuslice.dra.policy_wire import tenants
 from gpuslice.dra.quantity import quantity_bytes
@@ -31,9 +32,6 @@ from gpuslice.planning.devices import published_kind
 from gpuslice.planning.memory import claim_policies
 
 log = structlog.get_logger(__name__)
-POLICIES = "/apis/gpuslice.dev/v1alpha1/gpuslicepolicies"
-SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 LOOK_AGAIN = 2.0  # seconds before a pool read from the API server is read again
 MAX_LOOKED = 4096  # pools remembered as read, at most (more are forgotten once their LOOK_AGAIN is over)
 K = TypeVar("K", bound=Hashable)

@@ -213,7 +213,9 @@ async def test_kopf_logs_in_again_when_the_client_certificate_files_are_renewed(
 
 
 class Leading:
-    """The elector as the write guard asks it: does this copy lead now?"""
+    """The elector as the write guard asks it: does this copy lead now, and where is its Lease?"""
+
+    path = f"/apis/coordination.k8s.io/v1/namespaces/gpuslice-system/leases/{LEASE_NAME}"
 
     def __init__(self) -> None:
         self.now = False
@@ -234,7 +236,7 @@ async def test_a_copy_that_does_not_lead_sends_no_write_on_kopfs_session_nor_its
     guard = WriteGuard(cast(LeaderElector, elector))
     kopf_session = (await login.KopfLogin(path, middlewares=[guard]).session()).aiohttp_session
     transport = await connect(path, middlewares=[guard])
-    lease = f"/apis/coordination.k8s.io/v1/namespaces/gpuslice-system/leases/{LEASE_NAME}"
+    lease = elector.path
     try:
         with pytest.raises(aiohttp.ClientConnectionError, match="does not hold the leader Lease"):
             async with kopf_session.patch(f"{base}/apis/gpuslice.dev/v1alpha1/gpuslicepolicies/p", json={}):

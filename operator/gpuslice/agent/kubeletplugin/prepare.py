@@ -38,7 +38,7 @@ from gpuslice.agent.kubeletplugin.errors import (
 from gpuslice.agent.kubeletplugin.modes import prep_of
 from gpuslice.agent.mps.daemons import MpsDaemons, MpsError
 from gpuslice.agent.pool import NodePool
-from gpuslice.api.policy import GROUP, PLURAL, VERSION
+from gpuslice.coordinates import SLICES, claim_path, policy_path
 from gpuslice.dra import cdi
 from gpuslice.dra.names import DRIVER
 from gpuslice.dra.policy_wire import admin_namespaces, tenant_namespaces
@@ -59,8 +59,6 @@ from gpuslice.planning.node.mps import DaemonDirs, DaemonKey, client_edits
 from gpuslice.planning.node.overlap import Holding, overlaps
 
 log = structlog.get_logger(__name__)
-SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-POLICIES = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 
 
 @dataclass(frozen=True)
@@ -141,7 +139,7 @@ class Preparer:
                 raise
 
     async def _our_results(self, claim: ClaimRef) -> list[AllocationResult]:
-        path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
+        path = claim_path(claim.namespace, claim.name)
         try:
             body = await self.kube.get(path)
         except NotFound:
@@ -229,7 +227,7 @@ class Preparer:
         wanted = sorted({(devices[r["device"]].policy, bool(r.get("adminAccess"))) for r in results})
         for policy, admin in wanted:
             try:
-                body = await self.kube.get(f"{POLICIES}/{policy}")
+                body = await self.kube.get(policy_path(policy))
             except NotFound:
                 raise NotATenant(f"claim {claim} was allocated devices of GpuSlicePolicy {policy}, which does"
                                  " not exist now; they are given to no container (if the policy is being"

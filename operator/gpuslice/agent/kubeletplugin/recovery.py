@@ -24,6 +24,7 @@ from gpuslice.agent.gpus import GpuBackendError
 from gpuslice.agent.kubeletplugin.checkpoint import ClaimCheckpoint
 from gpuslice.agent.kubeletplugin.prepare import ClaimRef, Preparer
 from gpuslice.agent.mps.daemons import MpsError
+from gpuslice.coordinates import claim_path
 from gpuslice.kube.client import KubeError, NotFound
 
 log = structlog.get_logger(__name__)
@@ -93,7 +94,7 @@ async def collect_stale(preparer: Preparer, in_use: set[str] | None = None) -> l
     for checkpoint in preparer.checkpoints.all():
         if checkpoint.phase != "completed" or f"{checkpoint.namespace}/{checkpoint.name}" in (in_use or set()):
             continue
-        path = f"/apis/resource.k8s.io/v1/namespaces/{checkpoint.namespace}/resourceclaims/{checkpoint.name}"
+        path = claim_path(checkpoint.namespace, checkpoint.name)
         try:
             uid = (await preparer.kube.get(path))["metadata"].get("uid")
         except NotFound:

@@ -20,11 +20,11 @@ from collections.abc import Mapping
 
 import structlog
 
+from gpuslice.coordinates import claim_status_path
 from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.planning.overuse import DeviceKey, Mark, device_entry
 
 log = structlog.get_logger(__name__)
-CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 
 
 async def apply_marks(kube: KubeClient, node: str, claim: str, marks: Mapping[DeviceKey, Mark]) -> bool:
@@ -36,7 +36,7 @@ async def apply_marks(kube: KubeClient, node: str, claim: str, marks: Mapping[De
             "metadata": {"name": name, "namespace": namespace},
             "status": {"devices": [device_entry(key, mark) for key, mark in sorted(marks.items())]}}
     try:
-        await kube.apply(CLAIMS.format(namespace=namespace, name=name) + "/status", body,
+        await kube.apply(claim_status_path(namespace, name), body,
                          field_manager=f"gpuslice-agent-{node}")
     except NotFound:
         return True

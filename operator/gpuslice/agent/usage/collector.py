@@ -38,6 +38,7 @@ from gpuslice.agent.usage.actions import apply_marks
 from gpuslice.agent.usage.metrics import USAGE_PASSES, USE, UseSnapshot
 from gpuslice.agent.usage.pidns import sees_node_pids
 from gpuslice.agent.usage.podresources import HeldDevice, PodResources, PodResourcesError
+from gpuslice.coordinates import claim_path
 from gpuslice.dra.quantity import format_bytes
 from gpuslice.dra.wire import reserved_for
 from gpuslice.inventory.gpus import Gpu
@@ -58,7 +59,6 @@ from gpuslice.planning.node.gpu_use import (
 from gpuslice.planning.overuse import DeviceKey, Mark, Overuser, read_marks, summary
 
 log = structlog.get_logger(__name__)
-CLAIM = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 REREAD = 30.0  # seconds before a claim is read again for a pod UID it did not name
 
 
@@ -286,7 +286,7 @@ class UsageCollector:
                 continue
             namespace, name = claim.split("/", 1)
             try:
-                body = await self.kube.get(CLAIM.format(namespace=namespace, name=name))
+                body = await self.kube.get(claim_path(namespace, name))
             except KubeError as error:
                 log.warning("could not read a claim for its pods' UIDs", node=self.node, claim=claim, error=str(error))
                 continue
