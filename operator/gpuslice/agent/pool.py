@@ -25,9 +25,9 @@ import structlog
 from gpuslice.agent.coexistence import DEVICE_PLUGIN_DRIVER, OtherDrivers
 from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import GenerationRefused, Refusals, dry_run, refused_policies
-from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.mig_manager import MigManager
+from gpuslice.agent.node_state.checkpoint import Checkpoints
+from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.agent.published import Published, PublishedRecord
 from gpuslice.agent.publisher import (
     CLAIM_READS,

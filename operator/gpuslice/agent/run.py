@@ -22,10 +22,10 @@ from gpuslice.agent.drain import RECHECK, Drains
 from gpuslice.agent.events import node_ref, record_event
 from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.health import HealthMonitor
-from gpuslice.agent.kubeletplugin.checkpoint import read_boot_id
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.kubeletplugin.node import NodePlugin
 from gpuslice.agent.kubeletplugin.recovery import collect_stale
+from gpuslice.agent.node_state.checkpoint import read_boot_id
+from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.agent.pool import NodePool
 from gpuslice.agent.publisher import CYCLES
 from gpuslice.agent.settings import AgentSettings

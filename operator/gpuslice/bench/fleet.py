@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gpuslice.agent.drain import RECHECK, Drains
 from gpuslice.agent.gpus.fake import FakeBackend
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
+from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.agent.pool import NodePool
 from gpuslice.agent.run import publish_loop
 from gpuslice.agent.settings import AgentSettings

@@ -13,11 +13,11 @@ from typing import Any
 from gpuslice.agent.drain import DRAINING, MARKER, PROBE, Drains
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
-from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints, ClaimCheckpoint, PreparedDevice
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.kubeletplugin.prepare import Preparer
 from gpuslice.agent.mig_manager import APPLIED_FILE
 from gpuslice.agent.mps.daemons import MpsDaemons
+from gpuslice.agent.node_state.checkpoint import Checkpoints, ClaimCheckpoint, PreparedDevice
+from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.agent.pool import NodePool, Observed
 from gpuslice.agent.published import PublishedRecord
 from gpuslice.agent.publisher import PublishResult
