@@ -14,7 +14,6 @@ import contextlib
 import signal
 import time
 
-import aiohttp
 import structlog
 from prometheus_client import REGISTRY, Gauge, Histogram
 
@@ -42,7 +41,7 @@ from gpuslice.agent.watches import AgentWatches
 from gpuslice.backoff import Backoff, spread
 from gpuslice.dra.support import Verdict
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.kube.client import KubeClient, KubeError, NotFound
+from gpuslice.kube.client import NO_ANSWER, KubeClient, KubeError, NotFound
 from gpuslice.observability.logging import configure_logging
 from gpuslice.observability.metrics import announce, serve_metrics
 from gpuslice.planning.devices import Device
@@ -93,7 +92,7 @@ async def publish_loop(settings: AgentSettings, pool: NodePool, wake: asyncio.Ev
             wait = backoff.next()
             if isinstance(error, NotFound) and error.kind == "nodes":
                 log.warning("this agent's Node does not exist (yet); will retry", node=node)
-            elif isinstance(error, KubeError | aiohttp.ClientError | TimeoutError | ConnectionError):
+            elif isinstance(error, (KubeError, *NO_ANSWER)):
                 # The apiserver busy (429), restarting or slow: expected at scale, not a bug.
                 log.warning("publishing failed; will retry", node=node, error=str(error) or type(error).__name__,
                             retry_in=round(wait, 1))
