@@ -109,9 +109,9 @@ class Preparer:
     leaving the MIG instances of its static layouts alone."""
 
     def __init__(self, pool: NodePool, cdi_dir: CdiDirectory, mps: MpsDaemons) -> None:
-        if pool.checkpoints is None:
-            raise ValueError("the kubelet plugin needs a pool kept in its state directory (NodePool.kept_in)")
-        self.pool, self.checkpoints = pool, pool.checkpoints
+        if pool.state.checkpoints is None:
+            raise ValueError("the kubelet plugin needs a pool kept in its state directory (PoolState.kept_in)")
+        self.pool, self.checkpoints = pool, pool.state.checkpoints
         self.node, self.kube, self.ops = pool.node, pool.kube, pool.ops
         self.cdi, self.mps = cdi_dir, mps
         self._claim_locks: dict[str, asyncio.Lock] = {}
