@@ -13,13 +13,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import structlog
 from prometheus_client import Counter, Gauge
 
 from gpuslice.agent.events import node_ref, record_event
 from gpuslice.agent.gpus import GpuBackend, GpuBackendError
-from gpuslice.agent.settings import HealthSettings
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.jsontypes import Object
 from gpuslice.kube.client import KubeClient
@@ -33,6 +33,15 @@ UNHEALTHY = Gauge("gpuslice_agent_gpu_unhealthy", "1 for each GPU that is unheal
 FAULTS = Counter("gpuslice_agent_gpu_faults", "Faults the GPU backend reported, by GPU and kind (xid, ecc, lost),"
                  " once per health check that reports one.",
                  ["node", "gpu", "index", "kind"])
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """How the agent watches GPU health. ``recovery`` is the hysteresis: an unhealthy GPU's taint is
+    lifted only after this long without a fault, so a flapping GPU does not churn the slices."""
+
+    interval: float = 2.0  # seconds between polls of the backend
+    recovery: float = 300.0
 
 
 class HealthMonitor:

@@ -39,7 +39,7 @@ import structlog
 from gpuslice.agent.events import policy_ref, record_event
 from gpuslice.agent.files import write_atomic
 from gpuslice.agent.gpus import GpuBackendError
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
+from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.backoff import spread
 from gpuslice.dra.names import MIG_FAILED_TAINT_KEY, RECONFIGURING_TAINT_KEY

@@ -15,20 +15,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import structlog
 
 from gpuslice.agent.coexistence import DEVICE_PLUGIN_DRIVER, OtherDrivers
-from gpuslice.agent.drain import Drains
 from gpuslice.agent.dryrun import GenerationRefused, Refusals, dry_run, refused_policies
-from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
-from gpuslice.agent.mig_manager import MigManager
-from gpuslice.agent.published import Published, PublishedRecord
+from gpuslice.agent.node_state.gpuops import GpuOps
+from gpuslice.agent.pool_state import PoolState
+from gpuslice.agent.published import Published
 from gpuslice.agent.publisher import (
     CLAIM_READS,
     CYCLES,
@@ -144,65 +141,43 @@ class NodePool:
 
     ``gpus`` are those found at start; ``ops`` changes them one call at a time per GPU. ``lock``:
     a cycle runs under it, and so does prepare's check that a device is published, so the two
-    never interleave. With the node's state directory (``kept_in``): ``record``, what was last
-    written (an empty pool, which the kubelet wiped, is taken to be what it says, so held devices
-    come back unchanged); ``checkpoints``, the kubelet plugin's prepares, whose devices count as
-    allocated whatever the claims say yet; ``mig``, which makes static MIG layouts real
-    (``mig_manager``: it adjusts the plan, adds its taints, and reconfigures a drained GPU after
-    the write). ``statuses``: taints by GPU UUID (unhealthy) laid onto every device of the GPU,
-    held ones included. ``unsupported``: slicing mode -> why the API server cannot serve it
-    (``agent.startup``); such policies keep what they published. ``drains``: free devices change
-    only once no claim can get them any more (``agent.drain``); ``refusals``: the policies whose
+    never interleave. ``state``: what the pool is built with besides (``agent.pool_state``: the
+    record, the checkpoints and the MIG manager, kept in the node's state directory; the drains; the
+    GPUs' health taints; the modes the API server cannot serve). ``refusals``: the policies whose
     devices the API server refused (``agent.dryrun``). A GPU another DRA driver publishes on the
     node is left out (its allocated devices held as any GPU's that went), and ``others`` tells
     people. GPUs the plan leaves out for a state only the agent sees (``planning.left_out``) are
     written on every slice of the pool, on an empty one when it has no device, for the controller.
     """
 
-    def __init__(self, node: str, kube: KubeClient, ops: GpuOps, *, record: PublishedRecord | None = None,
-                 checkpoints: Checkpoints | None = None, mig: MigManager | None = None,
-                 statuses: Callable[[], Mapping[str, Sequence[Object]]] = dict,
-                 unsupported: Mapping[str, str] | None = None, drains: Drains | None = None) -> None:
-        self.node, self.kube, self.ops = node, kube, ops
+    def __init__(self, node: str, kube: KubeClient, ops: GpuOps, state: PoolState) -> None:
+        self.node, self.kube, self.ops, self.state = node, kube, ops, state
         self.gpus: list[Gpu] = list(ops.gpus.values())
-        self.record, self.checkpoints, self.mig = record, checkpoints, mig
-        self.statuses, self.unsupported = statuses, unsupported
         self.lock = asyncio.Lock()
-        self.drains = drains if drains is not None else Drains()
         self.refusals, self.others = Refusals(), OtherDrivers()
         self.view: AgentView | None = None  # the watches' view of the last cycle: this agent's writes go in it
-
-    @classmethod
-    def kept_in(cls, state: Path, node: str, kube: KubeClient, ops: GpuOps, *, boot_id: str | None = None,
-                statuses: Callable[[], Mapping[str, Sequence[Object]]] = dict,
-                drains: Drains | None = None) -> NodePool:
-        """The pool with what the node keeps in ``state`` (created if missing): the record, the
-        checkpoints (stamped with ``boot_id``) and the MIG manager's applied layouts."""
-        state.mkdir(parents=True, exist_ok=True)
-        return cls(node, kube, ops, record=PublishedRecord(state), checkpoints=Checkpoints(state, boot_id),
-                   mig=MigManager(node, ops, state), statuses=statuses, drains=drains)
 
     def held(self) -> set[str]:
         """Devices of this pool that a local checkpoint names (prepared, or being prepared): counted
         as allocated even before the claim's status says so. Not those prepared with admin access,
         which takes no device and holds nothing back."""
-        if self.checkpoints is None:
+        if self.state.checkpoints is None:
             return set()
-        return {d.device for c in self.checkpoints.all() for d in c.devices if not d.admin_access}
+        return {d.device for c in self.state.checkpoints.all() for d in c.devices if not d.admin_access}
 
     def held_gpus(self) -> set[str]:
         """GPUs a local checkpoint holds a device of (not with admin access, as ``held``)."""
-        if self.checkpoints is None:
+        if self.state.checkpoints is None:
             return set()
-        return {d.gpu_uuid for c in self.checkpoints.all() for d in c.devices if not d.admin_access}
+        return {d.gpu_uuid for c in self.state.checkpoints.all() for d in c.devices if not d.admin_access}
 
     def static_gpus(self) -> set[str]:
         """GPUs whose MIG instances a static layout owns (prepare never makes or destroys them)."""
-        return self.mig.static_gpus() if self.mig is not None else set()
+        return self.state.mig.static_gpus() if self.state.mig is not None else set()
 
     def waits_for_claims(self, result: PublishResult) -> bool:
         """Whether a change waits for a claim to go (the agent then watches claims)."""
-        return bool(result.held) or bool(self.mig is not None and self.mig.pending)
+        return bool(result.held) or bool(self.state.mig is not None and self.state.mig.pending)
 
     async def publish(self, view: AgentView | None = None) -> PublishResult:
         """One cycle (the caller holds ``lock``). With a synced ``view``, the policies and the Node
@@ -217,19 +192,19 @@ class NodePool:
         first plan would remove or alter a published device or a drain or a MIG reconfiguration
         waits, every claim. The claims are read after the drains' probes, so a claim that got a
         tainted device before the API server refused it is seen (and keeps it)."""
-        kube, node, mig = self.kube, self.node, self.mig
-        held, statuses = self.held(), self.statuses()
+        kube, node, mig = self.kube, self.node, self.state.mig
+        held, statuses = self.held(), self.state.statuses()
         self.view = view
         if view is not None and view.synced:
             if view.node is None:
                 raise NotFound(404, "NotFound", f'nodes "{node}" not found',
                                {"details": {"kind": "nodes", "name": node}})
             node_body, bodies = view.node, list(view.policies.values())
-            policies = sort_policies(bodies, self.unsupported, view.parsed)
+            policies = sort_policies(bodies, self.state.unsupported, view.parsed)
         else:
             node_body = await kube.get(node_path(node))
-            bodies = [policy_of(v) for v in await kube.list(views_in(self.drains.home))]
-            policies = sort_policies(bodies, self.unsupported)
+            bodies = [policy_of(v) for v in await kube.list(views_in(self.state.drains.home))]
+            policies = sort_policies(bodies, self.state.unsupported)
         labels = node_body["metadata"].get("labels") or {}
         if view is not None and view.synced and view.slices_listed.is_set():
             on_node = list(view.slices.values())  # as the watch holds them, with this agent's own writes
@@ -247,7 +222,7 @@ class NodePool:
             gpus = await mig.refresh(gpus)
         published = [d for s in existing for d in slice_devices(s["spec"])]
         counter_sets = [c for s in existing for c in slice_counter_sets(s["spec"])]
-        last = self.record.load() if self.record is not None else None
+        last = self.state.record.load() if self.state.record is not None else None
         if not existing and last is not None and last.devices:
             published, counter_sets = last.devices, last.counter_sets
             log.warning("the pool's slices are gone (the kubelet wipes them when the plugin was away); republishing"
@@ -256,8 +231,8 @@ class NodePool:
             busy = {gpu for d in published if (gpu := device_gpu(d)) is not None} | self.held_gpus()
             gpus = await mig.release(gpus, plan_node_pool(labels, gpus, policies.plannable), policies.plannable,
                                      labels, busy)
-        await self.drains.load(kube, node)
-        drained = await self.drains.refused(
+        await self.state.drains.load(kube, node)
+        drained = await self.state.drains.refused(
             kube, node, {d["name"] for d in published if _pending(d) or _reconfiguring(d)})
         drained |= mig.drained(published) if mig is not None else set()
         # Leaving refused policies out later only freezes more devices, so this plan is the most that can change.
@@ -274,7 +249,7 @@ class NodePool:
 
     async def _planned(self, labels: Mapping[str, str], gpus: list[Gpu], policies: list[GpuSlicePolicy]) -> NodePlan:
         plan = plan_node_pool(labels, gpus, policies)
-        return await self.mig.adjust(plan, policies) if self.mig is not None else plan
+        return await self.state.mig.adjust(plan, policies) if self.state.mig is not None else plan
 
     # Plan
 
@@ -282,7 +257,7 @@ class NodePool:
         """The plan, made safe and tainted, as the API server accepts it: a generation it refuses in
         a dry run leaves out the policies it blames, and is planned again (each round leaves out at
         least one more, or raises ``GenerationRefused``)."""
-        node, mig, o = self.node, self.mig, observed
+        node, mig, o = self.node, self.state.mig, observed
         generations = {pool_mark(s["spec"])[1] for s in o.existing}
         counts = {pool_mark(s["spec"])[2] for s in o.existing}
         current = o.current
@@ -312,7 +287,7 @@ class NodePool:
             HELD.set(len(safe.held))
             REFUSED.set(len(refused))
             reconfiguring = mig.draining_devices(o.published) if mig is not None else set()
-            listed = self.drains.wanted(set(safe.draining) | reconfiguring, {d["name"] for d in o.published},
+            listed = self.state.drains.wanted(set(safe.draining) | reconfiguring, {d["name"] for d in o.published},
                                         {d["name"] for s in slices for d in s.devices})
             if unchanged or (not wanted and not current):
                 return PoolPlan(plan, safe, slices, refused, listed, {}, unchanged=True)
@@ -340,21 +315,21 @@ class NodePool:
         kube, node, o, safe = self.kube, self.node, observed, plan.safe
         refused = tuple(sorted(plan.refused))
         if plan.unchanged:
-            await self.drains.write(kube, node, plan.listed)
-            if (self.record is not None and o.existing
+            await self.state.drains.write(kube, node, plan.listed)
+            if (self.state.record is not None and o.existing
                     and not _records(o.last, o.generation, o.published, o.counter_sets)):
                 # Slices of an earlier agent, or a generation recorded but never written (killed first).
-                self.record.save(Published(o.generation, o.published, o.counter_sets))
+                self.state.record.save(Published(o.generation, o.published, o.counter_sets))
             CYCLES.labels(outcome="unchanged").inc()
             return PublishResult(o.generation, (), (), safe.held, plan.plan.notes, safe.draining, refused,
                                  await self._reconfigure(o))
         generation = o.generation + 1  # the whole generation passed the dry run: write it
-        await self.drains.write(kube, node, plan.listed)  # devices that start draining are listed before tainted
-        if self.record is not None:
+        await self.state.drains.write(kube, node, plan.listed)  # devices that start draining are listed before tainted
+        if self.state.record is not None:
             # Recorded before any of it is written: a claim may get a device of this generation as soon as
             # it is complete, and an agent killed before the record was saved, whose pool the kubelet then
             # wiped, republished an older one without that device (T9 of the December hostile review).
-            self.record.save(Published(generation, [d for s in plan.slices for d in s.devices],
+            self.state.record.save(Published(generation, [d for s in plan.slices for d in s.devices],
                                        [c for s in plan.slices for c in s.shared_counters]))
         deleted = []
         for name in sorted(set(o.current) - set(plan.manifests)):
@@ -387,6 +362,6 @@ class NodePool:
 
     async def _reconfigure(self, observed: Observed) -> bool:
         """Let the MIG manager reconfigure a GPU that has drained (True: publish again now)."""
-        if self.mig is None:
+        if self.state.mig is None:
             return False
-        return await self.mig.reconfigure(self.kube, observed.allocated, observed.published, observed.drained)
+        return await self.state.mig.reconfigure(self.kube, observed.allocated, observed.published, observed.drained)

@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import signal
 import time
+from dataclasses import replace
 
-import aiohttp
 import structlog
 from prometheus_client import REGISTRY, Gauge, Histogram
 
@@ -22,11 +22,12 @@ from gpuslice.agent.drain import RECHECK, Drains
 from gpuslice.agent.events import node_ref, record_event
 from gpuslice.agent.gpus import GpuBackend
 from gpuslice.agent.health import HealthMonitor
-from gpuslice.agent.kubeletplugin.checkpoint import read_boot_id
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.kubeletplugin.node import NodePlugin
 from gpuslice.agent.kubeletplugin.recovery import collect_stale
+from gpuslice.agent.node_state.checkpoint import read_boot_id
+from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.agent.pool import NodePool
+from gpuslice.agent.pool_state import PoolState
 from gpuslice.agent.publisher import CYCLES
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.agent.startup import (
@@ -42,7 +43,7 @@ from gpuslice.agent.watches import AgentWatches
 from gpuslice.backoff import Backoff, spread
 from gpuslice.dra.support import Verdict
 from gpuslice.inventory.gpus import Gpu
-from gpuslice.kube.client import KubeClient, KubeError, NotFound
+from gpuslice.kube.client import NO_ANSWER, KubeClient, KubeError, NotFound
 from gpuslice.observability.logging import configure_logging
 from gpuslice.observability.metrics import announce, serve_metrics
 from gpuslice.planning.devices import Device
@@ -66,7 +67,7 @@ async def publish_loop(settings: AgentSettings, pool: NodePool, wake: asyncio.Ev
     from them once they have listed, and claims are watched only while a change waits for a claim."""
     node, resync, backoff = settings.node, settings.resync, Backoff(1.0, settings.max_backoff)
     while not stop.is_set():
-        due = pool.drains.due_in()
+        due = pool.state.drains.due_in()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(resync if due is None else min(resync, due)):
                 await wake.wait()
@@ -93,7 +94,7 @@ async def publish_loop(settings: AgentSettings, pool: NodePool, wake: asyncio.Ev
             wait = backoff.next()
             if isinstance(error, NotFound) and error.kind == "nodes":
                 log.warning("this agent's Node does not exist (yet); will retry", node=node)
-            elif isinstance(error, KubeError | aiohttp.ClientError | TimeoutError | ConnectionError):
+            elif isinstance(error, (KubeError, *NO_ANSWER)):
                 # The apiserver busy (429), restarting or slow: expected at scale, not a bug.
                 log.warning("publishing failed; will retry", node=node, error=str(error) or type(error).__name__,
                             retry_in=round(wait, 1))
@@ -152,7 +153,8 @@ def usage_collector(kube: KubeClient, settings: AgentSettings, backend: GpuBacke
                     plugin: NodePlugin) -> UsageCollector:
     """Each pod's GPU use on this node, against the claims the plugin prepared."""
     def published() -> dict[str, tuple[str, int]]:
-        last = plugin.pool.record.load() if plugin.pool.record is not None else None
+        record = plugin.pool.state.record
+        last = record.load() if record is not None else None
         typed = [Device.from_manifest(d) for d in (last.devices if last else [])]
         return {d.name: (d.policy, d.memory) for d in typed if d is not None}
 
@@ -262,9 +264,10 @@ class _Agent:
         # The kubelet plugin registers only once the node matches its checkpoints (NodePlugin.start).
         self.waiting_for = "the kubelet plugin is starting (recovering its checkpoints)"
         settings.plugin.paths.check()  # before anything is written on the node
-        pool = NodePool.kept_in(settings.plugin.resolved_state_dir, node, kube, GpuOps(backend, gpus),
-                                boot_id=read_boot_id(settings.plugin.boot_id_file), statuses=health.taints,
-                                drains=Drains(recheck=Backoff(RECHECK, settings.resync), home=settings.home))
+        ops = GpuOps(backend, gpus)
+        pool = NodePool(node, kube, ops, PoolState.kept_in(
+            settings.plugin.resolved_state_dir, node, ops, boot_id=read_boot_id(settings.plugin.boot_id_file),
+            statuses=health.taints, drains=Drains(recheck=Backoff(RECHECK, settings.resync), home=settings.home)))
         plugin = self.plugin = await NodePlugin.start(pool, backend, settings.plugin, health)
         # Prepared MPS clients keep their daemon whatever the API server does.
         self.helpers.append(asyncio.create_task(plugin.preparer.mps.run(
@@ -274,7 +277,8 @@ class _Agent:
             verdict = await self.server_verdict(kube) if await self.containers_servable(kube, backend) else None
             if verdict is not None:
                 watches.start()
-                pool.unsupported = verdict.unsupported_modes()  # their policies publish nothing new here
+                # Their policies publish nothing new here (set before the publisher starts: no cycle reads it).
+                pool.state = replace(pool.state, unsupported=verdict.unsupported_modes())
                 self.publisher = asyncio.create_task(publish_loop(settings, pool, self.wake, self.stop, watches))
                 self.helpers.append(asyncio.create_task(health.run(kube, self.stop)))
                 self.helpers.append(asyncio.create_task(stale_claims_loop(

@@ -1,31 +1,21 @@
 """Everything the node agent can be told, in one place (flags and ``GPUSLICE_*`` environment variables).
 
 ``AgentSettings`` is the documented model (``docs/configuration.md`` is generated from it);
-``HealthSettings`` and ``kubeletplugin.settings.PluginSettings`` are the parts the health monitor
-and the kubelet plugin take, derived from it.
+``health.HealthSettings`` and ``kubeletplugin.settings.PluginSettings`` are the parts the health monitor
+and the kubelet plugin take, derived from it (each beside what takes it, so neither imports this module).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from gpuslice.agent.health import HealthSettings
 from gpuslice.agent.kubeletplugin.settings import PluginSettings
 from gpuslice.settings import ProcessSettings
-
-
-@dataclass(frozen=True)
-class HealthSettings:
-    """How the agent watches GPU health. ``recovery`` is the hysteresis: an unhealthy GPU's taint is
-    lifted only after this long without a fault, so a flapping GPU does not churn the slices."""
-
-    interval: float = 2.0  # seconds between polls of the backend
-    recovery: float = 300.0
-
 
 _PLUGIN, _HEALTH = PluginSettings(), HealthSettings()
 NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")

@@ -15,7 +15,6 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import aiohttp
 import structlog
 
 from gpuslice.agent.gpus import GpuBackend
@@ -25,7 +24,7 @@ from gpuslice.coordinates import node_path
 from gpuslice.dra.support import Verdict
 from gpuslice.errors import GpusliceError
 from gpuslice.inventory.nodes import FAKE_COUNT, FAKE_MODEL, FAKE_SYSTEM
-from gpuslice.kube.client import KubeClient, KubeError, NotFound
+from gpuslice.kube.client import NO_ANSWER, KubeClient, KubeError, NotFound
 from gpuslice.kube.compatibility import check_fields, check_server
 
 log = structlog.get_logger(__name__)
@@ -60,7 +59,7 @@ async def until_answered(ask: Callable[[], Awaitable[T]], stop: asyncio.Event, n
             if not (error.transient or isinstance(error, NotFound)):
                 raise AgentStopped(f"{what}: the API server refused: {error}") from None
             reason = str(error)
-        except (aiohttp.ClientError, TimeoutError, ConnectionError) as error:
+        except NO_ANSWER as error:
             reason = str(error) or type(error).__name__
         # Jittered: after an outage a fleet's agents must not ask again in step.
         wait = backoff.next()

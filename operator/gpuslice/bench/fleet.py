@@ -18,8 +18,9 @@ from pathlib import Path
 
 from gpuslice.agent.drain import RECHECK, Drains
 from gpuslice.agent.gpus.fake import FakeBackend
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
+from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.agent.pool import NodePool
+from gpuslice.agent.pool_state import PoolState
 from gpuslice.agent.run import publish_loop
 from gpuslice.agent.settings import AgentSettings
 from gpuslice.agent.startup import AgentStopped, check_cluster
@@ -70,8 +71,8 @@ class Fleet:
             print(f"bench: agent {node} publishes nothing, as a real one would not: {error}", flush=True)
             return
         if verdict is not None:
-            pool = NodePool(node, kube, ops, unsupported=verdict.unsupported_modes(),
-                            drains=Drains(recheck=Backoff(RECHECK, self.resync)))
+            pool = NodePool(node, kube, ops, PoolState(drains=Drains(recheck=Backoff(RECHECK, self.resync)),
+                                                      unsupported=verdict.unsupported_modes()))
             await publish_loop(AgentSettings(node=node, backend="fake", resync=self.resync), pool, wake, self.stop,
                                watches)
 

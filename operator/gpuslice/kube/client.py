@@ -39,6 +39,11 @@ from gpuslice.kube.transport import ApiError, Transport, connect
 REQUEST_TIMEOUT = 60
 log = structlog.get_logger(__name__)
 
+# A request that got no answer (refused, dropped, timed out), as the HTTP library raises it. The client
+# turns these into Unreachable; code that waits on it from outside catches them by this name, so that
+# only the API client knows which HTTP library it uses.
+NO_ANSWER: tuple[type[Exception], ...] = (aiohttp.ClientError, TimeoutError, ConnectionError)
+
 
 # What an admission plugin of k8s.io/apiserver answers before its informers have synced.
 NOT_READY = "not yet ready to handle request"
@@ -316,7 +321,7 @@ class KubeClient:
             raise KubeError.from_api(error) from None
         except aiohttp.ClientConnectorError as error:  # never reached the server: nothing was sent
             raise _unreachable(error, sent=False) from error
-        except (aiohttp.ClientError, TimeoutError, ConnectionError) as error:
+        except NO_ANSWER as error:
             raise _unreachable(error, sent=True) from error
         finally:
             metrics.count(method, path, content_type, dict(query or {}), status)

@@ -13,12 +13,13 @@ from typing import Any
 from gpuslice.agent.drain import DRAINING, MARKER, PROBE, Drains
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
-from gpuslice.agent.kubeletplugin.checkpoint import Checkpoints, ClaimCheckpoint, PreparedDevice
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.kubeletplugin.prepare import Preparer
 from gpuslice.agent.mig_manager import APPLIED_FILE
 from gpuslice.agent.mps.daemons import MpsDaemons
+from gpuslice.agent.node_state.checkpoint import Checkpoints, ClaimCheckpoint, PreparedDevice
+from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.agent.pool import NodePool, Observed
+from gpuslice.agent.pool_state import PoolState
 from gpuslice.agent.published import PublishedRecord
 from gpuslice.agent.publisher import PublishResult
 from gpuslice.api.agent_view import VIEWS, view_of
@@ -83,7 +84,7 @@ class Pool:
         self.backend = FakeBackend(builders.NODE, [(self.model, self.count)])
         # What the kubelet plugin has prepared is on disk (its checkpoints); no MIG manager here.
         self.agent = NodePool(builders.NODE, self.kube, GpuOps(self.backend, self.backend.discover()),
-                              record=PublishedRecord(self.state), checkpoints=Checkpoints(self.state, "boot-1"))
+                              PoolState(record=PublishedRecord(self.state), checkpoints=Checkpoints(self.state, "boot-1")))
         if self.api.get(f"/api/v1/nodes/{builders.NODE}") is None:
             self.api.put(builders.node(builders.NODE, self.model, self.count))
 
@@ -97,12 +98,12 @@ class Pool:
 
     @property
     def drains(self) -> Drains:
-        return self.agent.drains
+        return self.agent.state.drains
 
     @property
     def record(self) -> PublishedRecord:
-        assert self.agent.record is not None
-        return self.agent.record
+        assert self.agent.state.record is not None
+        return self.agent.state.record
 
     def restarted(self) -> Pool:
         """The same node after its agent restarted: what it kept in memory is gone, what is on disk is not."""
@@ -111,9 +112,9 @@ class Pool:
     def hold(self, device: str) -> None:
         """The kubelet plugin has started preparing ``device`` (its checkpoint says so), before the
         claim's status says it is allocated."""
-        assert self.agent.checkpoints is not None
+        assert self.agent.state.checkpoints is not None
         uid = f"uid-holding-{device}"
-        self.agent.checkpoints.write(ClaimCheckpoint(uid=uid, namespace="tenant", name=uid, phase="started", devices=[
+        self.agent.state.checkpoints.write(ClaimCheckpoint(uid=uid, namespace="tenant", name=uid, phase="started", devices=[
             PreparedDevice(request="gpu", pool=builders.NODE, device=device, mode="memory", gpu_uuid="unknown")]))
 
     def controller_views(self) -> None:
@@ -149,7 +150,8 @@ class Pool:
         if static:
             layouts = {uuid: {"policy": "static", "instances": []} for uuid in sorted(static)}
             (self.state / APPLIED_FILE).write_text(json.dumps(layouts))
-        pool = NodePool.kept_in(self.state, builders.NODE, self.kube, GpuOps(self.backend, self.gpus), boot_id=boot_id)
+        ops = GpuOps(self.backend, self.gpus)
+        pool = NodePool(builders.NODE, self.kube, ops, PoolState.kept_in(self.state, builders.NODE, ops, boot_id=boot_id))
         mps = MpsDaemons(builders.NODE, self.backend, self.state / "mps", self.state / "shm")
         return Preparer(pool, CdiDirectory(self.state / "cdi"), mps)
 

@@ -11,8 +11,8 @@ import pytest
 
 from gpuslice.agent.gpus.fake import FakeBackend
 from gpuslice.agent.gpus.fake_state import InjectedFailure
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.mig_manager import MigManager
+from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.api.resource import GpuSlicePolicy
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.node.node_pool import plan_node_pool

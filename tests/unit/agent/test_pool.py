@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice.agent.pool import NodePool
+from gpuslice.agent.pool_state import PoolState
 from gpuslice.agent.published import Published
 from gpuslice.kube.client import Forbidden, KubeClient
 from tests import builders
@@ -156,7 +157,7 @@ async def test_write_of_an_unchanged_plan_writes_no_slice_and_records_an_earlier
     pool.set_policy("p", TEN)
     await pool.settle()
     (tmp_path / "published.json").unlink()  # slices of an earlier agent, whose record this node lacks
-    agent = NodePool(builders.NODE, kube, pool.agent.ops, record=pool.record)
+    agent = NodePool(builders.NODE, kube, pool.agent.ops, PoolState(record=pool.record))
     pool.controller_views()
     observed = await agent.read()
     plan = await agent.plan(observed)

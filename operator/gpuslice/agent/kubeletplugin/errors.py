@@ -3,7 +3,9 @@ in the pod's Events, so it names the claim, the device and what to do."""
 
 from __future__ import annotations
 
+from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.errors import GpusliceError
+from gpuslice.inventory.gpus import Gpu
 
 
 class PluginError(GpusliceError):
@@ -40,3 +42,15 @@ class UnprepareFailed(PluginError):
 class NotATenant(PluginError):
     """The claim's namespace may not use the devices it was allocated: the tenancy rule did not judge
     the allocation (its binding gone, say) or its policy changed since. No container gets them."""
+
+
+def present_gpu(ops: GpuOps, uuid: str, device: str = "") -> Gpu:
+    """The GPU ``uuid`` as the agent found it at start: a device of a GPU gone since is unusable, and the
+    pod is told what to do."""
+    found = ops.gpus.get(uuid)
+    if found is None:
+        raise DeviceUnusable(
+            f"GPU {uuid}{f' of device {device}' if device else ''} is not on this node any more (the agent"
+            " found it missing at start: it fell off the bus or was removed); its devices are withdrawn once"
+            " no claim holds them. Delete the pod so that the scheduler picks another device.")
+    return found

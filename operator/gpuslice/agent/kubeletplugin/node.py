@@ -50,10 +50,10 @@ class NodePlugin:
     async def start(cls, pool: NodePool, backend: GpuBackend, settings: PluginSettings,
                     health: HealthMonitor | None = None) -> NodePlugin:
         """Recover, then register. ``pool`` must be kept in the plugin's state directory
-        (``NodePool.kept_in``): its checkpoints, record and MIG layouts are the plugin's too."""
-        node, kube, record = pool.node, pool.kube, pool.record
+        (``PoolState.kept_in``): its checkpoints, record and MIG layouts are the plugin's too."""
+        node, kube, record = pool.node, pool.kube, pool.state.record
         if record is None:
-            raise ValueError("the kubelet plugin needs a pool kept in its state directory (NodePool.kept_in)")
+            raise ValueError("the kubelet plugin needs a pool kept in its state directory (PoolState.kept_in)")
 
         async def restarted(gpu: str, message: str) -> None:
             await record_event(kube, node, node_ref(node), "MpsDaemonRestarted", message)

@@ -24,7 +24,6 @@ import structlog
 from gpuslice.agent.gpus import Access, GpuBackendError, MigInstance
 from gpuslice.agent.killpoints import kill_point
 from gpuslice.agent.kubeletplugin.cdi import CdiDirectory
-from gpuslice.agent.kubeletplugin.checkpoint import ClaimCheckpoint, PreparedDevice
 from gpuslice.agent.kubeletplugin.errors import (
     ClaimNotFound,
     DeviceHeld,
@@ -34,9 +33,11 @@ from gpuslice.agent.kubeletplugin.errors import (
     NotATenant,
     PluginError,
     UnprepareFailed,
+    present_gpu,
 )
 from gpuslice.agent.kubeletplugin.modes import prep_of
 from gpuslice.agent.mps.daemons import MpsDaemons, MpsError
+from gpuslice.agent.node_state.checkpoint import ClaimCheckpoint, PreparedDevice
 from gpuslice.agent.pool import NodePool
 from gpuslice.coordinates import SLICES, claim_path, policy_path
 from gpuslice.dra import cdi
@@ -108,9 +109,9 @@ class Preparer:
     leaving the MIG instances of its static layouts alone."""
 
     def __init__(self, pool: NodePool, cdi_dir: CdiDirectory, mps: MpsDaemons) -> None:
-        if pool.checkpoints is None:
-            raise ValueError("the kubelet plugin needs a pool kept in its state directory (NodePool.kept_in)")
-        self.pool, self.checkpoints = pool, pool.checkpoints
+        if pool.state.checkpoints is None:
+            raise ValueError("the kubelet plugin needs a pool kept in its state directory (PoolState.kept_in)")
+        self.pool, self.checkpoints = pool, pool.state.checkpoints
         self.node, self.kube, self.ops = pool.node, pool.kube, pool.ops
         self.cdi, self.mps = cdi_dir, mps
         self._claim_locks: dict[str, asyncio.Lock] = {}
@@ -270,7 +271,7 @@ class Preparer:
             # Every MPS device of the claim is on this GPU (checked at start): once for the claim, its
             # containers may allocate all of them.
             allocated = sum(grant_memory(d, devices[d.device]) for d in checkpoint.devices if d.mps)
-            shared += client_edits(dirs, allocated, self.ops.gpu(key.gpu).memory)
+            shared += client_edits(dirs, allocated, present_gpu(self.ops, key.gpu).memory)
         common = shared + cdi.ContainerEdits(env=prefixed({"CLAIM": str(claim), "DEVICES": ",".join(
             r.device for r in done)}))
         spec = cdi.claim_spec(edits, common)
@@ -309,7 +310,7 @@ class Preparer:
         grant = Grant(claim=str(claim), request=record.request, device=device, share_id=record.share_id,
                       consumed_memory=record.consumed_memory, admin_access=record.admin_access,
                       mig_uuid=instance.uuid if instance else None)
-        gpu = self.ops.gpu(record.gpu_uuid, record.device)
+        gpu = present_gpu(self.ops, record.gpu_uuid, record.device)
         try:
             access = await self.ops.call(self.ops.backend.access, grant, gpu, instance)
         except GpuBackendError as error:

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import structlog
 
 from gpuslice.agent.gpus import GpuBackendError
-from gpuslice.agent.kubeletplugin.checkpoint import ClaimCheckpoint
 from gpuslice.agent.kubeletplugin.prepare import ClaimRef, Preparer
 from gpuslice.agent.mps.daemons import MpsError
+from gpuslice.agent.node_state.checkpoint import ClaimCheckpoint
 from gpuslice.coordinates import claim_path
 from gpuslice.kube.client import KubeError, NotFound
 

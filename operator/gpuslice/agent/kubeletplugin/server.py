@@ -18,13 +18,13 @@ from typing import Any
 import grpc
 import structlog
 
-from gpuslice.agent.kubeletplugin.checkpoint import PreparedDevice
 from gpuslice.agent.kubeletplugin.errors import PluginError
 from gpuslice.agent.kubeletplugin.prepare import ClaimRef, Preparer
 from gpuslice.agent.kubeletplugin.proto import dra_pb2, dra_pb2_grpc, drahealth_pb2, drahealth_pb2_grpc
 from gpuslice.agent.kubeletplugin.proto import pluginregistration_pb2 as reg_pb2
 from gpuslice.agent.kubeletplugin.proto import pluginregistration_pb2_grpc as reg_pb2_grpc
 from gpuslice.agent.kubeletplugin.settings import PluginPaths
+from gpuslice.agent.node_state.checkpoint import PreparedDevice
 from gpuslice.dra.names import DRIVER
 from gpuslice.kube.client import KubeError
 

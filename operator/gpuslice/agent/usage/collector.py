@@ -33,7 +33,7 @@ import structlog
 
 from gpuslice.agent.events import node_ref, record_event
 from gpuslice.agent.gpus import GpuBackend, GpuBackendError, GpuProcess
-from gpuslice.agent.kubeletplugin.checkpoint import ClaimCheckpoint, PreparedDevice
+from gpuslice.agent.node_state.checkpoint import ClaimCheckpoint, PreparedDevice
 from gpuslice.agent.usage.actions import apply_marks
 from gpuslice.agent.usage.metrics import USAGE_PASSES, USE, UseSnapshot
 from gpuslice.agent.usage.pidns import sees_node_pids

@@ -22,8 +22,8 @@ from gpuslice.agent.gpus.nvml import (
     load_nvml_from,
     mig_memory_gb,
 )
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.mig_manager import MigManager
+from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.inventory.catalog import MODELS
 from gpuslice.planning.node.node_pool import plan_node_pool
 from tests.builders import policy_model as policy

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.agent.gpus.fake import FakeBackend
-from gpuslice.agent.kubeletplugin.checkpoint import ClaimCheckpoint, PreparedDevice
+from gpuslice.agent.node_state.checkpoint import ClaimCheckpoint, PreparedDevice
 from gpuslice.agent.usage.collector import UsageCollector, UsageSettings
 from gpuslice.agent.usage.metrics import USE
 from gpuslice.agent.usage.podresources import HeldDevice

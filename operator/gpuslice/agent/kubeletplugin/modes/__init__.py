@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from gpuslice.agent.gpus import MigInstance
-from gpuslice.agent.kubeletplugin.checkpoint import MigRecord, PreparedDevice
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
 from gpuslice.agent.kubeletplugin.modes import memory, mig, shared
+from gpuslice.agent.node_state.checkpoint import MigRecord, PreparedDevice
+from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.planning.devices import Device
 from gpuslice.planning.mode_traits import MEMORY, MIG, SHARED
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuslice.agent.gpus import MigInstance
-from gpuslice.agent.kubeletplugin.checkpoint import MigRecord, PreparedDevice
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
+from gpuslice.agent.kubeletplugin.errors import present_gpu
+from gpuslice.agent.node_state.checkpoint import MigRecord, PreparedDevice
+from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.planning.devices import Device
 
 
@@ -17,7 +18,7 @@ class MemoryPrep:
         return None
 
     async def prepare(self, ops: GpuOps, record: PreparedDevice) -> MigInstance | None:
-        ops.gpu(record.gpu_uuid, record.device)  # the GPU must still be there
+        present_gpu(ops, record.gpu_uuid, record.device)  # the GPU must still be there
         return None
 
     async def unprepare(self, ops: GpuOps, record: PreparedDevice) -> None:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from gpuslice.agent.gpus import GpuBackendError, MigInstance
 from gpuslice.agent.killpoints import kill_point
-from gpuslice.agent.kubeletplugin.checkpoint import MigRecord, PreparedDevice
-from gpuslice.agent.kubeletplugin.errors import DeviceUnusable
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
+from gpuslice.agent.kubeletplugin.errors import DeviceUnusable, present_gpu
+from gpuslice.agent.node_state.checkpoint import MigRecord, PreparedDevice
+from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.planning.devices import Device
 
 
@@ -35,7 +35,7 @@ class MigPrep:
 
     async def prepare(self, ops: GpuOps, record: PreparedDevice) -> MigInstance | None:
         assert record.mig is not None
-        gpu = ops.gpu(record.gpu_uuid, record.device)
+        gpu = present_gpu(ops, record.gpu_uuid, record.device)
         profile = gpu.mig_profile(record.mig.profile)
         if profile is None:
             raise DeviceUnusable(f"GPU {gpu.index} ({gpu.uuid}) has no MIG profile {record.mig.profile} for device"

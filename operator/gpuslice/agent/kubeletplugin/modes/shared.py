@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuslice.agent.gpus import MigInstance
-from gpuslice.agent.kubeletplugin.checkpoint import MigRecord, PreparedDevice
-from gpuslice.agent.kubeletplugin.errors import DeviceUnusable
-from gpuslice.agent.kubeletplugin.gpuops import GpuOps
+from gpuslice.agent.kubeletplugin.errors import DeviceUnusable, present_gpu
+from gpuslice.agent.node_state.checkpoint import MigRecord, PreparedDevice
+from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.planning.devices import Device
 
 
@@ -19,7 +19,7 @@ class SharedPrep:
         return None
 
     async def prepare(self, ops: GpuOps, record: PreparedDevice) -> MigInstance | None:
-        ops.gpu(record.gpu_uuid, record.device)
+        present_gpu(ops, record.gpu_uuid, record.device)
         if record.consumed_memory is None and not record.admin_access:
             raise DeviceUnusable(f"device {record.device} is shared (consumable capacity), but the allocation"
                                  " records no consumed memory for this claim; the scheduler that allocated it does"

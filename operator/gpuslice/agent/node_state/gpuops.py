@@ -1,4 +1,4 @@
-"""The node's GPUs as prepare sees them: found by UUID, changed one call at a time per GPU.
+"""The node's GPUs as prepare and the MIG manager see them: found by UUID, changed one call at a time per GPU.
 
 Backend calls block (NVML is synchronous), so they run in a thread. Everything that
 changes a GPU (MIG mode, instances) holds that GPU's lock, so two prepares, an
@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 from gpuslice.agent.gpus import GpuBackend
-from gpuslice.agent.kubeletplugin.errors import DeviceUnusable
 from gpuslice.inventory.gpus import Gpu
 
 P = ParamSpec("P")
@@ -25,15 +24,6 @@ class GpuOps:
         self.backend = backend
         self.gpus = {g.uuid: g for g in gpus}
         self._locks: dict[str, asyncio.Lock] = {}
-
-    def gpu(self, uuid: str, device: str = "") -> Gpu:
-        found = self.gpus.get(uuid)
-        if found is None:
-            raise DeviceUnusable(
-                f"GPU {uuid}{f' of device {device}' if device else ''} is not on this node any more (the agent"
-                " found it missing at start: it fell off the bus or was removed); its devices are withdrawn once"
-                " no claim holds them. Delete the pod so that the scheduler picks another device.")
-        return found
 
     def lock(self, uuid: str) -> asyncio.Lock:
         return self._locks.setdefault(uuid, asyncio.Lock())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.agent.kubeletplugin.checkpoint import (
+from gpuslice.agent.node_state.checkpoint import (
     LATEST,
     Checkpoints,
     CheckpointTooNew,
