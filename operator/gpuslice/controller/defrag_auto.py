@@ -39,9 +39,9 @@ from gpuslice.controller.settings import ControllerSettings
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.jsontypes import Body
 from gpuslice.kube.client import KubeClient, NotFound
-from gpuslice.planning.node.defrag_taints import parse_time
-from gpuslice.planning.reads.defrag import plan_defrag
-from gpuslice.planning.reads.defrag_model import Plan, Waiting, moves_in_flight
+from gpuslice.planning.defrag.model import Plan, Waiting, moves_in_flight
+from gpuslice.planning.defrag.node_taints import parse_time
+from gpuslice.planning.defrag.planner import plan_defrag
 from gpuslice.planning.reads.scheduler_said import SchedulerSaid
 from gpuslice.reading.cluster import POLICIES, read_cluster, tenants_of
 

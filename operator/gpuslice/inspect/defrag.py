@@ -31,8 +31,8 @@ from gpuslice.inspect.commands import _connect, _console, _run, cluster_options
 from gpuslice.inspect.render.printable import printable
 from gpuslice.inspect.snapshot import InspectError
 from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotReady
-from gpuslice.planning.node.defrag_taints import parse_time
-from gpuslice.planning.reads.defrag_model import Plan, moves_in_flight
+from gpuslice.planning.defrag.model import Plan, moves_in_flight
+from gpuslice.planning.defrag.node_taints import parse_time
 from gpuslice.planning.reads.occupancy import as_json
 from gpuslice.reading.cluster import POLICIES, Reading, read_cluster
 from gpuslice.settings import ClusterAccess, from_flags

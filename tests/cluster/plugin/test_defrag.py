@@ -163,7 +163,7 @@ async def test_an_eviction_a_budget_refuses_ends_the_move_and_lifts_the_taint(
     took up: a request made after the budget is refused before anything is evicted): the first
     eviction passes, the Eviction API refuses the second, and the move stops there."""
     from gpuslice.controller.defrag_move import new_move, now_utc, start
-    from gpuslice.planning.reads.defrag_model import Plan
+    from gpuslice.planning.defrag.model import Plan
 
     _node, fleet = await fragmented_and_waiting(kube, cluster, plugin_node, make_policy, namespace)
     [plan_body] = fleet.plan_json()
@@ -291,7 +291,7 @@ async def _none(read: Callable[[], Awaitable[list[str]]]) -> bool:
 
 def _plan(kind: type[Any], body: dict[str, Any]) -> Any:
     """A plan as gpuslice defrag -o json printed it, typed again."""
-    from gpuslice.planning.reads.defrag_model import GpuOption, Move
+    from gpuslice.planning.defrag.model import GpuOption, Move
 
     target = body["target"]
     option = GpuOption(target["node"], target["index"], target["uuid"], target["device"],

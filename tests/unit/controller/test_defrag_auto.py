@@ -12,7 +12,7 @@ from gpuslice.controller import defrag_auto
 from gpuslice.controller.defrag_auto import FAILED_PAUSE, Defragmenter
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.kube.client import KubeClient
-from gpuslice.planning.reads.defrag_model import Cluster
+from gpuslice.planning.defrag.model import Cluster
 from gpuslice.reading.cluster import Reading
 
 POLICY = {"metadata": {"name": "p"}, "spec": {"defragmentation": {"mode": "Auto", "minPendingSeconds": 60},

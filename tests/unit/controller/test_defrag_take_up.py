@@ -17,7 +17,7 @@ from gpuslice.controller import defrag_move
 from gpuslice.controller.defrag_move import Mover, new_move, stamp
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import KubeClient
-from gpuslice.planning.reads.defrag_model import waiting_pods
+from gpuslice.planning.defrag.model import waiting_pods
 from gpuslice.reading.cluster import Reading
 from tests import builders
 from tests.fakeapi import FakeApi
