@@ -4,7 +4,7 @@ the moves themselves, one GPU at a time.
 The plan is the controller's planner on what the API server holds (``reading.cluster``).
 ``--apply`` requests each move in its policy's ``status.defragmentation.inFlight`` (the one write
 this command makes) and follows it: the gpuslice controller takes a request up only if its own plan
-is that move, and carries it out (``controller.defrag_move``: the GPU tainted first, then the pods
+is that move, and carries it out (``controller.defrag.move``: the GPU tainted first, then the pods
 evicted through the Eviction API, then the waiting claim allocated), so a move outlives this
 command, is carried out by the leader only, and resumes after a controller restart. Then it plans
 again for the next pod: the world has changed. Needs, besides what ``gpuslice-viewer`` reads,
@@ -25,7 +25,7 @@ from pathlib import Path
 import click
 
 from gpuslice.api.status import MAX_REQUESTED_MOVE, DefragmentationStatus, DefragMove
-from gpuslice.controller.defrag_move import new_move, now_utc, start, update_defrag
+from gpuslice.controller.defrag.move import new_move, now_utc, start, update_defrag
 from gpuslice.controller.startup import whoami
 from gpuslice.inspect.commands import _connect, _console, _run, cluster_options
 from gpuslice.inspect.render.printable import printable
@@ -172,7 +172,7 @@ def defrag(targets: tuple[str, ...], policy: str | None, apply_: bool, timeout: 
         if output == "json":
             click.echo(json.dumps({"plans": as_json(plans)}, indent=2))
             return
-        from gpuslice.inspect.render.defrag import defrag_view
+        from gpuslice.inspect.render.defrag_view import defrag_view
 
         _console().print(defrag_view(plans))
         return
@@ -187,7 +187,7 @@ def defrag(targets: tuple[str, ...], policy: str | None, apply_: bool, timeout: 
     if output == "json":
         click.echo(json.dumps({"plans": as_json(plans), "applied": as_json(applied), "log": lines}, indent=2))
     elif not applied:
-        from gpuslice.inspect.render.defrag import defrag_view
+        from gpuslice.inspect.render.defrag_view import defrag_view
 
         _console().print(defrag_view(plans))
     freed = {a.pod for a in applied if a.outcome == "Freed"}

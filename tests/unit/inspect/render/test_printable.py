@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console, RenderableType
 from rich.table import Table
 
-from gpuslice.inspect.render.defrag import defrag_view
+from gpuslice.inspect.render.defrag_view import defrag_view
 from gpuslice.inspect.render.image import html, svg
 from gpuslice.inspect.render.printable import printable, printable_model
 from gpuslice.inspect.render.terminal import plan_view, status_view, why_view

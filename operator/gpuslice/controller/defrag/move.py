@@ -41,7 +41,7 @@ import structlog
 
 from gpuslice.api.status import DefragmentationStatus, DefragMove, DefragOutcome, ObjectRef
 from gpuslice.backoff import Backoff
-from gpuslice.controller.defrag_metrics import EVICTIONS, FAILED, FREED, WASTED, who
+from gpuslice.controller.defrag.metrics import EVICTIONS, FAILED, FREED, WASTED, who
 from gpuslice.controller.events import post_event, post_object_event
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DEFRAG_TAINT_KEY, DRIVER, short_hash
 from gpuslice.dra.wire import allocation_results, device_gpu, devices_of, is_allocated, newest_generation

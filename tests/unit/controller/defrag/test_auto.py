@@ -8,8 +8,8 @@ from typing import Any, cast
 
 import pytest
 
-from gpuslice.controller import defrag_auto
-from gpuslice.controller.defrag_auto import FAILED_PAUSE, Defragmenter
+from gpuslice.controller.defrag import auto as defrag_auto
+from gpuslice.controller.defrag.auto import FAILED_PAUSE, Defragmenter
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.defrag.model import Cluster

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from gpuslice.api.status import DefragMove, ObjectRef
-from gpuslice.controller import defrag_move
-from gpuslice.controller.defrag_move import Mover, new_move, stamp
+from gpuslice.controller.defrag import move as defrag_move
+from gpuslice.controller.defrag.move import Mover, new_move, stamp
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.defrag.model import waiting_pods

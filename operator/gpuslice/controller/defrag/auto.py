@@ -1,7 +1,7 @@
 """The controller's defragmenter: it carries every recorded move out, and in Auto mode starts them.
 
 One Kopf daemon per policy (controller.handlers) ticks it: every second while the policy has a
-move in flight (``controller.defrag_move``), else every two seconds, which is how soon a move that
+move in flight (``controller.defrag.move``), else every two seconds, which is how soon a move that
 ``gpuslice defrag --apply`` recorded is taken up. Kopf runs only while this copy holds the leader
 Lease, and every write goes through the leader's guarded client, so only the leader moves pods.
 
@@ -32,8 +32,8 @@ import structlog
 
 from gpuslice.api.policy import Defragmentation
 from gpuslice.api.status import DefragMove
-from gpuslice.controller.defrag_metrics import BLOCKED, IN_FLIGHT
-from gpuslice.controller.defrag_move import AUTO, Mover, new_move, now_utc, start
+from gpuslice.controller.defrag.metrics import BLOCKED, IN_FLIGHT
+from gpuslice.controller.defrag.move import AUTO, Mover, new_move, now_utc, start
 from gpuslice.controller.events import post_object_event
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
