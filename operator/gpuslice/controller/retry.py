@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 import structlog
 from prometheus_client import Counter
 
+from gpuslice.controller.defrag.read import RESOURCE, tenants_of
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, DRIVER
 from gpuslice.jsontypes import Body
 from gpuslice.kube.client import KubeClient, NotFound
@@ -36,7 +37,6 @@ from gpuslice.planning.reads.node_fit import NodeFacts
 from gpuslice.planning.reads.occupancy import occupancy
 from gpuslice.planning.reads.published import read_pools
 from gpuslice.planning.reads.retry import Retry, to_retry, turned_away
-from gpuslice.reading.cluster import RESOURCE, tenants_of
 
 log = structlog.get_logger(__name__)
 RETRY_AT = f"{ATTRIBUTE_DOMAIN}/retry-at"

@@ -1,7 +1,7 @@
 """``gpuslice defrag``: which pods to move to free a GPU for each pod that waits, and with ``--apply``
 the moves themselves, one GPU at a time.
 
-The plan is the controller's planner on what the API server holds (``reading.cluster``).
+The plan is the controller's planner on what the API server holds (``controller.defrag.read``).
 ``--apply`` requests each move in its policy's ``status.defragmentation.inFlight`` (the one write
 this command makes) and follows it: the gpuslice controller takes a request up only if its own plan
 is that move, and carries it out (``controller.defrag.move``: the GPU tainted first, then the pods
@@ -26,6 +26,7 @@ import click
 
 from gpuslice.api.status import MAX_REQUESTED_MOVE, DefragmentationStatus, DefragMove
 from gpuslice.controller.defrag.move import new_move, now_utc, start, update_defrag
+from gpuslice.controller.defrag.read import POLICIES, Reading, read_cluster
 from gpuslice.controller.startup import whoami
 from gpuslice.inspect.commands import _connect, _console, _run, cluster_options
 from gpuslice.inspect.render.printable import printable
@@ -34,7 +35,6 @@ from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotReady
 from gpuslice.planning.defrag.model import Plan, moves_in_flight
 from gpuslice.planning.defrag.node_taints import parse_time
 from gpuslice.planning.reads.occupancy import as_json
-from gpuslice.reading.cluster import POLICIES, Reading, read_cluster
 from gpuslice.settings import ClusterAccess, from_flags
 
 PHASES = {"Tainting": "the controller took the move up, the node agent taints the GPU",

@@ -34,6 +34,7 @@ from gpuslice.api.policy import Defragmentation
 from gpuslice.api.status import DefragMove
 from gpuslice.controller.defrag.metrics import BLOCKED, IN_FLIGHT
 from gpuslice.controller.defrag.move import AUTO, Mover, new_move, now_utc, start
+from gpuslice.controller.defrag.read import POLICIES, read_cluster, tenants_of
 from gpuslice.controller.events import post_object_event
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
@@ -43,7 +44,6 @@ from gpuslice.planning.defrag.model import Plan, Waiting, moves_in_flight
 from gpuslice.planning.defrag.node_taints import parse_time
 from gpuslice.planning.defrag.planner import plan_defrag
 from gpuslice.planning.reads.scheduler_said import SchedulerSaid
-from gpuslice.reading.cluster import POLICIES, read_cluster, tenants_of
 
 log = structlog.get_logger(__name__)
 FAILED_PAUSE = 3600.0  # seconds Auto plans no move for a claim after a move for it failed

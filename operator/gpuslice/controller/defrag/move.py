@@ -42,6 +42,7 @@ import structlog
 from gpuslice.api.status import DefragmentationStatus, DefragMove, DefragOutcome, ObjectRef
 from gpuslice.backoff import Backoff
 from gpuslice.controller.defrag.metrics import EVICTIONS, FAILED, FREED, WASTED, who
+from gpuslice.controller.defrag.read import POLICIES, RESOURCE, Reading, read_cluster, tenants_of
 from gpuslice.controller.events import post_event, post_object_event
 from gpuslice.dra.names import CONTROLLER_NAMESPACE, DEFRAG_TAINT_KEY, DRIVER, short_hash
 from gpuslice.dra.wire import allocation_results, device_gpu, devices_of, is_allocated, newest_generation
@@ -62,7 +63,6 @@ from gpuslice.planning.defrag.facts import PodFacts, opted_out_namespaces, pod_b
 from gpuslice.planning.defrag.model import Plan
 from gpuslice.planning.defrag.node_taints import REQUESTED, parse_time
 from gpuslice.planning.defrag.request import refusal as request_refusal
-from gpuslice.reading.cluster import POLICIES, RESOURCE, Reading, read_cluster, tenants_of
 
 log = structlog.get_logger(__name__)
 WRITE_TRIES = 8

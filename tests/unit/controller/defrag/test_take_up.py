@@ -15,10 +15,10 @@ import pytest
 from gpuslice.api.status import DefragMove, ObjectRef
 from gpuslice.controller.defrag import move as defrag_move
 from gpuslice.controller.defrag.move import Mover, new_move, stamp
+from gpuslice.controller.defrag.read import Reading
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import KubeClient
 from gpuslice.planning.defrag.model import waiting_pods
-from gpuslice.reading.cluster import Reading
 from tests import builders
 from tests.fakeapi import FakeApi
 from tests.unit.planning.defrag_state import Fleet
