@@ -218,7 +218,7 @@ async def defrag_looked(kube: KubeClient, controller: ControllerProcess, policy:
                         more: int = 2, within: float = 60) -> None:
     """Make Auto defragmentation look at ``policy`` ``more`` times again, each with pods waiting, and
     wait for each: what it did not do by then, it chose not to do. Auto looks again only when
-    something changed since its last look (controller.defrag_auto), so each look is woken by a change
+    something changed since its last look (controller.defrag.auto), so each look is woken by a change
     of a claim in ``namespace`` (a tenant's) that changes nothing it plans from: an annotation."""
     claims = await kube.list(f"{RESOURCE}/namespaces/{namespace}/resourceclaims")
     assert claims, f"no claim in {namespace} to wake Auto defragmentation with"

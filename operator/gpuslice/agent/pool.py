@@ -50,11 +50,11 @@ from gpuslice.inventory.gpus import Gpu
 from gpuslice.jsontypes import Object
 from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.observability.failpoints import failpoint
+from gpuslice.planning.defrag.node_taints import freeing_on_node, with_defrag_taints
 from gpuslice.planning.left_out import ANNOTATION as LEFT_OUT
 from gpuslice.planning.left_out import LeftOut, left_out_annotations
 from gpuslice.planning.node import device_plugins
 from gpuslice.planning.node.coexistence import other_driver_gpus, taken_gpus
-from gpuslice.planning.node.defrag_taints import freeing_on_node, with_defrag_taints
 from gpuslice.planning.node.node_pool import NodePlan, PlannedSlice, plan_node_pool
 from gpuslice.planning.node.pool_safety import SafePlan, changing, make_safe, normalized, with_statuses
 from gpuslice.planning.node.taints import status_taints_by_gpu

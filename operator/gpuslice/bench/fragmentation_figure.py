@@ -53,7 +53,7 @@ from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.dra.slice_wire import slice_devices, slice_node
 from gpuslice.dra.wire import device_policy, is_allocated
 from gpuslice.kube.client import KubeError, NotFound
-from gpuslice.planning.reads.defrag_model import moves_in_flight
+from gpuslice.planning.defrag.model import moves_in_flight
 from gpuslice.planning.reads.published import PublishedDevice, gpu_memory, read_pools
 
 NODES = ("bench-frag-1", "bench-frag-2")

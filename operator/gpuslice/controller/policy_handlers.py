@@ -17,7 +17,7 @@ from gpuslice.api.policy import GROUP
 from gpuslice.controller.admin_access import plan_labels, sync_admin_labels
 from gpuslice.controller.agent_views import FINALIZER, sync_view_quietly
 from gpuslice.controller.crd import crd_leaving as crd_is_leaving
-from gpuslice.controller.defrag_auto import Defragmenter
+from gpuslice.controller.defrag.auto import Defragmenter
 from gpuslice.controller.indexes import (
     PENDING_PODS,
     PODS,
@@ -149,7 +149,7 @@ async def repair_drift(body: kopf.Body, memo: Runtime, **kwargs: Any) -> None:
 
 
 async def defragment(body: kopf.Body, memo: Runtime, stopped: kopf.DaemonStopped, **kwargs: Any) -> None:
-    """Carries the policy's recorded moves out, and in Auto mode starts them (controller.defrag_auto)."""
+    """Carries the policy's recorded moves out, and in Auto mode starts them (controller.defrag.auto)."""
     while not stopped:
         if _orphaned(body, kwargs) or memo.defrag is None:
             return

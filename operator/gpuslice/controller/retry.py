@@ -31,13 +31,13 @@ from prometheus_client import Counter
 
 from gpuslice.coordinates import CLAIMS, SLICES, device_class_path
 from gpuslice.dra.names import ATTRIBUTE_DOMAIN, DRIVER
+from gpuslice.dra.policy_wire import tenant_namespaces
 from gpuslice.jsontypes import Body
 from gpuslice.kube.client import KubeClient, NotFound
 from gpuslice.planning.reads.node_fit import NodeFacts
 from gpuslice.planning.reads.occupancy import occupancy
 from gpuslice.planning.reads.published import read_pools
 from gpuslice.planning.reads.retry import Retry, to_retry, turned_away
-from gpuslice.reading.cluster import tenants_of
 
 log = structlog.get_logger(__name__)
 RETRY_AT = f"{ATTRIBUTE_DOMAIN}/retry-at"
@@ -82,7 +82,7 @@ class SchedulerRetry:
 
     async def _look(self, now: float, policies: list[Body], pending: list[Body],
                     nodes: Mapping[str, NodeFacts] | None = None) -> list[Retry]:
-        namespaces = {n for p in policies for n in tenants_of(p)}
+        namespaces = {n for p in policies for n in tenant_namespaces(p)}
         pods = [p for p in pending if turned_away(p) and (p.get("metadata") or {}).get("namespace") in namespaces]
         waiting = {_uid(p) for p in pods}
         self.asked = {k: v for k, v in self.asked.items() if k in waiting}  # helped, or gone

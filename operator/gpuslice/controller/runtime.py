@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice.controller.changes import Changes
-from gpuslice.controller.defrag_auto import Defragmenter
+from gpuslice.controller.defrag.auto import Defragmenter
 from gpuslice.controller.indexes import world
 from gpuslice.controller.login import KopfLogin
 from gpuslice.controller.overuse import OveruseEnforcer

@@ -160,10 +160,10 @@ async def _diagnose(access: ClusterAccess, target: str | None, namespace: str | 
 async def _with_defrag(kube: KubeClient, diagnoses: list[Any], home: str) -> list[Any]:
     """The diagnoses, each pod that finds no free device with what moving pods would do for it
     (gpuslice defrag's plan for it; the cluster read once for all)."""
+    from gpuslice.controller.defrag.read import read_cluster
     from gpuslice.kube.client import KubeError
-    from gpuslice.planning.reads.defrag_model import defrag_finding
+    from gpuslice.planning.defrag.model import defrag_finding
     from gpuslice.planning.reads.pending import Finding
-    from gpuslice.reading.cluster import read_cluster
 
     try:
         plans = (await read_cluster(kube, home=home)).plans()

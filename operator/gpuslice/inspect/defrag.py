@@ -1,10 +1,10 @@
 """``gpuslice defrag``: which pods to move to free a GPU for each pod that waits, and with ``--apply``
 the moves themselves, one GPU at a time.
 
-The plan is the controller's planner on what the API server holds (``reading.cluster``).
+The plan is the controller's planner on what the API server holds (``controller.defrag.read``).
 ``--apply`` requests each move in its policy's ``status.defragmentation.inFlight`` (the one write
 this command makes) and follows it: the gpuslice controller takes a request up only if its own plan
-is that move, and carries it out (``controller.defrag_move``: the GPU tainted first, then the pods
+is that move, and carries it out (``controller.defrag.move``: the GPU tainted first, then the pods
 evicted through the Eviction API, then the waiting claim allocated), so a move outlives this
 command, is carried out by the leader only, and resumes after a controller restart. Then it plans
 again for the next pod: the world has changed. Needs, besides what ``gpuslice-viewer`` reads,
@@ -25,17 +25,17 @@ from pathlib import Path
 import click
 
 from gpuslice.api.status import MAX_REQUESTED_MOVE, DefragmentationStatus, DefragMove
-from gpuslice.controller.defrag_move import new_move, now_utc, start, update_defrag
+from gpuslice.controller.defrag.move import new_move, now_utc, start, update_defrag
+from gpuslice.controller.defrag.read import Reading, read_cluster
 from gpuslice.controller.startup import whoami
 from gpuslice.coordinates import policy_path
 from gpuslice.inspect.commands import _connect, _console, _run, cluster_options
 from gpuslice.inspect.render.printable import printable
 from gpuslice.inspect.snapshot import InspectError
 from gpuslice.kube.client import Forbidden, KubeClient, KubeError, NotReady
-from gpuslice.planning.node.defrag_taints import parse_time
-from gpuslice.planning.reads.defrag_model import Plan, moves_in_flight
+from gpuslice.planning.defrag.model import Plan, moves_in_flight
+from gpuslice.planning.defrag.node_taints import parse_time
 from gpuslice.planning.reads.occupancy import as_json
-from gpuslice.reading.cluster import Reading, read_cluster
 from gpuslice.settings import ClusterAccess, from_flags
 
 PHASES = {"Tainting": "the controller took the move up, the node agent taints the GPU",
@@ -173,7 +173,7 @@ def defrag(targets: tuple[str, ...], policy: str | None, apply_: bool, timeout: 
         if output == "json":
             click.echo(json.dumps({"plans": as_json(plans)}, indent=2))
             return
-        from gpuslice.inspect.render.defrag import defrag_view
+        from gpuslice.inspect.render.defrag_view import defrag_view
 
         _console().print(defrag_view(plans))
         return
@@ -188,7 +188,7 @@ def defrag(targets: tuple[str, ...], policy: str | None, apply_: bool, timeout: 
     if output == "json":
         click.echo(json.dumps({"plans": as_json(plans), "applied": as_json(applied), "log": lines}, indent=2))
     elif not applied:
-        from gpuslice.inspect.render.defrag import defrag_view
+        from gpuslice.inspect.render.defrag_view import defrag_view
 
         _console().print(defrag_view(plans))
     freed = {a.pod for a in applied if a.outcome == "Freed"}

@@ -25,7 +25,7 @@ from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.dra.wire import allocation_results, consumed_quantity
 from gpuslice.kube.client import Conflict, NotFound
 from gpuslice.observability.failpoints import failpoint
-from gpuslice.planning.memory import (
+from gpuslice.planning.max_memory import (
     ClaimState,
     UnknownDevice,
     Verdict,

@@ -29,7 +29,7 @@ from gpuslice.dra.quantity import format_bytes
 from gpuslice.dra.wire import MemoryPolicy
 from gpuslice.kube.client import NotFound
 from gpuslice.planning.claim_review import Published, not_as_asked, not_the_claim, over_consumed, policy_results
-from gpuslice.planning.memory import (
+from gpuslice.planning.max_memory import (
     claim_policies,
     held_by_policy,
     least_asked,

@@ -3,7 +3,7 @@
 It judges from these and writes only its ledgers. A cache may be behind the API server: a ledger
 read from it is written back with its resourceVersion, so a stale one is refused (409) and read
 again; a device it does not know is looked up (a quorum list of that pool); a charge is lowered
-or released only after its claim is read again from the API server (planning.memory.reckon).
+or released only after its claim is read again from the API server (planning.max_memory.reckon).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from gpuslice.kube.client import KubeClient
 from gpuslice.kube.watch import watch
 from gpuslice.planning.claim_review import Published
 from gpuslice.planning.devices import published_kind
-from gpuslice.planning.memory import claim_policies
+from gpuslice.planning.max_memory import claim_policies
 
 log = structlog.get_logger(__name__)
 LOOK_AGAIN = 2.0  # seconds before a pool read from the API server is read again

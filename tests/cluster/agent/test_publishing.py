@@ -10,7 +10,7 @@ import pytest
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.dra.quantity import quantity_bytes
 from gpuslice.kube.client import KubeClient, KubeError
-from gpuslice.planning.mig import parse_mig_device_name
+from gpuslice.planning.mig_placement import parse_mig_device_name
 from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import PAUSE_IMAGE, RESOURCE, condition, get_or_none, taint_rules, wait_for
 from tests.cluster.observe import agent_cycles, scheduler_settled, total

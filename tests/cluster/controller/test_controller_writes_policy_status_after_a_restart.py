@@ -17,7 +17,7 @@ import uuid
 from typing import Any
 
 from gpuslice.api.status import DefragMove, ObjectRef
-from gpuslice.controller.defrag_move import now_utc, stamp, start
+from gpuslice.controller.defrag.move import now_utc, stamp, start
 from gpuslice.kube.client import KubeClient
 from tests.cluster.gpu_nodes import GpuNodeFactory
 from tests.cluster.kubeutil import wait_for

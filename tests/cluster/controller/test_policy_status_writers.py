@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.api.status import DefragMove, DefragOutcome, ObjectRef
-from gpuslice.controller.defrag_move import now_utc, stamp, start, update_defrag
+from gpuslice.controller.defrag.move import now_utc, stamp, start, update_defrag
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.kube.client import KubeClient, KubeError
 from tests.cluster.claims import allocation, claim, pod_using, refused, request

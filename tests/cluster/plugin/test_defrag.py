@@ -162,8 +162,8 @@ async def test_an_eviction_a_budget_refuses_ends_the_move_and_lifts_the_taint(
     and after the controller judged the move (it is recorded as the controller records a move it
     took up: a request made after the budget is refused before anything is evicted): the first
     eviction passes, the Eviction API refuses the second, and the move stops there."""
-    from gpuslice.controller.defrag_move import new_move, now_utc, start
-    from gpuslice.planning.reads.defrag_model import Plan
+    from gpuslice.controller.defrag.move import new_move, now_utc, start
+    from gpuslice.planning.defrag.model import Plan
 
     _node, fleet = await fragmented_and_waiting(kube, cluster, plugin_node, make_policy, namespace)
     [plan_body] = fleet.plan_json()
@@ -291,7 +291,7 @@ async def _none(read: Callable[[], Awaitable[list[str]]]) -> bool:
 
 def _plan(kind: type[Any], body: dict[str, Any]) -> Any:
     """A plan as gpuslice defrag -o json printed it, typed again."""
-    from gpuslice.planning.reads.defrag_model import GpuOption, Move
+    from gpuslice.planning.defrag.model import GpuOption, Move
 
     target = body["target"]
     option = GpuOption(target["node"], target["index"], target["uuid"], target["device"],
@@ -309,7 +309,7 @@ async def test_a_gpu_being_freed_goes_to_the_claim_it_is_freed_for_and_no_other(
     the scheduler tries first does not matter): while a move is recorded for a GPU, a device of it is
     allocated only to the waiting claim (or one its pod owns)."""
     from gpuslice.api.status import DefragMove, ObjectRef
-    from gpuslice.controller.defrag_move import now_utc, stamp, start, update_defrag
+    from gpuslice.controller.defrag.move import now_utc, stamp, start, update_defrag
     from tests.cluster.pools import tag
 
     node = await plugin_node("h100-80gb", 1)

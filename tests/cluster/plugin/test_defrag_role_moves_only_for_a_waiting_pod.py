@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.api.status import DefragMove, ObjectRef
-from gpuslice.controller.defrag_move import now_utc, stamp, start, update_defrag
+from gpuslice.controller.defrag.move import now_utc, stamp, start, update_defrag
 from gpuslice.devcluster.cluster import DevCluster
 from gpuslice.dra.wire import device_gpu
 from gpuslice.kube.client import KubeClient, KubeError

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslice.planning.reads.defrag import plan_defrag
-from gpuslice.planning.reads.defrag_facts import ClaimFacts, DisruptionBudget, PodFacts, opted_out_namespaces
-from gpuslice.planning.reads.defrag_model import Cluster, Plan, waiting_pods
+from gpuslice.planning.defrag.facts import ClaimFacts, DisruptionBudget, PodFacts, opted_out_namespaces
+from gpuslice.planning.defrag.model import Cluster, Plan, waiting_pods
+from gpuslice.planning.defrag.planner import plan_defrag
 from gpuslice.planning.reads.node_fit import NodeFacts
 from gpuslice.planning.reads.published import read_pools
 from tests.unit.planning.cluster_state import Body, gpus, policy_body, published, tag

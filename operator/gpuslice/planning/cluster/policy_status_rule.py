@@ -15,7 +15,7 @@ rule confines every writer but the controller to what the command writes:
   carried out), and a new move only as a request (phase ``Requested``, nothing evicted yet): what
   happens next is the controller's to write. A request counts for nothing (no taint, no
   reservation, no eviction) until the controller has judged it and moved it on
-  (``planning.reads.defrag_request``: the rule cannot read claims, pods or the time);
+  (``planning.defrag.request``: the rule cannot read claims, pods or the time);
 - what a request's form can say, bounded here all the same: its GPU's node one of the policy's
   ``selectedNodes``, its claim, pod and evictions in the policy's tenant namespaces (the claim's
   and pod's the same one), and at most ``MAX_REQUESTED_MOVE`` from its start to its expiry (the

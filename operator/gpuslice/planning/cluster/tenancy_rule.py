@@ -39,7 +39,7 @@ from gpuslice.dra.names import (
     TENANCY_LABEL,
 )
 from gpuslice.jsontypes import Object
-from gpuslice.planning.cluster import defrag_rule
+from gpuslice.planning.defrag import rule as defrag_rule
 
 ADMISSION_V1 = "admissionregistration.k8s.io/v1"
 TENANCY = "gpuslice-tenancy"

@@ -20,7 +20,7 @@ from gpuslice.inventory.gpus import Gpu
 from gpuslice.planning.devices import CounterSet, Device, Mode, gpu_ref, gpu_tag
 from gpuslice.planning.grants import Grant, common_environment, prefixed
 from gpuslice.planning.kinds import DeviceKind, profile_tag, selector
-from gpuslice.planning.mig import mig_device_name, static_layout
+from gpuslice.planning.mig_placement import mig_device_name, static_layout
 from gpuslice.planning.mode_traits import MIG, ModeTraits
 from gpuslice.planning.room import C, Candidate, Room, by_state
 from gpuslice.planning.selection import Problem, Selection

@@ -17,8 +17,8 @@ from gpuslice.api.resource import GpuSlicePolicy, ParseProblem, parse_policy
 from gpuslice.api.status import ClassInForce, LimitsInForce
 from gpuslice.dra.wire import ExactRequest
 from gpuslice.jsontypes import Body
-from gpuslice.planning.memory import request_least, shown
-from gpuslice.planning.node.defrag_taints import parse_time
+from gpuslice.planning.defrag.node_taints import parse_time
+from gpuslice.planning.max_memory import request_least, shown
 from gpuslice.planning.reads.findings import Finding, Request
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuslice.inventory.nodes import node_gpus
 from gpuslice.jsontypes import Body
-from gpuslice.planning.reads.defrag_model import moves_in_flight
+from gpuslice.planning.defrag.model import moves_in_flight
 from gpuslice.planning.reads.occupancy import OccupancyMap, occupancy
 from gpuslice.planning.reads.published import Pool, read_pools
 from gpuslice.planning.reads.topology import ClaimAlignment, NodeTopology, claim_alignments, node_topologies

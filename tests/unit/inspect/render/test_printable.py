@@ -16,12 +16,12 @@ import pytest
 from rich.console import Console, RenderableType
 from rich.table import Table
 
-from gpuslice.inspect.render.defrag import defrag_view
+from gpuslice.inspect.render.defrag_view import defrag_view
 from gpuslice.inspect.render.image import html, svg
 from gpuslice.inspect.render.printable import printable, printable_model
 from gpuslice.inspect.render.terminal import plan_view, status_view, why_view
-from gpuslice.planning.reads.defrag_facts import Blocker
-from gpuslice.planning.reads.defrag_model import GpuOption, Move, Plan
+from gpuslice.planning.defrag.facts import Blocker
+from gpuslice.planning.defrag.model import GpuOption, Move, Plan
 from gpuslice.planning.reads.pending import Diagnosis, Finding, Request
 from gpuslice.planning.reads.policy_change import ChangePlan, HeldDevice, NodeChange, PolicyCount
 from gpuslice.planning.reads.published import Holder

@@ -12,7 +12,7 @@ from gpuslice.api.status import ClassInForce
 from gpuslice.planning.aligned import ALIGNED_LABEL
 from gpuslice.planning.cluster.cluster_objects import desired_objects
 from gpuslice.planning.kinds import all_template_names
-from gpuslice.planning.memory import least_asked
+from gpuslice.planning.max_memory import least_asked
 from gpuslice.planning.modes import device_kinds
 from gpuslice.planning.selection import Selection
 from gpuslice.planning.validation import validate

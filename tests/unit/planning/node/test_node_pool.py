@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuslice.planning.devices import Device, gpu_tag
-from gpuslice.planning.mig import mig_device_name, parse_mig_device_name
+from gpuslice.planning.mig_placement import mig_device_name, parse_mig_device_name
 from gpuslice.planning.node.node_pool import plan_node_pool
 from tests.builders import policy_model as policy
 from tests.unit.planning.node.one_node import LABELS, gpus

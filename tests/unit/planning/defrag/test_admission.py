@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuslice.planning.reads.defrag_model import Plan
+from gpuslice.planning.defrag.model import Plan
 from tests.unit.planning.cluster_state import policy_body
 from tests.unit.planning.defrag_state import FULL, Fleet
 

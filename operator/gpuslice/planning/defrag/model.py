@@ -10,9 +10,9 @@ import pydantic
 
 from gpuslice.api.status import DefragMove
 from gpuslice.jsontypes import Body
+from gpuslice.planning.defrag.facts import Blocker, ClaimFacts, DisruptionBudget, PodFacts
 from gpuslice.planning.devices import gpu_tag
 from gpuslice.planning.reads.allocatable import admission
-from gpuslice.planning.reads.defrag_facts import Blocker, ClaimFacts, DisruptionBudget, PodFacts
 from gpuslice.planning.reads.node_fit import NodeFacts
 from gpuslice.planning.reads.pending import Finding, Request, class_owner
 from gpuslice.planning.reads.published import Pool

@@ -8,7 +8,7 @@ the world again and does the next thing:
 0. a move someone else requested (phase ``Requested``, the only one they may add) counts for
    nothing until the controller has judged it: it plans again, and takes the move up (phase
    ``Tainting``, started now, its expiry bounded by ``--defrag-timeout``) only if its own plan for
-   that claim is that very move (``planning.reads.defrag_request``); else the record goes, marked
+   that claim is that very move (``planning.defrag.request``); else the record goes, marked
    Failed with the reason, and a ``DefragmentationRefused`` Event on the policy says why;
 1. the waiting claim allocated: done, the record goes (the taint lifts with it); the claim gone,
    or the move past its expiry: given up, the same way;
@@ -41,7 +41,8 @@ import structlog
 
 from gpuslice.api.status import DefragmentationStatus, DefragMove, DefragOutcome, ObjectRef
 from gpuslice.backoff import Backoff
-from gpuslice.controller.defrag_metrics import EVICTIONS, FAILED, FREED, WASTED, who
+from gpuslice.controller.defrag.metrics import EVICTIONS, FAILED, FREED, WASTED, who
+from gpuslice.controller.defrag.read import Reading, read_cluster, tenants_of
 from gpuslice.controller.events import post_event, post_object_event
 from gpuslice.coordinates import (
     SLICES,
@@ -67,11 +68,10 @@ from gpuslice.kube.client import (
     refused_by_disruption_budget,
 )
 from gpuslice.observability.failpoints import failpoint
-from gpuslice.planning.node.defrag_taints import REQUESTED, parse_time
-from gpuslice.planning.reads.defrag_facts import PodFacts, opted_out_namespaces, pod_blocker
-from gpuslice.planning.reads.defrag_model import Plan
-from gpuslice.planning.reads.defrag_request import refusal as request_refusal
-from gpuslice.reading.cluster import Reading, read_cluster, tenants_of
+from gpuslice.planning.defrag.facts import PodFacts, opted_out_namespaces, pod_blocker
+from gpuslice.planning.defrag.model import Plan
+from gpuslice.planning.defrag.node_taints import REQUESTED, parse_time
+from gpuslice.planning.defrag.request import refusal as request_refusal
 
 log = structlog.get_logger(__name__)
 WRITE_TRIES = 8

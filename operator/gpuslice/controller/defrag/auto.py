@@ -1,7 +1,7 @@
 """The controller's defragmenter: it carries every recorded move out, and in Auto mode starts them.
 
 One Kopf daemon per policy (controller.handlers) ticks it: every second while the policy has a
-move in flight (``controller.defrag_move``), else every two seconds, which is how soon a move that
+move in flight (``controller.defrag.move``), else every two seconds, which is how soon a move that
 ``gpuslice defrag --apply`` recorded is taken up. Kopf runs only while this copy holds the leader
 Lease, and every write goes through the leader's guarded client, so only the leader moves pods.
 
@@ -32,19 +32,19 @@ import structlog
 
 from gpuslice.api.policy import Defragmentation
 from gpuslice.api.status import DefragMove
-from gpuslice.controller.defrag_metrics import BLOCKED, IN_FLIGHT
-from gpuslice.controller.defrag_move import AUTO, Mover, new_move, now_utc, start
+from gpuslice.controller.defrag.metrics import BLOCKED, IN_FLIGHT
+from gpuslice.controller.defrag.move import AUTO, Mover, new_move, now_utc, start
+from gpuslice.controller.defrag.read import read_cluster, tenants_of
 from gpuslice.controller.events import post_object_event
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.coordinates import policy_path
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.jsontypes import Body
 from gpuslice.kube.client import KubeClient, NotFound
-from gpuslice.planning.node.defrag_taints import parse_time
-from gpuslice.planning.reads.defrag import plan_defrag
-from gpuslice.planning.reads.defrag_model import Plan, Waiting, moves_in_flight
+from gpuslice.planning.defrag.model import Plan, Waiting, moves_in_flight
+from gpuslice.planning.defrag.node_taints import parse_time
+from gpuslice.planning.defrag.planner import plan_defrag
 from gpuslice.planning.reads.scheduler_said import SchedulerSaid
-from gpuslice.reading.cluster import read_cluster, tenants_of
 
 log = structlog.get_logger(__name__)
 FAILED_PAUSE = 3600.0  # seconds Auto plans no move for a claim after a move for it failed

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from gpuslice.api.status import DefragMove, ObjectRef
-from gpuslice.controller import defrag_move
-from gpuslice.controller.defrag_move import Mover, new_move, stamp
+from gpuslice.controller.defrag import move as defrag_move
+from gpuslice.controller.defrag.move import Mover, new_move, stamp
+from gpuslice.controller.defrag.read import Reading
 from gpuslice.dra.names import CONTROLLER_NAMESPACE
 from gpuslice.kube.client import KubeClient
-from gpuslice.planning.reads.defrag_model import waiting_pods
-from gpuslice.reading.cluster import Reading
+from gpuslice.planning.defrag.model import waiting_pods
 from tests import builders
 from tests.fakeapi import FakeApi
 from tests.unit.planning.defrag_state import Fleet

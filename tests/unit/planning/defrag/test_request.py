@@ -9,9 +9,9 @@ import datetime
 import pytest
 
 from gpuslice.api.status import DefragMove, ObjectRef
-from gpuslice.controller.defrag_move import new_move
-from gpuslice.planning.reads.defrag_model import waiting_pods
-from gpuslice.planning.reads.defrag_request import refusal
+from gpuslice.controller.defrag.move import new_move
+from gpuslice.planning.defrag.model import waiting_pods
+from gpuslice.planning.defrag.request import refusal
 from tests.unit.planning.defrag_state import INFERENCE, Fleet
 
 NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)

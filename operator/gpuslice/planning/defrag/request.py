@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from gpuslice.api.status import DefragMove
-from gpuslice.planning.reads.defrag import plan_defrag
-from gpuslice.planning.reads.defrag_model import Cluster, Waiting
+from gpuslice.planning.defrag.model import Cluster, Waiting
+from gpuslice.planning.defrag.planner import plan_defrag
 
 
 def _names(refs: Sequence[str]) -> str:
@@ -30,7 +30,7 @@ def _names(refs: Sequence[str]) -> str:
 
 def refusal(move: DefragMove, policy: str, cluster: Cluster, waiting: Sequence[Waiting]) -> str | None:
     """Why ``move``, requested in ``policy``'s status, is not one gpuslice would make; None when it is.
-    ``waiting``: the pods that wait for the policy's devices (``planning.reads.defrag_model.waiting_pods``)."""
+    ``waiting``: the pods that wait for the policy's devices (``planning.defrag.model.waiting_pods``)."""
     claim = f"{move.claim.namespace}/{move.claim.name}"
     found = next((w for w in waiting if w.claim.uid == move.claim.uid and w.policy == policy), None)
     if found is None:

@@ -11,8 +11,8 @@ from rich.text import Text
 
 from gpuslice.inspect.render.labels import size
 from gpuslice.inspect.render.printable import printable_model
-from gpuslice.planning.node.defrag_taints import parse_time
-from gpuslice.planning.reads.defrag_model import GpuOption, Plan
+from gpuslice.planning.defrag.model import GpuOption, Plan
+from gpuslice.planning.defrag.node_taints import parse_time
 from gpuslice.planning.reads.pending import KIND_WORDS
 
 STYLES = {"Ready": "green", "NotNeeded": "dim", "InFlight": "cyan", "NoRoom": "yellow", "Blocked": "red",

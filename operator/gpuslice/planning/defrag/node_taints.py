@@ -5,7 +5,7 @@ controller took up (any phase but ``Requested``, which only the controller may w
 that has not expired, every device of that GPU but the one the waiting claim asks for carries
 ``gpuslice.dev/defrag=<move id>:NoSchedule``: the scheduler then puts no replacement of a moved
 pod (nor anything else) there, and the device left untainted goes to the waiting claim (the
-tenancy rule refuses it to any other: ``planning.cluster.defrag_rule``). Like the health taints it is a
+tenancy rule refuses it to any other: ``planning.defrag.rule``). Like the health taints it is a
 status, not part of what a device is, so the safety layer never holds it back, and it applies to
 allocated devices too (they keep running; nothing new lands beside them). The agent judges expiry
 on its own clock, so a taint outlives a move whose executor died by at most one resync.

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpuslice.api.ledger import Charge
 from gpuslice.api.status import ClassInForce
-from gpuslice.planning.memory import ClaimState, held_by_policy, judge, least_asked, reckon
+from gpuslice.planning.max_memory import ClaimState, held_by_policy, judge, least_asked, reckon
 
 GI = 2**30
 NOW = datetime.datetime(2026, 12, 2, 12, 0, tzinfo=datetime.UTC)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 
 from gpuslice.api.status import DefragMove, ObjectRef
-from gpuslice.controller.defrag_move import stamp, start
+from gpuslice.controller.defrag.move import stamp, start
 from gpuslice.kube.client import KubeClient
 from tests import builders
 from tests.fakeapi import FakeApi

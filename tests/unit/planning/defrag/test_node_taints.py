@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 
 from gpuslice.api.resource import GpuSlicePolicy
-from gpuslice.planning.node.defrag_taints import freeing_on_node, with_defrag_taints
+from gpuslice.planning.defrag.node_taints import freeing_on_node, with_defrag_taints
 from gpuslice.planning.node.node_pool import plan_node_pool
 from gpuslice.planning.node.pool_safety import with_statuses
 from tests.unit.planning.cluster_state import gpus

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gpuslice.api.status import DefragMove, ObjectRef
-from gpuslice.planning.reads.defrag import plan_defrag
-from gpuslice.planning.reads.defrag_model import waiting_pods
+from gpuslice.planning.defrag.model import waiting_pods
+from gpuslice.planning.defrag.planner import plan_defrag
 from tests.unit.planning.cluster_state import policy_body
 from tests.unit.planning.defrag_state import Fleet
 

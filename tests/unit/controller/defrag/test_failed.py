@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any, cast
 
 from gpuslice.api.status import DefragMove, ObjectRef
-from gpuslice.controller.defrag_auto import FAILED_PAUSE, Defragmenter
-from gpuslice.controller.defrag_move import AUTO, Mover
+from gpuslice.controller.defrag.auto import FAILED_PAUSE, Defragmenter
+from gpuslice.controller.defrag.move import AUTO, Mover
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.kube.client import KubeClient
-from gpuslice.planning.reads.defrag_facts import ClaimFacts, PodFacts
-from gpuslice.planning.reads.defrag_model import Waiting
+from gpuslice.planning.defrag.facts import ClaimFacts, PodFacts
+from gpuslice.planning.defrag.model import Waiting
 
 
 def move(by: str = AUTO, evicted: bool = True) -> DefragMove:

@@ -3,7 +3,7 @@
 Sliced GPUs fragment: after a day of churn a fleet holds plenty of free memory in small pieces
 and a pod that needs a whole GPU (or a large slice) waits, since no single GPU has the room. The
 scheduler only places new pods. This planner finds, for each such pod, the GPU that the fewest
-moves of *movable* pods (``planning.reads.defrag_facts``) free for it, and says what blocks the others.
+moves of *movable* pods (``planning.defrag.facts``) free for it, and says what blocks the others.
 
 Room is the scheduler's arithmetic: a device fits on its GPU when every counter it consumes
 (``memory`` of a memory slice or a whole GPU, ``memory-slice-N`` of a MIG placement) is free in
@@ -29,10 +29,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuslice.dra.quantity import format_bytes, quantity_bytes
+from gpuslice.planning.defrag.facts import Blocker, ClaimFacts, PodFacts, budget_excess, pod_blocker
+from gpuslice.planning.defrag.model import Cluster, GpuOption, Move, Plan, Waiting
+from gpuslice.planning.defrag.search import Key, fewest
 from gpuslice.planning.devices import Device
-from gpuslice.planning.reads.defrag_facts import Blocker, ClaimFacts, PodFacts, budget_excess, pod_blocker
-from gpuslice.planning.reads.defrag_model import Cluster, GpuOption, Move, Plan, Waiting
-from gpuslice.planning.reads.defrag_search import Key, fewest
 from gpuslice.planning.reads.node_fit import NodeFacts, refusal
 from gpuslice.planning.reads.published import PublishedDevice, gpu_memory
 

@@ -8,12 +8,12 @@ from typing import Any, cast
 
 import pytest
 
-from gpuslice.controller import defrag_auto
-from gpuslice.controller.defrag_auto import FAILED_PAUSE, Defragmenter
+from gpuslice.controller.defrag import auto as defrag_auto
+from gpuslice.controller.defrag.auto import FAILED_PAUSE, Defragmenter
+from gpuslice.controller.defrag.read import Reading
 from gpuslice.controller.settings import ControllerSettings
 from gpuslice.kube.client import KubeClient
-from gpuslice.planning.reads.defrag_model import Cluster
-from gpuslice.reading.cluster import Reading
+from gpuslice.planning.defrag.model import Cluster
 
 POLICY = {"metadata": {"name": "p"}, "spec": {"defragmentation": {"mode": "Auto", "minPendingSeconds": 60},
                                               "tenants": [{"namespace": f"t{i}"} for i in range(200)]}}

@@ -20,9 +20,9 @@ from gpuslice.dra.names import CONTROLLER_NAMESPACE, DRAIN_LIST_LABEL, DRIVER
 from gpuslice.dra.policy_wire import tenant_namespaces
 from gpuslice.jsontypes import Body
 from gpuslice.kube.client import Forbidden, KubeClient, NotFound
-from gpuslice.planning.reads.defrag import plan_defrag
-from gpuslice.planning.reads.defrag_facts import ClaimFacts, DisruptionBudget, PodFacts, opted_out_namespaces
-from gpuslice.planning.reads.defrag_model import Cluster, Plan, Waiting, moves_in_flight, waiting_pods
+from gpuslice.planning.defrag.facts import ClaimFacts, DisruptionBudget, PodFacts, opted_out_namespaces
+from gpuslice.planning.defrag.model import Cluster, Plan, Waiting, moves_in_flight, waiting_pods
+from gpuslice.planning.defrag.planner import plan_defrag
 from gpuslice.planning.reads.node_fit import nodes_by_name
 from gpuslice.planning.reads.published import drain_lists, read_pools
 
