@@ -60,6 +60,7 @@ def _one_per_key(index: Any) -> dict[Any, Any]:
 def world(kwargs: dict[str, Any], memo: FleetMemo | None = None, nodes_version: int | None = None) -> World:
     return World(
         policies=_one_per_key(kwargs["policy_index"]),
+        live_policies=lambda: _one_per_key(kwargs["policy_index"]),
         namespaces=_one_per_key(kwargs["namespace_index"]),
         nodes=_one_per_key(kwargs["node_index"]),
         slices=_values(kwargs["slice_index"]),

@@ -8,6 +8,7 @@ indexes (controller.indexes).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -214,7 +215,9 @@ async def policy_deleted(name: str, body: kopf.Body, memo: Runtime, **kwargs: An
         await sync_admin_labels(ctx.kube, name, plan, mine, record)
         # The namespaces only this policy named lose their tenancy label before it goes: with
         # the CRD deleted next, none is left routed to a rule whose parameter is gone.
-        others = (b for n, b in now.policies.items() if n != name)
+        def others() -> list[Mapping[str, Any]]:
+            return [b for n, b in now.policies_now().items() if n != name]
+
         await sync_routes(ctx.kube, ctx.tenancy_labels, now.namespaces, others, ctx.namespace, ctx.routes_written)
     ctx.forget(name, str(body["metadata"].get("uid") or ""))
     memo.changes.forget(name)

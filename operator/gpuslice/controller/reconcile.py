@@ -292,8 +292,8 @@ async def _sync_tenancy_labels(ctx: Context, world: World) -> list[str]:
     """The tenancy labels of every namespace, as every policy names them; what failed, if anything
     (the converge is then tried again)."""
     try:
-        await sync_routes(ctx.kube, ctx.tenancy_labels, world.namespaces, world.policies.values(), ctx.namespace,
-                          ctx.routes_written)
+        await sync_routes(ctx.kube, ctx.tenancy_labels, world.namespaces, lambda: world.policies_now().values(),
+                          ctx.namespace, ctx.routes_written)
     except KubeError as error:
         return [f"labelling tenant namespaces: {error.message}"]
     return []

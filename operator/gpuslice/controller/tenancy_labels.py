@@ -24,7 +24,7 @@ finds no CRD takes the labels off itself (controller.crd).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from typing import Any
 
 import structlog
@@ -91,13 +91,17 @@ def plan_tenancy_labels(namespaces: Mapping[str, NamespaceView], wanted: Set[str
 
 
 async def sync_tenancy_labels(kube: KubeClient, lock: asyncio.Lock, namespaces: Mapping[str, NamespaceView],
-                              wanted: Set[str], route: Label = TENANCY_ROUTE, written: Written | None = None) -> None:
+                              wanted: Set[str] | Callable[[], Set[str]], route: Label = TENANCY_ROUTE,
+                              written: Written | None = None) -> None:
     """Label ``wanted`` namespaces and unlabel the others; a namespace gone meanwhile is no error.
     ``lock``: one sync at a time (two from different handlers could undo each other's work);
+    ``wanted``, when a callable, is asked once the lock is held: a handler's own copy of the policies
+    lacks those created while it waited, and unlabelled their tenants as each converged (a burst of
+    new policies: tenants' claims refused meanwhile, each namespace written up to 11 times);
     ``written``: the controller's record of its own writes, kept up to date here."""
     key, value = route
     async with lock:
-        label, unlabel = plan_tenancy_labels(namespaces, wanted, route, written)
+        label, unlabel = plan_tenancy_labels(namespaces, wanted() if callable(wanted) else wanted, route, written)
         for name, set_to in [*((n, value) for n in label), *((n, None) for n in unlabel)]:
             try:
                 answer = await kube.merge_patch(namespace_path(name),
@@ -112,11 +116,13 @@ async def sync_tenancy_labels(kube: KubeClient, lock: asyncio.Lock, namespaces: 
 
 
 async def sync_routes(kube: KubeClient, lock: asyncio.Lock, namespaces: Mapping[str, NamespaceView],
-                      policies: Iterable[Mapping[str, Any]], own: str, written: Written | None = None) -> None:
-    """Both routing labels, as ``policies`` (raw bodies) say them."""
-    bodies = list(policies)
-    await sync_tenancy_labels(kube, lock, namespaces, named_namespaces(bodies, own), written=written)
-    await sync_tenancy_labels(kube, lock, namespaces, memory_namespaces(bodies, own), MEMORY_ROUTE, written)
+                      policies: Callable[[], Iterable[Mapping[str, Any]]], own: str,
+                      written: Written | None = None) -> None:
+    """Both routing labels, as the policies say them: ``policies`` gives the raw bodies the watch
+    holds when each label is judged (under the lock), not when the caller began."""
+    await sync_tenancy_labels(kube, lock, namespaces, lambda: named_namespaces(policies(), own), written=written)
+    await sync_tenancy_labels(kube, lock, namespaces, lambda: memory_namespaces(policies(), own), MEMORY_ROUTE,
+                              written)
 
 
 def routed_as_wanted(name: str, view: NamespaceView, policies: Iterable[Mapping[str, Any]], own: str) -> bool:

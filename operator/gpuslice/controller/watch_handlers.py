@@ -136,7 +136,8 @@ async def namespace_event(name: str, labels: kopf.Labels, uid: str | None, statu
         # A routing label someone else took off (or put on): put it as the policies say. An added
         # namespace a policy names is labelled by the converge below.
         with contextlib.suppress(KubeError):  # the drift converge tries again
-            await sync_routes(ctx.kube, ctx.tenancy_labels, {name: view}, now.policies.values(), ctx.namespace,
+            await sync_routes(ctx.kube, ctx.tenancy_labels, {name: view}, lambda: now.policies_now().values(),
+                              ctx.namespace,
                               ctx.routes_written)
     if type != "ADDED":
         return

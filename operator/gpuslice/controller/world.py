@@ -12,7 +12,7 @@ selection until a node's labels or the policy's spec change.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,13 @@ class World:
     # Each policy's objects of the kinds it owns (controller.apply), as the watches hold them; None:
     # not watched (a World made by hand), and a converge lists them.
     owned: Mapping[str, Sequence[Mapping[str, Any]]] | None = None
+    # The policies as the watch holds them when asked (Kopf's index, updated in place between awaits);
+    # None: ``policies``. What takes something away must judge by it, not by the handler's copy.
+    live_policies: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None
+
+    def policies_now(self) -> Mapping[str, Mapping[str, Any]]:
+        """Every policy the watch holds now: a handler's ``policies`` lack those created since it began."""
+        return self.live_policies() if self.live_policies is not None else self.policies
 
     def other_drivers_on(self, nodes: Collection[str]) -> list[str]:
         """``node: driver (N GPU devices)`` for each of ``nodes`` where another driver publishes GPUs."""

@@ -211,3 +211,59 @@ def test_a_namespace_the_watch_shows_older_than_the_controllers_own_label_is_tak
     later = {"a": NamespaceView({}, True, "uid", version=13), "b": namespaces["b"]}
     assert plan_tenancy_labels(later, {"a"}, written=written) == (["a"], [])
     assert plan_tenancy_labels(namespaces, {"a"}) == (["a"], ["b"])  # without the record, as before
+
+
+class _Namespaces:
+    """The API server's side of routing labels: merge patches of namespaces, each a new resourceVersion."""
+
+    def __init__(self) -> None:
+        self.version, self.labels, self.patches = 1, {}, []  # type: ignore[var-annotated]
+
+    async def merge_patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        name = path.rsplit("/", 1)[1]
+        self.version += 1
+        self.patches.append(name)
+        for key, value in body["metadata"]["labels"].items():
+            self.labels.setdefault(name, {})[key] = value
+        return {"metadata": {"name": name, "resourceVersion": str(self.version)}}
+
+
+async def test_a_converge_that_began_before_a_policy_was_created_leaves_that_policys_tenants_labelled() -> None:
+    """Fifty policies created at once: each converge's handler began with the policies the watch held
+    then, and one that began before a policy was created took the label off that policy's tenants
+    (their claims refused meanwhile) after its own converge had put it on; each namespace was written
+    up to 11 times. What is unlabelled is judged by the policies the watch holds under the lock."""
+    from gpuslice.controller.tenancy_labels import sync_routes
+
+    server, lock, written = _Namespaces(), asyncio.Lock(), {}  # type: ignore[var-annotated]
+    kube = cast(KubeClient, server)
+    early = {"p": naming(["a"])}
+    watch = dict(early)  # the watch's index: it gains the new policy while the first handler waits
+    began_before = dict(early)  # what the first handler's World copied when it began
+    seen = {"own": _ns(True), "a": _ns(False), "late": _ns(False)}
+    late = policy("q", tenants=["late"])
+    watch["q"] = late
+    await sync_routes(kube, lock, seen, lambda: watch.values(), "own", written)  # q's own converge
+    assert server.labels["late"]["gpuslice.dev/tenancy"] == "judged"
+    patches = len(server.patches)
+    await sync_routes(kube, lock, seen, lambda: watch.values(), "own", written)  # p's, begun before q existed
+    assert server.labels["late"]["gpuslice.dev/tenancy"] == "judged"
+    assert len(server.patches) == patches, "nothing to write: the labels are as every policy wants them"
+    # The copy the handler began with would have taken it off: what the fix is about.
+    await sync_routes(kube, lock, seen, lambda: began_before.values(), "own", written)
+    assert server.labels["late"]["gpuslice.dev/tenancy"] is None
+
+
+def test_a_world_asks_the_watch_for_the_policies_when_asked_not_when_made() -> None:
+    from gpuslice.controller.indexes import OWNED, world
+
+    index: dict[str, list[dict[str, Any]]] = {"p": [naming(["a"])]}
+    empty: dict[Any, Any] = {}
+    kwargs = {"policy_index": index, "namespace_index": empty, "node_index": empty, "slice_index": empty,
+              "claim_index": empty, "class_index": empty, "quota_index": empty, "ledger_index": empty,
+              "policy_pool_index": empty, "parsed_index": empty, "other_driver_index": empty,
+              **dict.fromkeys(OWNED, empty)}
+    made = world(kwargs)
+    index["q"] = [policy("q", tenants=["late"])]
+    assert set(made.policies) == {"p"}
+    assert set(made.policies_now()) == {"p", "q"}
