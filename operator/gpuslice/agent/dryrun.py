@@ -8,10 +8,17 @@ bumps the generation again. So every slice is first applied with ``dryRun=All`` 
 and every admission rule run, nothing is stored), and only a generation that passes whole
 is written. When one does not, :func:`refused_policies` finds the policies whose devices the
 server refuses, so the publisher can leave them out and keep every other policy's devices.
+
+A slice the server accepted is not asked about again for a short while (:class:`Accepted`): a
+cycle whose write failed for want of an answer (a loaded server's 429, a dropped connection)
+writes the same generation again, and a thousand agents converging at once asked twice as often
+as they wrote (the scale figure, bench/README.md).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -31,6 +38,9 @@ from gpuslice.kube.client import BadRequest, Forbidden, Invalid, KubeClient, Kub
 # a fleet refused together tries again apart). A change of the policy tries at once.
 FIRST_RETRY, LAST_RETRY = 10.0, 300.0
 _DEVICE_FIELD = re.compile(r"^spec\.devices\[(\d+)\]")
+# How long a dry run's yes stands for a slice of the same content. Short: the cluster's rules may
+# change (an admission policy added), and a yes older than a cycle's retry is asked again.
+ACCEPTED_FOR = 30.0
 
 
 def is_refusal(error: KubeError) -> bool:
@@ -79,11 +89,41 @@ class Refusals:
             self.by_policy[name] = Refusal(generations.get(name), reason, now, wait, now + spread(wait))
 
 
-async def dry_run(kube: KubeClient, manifests: Iterable[dict[str, Any]], field_manager: str) -> dict[str, KubeError]:
-    """The slices the server refuses, with its answer; empty when it would store them all."""
+def _content(manifest: Mapping[str, Any]) -> str:
+    """The slice as sent, but for the pool's generation (each try of a change bumps it)."""
+    spec = dict(manifest.get("spec") or {})
+    spec["pool"] = {k: v for k, v in (spec.get("pool") or {}).items() if k != "generation"}
+    text = json.dumps({**manifest, "spec": spec}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class Accepted:
+    """Slices the server accepted in a dry run, by name: their content (less the generation) and
+    when. This process only; a restarted agent asks again."""
+
+    by_name: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def fresh(self, manifest: Mapping[str, Any], now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        found = self.by_name.get(str(manifest["metadata"]["name"]))
+        return found is not None and found[0] == _content(manifest) and now - found[1] < ACCEPTED_FOR
+
+    def remember(self, manifest: Mapping[str, Any], now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.by_name = {n: v for n, v in self.by_name.items() if now - v[1] < ACCEPTED_FOR}
+        self.by_name[str(manifest["metadata"]["name"])] = (_content(manifest), now)
+
+
+async def dry_run(kube: KubeClient, manifests: Iterable[dict[str, Any]], field_manager: str,
+                  accepted: Accepted | None = None) -> dict[str, KubeError]:
+    """The slices the server refuses, with its answer; empty when it would store them all. With
+    ``accepted``, a slice it accepted within ``ACCEPTED_FOR`` is not asked about again."""
     refused: dict[str, KubeError] = {}
     for manifest in manifests:
         name = manifest["metadata"]["name"]
+        if accepted is not None and accepted.fresh(manifest):
+            continue
         try:
             answer = await kube.apply(object_path(manifest), manifest, field_manager=field_manager, dry_run=True)
         except KubeError as error:
@@ -98,6 +138,8 @@ async def dry_run(kube: KubeClient, manifests: Iterable[dict[str, Any]], field_m
                 f"the API server drops {', '.join(fields[:3])}{' ...' if len(fields) > 3 else ''} of slice {name}"
                 f" without an error: turn on the feature gate {' and '.join(lost_gates(lost))} on every apiserver"
                 " and the scheduler"), {"details": {"causes": [{"field": f} for f in fields]}})
+        elif accepted is not None:
+            accepted.remember(manifest)
     return refused
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from gpuslice.agent.coexistence import DEVICE_PLUGIN_DRIVER, OtherDrivers
-from gpuslice.agent.dryrun import GenerationRefused, Refusals, dry_run, refused_policies
+from gpuslice.agent.dryrun import Accepted, GenerationRefused, Refusals, dry_run, refused_policies
 from gpuslice.agent.node_state.gpuops import GpuOps
 from gpuslice.agent.pool_state import PoolState
 from gpuslice.agent.published import Published
@@ -155,6 +155,7 @@ class NodePool:
         self.gpus: list[Gpu] = list(ops.gpus.values())
         self.lock = asyncio.Lock()
         self.refusals, self.others = Refusals(), OtherDrivers()
+        self.accepted = Accepted()  # dry runs' yes, for a cycle that tries its write again
         self.view: AgentView | None = None  # the watches' view of the last cycle: this agent's writes go in it
 
     def held(self) -> set[str]:
@@ -295,7 +296,7 @@ class NodePool:
                 node, o.node_body["metadata"]["uid"], planned.suffix, o.generation + 1, len(wanted),
                 shared_counters=list(planned.shared_counters), devices=list(planned.devices), annotations=told,
             ) for name, planned in wanted.items()}
-            answers = await dry_run(self.kube, manifests.values(), FIELD_MANAGER)
+            answers = await dry_run(self.kube, manifests.values(), FIELD_MANAGER, self.accepted)
             if not answers:
                 return PoolPlan(plan, safe, slices, refused, listed, manifests, unchanged=False)
             blamed = await refused_policies(self.kube, manifests.values(), answers, FIELD_MANAGER)

@@ -260,7 +260,6 @@ class DevCluster(FaultControls):
              "--disable-admission-plugins=TaintNodesByCondition",
              "--endpoint-reconciler-type=none",
              "--allow-privileged=true",
-             "--enable-priority-and-fairness=false",
              *audit_module.apiserver_flags(self.state.pki / "audit-policy.yaml", self.audit.path),
              *self.features.flags(apiserver=True)],
             logs / "kube-apiserver.log", http_health(f"{self.server}/readyz", ca_context),

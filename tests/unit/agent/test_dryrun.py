@@ -6,7 +6,16 @@ from typing import Any, cast
 
 import pytest
 
-from gpuslice.agent.dryrun import FIRST_RETRY, LAST_RETRY, GenerationRefused, Refusals, dry_run, refused_policies
+from gpuslice.agent.dryrun import (
+    ACCEPTED_FOR,
+    FIRST_RETRY,
+    LAST_RETRY,
+    Accepted,
+    GenerationRefused,
+    Refusals,
+    dry_run,
+    refused_policies,
+)
 from gpuslice.kube.client import Forbidden, Invalid, KubeClient, KubeError, NotReady, ServerError
 
 
@@ -67,6 +76,57 @@ async def test_a_refusal_no_policy_explains_writes_nothing() -> None:
     both = [slice_of("d0", [device("a1", "a"), device("b1", "b")])]
     with pytest.raises(GenerationRefused):  # every policy alone is refused too: it is the slice, not a policy
         await refused_policies(cast(KubeClient, every), both, await dry_run(cast(KubeClient, every), both, "m"), "m")
+
+
+def generation(manifest: dict[str, Any], number: int) -> dict[str, Any]:
+    return {**manifest, "spec": {**manifest["spec"], "pool": {"name": "n", "generation": number,
+                                                               "resourceSliceCount": 2}}}
+
+
+async def test_a_slice_accepted_is_not_asked_about_again_while_its_yes_stands() -> None:
+    """A cycle whose write failed (a 429 of a loaded server) writes the same slices at the next
+    generation without asking again; new content, or a yes older than ACCEPTED_FOR, is asked."""
+    server, accepted = Server({"b"}), Accepted()
+    kube = cast(KubeClient, server)
+    first = [generation(slice_of("c", counters=True), 1), generation(slice_of("d0", [device("a1", "a")]), 1)]
+    assert await dry_run(kube, first, "m", accepted) == {}
+    assert server.asked == 2
+    again = [generation(m, 2) for m in first]
+    assert await dry_run(kube, again, "m", accepted) == {}
+    assert server.asked == 2, "the same content at the next generation: no question"
+    changed = [again[0], generation(slice_of("d0", [device("a1", "a"), device("a2", "a")]), 2)]
+    assert await dry_run(kube, changed, "m", accepted) == {}
+    assert server.asked == 3, "only the slice whose devices changed is asked about"
+    name = "d0"
+    content, at = accepted.by_name[name]
+    accepted.by_name[name] = (content, at - ACCEPTED_FOR)
+    assert await dry_run(kube, changed, "m", accepted) == {}
+    assert server.asked == 4, "a yes older than ACCEPTED_FOR is asked again"
+
+
+async def test_a_slice_refused_or_dropped_is_never_taken_as_accepted() -> None:
+    server, accepted = Server({"b"}), Accepted()
+    kube = cast(KubeClient, server)
+    bad = [slice_of("d0", [device("b1", "b")])]
+    assert set(await dry_run(kube, bad, "m", accepted)) == {"d0"}
+    assert set(await dry_run(kube, bad, "m", accepted)) == {"d0"}
+    assert server.asked == 2
+    assert accepted.by_name == {}
+
+    class Drops:
+        asked = 0
+
+        async def apply(self, path: str, body: dict[str, Any], **_: Any) -> dict[str, Any]:
+            Drops.asked += 1
+            devices = [{k: v for k, v in d.items() if k != "taints"} for d in body["spec"]["devices"]]
+            return {**body, "spec": {**body["spec"], "devices": devices}}
+
+    capacity = [slice_of("d0", [device("a1", "a") | {"taints": [{"key": "k", "effect": "NoSchedule"}]}])]
+    for _ in range(2):
+        refused = await dry_run(cast(KubeClient, Drops()), capacity, "m", accepted)
+        assert refused["d0"].reason == "FieldsDropped"
+    assert Drops.asked == 2
+    assert accepted.by_name == {}
 
 
 async def test_a_server_that_cannot_answer_is_not_a_refusal() -> None:
