@@ -142,6 +142,7 @@ async def test_modes_a_server_drops_the_fields_of_are_left_out() -> None:
 
 
 @pytest.mark.looptime
+@pytest.mark.asyncio(loop_scope="function")  # its own loop: a task another test left on the shared one keeps fake time from jumping
 async def test_a_stop_ends_a_request_that_hangs() -> None:
     """SIGTERM must not wait for an API server that never answers (the shutdown grace is 10 s)."""
     stop = asyncio.Event()
@@ -181,6 +182,7 @@ def test_retries_are_spread_so_a_fleet_does_not_ask_in_step() -> None:
 
 
 @pytest.mark.looptime  # checks a resync apart, on fake loop time
+@pytest.mark.asyncio(loop_scope="function")  # its own loop: a task another test left on the shared one keeps fake time from jumping
 async def test_a_node_whose_containers_cannot_get_its_gpus_publishes_nothing_until_they_can() -> None:
     """No NVIDIA toolkit spec with the driver's libraries: the agent says so at start (/readyz, a
     Node Event) and waits before publishing, rather than failing every prepare."""

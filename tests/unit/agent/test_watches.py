@@ -28,6 +28,7 @@ def test_status_counts_wake_no_agent_but_a_verdict_or_a_spec_does() -> None:
 
 
 @pytest.mark.looptime  # the wake comes within the jitter, on fake loop time
+@pytest.mark.asyncio(loop_scope="function")  # its own loop: a task another test left on the shared one keeps fake time from jumping
 async def test_only_policies_that_select_the_node_wake_its_agent() -> None:
     import asyncio
 

@@ -34,6 +34,7 @@ def state() -> Any:
 
 
 @pytest.mark.looptime  # the loop's pauses (a second after each failure) pass on fake loop time
+@pytest.mark.asyncio(loop_scope="function")  # its own loop: a task another test left on the shared one keeps fake time from jumping
 async def test_a_recount_that_fails_unexpectedly_is_tried_again_and_counted() -> None:
     ledgers, stop = FlakyLedgers([KeyError("a bug"), ValueError("another")]), asyncio.Event()
     before = RECKON_FAILURES._value.get()
