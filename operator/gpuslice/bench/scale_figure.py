@@ -28,6 +28,7 @@ from gpuslice.bench.harness import (
     gather_limited,
     peak_rss_mib,
     retry,
+    rss_mib,
     wait_until,
 )
 from gpuslice.bench.layouts import policy
@@ -118,6 +119,8 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
         before = await retry(cluster.request_totals)
         window = await Window(cluster).open()
         controller_cpu0, harness_cpu1 = cpu_seconds(controller), _own_cpu()
+        # Where the controller's memory goes: its resident size and its peak so far, at each phase's end.
+        memory = {"fleet started": (rss_mib(controller), peak_rss_mib(controller))}
         say(f"scale: applying {policies} policies")
         started = time.monotonic()
         await gather_limited((create(cluster.api, POLICIES, b) for b in bodies), 8)
@@ -155,9 +158,11 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
         controller_cpu1, harness_cpu2 = cpu_seconds(controller), _own_cpu()
         converge = _delta(after, before)
         ours = await window.close()
+        memory["converged"] = (rss_mib(controller), peak_rss_mib(controller))
         each_node = round(len(ours.requests) / (nodes + 1), 1)
         say(f"scale: converged in {converge_seconds:.1f} s with {sum(converge.values())} API requests, gpuslice's"
-            f" {len(ours.requests)} ({each_node} per node)")
+            f" {len(ours.requests)} ({each_node} per node); the controller's RSS {memory['converged'][0]:.0f} MiB,"
+            f" its peak {memory['converged'][1]:.0f} MiB ({memory['fleet started'][1]:.0f} before the policies)")
         result.update({
             "converge_requests_gpuslice": len(ours.requests),
             "converge_requests_per_node": each_node,
@@ -193,6 +198,10 @@ async def scale_figure(cluster: BenchCluster, nodes: int, policies: int, namespa
             "steady_writes_all": _writes(steady, False),
             "steady_by_resource": _by_resource(steady),
             "controller_peak_rss_mib": round(peak_rss_mib(controller), 1),
+            "controller_rss_mib_by_phase": {phase: {"rss": round(now, 1), "peak": round(peak, 1)}
+                                            for phase, (now, peak) in {
+                                                **memory, "steady": (rss_mib(controller), peak_rss_mib(controller)),
+                                            }.items()},
             "agent_peak_rss_mib": round(peak_rss_mib(real.pid), 1),
             "controller_cpu_steady_s": round(controller_cpu3 - controller_cpu2, 2),
             "agents_cpu_steady_s": round(harness_cpu4 - harness_cpu3, 2),
