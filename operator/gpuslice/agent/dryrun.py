@@ -12,7 +12,8 @@ server refuses, so the publisher can leave them out and keep every other policy'
 A slice the server accepted is not asked about again for a short while (:class:`Accepted`): a
 cycle whose write failed for want of an answer (a loaded server's 429, a dropped connection)
 writes the same generation again, and a thousand agents converging at once asked twice as often
-as they wrote (the scale figure, bench/README.md).
+as they wrote (the scale figure, bench/README.md). A write that fails, or is stored without a
+field it sent, forgets every yes (:meth:`Accepted.forget`).
 """
 
 from __future__ import annotations
@@ -113,6 +114,12 @@ class Accepted:
         now = time.monotonic() if now is None else now
         self.by_name = {n: v for n, v in self.by_name.items() if now - v[1] < ACCEPTED_FOR}
         self.by_name[str(manifest["metadata"]["name"])] = (_content(manifest), now)
+
+    def forget(self) -> None:
+        """Every yes: a write the dry run said yes to failed (a rule came between them, or another API
+        server judged it), so the next cycle asks again and the policy refused is left out, rather
+        than writing the same half generation again on the strength of the old answer."""
+        self.by_name.clear()
 
 
 async def dry_run(kube: KubeClient, manifests: Iterable[dict[str, Any]], field_manager: str,

@@ -45,10 +45,11 @@ from gpuslice.coordinates import SLICES, node_path, slice_path
 from gpuslice.dra.names import DRIVER, PENDING_TAINT_KEY, RECONFIGURING_TAINT_KEY
 from gpuslice.dra.resourceslice import resource_slice, slice_name
 from gpuslice.dra.slice_wire import slice_counter_sets, slice_devices, slice_pool
+from gpuslice.dra.support import lost_fields
 from gpuslice.dra.wire import device_gpu, device_policy, pool_mark
 from gpuslice.inventory.gpus import Gpu
 from gpuslice.jsontypes import Object
-from gpuslice.kube.client import KubeClient, NotFound
+from gpuslice.kube.client import KubeClient, KubeError, NotFound
 from gpuslice.observability.failpoints import failpoint
 from gpuslice.planning.defrag.node_taints import freeing_on_node, with_defrag_taints
 from gpuslice.planning.left_out import ANNOTATION as LEFT_OUT
@@ -341,7 +342,13 @@ class NodePool:
             deleted.append(name)
         written = []
         for name, manifest in plan.manifests.items():
-            answer = await kube.apply(slice_path(name), manifest, field_manager=FIELD_MANAGER)
+            try:
+                answer = await kube.apply(slice_path(name), manifest, field_manager=FIELD_MANAGER)
+            except KubeError:
+                self.accepted.forget()
+                raise
+            if isinstance(answer, dict) and lost_fields(manifest["spec"], answer.get("spec") or {}):
+                self.accepted.forget()  # stored, but not as sent: the next cycle's dry run says whose
             if self.view is not None and answer:
                 self.view.wrote(answer)
             written.append(name)

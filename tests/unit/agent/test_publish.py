@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from gpuslice.agent.drain import PROBE
+from gpuslice.agent.dryrun import GenerationRefused
 from gpuslice.dra.names import CONTROLLER_NAMESPACE as NAMESPACE
-from gpuslice.kube.client import KubeClient, ServerError
+from gpuslice.kube.client import Forbidden, KubeClient, ServerError
 from tests import builders
 from tests.fakeapi import FakeApi
 from tests.unit.agent.pool import PENDING, TEN, TWENTY, Pool, refusing, taint_keys, without_taints
@@ -97,9 +98,50 @@ async def test_a_refused_policy_is_left_out_while_the_others_publish(pool: Pool,
     assert result.refused == ("bad",)
     assert len(pool.of("good")) == 8
     assert pool.of("bad") == was, "its published devices stay exactly as they were; a new policy publishes none"
-    dry_runs = len([r for r in pool.api.requests if r.dry_run])
+    asked = dry_runs(pool)
     assert not (await pool.publish()).changed
-    assert len([r for r in pool.api.requests if r.dry_run]) == dry_runs, "refused once, not asked every cycle"
+    assert dry_runs(pool) == asked, "refused once, not asked every cycle"
+
+
+def dry_runs(pool: Pool) -> int:
+    return len([r for r in pool.api.requests if r.dry_run])
+
+
+async def test_a_write_refused_after_its_dry_run_said_yes_is_asked_about_again(pool: Pool) -> None:
+    """A rule that comes between the dry run and the write (or another API server that judges
+    otherwise) refuses the write: the next cycle asks again, and the refused policy is left out,
+    rather than the same half generation written again on the strength of the earlier yes."""
+    pool.set_policy("good", TEN)
+    pool.set_policy("bad", TWENTY)
+    rule = refusing("bad", 403)
+    pool.api.admit(lambda request, obj: None if request.dry_run else rule(request, obj))
+    with pytest.raises(Forbidden):
+        await pool.publish()
+    pool.api.admit(rule)
+
+    result = await pool.settle()
+
+    assert result.refused == ("bad",)
+    assert len(pool.of("good")) == 8
+    assert not pool.of("bad")
+
+
+async def test_a_write_stored_without_fields_it_sent_is_asked_about_again(pool: Pool) -> None:
+    """A republish within a dry run's yes is written without asking; the API server (a gate turned
+    off since) stores it without its shared counters: the next cycle asks, and the server's drop
+    is found, instead of the slices written again unasked."""
+    pool.set_policy("p", TEN)
+    await pool.settle()
+    pool.api.drop("resourceslices", "spec.sharedCounters")
+    for piece in pool.slices():
+        pool.api.remove(f"{builders.SLICES}/{piece['metadata']['name']}")
+    asked = dry_runs(pool)
+    await pool.publish()  # the kubelet's wipe undone, the same content: no dry run
+    assert dry_runs(pool) == asked
+
+    with pytest.raises(GenerationRefused):
+        await pool.publish()
+    assert dry_runs(pool) > asked, "asked again once the write came back without what it sent"
 
 
 # The kubelet wipes the pool (its plugin was away, or it restarted): the agent republishes from its
