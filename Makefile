@@ -112,11 +112,12 @@ test-unit: $(STAMP) nvidia-bin kustomize
 	@$(PYTEST) tests/unit
 
 # Each worker runs its own control plane and takes whole test files (the tier waits more than it
-# computes: about 70% of 2 cores idle with one worker); CLUSTER_WORKERS=0 runs it in this process.
-CLUSTER_WORKERS ?= 2
+# computes: 2 cores were still 10% idle with three workers); CLUSTER_WORKERS=0 runs it in this
+# process. The long files start first (tests/cluster/tiers.py), so xdist's own order is turned off.
+CLUSTER_WORKERS ?= 3
 test-cluster: kube-bin nvidia-bin kustomize
 	@echo ">> cluster tests (real etcd, kube-apiserver, kube-scheduler, kube-controller-manager; $(CLUSTER_WORKERS) workers)"
-	@$(PYTEST) -n $(CLUSTER_WORKERS) --dist loadfile tests/cluster
+	@$(PYTEST) -n $(CLUSTER_WORKERS) --dist loadfile --no-loadscope-reorder tests/cluster
 
 test-faults: kube-bin
 	@echo ">> faults tier (stalled, restarted and killed components; invariants checked throughout)"
@@ -127,7 +128,7 @@ test-faults: kube-bin
 test-136: kustomize
 	@$(MAKE) --no-print-directory kube-bin KUBE_VERSION=1.36
 	@echo ">> 1.36 tier (a stock Kubernetes 1.36 control plane and pod runners; $(CLUSTER_WORKERS) workers)"
-	@GPUSLICE_KUBE_VERSION=1.36 $(PYTEST) -n $(CLUSTER_WORKERS) --dist loadfile -m k136 tests/cluster
+	@GPUSLICE_KUBE_VERSION=1.36 $(PYTEST) -n $(CLUSTER_WORKERS) --dist loadfile --no-loadscope-reorder -m k136 tests/cluster
 
 # kube-bin first: lint's go vet reuses what it compiled.
 test: kube-bin lint docs test-unit test-cluster

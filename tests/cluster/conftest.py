@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from tests.cluster.cli import gpuslice, viewer_kubeconfig
 from tests.cluster.gpu_nodes import agent_rbac, gpu_node
 from tests.cluster.kubeutil import POLICIES, ClusterObjects, create_namespace, delete_namespace, dev_cluster, wait_for
 from tests.cluster.operator_fixtures import controller, controller_kubeconfig, make_policy, memory_webhook, namespaces
-from tests.cluster.tiers import K136
+from tests.cluster.tiers import K136, LONG_FILES
 
 __all__ = ["agent_rbac", "controller", "controller_kubeconfig", "gpu_node", "gpuslice", "make_policy", "memory_webhook",
            "namespaces", "viewer_kubeconfig"]
@@ -51,7 +52,15 @@ def _ports_of_this_worker() -> None:
 _ports_of_this_worker()
 
 
+def _file(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The long files first (tiers.LONG_FILES), then the others by their number of tests; each file's
+    # tests stay together and in their order (the Makefile turns xdist's own reordering off).
+    rank, tests = {f: i for i, f in enumerate(LONG_FILES)}, Counter(_file(item) for item in items)
+    items.sort(key=lambda item: (rank.get(_file(item), len(rank)), -tests[_file(item)], _file(item)))
     for item in items:
         item.add_marker(pytest.mark.cluster)
         # The fake backend's variant only: the GPU backend is no part of what 1.36 changes (tiers.py).

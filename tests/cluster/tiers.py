@@ -1,4 +1,6 @@
-"""Which cluster tests run in the 1.36 tier (``make test-136``: the same tests on a stock 1.36 control
+"""Which cluster tests run in the 1.36 tier, and which files start first in every cluster tier.
+
+The 1.36 tier (``make test-136``: the same tests on a stock 1.36 control
 plane, GPUSLICE_KUBE_VERSION=1.36). Not every test: the tier's promise is that each mode and each
 guarantee gpuslice makes holds on stock 1.36, and the full tier runs on 1.37. Chosen to be short:
 one test for each of what issue 45 names, the ones whose 1.36 behaviour differs most (counter sets
@@ -34,4 +36,26 @@ K136: tuple[str, ...] = (
     "tests/cluster/inspect/test_status.py::test_the_map_shows_each_pods_slice_and_the_totals_the_policy_counts",
     "tests/cluster/inspect/test_why.py::test_over_the_limit_by_how_much",
     "tests/cluster/inspect/test_why.py::test_slices_kept_off_by_a_maintenance_taint",
+)
+
+
+# Files that take a minute or more (seconds of their slowest tests, measured with 3 workers on 2 cores,
+# 2026-12-06), started first, longest first: the workers take whole files (``--dist loadfile``), and a
+# long file started last is a tail one worker runs alone (xdist's own order, most tests first, left the
+# bench's one six-minute test to the end). Every other file follows, most tests first.
+LONG_FILES: tuple[str, ...] = (
+    "tests/cluster/bench/test_bench_smoke.py",  # 374 s
+    "tests/cluster/plugin/test_transitions.py",  # 224 s
+    "tests/cluster/faults/test_restarts.py",  # 174 s
+    "tests/cluster/controller/test_quiet_at_scale.py",  # 119 s
+    "tests/cluster/webhook/test_webhook_certs.py",  # 118 s
+    "tests/cluster/controller/test_agent_views.py",  # 118 s
+    "tests/cluster/webhook/test_forged_reviews.py",  # 113 s
+    "tests/cluster/controller/test_scheduler_retry_per_pod.py",  # 112 s
+    "tests/cluster/plugin/test_defrag_role_moves_only_for_a_waiting_pod.py",  # 109 s
+    "tests/cluster/plugin/test_defrag.py",  # 78 s
+    "tests/cluster/controller/test_retry_holds_with_poison_pods_churned_across_namespaces.py",  # 71 s
+    "tests/cluster/podrunner/test_pod_runner.py",  # 71 s
+    "tests/cluster/plugin/test_static_mig.py",  # 67 s
+    "tests/cluster/webhook/test_a_review_charges_a_waiting_claim_no_more_than_it_asks.py",  # 62 s
 )

@@ -1,6 +1,7 @@
 """The tests' own layout holds (issue 37's checks): helpers are imported from helper modules, never
 from a test module or a conftest; one builder makes policy bodies; and a sleep of a second or more in
-the cluster and kind tiers is a length that says so, never a wait for nothing to happen."""
+the cluster and kind tiers is a length that says so, never a wait for nothing to happen; and the
+cluster tier's long files, which start first, exist."""
 
 from __future__ import annotations
 
@@ -42,3 +43,10 @@ def test_each_sleep_of_a_second_or_more_in_the_cluster_and_kind_tiers_is_a_lengt
               if (m := SLEEP.search(line)) and float(m.group(1)) >= 1 and "# length:" not in line]
     assert not unsaid, ("wait for what the process reports (tests/cluster/observe.py), or say what the sleep is"
                         " the length of in a '# length:' comment:\n" + "\n".join(unsaid))
+
+
+def test_the_cluster_tiers_long_files_exist() -> None:
+    """A file renamed or gone would silently start last again (tests/cluster/tiers.py)."""
+    from tests.cluster.tiers import LONG_FILES  # a plain module: tiers.py imports nothing
+
+    assert [f for f in LONG_FILES if not (TESTS.parent / f).is_file()] == []
