@@ -270,9 +270,11 @@ async def test_each_namespace_on_a_gpu_has_its_own_daemon_pipe_and_shared_memory
     assert theirs.shm.is_dir()
 
 
-async def test_the_directories_of_another_namespaces_daemon_are_refused(daemons: MpsDaemons,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_directories_of_another_namespaces_daemon_are_refused(monkeypatch: pytest.MonkeyPatch,
+                                                                        daemons: MpsDaemons) -> None:
     """Two namespaces whose tags collide never share a daemon: the second is refused, saying why."""
+    # monkeypatch first: undone after the daemons fixture stops the daemon by the tag it was started with
+    # (the other way round, it looked for the daemon's pipe under the real tag and waited out its quit).
     monkeypatch.setattr("gpuslice.agent.mps.daemons.namespace_tag", lambda namespace: "ns-same")
     await daemons.ensure(KEY)
     with pytest.raises(MpsError, match="are those of namespace team-a's daemon"):
